@@ -1,0 +1,1 @@
+//! svc-core: the object model and API machinery (sans-IO).

@@ -1,0 +1,1 @@
+//! svc-gateway: the HTTP edge of the svc API server.

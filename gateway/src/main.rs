@@ -1,0 +1,2 @@
+//! The svc-gateway binary.
+fn main() {}
