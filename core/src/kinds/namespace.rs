@@ -1,0 +1,103 @@
+//! `Namespace` (`v1`, cluster-scoped): the scope of namespaced objects.
+
+use serde::{Deserialize, Serialize};
+
+use crate::meta::ObjectMeta;
+use crate::resource::{Resource, ResourceInfo, STANDARD_VERBS, Scope};
+use crate::validation::NameRule;
+
+pub const PHASE_ACTIVE: &str = "Active";
+pub const PHASE_TERMINATING: &str = "Terminating";
+/// The finalizer the server puts on every namespace; it is removed once the contents are gone.
+pub const FINALIZER_KUBERNETES: &str = "kubernetes";
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespaceSpec {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub finalizers: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespaceStatus {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub phase: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<serde_json::Value>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Namespace {
+    #[serde(default)]
+    pub api_version: String,
+    #[serde(default)]
+    pub kind: String,
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: NamespaceSpec,
+    #[serde(default)]
+    pub status: NamespaceStatus,
+}
+
+static INFO: ResourceInfo = ResourceInfo {
+    group: "",
+    version: "v1",
+    kind: "Namespace",
+    list_kind: "NamespaceList",
+    plural: "namespaces",
+    singular: "namespace",
+    short_names: &["ns"],
+    scope: Scope::Cluster,
+    verbs: STANDARD_VERBS,
+    name_rule: NameRule::Dns1123Label,
+    extra_fields: &["status.phase"],
+};
+
+impl Resource for Namespace {
+    const INFO: &'static ResourceInfo = &INFO;
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+    fn set_type_meta(&mut self) {
+        self.api_version = "v1".into();
+        self.kind = "Namespace".into();
+    }
+    fn type_meta(&self) -> (&str, &str) {
+        (&self.api_version, &self.kind)
+    }
+
+    fn prepare_for_create(&mut self) {
+        if !self
+            .spec
+            .finalizers
+            .iter()
+            .any(|f| f == FINALIZER_KUBERNETES)
+        {
+            self.spec.finalizers.push(FINALIZER_KUBERNETES.into());
+        }
+        self.status = NamespaceStatus {
+            phase: PHASE_ACTIVE.into(),
+            conditions: vec![],
+        };
+    }
+
+    fn prepare_for_update(&mut self, old: &Self) {
+        // Status and spec.finalizers change only through the lifecycle, not a plain update.
+        self.spec = old.spec.clone();
+        self.status = old.status.clone();
+    }
+
+    fn field_value(&self, field: &str) -> Option<String> {
+        match field {
+            "status.phase" => Some(self.status.phase.clone()),
+            _ => None,
+        }
+    }
+}

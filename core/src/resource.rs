@@ -1,0 +1,128 @@
+//! The `Resource` trait every served kind implements, and `ResourceInfo`, the static facts
+//! (names, scope, verbs) that routing, discovery and storage keys are derived from.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::meta::ObjectMeta;
+use crate::validation::{ErrorList, NameRule};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    Namespaced,
+    Cluster,
+}
+
+/// Static description of one resource type.
+#[derive(Debug)]
+pub struct ResourceInfo {
+    /// API group; empty for the core group (`/api/v1`).
+    pub group: &'static str,
+    pub version: &'static str,
+    pub kind: &'static str,
+    pub list_kind: &'static str,
+    /// Resource name in paths (`serviceaccounts`).
+    pub plural: &'static str,
+    pub singular: &'static str,
+    pub short_names: &'static [&'static str],
+    pub scope: Scope,
+    pub verbs: &'static [&'static str],
+    pub name_rule: NameRule,
+    /// Field selectors beyond `metadata.name` and `metadata.namespace`.
+    pub extra_fields: &'static [&'static str],
+}
+
+pub const STANDARD_VERBS: &[&str] = &[
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
+
+impl ResourceInfo {
+    /// `v1` for the core group, `group/version` otherwise.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.to_string()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    pub fn namespaced(&self) -> bool {
+        self.scope == Scope::Namespaced
+    }
+
+    /// The store key of one object: `/registry/<plural>/[<namespace>/]<name>`.
+    pub fn key(&self, namespace: &str, name: &str) -> Vec<u8> {
+        let mut k = self.prefix(Some(namespace));
+        k.extend_from_slice(name.as_bytes());
+        k
+    }
+
+    /// The key prefix of a collection: every object of the type, or of one namespace.
+    /// Ends in `/` so `ns-a` never matches `ns-ab`.
+    pub fn prefix(&self, namespace: Option<&str>) -> Vec<u8> {
+        let mut k = format!("/registry/{}/", self.plural).into_bytes();
+        if let (Scope::Namespaced, Some(ns)) = (self.scope, namespace) {
+            if !ns.is_empty() {
+                k.extend_from_slice(ns.as_bytes());
+                k.push(b'/');
+            }
+        }
+        k
+    }
+
+    /// Whether `field` may be used in a field selector on this type.
+    pub fn supports_field(&self, field: &str) -> bool {
+        field == "metadata.name"
+            || (field == "metadata.namespace" && self.namespaced())
+            || self.extra_fields.contains(&field)
+    }
+}
+
+/// A served kind. Generic machinery (REST handlers, the watch cache) is written once over it,
+/// so adding a kind is one struct, one `impl Resource`, and one line in the registry.
+pub trait Resource: Serialize + DeserializeOwned + Clone + Send + Sync + 'static {
+    const INFO: &'static ResourceInfo;
+
+    fn meta(&self) -> &ObjectMeta;
+    fn meta_mut(&mut self) -> &mut ObjectMeta;
+
+    /// Sets `apiVersion` and `kind` to this type's.
+    fn set_type_meta(&mut self);
+    /// The `apiVersion` and `kind` the object carries, to reject a body of the wrong type.
+    fn type_meta(&self) -> (&str, &str);
+
+    /// Server-side defaulting and clearing on create (e.g. status a client may not set).
+    fn prepare_for_create(&mut self) {}
+    /// The same on update; `old` is the stored object.
+    fn prepare_for_update(&mut self, _old: &Self) {}
+
+    /// Kind-specific validation; metadata is validated generically.
+    fn validate(&self) -> ErrorList {
+        ErrorList::default()
+    }
+    /// Kind-specific update validation (immutable fields); defaults to `validate`.
+    fn validate_update(&self, _old: &Self) -> ErrorList {
+        self.validate()
+    }
+
+    /// Value of a kind-specific field selector listed in `INFO.extra_fields`.
+    fn field_value(&self, _field: &str) -> Option<String> {
+        None
+    }
+}
+
+/// The value of any supported field selector of `obj`.
+pub fn field_value<T: Resource>(obj: &T, field: &str) -> Option<String> {
+    match field {
+        "metadata.name" => Some(obj.meta().name.clone()),
+        "metadata.namespace" => Some(obj.meta().namespace.clone()),
+        _ => obj.field_value(field),
+    }
+}

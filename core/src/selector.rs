@@ -1,0 +1,394 @@
+//! Label selectors (`=`, `==`, `!=`, `in`, `notin`, exists, `!key`, `>`/`<`) and field
+//! selectors (`=`, `==`, `!=`), parsed once per request and matched per object.
+
+use std::collections::BTreeMap;
+
+use crate::validation::{label_value, qualified_name};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Op {
+    Equals(String),
+    NotEquals(String),
+    In(Vec<String>),
+    NotIn(Vec<String>),
+    Exists,
+    DoesNotExist,
+    GreaterThan(i64),
+    LessThan(i64),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Requirement {
+    key: String,
+    op: Op,
+}
+
+/// A parsed label selector; the empty selector matches everything.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LabelSelector {
+    reqs: Vec<Requirement>,
+}
+
+impl LabelSelector {
+    pub fn is_empty(&self) -> bool {
+        self.reqs.is_empty()
+    }
+
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let mut p = Parser {
+            s: s.as_bytes(),
+            i: 0,
+            src: s,
+        };
+        let mut reqs = Vec::new();
+        p.skip_ws();
+        if p.at_end() {
+            return Ok(LabelSelector { reqs });
+        }
+        loop {
+            reqs.push(p.requirement()?);
+            p.skip_ws();
+            if p.at_end() {
+                break;
+            }
+            p.expect(b',')?;
+        }
+        Ok(LabelSelector { reqs })
+    }
+
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.reqs.iter().all(|r| {
+            let v = labels.get(&r.key);
+            match &r.op {
+                Op::Equals(x) => v == Some(x),
+                Op::NotEquals(x) => v != Some(x),
+                Op::In(xs) => v.is_some_and(|v| xs.contains(v)),
+                Op::NotIn(xs) => v.is_none_or(|v| !xs.contains(v)),
+                Op::Exists => v.is_some(),
+                Op::DoesNotExist => v.is_none(),
+                Op::GreaterThan(n) => v
+                    .and_then(|v| v.parse::<i64>().ok())
+                    .is_some_and(|v| v > *n),
+                Op::LessThan(n) => v
+                    .and_then(|v| v.parse::<i64>().ok())
+                    .is_some_and(|v| v < *n),
+            }
+        })
+    }
+}
+
+struct Parser<'a> {
+    s: &'a [u8],
+    i: usize,
+    src: &'a str,
+}
+
+impl Parser<'_> {
+    fn at_end(&self) -> bool {
+        self.i >= self.s.len()
+    }
+    fn peek(&self) -> Option<u8> {
+        self.s.get(self.i).copied()
+    }
+    fn skip_ws(&mut self) {
+        while self.peek().is_some_and(|c| c.is_ascii_whitespace()) {
+            self.i += 1;
+        }
+    }
+    fn expect(&mut self, c: u8) -> Result<(), String> {
+        self.skip_ws();
+        if self.peek() == Some(c) {
+            self.i += 1;
+            Ok(())
+        } else {
+            Err(format!(
+                "unable to parse requirement: expected '{}' at position {} in {:?}",
+                c as char, self.i, self.src
+            ))
+        }
+    }
+    /// A key or value: everything up to whitespace or an operator character.
+    fn word(&mut self) -> String {
+        self.skip_ws();
+        let start = self.i;
+        while let Some(c) = self.peek() {
+            if c.is_ascii_whitespace() || b",()=!<>".contains(&c) {
+                break;
+            }
+            self.i += 1;
+        }
+        self.src[start..self.i].to_string()
+    }
+
+    fn requirement(&mut self) -> Result<Requirement, String> {
+        self.skip_ws();
+        let negated = self.peek() == Some(b'!');
+        if negated {
+            self.i += 1;
+        }
+        let key = self.word();
+        qualified_name(&key).map_err(|e| format!("invalid label key {key:?}: {e}"))?;
+        if negated {
+            return Ok(Requirement {
+                key,
+                op: Op::DoesNotExist,
+            });
+        }
+        self.skip_ws();
+        let op = match self.peek() {
+            None | Some(b',') => Op::Exists,
+            Some(b'=') => {
+                self.i += 1;
+                if self.peek() == Some(b'=') {
+                    self.i += 1;
+                }
+                Op::Equals(self.value()?)
+            }
+            Some(b'!') => {
+                self.i += 1;
+                self.expect(b'=')?;
+                Op::NotEquals(self.value()?)
+            }
+            Some(c @ (b'>' | b'<')) => {
+                self.i += 1;
+                let v = self.word();
+                let n = v.parse::<i64>().map_err(|_| {
+                    format!(
+                        "invalid value {v:?} for '{}': an integer is required",
+                        c as char
+                    )
+                })?;
+                if c == b'>' {
+                    Op::GreaterThan(n)
+                } else {
+                    Op::LessThan(n)
+                }
+            }
+            _ => {
+                let w = self.word();
+                match w.as_str() {
+                    "in" => Op::In(self.set()?),
+                    "notin" => Op::NotIn(self.set()?),
+                    _ => {
+                        return Err(format!(
+                            "unable to parse requirement: found {w:?}, expected: in, notin, =, \
+                             ==, !=, gt, lt"
+                        ));
+                    }
+                }
+            }
+        };
+        Ok(Requirement { key, op })
+    }
+
+    fn value(&mut self) -> Result<String, String> {
+        let v = self.word();
+        label_value(&v).map_err(|e| format!("invalid label value {v:?}: {e}"))?;
+        Ok(v)
+    }
+
+    fn set(&mut self) -> Result<Vec<String>, String> {
+        self.expect(b'(')?;
+        let mut vals = Vec::new();
+        loop {
+            self.skip_ws();
+            if self.peek() == Some(b')') {
+                self.i += 1;
+                break;
+            }
+            vals.push(self.value()?);
+            self.skip_ws();
+            match self.peek() {
+                Some(b',') => self.i += 1,
+                Some(b')') => {}
+                _ => {
+                    return Err(format!(
+                        "unable to parse set in {:?}: expected ',' or ')'",
+                        self.src
+                    ));
+                }
+            }
+        }
+        if vals.is_empty() {
+            return Err("for 'in', 'notin' operators, values set can't be empty".into());
+        }
+        Ok(vals)
+    }
+}
+
+/// A parsed field selector: `field=value`, `field==value`, `field!=value`, comma-separated.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FieldSelector {
+    pub terms: Vec<FieldTerm>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldTerm {
+    pub field: String,
+    pub value: String,
+    pub negated: bool,
+}
+
+impl FieldSelector {
+    pub fn is_empty(&self) -> bool {
+        self.terms.is_empty()
+    }
+
+    /// Parses and checks every field against `supported`.
+    pub fn parse(s: &str, supported: impl Fn(&str) -> bool) -> Result<Self, String> {
+        let mut terms = Vec::new();
+        for part in split_unescaped(s) {
+            let part = part.trim();
+            if part.is_empty() {
+                continue;
+            }
+            let (field, value, negated) = if let Some((f, v)) = part.split_once("!=") {
+                (f, v, true)
+            } else if let Some((f, v)) = part.split_once("==") {
+                (f, v, false)
+            } else if let Some((f, v)) = part.split_once('=') {
+                (f, v, false)
+            } else {
+                return Err(format!(
+                    "invalid selector: '{part}'; can't understand '{part}'"
+                ));
+            };
+            let field = field.trim();
+            if !supported(field) {
+                return Err(format!("field label not supported: {field}"));
+            }
+            terms.push(FieldTerm {
+                field: field.into(),
+                value: unescape(value.trim()),
+                negated,
+            });
+        }
+        Ok(FieldSelector { terms })
+    }
+
+    pub fn matches(&self, value_of: impl Fn(&str) -> Option<String>) -> bool {
+        self.terms.iter().all(|t| {
+            let v = value_of(&t.field).unwrap_or_default();
+            (v == t.value) != t.negated
+        })
+    }
+
+    /// The value a term pins `field` to with `=`, for index lookups (`metadata.name=x`).
+    pub fn exact(&self, field: &str) -> Option<&str> {
+        self.terms
+            .iter()
+            .find(|t| t.field == field && !t.negated)
+            .map(|t| t.value.as_str())
+    }
+}
+
+/// Splits on commas not escaped with a backslash (Kubernetes escapes `,` `=` `\` in values).
+fn split_unescaped(s: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let b = s.as_bytes();
+    let (mut start, mut i) = (0, 0);
+    while i < b.len() {
+        match b[i] {
+            b'\\' => i += 2,
+            b',' => {
+                out.push(&s[start..i]);
+                i += 1;
+                start = i;
+            }
+            _ => i += 1,
+        }
+    }
+    out.push(&s[start.min(s.len())..]);
+    out
+}
+
+fn unescape(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    let mut chars = v.chars();
+    while let Some(c) = chars.next() {
+        if c == '\\' {
+            if let Some(n) = chars.next() {
+                out.push(n);
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn check(sel: &str, l: &[(&str, &str)], expected: bool) {
+        let s = LabelSelector::parse(sel).unwrap_or_else(|e| panic!("{sel}: {e}"));
+        assert_eq!(s.matches(&labels(l)), expected, "{sel} on {l:?}");
+    }
+
+    #[test]
+    fn label_selector_operators() {
+        check("", &[], true);
+        check("app=web", &[("app", "web")], true);
+        check("app==web", &[("app", "db")], false);
+        check("app!=web", &[], true);
+        check("app!=web", &[("app", "web")], false);
+        check("env in (prod, staging)", &[("env", "staging")], true);
+        check("env in (prod)", &[], false);
+        check("env notin (prod)", &[], true);
+        check("env notin (prod,dev)", &[("env", "dev")], false);
+        check("app", &[("app", "")], true);
+        check("!app", &[("app", "x")], false);
+        check("!app", &[], true);
+        check(
+            "tier=fe, app in (a,b),!legacy",
+            &[("tier", "fe"), ("app", "b")],
+            true,
+        );
+        check("replicas>2", &[("replicas", "3")], true);
+        check("replicas<2", &[("replicas", "3")], false);
+        check("svc.io/role=agent", &[("svc.io/role", "agent")], true);
+    }
+
+    #[test]
+    fn label_selector_rejects_garbage() {
+        for bad in [
+            "app=",
+            "=x",
+            "app in ()",
+            "app in (a",
+            "app ~ b",
+            "a b",
+            "app=x y",
+            "bad key=1",
+        ] {
+            if bad == "app=" {
+                // An empty value is a valid label value.
+                assert!(LabelSelector::parse(bad).is_ok());
+                continue;
+            }
+            assert!(LabelSelector::parse(bad).is_err(), "{bad} should fail");
+        }
+    }
+
+    #[test]
+    fn field_selectors() {
+        let ok = |f: &str| f.starts_with("metadata.");
+        let s =
+            FieldSelector::parse("metadata.name=a,metadata.namespace!=kube-system", ok).unwrap();
+        assert!(s.matches(|f| Some(if f == "metadata.name" { "a" } else { "default" }.into())));
+        assert!(!s.matches(|_| Some("kube-system".into())));
+        assert_eq!(s.exact("metadata.name"), Some("a"));
+        assert!(FieldSelector::parse("spec.nodeName=x", ok).is_err());
+        assert!(FieldSelector::parse("metadata.name", ok).is_err());
+        let esc = FieldSelector::parse(r"metadata.name=a\,b", ok).unwrap();
+        assert_eq!(esc.terms[0].value, "a,b");
+    }
+}

@@ -1,0 +1,345 @@
+//! `Status`, the API's error object, and `ApiError`, the structured error every layer above
+//! storage returns. `ApiError::to_status` is the one place that picks reasons and codes.
+
+use serde::{Deserialize, Serialize};
+
+use crate::meta::ListMeta;
+
+/// One reason a request was invalid, naming the field (`metadata.name`, `spec.usages[2]`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusCause {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub field: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusDetails {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub group: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub uid: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub causes: Vec<StatusCause>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_seconds: Option<i32>,
+}
+
+/// The `Status` object (`v1`), returned for every error and for some successful deletes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Status {
+    pub kind: String,
+    pub api_version: String,
+    pub metadata: ListMeta,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub status: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub details: Option<StatusDetails>,
+    #[serde(default)]
+    pub code: u16,
+}
+
+impl Status {
+    pub fn success(details: Option<StatusDetails>) -> Self {
+        Status {
+            kind: "Status".into(),
+            api_version: "v1".into(),
+            metadata: ListMeta::default(),
+            status: "Success".into(),
+            message: String::new(),
+            reason: String::new(),
+            details,
+            code: 200,
+        }
+    }
+
+    fn failure(code: u16, reason: &str, message: String, details: Option<StatusDetails>) -> Self {
+        Status {
+            kind: "Status".into(),
+            api_version: "v1".into(),
+            metadata: ListMeta::default(),
+            status: "Failure".into(),
+            message,
+            reason: reason.into(),
+            details,
+            code,
+        }
+    }
+}
+
+/// The resource an error is about: `serviceaccounts "default"` in messages.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Subject {
+    pub group: String,
+    /// Plural resource name (`serviceaccounts`), as Kubernetes puts in `details.kind`.
+    pub resource: String,
+    pub name: String,
+}
+
+impl Subject {
+    pub fn new(group: &str, resource: &str, name: &str) -> Self {
+        Subject {
+            group: group.into(),
+            resource: resource.into(),
+            name: name.into(),
+        }
+    }
+
+    fn qualified(&self) -> String {
+        if self.group.is_empty() {
+            self.resource.clone()
+        } else {
+            format!("{}.{}", self.resource, self.group)
+        }
+    }
+
+    fn details(&self, causes: Vec<StatusCause>) -> StatusDetails {
+        StatusDetails {
+            name: self.name.clone(),
+            group: self.group.clone(),
+            kind: self.resource.clone(),
+            causes,
+            ..Default::default()
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ApiError {
+    #[error("{} \"{}\" not found", .0.qualified(), .0.name)]
+    NotFound(Subject),
+    #[error("{} \"{}\" already exists", .0.qualified(), .0.name)]
+    AlreadyExists(Subject),
+    #[error("Operation cannot be fulfilled on {} \"{}\": {message}", subject.qualified(), subject.name)]
+    Conflict { subject: Subject, message: String },
+    /// 422: the object is invalid; `kind` is the object's Kind (`ServiceAccount`).
+    #[error("{kind} \"{name}\" is invalid: {}", join_causes(causes))]
+    Invalid {
+        kind: String,
+        group: String,
+        name: String,
+        causes: Vec<StatusCause>,
+    },
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    MethodNotAllowed(String),
+    #[error("{0}")]
+    NotAcceptable(String),
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    #[error("{0}")]
+    RequestEntityTooLarge(String),
+    /// 410 with reason `Expired`: a resourceVersion or continue token that is too old.
+    #[error("{0}")]
+    Expired(String),
+    /// 410 with reason `Gone`.
+    #[error("{0}")]
+    Gone(String),
+    /// 504: e.g. `Too large resource version`; may carry a retry hint.
+    #[error("{message}")]
+    Timeout {
+        message: String,
+        retry_after_seconds: Option<i32>,
+    },
+    #[error("{message}")]
+    TooManyRequests {
+        message: String,
+        retry_after_seconds: Option<i32>,
+    },
+    #[error("{0}")]
+    ServiceUnavailable(String),
+    #[error("Internal error occurred: {0}")]
+    Internal(String),
+}
+
+fn join_causes(causes: &[StatusCause]) -> String {
+    let parts: Vec<String> = causes
+        .iter()
+        .map(|c| {
+            if c.field.is_empty() {
+                c.message.clone()
+            } else {
+                format!("{}: {}", c.field, c.message)
+            }
+        })
+        .collect();
+    if parts.len() == 1 {
+        parts[0].clone()
+    } else {
+        format!("[{}]", parts.join(", "))
+    }
+}
+
+impl ApiError {
+    pub fn code(&self) -> u16 {
+        match self {
+            ApiError::NotFound(_) => 404,
+            ApiError::AlreadyExists(_) | ApiError::Conflict { .. } => 409,
+            ApiError::Invalid { .. } => 422,
+            ApiError::BadRequest(_) => 400,
+            ApiError::Unauthorized(_) => 401,
+            ApiError::Forbidden(_) => 403,
+            ApiError::MethodNotAllowed(_) => 405,
+            ApiError::NotAcceptable(_) => 406,
+            ApiError::UnsupportedMediaType(_) => 415,
+            ApiError::RequestEntityTooLarge(_) => 413,
+            ApiError::Expired(_) | ApiError::Gone(_) => 410,
+            ApiError::Timeout { .. } => 504,
+            ApiError::TooManyRequests { .. } => 429,
+            ApiError::ServiceUnavailable(_) => 503,
+            ApiError::Internal(_) => 500,
+        }
+    }
+
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ApiError::NotFound(_) => "NotFound",
+            ApiError::AlreadyExists(_) => "AlreadyExists",
+            ApiError::Conflict { .. } => "Conflict",
+            ApiError::Invalid { .. } => "Invalid",
+            ApiError::BadRequest(_) => "BadRequest",
+            ApiError::Unauthorized(_) => "Unauthorized",
+            ApiError::Forbidden(_) => "Forbidden",
+            ApiError::MethodNotAllowed(_) => "MethodNotAllowed",
+            ApiError::NotAcceptable(_) => "NotAcceptable",
+            ApiError::UnsupportedMediaType(_) => "UnsupportedMediaType",
+            ApiError::RequestEntityTooLarge(_) => "RequestEntityTooLarge",
+            ApiError::Expired(_) => "Expired",
+            ApiError::Gone(_) => "Gone",
+            ApiError::Timeout { .. } => "Timeout",
+            ApiError::TooManyRequests { .. } => "TooManyRequests",
+            ApiError::ServiceUnavailable(_) => "ServiceUnavailable",
+            ApiError::Internal(_) => "InternalError",
+        }
+    }
+
+    /// Seconds a client should wait before retrying, where the error carries a hint.
+    pub fn retry_after(&self) -> Option<i32> {
+        match self {
+            ApiError::Timeout {
+                retry_after_seconds,
+                ..
+            }
+            | ApiError::TooManyRequests {
+                retry_after_seconds,
+                ..
+            } => *retry_after_seconds,
+            _ => None,
+        }
+    }
+
+    pub fn to_status(&self) -> Status {
+        let details = match self {
+            ApiError::NotFound(s) | ApiError::AlreadyExists(s) => Some(s.details(vec![])),
+            ApiError::Conflict { subject, .. } => Some(subject.details(vec![])),
+            ApiError::Invalid {
+                kind,
+                group,
+                name,
+                causes,
+            } => Some(StatusDetails {
+                name: name.clone(),
+                group: group.clone(),
+                kind: kind.clone(),
+                causes: causes.clone(),
+                ..Default::default()
+            }),
+            ApiError::Timeout {
+                retry_after_seconds: Some(s),
+                ..
+            }
+            | ApiError::TooManyRequests {
+                retry_after_seconds: Some(s),
+                ..
+            } => Some(StatusDetails {
+                retry_after_seconds: Some(*s),
+                ..Default::default()
+            }),
+            _ => None,
+        };
+        Status::failure(self.code(), self.reason(), self.to_string(), details)
+    }
+
+    pub fn bad_request(msg: impl Into<String>) -> Self {
+        ApiError::BadRequest(msg.into())
+    }
+
+    pub fn internal(msg: impl std::fmt::Display) -> Self {
+        ApiError::Internal(msg.to_string())
+    }
+
+    /// `Too large resource version` (504), as Kubernetes answers for a future version.
+    pub fn too_large_resource_version(requested: i64, current: i64) -> Self {
+        ApiError::Timeout {
+            message: format!("Too large resource version: {requested}, current: {current}"),
+            retry_after_seconds: Some(1),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn not_found_matches_kubernetes_shape() {
+        let e = ApiError::NotFound(Subject::new("", "serviceaccounts", "builder"));
+        let v = serde_json::to_value(e.to_status()).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": "serviceaccounts \"builder\" not found", "reason": "NotFound",
+                "details": {"name": "builder", "kind": "serviceaccounts"}, "code": 404
+            })
+        );
+    }
+
+    #[test]
+    fn invalid_names_every_field() {
+        let e = ApiError::Invalid {
+            kind: "Namespace".into(),
+            group: String::new(),
+            name: "Bad_Name".into(),
+            causes: vec![StatusCause {
+                reason: "FieldValueInvalid".into(),
+                message: "Invalid value: \"Bad_Name\": a lowercase RFC 1123 label".into(),
+                field: "metadata.name".into(),
+            }],
+        };
+        let s = e.to_status();
+        assert_eq!(s.code, 422);
+        assert!(
+            s.message.contains("metadata.name: Invalid value"),
+            "{}",
+            s.message
+        );
+        assert_eq!(s.details.unwrap().causes[0].field, "metadata.name");
+    }
+
+    #[test]
+    fn grouped_resources_are_qualified() {
+        let e = ApiError::AlreadyExists(Subject::new("events.svc.io", "events", "e1"));
+        assert_eq!(e.to_string(), "events.events.svc.io \"e1\" already exists");
+        assert_eq!(e.code(), 409);
+    }
+}
