@@ -7,8 +7,12 @@
 //!
 //! **Invariant:** this crate knows bytes, keys and revisions, never objects or HTTP.
 
+#[cfg(feature = "conformance")]
+pub mod conformance;
+pub mod embedded;
 mod error;
 
+pub use embedded::{AutoCompaction, EmbeddedConfig, EmbeddedStats, EmbeddedStore};
 pub use error::StoreError;
 
 use std::pin::Pin;
