@@ -1,1 +1,3 @@
 //! svc-gateway: the HTTP edge of the svc API server.
+
+pub mod pki;

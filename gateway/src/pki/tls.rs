@@ -1,0 +1,96 @@
+//! rustls configurations built from the PKI: the server's (client certificates optional,
+//! so a request without one reaches HTTP and gets a 401 there) and a client's for tests
+//! and tools.
+//!
+//! Both name the ring provider explicitly: relying on a process-wide default would make
+//! behaviour depend on which other crate installed one first.
+
+use std::sync::Arc;
+
+use rustls::crypto::CryptoProvider;
+use rustls::server::WebPkiClientVerifier;
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+use super::{Pki, PkiError};
+
+/// ALPN protocols the server offers, most preferred first.
+pub const SERVER_ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+impl Pki {
+    /// The listener's TLS configuration: serves `apiserver.crt`, offers h2 and http/1.1,
+    /// and asks for (but does not require) a client certificate chaining to the CA.
+    pub fn server_config(&self) -> Result<Arc<ServerConfig>, PkiError> {
+        let provider = provider();
+        let roots = Arc::new(self.ca_roots("server")?);
+        let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
+            .allow_unauthenticated()
+            .build()
+            .map_err(|source| PkiError::Verifier { source })?;
+        let key = parse_private_key("the serving key", &self.serving_key_pem)?;
+        let tls = |source| PkiError::Tls {
+            what: "server",
+            source,
+        };
+        let mut config = ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(tls)?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(vec![self.serving_cert_der.clone()], key)
+            .map_err(tls)?;
+        config.alpn_protocols = SERVER_ALPN.iter().map(|p| p.to_vec()).collect();
+        Ok(Arc::new(config))
+    }
+
+    /// A client configuration that trusts only this CA, presenting `client_cert`
+    /// (certificate PEM, key PEM) when given and offering `alpn` in order.
+    pub fn client_config_for(
+        &self,
+        client_cert: Option<(&str, &str)>,
+        alpn: &[&[u8]],
+    ) -> Result<Arc<ClientConfig>, PkiError> {
+        let tls = |source| PkiError::Tls {
+            what: "client",
+            source,
+        };
+        let builder = ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(tls)?
+            .with_root_certificates(self.ca_roots("client")?);
+        let mut config = match client_cert {
+            None => builder.with_no_client_auth(),
+            Some((cert_pem, key_pem)) => {
+                let chain = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|source| PkiError::Pem {
+                        what: "the client certificate".into(),
+                        source,
+                    })?;
+                let key = parse_private_key("the client key", key_pem)?;
+                builder.with_client_auth_cert(chain, key).map_err(tls)?
+            }
+        };
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        Ok(Arc::new(config))
+    }
+
+    fn ca_roots(&self, what: &'static str) -> Result<RootCertStore, PkiError> {
+        let mut roots = RootCertStore::empty();
+        roots
+            .add(self.ca.cert_der.clone())
+            .map_err(|source| PkiError::Tls { what, source })?;
+        Ok(roots)
+    }
+}
+
+fn parse_private_key(what: &str, pem: &str) -> Result<PrivateKeyDer<'static>, PkiError> {
+    PrivateKeyDer::from_pem_slice(pem.as_bytes()).map_err(|source| PkiError::Pem {
+        what: what.to_owned(),
+        source,
+    })
+}
