@@ -30,6 +30,8 @@ pub struct ResourceInfo {
     pub name_rule: NameRule,
     /// Field selectors beyond `metadata.name` and `metadata.namespace`.
     pub extra_fields: &'static [&'static str],
+    /// Whether a PUT of a missing object creates it (Kubernetes' `AllowCreateOnUpdate`).
+    pub allow_create_on_update: bool,
 }
 
 pub const STANDARD_VERBS: &[&str] = &[
@@ -111,6 +113,14 @@ pub trait Resource: Serialize + DeserializeOwned + Clone + Send + Sync + 'static
     fn validate_update(&self, _old: &Self) -> ErrorList {
         self.validate()
     }
+
+    /// Whether kind-specific finalizers (a Namespace's `spec.finalizers`) still hold deletion,
+    /// the way `metadata.finalizers` does for every kind.
+    fn has_kind_finalizers(&self) -> bool {
+        false
+    }
+    /// Called when deletion is requested and the object is kept until finalized.
+    fn mark_terminating(&mut self) {}
 
     /// Value of a kind-specific field selector listed in `INFO.extra_fields`.
     fn field_value(&self, _field: &str) -> Option<String> {

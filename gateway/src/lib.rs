@@ -1,3 +1,27 @@
 //! svc-gateway: the HTTP edge of the svc API server.
+//!
+//! Listeners and TLS (`server`), routing (`router`), authentication and authorization
+//! (`auth`), REST handlers written once over every kind (`rest`), watch streams (`watch`),
+//! discovery, health, metrics, and the built-in controllers (`bootstrap`). Errors become
+//! `Status` responses in exactly one place (`respond`).
+//!
+//! **Invariant:** the gateway reaches storage only through the `svc_storage::Store` contract.
 
+pub mod app;
+pub mod auth;
+pub mod bootstrap;
+pub mod config;
+pub mod discovery;
+pub mod health;
+pub mod metrics;
+pub mod openapi;
 pub mod pki;
+pub mod query;
+pub mod respond;
+pub mod rest;
+pub mod router;
+pub mod server;
+pub mod watch;
+
+pub use config::Options;
+pub use server::{ServerHandle, start};

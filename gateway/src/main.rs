@@ -1,2 +1,33 @@
-//! The svc-gateway binary.
-fn main() {}
+//! The svc-gateway binary: parses flags, sets up logging, serves until SIGTERM or Ctrl-C.
+
+use clap::Parser;
+use svc_gateway::Options;
+use tokio::signal::unix::{SignalKind, signal};
+
+fn main() -> anyhow::Result<()> {
+    let opts = Options::parse();
+    let filter = tracing_subscriber::EnvFilter::try_new(opts.log_filter())
+        .map_err(|e| anyhow::anyhow!("invalid --log-level {:?}: {e}", opts.log_filter()))?;
+    let sub = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false);
+    if opts.log_json {
+        sub.json().init();
+    } else {
+        sub.init();
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let server = svc_gateway::start(opts).await?;
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = int.recv() => tracing::info!("SIGINT received"),
+        }
+        server.shutdown().await;
+        Ok(())
+    })
+}

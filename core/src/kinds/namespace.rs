@@ -54,6 +54,7 @@ static INFO: ResourceInfo = ResourceInfo {
     verbs: STANDARD_VERBS,
     name_rule: NameRule::Dns1123Label,
     extra_fields: &["status.phase"],
+    allow_create_on_update: false,
 };
 
 impl Resource for Namespace {
@@ -92,6 +93,14 @@ impl Resource for Namespace {
         // Status and spec.finalizers change only through the lifecycle, not a plain update.
         self.spec = old.spec.clone();
         self.status = old.status.clone();
+    }
+
+    fn has_kind_finalizers(&self) -> bool {
+        !self.spec.finalizers.is_empty()
+    }
+
+    fn mark_terminating(&mut self) {
+        self.status.phase = PHASE_TERMINATING.into();
     }
 
     fn field_value(&self, field: &str) -> Option<String> {

@@ -63,6 +63,7 @@ static INFO: ResourceInfo = ResourceInfo {
     verbs: STANDARD_VERBS,
     name_rule: NameRule::Dns1123Subdomain,
     extra_fields: &[],
+    allow_create_on_update: false,
 };
 
 impl Resource for ServiceAccount {

@@ -1,0 +1,46 @@
+//! The shared state of a running server: options, store, metrics, health and shutdown signals.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use svc_storage::Store;
+use tokio::sync::{Notify, watch};
+
+use crate::config::Options;
+use crate::health::PostStartHooks;
+use crate::metrics::Metrics;
+
+pub struct App {
+    pub opts: Options,
+    pub store: Arc<dyn Store>,
+    pub metrics: Metrics,
+    pub hooks: PostStartHooks,
+    pub started: Instant,
+    /// Set when SIGTERM (or a test) starts shutdown: `/readyz` fails from then on.
+    pub shutting_down: AtomicBool,
+    /// Flips to true when long-running requests (watches) must end.
+    pub stop_watches: watch::Receiver<bool>,
+    /// Nudges the namespace controller when a namespace starts terminating.
+    pub namespace_changed: Notify,
+}
+
+impl App {
+    pub fn new(opts: Options, store: Arc<dyn Store>, stop_watches: watch::Receiver<bool>) -> Self {
+        App {
+            opts,
+            store,
+            metrics: Metrics::new(),
+            hooks: PostStartHooks::default(),
+            started: Instant::now(),
+            shutting_down: AtomicBool::new(false),
+            stop_watches,
+            namespace_changed: Notify::new(),
+        }
+    }
+}
+
+/// Resolves once `flag` turns true (or its sender is gone); holds no borrow across awaits.
+pub async fn until_set(flag: &mut watch::Receiver<bool>) {
+    let _ = flag.wait_for(|s| *s).await;
+}

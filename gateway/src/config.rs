@@ -1,0 +1,175 @@
+//! Command-line flags, in the style of the Kubernetes API server.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+#[derive(Clone, Debug, Parser)]
+#[command(
+    name = "svc-gateway",
+    version,
+    about = "The svc API server: list and watch at scale."
+)]
+pub struct Options {
+    /// Directory of the embedded store; PKI and admin.kubeconfig are created here too.
+    #[arg(long, default_value = "./data")]
+    pub data_dir: PathBuf,
+
+    /// Address to serve HTTPS on.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub bind_address: IpAddr,
+
+    /// Port to serve HTTPS on (0 picks a free port).
+    #[arg(long, default_value_t = 6443)]
+    pub secure_port: u16,
+
+    /// Directory of the CA, serving certificate and keys (default: <data-dir>/pki).
+    #[arg(long)]
+    pub cert_dir: Option<PathBuf>,
+
+    /// Extra names (DNS or IP) for the serving certificate; repeatable or comma-separated.
+    #[arg(long = "tls-san", value_delimiter = ',')]
+    pub tls_sans: Vec<String>,
+
+    /// Plain-HTTP port on 127.0.0.1 without authentication, for loopback load tests only
+    /// (0 disables it). Every request on it acts as a member of `system:masters`.
+    #[arg(long, default_value_t = 0)]
+    pub insecure_port: u16,
+
+    /// Allow unauthenticated requests as `system:anonymous`; they may read health, version
+    /// and discovery only.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub anonymous_auth: bool,
+
+    /// Time to keep serving after SIGTERM while /readyz reports failure, so load balancers
+    /// stop sending new requests first.
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    pub shutdown_delay_duration: Duration,
+
+    /// How long in-flight requests may run after shutdown begins before they are cut.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub shutdown_timeout: Duration,
+
+    /// Time after start during which /livez reports success whatever its checks say.
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    pub livez_grace_period: Duration,
+
+    /// Largest request body accepted (bytes); larger requests get 413.
+    #[arg(long, default_value_t = 3 * 1024 * 1024)]
+    pub max_request_body_bytes: usize,
+
+    /// Watches without `timeoutSeconds` end after a random time in [T, 2T].
+    #[arg(long, default_value = "30m", value_parser = parse_duration)]
+    pub min_request_timeout: Duration,
+
+    /// Non-watch requests are cut after this long.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub request_timeout: Duration,
+
+    /// Concurrent HTTP/2 streams per connection.
+    #[arg(long, default_value_t = 1000)]
+    pub http2_max_streams_per_connection: u32,
+
+    /// Log level (error, warn, info, debug, trace) or a tracing filter directive.
+    #[arg(long, default_value = "info")]
+    pub log_level: String,
+
+    /// Verbosity in the Kubernetes style: 0-1 info, 2-3 debug, 4+ trace (overrides --log-level).
+    #[arg(short = 'v', long = "v")]
+    pub verbosity: Option<u8>,
+
+    /// Emit logs as JSON lines.
+    #[arg(long, default_value_t = false)]
+    pub log_json: bool,
+}
+
+impl Options {
+    pub fn cert_dir(&self) -> PathBuf {
+        self.cert_dir
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("pki"))
+    }
+
+    pub fn store_dir(&self) -> PathBuf {
+        self.data_dir.join("store")
+    }
+
+    /// Options for an in-process server on loopback with free ports (tests, benchmarks).
+    pub fn for_tests(data_dir: PathBuf) -> Self {
+        let mut o = Options::parse_from(["svc-gateway"]);
+        o.data_dir = data_dir;
+        o.bind_address = IpAddr::from([127, 0, 0, 1]);
+        o.secure_port = 0;
+        o.shutdown_timeout = Duration::from_secs(5);
+        o
+    }
+
+    pub fn log_filter(&self) -> String {
+        match self.verbosity {
+            Some(0..=1) => "info".into(),
+            Some(2..=3) => "debug".into(),
+            Some(_) => "trace".into(),
+            None => self.log_level.clone(),
+        }
+    }
+}
+
+/// Parses Go-style durations: `90s`, `1m30s`, `500ms`, `2h`, `0`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = s;
+    if rest.is_empty() {
+        return Err("empty duration".into());
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        if digits == 0 {
+            return Err(format!("invalid duration {s:?}"));
+        }
+        let value: f64 = rest[..digits]
+            .parse()
+            .map_err(|_| format!("invalid duration {s:?}"))?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let unit = &rest[..unit_len];
+        rest = &rest[unit_len..];
+        let secs = match unit {
+            "ns" => value / 1e9,
+            "us" | "µs" => value / 1e6,
+            "ms" => value / 1e3,
+            "s" => value,
+            "m" => value * 60.0,
+            "h" => value * 3600.0,
+            _ => return Err(format!("invalid unit {unit:?} in duration {s:?}")),
+        };
+        total += Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"))?;
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
+        assert_eq!(parse_duration("1.5h").unwrap(), Duration::from_secs(5400));
+        assert!(parse_duration("10").is_err());
+        assert!(parse_duration("s").is_err());
+        assert!(parse_duration("5 parsecs").is_err());
+    }
+}

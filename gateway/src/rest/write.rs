@@ -1,0 +1,417 @@
+//! Create, update (PUT), delete and deletecollection, with optimistic concurrency on the
+//! store revision, namespace lifecycle checks, finalizers and dry-run.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Response, StatusCode};
+use serde::Deserialize;
+use svc_core::kinds::Namespace;
+use svc_core::meta::Time;
+use svc_core::object::{self, parse_resource_version};
+use svc_core::status::Subject;
+use svc_core::{ApiError, Resource, Status};
+use svc_storage::{KeyRange, StoreError};
+
+use super::{Call, conflict, map_write_error, path_namespace, read_current};
+use crate::app::App;
+use crate::respond::{self, Body};
+
+/// How often a create retries a `generateName` collision, and an unconditional update a
+/// concurrent write, before giving up.
+const MAX_RETRIES: usize = 8;
+
+/// Decodes a request body as JSON (YAML arrives with the media-types work).
+fn decode_body<T: Resource>(call: &Call) -> Result<T, ApiError> {
+    if let Some(ct) = call.parts.headers.get(http::header::CONTENT_TYPE) {
+        let ct = ct.to_str().unwrap_or_default();
+        let media = ct
+            .split(';')
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_ascii_lowercase();
+        if !media.is_empty() && media != "application/json" && media != "*/*" {
+            return Err(ApiError::UnsupportedMediaType(format!(
+                "the body of the request was in an unknown format - accepted media types \
+                 include: application/json (got {ct:?})"
+            )));
+        }
+    }
+    if call.body.is_empty() {
+        return Err(ApiError::bad_request("the request body is empty"));
+    }
+    object::decode_json(&call.body)
+}
+
+/// Namespaced objects may only be created in a namespace that exists and is not terminating.
+async fn check_namespace_open<T: Resource>(
+    app: &App,
+    ns: &str,
+    name: &str,
+) -> Result<(), ApiError> {
+    if !T::INFO.namespaced() {
+        return Ok(());
+    }
+    let key = Bytes::from(Namespace::INFO.key("", ns));
+    let (kv, _) = app
+        .store
+        .get(key, None)
+        .await
+        .map_err(respond::store_error)?;
+    let kv = kv.ok_or_else(|| ApiError::NotFound(Subject::new("", "namespaces", ns)))?;
+    let nsobj: Namespace = object::decode_from_store(&kv)?;
+    if nsobj.metadata.deletion_timestamp.is_some() {
+        return Err(ApiError::Forbidden(format!(
+            "{} \"{name}\" is forbidden: unable to create new content in namespace {ns} because \
+             it is being terminated",
+            T::INFO.plural
+        )));
+    }
+    Ok(())
+}
+
+pub async fn create<T: Resource>(app: &Arc<App>, call: &Call) -> Result<Response<Body>, ApiError> {
+    let dry_run = call.query.dry_run()?;
+    let mut obj: T = decode_body(call)?;
+    object::apply_request_namespace(&mut obj, &call.route.namespace)?;
+    let ns = obj.meta().namespace.clone();
+    let generated = obj.meta().name.is_empty() && !obj.meta().generate_name.is_empty();
+    for _ in 0..MAX_RETRIES {
+        let mut candidate = obj.clone();
+        object::prepare_create(&mut candidate)?;
+        let name = candidate.meta().name.clone();
+        check_namespace_open::<T>(app, &ns, &name).await?;
+        let key = Bytes::from(T::INFO.key(&ns, &name));
+        if dry_run {
+            let (existing, _) = app
+                .store
+                .get(key, None)
+                .await
+                .map_err(respond::store_error)?;
+            if existing.is_some() {
+                if generated {
+                    continue;
+                }
+                return Err(ApiError::AlreadyExists(object::subject::<T>(&name)));
+            }
+            return Ok(respond::json(
+                StatusCode::CREATED,
+                &candidate,
+                call.query.pretty(),
+            ));
+        }
+        let value = Bytes::from(object::encode_for_store(&candidate)?);
+        match app.store.create(key, value).await {
+            Ok(kv) => {
+                candidate.meta_mut().resource_version = kv.mod_revision.to_string();
+                return Ok(respond::json(
+                    StatusCode::CREATED,
+                    &candidate,
+                    call.query.pretty(),
+                ));
+            }
+            Err(StoreError::AlreadyExists { .. }) if generated => continue,
+            Err(e) => return Err(map_write_error::<T>(e, &name)),
+        }
+    }
+    Err(ApiError::ServiceUnavailable(format!(
+        "could not find a free name for generateName {:?} after {MAX_RETRIES} tries",
+        obj.meta().generate_name
+    )))
+}
+
+pub async fn update<T: Resource>(
+    app: &Arc<App>,
+    call: &Call,
+    name: &str,
+) -> Result<Response<Body>, ApiError> {
+    let dry_run = call.query.dry_run()?;
+    let mut obj: T = decode_body(call)?;
+    let ns = path_namespace::<T>(&call.route)?.to_string();
+    object::apply_request_namespace(&mut obj, &ns)?;
+    if obj.meta().name.is_empty() {
+        obj.meta_mut().name = name.to_string();
+    } else if obj.meta().name != name {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({}) does not match the name on the URL ({name})",
+            obj.meta().name
+        )));
+    }
+    let precondition = match obj.meta().resource_version.as_str() {
+        "" => None,
+        rv => Some(parse_resource_version(rv)?),
+    };
+    let key = Bytes::from(T::INFO.key(&ns, name));
+    for _ in 0..MAX_RETRIES {
+        let (current, kv) = match read_current::<T>(app, &key, name).await {
+            Ok(c) => c,
+            Err(ApiError::NotFound(s)) if !T::INFO.allow_create_on_update => {
+                return Err(ApiError::NotFound(s));
+            }
+            Err(ApiError::NotFound(_)) => return create::<T>(app, call).await,
+            Err(e) => return Err(e),
+        };
+        if precondition.is_some_and(|rv| rv != kv.mod_revision) {
+            return Err(conflict::<T>(name));
+        }
+        let mut next = obj.clone();
+        object::prepare_update(&mut next, &current)?;
+        let value = object::encode_for_store(&next)?;
+        if value == kv.value {
+            // Nothing changed: no write, no new resourceVersion, no watch event.
+            return Ok(respond::json(StatusCode::OK, &current, call.query.pretty()));
+        }
+        if dry_run {
+            next.meta_mut().resource_version = kv.mod_revision.to_string();
+            return Ok(respond::json(StatusCode::OK, &next, call.query.pretty()));
+        }
+        if next.meta().deletion_timestamp.is_some()
+            && next.meta().finalizers.is_empty()
+            && !next.has_kind_finalizers()
+        {
+            // The last finalizer is gone: finish the deletion that was requested earlier.
+            return match app.store.delete(key.clone(), Some(kv.mod_revision)).await {
+                Ok((_, rev)) => {
+                    next.meta_mut().resource_version = rev.to_string();
+                    Ok(respond::json(StatusCode::OK, &next, call.query.pretty()))
+                }
+                Err(StoreError::Conflict { .. }) if precondition.is_none() => continue,
+                Err(e) => Err(map_write_error::<T>(e, name)),
+            };
+        }
+        match app
+            .store
+            .update(key.clone(), Bytes::from(value), kv.mod_revision)
+            .await
+        {
+            Ok(new_kv) => {
+                next.meta_mut().resource_version = new_kv.mod_revision.to_string();
+                return Ok(respond::json(StatusCode::OK, &next, call.query.pretty()));
+            }
+            // An unconditional update retries against the newer object; a conditional one
+            // reports the conflict.
+            Err(StoreError::Conflict { .. }) if precondition.is_none() => continue,
+            Err(e) => return Err(map_write_error::<T>(e, name)),
+        }
+    }
+    Err(conflict::<T>(name))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Preconditions {
+    uid: Option<String>,
+    resource_version: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct DeleteOptions {
+    kind: Option<String>,
+    preconditions: Option<Preconditions>,
+    grace_period_seconds: Option<i64>,
+    propagation_policy: Option<String>,
+    #[serde(default)]
+    dry_run: Vec<String>,
+}
+
+fn delete_options(call: &Call) -> Result<(DeleteOptions, bool), ApiError> {
+    let mut opts: DeleteOptions = if call.body.is_empty() {
+        DeleteOptions::default()
+    } else {
+        serde_json::from_slice(&call.body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?
+    };
+    if let Some(k) = &opts.kind {
+        if k != "DeleteOptions" {
+            return Err(ApiError::bad_request(format!(
+                "expected a DeleteOptions body, got kind {k:?}"
+            )));
+        }
+    }
+    if let Some(g) = call.query.int("gracePeriodSeconds")? {
+        opts.grace_period_seconds = Some(g);
+    }
+    if opts.grace_period_seconds.is_some_and(|g| g < 0) {
+        return Err(invalid_delete(
+            "gracePeriodSeconds",
+            "must be greater than or equal to 0",
+        ));
+    }
+    if let Some(p) = call.query.get("propagationPolicy") {
+        opts.propagation_policy = Some(p.to_string());
+    }
+    if let Some(p) = &opts.propagation_policy {
+        if !matches!(p.as_str(), "Orphan" | "Background" | "Foreground") {
+            return Err(invalid_delete(
+                "propagationPolicy",
+                &format!(
+                    "Unsupported value: {p:?}: supported values: \"Foreground\", \"Background\", \"Orphan\""
+                ),
+            ));
+        }
+    }
+    let dry_run = match opts.dry_run.as_slice() {
+        [] => call.query.dry_run()?,
+        [v] if v == "All" => true,
+        other => {
+            return Err(ApiError::bad_request(format!(
+                "Invalid dryRun value {other:?}: supported values: \"All\""
+            )));
+        }
+    };
+    Ok((opts, dry_run))
+}
+
+fn invalid_delete(field: &str, message: &str) -> ApiError {
+    ApiError::Invalid {
+        kind: "DeleteOptions".into(),
+        group: String::new(),
+        name: String::new(),
+        causes: vec![svc_core::status::StatusCause {
+            reason: "FieldValueInvalid".into(),
+            message: message.into(),
+            field: field.into(),
+        }],
+    }
+}
+
+pub async fn delete<T: Resource>(
+    app: &Arc<App>,
+    call: &Call,
+    name: &str,
+) -> Result<Response<Body>, ApiError> {
+    let (opts, dry_run) = delete_options(call)?;
+    let ns = path_namespace::<T>(&call.route)?.to_string();
+    let key = Bytes::from(T::INFO.key(&ns, name));
+    let pre = opts.preconditions.unwrap_or_default();
+    let (obj, code) = delete_one::<T>(app, &key, name, &pre, dry_run).await?;
+    Ok(respond::json(code, &obj, call.query.pretty()))
+}
+
+/// Deletes one object, or marks it terminating when finalizers hold it. Returns what the
+/// client sees: the deleted object (200) or the terminating one (200; 202 while finalizing).
+async fn delete_one<T: Resource>(
+    app: &App,
+    key: &Bytes,
+    name: &str,
+    pre: &Preconditions,
+    dry_run: bool,
+) -> Result<(T, StatusCode), ApiError> {
+    for _ in 0..MAX_RETRIES {
+        let (mut current, kv) = read_current::<T>(app, key, name).await?;
+        if let Some(uid) = pre.uid.as_deref() {
+            if uid != current.meta().uid {
+                return Err(ApiError::Conflict {
+                    subject: object::subject::<T>(name),
+                    message: format!(
+                        "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                        current.meta().uid
+                    ),
+                });
+            }
+        }
+        if let Some(rv) = pre.resource_version.as_deref() {
+            if rv != current.meta().resource_version {
+                return Err(ApiError::Conflict {
+                    subject: object::subject::<T>(name),
+                    message: format!(
+                        "Precondition failed: ResourceVersion in precondition: {rv}, \
+                         ResourceVersion in object meta: {}",
+                        current.meta().resource_version
+                    ),
+                });
+            }
+        }
+        if !current.meta().finalizers.is_empty() || current.has_kind_finalizers() {
+            if current.meta().deletion_timestamp.is_some() {
+                return Ok((current, StatusCode::ACCEPTED));
+            }
+            current.meta_mut().deletion_timestamp = Some(Time::now());
+            current.meta_mut().deletion_grace_period_seconds = Some(0);
+            current.mark_terminating();
+            if dry_run {
+                return Ok((current, StatusCode::ACCEPTED));
+            }
+            let value = Bytes::from(object::encode_for_store(&current)?);
+            match app.store.update(key.clone(), value, kv.mod_revision).await {
+                Ok(new_kv) => {
+                    current.meta_mut().resource_version = new_kv.mod_revision.to_string();
+                    if T::INFO.kind == Namespace::INFO.kind {
+                        app.namespace_changed.notify_one();
+                    }
+                    return Ok((current, StatusCode::OK));
+                }
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(map_write_error::<T>(e, name)),
+            }
+        }
+        if dry_run {
+            return Ok((current, StatusCode::OK));
+        }
+        match app.store.delete(key.clone(), Some(kv.mod_revision)).await {
+            Ok(_) => return Ok((current, StatusCode::OK)),
+            Err(StoreError::Conflict { .. }) => continue,
+            Err(e) => return Err(map_write_error::<T>(e, name)),
+        }
+    }
+    Err(conflict::<T>(name))
+}
+
+pub async fn delete_collection<T: Resource>(
+    app: &Arc<App>,
+    call: &Call,
+) -> Result<Response<Body>, ApiError> {
+    let (opts, dry_run) = delete_options(call)?;
+    let list_opts = crate::query::ListOptions::from_query(&call.query)?;
+    let selector = super::list::Selectors::parse::<T>(&list_opts)?;
+    let ns = call.route.namespace.clone();
+    let prefix = T::INFO.prefix(Some(&ns));
+    let range = app
+        .store
+        .range(KeyRange::prefix(prefix), None, 0)
+        .await
+        .map_err(respond::store_error)?;
+    let pre = opts.preconditions.unwrap_or_default();
+    for kv in &range.kvs {
+        let obj: T = object::decode_from_store(kv)?;
+        if !selector.matches(&obj) {
+            continue;
+        }
+        match delete_one::<T>(app, &kv.key, &obj.meta().name, &pre, dry_run).await {
+            Ok(_) | Err(ApiError::NotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(respond::json(
+        StatusCode::OK,
+        &Status::success(None),
+        call.query.pretty(),
+    ))
+}
+
+/// Deletes every object of type `T` in namespace `ns` (the namespace controller's sweep) and
+/// returns how many remain.
+pub async fn delete_all_in_namespace<T: Resource>(app: &App, ns: &str) -> Result<usize, ApiError> {
+    let range = app
+        .store
+        .range(KeyRange::prefix(T::INFO.prefix(Some(ns))), None, 0)
+        .await
+        .map_err(respond::store_error)?;
+    let prefix_len = T::INFO.prefix(Some(ns)).len();
+    for kv in &range.kvs {
+        let name = String::from_utf8_lossy(&kv.key[prefix_len..]).to_string();
+        match delete_one::<T>(app, &kv.key, &name, &Preconditions::default(), false).await {
+            Ok(_) | Err(ApiError::NotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    // Objects held by their own finalizers are still there; the caller retries later.
+    let left = app
+        .store
+        .range(KeyRange::prefix(T::INFO.prefix(Some(ns))), None, 0)
+        .await
+        .map_err(respond::store_error)?;
+    Ok(left.kvs.len())
+}
