@@ -132,7 +132,9 @@ pub struct EmbeddedStore {
 
 impl std::fmt::Debug for EmbeddedStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EmbeddedStore").field("dir", &self.dir).finish_non_exhaustive()
+        f.debug_struct("EmbeddedStore")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
     }
 }
 
@@ -207,12 +209,27 @@ impl EmbeddedStore {
         key: impl Into<Bytes>,
         raw: impl Into<Bytes>,
     ) -> Result<(), StoreError> {
-        self.submit(Op::PutRaw { key: key.into(), raw: raw.into() }).await.map(|_| ())
+        self.submit(Op::PutRaw {
+            key: key.into(),
+            raw: raw.into(),
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// FOR TESTS OF CORRUPT-OBJECT HANDLING: the stored bytes of `key`'s current record
+    /// (checksum included), unverified, so a test can damage them and plant them back.
+    pub async fn debug_get_raw(&self, key: impl Into<Bytes>) -> Result<Option<Bytes>, StoreError> {
+        let key = key.into();
+        self.read(move |snapshot| snapshot.current_raw(&key)).await
     }
 
     async fn submit(&self, op: Op) -> Result<Reply, StoreError> {
         let (reply, answer) = oneshot::channel();
-        self.requests.send(Request { op, reply }).await.map_err(|_| StoreError::Closed)?;
+        self.requests
+            .send(Request { op, reply })
+            .await
+            .map_err(|_| StoreError::Closed)?;
         answer.await.map_err(|_| StoreError::Closed)?
     }
 
@@ -253,7 +270,14 @@ impl Store for EmbeddedStore {
         value: Bytes,
         expected: Revision,
     ) -> Result<KeyValue, StoreError> {
-        match self.submit(Op::Update { key, value, expected }).await? {
+        match self
+            .submit(Op::Update {
+                key,
+                value,
+                expected,
+            })
+            .await?
+        {
             Reply::Kv(kv) => Ok(kv),
             _ => Err(unexpected_reply()),
         }
@@ -291,7 +315,8 @@ impl Store for EmbeddedStore {
         at: Option<Revision>,
         limit: usize,
     ) -> Result<RangeResult, StoreError> {
-        self.read(move |snapshot| snapshot.range(&range, at, limit)).await
+        self.read(move |snapshot| snapshot.range(&range, at, limit))
+            .await
     }
 
     async fn current_revision(&self) -> Result<Revision, StoreError> {

@@ -11,9 +11,15 @@ pub enum StoreError {
     #[error("revision conflict: key is at revision {}", current.mod_revision)]
     Conflict { current: Box<KeyValue> },
     #[error("required revision {requested} has been compacted (compacted at {compacted})")]
-    Compacted { requested: Revision, compacted: Revision },
+    Compacted {
+        requested: Revision,
+        compacted: Revision,
+    },
     #[error("revision {requested} is newer than the current revision {current}")]
-    FutureRevision { requested: Revision, current: Revision },
+    FutureRevision {
+        requested: Revision,
+        current: Revision,
+    },
     #[error("stored data is corrupt at {location}: {detail}")]
     Corrupt { location: String, detail: String },
     #[error("store unavailable: {0}")]

@@ -102,7 +102,10 @@ impl KeyRange {
             }
             end.pop();
         }
-        KeyRange { start, end: Bytes::from(end) }
+        KeyRange {
+            start,
+            end: Bytes::from(end),
+        }
     }
 
     pub fn contains(&self, key: &[u8]) -> bool {
@@ -118,8 +121,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// Replaces `key`'s value if its `mod_revision` equals `expected`.
     /// `NotFound` if absent, `Conflict` (with the current key-value) if the revision differs.
-    async fn update(&self, key: Bytes, value: Bytes, expected: Revision)
-    -> Result<KeyValue, StoreError>;
+    async fn update(
+        &self,
+        key: Bytes,
+        value: Bytes,
+        expected: Revision,
+    ) -> Result<KeyValue, StoreError>;
 
     /// Deletes `key`, if `expected` is given only when its `mod_revision` equals it.
     /// Returns the deleted key-value and the revision of the delete.
@@ -130,8 +137,11 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<(KeyValue, Revision), StoreError>;
 
     /// Reads one key at `at` (None = current). `Compacted` / `FutureRevision` as for `range`.
-    async fn get(&self, key: Bytes, at: Option<Revision>)
-    -> Result<(Option<KeyValue>, Revision), StoreError>;
+    async fn get(
+        &self,
+        key: Bytes,
+        at: Option<Revision>,
+    ) -> Result<(Option<KeyValue>, Revision), StoreError>;
 
     /// Reads `range` at revision `at` (None = current), at most `limit` keys (0 = no limit).
     /// `Compacted` if `at` is older than the compaction point, `FutureRevision` if newer than

@@ -22,7 +22,12 @@ const RECORD_HEADER: usize = 4 + 1 + 1 + 8 + 8 + 8;
 /// A key's state at one revision, as stored in the `current` and `history` tables.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Record {
-    Put { create_revision: Revision, mod_revision: Revision, version: i64, value: Bytes },
+    Put {
+        create_revision: Revision,
+        mod_revision: Revision,
+        version: i64,
+        value: Bytes,
+    },
     /// The key was deleted at `mod_revision`.
     Tombstone { mod_revision: Revision },
 }
@@ -40,7 +45,12 @@ impl Record {
     /// The key-value this record describes, if it is a live value.
     pub(crate) fn into_kv(self, key: &[u8]) -> Option<KeyValue> {
         match self {
-            Record::Put { create_revision, mod_revision, version, value } => Some(KeyValue {
+            Record::Put {
+                create_revision,
+                mod_revision,
+                version,
+                value,
+            } => Some(KeyValue {
                 key: Bytes::copy_from_slice(key),
                 value,
                 create_revision,
@@ -66,7 +76,10 @@ fn checked_payload<'a>(
     location: &dyn Fn() -> String,
 ) -> Result<&'a [u8], StoreError> {
     if raw.len() < 4 {
-        return Err(corrupt(location(), format!("record is {} bytes, too short", raw.len())));
+        return Err(corrupt(
+            location(),
+            format!("record is {} bytes, too short", raw.len()),
+        ));
     }
     let (crc_bytes, payload) = raw.split_at(4);
     let stored = u32::from_le_bytes([crc_bytes[0], crc_bytes[1], crc_bytes[2], crc_bytes[3]]);
@@ -105,9 +118,12 @@ fn read_i64(bytes: &[u8]) -> i64 {
 /// Encodes a record; `table_key` is what the record is stored under (part of the checksum).
 pub(crate) fn encode_record(table_key: &[u8], record: &Record) -> Vec<u8> {
     let (tag, create, modr, version, value): (u8, i64, i64, i64, &[u8]) = match record {
-        Record::Put { create_revision, mod_revision, version, value } => {
-            (TAG_PUT, *create_revision, *mod_revision, *version, value)
-        }
+        Record::Put {
+            create_revision,
+            mod_revision,
+            version,
+            value,
+        } => (TAG_PUT, *create_revision, *mod_revision, *version, value),
         Record::Tombstone { mod_revision } => (TAG_TOMBSTONE, 0, *mod_revision, 0, &[]),
     };
     let mut payload = Vec::with_capacity(RECORD_HEADER - 4 + value.len());
@@ -128,10 +144,16 @@ pub(crate) fn decode_record(
 ) -> Result<Record, StoreError> {
     let payload = checked_payload(raw, table_key, location)?;
     if payload.len() < RECORD_HEADER - 4 {
-        return Err(corrupt(location(), format!("record header truncated ({} bytes)", raw.len())));
+        return Err(corrupt(
+            location(),
+            format!("record header truncated ({} bytes)", raw.len()),
+        ));
     }
     if payload[0] != RECORD_FORMAT {
-        return Err(corrupt(location(), format!("unknown record format {}", payload[0])));
+        return Err(corrupt(
+            location(),
+            format!("unknown record format {}", payload[0]),
+        ));
     }
     let create_revision = read_i64(&payload[2..]);
     let mod_revision = read_i64(&payload[10..]);
@@ -168,7 +190,11 @@ pub(crate) struct LogEntry {
 pub(crate) fn encode_log(revision: u64, entry: &LogEntry) -> Vec<u8> {
     let mut payload = Vec::with_capacity(2 + entry.key.len());
     payload.push(RECORD_FORMAT);
-    payload.push(if entry.deleted { TAG_TOMBSTONE } else { TAG_PUT });
+    payload.push(if entry.deleted {
+        TAG_TOMBSTONE
+    } else {
+        TAG_PUT
+    });
     payload.extend_from_slice(&entry.key);
     seal(&revision.to_le_bytes(), &payload)
 }
@@ -182,9 +208,17 @@ pub(crate) fn decode_log(raw: &[u8], revision: u64) -> Result<LogEntry, StoreErr
     let deleted = match payload[1] {
         TAG_PUT => false,
         TAG_TOMBSTONE => true,
-        other => return Err(corrupt(location(), format!("unknown log entry tag {other}"))),
+        other => {
+            return Err(corrupt(
+                location(),
+                format!("unknown log entry tag {other}"),
+            ));
+        }
     };
-    Ok(LogEntry { deleted, key: Bytes::copy_from_slice(&payload[2..]) })
+    Ok(LogEntry {
+        deleted,
+        key: Bytes::copy_from_slice(&payload[2..]),
+    })
 }
 
 pub(crate) fn encode_meta(name: &str, value: i64) -> Vec<u8> {
@@ -195,7 +229,10 @@ pub(crate) fn decode_meta(raw: &[u8], name: &str) -> Result<i64, StoreError> {
     let location = || format!("meta/{name}");
     let payload = checked_payload(raw, name.as_bytes(), &location)?;
     if payload.len() != 8 {
-        return Err(corrupt(location(), format!("meta value is {} bytes", payload.len())));
+        return Err(corrupt(
+            location(),
+            format!("meta value is {} bytes", payload.len()),
+        ));
     }
     Ok(read_i64(payload))
 }
@@ -250,7 +287,10 @@ mod tests {
 
     #[test]
     fn log_and_meta_round_trip() {
-        let entry = LogEntry { deleted: true, key: Bytes::from_static(b"/a/b") };
+        let entry = LogEntry {
+            deleted: true,
+            key: Bytes::from_static(b"/a/b"),
+        };
         let raw = encode_log(42, &entry);
         assert_eq!(decode_log(&raw, 42).unwrap(), entry);
         assert!(decode_log(&raw, 43).is_err());

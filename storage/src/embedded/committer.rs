@@ -15,21 +15,36 @@ use bytes::Bytes;
 use redb::{Durability, ReadableTable, Table, WriteTransaction};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
+use super::Shared;
 use super::codec::{self, LogEntry, Record};
 use super::compaction::Compactor;
 use super::tables::{self, CURRENT, HISTORY, LOG, META, META_REVISION, backend, to_u64};
-use super::Shared;
 use crate::{Event, EventKind, KeyValue, Revision, StoreError};
 
 pub(crate) type Batch = Arc<Vec<Event>>;
 
 pub(crate) enum Op {
-    Create { key: Bytes, value: Bytes },
-    Update { key: Bytes, value: Bytes, expected: Revision },
-    Delete { key: Bytes, expected: Option<Revision> },
+    Create {
+        key: Bytes,
+        value: Bytes,
+    },
+    Update {
+        key: Bytes,
+        value: Bytes,
+        expected: Revision,
+    },
+    Delete {
+        key: Bytes,
+        expected: Option<Revision>,
+    },
     /// Stores `raw` verbatim as the key's current record (tests of corrupt-object handling).
-    PutRaw { key: Bytes, raw: Bytes },
-    Compact { revision: Revision },
+    PutRaw {
+        key: Bytes,
+        raw: Bytes,
+    },
+    Compact {
+        revision: Revision,
+    },
 }
 
 pub(crate) enum Reply {
@@ -67,14 +82,24 @@ impl Committer {
         let revision = shared.published.revision.load(Ordering::Acquire);
         let compacted = shared.published.compacted.load(Ordering::Acquire);
         let compactor = Compactor::new(&shared.config, revision, compacted);
-        Committer { shared, feed, requests, shutdown, revision, compactor }
+        Committer {
+            shared,
+            feed,
+            requests,
+            shutdown,
+            revision,
+            compactor,
+        }
     }
 
     /// The thread body. Returns when the store is closed (or dropped) and the queue drained.
     pub(crate) fn run(mut self) {
         // A tiny private runtime gives the committer timed waits on the async queue and on the
         // shutdown signal without depending on whatever runtime the callers use.
-        let runtime = match tokio::runtime::Builder::new_current_thread().enable_time().build() {
+        let runtime = match tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+        {
             Ok(runtime) => runtime,
             Err(err) => {
                 tracing::error!(%err, "storage committer cannot start; store is unavailable");
@@ -83,7 +108,9 @@ impl Committer {
             }
         };
         loop {
-            let Some(first) = self.next_request(&runtime) else { break };
+            let Some(first) = self.next_request(&runtime) else {
+                break;
+            };
             let mut batch = Vec::new();
             if let Some(first) = first {
                 batch.push(first);
@@ -96,9 +123,8 @@ impl Committer {
             }
             self.process(batch);
             self.compactor.tick(self.revision);
-            if let Some(outcome) = self.compactor.step(&self.shared.db) {
-                self.shared.published.compacted.store(outcome, Ordering::Release);
-            }
+            self.compactor
+                .step(&self.shared.db, &self.shared.published.compacted);
         }
         // Refuse new requests, then answer everything already queued.
         self.requests.close();
@@ -118,12 +144,19 @@ impl Committer {
             return match self.requests.try_recv() {
                 Ok(request) => Some(Some(request)),
                 Err(mpsc::error::TryRecvError::Empty) => {
-                    if self.shutdown_requested() { None } else { Some(None) }
+                    if self.shutdown_requested() {
+                        None
+                    } else {
+                        Some(None)
+                    }
                 }
                 Err(mpsc::error::TryRecvError::Disconnected) => None,
             };
         }
-        let wake = self.compactor.wake_interval().unwrap_or(Duration::from_secs(3600));
+        let wake = self
+            .compactor
+            .wake_interval()
+            .unwrap_or(Duration::from_secs(3600));
         let requests = &mut self.requests;
         let shutdown = &mut self.shutdown;
         runtime.block_on(async {
@@ -140,7 +173,10 @@ impl Committer {
     }
 
     fn shutdown_requested(&mut self) -> bool {
-        !matches!(self.shutdown.try_recv(), Err(oneshot::error::TryRecvError::Empty))
+        !matches!(
+            self.shutdown.try_recv(),
+            Err(oneshot::error::TryRecvError::Empty)
+        )
     }
 
     fn process(&mut self, batch: Vec<Request>) {
@@ -149,8 +185,10 @@ impl Committer {
             match request.op {
                 Op::Compact { revision } => {
                     if revision > self.revision {
-                        let err =
-                            StoreError::FutureRevision { requested: revision, current: self.revision };
+                        let err = StoreError::FutureRevision {
+                            requested: revision,
+                            current: self.revision,
+                        };
                         let _ = request.reply.send(Err(err));
                     } else {
                         self.compactor.request(revision, Some(request.reply));
@@ -215,7 +253,10 @@ impl Committer {
             }
             if revision != self.revision {
                 t.meta
-                    .insert(META_REVISION, codec::encode_meta(META_REVISION, revision).as_slice())
+                    .insert(
+                        META_REVISION,
+                        codec::encode_meta(META_REVISION, revision).as_slice(),
+                    )
                     .map_err(backend)?;
             }
         }
@@ -252,7 +293,9 @@ impl<'txn> WriteTables<'txn> {
     }
 
     fn lookup(&self, key: &[u8]) -> Result<CurrentLookup, StoreError> {
-        let Some(raw) = self.current.get(key).map_err(backend)? else { return Ok(None) };
+        let Some(raw) = self.current.get(key).map_err(backend)? else {
+            return Ok(None);
+        };
         Ok(match tables::decode_current(raw.value(), key) {
             Ok(record) => record.into_kv(key).map(Ok),
             Err(err) => Some(Err(err)),
@@ -271,7 +314,9 @@ impl<'txn> WriteTables<'txn> {
             Op::Create { key, value } => {
                 match self.lookup(key)? {
                     Some(Ok(current)) => {
-                        return Ok(Err(StoreError::AlreadyExists { current: Box::new(current) }));
+                        return Ok(Err(StoreError::AlreadyExists {
+                            current: Box::new(current),
+                        }));
                     }
                     Some(Err(corrupt)) => return Ok(Err(corrupt)),
                     None => {}
@@ -285,17 +330,27 @@ impl<'txn> WriteTables<'txn> {
                     version: 1,
                 };
                 self.write_put(&kv)?;
-                events.push(Event { kind: EventKind::Put, kv: kv.clone(), prev_kv: None });
+                events.push(Event {
+                    kind: EventKind::Put,
+                    kv: kv.clone(),
+                    prev_kv: None,
+                });
                 Ok(Ok(Reply::Kv(kv)))
             }
-            Op::Update { key, value, expected } => {
+            Op::Update {
+                key,
+                value,
+                expected,
+            } => {
                 let current = match self.lookup(key)? {
                     None => return Ok(Err(StoreError::NotFound)),
                     Some(Err(corrupt)) => return Ok(Err(corrupt)),
                     Some(Ok(current)) => current,
                 };
                 if current.mod_revision != *expected {
-                    return Ok(Err(StoreError::Conflict { current: Box::new(current) }));
+                    return Ok(Err(StoreError::Conflict {
+                        current: Box::new(current),
+                    }));
                 }
                 *revision += 1;
                 let kv = KeyValue {
@@ -306,28 +361,43 @@ impl<'txn> WriteTables<'txn> {
                     version: current.version + 1,
                 };
                 self.write_put(&kv)?;
-                events.push(Event { kind: EventKind::Put, kv: kv.clone(), prev_kv: Some(current) });
+                events.push(Event {
+                    kind: EventKind::Put,
+                    kv: kv.clone(),
+                    prev_kv: Some(current),
+                });
                 Ok(Ok(Reply::Kv(kv)))
             }
             Op::Delete { key, expected } => {
                 let prev = match (self.lookup(key)?, expected) {
                     (None, _) => return Ok(Err(StoreError::NotFound)),
                     (Some(Ok(current)), Some(expected)) if current.mod_revision != *expected => {
-                        return Ok(Err(StoreError::Conflict { current: Box::new(current) }));
+                        return Ok(Err(StoreError::Conflict {
+                            current: Box::new(current),
+                        }));
                     }
                     (Some(Ok(current)), _) => Some(current),
                     // A conditional delete cannot be checked against an unreadable record.
                     (Some(Err(corrupt)), Some(_)) => return Ok(Err(corrupt)),
                     // Unconditional delete of an unreadable record: the force-delete path.
+                    // The previous value is then the newest intact history record, as a
+                    // replay of this delete would report it.
                     (Some(Err(corrupt)), None) => {
                         tracing::warn!(%corrupt, "force-deleting a corrupt record");
-                        None
+                        tables::latest_at(&self.history, key, u64::MAX)
+                            .ok()
+                            .flatten()
+                            .and_then(|(_, record)| record.into_kv(key))
                     }
                 };
                 *revision += 1;
                 self.write_delete(key, *revision)?;
                 let tombstone = tables::tombstone_kv(key, *revision);
-                events.push(Event { kind: EventKind::Delete, kv: tombstone, prev_kv: prev.clone() });
+                events.push(Event {
+                    kind: EventKind::Delete,
+                    kv: tombstone,
+                    prev_kv: prev.clone(),
+                });
                 // A corrupt record has no readable previous value: report the bare key.
                 let deleted = prev.unwrap_or_else(|| tables::tombstone_kv(key, 0));
                 Ok(Ok(Reply::Deleted(deleted, *revision)))
@@ -348,20 +418,40 @@ impl<'txn> WriteTables<'txn> {
         let key: &[u8] = &kv.key;
         let current = codec::encode_record(key, &record);
         let history = codec::encode_record(&codec::history_crc_key(key, rev), &record);
-        let log = codec::encode_log(rev, &LogEntry { deleted: false, key: kv.key.clone() });
-        self.current.insert(key, current.as_slice()).map_err(backend)?;
-        self.history.insert((key, rev), history.as_slice()).map_err(backend)?;
+        let log = codec::encode_log(
+            rev,
+            &LogEntry {
+                deleted: false,
+                key: kv.key.clone(),
+            },
+        );
+        self.current
+            .insert(key, current.as_slice())
+            .map_err(backend)?;
+        self.history
+            .insert((key, rev), history.as_slice())
+            .map_err(backend)?;
         self.log.insert(rev, log.as_slice()).map_err(backend)?;
         Ok(())
     }
 
     fn write_delete(&mut self, key: &Bytes, revision: Revision) -> Result<(), StoreError> {
         let rev = to_u64(revision);
-        let record = Record::Tombstone { mod_revision: revision };
+        let record = Record::Tombstone {
+            mod_revision: revision,
+        };
         let history = codec::encode_record(&codec::history_crc_key(key, rev), &record);
-        let log = codec::encode_log(rev, &LogEntry { deleted: true, key: key.clone() });
+        let log = codec::encode_log(
+            rev,
+            &LogEntry {
+                deleted: true,
+                key: key.clone(),
+            },
+        );
         self.current.remove(&key[..]).map_err(backend)?;
-        self.history.insert((&key[..], rev), history.as_slice()).map_err(backend)?;
+        self.history
+            .insert((&key[..], rev), history.as_slice())
+            .map_err(backend)?;
         self.log.insert(rev, log.as_slice()).map_err(backend)?;
         Ok(())
     }

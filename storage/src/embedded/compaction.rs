@@ -11,6 +11,7 @@
 //! written before a restart is therefore compacted `d` after the restart.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use redb::{Database, Durability, ReadableTable};
@@ -49,7 +50,9 @@ impl Compactor {
         };
         Compactor {
             policy: config.auto_compaction,
-            check_interval: config.compaction_check_interval.max(Duration::from_millis(1)),
+            check_interval: config
+                .compaction_check_interval
+                .max(Duration::from_millis(1)),
             chunk: i64::try_from(config.compaction_chunk.max(1)).unwrap_or(i64::MAX),
             compacted,
             pending: None,
@@ -82,8 +85,10 @@ impl Compactor {
             }
             return;
         }
-        let pending =
-            self.pending.get_or_insert_with(|| Pending { target: covered, waiters: Vec::new() });
+        let pending = self.pending.get_or_insert_with(|| Pending {
+            target: covered,
+            waiters: Vec::new(),
+        });
         pending.target = pending.target.max(revision);
         pending.waiters.extend(reply);
     }
@@ -109,7 +114,9 @@ impl Compactor {
                 revision.saturating_sub(i64::try_from(keep).unwrap_or(i64::MAX))
             }
             AutoCompaction::Retention(retention) => {
-                let Some(cutoff) = now.checked_sub(retention) else { return };
+                let Some(cutoff) = now.checked_sub(retention) else {
+                    return;
+                };
                 let mut target = self.compacted;
                 while let Some(&(at, rev)) = self.samples.front() {
                     if at > cutoff {
@@ -127,20 +134,23 @@ impl Compactor {
         }
     }
 
-    /// Runs one chunk of the pending compaction. Returns the new compaction point, if it moved.
-    pub(crate) fn step(&mut self, db: &Database) -> Option<Revision> {
-        let target = self.pending.as_ref()?.target;
+    /// Runs one chunk of the pending compaction, publishing the new compaction point (before
+    /// answering anyone waiting for it).
+    pub(crate) fn step(&mut self, db: &Database, published: &AtomicI64) {
+        let Some(target) = self.pending.as_ref().map(|p| p.target) else {
+            return;
+        };
         let low = self.compacted;
         let high = target.min(low.saturating_add(self.chunk));
         match compact_chunk(db, low, high) {
             Ok(()) => {
                 self.compacted = high;
+                published.store(high, Ordering::Release);
                 if high >= target {
                     for waiter in self.pending.take().map(|p| p.waiters).unwrap_or_default() {
                         let _ = waiter.send(Ok(Reply::Done));
                     }
                 }
-                Some(high)
             }
             Err(err) => {
                 tracing::error!(%err, low, high, "compaction failed");
@@ -149,7 +159,6 @@ impl Compactor {
                     let err = StoreError::Unavailable(format!("compaction failed: {detail}"));
                     let _ = waiter.send(Err(err));
                 }
-                None
             }
         }
     }
@@ -182,9 +191,11 @@ fn compact_chunk(db: &Database, low: Revision, high: Revision) -> Result<(), Sto
             }
             .map_err(backend)?;
         }
-        log.retain_in(to_u64(low)..to_u64(high), |_, _| false).map_err(backend)?;
+        log.retain_in(to_u64(low)..to_u64(high), |_, _| false)
+            .map_err(backend)?;
         let encoded = codec::encode_meta(META_COMPACTED, high);
-        meta.insert(META_COMPACTED, encoded.as_slice()).map_err(backend)?;
+        meta.insert(META_COMPACTED, encoded.as_slice())
+            .map_err(backend)?;
     }
     txn.commit().map_err(backend)?;
     Ok(())

@@ -51,7 +51,10 @@ impl Watcher {
         range: KeyRange,
         after: Revision,
     ) -> FeedStream {
-        let progress_interval = shared.config.progress_interval.max(Duration::from_millis(1));
+        let progress_interval = shared
+            .config
+            .progress_interval
+            .max(Duration::from_millis(1));
         let watcher = Watcher {
             shared: Arc::downgrade(shared),
             live,
@@ -75,7 +78,11 @@ impl Watcher {
             return None;
         }
         loop {
-            let step = if self.replaying { self.replay().await } else { self.follow().await };
+            let step = if self.replaying {
+                self.replay().await
+            } else {
+                self.follow().await
+            };
             match step {
                 Step::Item(item) => {
                     if item.is_err() {
@@ -96,7 +103,9 @@ impl Watcher {
 
     /// Reads the next chunk of the log after `seen`.
     async fn replay(&mut self) -> Step {
-        let Some(shared) = self.shared.upgrade() else { return Step::End };
+        let Some(shared) = self.shared.upgrade() else {
+            return Step::End;
+        };
         let (after, range, chunk) = (self.seen, self.range.clone(), self.replay_chunk);
         let read = tokio::task::spawn_blocking(move || {
             let snapshot = Snapshot::open(&shared.db)?;
@@ -113,12 +122,18 @@ impl Watcher {
         if last >= head {
             self.replaying = false;
         }
-        if events.is_empty() { Step::Continue } else { Step::Item(Ok(FeedItem::Events(events))) }
+        if events.is_empty() {
+            Step::Continue
+        } else {
+            Step::Item(Ok(FeedItem::Events(events)))
+        }
     }
 
     /// Waits for the next live batch, or sends progress when idle.
     async fn follow(&mut self) -> Step {
-        let Some(live) = self.live.as_mut() else { return Step::End };
+        let Some(live) = self.live.as_mut() else {
+            return Step::End;
+        };
         match tokio::time::timeout_at(self.progress_due, live.recv()).await {
             Ok(Ok(batch)) => self.accept(&batch),
             Ok(Err(RecvError::Lagged(_))) => self.fall_back(),
@@ -127,10 +142,13 @@ impl Watcher {
                 // Read the published revision, then check the queue: the committer sends a
                 // batch before publishing its revision, so an empty queue now proves that
                 // every revision up to it has reached this watcher.
-                let published = self.shared.upgrade().map(|s| {
-                    s.published.revision.load(Ordering::Acquire)
-                });
-                let Some(published) = published else { return Step::End };
+                let published = self
+                    .shared
+                    .upgrade()
+                    .map(|s| s.published.revision.load(Ordering::Acquire));
+                let Some(published) = published else {
+                    return Step::End;
+                };
                 match live.try_recv() {
                     Ok(batch) => self.accept(&batch),
                     Err(TryRecvError::Lagged(_)) => self.fall_back(),
@@ -165,6 +183,10 @@ impl Watcher {
             .cloned()
             .collect();
         self.seen = last.revision();
-        if events.is_empty() { Step::Continue } else { Step::Item(Ok(FeedItem::Events(events))) }
+        if events.is_empty() {
+            Step::Continue
+        } else {
+            Step::Item(Ok(FeedItem::Events(events)))
+        }
     }
 }

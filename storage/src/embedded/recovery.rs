@@ -19,8 +19,8 @@ use redb::{Database, DatabaseError, Durability, ReadableDatabase, ReadableTable}
 use super::EmbeddedConfig;
 use super::codec::{self, corrupt};
 use super::tables::{
-    self, CURRENT, FORMAT_VERSION, HISTORY, LOG, META, META_COMPACTED, META_FORMAT,
-    META_REVISION, backend, to_rev, to_u64,
+    self, CURRENT, FORMAT_VERSION, HISTORY, LOG, META, META_COMPACTED, META_FORMAT, META_REVISION,
+    backend, to_rev, to_u64,
 };
 use crate::{Revision, StoreError};
 
@@ -54,7 +54,10 @@ fn redb_builder(config: &EmbeddedConfig) -> redb::Builder {
 fn open_file(path: &Path, config: &EmbeddedConfig) -> Result<Database, StoreError> {
     let location = path.display().to_string();
     if fs::metadata(path).map_err(StoreError::Io)?.len() == 0 {
-        return Err(corrupt(location, "data file is empty (truncated?)".to_string()));
+        return Err(corrupt(
+            location,
+            "data file is empty (truncated?)".to_string(),
+        ));
     }
     let builder = redb_builder(config);
     // redb documents that a plain open of a file damaged outside redb "may panic"; a panic
@@ -74,7 +77,10 @@ fn open_file(path: &Path, config: &EmbeddedConfig) -> Result<Database, StoreErro
                 .cloned()
                 .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_string()))
                 .unwrap_or_else(|| "unknown panic".to_string());
-            Err(corrupt(location, format!("data file is unreadable: {detail}")))
+            Err(corrupt(
+                location,
+                format!("data file is unreadable: {detail}"),
+            ))
         }
     }
 }
@@ -96,16 +102,22 @@ fn initialize(dir: &Path) -> Result<(), StoreError> {
             txn.open_table(HISTORY).map_err(backend)?;
             txn.open_table(LOG).map_err(backend)?;
             let mut meta = txn.open_table(META).map_err(backend)?;
-            for (name, value) in [(META_FORMAT, FORMAT_VERSION), (META_REVISION, 0), (META_COMPACTED, 0)]
-            {
-                meta.insert(name, codec::encode_meta(name, value).as_slice()).map_err(backend)?;
+            for (name, value) in [
+                (META_FORMAT, FORMAT_VERSION),
+                (META_REVISION, 0),
+                (META_COMPACTED, 0),
+            ] {
+                meta.insert(name, codec::encode_meta(name, value).as_slice())
+                    .map_err(backend)?;
             }
         }
         txn.commit().map_err(backend)?;
     }
     fs::rename(&init, dir.join(DATA_FILE)).map_err(StoreError::Io)?;
     // Make the rename itself durable.
-    fs::File::open(dir).and_then(|d| d.sync_all()).map_err(StoreError::Io)?;
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(StoreError::Io)?;
     Ok(())
 }
 
@@ -117,7 +129,9 @@ fn verify(db: &Database, tail: u64) -> Result<(Revision, Revision), StoreError> 
     if format != FORMAT_VERSION {
         return Err(corrupt(
             "meta/format".to_string(),
-            format!("data directory has layout version {format}, this build reads {FORMAT_VERSION}"),
+            format!(
+                "data directory has layout version {format}, this build reads {FORMAT_VERSION}"
+            ),
         ));
     }
     let revision =
@@ -150,12 +164,17 @@ fn verify(db: &Database, tail: u64) -> Result<(Revision, Revision), StoreError> 
         }
     }
 
-    let start = to_u64(revision).saturating_sub(tail.max(1) - 1).max(expected_first);
+    let start = to_u64(revision)
+        .saturating_sub(tail.max(1) - 1)
+        .max(expected_first);
     for (expected, entry) in (start..).zip(log.range(start..).map_err(backend)?) {
         let (k, v) = entry.map_err(backend)?;
         let rev = k.value();
         if rev != expected {
-            return Err(corrupt(format!("log/{expected}"), format!("missing (next is {rev})")));
+            return Err(corrupt(
+                format!("log/{expected}"),
+                format!("missing (next is {rev})"),
+            ));
         }
         let entry = codec::decode_log(v.value(), rev)?;
         // At the compaction point the log entry may outlive its (compacted) history record.

@@ -29,9 +29,10 @@ pub(crate) const FORMAT_VERSION: i64 = 1;
 /// Maps any redb error onto the storage boundary.
 pub(crate) fn backend(err: impl Into<redb::Error>) -> StoreError {
     match err.into() {
-        redb::Error::Corrupted(detail) => {
-            StoreError::Corrupt { location: "redb data file".to_string(), detail }
-        }
+        redb::Error::Corrupted(detail) => StoreError::Corrupt {
+            location: "redb data file".to_string(),
+            detail,
+        },
         redb::Error::Io(io) => StoreError::Io(io),
         other => StoreError::Backend(Box::new(other)),
     }
@@ -126,17 +127,23 @@ impl Snapshot {
     pub(crate) fn resolve(&self, at: Option<Revision>) -> Result<Revision, StoreError> {
         match at {
             None => Ok(self.revision),
-            Some(at) if at > self.revision => {
-                Err(StoreError::FutureRevision { requested: at, current: self.revision })
-            }
-            Some(at) if at < self.compacted => {
-                Err(StoreError::Compacted { requested: at, compacted: self.compacted })
-            }
+            Some(at) if at > self.revision => Err(StoreError::FutureRevision {
+                requested: at,
+                current: self.revision,
+            }),
+            Some(at) if at < self.compacted => Err(StoreError::Compacted {
+                requested: at,
+                compacted: self.compacted,
+            }),
             Some(at) => Ok(at),
         }
     }
 
-    pub(crate) fn get(&self, key: &[u8], at: Option<Revision>) -> Result<Option<KeyValue>, StoreError> {
+    pub(crate) fn get(
+        &self,
+        key: &[u8],
+        at: Option<Revision>,
+    ) -> Result<Option<KeyValue>, StoreError> {
         let at = self.resolve(at)?;
         if at == self.revision {
             return match self.current.get(key).map_err(backend)? {
@@ -147,6 +154,11 @@ impl Snapshot {
         Ok(latest_at(&self.history, key, to_u64(at))?.and_then(|(_, record)| record.into_kv(key)))
     }
 
+    pub(crate) fn current_raw(&self, key: &[u8]) -> Result<Option<bytes::Bytes>, StoreError> {
+        let raw = self.current.get(key).map_err(backend)?;
+        Ok(raw.map(|raw| bytes::Bytes::copy_from_slice(raw.value())))
+    }
+
     pub(crate) fn range(
         &self,
         range: &KeyRange,
@@ -154,7 +166,11 @@ impl Snapshot {
         limit: usize,
     ) -> Result<RangeResult, StoreError> {
         let at = self.resolve(at)?;
-        let mut result = RangeResult { kvs: Vec::new(), revision: at, more: false };
+        let mut result = RangeResult {
+            kvs: Vec::new(),
+            revision: at,
+            more: false,
+        };
         if is_empty_range(range) {
             return Ok(result);
         }
@@ -205,14 +221,18 @@ impl Snapshot {
         let iter = if range.end.is_empty() {
             self.history.range(start..).map_err(backend)?
         } else {
-            self.history.range(start..(&range.end[..], 0u64)).map_err(backend)?
+            self.history
+                .range(start..(&range.end[..], 0u64))
+                .map_err(backend)?
         };
         // (key, revision, raw record) of the best candidate for the key being scanned.
         let mut pending: Option<(Vec<u8>, u64, Vec<u8>)> = None;
         for entry in iter {
             let (k, v) = entry.map_err(backend)?;
             let (key, revision) = k.value();
-            if pending.as_ref().is_some_and(|(pk, _, _)| pk.as_slice() != key)
+            if pending
+                .as_ref()
+                .is_some_and(|(pk, _, _)| pk.as_slice() != key)
                 && let Some(done) = pending.take()
                 && !self.push_candidate(done, limit, result)?
             {
@@ -256,7 +276,10 @@ impl Snapshot {
         max_revisions: u64,
     ) -> Result<(Vec<Event>, Revision), StoreError> {
         if after < self.compacted {
-            return Err(StoreError::Compacted { requested: after, compacted: self.compacted });
+            return Err(StoreError::Compacted {
+                requested: after,
+                compacted: self.compacted,
+            });
         }
         if after >= self.revision {
             return Ok((Vec::new(), after));
