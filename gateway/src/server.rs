@@ -41,6 +41,8 @@ pub struct ServerHandle {
     pub insecure_addr: Option<SocketAddr>,
     pub app: Arc<App>,
     pub admin_kubeconfig: std::path::PathBuf,
+    /// The cluster PKI (tests issue client certificates from it).
+    pub pki: Arc<pki::Pki>,
     stop_accepting: watch::Sender<bool>,
     stop_watches: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -133,6 +135,7 @@ pub async fn start_with_store(
         insecure_addr,
         app,
         admin_kubeconfig: kubeconfig,
+        pki: Arc::new(pki),
         stop_accepting: stop_accepting_tx,
         stop_watches: stop_watches_tx,
         tasks,

@@ -1,0 +1,295 @@
+//! Test support: an in-process server on loopback and a small HTTPS client (HTTP/1.1 or h2)
+//! that speaks to it through real TLS sockets.
+
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::ServerName;
+use serde_json::Value;
+use svc_gateway::{Options, ServerHandle};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+pub struct TestServer {
+    pub handle: Option<ServerHandle>,
+    pub dir: tempfile::TempDir,
+}
+
+impl TestServer {
+    pub async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    pub async fn start_with(f: impl FnOnce(&mut Options)) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = Options::for_tests(dir.path().to_path_buf());
+        f(&mut opts);
+        let handle = svc_gateway::start(opts).await.unwrap();
+        let s = TestServer {
+            handle: Some(handle),
+            dir,
+        };
+        s.wait_ready().await;
+        s
+    }
+
+    pub fn handle(&self) -> &ServerHandle {
+        self.handle.as_ref().unwrap()
+    }
+
+    /// A client with the admin certificate (group system:masters).
+    pub fn admin(&self) -> Client {
+        let (cert, key) = self.handle().pki.admin_credentials();
+        self.client_with(Some((cert.to_string(), key.to_string())), false)
+    }
+
+    /// A client presenting no certificate.
+    pub fn anonymous(&self) -> Client {
+        self.client_with(None, false)
+    }
+
+    /// A client for another user, with a certificate issued by the cluster CA.
+    pub fn user(&self, name: &str, groups: &[&str]) -> Client {
+        let groups: Vec<String> = groups.iter().map(|g| g.to_string()).collect();
+        let (cert, key) = self
+            .handle()
+            .pki
+            .issue_client_cert(name, &groups, Duration::from_secs(3600))
+            .unwrap();
+        self.client_with(Some((cert, key)), false)
+    }
+
+    pub fn client_with(&self, creds: Option<(String, String)>, h2: bool) -> Client {
+        let alpn: &[&[u8]] = if h2 { &[b"h2"] } else { &[b"http/1.1"] };
+        let tls = self
+            .handle()
+            .pki
+            .client_config_for(creds.as_ref().map(|(c, k)| (c.as_str(), k.as_str())), alpn)
+            .unwrap();
+        Client {
+            addr: self.handle().addr,
+            tls,
+            h2,
+        }
+    }
+
+    async fn wait_ready(&self) {
+        let c = self.admin();
+        for _ in 0..100 {
+            if c.get("/readyz").await.0 == StatusCode::OK {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("server never became ready");
+    }
+}
+
+#[derive(Clone)]
+pub struct Client {
+    pub addr: std::net::SocketAddr,
+    pub tls: Arc<rustls::ClientConfig>,
+    pub h2: bool,
+}
+
+pub struct Resp {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Resp {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// A sender on one connection, HTTP/1.1 or h2.
+pub enum Conn {
+    H1(hyper::client::conn::http1::SendRequest<Full<Bytes>>),
+    H2(hyper::client::conn::http2::SendRequest<Full<Bytes>>),
+}
+
+impl Conn {
+    pub async fn send(
+        &mut self,
+        req: Request<Full<Bytes>>,
+    ) -> hyper::Result<http::Response<hyper::body::Incoming>> {
+        match self {
+            Conn::H1(s) => {
+                s.ready().await?;
+                s.send_request(req).await
+            }
+            Conn::H2(s) => {
+                s.ready().await?;
+                s.send_request(req).await
+            }
+        }
+    }
+}
+
+impl Client {
+    pub async fn connect(&self) -> std::io::Result<Conn> {
+        let tcp = TcpStream::connect(self.addr).await?;
+        let tls = TlsConnector::from(self.tls.clone())
+            .connect(ServerName::try_from("localhost").unwrap(), tcp)
+            .await?;
+        let io = TokioIo::new(tls);
+        if self.h2 {
+            let (send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+                .await
+                .map_err(std::io::Error::other)?;
+            tokio::spawn(conn);
+            Ok(Conn::H2(send))
+        } else {
+            let (send, conn) = hyper::client::conn::http1::handshake(io)
+                .await
+                .map_err(std::io::Error::other)?;
+            tokio::spawn(conn);
+            Ok(Conn::H1(send))
+        }
+    }
+
+    pub fn build(
+        method: Method,
+        path: &str,
+        body: impl Into<Bytes>,
+        headers: &[(&str, &str)],
+    ) -> Request<Full<Bytes>> {
+        let mut b = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "localhost");
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(Full::new(body.into())).unwrap()
+    }
+
+    pub async fn send(&self, req: Request<Full<Bytes>>) -> Resp {
+        let mut conn = self.connect().await.expect("connect");
+        let resp = conn.send(req).await.expect("request");
+        let (parts, body) = resp.into_parts();
+        let body = body.collect().await.expect("body").to_bytes();
+        Resp {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        }
+    }
+
+    pub async fn request(
+        &self,
+        method: Method,
+        path: &str,
+        body: &str,
+        headers: &[(&str, &str)],
+    ) -> Resp {
+        self.send(Self::build(method, path, body.to_string(), headers))
+            .await
+    }
+
+    pub async fn get(&self, path: &str) -> (StatusCode, Value) {
+        let r = self.request(Method::GET, path, "", &[]).await;
+        let v = serde_json::from_slice(&r.body).unwrap_or(Value::String(r.text()));
+        (r.status, v)
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        let r = self
+            .request(
+                Method::POST,
+                path,
+                &body.to_string(),
+                &[("content-type", "application/json")],
+            )
+            .await;
+        (r.status, r.json())
+    }
+
+    pub async fn put(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        let r = self
+            .request(
+                Method::PUT,
+                path,
+                &body.to_string(),
+                &[("content-type", "application/json")],
+            )
+            .await;
+        (r.status, r.json())
+    }
+
+    pub async fn delete(&self, path: &str) -> (StatusCode, Value) {
+        let r = self.request(Method::DELETE, path, "", &[]).await;
+        (r.status, r.json())
+    }
+
+    /// Opens a watch and returns a stream of decoded events (one JSON document per line).
+    pub async fn watch(&self, path: &str) -> WatchStream {
+        let mut conn = self.connect().await.expect("connect");
+        let resp = conn
+            .send(Self::build(Method::GET, path, Bytes::new(), &[]))
+            .await
+            .expect("watch");
+        assert_eq!(resp.status(), StatusCode::OK, "watch {path}");
+        WatchStream {
+            body: resp.into_body(),
+            buf: Vec::new(),
+            _conn: conn,
+        }
+    }
+}
+
+pub struct WatchStream {
+    body: hyper::body::Incoming,
+    buf: Vec<u8>,
+    _conn: Conn,
+}
+
+impl WatchStream {
+    /// The next event, or None when the server ends the stream.
+    pub async fn next(&mut self) -> Option<Value> {
+        loop {
+            if let Some(pos) = self.buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=pos).collect();
+                return Some(serde_json::from_slice(&line).expect("watch event JSON"));
+            }
+            let frame = self.body.frame().await?.ok()?;
+            if let Ok(data) = frame.into_data() {
+                self.buf.extend_from_slice(&data);
+            }
+        }
+    }
+
+    /// The next event within `d`, panicking on timeout.
+    pub async fn next_within(&mut self, d: Duration) -> Option<Value> {
+        tokio::time::timeout(d, self.next())
+            .await
+            .expect("timed out waiting for a watch event")
+    }
+}
+
+/// Drains a stream of events into (type, name, resourceVersion) triples.
+pub fn summary(ev: &Value) -> (String, String, String) {
+    (
+        ev["type"].as_str().unwrap_or_default().to_string(),
+        ev["object"]["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        ev["object"]["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    )
+}
