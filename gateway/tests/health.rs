@@ -1,0 +1,84 @@
+//! Health endpoints and graceful shutdown through a real socket: output format, `verbose`,
+//! `exclude`, per-check paths, readiness failing during shutdown, metrics.
+
+#[path = "support/client.rs"]
+mod client;
+
+use std::time::Duration;
+
+use client::TestServer;
+use http::StatusCode;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_output_follows_the_spec() {
+    let srv = TestServer::start().await;
+    let c = srv.admin();
+    for ep in ["/healthz", "/livez", "/readyz"] {
+        let (s, body) = c.get(ep).await;
+        assert_eq!((s, body.as_str()), (StatusCode::OK, Some("ok")), "{ep}");
+    }
+    let (s, body) = c.get("/healthz?verbose").await;
+    assert_eq!(s, StatusCode::OK);
+    let text = body.as_str().unwrap();
+    for line in ["[+]ping ok", "[+]log ok", "[+]etcd ok", "[+]poststarthook/start-system-namespaces-controller ok"] {
+        assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+    }
+    assert_eq!(text.lines().last(), Some("healthz check passed"));
+    let (_, ready) = c.get("/readyz?verbose").await;
+    assert!(ready.as_str().unwrap().contains("[+]shutdown ok"));
+    assert!(ready.as_str().unwrap().ends_with("readyz check passed\n"));
+
+    let (s, body) = c.get("/livez?verbose&exclude=etcd").await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(body.as_str().unwrap().contains("[+]etcd excluded: ok"), "{body}");
+    let (_, body) = c.get("/livez?verbose&exclude=nosuch").await;
+    assert!(body.as_str().unwrap().contains("cannot be excluded: no matches for \"nosuch\""));
+
+    let (s, body) = c.get("/livez/ping").await;
+    assert_eq!((s, body.as_str()), (StatusCode::OK, Some("ok")));
+    let (s, _) = c.get("/readyz/poststarthook/start-namespace-controller").await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, _) = c.get("/readyz/nosuch").await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_fails_during_shutdown_delay_then_server_stops() {
+    let mut srv = TestServer::start_with(|o| o.shutdown_delay_duration = Duration::from_millis(1500)).await;
+    let c = srv.admin();
+    // A watch open when shutdown starts is ended, not left hanging.
+    let mut w = c.watch("/api/v1/namespaces?watch=1&resourceVersion=0").await;
+    while tokio::time::timeout(Duration::from_millis(300), w.next()).await.is_ok() {}
+    let handle = srv.handle.take().unwrap();
+    let shutdown = tokio::spawn(handle.shutdown());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // During the delay: still serving, but not ready.
+    let (s, body) = c.get("/readyz?verbose").await;
+    assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR);
+    let text = body.as_str().unwrap();
+    assert!(text.contains("[-]shutdown failed: reason withheld"), "{text}");
+    assert!(text.ends_with("readyz check failed\n"));
+    assert_eq!(c.get("/livez").await.0, StatusCode::OK);
+    tokio::time::timeout(Duration::from_secs(10), shutdown).await.expect("shutdown hung").unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(5), async { while w.next().await.is_some() {} }).await;
+    assert!(ended.is_ok(), "watch survived shutdown");
+    assert!(c.connect().await.is_err(), "still accepting after shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_requests_and_watches() {
+    let srv = TestServer::start().await;
+    let c = srv.admin();
+    c.get("/api/v1/namespaces").await;
+    let _w = c.watch("/api/v1/namespaces?watch=1").await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = c.request(http::Method::GET, "/metrics", "", &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let text = r.text();
+    assert!(
+        text.lines().any(|l| l.starts_with("apiserver_request_total{") && l.contains("verb=\"list\"") && l.contains("resource=\"namespaces\"") && l.contains("code=\"200\"")),
+        "{text}"
+    );
+    assert!(text.contains("apiserver_request_duration_seconds_bucket"));
+    assert!(text.lines().any(|l| l.starts_with("apiserver_registered_watchers{resource=\"namespaces\"} 1")), "{text}");
+}
