@@ -17,6 +17,8 @@
 //! relations between their own revisions, so they can share one etcd cluster, EXCEPT the
 //! ones named `compaction*`/`watch_from_compacted_revision_fails`, which compact the whole
 //! store. Progress tests need the backend's progress interval to be short (well under 10 s).
+//! The crate using the macro needs `tokio` (with `macros` and `rt-multi-thread`) as a
+//! dev-dependency.
 
 pub mod kv;
 pub mod watch;
@@ -88,6 +90,7 @@ macro_rules! store_conformance_tests {
     ($factory:expr) => {
         $crate::store_conformance_tests!(@each $factory;
             kv::create_and_already_exists,
+            kv::health_and_current_reads,
             kv::update_compare_and_swap,
             kv::delete_with_and_without_expected,
             kv::revisions_strictly_increase_across_keys,

@@ -57,6 +57,9 @@ pub struct EmbeddedConfig {
     pub compaction_check_interval: Duration,
     /// Most write requests committed in one transaction (one fsync). Default 1024.
     pub max_batch: usize,
+    /// A batch stops growing once its keys and values reach this many bytes (a single
+    /// larger write still goes through, alone). Default 64 MiB.
+    pub max_batch_bytes: usize,
     /// Bound of the queue of writes waiting for the committer. Default 4096.
     pub queue_capacity: usize,
     /// Committed batches buffered for live watchers; a watcher further behind than this
@@ -83,6 +86,7 @@ impl Default for EmbeddedConfig {
             auto_compaction: AutoCompaction::Retention(Duration::from_secs(600)),
             compaction_check_interval: Duration::from_secs(10),
             max_batch: 1024,
+            max_batch_bytes: 64 * 1024 * 1024,
             queue_capacity: 4096,
             feed_capacity: 256,
             replay_chunk: 1024,
@@ -141,7 +145,8 @@ impl std::fmt::Debug for EmbeddedStore {
 impl EmbeddedStore {
     /// Opens (or creates) the store in `dir`. Fails with `Corrupt` if the data does not pass
     /// the open-time checks, and `Unavailable` if the directory is already open.
-    pub fn open(dir: &Path, config: EmbeddedConfig) -> Result<Arc<Self>, StoreError> {
+    pub fn open(dir: &Path, mut config: EmbeddedConfig) -> Result<Arc<Self>, StoreError> {
+        config.max_batch = config.max_batch.max(1);
         let (db, revision, compacted) = recovery::open(dir, &config)?;
         let shared = Arc::new(Shared {
             db,

@@ -5,6 +5,10 @@
 //! `mod_revision`, reads can be at the current or at a past (not yet compacted) revision, and
 //! every committed change comes back out of an ordered, gap-free change feed.
 //!
+//! Backends: [`EmbeddedStore`] (the default: one data directory on redb, see [`embedded`]).
+//! With the `conformance` feature, [`conformance`] holds the test suite every backend (and
+//! anything else implementing [`Store`], such as a watch cache) must pass.
+//!
 //! **Invariant:** this crate knows bytes, keys and revisions, never objects or HTTP.
 
 #[cfg(feature = "conformance")]
@@ -160,12 +164,16 @@ pub trait Store: Send + Sync + 'static {
     async fn compacted_revision(&self) -> Result<Revision, StoreError>;
 
     /// Discards history older than `revision`, keeping each key's state as of `revision`.
+    /// `FutureRevision` if `revision` is newer than the current revision; compacting at or
+    /// below the current compaction point succeeds and changes nothing.
     async fn compact(&self, revision: Revision) -> Result<(), StoreError>;
 
     /// An ordered, gap-free feed of every event in `range` with revision > `after`, followed by
     /// live events as they commit, with `Progress` items when idle (at least every
     /// `progress_interval` of the backend). Fails with `Compacted` (as the first item) if
-    /// events after `after` have been compacted away.
+    /// events after `after` have been compacted away, i.e. if `after` is below the compacted
+    /// revision. After an error item the feed ends; it also ends (`None`) when the store
+    /// is closed.
     fn watch(&self, range: KeyRange, after: Revision) -> FeedStream;
 
     /// Checks that the backend can serve (used by `/readyz`).

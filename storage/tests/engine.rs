@@ -135,7 +135,25 @@ async fn close_answers_queued_writes_and_ends_feeds() {
     let store = EmbeddedStore::open(dir.path(), config()).unwrap();
     let mut feed = store.watch(KeyRange::prefix("/"), 0);
     let kv = ok("create", store.create(key("/c"), key("v")).await);
+    let writers: Vec<_> = (0..50)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move { store.create(key(&format!("/q/{i:02}")), key("v")).await })
+        })
+        .collect();
+    // Let some of them queue up, then close underneath the rest.
+    for _ in 0..5 {
+        tokio::task::yield_now().await;
+    }
     store.close();
+    let mut acknowledged = Vec::new();
+    for writer in writers {
+        match within("writer", writer).await.unwrap() {
+            Ok(kv) => acknowledged.push(kv),
+            Err(StoreError::Closed) => {}
+            Err(other) => panic!("write racing close: expected success or Closed, got {other}"),
+        }
+    }
     match store.create(key("/d"), key("v")).await {
         Err(StoreError::Closed) => {}
         other => panic!("write after close: expected Closed, got {other:?}"),
@@ -149,6 +167,12 @@ async fn close_answers_queued_writes_and_ends_feeds() {
         }
     })
     .await;
+    drop(store);
+    // Every write that was answered with success is durable.
+    let store = EmbeddedStore::open(dir.path(), config()).unwrap();
+    for kv in acknowledged {
+        assert_eq!(ok("get", store.get(kv.key.clone(), None).await).0, Some(kv));
+    }
 }
 
 #[tokio::test]

@@ -30,6 +30,27 @@ pub async fn create_and_already_exists(s: &Subject) {
     assert!(ok("current_revision", s.store.current_revision().await) >= kv.mod_revision);
 }
 
+pub async fn health_and_current_reads(s: &Subject) {
+    ok("health", s.store.health().await);
+    let kv = ok("create", s.store.create(s.key("h"), b("v")).await);
+    let current = ok("current_revision", s.store.current_revision().await);
+    // Reading explicitly at the current revision is the same as reading "now".
+    let (explicit, at) = ok(
+        "get at current",
+        s.store.get(kv.key.clone(), Some(current)).await,
+    );
+    assert_eq!(at, current);
+    assert_eq!(explicit, Some(kv.clone()));
+    let range = ok(
+        "range at current",
+        s.store.range(s.range(), Some(current), 0).await,
+    );
+    assert_eq!(range.revision, current);
+    assert_eq!(range.kvs, vec![kv]);
+    let compacted = ok("compacted_revision", s.store.compacted_revision().await);
+    assert!((0..=current).contains(&compacted));
+}
+
 pub async fn update_compare_and_swap(s: &Subject) {
     let key = s.key("u");
     match s.store.update(key.clone(), b("x"), 1).await {

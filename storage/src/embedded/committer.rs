@@ -47,6 +47,20 @@ pub(crate) enum Op {
     },
 }
 
+impl Op {
+    /// Approximate bytes the op adds to a transaction (bounds a batch's size).
+    fn size(&self) -> usize {
+        match self {
+            Op::Create { key, value } | Op::Update { key, value, .. } => {
+                2 * (key.len() + value.len())
+            }
+            Op::PutRaw { key, raw } => key.len() + raw.len(),
+            Op::Delete { key, .. } => key.len(),
+            Op::Compact { .. } => 0,
+        }
+    }
+}
+
 pub(crate) enum Reply {
     Kv(KeyValue),
     Deleted(KeyValue, Revision),
@@ -67,6 +81,14 @@ pub(crate) struct Committer {
     shutdown: oneshot::Receiver<()>,
     revision: Revision,
     compactor: Compactor,
+}
+
+struct MarkClosed(Arc<Shared>);
+
+impl Drop for MarkClosed {
+    fn drop(&mut self) {
+        self.0.published.closed.store(true, Ordering::Release);
+    }
 }
 
 /// What the batch loop hands back: a per-request answer, or a failure of the whole batch.
@@ -94,6 +116,9 @@ impl Committer {
 
     /// The thread body. Returns when the store is closed (or dropped) and the queue drained.
     pub(crate) fn run(mut self) {
+        // Marks the store closed however this thread ends, panics included, so that
+        // `health` reports it.
+        let _closed = MarkClosed(self.shared.clone());
         // A tiny private runtime gives the committer timed waits on the async queue and on the
         // shutdown signal without depending on whatever runtime the callers use.
         let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -103,24 +128,11 @@ impl Committer {
             Ok(runtime) => runtime,
             Err(err) => {
                 tracing::error!(%err, "storage committer cannot start; store is unavailable");
-                self.shared.published.closed.store(true, Ordering::Release);
                 return;
             }
         };
-        loop {
-            let Some(first) = self.next_request(&runtime) else {
-                break;
-            };
-            let mut batch = Vec::new();
-            if let Some(first) = first {
-                batch.push(first);
-                while batch.len() < self.shared.config.max_batch.max(1) {
-                    match self.requests.try_recv() {
-                        Ok(request) => batch.push(request),
-                        Err(_) => break,
-                    }
-                }
-            }
+        while let Some(first) = self.next_request(&runtime) {
+            let batch = self.fill_batch(first);
             self.process(batch);
             self.compactor.tick(self.revision);
             self.compactor
@@ -128,12 +140,30 @@ impl Committer {
         }
         // Refuse new requests, then answer everything already queued.
         self.requests.close();
-        let mut rest = Vec::new();
-        while let Ok(request) = self.requests.try_recv() {
-            rest.push(request);
+        while let Ok(first) = self.requests.try_recv() {
+            let batch = self.fill_batch(Some(first));
+            self.process(batch);
         }
-        self.process(rest);
-        self.shared.published.closed.store(true, Ordering::Release);
+    }
+
+    /// Takes whatever else is queued behind `first`, up to the batch limits.
+    fn fill_batch(&mut self, first: Option<Request>) -> Vec<Request> {
+        let Some(first) = first else {
+            return Vec::new();
+        };
+        let config = &self.shared.config;
+        let mut bytes = first.op.size();
+        let mut batch = vec![first];
+        while batch.len() < config.max_batch && bytes < config.max_batch_bytes {
+            match self.requests.try_recv() {
+                Ok(request) => {
+                    bytes += request.op.size();
+                    batch.push(request);
+                }
+                Err(_) => break,
+            }
+        }
+        batch
     }
 
     /// Waits for the next request. `None` = shut down; `Some(None)` = woke up with nothing
