@@ -70,11 +70,11 @@ impl ResourceInfo {
     /// Ends in `/` so `ns-a` never matches `ns-ab`.
     pub fn prefix(&self, namespace: Option<&str>) -> Vec<u8> {
         let mut k = format!("/registry/{}/", self.plural).into_bytes();
-        if let (Scope::Namespaced, Some(ns)) = (self.scope, namespace) {
-            if !ns.is_empty() {
-                k.extend_from_slice(ns.as_bytes());
-                k.push(b'/');
-            }
+        if let (Scope::Namespaced, Some(ns)) = (self.scope, namespace)
+            && !ns.is_empty()
+        {
+            k.extend_from_slice(ns.as_bytes());
+            k.push(b'/');
         }
         k
     }

@@ -14,6 +14,7 @@ pub mod config;
 pub mod discovery;
 pub mod health;
 pub mod metrics;
+pub mod negotiate;
 pub mod openapi;
 pub mod pki;
 pub mod query;

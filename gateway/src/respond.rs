@@ -58,6 +58,21 @@ pub fn text(code: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
     resp
 }
 
+/// An object in the negotiated format.
+pub fn object<T: svc_core::Resource + svc_core::codec::ProtoKind>(
+    code: StatusCode,
+    obj: &T,
+    format: crate::negotiate::Format,
+    pretty: bool,
+) -> Response<Body> {
+    match format {
+        crate::negotiate::Format::Json => json(code, obj, pretty),
+        crate::negotiate::Format::Protobuf(ct) => {
+            bytes_response(code, ct, svc_core::codec::encode_protobuf(obj))
+        }
+    }
+}
+
 /// The response for an API error: a `Status` object and its code.
 pub fn error(err: &ApiError) -> Response<Body> {
     let status = err.to_status();

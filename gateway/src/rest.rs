@@ -9,12 +9,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Response, StatusCode, request};
+use svc_core::codec::ProtoKind;
 use svc_core::kinds::{Namespace, ServiceAccount};
 use svc_core::object::{self, parse_resource_version};
 use svc_core::{ApiError, Resource};
 use svc_storage::{KeyValue, StoreError};
 
 use crate::app::App;
+use crate::negotiate::{self, Format};
 use crate::pki::UserInfo;
 use crate::query::Query;
 use crate::respond::{self, Body};
@@ -30,6 +32,8 @@ pub struct Call {
     pub route: ResourceRoute,
     pub query: Query,
     pub user: UserInfo,
+    /// The negotiated response format (set before a handler runs).
+    pub format: Format,
 }
 
 pub async fn serve(app: &Arc<App>, call: Call) -> Response<Body> {
@@ -41,8 +45,12 @@ pub async fn serve(app: &Arc<App>, call: Call) -> Response<Body> {
     result.unwrap_or_else(|e| respond::error(&e))
 }
 
-async fn serve_typed<T: Resource>(app: &Arc<App>, call: Call) -> Result<Response<Body>, ApiError> {
-    check_accept(&call.parts.headers)?;
+/// Every served kind: the object model plus its protobuf form.
+pub trait Kind: Resource + ProtoKind {}
+impl<T: Resource + ProtoKind> Kind for T {}
+
+async fn serve_typed<T: Kind>(app: &Arc<App>, mut call: Call) -> Result<Response<Body>, ApiError> {
+    call.format = negotiate::response_format(&call.parts.headers)?;
     let info = T::INFO;
     let name = call.route.name.clone();
     if let Some(sub) = &call.route.subresource {
@@ -72,50 +80,17 @@ async fn serve_typed<T: Resource>(app: &Arc<App>, call: Call) -> Result<Response
     }
 }
 
-/// Only JSON is served so far: refuse an `Accept` that admits nothing JSON can satisfy.
-fn check_accept(headers: &http::HeaderMap) -> Result<(), ApiError> {
-    let Some(accept) = headers.get(http::header::ACCEPT) else {
-        return Ok(());
-    };
-    let accept = accept
-        .to_str()
-        .map_err(|_| ApiError::NotAcceptable("invalid Accept header".into()))?;
-    let ok = accept.split(',').any(|part| {
-        let mut params = part.split(';').map(str::trim);
-        let media = params.next().unwrap_or_default().to_ascii_lowercase();
-        let as_table = params.any(|p| p.starts_with("as="));
-        !as_table
-            && matches!(
-                media.as_str(),
-                "application/json" | "application/*" | "*/*" | ""
-            )
-    });
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::NotAcceptable(format!(
-            "only the following media types are accepted: application/json (requested {accept:?})"
-        )))
-    }
-}
-
 /// The namespace of an object route, validated.
 fn path_namespace<T: Resource>(route: &ResourceRoute) -> Result<&str, ApiError> {
-    if T::INFO.namespaced() {
-        if route.namespace.is_empty() {
-            return Err(ApiError::bad_request(
-                "a namespace is required for this resource",
-            ));
-        }
+    if T::INFO.namespaced() && route.namespace.is_empty() {
+        return Err(ApiError::bad_request(
+            "a namespace is required for this resource",
+        ));
     }
     Ok(&route.namespace)
 }
 
-async fn get<T: Resource>(
-    app: &Arc<App>,
-    call: &Call,
-    name: &str,
-) -> Result<Response<Body>, ApiError> {
+async fn get<T: Kind>(app: &Arc<App>, call: &Call, name: &str) -> Result<Response<Body>, ApiError> {
     let ns = path_namespace::<T>(&call.route)?;
     let key = Bytes::from(T::INFO.key(ns, name));
     let min_rv = match call.query.get("resourceVersion") {
@@ -132,7 +107,12 @@ async fn get<T: Resource>(
         .map_err(respond::store_error)?;
     let kv = kv.ok_or_else(|| ApiError::NotFound(object::subject::<T>(name)))?;
     let obj: T = object::decode_from_store(&kv)?;
-    Ok(respond::json(StatusCode::OK, &obj, call.query.pretty()))
+    Ok(respond::object(
+        StatusCode::OK,
+        &obj,
+        call.format,
+        call.query.pretty(),
+    ))
 }
 
 /// Waits (briefly) until the store has reached `rv`; a version from the future gets 504

@@ -141,13 +141,13 @@ fn resource(group: &str, version: &str, rest: &[&str]) -> Route {
     };
     // `namespaces/{ns}/{type}...` addresses a namespaced type, unless `{type}` is not one, in
     // which case it is a subresource of the namespace itself (`namespaces/x/status`).
-    if let ["namespaces", ns, plural, tail @ ..] = rest {
-        if let Some(info) = lookup(plural).filter(|i| i.namespaced()) {
-            return match tail {
-                [] | [_] | [_, _] => r(info, ns, tail.first(), tail.get(1)),
-                _ => Route::NotFound,
-            };
-        }
+    if let ["namespaces", ns, plural, tail @ ..] = rest
+        && let Some(info) = lookup(plural).filter(|i| i.namespaced())
+    {
+        return match tail {
+            [] | [_] | [_, _] => r(info, ns, tail.first(), tail.get(1)),
+            _ => Route::NotFound,
+        };
     }
     match rest {
         [plural, tail @ ..] if tail.len() <= 2 => match lookup(plural) {

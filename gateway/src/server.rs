@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -375,6 +375,7 @@ async fn dispatch(
                     route: r,
                     query,
                     user,
+                    format: crate::negotiate::Format::Json,
                 },
             )
             .await
@@ -405,26 +406,57 @@ fn not_found(path: &str) -> Response<Body> {
     respond::json(StatusCode::NOT_FOUND, &status, false)
 }
 
-/// Reads a request body, refusing more than `max` bytes with 413 before buffering them.
-async fn read_body(body: Incoming, max: usize) -> Result<Bytes, ApiError> {
+/// How much of an oversized body is read and discarded before the 413 goes out, so a client
+/// still writing it can read the answer instead of seeing a reset (Go's server does the same).
+const OVERSIZE_DISCARD: usize = 256 * 1024;
+const OVERSIZE_DISCARD_TIME: Duration = Duration::from_secs(1);
+
+/// Reads a request body, refusing more than `max` bytes with 413 without buffering them.
+async fn read_body(mut body: Incoming, max: usize) -> Result<Bytes, ApiError> {
     let too_large = || {
         ApiError::RequestEntityTooLarge(format!(
             "the request body exceeds the limit of {max} bytes"
         ))
     };
-    if hyper::body::Body::size_hint(&body).lower() > max as u64 {
-        return Err(too_large());
-    }
-    match Limited::new(body, max).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e)
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some() =>
+    let declared = hyper::body::Body::size_hint(&body).lower();
+    let mut buf = bytes::BytesMut::new();
+    let mut seen = 0usize;
+    let discard_until = tokio::time::Instant::now() + OVERSIZE_DISCARD_TIME;
+    loop {
+        let oversize = seen > max || declared > max as u64;
+        if oversize
+            && (seen > max + OVERSIZE_DISCARD || tokio::time::Instant::now() > discard_until)
         {
-            Err(too_large())
+            return Err(too_large());
         }
-        Err(e) => Err(ApiError::bad_request(format!(
-            "reading the request body: {e}"
-        ))),
+        let next = if oversize {
+            match tokio::time::timeout_at(discard_until, body.frame()).await {
+                Ok(f) => f,
+                Err(_) => return Err(too_large()),
+            }
+        } else {
+            body.frame().await
+        };
+        match next {
+            None if oversize => return Err(too_large()),
+            None => return Ok(buf.freeze()),
+            Some(Err(e)) if oversize => {
+                tracing::debug!(error = %e, "oversized body ended early");
+                return Err(too_large());
+            }
+            Some(Err(e)) => {
+                return Err(ApiError::bad_request(format!(
+                    "reading the request body: {e}"
+                )));
+            }
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    seen += data.len();
+                    if seen <= max && declared <= max as u64 {
+                        buf.extend_from_slice(&data);
+                    }
+                }
+            }
+        }
     }
 }

@@ -13,15 +13,18 @@ use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
 use rand::Rng;
 use serde::Serialize;
+use svc_core::ApiError;
+use svc_core::codec;
 use svc_core::object::{self, parse_resource_version};
-use svc_core::{ApiError, Resource};
 use svc_storage::{Event, EventKind, FeedItem, KeyRange, KeyValue, StoreError};
 use tokio::sync::mpsc;
 
 use crate::app::App;
+use crate::negotiate::Format;
 use crate::query::ListOptions;
 use crate::respond::{self, Body};
 use crate::rest::Call;
+use crate::rest::Kind;
 use crate::rest::list::Selectors;
 
 /// Frames buffered per watch before the sender waits for the client.
@@ -50,30 +53,63 @@ struct BookmarkMeta {
     resource_version: String,
 }
 
-fn frame<T: Serialize>(kind: &str, object: T) -> Result<Bytes, ApiError> {
+fn json_frame<T: Serialize>(kind: &str, object: T) -> Result<Bytes, ApiError> {
     let mut v = serde_json::to_vec(&WatchEvent { kind, object }).map_err(ApiError::internal)?;
     v.push(b'\n');
     Ok(Bytes::from(v))
 }
 
-fn bookmark<T: Resource>(revision: i64) -> Result<Bytes, ApiError> {
-    frame(
-        "BOOKMARK",
-        BookmarkObject {
-            kind: T::INFO.kind,
-            api_version: T::INFO.api_version(),
-            metadata: BookmarkMeta {
-                resource_version: revision.to_string(),
+/// One event in the stream's format: a JSON line, or a length-prefixed protobuf WatchEvent
+/// whose object is the enveloped object, as Kubernetes frames them.
+fn frame<T: Kind>(format: Format, kind: &str, obj: &T) -> Result<Bytes, ApiError> {
+    match format {
+        Format::Json => json_frame(kind, obj),
+        Format::Protobuf(_) => {
+            let envelope = codec::encode_protobuf(obj);
+            Ok(Bytes::from(codec::encode_watch_event_protobuf(
+                kind, &envelope,
+            )?))
+        }
+    }
+}
+
+fn bookmark<T: Kind>(format: Format, revision: i64) -> Result<Bytes, ApiError> {
+    match format {
+        Format::Json => json_frame(
+            "BOOKMARK",
+            BookmarkObject {
+                kind: T::INFO.kind,
+                api_version: T::INFO.api_version(),
+                metadata: BookmarkMeta {
+                    resource_version: revision.to_string(),
+                },
             },
-        },
-    )
+        ),
+        Format::Protobuf(_) => {
+            // An object of the watched kind carrying only metadata.resourceVersion.
+            let mut obj: T = serde_json::from_value(serde_json::json!({
+                "metadata": {"resourceVersion": revision.to_string()}
+            }))
+            .map_err(ApiError::internal)?;
+            obj.set_type_meta();
+            frame(format, "BOOKMARK", &obj)
+        }
+    }
 }
 
-fn error_frame(err: &ApiError) -> Bytes {
-    frame("ERROR", err.to_status()).unwrap_or_default()
+fn error_frame(format: Format, err: &ApiError) -> Bytes {
+    let status = err.to_status();
+    let encoded = match format {
+        Format::Json => json_frame("ERROR", status),
+        Format::Protobuf(_) => {
+            let envelope = codec::encode_status_protobuf(&status);
+            codec::encode_watch_event_protobuf("ERROR", &envelope).map(Bytes::from)
+        }
+    };
+    encoded.unwrap_or_default()
 }
 
-pub async fn watch<T: Resource>(
+pub async fn watch<T: Kind>(
     app: &Arc<App>,
     call: Call,
     opts: ListOptions,
@@ -115,11 +151,13 @@ pub async fn watch<T: Resource>(
     let (tx, rx) = mpsc::channel::<Bytes>(WATCH_BUFFER);
     let app2 = app.clone();
     let bookmarks = opts.allow_watch_bookmarks;
+    let format = call.format;
     tokio::spawn(async move {
         let gauge = app2.metrics.watch_gauge(T::INFO.plural);
         gauge.inc();
         let stream = Stream::<T> {
             app: app2.clone(),
+            format,
             tx,
             sel,
             bookmarks,
@@ -136,10 +174,15 @@ pub async fn watch<T: Resource>(
         .map_err(|e: Infallible| match e {});
     let mut resp = Response::new(BodyExt::boxed(body));
     *resp.status_mut() = StatusCode::OK;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
+    let content_type = match format {
+        Format::Json => HeaderValue::from_static("application/json"),
+        // Kubernetes marks protobuf watch streams with `;stream=watch`.
+        Format::Protobuf(ct) => HeaderValue::from_str(&format!("{ct};stream=watch")).unwrap_or(
+            HeaderValue::from_static("application/vnd.kubernetes.protobuf;stream=watch"),
+        ),
+    };
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, content_type);
     resp.headers_mut().insert(
         header::CACHE_CONTROL,
         HeaderValue::from_static("no-cache, private"),
@@ -151,8 +194,9 @@ fn tokio_stream_from(mut rx: mpsc::Receiver<Bytes>) -> impl futures::Stream<Item
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
-struct Stream<T: Resource> {
+struct Stream<T: Kind> {
     app: Arc<App>,
+    format: Format,
     tx: mpsc::Sender<Bytes>,
     sel: Selectors,
     bookmarks: bool,
@@ -160,7 +204,7 @@ struct Stream<T: Resource> {
     _kind: std::marker::PhantomData<T>,
 }
 
-impl<T: Resource> Stream<T> {
+impl<T: Kind> Stream<T> {
     /// Sends one frame; false when the client has gone.
     async fn send(&self, b: Bytes) -> bool {
         let ok = self.tx.send(b).await.is_ok();
@@ -181,7 +225,7 @@ impl<T: Resource> Stream<T> {
         for kv in &initial {
             match object::decode_from_store::<T>(kv) {
                 Ok(obj) if self.sel.matches(&obj) => {
-                    let Ok(f) = frame("ADDED", &obj) else {
+                    let Ok(f) = frame(self.format, "ADDED", &obj) else {
                         continue;
                     };
                     if !self.send(f).await {
@@ -194,10 +238,10 @@ impl<T: Resource> Stream<T> {
         }
         if sent_initial && self.bookmarks {
             // sendInitialEvents: the bookmark says the initial state is complete.
-            if let Ok(b) = bookmark::<T>(after) {
-                if !self.send(b).await {
-                    return;
-                }
+            if let Ok(b) = bookmark::<T>(self.format, after)
+                && !self.send(b).await
+            {
+                return;
             }
         }
         let mut feed = self.app.store.watch(range, after);
@@ -208,11 +252,10 @@ impl<T: Resource> Stream<T> {
             let item = tokio::select! {
                 item = feed.next() => item,
                 _ = tokio::time::sleep_until(deadline) => {
-                    if self.bookmarks {
-                        if let Ok(b) = bookmark::<T>(self.revision) {
+                    if self.bookmarks
+                        && let Ok(b) = bookmark::<T>(self.format, self.revision) {
                             let _ = self.send(b).await;
                         }
-                    }
                     return;
                 }
                 _ = crate::app::until_set(&mut stop) => return,
@@ -227,18 +270,20 @@ impl<T: Resource> Stream<T> {
                     let err = ApiError::Expired(format!(
                         "too old resource version: {requested} ({compacted})"
                     ));
-                    let _ = self.send(error_frame(&err)).await;
+                    let _ = self.send(error_frame(self.format, &err)).await;
                     return;
                 }
                 Some(Err(e)) => {
-                    let _ = self.send(error_frame(&respond::store_error(e))).await;
+                    let _ = self
+                        .send(error_frame(self.format, &respond::store_error(e)))
+                        .await;
                     return;
                 }
                 Some(Ok(FeedItem::Progress(rev))) => {
                     self.revision = self.revision.max(rev);
                     if self.bookmarks && last_bookmark.elapsed() >= BOOKMARK_INTERVAL {
                         last_bookmark = Instant::now();
-                        let Ok(b) = bookmark::<T>(self.revision) else {
+                        let Ok(b) = bookmark::<T>(self.format, self.revision) else {
                             continue;
                         };
                         if !self.send(b).await {
@@ -249,10 +294,10 @@ impl<T: Resource> Stream<T> {
                 Some(Ok(FeedItem::Events(events))) => {
                     for ev in &events {
                         self.revision = ev.revision();
-                        if let Some(f) = self.event_frame(ev) {
-                            if !self.send(f).await {
-                                return;
-                            }
+                        if let Some(f) = self.event_frame(ev)
+                            && !self.send(f).await
+                        {
+                            return;
                         }
                     }
                 }
@@ -281,14 +326,14 @@ impl<T: Resource> Stream<T> {
         match ev.kind {
             EventKind::Delete => prev
                 .filter(|_| prev_matches)
-                .and_then(|p| frame("DELETED", &p).ok()),
+                .and_then(|p| frame(self.format, "DELETED", &p).ok()),
             EventKind::Put => {
                 let cur = decode(&ev.kv)?;
                 let cur_matches = self.sel.matches(&cur);
                 match (prev.is_some() && prev_matches, cur_matches) {
-                    (true, true) => frame("MODIFIED", &cur).ok(),
-                    (false, true) => frame("ADDED", &cur).ok(),
-                    (true, false) => prev.and_then(|p| frame("DELETED", &p).ok()),
+                    (true, true) => frame(self.format, "MODIFIED", &cur).ok(),
+                    (false, true) => frame(self.format, "ADDED", &cur).ok(),
+                    (true, false) => prev.and_then(|p| frame(self.format, "DELETED", &p).ok()),
                     (false, false) => None,
                 }
             }

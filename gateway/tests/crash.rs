@@ -4,33 +4,21 @@
 
 #[path = "support/client.rs"]
 mod client;
+#[path = "support/process.rs"]
+mod process;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
 use client::Client;
 use http::StatusCode;
 use parking_lot::Mutex;
+use process::{ServerProcess, free_port};
 use rand::Rng;
 use serde_json::json;
 use svc_gateway::pki::{PkiOptions, ensure_pki};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn spawn(dir: &Path, port: u16) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_svc-gateway"))
-        .args(["--data-dir", dir.to_str().unwrap(), "--bind-address", "127.0.0.1"])
-        .args(["--secure-port", &port.to_string(), "--log-level", "warn"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start svc-gateway")
-}
 
 async fn admin_client(dir: &Path, port: u16) -> Client {
     // The server writes the PKI on first start; wait for it, then load it.
@@ -50,8 +38,14 @@ async fn admin_client(dir: &Path, port: u16) -> Client {
     )
     .unwrap();
     let (cert, key) = pki.admin_credentials();
-    let tls = pki.client_config_for(Some((cert, key)), &[b"http/1.1"]).unwrap();
-    let c = Client { addr: ([127, 0, 0, 1], port).into(), tls, h2: false };
+    let tls = pki
+        .client_config_for(Some((cert, key)), &[b"http/1.1"])
+        .unwrap();
+    let c = Client {
+        addr: ([127, 0, 0, 1], port).into(),
+        tls,
+        h2: false,
+    };
     for _ in 0..400 {
         if c.connect().await.is_ok() && c.get("/readyz").await.0 == StatusCode::OK {
             return c;
@@ -71,7 +65,7 @@ async fn acknowledged_writes_survive_sigkill() {
     let mut rng = rand::rng();
 
     for round in 0..3 {
-        let mut child = spawn(dir.path(), port);
+        let mut child = ServerProcess::spawn(dir.path(), port);
         let c = admin_client(dir.path(), port).await;
 
         // Everything acknowledged before is still there, exactly as acknowledged.
@@ -84,18 +78,36 @@ async fn acknowledged_writes_survive_sigkill() {
             .map(|i| {
                 (
                     i["metadata"]["name"].as_str().unwrap().to_string(),
-                    i["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap(),
+                    i["metadata"]["resourceVersion"]
+                        .as_str()
+                        .unwrap()
+                        .parse()
+                        .unwrap(),
                 )
             })
             .collect();
         for (name, rv) in &acked {
-            assert_eq!(present.get(name), Some(rv), "round {round}: acknowledged {name}@{rv} lost");
+            assert_eq!(
+                present.get(name),
+                Some(rv),
+                "round {round}: acknowledged {name}@{rv} lost"
+            );
         }
         for name in present.keys() {
-            assert!(attempted.contains(name), "round {round}: {name} was never written");
+            assert!(
+                attempted.contains(name),
+                "round {round}: {name} was never written"
+            );
         }
-        let list_rv: i64 = list["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap();
-        assert!(list_rv >= max_acked, "round {round}: revision went back from {max_acked} to {list_rv}");
+        let list_rv: i64 = list["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(
+            list_rv >= max_acked,
+            "round {round}: revision went back from {max_acked} to {list_rv}"
+        );
         acked = present;
 
         // Writers hammer the server; the process dies at a random moment.
@@ -109,23 +121,37 @@ async fn acknowledged_writes_survive_sigkill() {
                     let name = format!("r{round}-w{w}-{n}");
                     log.lock().push((name.clone(), None));
                     let body = json!({"metadata": {"name": name}}).to_string();
-                    let req = Client::build(http::Method::POST, "/api/v1/namespaces/default/serviceaccounts", body, &[("content-type", "application/json")]);
-                    let Ok(mut conn) = c.connect().await else { return };
-                    let Ok(resp) = conn.send(req).await else { return };
+                    let req = Client::build(
+                        http::Method::POST,
+                        "/api/v1/namespaces/default/serviceaccounts",
+                        body,
+                        &[("content-type", "application/json")],
+                    );
+                    let Ok(mut conn) = c.connect().await else {
+                        return;
+                    };
+                    let Ok(resp) = conn.send(req).await else {
+                        return;
+                    };
                     if resp.status() != StatusCode::CREATED {
                         return;
                     }
                     use http_body_util::BodyExt;
-                    let Ok(body) = resp.into_body().collect().await else { return };
+                    let Ok(body) = resp.into_body().collect().await else {
+                        return;
+                    };
                     let v: serde_json::Value = serde_json::from_slice(&body.to_bytes()).unwrap();
-                    let rv = v["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap();
+                    let rv = v["metadata"]["resourceVersion"]
+                        .as_str()
+                        .unwrap()
+                        .parse()
+                        .unwrap();
                     log.lock().push((name, Some(rv)));
                 }
             }));
         }
         tokio::time::sleep(Duration::from_millis(rng.random_range(300..1200))).await;
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
+        child.kill(); // SIGKILL
         for w in writers {
             let _ = tokio::time::timeout(Duration::from_secs(10), w).await;
         }
@@ -139,22 +165,44 @@ async fn acknowledged_writes_survive_sigkill() {
                 round_acked += 1;
             }
         }
-        eprintln!("round {round}: {round_acked} writes acknowledged before SIGKILL, {} attempted", log.len() - round_acked);
-        assert!(round_acked > 0, "round {round}: no write was acknowledged before the kill");
+        eprintln!(
+            "round {round}: {round_acked} writes acknowledged before SIGKILL, {} attempted",
+            log.len() - round_acked
+        );
+        assert!(
+            round_acked > 0,
+            "round {round}: no write was acknowledged before the kill"
+        );
     }
 
     // A final start: the last round's acknowledged writes are there and revisions continue.
-    let mut child = spawn(dir.path(), port);
+    let mut child = ServerProcess::spawn(dir.path(), port);
     let c = admin_client(dir.path(), port).await;
     let (_, list) = c.get("/api/v1/namespaces/default/serviceaccounts").await;
-    let present: BTreeSet<String> = list["items"].as_array().unwrap().iter().map(|i| i["metadata"]["name"].as_str().unwrap().to_string()).collect();
+    let present: BTreeSet<String> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
+        .collect();
     for name in acked.keys() {
         assert!(present.contains(name), "acknowledged {name} lost");
     }
-    let (s, fresh) = c.post("/api/v1/namespaces/default/serviceaccounts", json!({"metadata": {"name": "after"}})).await;
+    let (s, fresh) = c
+        .post(
+            "/api/v1/namespaces/default/serviceaccounts",
+            json!({"metadata": {"name": "after"}}),
+        )
+        .await;
     assert_eq!(s, StatusCode::CREATED);
-    let rv: i64 = fresh["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap();
-    assert!(rv > max_acked, "revision {rv} did not continue above {max_acked}");
-    child.kill().unwrap();
-    child.wait().unwrap();
+    let rv: i64 = fresh["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        rv > max_acked,
+        "revision {rv} did not continue above {max_acked}"
+    );
+    child.kill();
 }

@@ -20,8 +20,16 @@ async fn health_output_follows_the_spec() {
     let (s, body) = c.get("/healthz?verbose").await;
     assert_eq!(s, StatusCode::OK);
     let text = body.as_str().unwrap();
-    for line in ["[+]ping ok", "[+]log ok", "[+]etcd ok", "[+]poststarthook/start-system-namespaces-controller ok"] {
-        assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+    for line in [
+        "[+]ping ok",
+        "[+]log ok",
+        "[+]etcd ok",
+        "[+]poststarthook/start-system-namespaces-controller ok",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in\n{text}"
+        );
     }
     assert_eq!(text.lines().last(), Some("healthz check passed"));
     let (_, ready) = c.get("/readyz?verbose").await;
@@ -30,13 +38,22 @@ async fn health_output_follows_the_spec() {
 
     let (s, body) = c.get("/livez?verbose&exclude=etcd").await;
     assert_eq!(s, StatusCode::OK);
-    assert!(body.as_str().unwrap().contains("[+]etcd excluded: ok"), "{body}");
+    assert!(
+        body.as_str().unwrap().contains("[+]etcd excluded: ok"),
+        "{body}"
+    );
     let (_, body) = c.get("/livez?verbose&exclude=nosuch").await;
-    assert!(body.as_str().unwrap().contains("cannot be excluded: no matches for \"nosuch\""));
+    assert!(
+        body.as_str()
+            .unwrap()
+            .contains("cannot be excluded: no matches for \"nosuch\"")
+    );
 
     let (s, body) = c.get("/livez/ping").await;
     assert_eq!((s, body.as_str()), (StatusCode::OK, Some("ok")));
-    let (s, _) = c.get("/readyz/poststarthook/start-namespace-controller").await;
+    let (s, _) = c
+        .get("/readyz/poststarthook/start-namespace-controller")
+        .await;
     assert_eq!(s, StatusCode::OK);
     let (s, _) = c.get("/readyz/nosuch").await;
     assert_eq!(s, StatusCode::NOT_FOUND);
@@ -44,11 +61,17 @@ async fn health_output_follows_the_spec() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_fails_during_shutdown_delay_then_server_stops() {
-    let mut srv = TestServer::start_with(|o| o.shutdown_delay_duration = Duration::from_millis(1500)).await;
+    let mut srv =
+        TestServer::start_with(|o| o.shutdown_delay_duration = Duration::from_millis(1500)).await;
     let c = srv.admin();
     // A watch open when shutdown starts is ended, not left hanging.
-    let mut w = c.watch("/api/v1/namespaces?watch=1&resourceVersion=0").await;
-    while tokio::time::timeout(Duration::from_millis(300), w.next()).await.is_ok() {}
+    let mut w = c
+        .watch("/api/v1/namespaces?watch=1&resourceVersion=0")
+        .await;
+    while tokio::time::timeout(Duration::from_millis(300), w.next())
+        .await
+        .is_ok()
+    {}
     let handle = srv.handle.take().unwrap();
     let shutdown = tokio::spawn(handle.shutdown());
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -56,11 +79,20 @@ async fn readiness_fails_during_shutdown_delay_then_server_stops() {
     let (s, body) = c.get("/readyz?verbose").await;
     assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR);
     let text = body.as_str().unwrap();
-    assert!(text.contains("[-]shutdown failed: reason withheld"), "{text}");
+    assert!(
+        text.contains("[-]shutdown failed: reason withheld"),
+        "{text}"
+    );
     assert!(text.ends_with("readyz check failed\n"));
     assert_eq!(c.get("/livez").await.0, StatusCode::OK);
-    tokio::time::timeout(Duration::from_secs(10), shutdown).await.expect("shutdown hung").unwrap();
-    let ended = tokio::time::timeout(Duration::from_secs(5), async { while w.next().await.is_some() {} }).await;
+    tokio::time::timeout(Duration::from_secs(10), shutdown)
+        .await
+        .expect("shutdown hung")
+        .unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        while w.next().await.is_some() {}
+    })
+    .await;
     assert!(ended.is_ok(), "watch survived shutdown");
     assert!(c.connect().await.is_err(), "still accepting after shutdown");
 }
@@ -76,9 +108,17 @@ async fn metrics_count_requests_and_watches() {
     assert_eq!(r.status, StatusCode::OK);
     let text = r.text();
     assert!(
-        text.lines().any(|l| l.starts_with("apiserver_request_total{") && l.contains("verb=\"list\"") && l.contains("resource=\"namespaces\"") && l.contains("code=\"200\"")),
+        text.lines()
+            .any(|l| l.starts_with("apiserver_request_total{")
+                && l.contains("verb=\"list\"")
+                && l.contains("resource=\"namespaces\"")
+                && l.contains("code=\"200\"")),
         "{text}"
     );
     assert!(text.contains("apiserver_request_duration_seconds_bucket"));
-    assert!(text.lines().any(|l| l.starts_with("apiserver_registered_watchers{resource=\"namespaces\"} 1")), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("apiserver_registered_watchers{resource=\"namespaces\"} 1")),
+        "{text}"
+    );
 }

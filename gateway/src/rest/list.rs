@@ -14,8 +14,9 @@ use svc_core::selector::{FieldSelector, LabelSelector};
 use svc_core::{ApiError, ListMeta, Resource};
 use svc_storage::{KeyRange, StoreError};
 
-use super::{Call, wait_for_revision};
+use super::{Call, Kind, wait_for_revision};
 use crate::app::App;
+use crate::negotiate::Format;
 use crate::query::{ListOptions, RvMatch};
 use crate::respond::{self, Body};
 
@@ -146,7 +147,7 @@ struct List<T> {
     items: Vec<T>,
 }
 
-pub async fn list_or_watch<T: Resource>(
+pub async fn list_or_watch<T: Kind>(
     app: &Arc<App>,
     call: Call,
 ) -> Result<Response<Body>, ApiError> {
@@ -159,7 +160,7 @@ pub async fn list_or_watch<T: Resource>(
     list::<T>(app, &call, &opts, &selectors).await
 }
 
-async fn list<T: Resource>(
+async fn list<T: Kind>(
     app: &Arc<App>,
     call: &Call,
     opts: &ListOptions,
@@ -257,6 +258,12 @@ async fn list<T: Resource>(
                 .map_err(respond::store_error)?;
             meta.remaining_item_count = Some(remaining.kvs.len() as i64);
         }
+    }
+    if let Format::Protobuf(ct) = call.format {
+        let api_version = T::INFO.api_version();
+        let body =
+            svc_core::codec::encode_list_protobuf(&api_version, T::INFO.list_kind, &meta, &items);
+        return Ok(respond::bytes_response(StatusCode::OK, ct, body));
     }
     let list = List {
         kind: T::INFO.list_kind,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
-use serde::Deserialize;
+use svc_core::codec::{self, DeleteOptions, Preconditions};
 use svc_core::kinds::Namespace;
 use svc_core::meta::Time;
 use svc_core::object::{self, parse_resource_version};
@@ -13,43 +13,29 @@ use svc_core::status::Subject;
 use svc_core::{ApiError, Resource, Status};
 use svc_storage::{KeyRange, StoreError};
 
-use super::{Call, conflict, map_write_error, path_namespace, read_current};
+use super::{Call, Kind, conflict, map_write_error, path_namespace, read_current};
 use crate::app::App;
+use crate::negotiate::{self, Format};
 use crate::respond::{self, Body};
 
 /// How often a create retries a `generateName` collision, and an unconditional update a
 /// concurrent write, before giving up.
 const MAX_RETRIES: usize = 8;
 
-/// Decodes a request body as JSON (YAML arrives with the media-types work).
-fn decode_body<T: Resource>(call: &Call) -> Result<T, ApiError> {
-    if let Some(ct) = call.parts.headers.get(http::header::CONTENT_TYPE) {
-        let ct = ct.to_str().unwrap_or_default();
-        let media = ct
-            .split(';')
-            .next()
-            .unwrap_or_default()
-            .trim()
-            .to_ascii_lowercase();
-        if !media.is_empty() && media != "application/json" && media != "*/*" {
-            return Err(ApiError::UnsupportedMediaType(format!(
-                "the body of the request was in an unknown format - accepted media types \
-                 include: application/json (got {ct:?})"
-            )));
-        }
-    }
+/// Decodes a request body in the format its `Content-Type` names.
+fn decode_body<T: Kind>(call: &Call) -> Result<T, ApiError> {
+    let format = negotiate::request_format(&call.parts.headers)?;
     if call.body.is_empty() {
         return Err(ApiError::bad_request("the request body is empty"));
     }
-    object::decode_json(&call.body)
+    match format {
+        Format::Json => object::decode_json(&call.body),
+        Format::Protobuf(_) => codec::decode_protobuf(&call.body),
+    }
 }
 
 /// Namespaced objects may only be created in a namespace that exists and is not terminating.
-async fn check_namespace_open<T: Resource>(
-    app: &App,
-    ns: &str,
-    name: &str,
-) -> Result<(), ApiError> {
+async fn check_namespace_open<T: Kind>(app: &App, ns: &str, name: &str) -> Result<(), ApiError> {
     if !T::INFO.namespaced() {
         return Ok(());
     }
@@ -71,7 +57,7 @@ async fn check_namespace_open<T: Resource>(
     Ok(())
 }
 
-pub async fn create<T: Resource>(app: &Arc<App>, call: &Call) -> Result<Response<Body>, ApiError> {
+pub async fn create<T: Kind>(app: &Arc<App>, call: &Call) -> Result<Response<Body>, ApiError> {
     let dry_run = call.query.dry_run()?;
     let mut obj: T = decode_body(call)?;
     object::apply_request_namespace(&mut obj, &call.route.namespace)?;
@@ -95,9 +81,10 @@ pub async fn create<T: Resource>(app: &Arc<App>, call: &Call) -> Result<Response
                 }
                 return Err(ApiError::AlreadyExists(object::subject::<T>(&name)));
             }
-            return Ok(respond::json(
+            return Ok(respond::object(
                 StatusCode::CREATED,
                 &candidate,
+                call.format,
                 call.query.pretty(),
             ));
         }
@@ -105,9 +92,10 @@ pub async fn create<T: Resource>(app: &Arc<App>, call: &Call) -> Result<Response
         match app.store.create(key, value).await {
             Ok(kv) => {
                 candidate.meta_mut().resource_version = kv.mod_revision.to_string();
-                return Ok(respond::json(
+                return Ok(respond::object(
                     StatusCode::CREATED,
                     &candidate,
+                    call.format,
                     call.query.pretty(),
                 ));
             }
@@ -121,7 +109,7 @@ pub async fn create<T: Resource>(app: &Arc<App>, call: &Call) -> Result<Response
     )))
 }
 
-pub async fn update<T: Resource>(
+pub async fn update<T: Kind>(
     app: &Arc<App>,
     call: &Call,
     name: &str,
@@ -160,11 +148,21 @@ pub async fn update<T: Resource>(
         let value = object::encode_for_store(&next)?;
         if value == kv.value {
             // Nothing changed: no write, no new resourceVersion, no watch event.
-            return Ok(respond::json(StatusCode::OK, &current, call.query.pretty()));
+            return Ok(respond::object(
+                StatusCode::OK,
+                &current,
+                call.format,
+                call.query.pretty(),
+            ));
         }
         if dry_run {
             next.meta_mut().resource_version = kv.mod_revision.to_string();
-            return Ok(respond::json(StatusCode::OK, &next, call.query.pretty()));
+            return Ok(respond::object(
+                StatusCode::OK,
+                &next,
+                call.format,
+                call.query.pretty(),
+            ));
         }
         if next.meta().deletion_timestamp.is_some()
             && next.meta().finalizers.is_empty()
@@ -174,7 +172,12 @@ pub async fn update<T: Resource>(
             return match app.store.delete(key.clone(), Some(kv.mod_revision)).await {
                 Ok((_, rev)) => {
                     next.meta_mut().resource_version = rev.to_string();
-                    Ok(respond::json(StatusCode::OK, &next, call.query.pretty()))
+                    Ok(respond::object(
+                        StatusCode::OK,
+                        &next,
+                        call.format,
+                        call.query.pretty(),
+                    ))
                 }
                 Err(StoreError::Conflict { .. }) if precondition.is_none() => continue,
                 Err(e) => Err(map_write_error::<T>(e, name)),
@@ -187,7 +190,12 @@ pub async fn update<T: Resource>(
         {
             Ok(new_kv) => {
                 next.meta_mut().resource_version = new_kv.mod_revision.to_string();
-                return Ok(respond::json(StatusCode::OK, &next, call.query.pretty()));
+                return Ok(respond::object(
+                    StatusCode::OK,
+                    &next,
+                    call.format,
+                    call.query.pretty(),
+                ));
             }
             // An unconditional update retries against the newer object; a conditional one
             // reports the conflict.
@@ -198,38 +206,16 @@ pub async fn update<T: Resource>(
     Err(conflict::<T>(name))
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Preconditions {
-    uid: Option<String>,
-    resource_version: Option<String>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct DeleteOptions {
-    kind: Option<String>,
-    preconditions: Option<Preconditions>,
-    grace_period_seconds: Option<i64>,
-    propagation_policy: Option<String>,
-    #[serde(default)]
-    dry_run: Vec<String>,
-}
-
 fn delete_options(call: &Call) -> Result<(DeleteOptions, bool), ApiError> {
-    let mut opts: DeleteOptions = if call.body.is_empty() {
+    // DeleteOptions::from_json / from_protobuf check the kind.
+    let mut opts = if call.body.is_empty() {
         DeleteOptions::default()
     } else {
-        serde_json::from_slice(&call.body)
-            .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?
-    };
-    if let Some(k) = &opts.kind {
-        if k != "DeleteOptions" {
-            return Err(ApiError::bad_request(format!(
-                "expected a DeleteOptions body, got kind {k:?}"
-            )));
+        match negotiate::request_format(&call.parts.headers)? {
+            Format::Json => DeleteOptions::from_json(&call.body)?,
+            Format::Protobuf(_) => DeleteOptions::from_protobuf(&call.body)?,
         }
-    }
+    };
     if let Some(g) = call.query.int("gracePeriodSeconds")? {
         opts.grace_period_seconds = Some(g);
     }
@@ -242,15 +228,15 @@ fn delete_options(call: &Call) -> Result<(DeleteOptions, bool), ApiError> {
     if let Some(p) = call.query.get("propagationPolicy") {
         opts.propagation_policy = Some(p.to_string());
     }
-    if let Some(p) = &opts.propagation_policy {
-        if !matches!(p.as_str(), "Orphan" | "Background" | "Foreground") {
-            return Err(invalid_delete(
-                "propagationPolicy",
-                &format!(
-                    "Unsupported value: {p:?}: supported values: \"Foreground\", \"Background\", \"Orphan\""
-                ),
-            ));
-        }
+    if let Some(p) = &opts.propagation_policy
+        && !matches!(p.as_str(), "Orphan" | "Background" | "Foreground")
+    {
+        return Err(invalid_delete(
+            "propagationPolicy",
+            &format!(
+                "Unsupported value: {p:?}: supported values: \"Foreground\", \"Background\", \"Orphan\""
+            ),
+        ));
     }
     let dry_run = match opts.dry_run.as_slice() {
         [] => call.query.dry_run()?,
@@ -277,7 +263,7 @@ fn invalid_delete(field: &str, message: &str) -> ApiError {
     }
 }
 
-pub async fn delete<T: Resource>(
+pub async fn delete<T: Kind>(
     app: &Arc<App>,
     call: &Call,
     name: &str,
@@ -287,12 +273,17 @@ pub async fn delete<T: Resource>(
     let key = Bytes::from(T::INFO.key(&ns, name));
     let pre = opts.preconditions.unwrap_or_default();
     let (obj, code) = delete_one::<T>(app, &key, name, &pre, dry_run).await?;
-    Ok(respond::json(code, &obj, call.query.pretty()))
+    Ok(respond::object(
+        code,
+        &obj,
+        call.format,
+        call.query.pretty(),
+    ))
 }
 
 /// Deletes one object, or marks it terminating when finalizers hold it. Returns what the
 /// client sees: the deleted object (200) or the terminating one (200; 202 while finalizing).
-async fn delete_one<T: Resource>(
+async fn delete_one<T: Kind>(
     app: &App,
     key: &Bytes,
     name: &str,
@@ -301,28 +292,28 @@ async fn delete_one<T: Resource>(
 ) -> Result<(T, StatusCode), ApiError> {
     for _ in 0..MAX_RETRIES {
         let (mut current, kv) = read_current::<T>(app, key, name).await?;
-        if let Some(uid) = pre.uid.as_deref() {
-            if uid != current.meta().uid {
-                return Err(ApiError::Conflict {
-                    subject: object::subject::<T>(name),
-                    message: format!(
-                        "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                        current.meta().uid
-                    ),
-                });
-            }
+        if let Some(uid) = pre.uid.as_deref()
+            && uid != current.meta().uid
+        {
+            return Err(ApiError::Conflict {
+                subject: object::subject::<T>(name),
+                message: format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    current.meta().uid
+                ),
+            });
         }
-        if let Some(rv) = pre.resource_version.as_deref() {
-            if rv != current.meta().resource_version {
-                return Err(ApiError::Conflict {
-                    subject: object::subject::<T>(name),
-                    message: format!(
-                        "Precondition failed: ResourceVersion in precondition: {rv}, \
+        if let Some(rv) = pre.resource_version.as_deref()
+            && rv != current.meta().resource_version
+        {
+            return Err(ApiError::Conflict {
+                subject: object::subject::<T>(name),
+                message: format!(
+                    "Precondition failed: ResourceVersion in precondition: {rv}, \
                          ResourceVersion in object meta: {}",
-                        current.meta().resource_version
-                    ),
-                });
-            }
+                    current.meta().resource_version
+                ),
+            });
         }
         if !current.meta().finalizers.is_empty() || current.has_kind_finalizers() {
             if current.meta().deletion_timestamp.is_some() {
@@ -359,7 +350,7 @@ async fn delete_one<T: Resource>(
     Err(conflict::<T>(name))
 }
 
-pub async fn delete_collection<T: Resource>(
+pub async fn delete_collection<T: Kind>(
     app: &Arc<App>,
     call: &Call,
 ) -> Result<Response<Body>, ApiError> {
@@ -393,7 +384,7 @@ pub async fn delete_collection<T: Resource>(
 
 /// Deletes every object of type `T` in namespace `ns` (the namespace controller's sweep) and
 /// returns how many remain.
-pub async fn delete_all_in_namespace<T: Resource>(app: &App, ns: &str) -> Result<usize, ApiError> {
+pub async fn delete_all_in_namespace<T: Kind>(app: &App, ns: &str) -> Result<usize, ApiError> {
     let range = app
         .store
         .range(KeyRange::prefix(T::INFO.prefix(Some(ns))), None, 0)

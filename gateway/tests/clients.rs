@@ -1,0 +1,172 @@
+//! Real Kubernetes clients against the real binary: kubectl (create, get -o yaml, watch,
+//! delete) across a SIGKILL and restart, and the official Python client (list, watch,
+//! replace, delete). Both are installed by the project's test command.
+
+#[path = "support/process.rs"]
+mod process;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use process::{ServerProcess, free_port};
+
+fn spawn_server(dir: &Path, port: u16) -> ServerProcess {
+    let mut server = ServerProcess::spawn(dir, port);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if dir.join("admin.kubeconfig").exists()
+            && kubectl(dir, &["get", "--raw", "/readyz"]).status.success()
+        {
+            return server;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    server.kill();
+    panic!("server never became ready");
+}
+
+fn kubectl(dir: &Path, args: &[&str]) -> Output {
+    Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(dir.join("admin.kubeconfig"))
+        .args(args)
+        .output()
+        .expect("kubectl is installed by the test command (scripts/test.sh)")
+}
+
+fn ok(dir: &Path, args: &[&str]) -> String {
+    let out = kubectl(dir, args);
+    assert!(
+        out.status.success(),
+        "kubectl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn kubectl_works_across_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut server = spawn_server(dir.path(), port);
+    let d = dir.path();
+
+    assert!(ok(d, &["create", "namespace", "demo"]).contains("namespace/demo created"));
+    assert!(
+        ok(d, &["create", "serviceaccount", "builder", "-n", "demo"])
+            .contains("serviceaccount/builder created")
+    );
+    let yaml = ok(
+        d,
+        &[
+            "get",
+            "serviceaccount",
+            "builder",
+            "-n",
+            "demo",
+            "-o",
+            "yaml",
+        ],
+    );
+    for want in [
+        "kind: ServiceAccount",
+        "name: builder",
+        "namespace: demo",
+        "resourceVersion:",
+        "uid:",
+    ] {
+        assert!(yaml.contains(want), "missing {want:?} in\n{yaml}");
+    }
+    let table = ok(d, &["get", "namespaces"]);
+    assert!(
+        table.contains("demo") && table.contains("kube-system"),
+        "{table}"
+    );
+
+    // A watch across all namespaces sees a later create.
+    let mut watch = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(d.join("admin.kubeconfig"))
+        .args([
+            "get",
+            "serviceaccounts",
+            "-A",
+            "--watch",
+            "--output-watch-events",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let stdout = watch.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    // The initial listing arrives first; then create.
+    let first = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("watch printed nothing");
+    assert!(first.contains("NAME"), "{first}");
+    ok(d, &["create", "serviceaccount", "later", "-n", "demo"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen = false;
+    while Instant::now() < deadline {
+        if let Ok(line) = rx.recv_timeout(Duration::from_millis(200))
+            && line.contains("ADDED")
+            && line.contains("later")
+        {
+            seen = true;
+            break;
+        }
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert!(seen, "kubectl --watch never showed the new service account");
+
+    // kill -9 and restart: the objects survive.
+    server.kill();
+    let mut server = spawn_server(d, port);
+    let after = ok(d, &["get", "serviceaccounts", "-n", "demo", "-o", "name"]);
+    assert!(
+        after.contains("serviceaccount/builder") && after.contains("serviceaccount/later"),
+        "{after}"
+    );
+
+    assert!(ok(d, &["delete", "serviceaccount", "later", "-n", "demo"]).contains("deleted"));
+    let missing = kubectl(d, &["get", "serviceaccount", "later", "-n", "demo"]);
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("NotFound"));
+    server.kill();
+}
+
+#[test]
+fn python_client_lists_and_watches() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut server = spawn_server(dir.path(), port);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/python_client.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(dir.path().join("admin.kubeconfig"))
+        .arg("py-ns")
+        .output()
+        .expect("python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    server.kill();
+    assert!(
+        out.status.success(),
+        "python client failed (the test command installs the `kubernetes` package):\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for check in ["list ok", "watch ok", "replace ok", "delete ok"] {
+        assert!(stdout.contains(check), "missing {check:?}:\n{stdout}");
+    }
+}
