@@ -4,7 +4,9 @@
 use std::path::{Path, PathBuf};
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
     for e in entries.flatten() {
         let p = e.path();
         let name = e.file_name();
@@ -24,7 +26,12 @@ fn every_rust_file_starts_with_a_doc_line() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let mut files = Vec::new();
     rust_files(root, &mut files);
-    assert!(files.len() > 20, "found only {} files under {}", files.len(), root.display());
+    assert!(
+        files.len() > 20,
+        "found only {} files under {}",
+        files.len(),
+        root.display()
+    );
     let missing: Vec<String> = files
         .iter()
         .filter(|f| {
@@ -33,5 +40,8 @@ fn every_rust_file_starts_with_a_doc_line() {
         })
         .map(|f| f.strip_prefix(root).unwrap_or(f).display().to_string())
         .collect();
-    assert!(missing.is_empty(), "files without a leading //! line: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "files without a leading //! line: {missing:?}"
+    );
 }

@@ -141,6 +141,12 @@ fn kubectl_works_across_a_crash() {
     );
 
     assert!(ok(d, &["delete", "serviceaccount", "later", "-n", "demo"]).contains("deleted"));
+    // SIGTERM: a clean exit.
+    let status = server
+        .terminate(Duration::from_secs(20))
+        .expect("no exit within 20 s of SIGTERM");
+    assert!(status.success(), "exit after SIGTERM: {status}");
+    let mut server = spawn_server(d, port);
     let missing = kubectl(d, &["get", "serviceaccount", "later", "-n", "demo"]);
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("NotFound"));

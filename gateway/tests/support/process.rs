@@ -26,6 +26,20 @@ impl ServerProcess {
         ServerProcess(child)
     }
 
+    /// Sends SIGTERM and waits up to `limit` for the process to exit; returns its exit status.
+    pub fn terminate(&mut self, limit: std::time::Duration) -> Option<std::process::ExitStatus> {
+        let pid = self.0.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = std::time::Instant::now() + limit;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = self.0.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        None
+    }
+
     /// SIGKILL, then reap.
     pub fn kill(&mut self) {
         let _ = self.0.kill();
