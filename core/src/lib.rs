@@ -15,6 +15,7 @@ pub mod resource;
 pub mod selector;
 pub mod status;
 pub mod validation;
+pub mod watch;
 
 pub use meta::{ListMeta, ObjectMeta, Time};
 pub use resource::{Resource, ResourceInfo, Scope};

@@ -1,0 +1,475 @@
+//! `WatchCache`: one per resource type (Kubernetes' `watch_cache.go` plus the ingest half of
+//! `cacher.go`). It applies the store's change feed to the current state, records each change
+//! in the history ring, keeps list snapshots, and dispatches each event to the watchers it
+//! concerns. Lists are answered from O(1) snapshots outside any lock.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::task::Waker;
+use std::time::Instant;
+
+use bytes::Bytes;
+use parking_lot::{Mutex, RwLock};
+use svc_storage::{Event, EventKind, FeedItem, KeyValue, Revision};
+
+use super::config::WatchCacheConfig;
+use super::dispatch::{Registry, SlotState, WatcherSlot};
+use super::frames::{FrameEncoder, FrameFormat};
+use super::history::{EventType, HistoryRing, WatchCacheEvent};
+use super::interval::WatchCacheInterval;
+use super::object::{CachedObject, KindCodec};
+use super::snapshots::{SnapshotRing, State};
+use super::waiters::{RevisionWait, Waiters};
+use super::watcher::{WatchFilter, WatchRequest, WatchStart, Watcher};
+use crate::status::ApiError;
+
+/// Errors kept per apply report, at most (the rest are only counted).
+const MAX_REPORTED_ERRORS: usize = 16;
+
+/// A handle to one type's cache; clones share it.
+#[derive(Clone, Debug)]
+pub struct WatchCache {
+    pub(crate) shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) config: WatchCacheConfig,
+    pub(crate) encoder: FrameEncoder,
+    pub(crate) inner: RwLock<Inner>,
+    pub(crate) registry: Mutex<Registry>,
+    /// `Inner::revision`, readable without the lock.
+    revision: AtomicI64,
+    pub(crate) waiters: Waiters,
+}
+
+impl Shared {
+    pub(crate) fn published_revision(&self) -> Revision {
+        self.revision.load(Ordering::Acquire)
+    }
+}
+
+mod read;
+
+pub use read::ListRequest;
+
+#[derive(Debug, Default)]
+pub(crate) struct Inner {
+    pub(crate) state: State,
+    /// The newest revision fully applied (events or progress).
+    pub(crate) revision: Revision,
+    /// The revision of the newest applied event (or of the last relist).
+    pub(crate) last_event: Revision,
+    pub(crate) ready: bool,
+    pub(crate) history: HistoryRing,
+    pub(crate) snapshots: SnapshotRing,
+}
+
+/// What one `apply` or `replace` did, for logs and metrics.
+#[derive(Debug, Default)]
+pub struct ApplyReport {
+    pub applied: usize,
+    /// Events at or below the cache's revision (redelivered), or before the cache was filled.
+    pub skipped: usize,
+    /// Objects that could not be decoded (they are left out of the cache), first few only.
+    pub errors: Vec<ApiError>,
+    pub error_count: usize,
+    pub evicted: usize,
+    pub woken: usize,
+}
+
+impl ApplyReport {
+    fn error(&mut self, e: ApiError) {
+        self.error_count += 1;
+        if self.errors.len() < MAX_REPORTED_ERRORS {
+            self.errors.push(e);
+        }
+    }
+}
+
+/// Sizes and counters, for metrics and tests.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WatchCacheStats {
+    pub revision: Revision,
+    pub oldest_revision: Revision,
+    pub objects: usize,
+    pub history_events: usize,
+    /// Bytes charged to the ring: events plus the frames encoded for them.
+    pub history_bytes: usize,
+    pub snapshots: usize,
+    pub watchers: usize,
+    /// Watchers examined by dispatch, in total.
+    pub dispatch_visits: u64,
+    pub encoded_json: u64,
+    pub encoded_protobuf: u64,
+}
+
+pub(crate) fn not_ready() -> ApiError {
+    ApiError::TooManyRequests {
+        message: "the watch cache is not initialized yet".into(),
+        retry_after_seconds: Some(1),
+    }
+}
+
+pub(crate) fn too_old(requested: Revision, oldest: Revision) -> ApiError {
+    ApiError::Expired(format!("too old resource version: {requested} ({oldest})"))
+}
+
+impl WatchCache {
+    /// An empty cache for the type `codec` describes; not ready until [`replace`] fills it.
+    ///
+    /// [`replace`]: WatchCache::replace
+    pub fn new(codec: KindCodec, config: WatchCacheConfig) -> Self {
+        WatchCache {
+            shared: Arc::new(Shared {
+                config: config.sanitized(),
+                encoder: FrameEncoder::new(codec),
+                inner: RwLock::new(Inner::default()),
+                registry: Mutex::new(Registry::default()),
+                revision: AtomicI64::new(0),
+                waiters: Waiters::default(),
+            }),
+        }
+    }
+
+    pub fn codec(&self) -> &KindCodec {
+        &self.shared.encoder.codec
+    }
+
+    pub fn config(&self) -> &WatchCacheConfig {
+        &self.shared.config
+    }
+
+    /// The newest revision the cache has fully applied.
+    pub fn revision(&self) -> Revision {
+        self.shared.published_revision()
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.shared.inner.read().ready
+    }
+
+    /// The oldest revision a watch may resume from; older ones get 410.
+    pub fn oldest_revision(&self) -> Revision {
+        self.shared.inner.read().history.evicted_upto()
+    }
+
+    /// Resolves once the cache has applied `revision` (add a timeout around it).
+    pub fn wait_for_revision(&self, revision: Revision) -> RevisionWait {
+        RevisionWait {
+            shared: self.shared.clone(),
+            target: revision,
+            id: None,
+        }
+    }
+
+    /// Encodings performed so far in `format` (event frames and bookmarks).
+    pub fn encodings(&self, format: FrameFormat) -> u64 {
+        self.shared.encoder.stats.encoded(format)
+    }
+
+    /// The object's bare protobuf message, encoded once per object (for protobuf lists).
+    pub fn object_protobuf(&self, obj: &CachedObject) -> Result<Bytes, ApiError> {
+        obj.protobuf(&self.shared.encoder.codec)
+    }
+
+    /// (Re)fills the cache from a full read of the type's key range at `revision`: the
+    /// start-up fill, and the relist after the feed failed (e.g. compacted). History and
+    /// snapshots restart at `revision`; watchers from before are ended with 410, as their
+    /// history no longer connects to the new state.
+    pub fn replace(&self, kvs: &[KeyValue], revision: Revision, now: Instant) -> ApplyReport {
+        let mut report = ApplyReport::default();
+        let ingest = self.shared.encoder.codec.ingest;
+        let mut state = State::new();
+        for kv in kvs {
+            match ingest(kv) {
+                Ok(obj) => {
+                    state.insert(kv.key.clone(), Arc::new(obj));
+                    report.applied += 1;
+                }
+                Err(e) => report.error(e),
+            }
+        }
+        let mut wake = Vec::new();
+        {
+            let shared = &self.shared;
+            let mut guard = shared.inner.write();
+            let inner = &mut *guard;
+            let mut reg = shared.registry.lock();
+            inner.history.reset(revision, &shared.encoder.frame_bytes);
+            inner.snapshots.clear();
+            inner
+                .snapshots
+                .maybe_take(revision, &state, now, &shared.config, true);
+            inner.state = state;
+            inner.revision = revision;
+            inner.last_event = revision;
+            inner.ready = true;
+            reg.expire_all(revision, &mut wake);
+            shared.revision.store(revision, Ordering::Release);
+        }
+        report.woken = wake.len();
+        self.wake(wake, revision);
+        report
+    }
+
+    /// Applies one item of the store's change feed: events update the state, enter the
+    /// history ring and are dispatched to the watchers they concern; progress advances the
+    /// revision (bookmarks and "wait until fresh" use it). Expired history and snapshots are
+    /// dropped on the way. `now` is the clock of the time bounds.
+    pub fn apply(&self, item: FeedItem, now: Instant) -> ApplyReport {
+        let mut report = ApplyReport::default();
+        let mut wake = Vec::new();
+        let shared = &self.shared;
+        let revision = {
+            let mut guard = shared.inner.write();
+            let inner = &mut *guard;
+            let mut reg = shared.registry.lock();
+            match item {
+                FeedItem::Progress(rev) if inner.ready => {
+                    inner.revision = inner.revision.max(rev);
+                }
+                FeedItem::Progress(_) => report.skipped += 1,
+                FeedItem::Events(events) => {
+                    let applied_before = report.applied;
+                    for ev in &events {
+                        self.apply_event_locked(inner, &mut reg, ev, now, &mut report, &mut wake);
+                    }
+                    if report.applied > applied_before {
+                        inner.snapshots.maybe_take(
+                            inner.revision,
+                            &inner.state,
+                            now,
+                            &shared.config,
+                            false,
+                        );
+                    }
+                }
+            }
+            report.evicted = self.evict_locked(inner, &mut reg, now, &mut wake);
+            shared.revision.store(inner.revision, Ordering::Release);
+            inner.revision
+        };
+        report.woken = wake.len();
+        self.wake(wake, revision);
+        report
+    }
+
+    /// Drops history and snapshots past their windows without new input (the ingest task
+    /// calls this on a timer when the feed is idle; `apply` does it too).
+    pub fn prune(&self, now: Instant) -> usize {
+        let mut wake = Vec::new();
+        let shared = &self.shared;
+        let (evicted, revision) = {
+            let mut guard = shared.inner.write();
+            let inner = &mut *guard;
+            let mut reg = shared.registry.lock();
+            (
+                self.evict_locked(inner, &mut reg, now, &mut wake),
+                inner.revision,
+            )
+        };
+        self.wake(wake, revision);
+        evicted
+    }
+
+    fn apply_event_locked(
+        &self,
+        inner: &mut Inner,
+        reg: &mut Registry,
+        ev: &Event,
+        now: Instant,
+        report: &mut ApplyReport,
+        wake: &mut Vec<Waker>,
+    ) {
+        let rev = ev.revision();
+        if !inner.ready || rev <= inner.revision {
+            report.skipped += 1;
+            return;
+        }
+        let key = &ev.kv.key;
+        let prev = inner.state.get(&key[..]).cloned();
+        // The cache's own previous object is the one watchers last saw, so transitions are
+        // judged against it (and no second decode of `prev_kv` is needed).
+        let (event_type, object) = match ev.kind {
+            EventKind::Put => match (self.shared.encoder.codec.ingest)(&ev.kv) {
+                Ok(obj) => {
+                    let obj = Arc::new(obj);
+                    inner.state.insert(key.clone(), obj.clone());
+                    let ty = if prev.is_some() {
+                        EventType::Modified
+                    } else {
+                        EventType::Added
+                    };
+                    (ty, obj)
+                }
+                Err(e) => {
+                    // Left out rather than served half-decoded; the store validated it on
+                    // write, so this is corruption, reported to the ingest task's log.
+                    report.error(e);
+                    inner.revision = rev;
+                    return;
+                }
+            },
+            EventKind::Delete => match inner.state.remove(&key[..]) {
+                Some(obj) => (EventType::Deleted, obj),
+                None => {
+                    // Never seen (or left out as undecodable): nothing to tell anyone.
+                    inner.revision = rev;
+                    report.skipped += 1;
+                    return;
+                }
+            },
+        };
+        let seq = inner.history.next_seq();
+        let prev = if event_type == EventType::Deleted {
+            Some(object.clone())
+        } else {
+            prev
+        };
+        let event = Arc::new(WatchCacheEvent::new(
+            event_type, object, prev, rev, seq, now,
+        ));
+        inner.snapshots.note_event(rev);
+        reg.dispatch(
+            &event,
+            inner.history.first_seq(),
+            inner.history.evicted_upto(),
+            self.shared.config.watcher_queue_limit,
+            wake,
+        );
+        inner.history.push(event);
+        inner.revision = rev;
+        inner.last_event = rev;
+        report.applied += 1;
+    }
+
+    fn evict_locked(
+        &self,
+        inner: &mut Inner,
+        reg: &mut Registry,
+        now: Instant,
+        wake: &mut Vec<Waker>,
+    ) -> usize {
+        let shared = &self.shared;
+        let evicted = inner
+            .history
+            .evict(now, &shared.config, &shared.encoder.frame_bytes);
+        if evicted > 0 {
+            reg.expire_lagging(
+                inner.history.first_seq(),
+                inner.history.evicted_upto(),
+                wake,
+            );
+        }
+        inner.snapshots.prune(now, &shared.config);
+        evicted
+    }
+
+    fn wake(&self, wake: Vec<Waker>, revision: Revision) {
+        for w in wake {
+            w.wake();
+        }
+        self.shared.waiters.wake(revision);
+    }
+
+    /// Registers a watch. Fails with 410 if `After(rv)` is older than the ring, 504 if it is
+    /// newer than the cache (wait first), 406 for a format the type cannot be encoded in,
+    /// 429 when `max_watchers` are registered.
+    pub fn watch(&self, req: WatchRequest, now: Instant) -> Result<Watcher, ApiError> {
+        let codec = &self.shared.encoder.codec;
+        match req.format {
+            FrameFormat::CborSeq => {
+                return Err(ApiError::NotAcceptable(
+                    "CBOR watch streams are not supported yet".into(),
+                ));
+            }
+            FrameFormat::Protobuf if codec.protobuf.is_none() => {
+                return Err(ApiError::NotAcceptable(format!(
+                    "{} cannot be watched as protobuf",
+                    codec.info.kind
+                )));
+            }
+            _ => {}
+        }
+        let filter = WatchFilter::new(
+            req.namespace.as_deref(),
+            req.selector.clone(),
+            codec.info.namespaced(),
+        );
+        let range = self.key_range(req.namespace.as_deref());
+        let inner = self.shared.inner.read();
+        if !inner.ready {
+            return Err(not_ready());
+        }
+        let (catchup, initial, synced) = match req.start {
+            WatchStart::Now => (None, None, inner.revision),
+            WatchStart::InitialEvents { .. } => {
+                (None, Some((inner.state.clone(), range)), inner.revision)
+            }
+            WatchStart::After(rv) => {
+                let oldest = inner.history.evicted_upto();
+                if rv < oldest {
+                    return Err(too_old(rv, oldest));
+                }
+                if rv > inner.revision {
+                    return Err(ApiError::too_large_resource_version(rv, inner.revision));
+                }
+                let iv =
+                    WatchCacheInterval::new(inner.history.seq_after(rv), inner.history.next_seq());
+                ((!iv.is_done()).then_some(iv), None, rv)
+            }
+        };
+        // Registered under the state lock, so no event falls between the start point
+        // (snapshot or interval end) and the first dispatch to this watcher.
+        let mut reg = self.shared.registry.lock();
+        if reg.len() >= self.shared.config.max_watchers {
+            return Err(ApiError::TooManyRequests {
+                message: format!(
+                    "too many watches of {} ({} registered)",
+                    codec.info.plural,
+                    reg.len()
+                ),
+                retry_after_seconds: Some(1),
+            });
+        }
+        let slot = Arc::new(WatcherSlot {
+            filter,
+            state: Mutex::new(SlotState {
+                catchup,
+                ..SlotState::default()
+            }),
+        });
+        let id = reg.insert(slot.clone());
+        drop(reg);
+        drop(inner);
+        Ok(Watcher::new(
+            self.clone(),
+            slot,
+            id,
+            &req,
+            initial,
+            synced,
+            now,
+        ))
+    }
+
+    pub fn stats(&self) -> WatchCacheStats {
+        let shared = &self.shared;
+        let inner = shared.inner.read();
+        let reg = shared.registry.lock();
+        WatchCacheStats {
+            revision: inner.revision,
+            oldest_revision: inner.history.evicted_upto(),
+            objects: inner.state.len(),
+            history_events: inner.history.len(),
+            history_bytes: inner.history.base_bytes()
+                + shared.encoder.frame_bytes.load(Ordering::Acquire),
+            snapshots: inner.snapshots.len(),
+            watchers: reg.len(),
+            dispatch_visits: reg.visits,
+            encoded_json: shared.encoder.stats.encoded(FrameFormat::Json),
+            encoded_protobuf: shared.encoder.stats.encoded(FrameFormat::Protobuf),
+        }
+    }
+}

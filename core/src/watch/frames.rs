@@ -1,0 +1,286 @@
+//! Watch frames, encoded once per event and media type and shared by every watcher (the
+//! Kubernetes `caching_object.go`): JSON lines that splice the object's canonical JSON in
+//! without re-serializing it, and length-prefixed protobuf `WatchEvent`s.
+//!
+//! An event's frames live in `OnceLock`s on the event, so the first watcher that needs a
+//! format pays for it and every other watcher clones the same `Bytes` (a reference count,
+//! no copy). [`FrameStats`] counts the encodings so tests can prove N watchers cost one.
+//! Frame bytes are charged to the history ring's byte bound while their event is in the ring.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use svc_storage::Revision;
+
+use super::history::{EventType, WatchCacheEvent};
+use super::object::{CachedObject, KindCodec};
+use crate::codec::{encode_envelope, encode_status_protobuf, encode_watch_event_protobuf};
+use crate::status::ApiError;
+
+/// The media type of a watch stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FrameFormat {
+    /// `application/json`: one `{"type":..,"object":..}` line per event.
+    Json,
+    /// `application/vnd.kubernetes.protobuf;stream=watch`: `[u32 BE length][WatchEvent]`.
+    Protobuf,
+    /// `application/cbor-seq`: not implemented yet (no CBOR encoder in core); watches in it
+    /// are refused with 406 and encoding returns an error.
+    CborSeq,
+}
+
+impl FrameFormat {
+    pub const ALL: [FrameFormat; 3] = [
+        FrameFormat::Json,
+        FrameFormat::Protobuf,
+        FrameFormat::CborSeq,
+    ];
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Encodings performed, per format: event frames and bookmarks, not per-watcher copies
+/// (there are none).
+#[derive(Debug, Default)]
+pub struct FrameStats {
+    encoded: [AtomicU64; 3],
+}
+
+impl FrameStats {
+    pub fn encoded(&self, format: FrameFormat) -> u64 {
+        self.encoded[format.index()].load(Ordering::Relaxed)
+    }
+
+    fn count(&self, format: FrameFormat) {
+        self.encoded[format.index()].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The high bit of [`EventFrames::accounted`]: the event has left the ring, so frames encoded
+/// from now on are no longer charged to it.
+const EVICTED: usize = 1 << (usize::BITS - 1);
+
+/// The lazily encoded frames of one event: one cell per (event type, format), since one event
+/// is `ADDED` to a watcher whose selector just started matching and `MODIFIED` to another.
+#[derive(Debug, Default)]
+pub(crate) struct EventFrames {
+    cells: [OnceLock<Result<Bytes, Arc<str>>>; 9],
+    /// Bytes of frames charged to the ring's byte count, plus the `EVICTED` flag.
+    accounted: AtomicUsize,
+}
+
+impl EventFrames {
+    fn cell(&self, ty: EventType, format: FrameFormat) -> &OnceLock<Result<Bytes, Arc<str>>> {
+        // Indexes are in range by construction (3 types × 3 formats); `get` keeps it panic-free.
+        let i = ty as usize * 3 + format.index();
+        &self.cells[i.min(8)]
+    }
+
+    /// Charges `n` frame bytes to the ring total, unless the event has already left the ring.
+    /// The global count is raised first and lowered back if the event turned out evicted, so
+    /// it never dips below what the events in the ring hold.
+    fn charge(&self, n: usize, total: &AtomicUsize) {
+        total.fetch_add(n, Ordering::AcqRel);
+        let charged = self
+            .accounted
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+                (cur & EVICTED == 0).then_some(cur + n)
+            })
+            .is_ok();
+        if !charged {
+            total.fetch_sub(n, Ordering::AcqRel);
+        }
+    }
+
+    /// Marks the event evicted; returns the frame bytes it had charged, to be released.
+    pub(crate) fn evict(&self) -> usize {
+        self.accounted.fetch_or(EVICTED, Ordering::AcqRel) & !EVICTED
+    }
+}
+
+/// A JSON watch line: `{"type":"<ty>","object":<json>}\n`, the object's bytes copied once.
+pub fn json_line(event_type: &str, object_json: &[u8]) -> Bytes {
+    const HEAD: &[u8] = b"{\"type\":\"";
+    const MID: &[u8] = b"\",\"object\":";
+    let mut out =
+        Vec::with_capacity(HEAD.len() + event_type.len() + MID.len() + object_json.len() + 2);
+    out.extend_from_slice(HEAD);
+    out.extend_from_slice(event_type.as_bytes());
+    out.extend_from_slice(MID);
+    out.extend_from_slice(object_json);
+    out.extend_from_slice(b"}\n");
+    Bytes::from(out)
+}
+
+/// The object of a `BOOKMARK` event: only kind, apiVersion and `metadata.resourceVersion`,
+/// plus the `k8s.io/initial-events-end` annotation on the bookmark that ends the initial
+/// events of a `sendInitialEvents=true` watch.
+pub fn bookmark_object_json(
+    api_version: &str,
+    kind: &str,
+    revision: Revision,
+    initial_events_end: bool,
+) -> Vec<u8> {
+    let annotations = if initial_events_end {
+        ",\"annotations\":{\"k8s.io/initial-events-end\":\"true\"}"
+    } else {
+        ""
+    };
+    // kind and apiVersion are static identifiers from `ResourceInfo`; they need no escaping.
+    format!(
+        "{{\"kind\":\"{kind}\",\"apiVersion\":\"{api_version}\",\"metadata\":{{\"resourceVersion\":\"{revision}\"{annotations}}}}}"
+    )
+    .into_bytes()
+}
+
+fn cbor_unsupported() -> ApiError {
+    ApiError::NotAcceptable("CBOR watch streams are not supported yet".into())
+}
+
+#[derive(Debug)]
+struct BookmarkEntry {
+    revision: Revision,
+    initial_events_end: bool,
+    format: FrameFormat,
+    frame: Bytes,
+}
+
+/// How many distinct bookmark frames are kept for sharing (different revisions or formats).
+const BOOKMARK_CACHE: usize = 8;
+
+/// Encodes every frame of one cache: shares event frames through the events' cells and
+/// bookmark frames through a tiny cache (thousands of watchers bookmark the same revision).
+#[derive(Debug)]
+pub(crate) struct FrameEncoder {
+    pub(crate) codec: KindCodec,
+    api_version: String,
+    pub(crate) stats: FrameStats,
+    /// Bytes of encoded frames whose events are still in the history ring.
+    pub(crate) frame_bytes: AtomicUsize,
+    bookmarks: Mutex<Vec<BookmarkEntry>>,
+}
+
+impl FrameEncoder {
+    pub(crate) fn new(codec: KindCodec) -> Self {
+        FrameEncoder {
+            api_version: codec.info.api_version(),
+            codec,
+            stats: FrameStats::default(),
+            frame_bytes: AtomicUsize::new(0),
+            bookmarks: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The frame of `event` as `ty` for one watcher: encoded on first use, shared after.
+    pub(crate) fn event_frame(
+        &self,
+        event: &WatchCacheEvent,
+        ty: EventType,
+        format: FrameFormat,
+    ) -> Result<Bytes, ApiError> {
+        let cell = event.frames.cell(ty, format);
+        let result = cell.get_or_init(|| {
+            self.stats.count(format);
+            let encoded = match ty {
+                EventType::Deleted => event
+                    .deleted_object(&self.codec)
+                    .and_then(|obj| self.object_frame(ty, &obj, format)),
+                _ => self.object_frame(ty, &event.object, format),
+            };
+            if let Ok(frame) = &encoded {
+                event.frames.charge(frame.len(), &self.frame_bytes);
+            }
+            encoded.map_err(|e| Arc::from(e.to_string()))
+        });
+        result
+            .clone()
+            .map_err(|m| ApiError::Internal(m.to_string()))
+    }
+
+    /// A frame for `obj` that is not shared (initial `ADDED` events: each watcher walks its
+    /// own snapshot). JSON is one copy of the canonical bytes; protobuf reuses the object's
+    /// cached message.
+    pub(crate) fn object_frame(
+        &self,
+        ty: EventType,
+        obj: &CachedObject,
+        format: FrameFormat,
+    ) -> Result<Bytes, ApiError> {
+        match format {
+            FrameFormat::Json => Ok(json_line(ty.as_str(), &obj.json)),
+            FrameFormat::Protobuf => {
+                let raw = obj.protobuf(&self.codec)?;
+                self.protobuf_frame(ty.as_str(), &raw)
+            }
+            FrameFormat::CborSeq => Err(cbor_unsupported()),
+        }
+    }
+
+    fn protobuf_frame(&self, event_type: &str, raw: &[u8]) -> Result<Bytes, ApiError> {
+        let envelope = encode_envelope(&self.api_version, self.codec.info.kind, raw);
+        encode_watch_event_protobuf(event_type, &envelope).map(Bytes::from)
+    }
+
+    /// A `BOOKMARK` frame at `revision`, shared by every watcher that bookmarks it.
+    pub(crate) fn bookmark(
+        &self,
+        revision: Revision,
+        initial_events_end: bool,
+        format: FrameFormat,
+    ) -> Result<Bytes, ApiError> {
+        let mut cache = self.bookmarks.lock();
+        if let Some(e) = cache.iter().find(|e| {
+            e.revision == revision
+                && e.initial_events_end == initial_events_end
+                && e.format == format
+        }) {
+            return Ok(e.frame.clone());
+        }
+        // Encoded under the lock on purpose: the first of many watchers pays, the others wait
+        // microseconds and share the result instead of encoding it again.
+        let object = bookmark_object_json(
+            &self.api_version,
+            self.codec.info.kind,
+            revision,
+            initial_events_end,
+        );
+        let frame = match format {
+            FrameFormat::Json => json_line("BOOKMARK", &object),
+            FrameFormat::Protobuf => {
+                let encode = self.codec.protobuf.ok_or_else(|| {
+                    ApiError::internal(format!("{} has no protobuf encoding", self.codec.info.kind))
+                })?;
+                self.protobuf_frame("BOOKMARK", &encode(&object)?)?
+            }
+            FrameFormat::CborSeq => return Err(cbor_unsupported()),
+        };
+        self.stats.count(format);
+        if cache.len() >= BOOKMARK_CACHE {
+            cache.remove(0);
+        }
+        cache.push(BookmarkEntry {
+            revision,
+            initial_events_end,
+            format,
+            frame: frame.clone(),
+        });
+        Ok(frame)
+    }
+
+    /// An `ERROR` frame carrying `err` as a `Status`. Never fails: a frame that cannot be
+    /// encoded in the watcher's format degrades to JSON, which always can.
+    pub(crate) fn error(&self, err: &ApiError, format: FrameFormat) -> Bytes {
+        let status = err.to_status();
+        if format == FrameFormat::Protobuf
+            && let Ok(f) = encode_watch_event_protobuf("ERROR", &encode_status_protobuf(&status))
+        {
+            return Bytes::from(f);
+        }
+        let object = serde_json::to_vec(&status).unwrap_or_else(|_| b"{}".to_vec());
+        json_line("ERROR", &object)
+    }
+}

@@ -1,0 +1,485 @@
+//! One watch (Kubernetes' `cache_watcher.go`): its filter and the selector transition rules,
+//! the initial events, the drain that turns queued positions into shared frames, bookmarks,
+//! and the slow-consumer policy (a watcher the ring has moved past ends with a 410 `ERROR`).
+//!
+//! The gateway owns a [`Watcher`] per stream and drives it: await [`Watcher::ready`] (or a
+//! bookmark or timeout timer), call [`Watcher::drain`] for a batch of frames up to a byte
+//! budget, write them in one vectored write, repeat until `finished`. The cache never
+//! blocks on a watcher and never holds frames for it.
+
+use std::future::Future;
+use std::ops::Bound;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use svc_storage::{KeyRange, Revision};
+
+use super::cache::WatchCache;
+use super::dispatch::WatcherSlot;
+use super::frames::FrameFormat;
+use super::history::{EventType, WatchCacheEvent};
+use super::object::{CachedObject, Selector};
+use super::snapshots::State;
+use crate::status::ApiError;
+
+/// Frames handed out by one drain at most, whatever the byte budget.
+const MAX_FRAMES_PER_DRAIN: usize = 4096;
+
+/// Which objects a watch is about.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WatchFilter {
+    /// The namespace, or `None` for every namespace; `Some("")` for cluster-scoped types.
+    pub namespace: Option<Box<str>>,
+    /// The name, when the field selector pins `metadata.name` (single-object watches).
+    pub name: Option<Box<str>>,
+    pub selector: Selector,
+}
+
+/// Where a watcher is filed in the dispatch index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Scope<'a> {
+    All,
+    Namespace(&'a str),
+    Name(&'a str, &'a str),
+}
+
+impl WatchFilter {
+    /// The filter of a watch on `namespace` (None or empty: all namespaces) with `selector`.
+    /// Field terms `metadata.namespace=` and `metadata.name=` narrow the index bucket, so
+    /// a single-object watch is only ever visited for events of that object.
+    pub fn new(namespace: Option<&str>, selector: Selector, namespaced: bool) -> Self {
+        let namespace = if !namespaced {
+            Some("")
+        } else {
+            namespace
+                .filter(|ns| !ns.is_empty())
+                .or_else(|| selector.fields.exact("metadata.namespace"))
+        };
+        WatchFilter {
+            namespace: namespace.map(Into::into),
+            name: selector.fields.exact("metadata.name").map(Into::into),
+            selector,
+        }
+    }
+
+    pub fn matches(&self, obj: &CachedObject) -> bool {
+        self.namespace
+            .as_deref()
+            .is_none_or(|ns| *obj.namespace == *ns)
+            && self.name.as_deref().is_none_or(|n| *obj.name == *n)
+            && self.selector.matches(obj)
+    }
+
+    /// What `event` is to this watcher: `MODIFIED` if the object matched before and after,
+    /// `ADDED` if it starts matching, `DELETED` (of the previous object) if it stops
+    /// matching or is deleted while matching, nothing if it matched at no point.
+    pub fn transition(&self, event: &WatchCacheEvent) -> Option<EventType> {
+        let before = event.prev.as_deref().is_some_and(|p| self.matches(p));
+        let after = event.event_type != EventType::Deleted && self.matches(&event.object);
+        match (before, after) {
+            (true, true) => Some(EventType::Modified),
+            (false, true) => Some(EventType::Added),
+            (true, false) => Some(EventType::Deleted),
+            (false, false) => None,
+        }
+    }
+
+    pub(crate) fn scope(&self) -> Scope<'_> {
+        match (self.namespace.as_deref(), self.name.as_deref()) {
+            (Some(ns), Some(name)) => Scope::Name(ns, name),
+            (Some(ns), None) => Scope::Namespace(ns),
+            (None, _) => Scope::All,
+        }
+    }
+}
+
+/// Where a watch starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WatchStart {
+    /// From the cache's current revision, with no initial events.
+    Now,
+    /// Synthetic `ADDED` events for the current state first (resourceVersion unset or `0`,
+    /// or `sendInitialEvents=true`), then live events; `end_bookmark` adds the bookmark
+    /// annotated `k8s.io/initial-events-end` after the initial events.
+    InitialEvents { end_bookmark: bool },
+    /// Every event after this revision: 410 if the ring no longer reaches back to it.
+    After(Revision),
+}
+
+/// A watch to register with [`WatchCache::watch`].
+#[derive(Clone, Debug)]
+pub struct WatchRequest {
+    /// None (or empty) for all namespaces.
+    pub namespace: Option<String>,
+    pub selector: Selector,
+    pub start: WatchStart,
+    /// `allowWatchBookmarks`: periodic `BOOKMARK` frames.
+    pub bookmarks: bool,
+    pub format: FrameFormat,
+}
+
+/// One batch of frames from [`Watcher::drain`], ready for one coalesced write.
+#[derive(Debug, Default)]
+pub struct Drain {
+    pub frames: Vec<Bytes>,
+    pub bytes: usize,
+    /// More frames are ready now: drain again without waiting.
+    pub more: bool,
+    /// The stream is over (after an `ERROR` frame): write the frames, then end the response.
+    pub finished: bool,
+}
+
+impl Drain {
+    fn push(&mut self, frame: Bytes) {
+        self.bytes += frame.len();
+        self.frames.push(frame);
+    }
+
+    fn full(&self, max_bytes: usize) -> bool {
+        self.bytes >= max_bytes || self.frames.len() >= MAX_FRAMES_PER_DRAIN
+    }
+}
+
+/// The initial events still to send: a private O(1) snapshot, walked in key order.
+#[derive(Debug)]
+struct InitialPhase {
+    state: State,
+    revision: Revision,
+    range: KeyRange,
+    after: Option<Bytes>,
+    end_bookmark: bool,
+}
+
+/// One registered watch, owned by the task that serves it. Dropping it unregisters it.
+#[derive(Debug)]
+pub struct Watcher {
+    cache: WatchCache,
+    slot: Arc<WatcherSlot>,
+    id: u32,
+    format: FrameFormat,
+    /// Boxed: only new `sendInitialEvents` watches have one, idle watchers stay small.
+    initial: Option<Box<InitialPhase>>,
+    bookmarks: bool,
+    /// Everything up to this revision has been delivered (the revision a bookmark may carry
+    /// and a client would resume from).
+    synced: Revision,
+    next_bookmark: Option<Instant>,
+    finished: bool,
+}
+
+impl Watcher {
+    #[allow(clippy::too_many_arguments)] // internal constructor, called from one place
+    pub(crate) fn new(
+        cache: WatchCache,
+        slot: Arc<WatcherSlot>,
+        id: u32,
+        req: &WatchRequest,
+        initial_state: Option<(State, KeyRange)>,
+        synced: Revision,
+        now: Instant,
+    ) -> Self {
+        let initial = match (req.start, initial_state) {
+            (WatchStart::InitialEvents { end_bookmark }, Some((state, range))) => {
+                Some(Box::new(InitialPhase {
+                    state,
+                    revision: synced,
+                    range,
+                    after: None,
+                    end_bookmark,
+                }))
+            }
+            _ => None,
+        };
+        let interval = cache.config().bookmark_interval;
+        Watcher {
+            cache,
+            slot,
+            id,
+            format: req.format,
+            initial,
+            bookmarks: req.bookmarks,
+            synced,
+            next_bookmark: req.bookmarks.then(|| now + interval),
+            finished: false,
+        }
+    }
+
+    pub fn format(&self) -> FrameFormat {
+        self.format
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    /// Everything up to this revision has been handed out by `drain`.
+    pub fn synced_revision(&self) -> Revision {
+        self.synced
+    }
+
+    /// When the next periodic bookmark is due (None without bookmarks): a timer for the
+    /// gateway's loop, after which `drain` adds the bookmark.
+    pub fn next_bookmark_at(&self) -> Option<Instant> {
+        self.next_bookmark.filter(|_| !self.finished)
+    }
+
+    /// Resolves once `drain` has something to return. Owns what it needs (no borrow of the
+    /// watcher), so it can sit in a `select!` next to timers.
+    pub fn ready(&self) -> Ready {
+        Ready {
+            slot: self.slot.clone(),
+            now: self.initial.is_some() || self.finished,
+        }
+    }
+
+    /// The frames ready now, up to about `max_bytes` (at least one frame if any is ready).
+    /// Adds a bookmark when one is due and the watcher is caught up. Never blocks on I/O;
+    /// takes the cache's state lock shared and this watcher's own lock, briefly.
+    pub fn drain(&mut self, max_bytes: usize, now: Instant) -> Drain {
+        let mut out = Drain::default();
+        if self.finished {
+            out.finished = true;
+            return out;
+        }
+        let max_bytes = max_bytes.max(1);
+        if self.initial.is_some() {
+            self.drain_initial(&mut out, max_bytes);
+            if self.initial.is_some() || self.finished {
+                out.more = !self.finished;
+                out.finished = self.finished;
+                return out;
+            }
+        }
+        self.drain_events(&mut out, max_bytes, now);
+        out.finished = self.finished;
+        out
+    }
+
+    fn drain_initial(&mut self, out: &mut Drain, max_bytes: usize) {
+        let Some(init) = self.initial.as_mut() else {
+            return;
+        };
+        let encoder = &self.cache.shared.encoder;
+        let lower = match &init.after {
+            Some(k) => Bound::Excluded(&k[..]),
+            None => Bound::Included(&init.range.start[..]),
+        };
+        let upper = if init.range.end.is_empty() {
+            Bound::Unbounded
+        } else {
+            Bound::Excluded(&init.range.end[..])
+        };
+        let mut last: Option<&Bytes> = None;
+        let mut exhausted = true;
+        for (key, obj) in init.state.range::<_, [u8]>((lower, upper)) {
+            if out.full(max_bytes) {
+                exhausted = false;
+                break;
+            }
+            last = Some(key);
+            if !self.slot.filter.matches(obj) {
+                continue;
+            }
+            match encoder.object_frame(EventType::Added, obj, self.format) {
+                Ok(f) => out.push(f),
+                Err(e) => {
+                    out.push(encoder.error(&e, self.format));
+                    self.finished = true;
+                    return;
+                }
+            }
+        }
+        if !exhausted {
+            init.after = last.cloned().or(init.after.take());
+            return;
+        }
+        let revision = init.revision;
+        let end_bookmark = init.end_bookmark;
+        self.initial = None;
+        self.synced = self.synced.max(revision);
+        if end_bookmark {
+            match encoder.bookmark(revision, true, self.format) {
+                Ok(f) => out.push(f),
+                Err(e) => {
+                    out.push(encoder.error(&e, self.format));
+                    self.finished = true;
+                }
+            }
+        }
+    }
+
+    fn drain_events(&mut self, out: &mut Drain, max_bytes: usize, now: Instant) {
+        let shared = self.cache.shared.clone();
+        let mut picked: Vec<(Arc<WatchCacheEvent>, EventType)> = Vec::new();
+        let mut estimate = out.bytes;
+        let mut overrun: Option<Revision> = None;
+        let caught_up_at;
+        {
+            let inner = shared.inner.read();
+            let mut st = self.slot.state.lock();
+            let room = |picked: &Vec<_>, estimate: usize| {
+                estimate < max_bytes && out.frames.len() + picked.len() < MAX_FRAMES_PER_DRAIN
+            };
+            if let Some(oldest) = st.expired {
+                overrun = Some(oldest);
+            }
+            // The catch-up interval first: its events all precede the queued ones.
+            if let (None, Some(mut iv)) = (overrun, st.catchup) {
+                while room(&picked, estimate) {
+                    match iv.next(&inner.history) {
+                        Err(o) => {
+                            overrun = Some(o.oldest_revision);
+                            break;
+                        }
+                        Ok(None) => break,
+                        Ok(Some(ev)) => {
+                            if let Some(ty) = self.slot.filter.transition(ev) {
+                                estimate += frame_estimate(ev);
+                                picked.push((ev.clone(), ty));
+                            }
+                        }
+                    }
+                }
+                st.catchup = (!iv.is_done()).then_some(iv);
+            }
+            while overrun.is_none() && st.catchup.is_none() && room(&picked, estimate) {
+                let Some(p) = st.queue.pop_front() else {
+                    break;
+                };
+                match inner.history.get(p >> 2) {
+                    Err(o) => overrun = Some(o.oldest_revision),
+                    Ok(Some(ev)) => {
+                        estimate += frame_estimate(ev);
+                        picked.push((ev.clone(), EventType::from_bits(p)));
+                    }
+                    Ok(None) => {}
+                }
+            }
+            if st.queue.is_empty() && st.queue.capacity() > 64 {
+                // A burst grew the queue; an idle watcher should not keep the capacity.
+                st.queue = Default::default();
+            }
+            if overrun.is_some() {
+                st.queue = Default::default();
+                st.catchup = None;
+            }
+            caught_up_at = (!st.has_work()).then_some(inner.revision);
+            out.more = st.has_work() && overrun.is_none();
+        }
+
+        let encoder = &shared.encoder;
+        for (ev, ty) in picked {
+            match encoder.event_frame(&ev, ty, self.format) {
+                Ok(f) => {
+                    out.push(f);
+                    self.synced = self.synced.max(ev.revision);
+                }
+                Err(e) => {
+                    out.push(encoder.error(&e, self.format));
+                    self.finish();
+                    return;
+                }
+            }
+        }
+        if let Some(oldest) = overrun {
+            let err = ApiError::Expired(format!(
+                "too old resource version: {} ({oldest})",
+                self.synced
+            ));
+            out.push(encoder.error(&err, self.format));
+            self.finish();
+            return;
+        }
+        if let Some(revision) = caught_up_at {
+            self.synced = self.synced.max(revision);
+            if self.next_bookmark.is_some_and(|t| now >= t) {
+                self.next_bookmark = Some(now + self.cache.config().bookmark_interval);
+                match encoder.bookmark(self.synced, false, self.format) {
+                    Ok(f) => out.push(f),
+                    Err(e) => {
+                        out.push(encoder.error(&e, self.format));
+                        self.finish();
+                    }
+                }
+            }
+        }
+    }
+
+    /// A bookmark at everything delivered so far, e.g. just before a timeout ends the stream.
+    /// None without bookmarks or once finished.
+    pub fn final_bookmark(&mut self) -> Option<Bytes> {
+        if !self.bookmarks || self.finished {
+            return None;
+        }
+        let shared = &self.cache.shared;
+        if self.initial.is_none() {
+            let inner = shared.inner.read();
+            if !self.slot.state.lock().has_work() {
+                self.synced = self.synced.max(inner.revision);
+            }
+        }
+        shared
+            .encoder
+            .bookmark(self.synced, false, self.format)
+            .ok()
+    }
+
+    /// Queued positions and whether the watcher is walking the ring itself (tests).
+    #[cfg(test)]
+    pub(crate) fn backlog(&self) -> (usize, bool) {
+        let st = self.slot.state.lock();
+        (st.queue.len(), st.catchup.is_some())
+    }
+
+    fn finish(&mut self) {
+        self.finished = true;
+        self.next_bookmark = None;
+        self.cache
+            .shared
+            .registry
+            .lock()
+            .remove(self.id, &self.slot);
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.cache
+            .shared
+            .registry
+            .lock()
+            .remove(self.id, &self.slot);
+    }
+}
+
+fn frame_estimate(ev: &WatchCacheEvent) -> usize {
+    ev.object.json.len() + 48
+}
+
+/// The future of [`Watcher::ready`].
+#[derive(Debug)]
+pub struct Ready {
+    slot: Arc<WatcherSlot>,
+    now: bool,
+}
+
+impl Future for Ready {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.now {
+            return Poll::Ready(());
+        }
+        let mut st = self.slot.state.lock();
+        if st.has_work() {
+            return Poll::Ready(());
+        }
+        if !st.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            st.waker = Some(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+}
