@@ -7,6 +7,7 @@ use std::time::Instant;
 use svc_storage::Store;
 use tokio::sync::{Notify, watch};
 
+use crate::caches::Caches;
 use crate::config::Options;
 use crate::health::PostStartHooks;
 use crate::metrics::Metrics;
@@ -23,10 +24,13 @@ pub struct App {
     pub stop_watches: watch::Receiver<bool>,
     /// Nudges the namespace controller when a namespace starts terminating.
     pub namespace_changed: Notify,
+    /// One watch cache per served type: every list and watch is served from these.
+    pub caches: Caches,
 }
 
 impl App {
     pub fn new(opts: Options, store: Arc<dyn Store>, stop_watches: watch::Receiver<bool>) -> Self {
+        let opts_cache = opts.watch_cache_config();
         App {
             opts,
             store,
@@ -36,6 +40,7 @@ impl App {
             shutting_down: AtomicBool::new(false),
             stop_watches,
             namespace_changed: Notify::new(),
+            caches: Caches::new(&opts_cache),
         }
     }
 }

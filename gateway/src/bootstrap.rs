@@ -22,6 +22,10 @@ pub const SYSTEM_NAMESPACES: &[&str] =
 const NAMESPACE_RESYNC: Duration = Duration::from_secs(5);
 
 pub fn start(app: &Arc<App>) {
+    let synced = app.hooks.register("start-watch-caches");
+    app.caches
+        .start(app.store.clone(), app.stop_watches.clone(), synced);
+
     let done = app.hooks.register("start-system-namespaces-controller");
     let a = app.clone();
     tokio::spawn(async move {

@@ -72,6 +72,34 @@ pub struct Options {
     #[arg(long, default_value_t = 1000)]
     pub http2_max_streams_per_connection: u32,
 
+    /// How long the watch cache keeps events: the window a watch may resume from (410 after).
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub watch_cache_history_window: Duration,
+
+    /// Upper bound on the bytes of each type's watch history.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub watch_cache_history_max_bytes: usize,
+
+    /// Upper bound on the number of events in each type's watch history.
+    #[arg(long, default_value_t = 250_000)]
+    pub watch_cache_history_max_events: usize,
+
+    /// Event references queued per watcher before it walks the history itself.
+    #[arg(long, default_value_t = 1024)]
+    pub watch_cache_watcher_queue_limit: usize,
+
+    /// How long superseded states stay listable (`resourceVersionMatch=Exact`, continue).
+    #[arg(long, default_value = "75s", value_parser = parse_duration)]
+    pub list_snapshot_window: Duration,
+
+    /// How often watches with `allowWatchBookmarks=true` get a bookmark.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub watch_bookmark_interval: Duration,
+
+    /// Lifetime of a list `continue` token; an older one gets 410.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub continue_token_ttl: Duration,
+
     /// Log level (error, warn, info, debug, trace) or a tracing filter directive.
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -104,6 +132,18 @@ impl Options {
         o.secure_port = 0;
         o.shutdown_timeout = Duration::from_secs(5);
         o
+    }
+
+    pub fn watch_cache_config(&self) -> svc_core::watch::WatchCacheConfig {
+        svc_core::watch::WatchCacheConfig {
+            history_window: self.watch_cache_history_window,
+            history_max_bytes: self.watch_cache_history_max_bytes,
+            history_max_events: self.watch_cache_history_max_events,
+            snapshot_window: self.list_snapshot_window,
+            watcher_queue_limit: self.watch_cache_watcher_queue_limit,
+            bookmark_interval: self.watch_bookmark_interval,
+            ..Default::default()
+        }
     }
 
     pub fn log_filter(&self) -> String {

@@ -10,6 +10,7 @@
 pub mod app;
 pub mod auth;
 pub mod bootstrap;
+pub mod caches;
 pub mod config;
 pub mod discovery;
 pub mod health;

@@ -387,11 +387,20 @@ async fn dispatch(
         Route::Health { endpoint, check } => {
             health::serve(app, endpoint, check.as_deref(), &query).await
         }
-        Route::Metrics => respond::bytes_response(
-            StatusCode::OK,
-            "text/plain; version=0.0.4; charset=utf-8",
-            app.metrics.encode(),
-        ),
+        Route::Metrics => {
+            let mut text = app.metrics.encode();
+            // The registry ends with `# EOF` in OpenMetrics style; cache metrics go before it.
+            if let Some(stripped) = text.strip_suffix("# EOF\n") {
+                text = stripped.to_string();
+            }
+            text.push_str(&app.caches.encode_metrics());
+            text.push_str("# EOF\n");
+            respond::bytes_response(
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                text,
+            )
+        }
         Route::NotFound => not_found(req.uri().path()),
         Route::OpenApiV3Index => openapi::serve_index(),
         Route::OpenApiV3 { group, version } => openapi::serve_group_version(&group, &version),

@@ -184,7 +184,10 @@ impl Watcher {
             .collect();
         self.seen = last.revision();
         if events.is_empty() {
-            Step::Continue
+            // Nothing in range, but the watcher is now current up to this batch: say so at
+            // once, so a cache waiting for a revision written elsewhere need not wait for
+            // the idle timer.
+            Step::Item(Ok(FeedItem::Progress(self.seen)))
         } else {
             Step::Item(Ok(FeedItem::Events(events)))
         }
