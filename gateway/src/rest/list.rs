@@ -2,19 +2,21 @@
 //! selectors, and continue tokens that pin every page to one revision.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use bytes::Bytes;
 use http::{Response, StatusCode};
 use serde::{Deserialize, Serialize};
-use svc_core::object::{self, parse_resource_version};
+use svc_core::object::parse_resource_version;
 use svc_core::resource::field_value;
 use svc_core::selector::{FieldSelector, LabelSelector};
+use svc_core::watch::{CachedObject, ListRequest, Selector, WatchCache, frames};
 use svc_core::{ApiError, ListMeta, Resource};
 use svc_storage::{KeyRange, StoreError};
 
-use super::{Call, Kind, wait_for_revision};
+use super::{Call, Kind};
 use crate::app::App;
 use crate::negotiate::Format;
 use crate::query::{ListOptions, RvMatch};
@@ -98,22 +100,32 @@ pub fn validate(opts: &ListOptions) -> Result<(), ApiError> {
 struct ContinueToken {
     v: String,
     rv: i64,
-    /// The first key of the next page, relative to the collection's key prefix.
+    /// The last key returned so far, relative to the collection's key prefix.
     start: String,
+    /// When the first page was served (Unix seconds), for the token's lifetime.
+    t: i64,
 }
 
 const TOKEN_VERSION: &str = "meta.svc.io/v1";
 
-fn encode_token(rv: i64, start: &[u8]) -> String {
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or_default()
+}
+
+fn encode_token(rv: i64, last_key: &[u8], issued: i64) -> String {
     let t = ContinueToken {
         v: TOKEN_VERSION.into(),
         rv,
-        start: String::from_utf8_lossy(start).into_owned(),
+        start: String::from_utf8_lossy(last_key).into_owned(),
+        t: issued,
     };
     URL_SAFE_NO_PAD.encode(serde_json::to_vec(&t).unwrap_or_default())
 }
 
-fn decode_token(token: &str) -> Result<ContinueToken, ApiError> {
+fn decode_token(token: &str, ttl: Duration) -> Result<ContinueToken, ApiError> {
     let invalid =
         || ApiError::bad_request("continue key is not valid: the token could not be decoded");
     let raw = URL_SAFE_NO_PAD
@@ -123,6 +135,9 @@ fn decode_token(token: &str) -> Result<ContinueToken, ApiError> {
     // A token may only move forward inside its own collection.
     if t.v != TOKEN_VERSION || t.rv <= 0 || t.start.starts_with('/') || t.start.contains("..") {
         return Err(invalid());
+    }
+    if unix_now().saturating_sub(t.t) > ttl.as_secs() as i64 {
+        return Err(expired_continue());
     }
     Ok(t)
 }
@@ -138,15 +153,6 @@ fn expired_continue() -> ApiError {
     )
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct List<T> {
-    kind: &'static str,
-    api_version: String,
-    metadata: ListMeta,
-    items: Vec<T>,
-}
-
 pub async fn list_or_watch<T: Kind>(
     app: &Arc<App>,
     call: Call,
@@ -157,55 +163,188 @@ pub async fn list_or_watch<T: Kind>(
     if opts.watch {
         return crate::watch::watch::<T>(app, call, opts, selectors).await;
     }
-    list::<T>(app, &call, &opts, &selectors).await
+    list::<T>(app, &call, &opts, selectors).await
+}
+
+/// How long a read waits for the watch cache to reach the revision it needs before 504.
+pub const FRESHNESS_WAIT: Duration = Duration::from_secs(3);
+
+/// Waits until `cache` has applied `revision`: 504 `Too large resource version` after
+/// `FRESHNESS_WAIT` (the revision may not exist yet, or the store is slow).
+pub async fn wait_for_cache(cache: &WatchCache, revision: i64) -> Result<(), ApiError> {
+    match tokio::time::timeout(FRESHNESS_WAIT, cache.wait_for_revision(revision)).await {
+        Ok(r) => r,
+        Err(_) => Err(ApiError::too_large_resource_version(
+            revision,
+            cache.revision(),
+        )),
+    }
+}
+
+/// "Most Recent": the cache is brought up to the store's current revision first, so the
+/// answer is as fresh as a quorum read would be.
+pub async fn wait_for_consistent(app: &App, cache: &WatchCache) -> Result<(), ApiError> {
+    let current = app
+        .store
+        .current_revision()
+        .await
+        .map_err(respond::store_error)?;
+    wait_for_cache(cache, current).await
+}
+
+/// One page of a list, as read: from the cache, or from the store as a fallback.
+struct Page {
+    items: Vec<Arc<CachedObject>>,
+    revision: i64,
+    continue_after: Option<Bytes>,
+    remaining: Option<usize>,
 }
 
 async fn list<T: Kind>(
     app: &Arc<App>,
     call: &Call,
     opts: &ListOptions,
-    sel: &Selectors,
+    sel: Selectors,
 ) -> Result<Response<Body>, ApiError> {
+    let cache = app.caches.get(T::INFO);
     let prefix = T::INFO.prefix(Some(&call.route.namespace));
-    let full = KeyRange::prefix(prefix.clone());
     let limit = opts.limit.map(|l| l as usize);
+    let selector = Selector::new(sel.labels, sel.fields);
 
-    // Which revision to read at, and where to start.
-    let (at, start, continuation) = if let Some(token) = &opts.continue_token {
-        let t = decode_token(token)?;
+    // Which revision to read at (None: the cache's current state), and where to start.
+    let mut issued = unix_now();
+    let (at, start_after) = if let Some(token) = &opts.continue_token {
+        let t = decode_token(token, app.opts.continue_token_ttl)?;
+        issued = t.t;
         let mut start = prefix.clone();
         start.extend_from_slice(t.start.as_bytes());
-        (Some(t.rv), start, true)
+        (Some(t.rv), Some(start))
     } else {
-        let at = match opts.resource_version.as_deref() {
-            None | Some("0") => None,
+        match opts.resource_version.as_deref() {
+            None => {
+                wait_for_consistent(app, cache).await?;
+                (None, None)
+            }
+            Some("0") => (None, None),
             Some(rv) => {
                 let rv = parse_resource_version(rv)?;
                 let exact = opts.resource_version_match == Some(RvMatch::Exact)
                     || (opts.resource_version_match.is_none() && limit.is_some());
-                wait_for_revision(app, rv).await?;
-                if exact { Some(rv) } else { None }
+                wait_for_cache(cache, rv).await?;
+                (exact.then_some(rv), None)
             }
-        };
-        (at, prefix.clone(), false)
+        }
     };
 
-    let mut items = Vec::new();
+    let namespace = (!call.route.namespace.is_empty()).then_some(call.route.namespace.as_str());
+    let req = ListRequest {
+        namespace,
+        at,
+        start_after: start_after.as_deref(),
+        limit,
+        selector: &selector,
+    };
+    let page = match cache.list(&req) {
+        Ok(r) => Page {
+            items: r.items,
+            revision: r.revision,
+            continue_after: r.continue_after,
+            remaining: r.remaining,
+        },
+        // Older than the cache's snapshots: the store may still have that revision.
+        Err(ApiError::Expired(_)) if at.is_some() => list_from_store(
+            app,
+            cache,
+            &prefix,
+            at.unwrap_or_default(),
+            start_after,
+            limit,
+            &selector,
+        )
+        .await
+        .map_err(|e| match e {
+            ApiError::Expired(_) if opts.continue_token.is_some() => expired_continue(),
+            other => other,
+        })?,
+        Err(e) => return Err(e),
+    };
+
+    let mut meta = ListMeta {
+        resource_version: page.revision.to_string(),
+        ..Default::default()
+    };
+    if let Some(last) = &page.continue_after {
+        meta.continue_ = encode_token(page.revision, &last[prefix.len().min(last.len())..], issued);
+        if selector.is_empty() {
+            meta.remaining_item_count = page.remaining.map(|r| r as i64);
+        }
+    }
+    let api_version = T::INFO.api_version();
+    match call.format {
+        Format::Protobuf(ct) => {
+            let raws: Result<Vec<Bytes>, ApiError> = page
+                .items
+                .iter()
+                .map(|o| cache.object_protobuf(o))
+                .collect();
+            let body = svc_core::codec::encode_list_protobuf_raw(
+                &api_version,
+                T::INFO.list_kind,
+                &meta,
+                raws?,
+            );
+            Ok(respond::bytes_response(StatusCode::OK, ct, body))
+        }
+        Format::Json if call.query.pretty() => {
+            let body = frames::list_json(&api_version, T::INFO.list_kind, &meta, &page.items)?;
+            let v: serde_json::Value = serde_json::from_slice(&body).map_err(ApiError::internal)?;
+            Ok(respond::json(StatusCode::OK, &v, true))
+        }
+        Format::Json => {
+            let mut body = frames::list_json(&api_version, T::INFO.list_kind, &meta, &page.items)?;
+            body.push(b'\n');
+            Ok(respond::bytes_response(
+                StatusCode::OK,
+                "application/json",
+                body,
+            ))
+        }
+    }
+}
+
+/// A list at an exact revision the cache no longer holds, read from the store's history
+/// (410 once the store has compacted it too).
+async fn list_from_store(
+    app: &App,
+    cache: &WatchCache,
+    prefix: &[u8],
+    revision: i64,
+    start_after: Option<Vec<u8>>,
+    limit: Option<usize>,
+    selector: &Selector,
+) -> Result<Page, ApiError> {
+    let ingest = cache.codec().ingest;
+    let end = KeyRange::prefix(prefix.to_vec()).end;
+    let start = match start_after {
+        Some(mut k) => {
+            k.push(0);
+            k
+        }
+        None => prefix.to_vec(),
+    };
     let mut range = KeyRange {
         start: Bytes::from(start),
-        end: full.end.clone(),
+        end: end.clone(),
     };
-    let mut revision = at;
-    let mut next_start: Option<Vec<u8>> = None;
-    // Fetch pages of the store until the limit is filled with matching items.
-    let page = limit.map(|l| l.max(64)).unwrap_or(0);
+    let mut items = Vec::new();
+    let mut continue_after = None;
+    let page_size = limit.map(|l| l.max(64)).unwrap_or(0);
     'pages: loop {
         let res = app
             .store
-            .range(range.clone(), revision, page)
+            .range(range.clone(), Some(revision), page_size)
             .await
             .map_err(|e| match e {
-                StoreError::Compacted { .. } if continuation => expired_continue(),
                 StoreError::Compacted {
                     requested,
                     compacted,
@@ -214,18 +353,14 @@ async fn list<T: Kind>(
                 )),
                 other => respond::store_error(other),
             })?;
-        revision = Some(res.revision);
         for (i, kv) in res.kvs.iter().enumerate() {
-            let obj: T = object::decode_from_store(kv)?;
-            if sel.matches(&obj) {
+            let obj = Arc::new(ingest(kv)?);
+            if selector.matches(&obj) {
                 items.push(obj);
             }
             if limit.is_some_and(|l| items.len() >= l) {
-                let remaining_here = i + 1 < res.kvs.len();
-                if remaining_here || res.more {
-                    let mut k = kv.key.to_vec();
-                    k.push(0);
-                    next_start = Some(k);
+                if i + 1 < res.kvs.len() || res.more {
+                    continue_after = Some(kv.key.clone());
                 }
                 break 'pages;
             }
@@ -239,39 +374,29 @@ async fn list<T: Kind>(
             _ => break,
         }
     }
-    let revision = revision.unwrap_or_default();
-    let mut meta = ListMeta {
-        resource_version: revision.to_string(),
-        ..Default::default()
-    };
-    if let Some(next) = next_start {
-        meta.continue_ = encode_token(revision, &next[prefix.len()..]);
-        if sel.is_empty() {
+    let remaining = match &continue_after {
+        Some(last) if selector.is_empty() => {
+            let mut k = last.to_vec();
+            k.push(0);
             let rest = KeyRange {
-                start: Bytes::from(next),
-                end: full.end.clone(),
+                start: Bytes::from(k),
+                end,
             };
-            let remaining = app
+            let r = app
                 .store
                 .range(rest, Some(revision), 0)
                 .await
                 .map_err(respond::store_error)?;
-            meta.remaining_item_count = Some(remaining.kvs.len() as i64);
+            Some(r.kvs.len())
         }
-    }
-    if let Format::Protobuf(ct) = call.format {
-        let api_version = T::INFO.api_version();
-        let body =
-            svc_core::codec::encode_list_protobuf(&api_version, T::INFO.list_kind, &meta, &items);
-        return Ok(respond::bytes_response(StatusCode::OK, ct, body));
-    }
-    let list = List {
-        kind: T::INFO.list_kind,
-        api_version: T::INFO.api_version(),
-        metadata: meta,
-        items,
+        _ => None,
     };
-    Ok(respond::json(StatusCode::OK, &list, call.query.pretty()))
+    Ok(Page {
+        items,
+        revision,
+        continue_after,
+        remaining,
+    })
 }
 
 #[cfg(test)]
@@ -312,12 +437,15 @@ mod tests {
 
     #[test]
     fn tokens_round_trip_and_reject_tampering() {
-        let t = encode_token(42, b"ns/name\0");
-        let d = decode_token(&t).unwrap();
-        assert_eq!((d.rv, d.start.as_str()), (42, "ns/name\0"));
-        assert!(decode_token("not-a-token").is_err());
+        let ttl = Duration::from_secs(300);
+        let t = encode_token(42, b"ns/name", unix_now());
+        let d = decode_token(&t, ttl).unwrap();
+        assert_eq!((d.rv, d.start.as_str()), (42, "ns/name"));
+        assert!(decode_token("not-a-token", ttl).is_err());
+        let old = encode_token(42, b"ns/name", unix_now() - 301);
+        assert_eq!(decode_token(&old, ttl).unwrap_err().code(), 410);
         let escape =
-            URL_SAFE_NO_PAD.encode(br#"{"v":"meta.svc.io/v1","rv":3,"start":"/registry/x"}"#);
-        assert!(decode_token(&escape).is_err());
+            URL_SAFE_NO_PAD.encode(br#"{"v":"meta.svc.io/v1","rv":3,"start":"/registry/x","t":0}"#);
+        assert!(decode_token(&escape, ttl).is_err());
     }
 }
