@@ -1,112 +1,129 @@
-//! Watch streams in JSON (`{"type","object"}` lines): the initial synthetic `ADDED` events,
-//! then the store's change feed filtered by namespace and selectors, with bookmarks,
-//! `410 Expired` errors for history that is gone, and timeouts.
+//! Watch streams served from the watch cache. The response body drives one cache `Watcher`
+//! inside the connection's own task (no task or channel per watch): it waits until the
+//! watcher is ready, drains a batch of shared pre-encoded frames and writes them as one
+//! chunk, adds bookmarks when due, and ends at `timeoutSeconds`, at shutdown, or after an
+//! `ERROR` frame (410 when the client fell off the history ring).
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use futures::StreamExt;
+use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, Response, StatusCode, header};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use rand::Rng;
-use serde::Serialize;
 use svc_core::ApiError;
-use svc_core::codec;
-use svc_core::object::{self, parse_resource_version};
-use svc_storage::{Event, EventKind, FeedItem, KeyRange, KeyValue, StoreError};
-use tokio::sync::mpsc;
+use svc_core::object::parse_resource_version;
+use svc_core::watch::{FrameFormat, Selector, WatchRequest, WatchStart, Watcher, frames};
+use tokio::sync::watch;
 
 use crate::app::App;
 use crate::negotiate::Format;
 use crate::query::ListOptions;
-use crate::respond::{self, Body};
+use crate::respond::Body;
 use crate::rest::Call;
 use crate::rest::Kind;
-use crate::rest::list::Selectors;
+use crate::rest::list::{Selectors, wait_for_cache, wait_for_consistent};
 
-/// Frames buffered per watch before the sender waits for the client.
-const WATCH_BUFFER: usize = 256;
-/// Bookmarks are sent at most this often (and once more just before a timeout ends a watch).
-const BOOKMARK_INTERVAL: Duration = Duration::from_secs(30);
+/// Bytes of frames coalesced into one write (one chunk) per wake-up.
+const MAX_BATCH_BYTES: usize = 64 * 1024;
 
-#[derive(Serialize)]
-struct WatchEvent<'a, T: Serialize> {
-    #[serde(rename = "type")]
-    kind: &'a str,
-    object: T,
+/// The state of one watch response body.
+struct WatchBody {
+    watcher: Option<Watcher>,
+    /// Frames to send before anything else (an `ERROR` for a watch that could not start).
+    first: Option<Bytes>,
+    deadline: tokio::time::Instant,
+    stop: watch::Receiver<bool>,
+    done: bool,
+    open: Gauge<i64, std::sync::atomic::AtomicI64>,
+    sent: Counter,
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct BookmarkObject<'a> {
-    kind: &'a str,
-    api_version: String,
-    metadata: BookmarkMeta,
+impl Drop for WatchBody {
+    fn drop(&mut self) {
+        self.open.dec();
+    }
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct BookmarkMeta {
-    resource_version: String,
+fn coalesce(frames: Vec<Bytes>, bytes: usize) -> Bytes {
+    if frames.len() == 1 {
+        // One frame: hand out the shared bytes themselves, no copy.
+        return frames.into_iter().next().unwrap_or_default();
+    }
+    let mut buf = BytesMut::with_capacity(bytes);
+    for f in &frames {
+        buf.extend_from_slice(f);
+    }
+    buf.freeze()
 }
 
-fn json_frame<T: Serialize>(kind: &str, object: T) -> Result<Bytes, ApiError> {
-    let mut v = serde_json::to_vec(&WatchEvent { kind, object }).map_err(ApiError::internal)?;
-    v.push(b'\n');
-    Ok(Bytes::from(v))
-}
-
-/// One event in the stream's format: a JSON line, or a length-prefixed protobuf WatchEvent
-/// whose object is the enveloped object, as Kubernetes frames them.
-fn frame<T: Kind>(format: Format, kind: &str, obj: &T) -> Result<Bytes, ApiError> {
-    match format {
-        Format::Json => json_frame(kind, obj),
-        Format::Protobuf(_) => {
-            let envelope = codec::encode_protobuf(obj);
-            Ok(Bytes::from(codec::encode_watch_event_protobuf(
-                kind, &envelope,
-            )?))
+impl WatchBody {
+    /// The next chunk to write, or None when the stream is over.
+    async fn next_chunk(&mut self) -> Option<Bytes> {
+        if let Some(f) = self.first.take() {
+            self.done = self.watcher.is_none();
+            self.sent.inc();
+            return Some(f);
+        }
+        if self.done {
+            return None;
+        }
+        let watcher = self.watcher.as_mut()?;
+        loop {
+            let d = watcher.drain(MAX_BATCH_BYTES, Instant::now());
+            if d.finished {
+                self.done = true;
+            }
+            if !d.frames.is_empty() {
+                self.sent.inc_by(d.frames.len() as u64);
+                return Some(coalesce(d.frames, d.bytes));
+            }
+            if self.done {
+                return None;
+            }
+            if d.more {
+                continue;
+            }
+            let ready = watcher.ready();
+            let bookmark_at = watcher
+                .next_bookmark_at()
+                .map(tokio::time::Instant::from_std);
+            tokio::select! {
+                _ = ready => {}
+                _ = tokio::time::sleep_until(bookmark_at.unwrap_or(self.deadline)), if bookmark_at.is_some() => {}
+                _ = tokio::time::sleep_until(self.deadline) => {
+                    // A last bookmark tells the client how far it got, so it can resume.
+                    self.done = true;
+                    return watcher.final_bookmark();
+                }
+                _ = crate::app::until_set(&mut self.stop) => {
+                    self.done = true;
+                    return None;
+                }
+            }
         }
     }
 }
 
-fn bookmark<T: Kind>(format: Format, revision: i64) -> Result<Bytes, ApiError> {
-    match format {
-        Format::Json => json_frame(
-            "BOOKMARK",
-            BookmarkObject {
-                kind: T::INFO.kind,
-                api_version: T::INFO.api_version(),
-                metadata: BookmarkMeta {
-                    resource_version: revision.to_string(),
-                },
-            },
-        ),
-        Format::Protobuf(_) => {
-            // An object of the watched kind carrying only metadata.resourceVersion.
-            let mut obj: T = serde_json::from_value(serde_json::json!({
-                "metadata": {"resourceVersion": revision.to_string()}
-            }))
-            .map_err(ApiError::internal)?;
-            obj.set_type_meta();
-            frame(format, "BOOKMARK", &obj)
-        }
-    }
-}
-
+/// The `ERROR` frame for a watch that cannot start (e.g. 410: its version is too old),
+/// sent in the stream as Kubernetes does, so clients relist.
 fn error_frame(format: Format, err: &ApiError) -> Bytes {
     let status = err.to_status();
-    let encoded = match format {
-        Format::Json => json_frame("ERROR", status),
+    match format {
+        Format::Json => match serde_json::to_vec(&status) {
+            Ok(json) => frames::json_line("ERROR", &json),
+            Err(_) => Bytes::new(),
+        },
         Format::Protobuf(_) => {
-            let envelope = codec::encode_status_protobuf(&status);
-            codec::encode_watch_event_protobuf("ERROR", &envelope).map(Bytes::from)
+            let envelope = svc_core::codec::encode_status_protobuf(&status);
+            svc_core::codec::encode_watch_event_protobuf("ERROR", &envelope)
+                .map(Bytes::from)
+                .unwrap_or_default()
         }
-    };
-    encoded.unwrap_or_default()
+    }
 }
 
 pub async fn watch<T: Kind>(
@@ -115,30 +132,60 @@ pub async fn watch<T: Kind>(
     opts: ListOptions,
     sel: Selectors,
 ) -> Result<Response<Body>, ApiError> {
-    let range = KeyRange::prefix(T::INFO.prefix(Some(&call.route.namespace)));
-    let send_initial = match (opts.resource_version.as_deref(), opts.send_initial_events) {
+    let cache = app.caches.get(T::INFO);
+    let rv = opts.resource_version.as_deref();
+    let initial = match (rv, opts.send_initial_events) {
         (_, Some(v)) => v,
         (None | Some("0"), None) => true,
         (Some(_), None) => false,
     };
-    // Where the feed starts, and the state to send first as synthetic ADDED events.
-    let (initial, after) = if send_initial {
-        let min = match opts.resource_version.as_deref() {
-            None | Some("0") => None,
-            Some(rv) => Some(parse_resource_version(rv)?),
-        };
-        if let Some(min) = min {
-            crate::rest::wait_for_revision(app, min).await?;
+    // Where the stream starts; "unset" reads are consistent: the cache first catches up with
+    // the store's current revision.
+    let start = match rv {
+        None => {
+            wait_for_consistent(app, cache).await?;
+            if initial {
+                WatchStart::InitialEvents {
+                    end_bookmark: opts.allow_watch_bookmarks
+                        && opts.send_initial_events == Some(true),
+                }
+            } else {
+                WatchStart::Now
+            }
         }
-        let res = app
-            .store
-            .range(range.clone(), None, 0)
-            .await
-            .map_err(respond::store_error)?;
-        (res.kvs, res.revision)
-    } else {
-        let rv = parse_resource_version(opts.resource_version.as_deref().unwrap_or("0"))?;
-        (Vec::new(), rv)
+        Some("0") if initial => WatchStart::InitialEvents {
+            end_bookmark: opts.allow_watch_bookmarks && opts.send_initial_events == Some(true),
+        },
+        Some("0") => WatchStart::Now,
+        Some(v) => {
+            let v = parse_resource_version(v)?;
+            wait_for_cache(cache, v).await?;
+            if initial {
+                WatchStart::InitialEvents {
+                    end_bookmark: opts.allow_watch_bookmarks,
+                }
+            } else {
+                WatchStart::After(v)
+            }
+        }
+    };
+    let format = call.format;
+    let req = WatchRequest {
+        namespace: (!call.route.namespace.is_empty()).then(|| call.route.namespace.clone()),
+        selector: Selector::new(sel.labels, sel.fields),
+        start,
+        bookmarks: opts.allow_watch_bookmarks,
+        format: match format {
+            Format::Json => FrameFormat::Json,
+            Format::Protobuf(_) => FrameFormat::Protobuf,
+        },
+    };
+    let (watcher, first) = match cache.watch(req, Instant::now()) {
+        Ok(w) => (Some(w), None),
+        Err(e @ (ApiError::Expired(_) | ApiError::Gone(_))) => {
+            (None, Some(error_frame(format, &e)))
+        }
+        Err(e) => return Err(e),
     };
 
     let timeout = match opts.timeout_seconds {
@@ -148,31 +195,22 @@ pub async fn watch<T: Kind>(
             min + min.mul_f64(rand::rng().random::<f64>())
         }
     };
-    let (tx, rx) = mpsc::channel::<Bytes>(WATCH_BUFFER);
-    let app2 = app.clone();
-    let bookmarks = opts.allow_watch_bookmarks;
-    let format = call.format;
-    tokio::spawn(async move {
-        let gauge = app2.metrics.watch_gauge(T::INFO.plural);
-        gauge.inc();
-        let stream = Stream::<T> {
-            app: app2.clone(),
-            format,
-            tx,
-            sel,
-            bookmarks,
-            revision: after,
-            _kind: std::marker::PhantomData,
-        };
-        stream
-            .run(initial, after, range, timeout, send_initial)
-            .await;
-        gauge.dec();
+    let open = app.metrics.watch_gauge(T::INFO.plural);
+    open.inc();
+    let state = WatchBody {
+        watcher,
+        first,
+        deadline: tokio::time::Instant::now() + timeout,
+        stop: app.stop_watches.clone(),
+        done: false,
+        open,
+        sent: app.metrics.watch_event_counter(T::INFO.plural),
+    };
+    let stream = futures::stream::unfold(state, |mut st| async move {
+        let chunk = st.next_chunk().await?;
+        Some((Ok::<_, std::io::Error>(Frame::data(chunk)), st))
     });
-
-    let body = StreamBody::new(tokio_stream_from(rx).map(|b| Ok::<_, Infallible>(Frame::data(b))))
-        .map_err(|e: Infallible| match e {});
-    let mut resp = Response::new(BodyExt::boxed(body));
+    let mut resp = Response::new(BodyExt::boxed(StreamBody::new(stream)));
     *resp.status_mut() = StatusCode::OK;
     let content_type = match format {
         Format::Json => HeaderValue::from_static("application/json"),
@@ -188,155 +226,4 @@ pub async fn watch<T: Kind>(
         HeaderValue::from_static("no-cache, private"),
     );
     Ok(resp)
-}
-
-fn tokio_stream_from(mut rx: mpsc::Receiver<Bytes>) -> impl futures::Stream<Item = Bytes> {
-    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
-}
-
-struct Stream<T: Kind> {
-    app: Arc<App>,
-    format: Format,
-    tx: mpsc::Sender<Bytes>,
-    sel: Selectors,
-    bookmarks: bool,
-    revision: i64,
-    _kind: std::marker::PhantomData<T>,
-}
-
-impl<T: Kind> Stream<T> {
-    /// Sends one frame; false when the client has gone.
-    async fn send(&self, b: Bytes) -> bool {
-        let ok = self.tx.send(b).await.is_ok();
-        if ok {
-            self.app.metrics.watch_event_counter(T::INFO.plural).inc();
-        }
-        ok
-    }
-
-    async fn run(
-        mut self,
-        initial: Vec<KeyValue>,
-        after: i64,
-        range: KeyRange,
-        timeout: Duration,
-        sent_initial: bool,
-    ) {
-        for kv in &initial {
-            match object::decode_from_store::<T>(kv) {
-                Ok(obj) if self.sel.matches(&obj) => {
-                    let Ok(f) = frame(self.format, "ADDED", &obj) else {
-                        continue;
-                    };
-                    if !self.send(f).await {
-                        return;
-                    }
-                }
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "skipping undecodable object in watch"),
-            }
-        }
-        if sent_initial && self.bookmarks {
-            // sendInitialEvents: the bookmark says the initial state is complete.
-            if let Ok(b) = bookmark::<T>(self.format, after)
-                && !self.send(b).await
-            {
-                return;
-            }
-        }
-        let mut feed = self.app.store.watch(range, after);
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut stop = self.app.stop_watches.clone();
-        let mut last_bookmark = Instant::now();
-        loop {
-            let item = tokio::select! {
-                item = feed.next() => item,
-                _ = tokio::time::sleep_until(deadline) => {
-                    if self.bookmarks
-                        && let Ok(b) = bookmark::<T>(self.format, self.revision) {
-                            let _ = self.send(b).await;
-                        }
-                    return;
-                }
-                _ = crate::app::until_set(&mut stop) => return,
-                _ = self.tx.closed() => return,
-            };
-            match item {
-                None => return,
-                Some(Err(StoreError::Compacted {
-                    requested,
-                    compacted,
-                })) => {
-                    let err = ApiError::Expired(format!(
-                        "too old resource version: {requested} ({compacted})"
-                    ));
-                    let _ = self.send(error_frame(self.format, &err)).await;
-                    return;
-                }
-                Some(Err(e)) => {
-                    let _ = self
-                        .send(error_frame(self.format, &respond::store_error(e)))
-                        .await;
-                    return;
-                }
-                Some(Ok(FeedItem::Progress(rev))) => {
-                    self.revision = self.revision.max(rev);
-                    if self.bookmarks && last_bookmark.elapsed() >= BOOKMARK_INTERVAL {
-                        last_bookmark = Instant::now();
-                        let Ok(b) = bookmark::<T>(self.format, self.revision) else {
-                            continue;
-                        };
-                        if !self.send(b).await {
-                            return;
-                        }
-                    }
-                }
-                Some(Ok(FeedItem::Events(events))) => {
-                    for ev in &events {
-                        self.revision = ev.revision();
-                        if let Some(f) = self.event_frame(ev)
-                            && !self.send(f).await
-                        {
-                            return;
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// The frame one store event becomes for this watcher, if any: selector transitions turn
-    /// into ADDED (starts matching) and DELETED (stops matching).
-    fn event_frame(&self, ev: &Event) -> Option<Bytes> {
-        let rev = ev.revision();
-        let decode = |kv: &KeyValue| -> Option<T> {
-            match object::decode_from_store::<T>(kv) {
-                Ok(mut o) => {
-                    o.meta_mut().resource_version = rev.to_string();
-                    Some(o)
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "skipping undecodable object in watch");
-                    None
-                }
-            }
-        };
-        let prev = ev.prev_kv.as_ref().and_then(decode);
-        let prev_matches = prev.as_ref().is_some_and(|p| self.sel.matches(p));
-        match ev.kind {
-            EventKind::Delete => prev
-                .filter(|_| prev_matches)
-                .and_then(|p| frame(self.format, "DELETED", &p).ok()),
-            EventKind::Put => {
-                let cur = decode(&ev.kv)?;
-                let cur_matches = self.sel.matches(&cur);
-                match (prev.is_some() && prev_matches, cur_matches) {
-                    (true, true) => frame(self.format, "MODIFIED", &cur).ok(),
-                    (false, true) => frame(self.format, "ADDED", &cur).ok(),
-                    (true, false) => prev.and_then(|p| frame(self.format, "DELETED", &p).ok()),
-                    (false, false) => None,
-                }
-            }
-        }
-    }
 }
