@@ -97,6 +97,8 @@ pub struct WatchCacheStats {
     /// Bytes charged to the ring: events plus the frames encoded for them.
     pub history_bytes: usize,
     pub snapshots: usize,
+    /// Bytes of old objects kept alive only by snapshots (an estimate).
+    pub snapshot_bytes: usize,
     pub watchers: usize,
     /// Watchers examined by dispatch, in total.
     pub dispatch_visits: u64,
@@ -330,7 +332,7 @@ impl WatchCache {
         let event = Arc::new(WatchCacheEvent::new(
             event_type, object, prev, rev, seq, now,
         ));
-        inner.snapshots.note_event(rev);
+        inner.snapshots.note_event(rev, event.prev.as_deref());
         reg.dispatch(
             &event,
             inner.history.first_seq(),
@@ -466,6 +468,7 @@ impl WatchCache {
             history_bytes: inner.history.base_bytes()
                 + shared.encoder.frame_bytes.load(Ordering::Acquire),
             snapshots: inner.snapshots.len(),
+            snapshot_bytes: inner.snapshots.pinned_bytes(),
             watchers: reg.len(),
             dispatch_visits: reg.visits,
             encoded_json: shared.encoder.stats.encoded(FrameFormat::Json),

@@ -21,6 +21,9 @@ pub struct WatchCacheConfig {
     pub snapshot_min_interval: Duration,
     /// Upper bound on retained snapshots, whatever their age.
     pub max_snapshots: usize,
+    /// Upper bound on the bytes of old objects that only snapshots keep alive; past it the
+    /// oldest snapshots go early (continue tokens into them then get 410).
+    pub snapshot_max_bytes: usize,
     /// Event references queued per watcher before it falls back to walking the ring itself
     /// (it is not ended then: only falling off the ring ends a watch).
     pub watcher_queue_limit: usize,
@@ -39,6 +42,7 @@ impl Default for WatchCacheConfig {
             snapshot_window: Duration::from_secs(75),
             snapshot_min_interval: Duration::from_millis(50),
             max_snapshots: 2048,
+            snapshot_max_bytes: 128 << 20,
             watcher_queue_limit: 1024,
             bookmark_interval: Duration::from_secs(60),
             max_watchers: 200_000,
@@ -53,6 +57,7 @@ impl WatchCacheConfig {
         self.history_max_events = self.history_max_events.max(1);
         self.history_max_bytes = self.history_max_bytes.max(1);
         self.max_snapshots = self.max_snapshots.max(1);
+        self.snapshot_max_bytes = self.snapshot_max_bytes.max(1);
         self.watcher_queue_limit = self.watcher_queue_limit.max(1);
         self.max_watchers = self.max_watchers.max(1);
         self

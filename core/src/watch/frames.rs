@@ -17,6 +17,7 @@ use svc_storage::Revision;
 use super::history::{EventType, WatchCacheEvent};
 use super::object::{CachedObject, KindCodec};
 use crate::codec::{encode_envelope, encode_status_protobuf, encode_watch_event_protobuf};
+use crate::meta::ListMeta;
 use crate::status::ApiError;
 
 /// The media type of a watch stream.
@@ -114,6 +115,35 @@ pub fn json_line(event_type: &str, object_json: &[u8]) -> Bytes {
     out.extend_from_slice(object_json);
     out.extend_from_slice(b"}\n");
     Bytes::from(out)
+}
+
+/// A list response body (`{"kind":"XList","apiVersion":..,"metadata":..,"items":[..]}`)
+/// built from the items' canonical JSON without re-serializing any of them.
+pub fn list_json(
+    api_version: &str,
+    list_kind: &str,
+    meta: &ListMeta,
+    items: &[Arc<CachedObject>],
+) -> Result<Vec<u8>, ApiError> {
+    let meta = serde_json::to_vec(meta).map_err(ApiError::internal)?;
+    let body: usize = items.iter().map(|o| o.json.len() + 1).sum();
+    let mut out = Vec::with_capacity(64 + api_version.len() + list_kind.len() + meta.len() + body);
+    // Both names are static identifiers from `ResourceInfo`; they need no escaping.
+    out.extend_from_slice(b"{\"kind\":\"");
+    out.extend_from_slice(list_kind.as_bytes());
+    out.extend_from_slice(b"\",\"apiVersion\":\"");
+    out.extend_from_slice(api_version.as_bytes());
+    out.extend_from_slice(b"\",\"metadata\":");
+    out.extend_from_slice(&meta);
+    out.extend_from_slice(b",\"items\":[");
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(&item.json);
+    }
+    out.extend_from_slice(b"]}");
+    Ok(out)
 }
 
 /// The object of a `BOOKMARK` event: only kind, apiVersion and `metadata.resourceVersion`,

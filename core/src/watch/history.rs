@@ -70,9 +70,14 @@ impl WatchCacheEvent {
         seq: u64,
         at: Instant,
     ) -> Self {
-        // The object is counted even when the state shares it: the ring is what keeps old
-        // versions alive once the state has moved on, so this is the honest upper bound.
-        let base_bytes = std::mem::size_of::<Self>() + object.heap_size();
+        // Objects are counted even when the state or a neighbouring event shares them: the
+        // ring is what keeps old versions alive once the state has moved on (a `prev` may
+        // outlive the event that brought it), so over-counting is the safe side of the bound.
+        let prev_bytes = match &prev {
+            Some(p) if !Arc::ptr_eq(p, &object) => p.heap_size(),
+            _ => 0,
+        };
+        let base_bytes = std::mem::size_of::<Self>() + object.heap_size() + prev_bytes;
         WatchCacheEvent {
             event_type,
             object,

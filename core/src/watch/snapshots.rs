@@ -3,7 +3,10 @@
 //! so that `resourceVersionMatch=Exact` lists and continue tokens are served from memory.
 //!
 //! Granularity: at most one snapshot per `snapshot_min_interval` (taken after an applied
-//! batch), at most `max_snapshots`, each kept until `snapshot_window` after it was superseded.
+//! batch), at most `max_snapshots`, each kept until `snapshot_window` after it was superseded,
+//! and no more than `snapshot_max_bytes` of objects kept alive only by snapshots. (A snapshot
+//! alone keeps alive the objects replaced after it and before the next one; that is what is
+//! counted, so dropping the oldest snapshot frees what it is charged with.)
 //! A revision between two snapshots is rebuilt exactly from the earlier one by replaying the
 //! history events in between (at most one interval's worth), so every revision in the window
 //! is listable while memory stays bounded by the snapshot count, not by the write rate.
@@ -127,6 +130,8 @@ struct SnapshotEntry {
     /// The revision of the first event applied after this snapshot, once there is one: the
     /// snapshot is exact for every revision below it without replaying anything.
     next_event: Option<Revision>,
+    /// Bytes of objects only this snapshot keeps alive (replaced before the next snapshot).
+    pinned: usize,
 }
 
 /// Where the state at a revision comes from.
@@ -143,6 +148,8 @@ pub(crate) enum Found {
 #[derive(Debug, Default)]
 pub(crate) struct SnapshotRing {
     entries: VecDeque<SnapshotEntry>,
+    /// Sum of `pinned` over the entries (the newest one's is still growing).
+    pinned: usize,
 }
 
 impl SnapshotRing {
@@ -155,14 +162,27 @@ impl SnapshotRing {
         self.entries.front().map(|e| e.revision)
     }
 
-    pub(crate) fn clear(&mut self) {
-        self.entries.clear();
+    /// Bytes of objects kept alive only by snapshots (an estimate, see the module doc).
+    pub(crate) fn pinned_bytes(&self) -> usize {
+        self.pinned
     }
 
-    /// Records that an event at `revision` was applied after the newest snapshot.
-    pub(crate) fn note_event(&mut self, revision: Revision) {
+    pub(crate) fn clear(&mut self) {
+        self.entries.clear();
+        self.pinned = 0;
+    }
+
+    /// Records that an event at `revision` was applied after the newest snapshot, replacing
+    /// or deleting `replaced`. That object is now kept alive by the newest snapshot alone if
+    /// the snapshot holds it, i.e. if it is not younger than the snapshot.
+    pub(crate) fn note_event(&mut self, revision: Revision, replaced: Option<&CachedObject>) {
         if let Some(last) = self.entries.back_mut() {
             last.next_event.get_or_insert(revision);
+            if let Some(obj) = replaced.filter(|o| o.resource_version <= last.revision) {
+                let bytes = obj.heap_size();
+                last.pinned += bytes;
+                self.pinned += bytes;
+            }
         }
     }
 
@@ -185,23 +205,26 @@ impl SnapshotRing {
                 state: state.clone(),
                 taken_at: now,
                 next_event: None,
+                pinned: 0,
             });
         }
         self.prune(now, config);
     }
 
-    /// Drops snapshots beyond the count, and those superseded longer than the window ago.
-    /// The newest is kept whatever its age: until the next write it is the current state.
+    /// Drops snapshots beyond the count or the bytes, and those superseded longer than the
+    /// window ago. The newest is kept whatever its age: until the next write it is the
+    /// current state.
     pub(crate) fn prune(&mut self, now: Instant, config: &WatchCacheConfig) {
-        while self.entries.len() > config.max_snapshots {
-            self.entries.pop_front();
-        }
         while self.entries.len() > 1
-            && self.entries.get(1).is_some_and(|next| {
-                now.saturating_duration_since(next.taken_at) > config.snapshot_window
-            })
+            && (self.entries.len() > config.max_snapshots
+                || self.pinned > config.snapshot_max_bytes
+                || self.entries.get(1).is_some_and(|next| {
+                    now.saturating_duration_since(next.taken_at) > config.snapshot_window
+                }))
         {
-            self.entries.pop_front();
+            if let Some(e) = self.entries.pop_front() {
+                self.pinned -= e.pinned;
+            }
         }
     }
 

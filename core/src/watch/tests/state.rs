@@ -55,6 +55,25 @@ fn apply_updates_state_and_lists_per_namespace() {
     assert_eq!(json["metadata"]["resourceVersion"], "6");
     assert_eq!(json["kind"], "ServiceAccount");
 
+    // A list body splices the canonical JSON of each item.
+    let meta = crate::ListMeta {
+        resource_version: a.revision.to_string(),
+        ..Default::default()
+    };
+    let body =
+        crate::watch::frames::list_json("v1", "ServiceAccountList", &meta, &a.items).unwrap();
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["kind"], "ServiceAccountList");
+    assert_eq!(body["metadata"]["resourceVersion"], "7");
+    assert_eq!(body["items"][0], json);
+    let empty = crate::watch::frames::list_json("v1", "ServiceAccountList", &meta, &[]).unwrap();
+    assert!(
+        serde_json::from_slice::<serde_json::Value>(&empty).unwrap()["items"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+
     // Redelivered events are skipped; a delete of an unknown key changes nothing.
     let r = c.apply(
         FeedItem::Events(vec![put("a", "zzz", &[], 6), del("q", "q", 8)]),
@@ -243,6 +262,47 @@ fn snapshot_at_is_exact_for_every_revision_in_the_window() {
     assert_eq!(c.snapshot_at(1).unwrap_err().code(), 410);
     assert_eq!(model_of(&c.snapshot_at(rev + 5).unwrap()), model);
     assert_eq!(model_of(&c.snapshot_at(rev).unwrap()), model);
+}
+
+#[test]
+fn snapshots_are_bounded_by_the_bytes_they_alone_keep_alive() {
+    let clock = Clock::new();
+    let probe = cache_with(config(), &clock);
+    apply(&probe, vec![put("a", "o", &[], 2)], clock.at(0.0));
+    let one = probe
+        .snapshot()
+        .unwrap()
+        .get(&sa_key("a", "o"))
+        .unwrap()
+        .heap_size();
+    let cfg = WatchCacheConfig {
+        snapshot_min_interval: Duration::ZERO,
+        snapshot_max_bytes: one * 10,
+        ..config()
+    };
+    let c = cache_with(cfg, &clock);
+    apply(&c, vec![put("a", "o", &[], 2)], clock.at(0.0));
+    for r in 3..40 {
+        // Each batch replaces the object one snapshot holds: one object's worth per snapshot.
+        apply(&c, vec![put("a", "o", &[], r)], clock.at(r as f64 * 0.01));
+    }
+    let s = c.stats();
+    assert!(
+        s.snapshot_bytes <= one * 10,
+        "{} > {}",
+        s.snapshot_bytes,
+        one * 10
+    );
+    assert!((9..=11).contains(&s.snapshots), "{} snapshots", s.snapshots);
+    assert_eq!(c.snapshot_at(5).unwrap_err().code(), 410);
+    assert_eq!(
+        c.snapshot_at(33)
+            .unwrap()
+            .get(&sa_key("a", "o"))
+            .unwrap()
+            .resource_version,
+        33
+    );
 }
 
 #[test]
