@@ -1,0 +1,286 @@
+//! The spec's list and watch rules through a real socket, served from the watch cache:
+//! every row of the resourceVersion × resourceVersionMatch × paging table, bookmarks,
+//! streaming lists (`sendInitialEvents`), and 410 for history that is gone.
+
+#[path = "support/client.rs"]
+mod client;
+
+use std::time::Duration;
+
+use client::{Client, TestServer, summary};
+use http::StatusCode;
+use serde_json::{Value, json};
+
+const T: Duration = Duration::from_secs(10);
+const SA: &str = "/api/v1/namespaces/lw/serviceaccounts";
+
+async fn setup(c: &Client) {
+    let (s, _) = c
+        .post("/api/v1/namespaces", json!({"metadata": {"name": "lw"}}))
+        .await;
+    assert_eq!(s, StatusCode::CREATED);
+}
+
+async fn create(c: &Client, name: &str) -> Value {
+    let (s, v) = c.post(SA, json!({"metadata": {"name": name}})).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    v
+}
+
+fn rv(v: &Value) -> i64 {
+    v["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+fn names(list: &Value) -> Vec<String> {
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_table_rows() {
+    let srv = TestServer::start().await;
+    let c = srv.admin();
+    setup(&c).await;
+    let a = create(&c, "a").await;
+    let b = create(&c, "b").await;
+    let rv_ab = rv(&b);
+    let mut a2 = a.clone();
+    a2["automountServiceAccountToken"] = json!(false);
+    let (_, a2) = c.put(&format!("{SA}/a"), a2).await;
+    create(&c, "c").await;
+
+    // rv unset, no limit: Most Recent; a write just acknowledged is visible at once.
+    let (s, l) = c.get(SA).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(names(&l), ["a", "b", "c"]);
+    assert!(rv(&json!({"metadata": l["metadata"]})) >= rv(&a2));
+
+    // rv=0: Any (served from the cache, whatever its freshness).
+    let (s, l) = c.get(&format!("{SA}?resourceVersion=0")).await;
+    assert_eq!((s, names(&l).len()), (StatusCode::OK, 3));
+
+    // rv=other, no limit: Not older than (the collection version is at least the requested one).
+    let (_, l) = c.get(&format!("{SA}?resourceVersion={rv_ab}")).await;
+    assert!(
+        l["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .parse::<i64>()
+            .unwrap()
+            >= rv_ab
+    );
+    assert_eq!(names(&l), ["a", "b", "c"]);
+
+    // rv=other with a limit: Exact, the state at that revision (c absent, a unmodified).
+    let (s, l) = c
+        .get(&format!("{SA}?resourceVersion={rv_ab}&limit=10"))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{l}");
+    assert_eq!(l["metadata"]["resourceVersion"], rv_ab.to_string());
+    assert_eq!(names(&l), ["a", "b"]);
+    assert!(l["items"][0].get("automountServiceAccountToken").is_none());
+
+    // resourceVersionMatch=Exact, with or without a limit.
+    for q in ["", "&limit=1"] {
+        let (s, l) = c
+            .get(&format!(
+                "{SA}?resourceVersion={rv_ab}&resourceVersionMatch=Exact{q}"
+            ))
+            .await;
+        assert_eq!(s, StatusCode::OK);
+        assert_eq!(l["metadata"]["resourceVersion"], rv_ab.to_string());
+        assert_eq!(names(&l)[0], "a");
+    }
+    // Exact with limit 1: paging continues at the same revision.
+    let (_, p1) = c
+        .get(&format!(
+            "{SA}?resourceVersion={rv_ab}&resourceVersionMatch=Exact&limit=1"
+        ))
+        .await;
+    assert_eq!(p1["metadata"]["remainingItemCount"], 1);
+    let token = p1["metadata"]["continue"].as_str().unwrap();
+    let (_, p2) = c.get(&format!("{SA}?limit=1&continue={token}")).await;
+    assert_eq!(
+        (names(&p2), p2["metadata"]["resourceVersion"].as_str()),
+        (vec!["b".to_string()], Some(rv_ab.to_string().as_str()))
+    );
+    assert_eq!(p2["metadata"]["continue"], Value::Null);
+
+    // NotOlderThan with rv=0 is Any; with a version it is not older than it.
+    let (s, l) = c
+        .get(&format!(
+            "{SA}?resourceVersion=0&resourceVersionMatch=NotOlderThan&limit=2"
+        ))
+        .await;
+    assert_eq!((s, names(&l).len()), (StatusCode::OK, 2));
+    let (_, l) = c
+        .get(&format!(
+            "{SA}?resourceVersion={rv_ab}&resourceVersionMatch=NotOlderThan"
+        ))
+        .await;
+    assert_eq!(names(&l), ["a", "b", "c"]);
+
+    // rv=0 with a limit and continue: Continuation.
+    let (_, p1) = c.get(&format!("{SA}?resourceVersion=0&limit=2")).await;
+    let token = p1["metadata"]["continue"].as_str().unwrap();
+    let (s, p2) = c
+        .get(&format!("{SA}?resourceVersion=0&limit=2&continue={token}"))
+        .await;
+    assert_eq!((s, names(&p2)), (StatusCode::OK, vec!["c".to_string()]));
+
+    // Invalid rows.
+    for q in [
+        "resourceVersionMatch=Exact",
+        "resourceVersion=0&resourceVersionMatch=Exact",
+        "resourceVersionMatch=NotOlderThan&limit=1",
+        &format!("resourceVersion={rv_ab}&limit=1&continue={token}"),
+    ] {
+        assert_eq!(
+            c.get(&format!("{SA}?{q}")).await.0,
+            StatusCode::BAD_REQUEST,
+            "{q}"
+        );
+    }
+    // A version the store has never reached: 504 with the message clients look for.
+    let (s, st) = c
+        .get(&format!("{SA}?resourceVersion=99999999&limit=1"))
+        .await;
+    assert_eq!(s, StatusCode::GATEWAY_TIMEOUT);
+    assert!(
+        st["message"]
+            .as_str()
+            .unwrap()
+            .contains("Too large resource version")
+    );
+    assert_eq!(st["details"]["retryAfterSeconds"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn continue_tokens_expire() {
+    let srv = TestServer::start_with(|o| o.continue_token_ttl = Duration::from_secs(1)).await;
+    let c = srv.admin();
+    setup(&c).await;
+    for n in ["a", "b", "c"] {
+        create(&c, n).await;
+    }
+    let (_, p1) = c.get(&format!("{SA}?limit=1")).await;
+    let token = p1["metadata"]["continue"].as_str().unwrap().to_string();
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    let (s, st) = c.get(&format!("{SA}?limit=1&continue={token}")).await;
+    assert_eq!(
+        (s, st["reason"].as_str()),
+        (StatusCode::GONE, Some("Expired")),
+        "{st}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bookmarks_carry_only_the_version() {
+    let srv =
+        TestServer::start_with(|o| o.watch_bookmark_interval = Duration::from_millis(500)).await;
+    let c = srv.admin();
+    setup(&c).await;
+    let a = create(&c, "a").await;
+    let mut w = c
+        .watch(&format!(
+            "{SA}?watch=1&allowWatchBookmarks=true&resourceVersion={}&timeoutSeconds=3",
+            rv(&a)
+        ))
+        .await;
+    let ev = w.next_within(T).await.unwrap();
+    assert_eq!(ev["type"], "BOOKMARK", "{ev}");
+    let obj = ev["object"].as_object().unwrap();
+    let mut keys: Vec<&str> = obj.keys().map(String::as_str).collect();
+    keys.sort();
+    assert_eq!(keys, ["apiVersion", "kind", "metadata"]);
+    assert_eq!(ev["object"]["kind"], "ServiceAccount");
+    assert_eq!(ev["object"]["metadata"].as_object().unwrap().len(), 1);
+    assert!(rv(&ev["object"]) >= rv(&a));
+    // Events still flow between bookmarks, and a last bookmark precedes the timeout.
+    let b = create(&c, "b").await;
+    let mut last = None;
+    while let Some(ev) = w.next_within(T).await {
+        last = Some(ev);
+    }
+    let last = last.unwrap();
+    assert_eq!(last["type"], "BOOKMARK");
+    assert!(rv(&last["object"]) >= rv(&b));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_list_with_send_initial_events() {
+    let srv = TestServer::start().await;
+    let c = srv.admin();
+    setup(&c).await;
+    for n in ["a", "b"] {
+        create(&c, n).await;
+    }
+    // sendInitialEvents needs resourceVersionMatch=NotOlderThan.
+    let r = c
+        .request(
+            http::Method::GET,
+            &format!("{SA}?watch=1&sendInitialEvents=true"),
+            "",
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+
+    let mut w = c
+        .watch(&format!("{SA}?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true"))
+        .await;
+    let e1 = summary(&w.next_within(T).await.unwrap());
+    let e2 = summary(&w.next_within(T).await.unwrap());
+    assert_eq!(
+        (e1.0.as_str(), e1.1.as_str(), e2.0.as_str(), e2.1.as_str()),
+        ("ADDED", "a", "ADDED", "b")
+    );
+    let bm = w.next_within(T).await.unwrap();
+    assert_eq!(bm["type"], "BOOKMARK");
+    assert_eq!(
+        bm["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+        "true"
+    );
+    create(&c, "c").await;
+    let live = summary(&w.next_within(T).await.unwrap());
+    assert_eq!((live.0.as_str(), live.1.as_str()), ("ADDED", "c"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watching_from_history_that_is_gone_gives_410() {
+    let srv = TestServer::start_with(|o| o.watch_cache_history_max_events = 5).await;
+    let c = srv.admin();
+    setup(&c).await;
+    let first = create(&c, "first").await;
+    for i in 0..20 {
+        create(&c, &format!("n{i}")).await;
+    }
+    let mut w = c
+        .watch(&format!("{SA}?watch=1&resourceVersion={}", rv(&first)))
+        .await;
+    let ev = w.next_within(T).await.unwrap();
+    assert_eq!(ev["type"], "ERROR", "{ev}");
+    assert_eq!(ev["object"]["kind"], "Status");
+    assert_eq!(ev["object"]["code"], 410);
+    assert_eq!(ev["object"]["reason"], "Expired");
+    assert!(
+        w.next_within(T).await.is_none(),
+        "the stream must end after the ERROR event"
+    );
+    // A version still inside the ring works: it replays what came after it.
+    let last = create(&c, "last").await;
+    let mut ok = c
+        .watch(&format!("{SA}?watch=1&resourceVersion={}", rv(&last) - 1))
+        .await;
+    let ev = ok.next_within(T).await.unwrap();
+    assert_eq!(summary(&ev).0, "ADDED", "{ev}");
+    assert_eq!(ev["object"]["metadata"]["name"], "last");
+}
