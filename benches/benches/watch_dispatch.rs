@@ -16,8 +16,12 @@
 //! Run: `cargo bench -p svc-benches --bench watch_dispatch`
 //! (quick: `-- --warm-up-time 1 --measurement-time 3`).
 //!
-//! Last results (2-core shared VM, noisy; DATE):
-//! RESULTS
+//! Last results (2-core shared VM, noisy; 2026-11-23):
+//! - `dispatch/no_watchers`: 2.65 µs
+//! - `dispatch/10k_same_namespace`: 354 µs (~35 ns per matching watcher)
+//! - `dispatch/10k_namespaces_one_matching`: 3.1 µs (the baseline plus one watcher)
+//! - `fanout/10k_json`: 1.26 ms (apply + 10,000 drains, one JSON encoding: ~125 ns per
+//!   watcher, single-threaded)
 
 use std::time::{Duration, Instant};
 

@@ -209,7 +209,7 @@ impl HistoryRing {
     fn pop_front(&mut self, frame_bytes: &AtomicUsize) {
         if let Some(ev) = self.events.pop_front() {
             self.first_seq += 1;
-            self.base_bytes -= ev.base_bytes;
+            self.base_bytes = self.base_bytes.saturating_sub(ev.base_bytes);
             self.evicted_upto = self.evicted_upto.max(ev.revision);
             frame_bytes.fetch_sub(ev.frames.evict(), Ordering::AcqRel);
         }

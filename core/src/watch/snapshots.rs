@@ -223,7 +223,7 @@ impl SnapshotRing {
                 }))
         {
             if let Some(e) = self.entries.pop_front() {
-                self.pinned -= e.pinned;
+                self.pinned = self.pinned.saturating_sub(e.pinned);
             }
         }
     }
