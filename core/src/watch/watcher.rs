@@ -409,13 +409,14 @@ impl Watcher {
     }
 
     /// A bookmark at everything delivered so far, e.g. just before a timeout ends the stream.
-    /// None without bookmarks or once finished.
+    /// None without bookmarks, once finished, or while initial events are still being sent
+    /// (a bookmark then would tell the client it had a state it never got).
     pub fn final_bookmark(&mut self) -> Option<Bytes> {
-        if !self.bookmarks || self.finished {
+        if !self.bookmarks || self.finished || self.initial.is_some() {
             return None;
         }
         let shared = &self.cache.shared;
-        if self.initial.is_none() {
+        {
             let inner = shared.inner.read();
             if !self.slot.state.lock().has_work() {
                 self.synced = self.synced.max(inner.revision);

@@ -174,6 +174,10 @@ fn initial_events_then_end_bookmark_then_live_events() {
     );
     req.bookmarks = true;
     let mut w = c.watch(req, clock.at(0.0)).unwrap();
+    assert!(
+        w.final_bookmark().is_none(),
+        "no bookmark before the initial events are out"
+    );
     apply(&c, vec![put("a", "late", &[], 22)], clock.at(0.5));
 
     // A small budget splits the initial events over several drains.
