@@ -100,6 +100,11 @@ pub struct Options {
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub continue_token_ttl: Duration,
 
+    /// How long the embedded store keeps history (reads at past revisions, feed replay);
+    /// older history is compacted away, like etcd's periodic compaction.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub storage_history_retention: Duration,
+
     /// Log level (error, warn, info, debug, trace) or a tracing filter directive.
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -132,6 +137,17 @@ impl Options {
         o.secure_port = 0;
         o.shutdown_timeout = Duration::from_secs(5);
         o
+    }
+
+    pub fn embedded_store_config(&self) -> svc_storage::embedded::EmbeddedConfig {
+        let retention = self.storage_history_retention;
+        svc_storage::embedded::EmbeddedConfig {
+            auto_compaction: svc_storage::embedded::AutoCompaction::Retention(retention),
+            // Check often enough that history never outlives its retention by much.
+            compaction_check_interval: (retention / 2)
+                .clamp(Duration::from_millis(100), Duration::from_secs(10)),
+            ..Default::default()
+        }
     }
 
     pub fn watch_cache_config(&self) -> svc_core::watch::WatchCacheConfig {

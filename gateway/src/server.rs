@@ -69,8 +69,9 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
     let store_dir = opts.store_dir();
     std::fs::create_dir_all(&store_dir)
         .with_context(|| format!("creating data directory {}", store_dir.display()))?;
-    let store = svc_storage::embedded::EmbeddedStore::open(&store_dir, Default::default())
-        .with_context(|| format!("opening the store in {}", store_dir.display()))?;
+    let store =
+        svc_storage::embedded::EmbeddedStore::open(&store_dir, opts.embedded_store_config())
+            .with_context(|| format!("opening the store in {}", store_dir.display()))?;
     start_with_store(opts, store).await
 }
 

@@ -284,3 +284,58 @@ async fn watching_from_history_that_is_gone_gives_410() {
     assert_eq!(summary(&ev).0, "ADDED", "{ev}");
     assert_eq!(ev["object"]["metadata"]["name"], "last");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exact_lists_fall_back_to_the_store_then_expire() {
+    let srv = TestServer::start_with(|o| {
+        o.list_snapshot_window = Duration::from_millis(200);
+        o.storage_history_retention = Duration::from_secs(3);
+    })
+    .await;
+    let c = srv.admin();
+    setup(&c).await;
+    let a = create(&c, "a").await;
+    let old = rv(&a);
+    for i in 0..5 {
+        create(&c, &format!("later{i}")).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    // Past the cache's snapshot window but inside the store's history: still exact.
+    let (s, l) = c
+        .get(&format!(
+            "{SA}?resourceVersion={old}&resourceVersionMatch=Exact"
+        ))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{l}");
+    assert_eq!(l["metadata"]["resourceVersion"], old.to_string());
+    assert_eq!(names(&l), ["a"]);
+    // Once the store has compacted that revision too: 410.
+    let mut gone = false;
+    for _ in 0..100 {
+        let (s, st) = c
+            .get(&format!(
+                "{SA}?resourceVersion={old}&resourceVersionMatch=Exact"
+            ))
+            .await;
+        if s == StatusCode::GONE {
+            assert_eq!(st["reason"], "Expired");
+            gone = true;
+            break;
+        }
+        // Keep writing: compaction trims history older than the retention behind the head.
+        create(&c, &format!("tick{}", rand_suffix())).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        gone,
+        "an Exact list older than every kept revision never returned 410"
+    );
+}
+
+fn rand_suffix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+}
