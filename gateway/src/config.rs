@@ -105,6 +105,10 @@ pub struct Options {
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     pub storage_history_retention: Duration,
 
+    /// Feature gates: `Name=true,Other=false` (see `features.rs` for the known gates).
+    #[arg(long, default_value = "", value_parser = crate::features::FeatureGates::parse)]
+    pub feature_gates: crate::features::FeatureGates,
+
     /// Log level (error, warn, info, debug, trace) or a tracing filter directive.
     #[arg(long, default_value = "info")]
     pub log_level: String,

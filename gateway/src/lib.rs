@@ -13,6 +13,7 @@ pub mod bootstrap;
 pub mod caches;
 pub mod config;
 pub mod discovery;
+pub mod features;
 pub mod health;
 pub mod metrics;
 pub mod negotiate;
