@@ -35,7 +35,7 @@ fn decode_body<T: Kind>(call: &Call) -> Result<T, ApiError> {
 }
 
 /// Namespaced objects may only be created in a namespace that exists and is not terminating.
-async fn check_namespace_open<T: Kind>(app: &App, ns: &str, name: &str) -> Result<(), ApiError> {
+pub(super) async fn check_namespace_open<T: Kind>(app: &App, ns: &str, name: &str) -> Result<(), ApiError> {
     if !T::INFO.namespaced() {
         return Ok(());
     }
