@@ -11,8 +11,11 @@
 //! - **Feed** (`feed`): one etcd watch stream per feed, with `prev_kv`, progress
 //!   notifications requested when idle, and transparent resumption after transport errors.
 //! - **Faults**: every call is bounded by `request_timeout`; transport trouble is
-//!   `StoreError::Unavailable`. The client is rebuilt after failures because a balanced
-//!   gRPC channel may keep a dead connection's endpoint out of rotation.
+//!   `StoreError::Unavailable`. There is one client per endpoint and calls go to the current
+//!   one; a failure moves on to the next endpoint (a killed member must not keep a share of
+//!   the calls, as it would behind a load-balanced channel). Reads are retried there within
+//!   the deadline; writes only when the failure proves the request never left (connect
+//!   errors), so a retried write can never be applied twice.
 //!
 //! Every key is stored under `EtcdConfig::prefix` (prepended; default empty, so our
 //! `/registry/...` keys are etcd keys as Kubernetes lays them out).
@@ -23,14 +26,14 @@ pub mod testing;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use etcd_client::{
-    Client, CompactionOptions, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn,
-    TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
+    Client, CompactionOptions, Compare, CompareOp, ConnectOptions, GetOptions, GetResponse,
+    PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
 };
 use parking_lot::Mutex;
 use tokio::sync::watch;
@@ -83,41 +86,62 @@ impl Default for EtcdConfig {
     }
 }
 
-/// The current etcd client plus when it was built (see `EtcdStore::client`).
-struct ClientSlot {
-    client: Client,
-    built: Instant,
+/// Whether a failed call may be sent again.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    /// Reads: always (within the deadline).
+    Always,
+    /// Writes: only if the request surely never reached etcd.
+    IfNotSent,
 }
 
 /// What the store handle and its feeds share.
 pub(crate) struct Shared {
     config: EtcdConfig,
     options: ConnectOptions,
-    slot: Mutex<ClientSlot>,
+    /// One client per endpoint (same order as `config.endpoints`).
+    clients: Mutex<Vec<Client>>,
+    /// Index of the endpoint calls go to.
+    current: AtomicUsize,
     /// Highest compaction point seen (etcd cannot be asked directly).
     compacted: AtomicI64,
 }
 
 impl Shared {
-    /// A handle on the current client (cheap: clones channel handles).
-    pub(crate) fn client(&self) -> Client {
-        self.slot.lock().client.clone()
+    /// The current endpoint's index and client (cheap: clones channel handles).
+    pub(crate) fn client(&self) -> (usize, Client) {
+        let clients = self.clients.lock();
+        let index = self.current.load(Ordering::Relaxed) % clients.len().max(1);
+        (index, clients[index].clone())
     }
 
-    /// After a transport failure: builds a fresh client (lazy, no I/O) unless one was built
-    /// very recently, so reconnection does not depend on the balancer's health tracking.
-    pub(crate) async fn renew_client(&self) {
-        let stale = self.slot.lock().built.elapsed() >= Duration::from_secs(1);
-        if !stale {
+    /// After a transport failure on endpoint `used`: later calls go to the next endpoint,
+    /// and `used` gets a fresh client (lazy, no I/O) for when its turn comes again. Only the
+    /// first of several concurrent failures on one endpoint moves on.
+    pub(crate) async fn fail_over(&self, used: usize) {
+        let count = self.config.endpoints.len().max(1);
+        if self
+            .current
+            .compare_exchange(
+                used,
+                (used + 1) % count,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
             return;
         }
-        match connect(&self.config.endpoints, self.options.clone()).await {
+        let Some(endpoint) = self.config.endpoints.get(used) else {
+            return;
+        };
+        match connect(std::slice::from_ref(endpoint), self.options.clone()).await {
             Ok(client) => {
-                let mut slot = self.slot.lock();
-                slot.client = client;
-                slot.built = Instant::now();
+                if let Some(slot) = self.clients.lock().get_mut(used) {
+                    *slot = client;
+                }
             }
-            Err(e) => tracing::warn!(error = %e, "etcd: rebuilding the client failed"),
+            Err(e) => tracing::warn!(endpoint, error = %e, "etcd: rebuilding a client failed"),
         }
     }
 
@@ -165,32 +189,73 @@ impl Shared {
         }
     }
 
-    /// Runs one call under the request timeout, mapping failures; on transport failure the
-    /// client is renewed for the next call.
-    async fn call<T>(
-        &self,
-        fut: impl Future<Output = Result<T, etcd_client::Error>>,
-    ) -> Result<T, StoreError> {
-        let result = match tokio::time::timeout(self.config.request_timeout, fut).await {
-            Ok(r) => r.map_err(map_error),
-            Err(_) => Err(StoreError::Unavailable(format!(
-                "etcd did not answer within {:?}",
-                self.config.request_timeout
-            ))),
-        };
-        if matches!(result, Err(StoreError::Unavailable(_))) {
-            self.renew_client().await;
+    /// Runs one call (built by `op` for a client) under the request timeout, mapping
+    /// failures; on transport failure it fails over and, if `retry` allows, tries again.
+    async fn call<T, F, Fut>(&self, retry: Retry, op: F) -> Result<T, StoreError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let timeout = self.config.request_timeout;
+        let deadline = Instant::now() + timeout;
+        // Each endpoint gets at most two tries; one silent endpoint must not eat the whole
+        // deadline, so a single try gets at most half of it.
+        let max_attempts = 2 * self.config.endpoints.len().max(1);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let (used, client) = self.client();
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let limit = if max_attempts > 2 {
+                remaining.min(timeout / 2)
+            } else {
+                remaining
+            };
+            let (err, not_sent) = match tokio::time::timeout(limit, op(client)).await {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(e)) => {
+                    let not_sent = never_sent(&e);
+                    (map_error(e), not_sent)
+                }
+                Err(_) => (
+                    StoreError::Unavailable(format!("etcd did not answer within {limit:?}")),
+                    false,
+                ),
+            };
+            if !matches!(err, StoreError::Unavailable(_)) {
+                return Err(err);
+            }
+            self.fail_over(used).await;
+            let may_retry = retry == Retry::Always || not_sent;
+            if !may_retry || attempt >= max_attempts || Instant::now() >= deadline {
+                return Err(err);
+            }
+            // A short pause: with every member down, do not spin through them.
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        result
     }
 
     /// The compaction point: a watch from revision 1 is refused with it, or accepted
     /// (nothing compacted).
     async fn probe_compacted(&self) -> Result<Revision, StoreError> {
         let key = self.full_key(b"\0svc-compaction-probe");
-        let mut client = self.client().watch_client();
         let opts = WatchOptions::new().with_start_revision(1);
-        let probe = async move {
+        let probe = |client: Client| {
+            let (key, opts) = (key.clone(), opts.clone());
+            Self::compaction_probe(client, key, opts)
+        };
+        let compacted = self.call(Retry::Always, probe).await?;
+        self.note_compacted(compacted);
+        Ok(self.compacted.load(Ordering::Relaxed).max(compacted))
+    }
+
+    async fn compaction_probe(
+        client: Client,
+        key: Vec<u8>,
+        opts: WatchOptions,
+    ) -> Result<Revision, etcd_client::Error> {
+        let mut client = client.watch_client();
+        {
             let mut stream = client.watch(key, Some(opts)).await?;
             loop {
                 match stream.message().await? {
@@ -212,17 +277,17 @@ impl Shared {
                     }
                 }
             }
-        };
-        let compacted = self.call(probe).await?;
-        self.note_compacted(compacted);
-        Ok(self.compacted.load(Ordering::Relaxed).max(compacted))
+        }
     }
 
     async fn current_revision(&self) -> Result<Revision, StoreError> {
         let key = self.full_key(b"\0svc-revision-probe");
-        let mut kv = self.client().kv_client();
+        let opts = GetOptions::new().with_count_only();
         let resp = self
-            .call(kv.get(key, Some(GetOptions::new().with_count_only())))
+            .call(Retry::Always, |c| {
+                let (key, opts) = (key.clone(), opts.clone());
+                async move { c.kv_client().get(key, Some(opts)).await }
+            })
             .await?;
         header_revision(resp.header())
     }
@@ -248,9 +313,27 @@ impl Shared {
         }
     }
 
+    /// A write transaction (retried only when it surely was not sent).
     async fn txn(&self, txn: Txn) -> Result<TxnResponse, StoreError> {
-        let mut kv = self.client().kv_client();
-        self.call(kv.txn(txn)).await
+        self.call(Retry::IfNotSent, |c| {
+            let txn = txn.clone();
+            async move { c.kv_client().txn(txn).await }
+        })
+        .await
+    }
+
+    /// A linearizable range read.
+    async fn get_range(&self, key: Vec<u8>, opts: GetOptions) -> Result<GetResponse, StoreError> {
+        self.call(Retry::Always, |c| {
+            let (key, opts) = (key.clone(), opts.clone());
+            async move {
+                c.kv_client()
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .get(key, Some(opts))
+                    .await
+            }
+        })
+        .await
     }
 }
 
@@ -327,16 +410,17 @@ impl EtcdStore {
             ));
         }
         let options = connect_options(&config)?;
-        let client = connect(&config.endpoints, options.clone()).await?;
+        let mut clients = Vec::with_capacity(config.endpoints.len());
+        for endpoint in &config.endpoints {
+            clients.push(connect(std::slice::from_ref(endpoint), options.clone()).await?);
+        }
         let (closed, _) = watch::channel(false);
         Ok(Arc::new(EtcdStore {
             shared: Arc::new(Shared {
                 config,
                 options,
-                slot: Mutex::new(ClientSlot {
-                    client,
-                    built: Instant::now(),
-                }),
+                clients: Mutex::new(clients),
+                current: AtomicUsize::new(0),
                 compacted: AtomicI64::new(0),
             }),
             closed,
@@ -393,6 +477,17 @@ pub(crate) fn map_error(err: etcd_client::Error) -> StoreError {
         | etcd_client::Error::WatchError(_) => StoreError::Unavailable(err.to_string()),
         _ => StoreError::Backend(Box::new(err)),
     }
+}
+
+/// Whether a failed call surely never reached etcd (the connection could not be made), so
+/// even a write may be sent again elsewhere.
+fn never_sent(err: &etcd_client::Error) -> bool {
+    let text = match err {
+        etcd_client::Error::GRpcStatus(status) => status.message().to_ascii_lowercase(),
+        etcd_client::Error::TransportError(e) => e.to_string().to_ascii_lowercase(),
+        _ => return false,
+    };
+    text.contains("connect error") || text.contains("connection refused")
 }
 
 /// The key-value read by the failure branch of a transaction (its one `get`).
@@ -522,8 +617,7 @@ impl Store for EtcdStore {
         if let Some(rev) = at {
             opts = opts.with_revision(rev);
         }
-        let mut kv = s.client().kv_client();
-        let resp = match s.call(kv.get(s.full_key(&key), Some(opts))).await {
+        let resp = match s.get_range(s.full_key(&key), opts).await {
             Ok(resp) => resp,
             Err(e) => return Err(s.revision_error(e, at.unwrap_or(0)).await),
         };
@@ -548,11 +642,7 @@ impl Store for EtcdStore {
         if let Some(rev) = at {
             opts = opts.with_revision(rev);
         }
-        let mut kv = s
-            .client()
-            .kv_client()
-            .max_decoding_message_size(MAX_MESSAGE_BYTES);
-        let resp = match s.call(kv.get(start, Some(opts))).await {
+        let resp = match s.get_range(start, opts).await {
             Ok(resp) => resp,
             Err(e) => return Err(s.revision_error(e, at.unwrap_or(0)).await),
         };
@@ -578,8 +668,12 @@ impl Store for EtcdStore {
     async fn compact(&self, revision: Revision) -> Result<(), StoreError> {
         let s = &self.shared;
         let opts = CompactionOptions::new().with_physical();
-        let mut kv = s.client().kv_client();
-        match s.call(kv.compact(revision, Some(opts))).await {
+        // Compacting twice is harmless, so it may be retried like a read.
+        let compact = |c: Client| {
+            let opts = opts.clone();
+            async move { c.kv_client().compact(revision, Some(opts)).await }
+        };
+        match s.call(Retry::Always, compact).await {
             Ok(_) => {
                 s.note_compacted(revision);
                 Ok(())

@@ -8,7 +8,7 @@
 //!   store's revision. One watcher per stream, so the answer is about this watcher only.
 //!   etcd's own periodic notifications (`progress_notify`) are asked for too.
 //! - A failed stream (member killed, etcd restarting) is reopened from the last revision
-//!   delivered, with back-off; events already delivered are dropped, so the consumer sees
+//!   delivered, on the next endpoint, with back-off; events already delivered are dropped, so the consumer sees
 //!   neither gaps nor duplicates and the feed stays open while etcd is away. Only a
 //!   compaction past that revision ends it (`Compacted`, then the end).
 //! - Events go through a bounded channel: a slow consumer slows the etcd stream (gRPC flow
@@ -57,6 +57,8 @@ struct Feed {
     last: Revision,
     /// Whether the current stream delivered anything (resets the back-off).
     heard: bool,
+    /// The endpoint the current stream is on (to fail over from).
+    endpoint: usize,
 }
 
 async fn run(
@@ -73,6 +75,7 @@ async fn run(
         last_event: after,
         last: after,
         heard: false,
+        endpoint: 0,
     };
     let mut backoff = BACKOFF_MIN;
     // A second handle only to notice the consumer leaving while `feed` is borrowed.
@@ -91,7 +94,7 @@ async fn run(
                     // The stream worked for a while: this is a new outage, retry quickly.
                     backoff = BACKOFF_MIN;
                 }
-                feed.shared.renew_client().await;
+                feed.shared.fail_over(feed.endpoint).await;
                 tokio::select! {
                     _ = tokio::time::sleep(backoff) => {}
                     _ = closed.changed() => return,
@@ -128,9 +131,9 @@ impl Feed {
             .with_start_revision(start)
             .with_prev_key()
             .with_progress_notify();
-        let mut client = self
-            .shared
-            .client()
+        let (endpoint, client) = self.shared.client();
+        self.endpoint = endpoint;
+        let mut client = client
             .watch_client()
             .max_decoding_message_size(super::MAX_MESSAGE_BYTES);
         let open = tokio::time::timeout(
