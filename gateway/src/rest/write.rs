@@ -9,10 +9,13 @@ use svc_core::codec::{self, DeleteOptions, Preconditions};
 use svc_core::kinds::Namespace;
 use svc_core::meta::Time;
 use svc_core::object::{self, parse_resource_version};
+use svc_core::patch::decode::{self, FieldValidation};
+use svc_core::patch::managed::{self, Writer};
 use svc_core::status::Subject;
 use svc_core::{ApiError, Resource, Status};
 use svc_storage::{KeyRange, StoreError};
 
+use super::patch::{field_manager, with_warnings};
 use super::{Call, Kind, conflict, map_write_error, path_namespace, read_current};
 use crate::app::App;
 use crate::negotiate::{self, Format};
@@ -22,20 +25,68 @@ use crate::respond::{self, Body};
 /// concurrent write, before giving up.
 const MAX_RETRIES: usize = 8;
 
-/// Decodes a request body in the format its `Content-Type` names.
-fn decode_body<T: Kind>(call: &Call) -> Result<T, ApiError> {
+/// Decodes a request body in the format its `Content-Type` names, with the warnings field
+/// validation produces (unknown and duplicate JSON fields; `Strict` refuses them).
+fn decode_body<T: Kind>(call: &Call) -> Result<(T, Vec<String>), ApiError> {
     let format = negotiate::request_format(&call.parts.headers)?;
+    let validation = FieldValidation::parse(call.query.get("fieldValidation"))?;
     if call.body.is_empty() {
         return Err(ApiError::bad_request("the request body is empty"));
     }
     match format {
-        Format::Json => object::decode_json(&call.body),
-        Format::Protobuf(_) => codec::decode_protobuf(&call.body),
+        Format::Json => {
+            let (value, mut problems) = decode::parse_json(&call.body).map_err(|e| {
+                ApiError::bad_request(format!("error decoding {} body: {e}", T::INFO.kind))
+            })?;
+            let (mut obj, unknown): (T, _) = decode::decode_value(value).map_err(|e| {
+                ApiError::bad_request(format!("error decoding {} body: {e}", T::INFO.kind))
+            })?;
+            problems.extend(unknown);
+            let warnings = validation.check(problems)?;
+            object::check_type_meta(&obj)?;
+            obj.set_type_meta();
+            Ok((obj, warnings))
+        }
+        Format::Protobuf(_) => Ok((codec::decode_protobuf(&call.body)?, vec![])),
     }
 }
 
+/// Records a non-apply write in `next`'s `managedFields` as an `Update` by the request's
+/// field manager; `old` is `None` on create.
+fn record_update<T: Kind>(call: &Call, old: Option<&T>, next: &mut T) -> Result<(), ApiError> {
+    let manager = field_manager(call, false)?;
+    let api_version = T::INFO.api_version();
+    let writer = Writer {
+        kind: T::INFO.kind,
+        api_version: &api_version,
+        manager: &manager,
+        now: Time::now(),
+    };
+    let old_value = old
+        .map(serde_json::to_value)
+        .transpose()
+        .map_err(ApiError::internal)?;
+    let current = old
+        .map(|o| o.meta().managed_fields.clone())
+        .unwrap_or_default();
+    let body_entries = std::mem::take(&mut next.meta_mut().managed_fields);
+    let new_value = serde_json::to_value(&*next).map_err(ApiError::internal)?;
+    next.meta_mut().managed_fields = managed::update(
+        &writer,
+        old_value.as_ref(),
+        &new_value,
+        &current,
+        &body_entries,
+    )?;
+    Ok(())
+}
+
 /// Namespaced objects may only be created in a namespace that exists and is not terminating.
-pub(super) async fn check_namespace_open<T: Kind>(app: &App, ns: &str, name: &str) -> Result<(), ApiError> {
+pub(super) async fn check_namespace_open<T: Kind>(
+    app: &App,
+    ns: &str,
+    name: &str,
+) -> Result<(), ApiError> {
     if !T::INFO.namespaced() {
         return Ok(());
     }
@@ -59,13 +110,14 @@ pub(super) async fn check_namespace_open<T: Kind>(app: &App, ns: &str, name: &st
 
 pub async fn create<T: Kind>(app: &Arc<App>, call: &Call) -> Result<Response<Body>, ApiError> {
     let dry_run = call.query.dry_run()?;
-    let mut obj: T = decode_body(call)?;
+    let (mut obj, warnings): (T, _) = decode_body(call)?;
     object::apply_request_namespace(&mut obj, &call.route.namespace)?;
     let ns = obj.meta().namespace.clone();
     let generated = obj.meta().name.is_empty() && !obj.meta().generate_name.is_empty();
     for _ in 0..MAX_RETRIES {
         let mut candidate = obj.clone();
         object::prepare_create(&mut candidate)?;
+        record_update(call, None, &mut candidate)?;
         let name = candidate.meta().name.clone();
         check_namespace_open::<T>(app, &ns, &name).await?;
         let key = Bytes::from(T::INFO.key(&ns, &name));
@@ -81,22 +133,28 @@ pub async fn create<T: Kind>(app: &Arc<App>, call: &Call) -> Result<Response<Bod
                 }
                 return Err(ApiError::AlreadyExists(object::subject::<T>(&name)));
             }
-            return Ok(respond::object(
-                StatusCode::CREATED,
-                &candidate,
-                call.format,
-                call.query.pretty(),
+            return Ok(with_warnings(
+                respond::object(
+                    StatusCode::CREATED,
+                    &candidate,
+                    call.format,
+                    call.query.pretty(),
+                ),
+                &warnings,
             ));
         }
         let value = Bytes::from(object::encode_for_store(&candidate)?);
         match app.store.create(key, value).await {
             Ok(kv) => {
                 candidate.meta_mut().resource_version = kv.mod_revision.to_string();
-                return Ok(respond::object(
-                    StatusCode::CREATED,
-                    &candidate,
-                    call.format,
-                    call.query.pretty(),
+                return Ok(with_warnings(
+                    respond::object(
+                        StatusCode::CREATED,
+                        &candidate,
+                        call.format,
+                        call.query.pretty(),
+                    ),
+                    &warnings,
                 ));
             }
             Err(StoreError::AlreadyExists { .. }) if generated => continue,
@@ -115,7 +173,7 @@ pub async fn update<T: Kind>(
     name: &str,
 ) -> Result<Response<Body>, ApiError> {
     let dry_run = call.query.dry_run()?;
-    let mut obj: T = decode_body(call)?;
+    let (mut obj, warnings): (T, _) = decode_body(call)?;
     let ns = path_namespace::<T>(&call.route)?.to_string();
     object::apply_request_namespace(&mut obj, &ns)?;
     if obj.meta().name.is_empty() {
@@ -131,6 +189,12 @@ pub async fn update<T: Kind>(
         rv => Some(parse_resource_version(rv)?),
     };
     let key = Bytes::from(T::INFO.key(&ns, name));
+    let ok = |obj: &T| {
+        with_warnings(
+            respond::object(StatusCode::OK, obj, call.format, call.query.pretty()),
+            &warnings,
+        )
+    };
     for _ in 0..MAX_RETRIES {
         let (current, kv) = match read_current::<T>(app, &key, name).await {
             Ok(c) => c,
@@ -145,24 +209,16 @@ pub async fn update<T: Kind>(
         }
         let mut next = obj.clone();
         object::prepare_update(&mut next, &current)?;
+        record_update(call, Some(&current), &mut next)?;
+        next.meta_mut().resource_version.clear();
         let value = object::encode_for_store(&next)?;
         if value == kv.value {
             // Nothing changed: no write, no new resourceVersion, no watch event.
-            return Ok(respond::object(
-                StatusCode::OK,
-                &current,
-                call.format,
-                call.query.pretty(),
-            ));
+            return Ok(ok(&current));
         }
         if dry_run {
             next.meta_mut().resource_version = kv.mod_revision.to_string();
-            return Ok(respond::object(
-                StatusCode::OK,
-                &next,
-                call.format,
-                call.query.pretty(),
-            ));
+            return Ok(ok(&next));
         }
         if next.meta().deletion_timestamp.is_some()
             && next.meta().finalizers.is_empty()
@@ -172,12 +228,7 @@ pub async fn update<T: Kind>(
             return match app.store.delete(key.clone(), Some(kv.mod_revision)).await {
                 Ok((_, rev)) => {
                     next.meta_mut().resource_version = rev.to_string();
-                    Ok(respond::object(
-                        StatusCode::OK,
-                        &next,
-                        call.format,
-                        call.query.pretty(),
-                    ))
+                    Ok(ok(&next))
                 }
                 Err(StoreError::Conflict { .. }) if precondition.is_none() => continue,
                 Err(e) => Err(map_write_error::<T>(e, name)),
@@ -190,12 +241,7 @@ pub async fn update<T: Kind>(
         {
             Ok(new_kv) => {
                 next.meta_mut().resource_version = new_kv.mod_revision.to_string();
-                return Ok(respond::object(
-                    StatusCode::OK,
-                    &next,
-                    call.format,
-                    call.query.pretty(),
-                ));
+                return Ok(ok(&next));
             }
             // An unconditional update retries against the newer object; a conditional one
             // reports the conflict.
