@@ -318,13 +318,68 @@ pub async fn delete<T: Kind>(
     let ns = path_namespace::<T>(&call.route)?.to_string();
     let key = Bytes::from(T::INFO.key(&ns, name));
     let pre = opts.preconditions.unwrap_or_default();
-    let (obj, code) = delete_one::<T>(app, &key, name, &pre, dry_run).await?;
-    Ok(respond::object(
-        code,
-        &obj,
-        call.format,
-        call.query.pretty(),
-    ))
+    let unsafe_delete = unsafe_delete_requested(app, call, dry_run)?;
+    match delete_one::<T>(app, &key, name, &pre, dry_run).await {
+        Ok((obj, code)) => Ok(respond::object(
+            code,
+            &obj,
+            call.format,
+            call.query.pretty(),
+        )),
+        Err(e) if unsafe_delete && is_corrupt::<T>(app, &key).await => {
+            // The object cannot be read: remove the record unconditionally, ignoring
+            // finalizers and preconditions, as the spec's alpha force deletion does.
+            tracing::warn!(key = %String::from_utf8_lossy(&key), error = %e,
+                "unsafe deletion of a corrupt object");
+            app.store
+                .delete(key.clone(), None)
+                .await
+                .map_err(|e| map_write_error::<T>(e, name))?;
+            Ok(respond::json(
+                StatusCode::OK,
+                &Status::success(Some(svc_core::status::StatusDetails {
+                    name: name.to_string(),
+                    group: T::INFO.group.to_string(),
+                    kind: T::INFO.plural.to_string(),
+                    ..Default::default()
+                })),
+                call.query.pretty(),
+            ))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// `ignoreStoreReadErrorWithClusterBreakingPotential=true`: honoured only with the
+/// `AllowUnsafeMalformedObjectDeletion` gate (otherwise the option does nothing, as an alpha
+/// field behind a disabled gate), and never together with dry-run.
+fn unsafe_delete_requested(app: &App, call: &Call, dry_run: bool) -> Result<bool, ApiError> {
+    if !call
+        .query
+        .bool("ignoreStoreReadErrorWithClusterBreakingPotential")?
+        || !app
+            .opts
+            .feature_gates
+            .enabled("AllowUnsafeMalformedObjectDeletion")
+    {
+        return Ok(false);
+    }
+    if dry_run {
+        return Err(invalid_delete(
+            "ignoreStoreReadErrorWithClusterBreakingPotential",
+            "Invalid value: true: cannot be set together with dryRun",
+        ));
+    }
+    Ok(true)
+}
+
+/// Whether the record at `key` cannot be read or decoded (the corrupt-object case).
+async fn is_corrupt<T: Kind>(app: &App, key: &Bytes) -> bool {
+    match app.store.get(key.clone(), None).await {
+        Err(StoreError::Corrupt { .. }) => true,
+        Ok((Some(kv), _)) => object::decode_from_store::<T>(&kv).is_err(),
+        _ => false,
+    }
 }
 
 /// Deletes one object, or marks it terminating when finalizers hold it. Returns what the
