@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{EtcdConfig, EtcdStore};
+use super::{EtcdConfig, EtcdStore, EtcdTls};
 use crate::Store;
 
 /// A free loopback port (bound and released; the small reuse race is acceptable in tests).
@@ -18,6 +18,15 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// Server-side TLS of a test etcd: its serving certificate and key, and the CA that client
+/// certificates must chain to (client certificates are then required).
+#[derive(Clone, Debug)]
+pub struct ServerTls {
+    pub ca_file: PathBuf,
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+}
+
 /// One etcd member: its name, ports and data directory, and the process while running.
 pub struct EtcdMember {
     pub name: String,
@@ -25,12 +34,14 @@ pub struct EtcdMember {
     pub peer_port: u16,
     pub data_dir: PathBuf,
     initial_cluster: String,
+    tls: Option<ServerTls>,
     child: Option<Child>,
 }
 
 impl EtcdMember {
     pub fn client_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
     }
 
     fn peer_url(&self) -> String {
@@ -52,7 +63,18 @@ impl EtcdMember {
         let stderr = log.map_or_else(|_| Stdio::null(), Stdio::from);
         let client_url = self.client_url();
         let peer_url = self.peer_url();
-        let child = Command::new("etcd")
+        let mut command = Command::new("etcd");
+        if let Some(tls) = &self.tls {
+            command
+                .arg("--cert-file")
+                .arg(&tls.cert_file)
+                .arg("--key-file")
+                .arg(&tls.key_file)
+                .arg("--trusted-ca-file")
+                .arg(&tls.ca_file)
+                .arg("--client-cert-auth");
+        }
+        let child = command
             .args(["--name", &self.name])
             .arg("--data-dir")
             .arg(&self.data_dir)
@@ -97,11 +119,27 @@ impl Drop for EtcdMember {
 /// One or more etcd members forming one cluster.
 pub struct EtcdCluster {
     pub members: Vec<EtcdMember>,
+    /// What clients present (with `ServerTls` clusters).
+    client_tls: Option<EtcdTls>,
 }
 
 impl EtcdCluster {
     /// Starts `size` members under `dir` and waits until the cluster serves.
     pub async fn start(dir: &Path, size: usize) -> Self {
+        Self::start_with(dir, size, None).await
+    }
+
+    /// Like `start`, serving TLS and requiring client certificates; clients of `store` and
+    /// `wait_ready` present `client`.
+    pub async fn start_tls(dir: &Path, size: usize, server: ServerTls, client: EtcdTls) -> Self {
+        Self::start_with(dir, size, Some((server, client))).await
+    }
+
+    async fn start_with(dir: &Path, size: usize, tls: Option<(ServerTls, EtcdTls)>) -> Self {
+        let (server_tls, client_tls) = match tls {
+            Some((server, client)) => (Some(server), Some(client)),
+            None => (None, None),
+        };
         let ports: Vec<(u16, u16)> = (0..size).map(|_| (free_port(), free_port())).collect();
         let initial_cluster = ports
             .iter()
@@ -118,13 +156,17 @@ impl EtcdCluster {
                 peer_port: *peer,
                 data_dir: dir.join(format!("m{i}")),
                 initial_cluster: initial_cluster.clone(),
+                tls: server_tls.clone(),
                 child: None,
             })
             .collect();
         for member in &mut members {
             member.start();
         }
-        let cluster = EtcdCluster { members };
+        let cluster = EtcdCluster {
+            members,
+            client_tls,
+        };
         cluster.wait_ready(Duration::from_secs(30)).await;
         cluster
     }
@@ -139,6 +181,7 @@ impl EtcdCluster {
         let config = EtcdConfig {
             endpoints: self.endpoints(),
             prefix: prefix.to_string(),
+            tls: self.client_tls.clone(),
             progress_interval: Duration::from_millis(100),
             ..EtcdConfig::default()
         };
@@ -158,6 +201,7 @@ impl EtcdCluster {
             .collect();
         let config = EtcdConfig {
             endpoints: running,
+            tls: self.client_tls.clone(),
             request_timeout: Duration::from_secs(1),
             ..EtcdConfig::default()
         };
