@@ -374,7 +374,10 @@ fn connect_options(config: &EtcdConfig) -> Result<ConnectOptions, StoreError> {
         .with_connect_timeout(config.connect_timeout)
         // Detects a silently dead member (no RST) so feeds move on to another.
         .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3))
-        .with_keep_alive_while_idle(true);
+        .with_keep_alive_while_idle(true)
+        // A member cut off from the quorum refuses calls and cancels its watches instead of
+        // serving a frozen view, so both fail over to a member that has a leader.
+        .with_require_leader(true);
     if let Some(tls) = &config.tls {
         let mut tls_options = etcd_client::TlsOptions::new();
         if let Some(ca) = &tls.ca_file {
