@@ -23,15 +23,8 @@ use crate::respond::{self, Body};
 const MAX_RETRIES: usize = 8;
 
 /// Decodes a request body in the format its `Content-Type` names.
-fn decode_body<T: Kind>(call: &Call) -> Result<T, ApiError> {
-    let format = negotiate::request_format(&call.parts.headers)?;
-    if call.body.is_empty() {
-        return Err(ApiError::bad_request("the request body is empty"));
-    }
-    match format {
-        Format::Json => object::decode_json(&call.body),
-        Format::Protobuf(_) => codec::decode_protobuf(&call.body),
-    }
+fn decode_body<T: Kind>(app: &App, call: &Call) -> Result<T, ApiError> {
+    negotiate::decode_object(&call.parts.headers, &call.body, &app.opts.feature_gates)
 }
 
 /// Namespaced objects may only be created in a namespace that exists and is not terminating.
@@ -59,7 +52,7 @@ async fn check_namespace_open<T: Kind>(app: &App, ns: &str, name: &str) -> Resul
 
 pub async fn create<T: Kind>(app: &Arc<App>, call: &Call) -> Result<Response<Body>, ApiError> {
     let dry_run = call.query.dry_run()?;
-    let mut obj: T = decode_body(call)?;
+    let mut obj: T = decode_body(app, call)?;
     object::apply_request_namespace(&mut obj, &call.route.namespace)?;
     let ns = obj.meta().namespace.clone();
     let generated = obj.meta().name.is_empty() && !obj.meta().generate_name.is_empty();
@@ -115,7 +108,7 @@ pub async fn update<T: Kind>(
     name: &str,
 ) -> Result<Response<Body>, ApiError> {
     let dry_run = call.query.dry_run()?;
-    let mut obj: T = decode_body(call)?;
+    let mut obj: T = decode_body(app, call)?;
     let ns = path_namespace::<T>(&call.route)?.to_string();
     object::apply_request_namespace(&mut obj, &ns)?;
     if obj.meta().name.is_empty() {
@@ -211,9 +204,10 @@ fn delete_options(call: &Call) -> Result<(DeleteOptions, bool), ApiError> {
     let mut opts = if call.body.is_empty() {
         DeleteOptions::default()
     } else {
-        match negotiate::request_format(&call.parts.headers)? {
-            Format::Json => DeleteOptions::from_json(&call.body)?,
+        match negotiate::request_format(&call.parts.headers, &Default::default())? {
             Format::Protobuf(_) => DeleteOptions::from_protobuf(&call.body)?,
+            Format::Yaml => codec::yaml::decode(&call.body)?,
+            _ => DeleteOptions::from_json(&call.body)?,
         }
     };
     if let Some(g) = call.query.int("gracePeriodSeconds")? {
