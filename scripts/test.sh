@@ -6,9 +6,13 @@ cd "$(dirname "$0")/.."
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
-# System packages the tests drive: kubectl (real-client tests).
+# System packages the tests drive: kubectl (real-client tests), etcd (the etcd backend's
+# conformance and multi-gateway tests start their own servers), and protoc (the etcd
+# client's build compiles etcd's gRPC protos).
 missing=()
 command -v kubectl >/dev/null 2>&1 || missing+=(kubectl)
+command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"
   as_root apt-get update -qq

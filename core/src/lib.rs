@@ -10,6 +10,7 @@ pub mod codec;
 pub mod kinds;
 pub mod meta;
 pub mod object;
+pub mod patch;
 pub mod registry;
 pub mod resource;
 pub mod selector;

@@ -134,6 +134,16 @@ pub enum ApiError {
         name: String,
         causes: Vec<StatusCause>,
     },
+    /// 422 with no object named: Kubernetes' generic answer when a JSON patch operation
+    /// cannot be applied (`NewGenericServerResponse(422, ...)`), the message as the one cause.
+    #[error("{0}")]
+    Unprocessable(String),
+    /// 409 for server-side apply: each cause names a field and the manager that owns it.
+    #[error("{message}")]
+    ApplyConflict {
+        message: String,
+        causes: Vec<StatusCause>,
+    },
     #[error("{0}")]
     BadRequest(String),
     #[error("{0}")]
@@ -193,8 +203,10 @@ impl ApiError {
     pub fn code(&self) -> u16 {
         match self {
             ApiError::NotFound(_) => 404,
-            ApiError::AlreadyExists(_) | ApiError::Conflict { .. } => 409,
-            ApiError::Invalid { .. } => 422,
+            ApiError::AlreadyExists(_)
+            | ApiError::Conflict { .. }
+            | ApiError::ApplyConflict { .. } => 409,
+            ApiError::Invalid { .. } | ApiError::Unprocessable(_) => 422,
             ApiError::BadRequest(_) => 400,
             ApiError::Unauthorized(_) => 401,
             ApiError::Forbidden(_) => 403,
@@ -214,8 +226,8 @@ impl ApiError {
         match self {
             ApiError::NotFound(_) => "NotFound",
             ApiError::AlreadyExists(_) => "AlreadyExists",
-            ApiError::Conflict { .. } => "Conflict",
-            ApiError::Invalid { .. } => "Invalid",
+            ApiError::Conflict { .. } | ApiError::ApplyConflict { .. } => "Conflict",
+            ApiError::Invalid { .. } | ApiError::Unprocessable(_) => "Invalid",
             ApiError::BadRequest(_) => "BadRequest",
             ApiError::Unauthorized(_) => "Unauthorized",
             ApiError::Forbidden(_) => "Forbidden",
@@ -251,6 +263,17 @@ impl ApiError {
         let details = match self {
             ApiError::NotFound(s) | ApiError::AlreadyExists(s) => Some(s.details(vec![])),
             ApiError::Conflict { subject, .. } => Some(subject.details(vec![])),
+            ApiError::ApplyConflict { causes, .. } => Some(StatusDetails {
+                causes: causes.clone(),
+                ..Default::default()
+            }),
+            ApiError::Unprocessable(message) => Some(StatusDetails {
+                causes: vec![StatusCause {
+                    message: message.clone(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
             ApiError::Invalid {
                 kind,
                 group,
@@ -281,6 +304,10 @@ impl ApiError {
 
     pub fn bad_request(msg: impl Into<String>) -> Self {
         ApiError::BadRequest(msg.into())
+    }
+
+    pub fn unprocessable(msg: impl Into<String>) -> Self {
+        ApiError::Unprocessable(msg.into())
     }
 
     pub fn internal(msg: impl std::fmt::Display) -> Self {

@@ -6,6 +6,13 @@ use std::time::Duration;
 
 use clap::Parser;
 
+/// The `Store` backend (`--storage-backend`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum StorageBackend {
+    Embedded,
+    Etcd,
+}
+
 #[derive(Clone, Debug, Parser)]
 #[command(
     name = "svc-gateway",
@@ -105,6 +112,31 @@ pub struct Options {
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     pub storage_history_retention: Duration,
 
+    /// Where objects live: `embedded` (one data directory, the default) or `etcd` (an etcd
+    /// v3 cluster; several gateways may share one).
+    #[arg(long, value_enum, default_value_t = StorageBackend::Embedded)]
+    pub storage_backend: StorageBackend,
+
+    /// etcd client URLs, comma-separated (with `--storage-backend=etcd`).
+    #[arg(long, value_delimiter = ',', default_value = "http://127.0.0.1:2379")]
+    pub etcd_servers: Vec<String>,
+
+    /// Prepended to every key in etcd (keys already start with `/registry/`).
+    #[arg(long, default_value = "")]
+    pub etcd_prefix: String,
+
+    /// CA bundle to verify etcd's serving certificate (https endpoints).
+    #[arg(long)]
+    pub etcd_cafile: Option<PathBuf>,
+
+    /// Client certificate presented to etcd.
+    #[arg(long)]
+    pub etcd_certfile: Option<PathBuf>,
+
+    /// Key of `--etcd-certfile`.
+    #[arg(long)]
+    pub etcd_keyfile: Option<PathBuf>,
+
     /// Feature gates: `Name=true,Other=false` (see `features.rs` for the known gates).
     #[arg(long, default_value = "", value_parser = crate::features::FeatureGates::parse)]
     pub feature_gates: crate::features::FeatureGates,
@@ -150,6 +182,23 @@ impl Options {
             // Check often enough that history never outlives its retention by much.
             compaction_check_interval: (retention / 2)
                 .clamp(Duration::from_millis(100), Duration::from_secs(10)),
+            ..Default::default()
+        }
+    }
+
+    pub fn etcd_config(&self) -> svc_storage::etcd::EtcdConfig {
+        let tls = (self.etcd_cafile.is_some()
+            || self.etcd_certfile.is_some()
+            || self.etcd_keyfile.is_some())
+        .then(|| svc_storage::etcd::EtcdTls {
+            ca_file: self.etcd_cafile.clone(),
+            cert_file: self.etcd_certfile.clone(),
+            key_file: self.etcd_keyfile.clone(),
+        });
+        svc_storage::etcd::EtcdConfig {
+            endpoints: self.etcd_servers.clone(),
+            prefix: self.etcd_prefix.clone(),
+            tls,
             ..Default::default()
         }
     }

@@ -5,7 +5,6 @@ use http::HeaderMap;
 use svc_core::ApiError;
 
 use crate::features::FeatureGates;
-use crate::rest::Kind;
 use svc_core::codec::{MEDIA_TYPE_KUBERNETES_PROTOBUF, MEDIA_TYPE_PROTOBUF};
 
 /// A representation the server reads and writes.
@@ -175,27 +174,6 @@ pub fn request_format(headers: &HeaderMap, gates: &FeatureGates) -> Result<Forma
             if cbor { ", application/cbor" } else { "" }
         ))),
     }
-}
-
-/// Decodes an object body in the format its `Content-Type` names.
-pub fn decode_object<T: Kind>(
-    headers: &HeaderMap,
-    body: &[u8],
-    gates: &FeatureGates,
-) -> Result<T, ApiError> {
-    let format = request_format(headers, gates)?;
-    if body.is_empty() {
-        return Err(ApiError::bad_request("the request body is empty"));
-    }
-    let mut obj: T = match format {
-        Format::Json | Format::Table => return svc_core::object::decode_json(body),
-        Format::Protobuf(_) => return svc_core::codec::decode_protobuf(body),
-        Format::Yaml => svc_core::codec::yaml::decode(body)?,
-        Format::Cbor => svc_core::codec::cbor::decode(body)?,
-    };
-    svc_core::object::check_type_meta(&obj)?;
-    obj.set_type_meta();
-    Ok(obj)
 }
 
 #[cfg(test)]

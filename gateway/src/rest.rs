@@ -2,6 +2,7 @@
 //! deletecollection. The kind table at the bottom is the only per-kind code.
 
 pub mod list;
+pub mod patch;
 pub mod write;
 
 use std::sync::Arc;
@@ -69,12 +70,7 @@ async fn serve_typed<T: Kind>(app: &Arc<App>, mut call: Call) -> Result<Response
         (Method::PUT, Some(name)) => write::update::<T>(app, &call, &name).await,
         (Method::DELETE, Some(name)) => write::delete::<T>(app, &call, &name).await,
         (Method::DELETE, None) => write::delete_collection::<T>(app, &call).await,
-        (Method::PATCH, Some(_)) => Err(ApiError::UnsupportedMediaType(format!(
-            "the body of the request was in an unknown format - accepted media types include: \
-             application/json-patch+json, application/merge-patch+json, \
-             application/apply-patch+yaml; PATCH is not enabled on {}",
-            info.plural
-        ))),
+        (Method::PATCH, Some(name)) => patch::patch::<T>(app, &call, &name).await,
         (m, _) => Err(ApiError::MethodNotAllowed(format!(
             "the server does not allow this method on the requested resource: {m}"
         ))),

@@ -64,8 +64,16 @@ impl ServerHandle {
     }
 }
 
-/// Opens the store, creates or loads the PKI, binds the listeners and starts serving.
+/// Opens the store (embedded, or etcd with `--storage-backend=etcd`), creates or loads the
+/// PKI, binds the listeners and starts serving.
 pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
+    if opts.storage_backend == crate::config::StorageBackend::Etcd {
+        // Connections are lazy: an unreachable etcd shows in /readyz and 503s, not here.
+        let store = svc_storage::etcd::EtcdStore::connect(opts.etcd_config())
+            .await
+            .with_context(|| format!("connecting to etcd at {:?}", opts.etcd_servers))?;
+        return start_with_store(opts, store).await;
+    }
     let store_dir = opts.store_dir();
     std::fs::create_dir_all(&store_dir)
         .with_context(|| format!("creating data directory {}", store_dir.display()))?;

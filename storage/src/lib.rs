@@ -5,7 +5,8 @@
 //! `mod_revision`, reads can be at the current or at a past (not yet compacted) revision, and
 //! every committed change comes back out of an ordered, gap-free change feed.
 //!
-//! Backends: [`EmbeddedStore`] (the default: one data directory on redb, see [`embedded`]).
+//! Backends: [`EmbeddedStore`] (the default: one data directory on redb, see [`embedded`])
+//! and [`EtcdStore`] (an etcd v3 cluster over gRPC, see [`etcd`]).
 //! With the `conformance` feature, [`conformance`] holds the test suite every backend (and
 //! anything else implementing [`Store`], such as a watch cache) must pass.
 //!
@@ -15,9 +16,11 @@
 pub mod conformance;
 pub mod embedded;
 mod error;
+pub mod etcd;
 
 pub use embedded::{AutoCompaction, EmbeddedConfig, EmbeddedStats, EmbeddedStore};
 pub use error::StoreError;
+pub use etcd::{EtcdConfig, EtcdStore, EtcdTls};
 
 use std::pin::Pin;
 
@@ -117,7 +120,7 @@ impl KeyRange {
     }
 }
 
-/// The storage contract. Implemented by the embedded engine and (later) etcd.
+/// The storage contract. Implemented by the embedded engine and etcd.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Creates `key` if absent. Fails with `AlreadyExists` otherwise. Durable when it returns.

@@ -9,10 +9,13 @@ use svc_core::codec::{self, DeleteOptions, Preconditions};
 use svc_core::kinds::Namespace;
 use svc_core::meta::Time;
 use svc_core::object::{self, parse_resource_version};
+use svc_core::patch::decode::{self, FieldValidation};
+use svc_core::patch::managed::{self, Writer};
 use svc_core::status::Subject;
 use svc_core::{ApiError, Resource, Status};
 use svc_storage::{KeyRange, StoreError};
 
+use super::patch::{field_manager, with_warnings};
 use super::{Call, Kind, conflict, map_write_error, path_namespace, read_current};
 use crate::app::App;
 use crate::negotiate::{self, Format};
@@ -22,13 +25,87 @@ use crate::respond::{self, Body};
 /// concurrent write, before giving up.
 const MAX_RETRIES: usize = 8;
 
-/// Decodes a request body in the format its `Content-Type` names.
-fn decode_body<T: Kind>(app: &App, call: &Call) -> Result<T, ApiError> {
-    negotiate::decode_object(&call.parts.headers, &call.body, &app.opts.feature_gates)
+/// Decodes a request body in the format its `Content-Type` names, with the warnings field
+/// validation produces (unknown and duplicate JSON fields; `Strict` refuses them).
+fn decode_body<T: Kind>(app: &App, call: &Call) -> Result<(T, Vec<String>), ApiError> {
+    let format = negotiate::request_format(&call.parts.headers, &app.opts.feature_gates)?;
+    let validation = FieldValidation::parse(call.query.get("fieldValidation"))?;
+    if call.body.is_empty() {
+        return Err(ApiError::bad_request("the request body is empty"));
+    }
+    match format {
+        Format::Json => {
+            let (value, mut problems) = decode::parse_json(&call.body).map_err(|e| {
+                ApiError::bad_request(format!("error decoding {} body: {e}", T::INFO.kind))
+            })?;
+            let (mut obj, unknown): (T, _) = decode::decode_value(value).map_err(|e| {
+                ApiError::bad_request(format!("error decoding {} body: {e}", T::INFO.kind))
+            })?;
+            problems.extend(unknown);
+            let warnings = validation.check(problems)?;
+            object::check_type_meta(&obj)?;
+            obj.set_type_meta();
+            Ok((obj, warnings))
+        }
+        // YAML and CBOR go through a JSON value, so unknown fields are found the same way
+        // (both parsers refuse duplicate keys themselves).
+        Format::Yaml | Format::Cbor => {
+            let value: serde_json::Value = if format == Format::Yaml {
+                codec::yaml::decode(&call.body)?
+            } else {
+                codec::cbor::decode(&call.body)?
+            };
+            let (mut obj, unknown): (T, _) = decode::decode_value(value).map_err(|e| {
+                ApiError::bad_request(format!("error decoding {} body: {e}", T::INFO.kind))
+            })?;
+            let warnings = validation.check(unknown)?;
+            object::check_type_meta(&obj)?;
+            obj.set_type_meta();
+            Ok((obj, warnings))
+        }
+        Format::Protobuf(_) => Ok((codec::decode_protobuf(&call.body)?, vec![])),
+        Format::Table => Err(ApiError::UnsupportedMediaType(
+            "a Table is not a request body".into(),
+        )),
+    }
+}
+
+/// Records a non-apply write in `next`'s `managedFields` as an `Update` by the request's
+/// field manager; `old` is `None` on create.
+fn record_update<T: Kind>(call: &Call, old: Option<&T>, next: &mut T) -> Result<(), ApiError> {
+    let manager = field_manager(call, false)?;
+    let api_version = T::INFO.api_version();
+    let writer = Writer {
+        kind: T::INFO.kind,
+        api_version: &api_version,
+        manager: &manager,
+        now: Time::now(),
+    };
+    let old_value = old
+        .map(serde_json::to_value)
+        .transpose()
+        .map_err(ApiError::internal)?;
+    let current = old
+        .map(|o| o.meta().managed_fields.clone())
+        .unwrap_or_default();
+    let body_entries = std::mem::take(&mut next.meta_mut().managed_fields);
+    let new_value = serde_json::to_value(&*next).map_err(ApiError::internal)?;
+    next.meta_mut().managed_fields = managed::update(
+        &writer,
+        old_value.as_ref(),
+        &new_value,
+        &current,
+        &body_entries,
+    )?;
+    Ok(())
 }
 
 /// Namespaced objects may only be created in a namespace that exists and is not terminating.
-async fn check_namespace_open<T: Kind>(app: &App, ns: &str, name: &str) -> Result<(), ApiError> {
+pub(super) async fn check_namespace_open<T: Kind>(
+    app: &App,
+    ns: &str,
+    name: &str,
+) -> Result<(), ApiError> {
     if !T::INFO.namespaced() {
         return Ok(());
     }
@@ -52,13 +129,14 @@ async fn check_namespace_open<T: Kind>(app: &App, ns: &str, name: &str) -> Resul
 
 pub async fn create<T: Kind>(app: &Arc<App>, call: &Call) -> Result<Response<Body>, ApiError> {
     let dry_run = call.query.dry_run()?;
-    let mut obj: T = decode_body(app, call)?;
+    let (mut obj, warnings): (T, _) = decode_body(app, call)?;
     object::apply_request_namespace(&mut obj, &call.route.namespace)?;
     let ns = obj.meta().namespace.clone();
     let generated = obj.meta().name.is_empty() && !obj.meta().generate_name.is_empty();
     for _ in 0..MAX_RETRIES {
         let mut candidate = obj.clone();
         object::prepare_create(&mut candidate)?;
+        record_update(call, None, &mut candidate)?;
         let name = candidate.meta().name.clone();
         check_namespace_open::<T>(app, &ns, &name).await?;
         let key = Bytes::from(T::INFO.key(&ns, &name));
@@ -74,22 +152,28 @@ pub async fn create<T: Kind>(app: &Arc<App>, call: &Call) -> Result<Response<Bod
                 }
                 return Err(ApiError::AlreadyExists(object::subject::<T>(&name)));
             }
-            return Ok(respond::object(
-                StatusCode::CREATED,
-                &candidate,
-                call.format,
-                call.query.pretty(),
+            return Ok(with_warnings(
+                respond::object(
+                    StatusCode::CREATED,
+                    &candidate,
+                    call.format,
+                    call.query.pretty(),
+                ),
+                &warnings,
             ));
         }
         let value = Bytes::from(object::encode_for_store(&candidate)?);
         match app.store.create(key, value).await {
             Ok(kv) => {
                 candidate.meta_mut().resource_version = kv.mod_revision.to_string();
-                return Ok(respond::object(
-                    StatusCode::CREATED,
-                    &candidate,
-                    call.format,
-                    call.query.pretty(),
+                return Ok(with_warnings(
+                    respond::object(
+                        StatusCode::CREATED,
+                        &candidate,
+                        call.format,
+                        call.query.pretty(),
+                    ),
+                    &warnings,
                 ));
             }
             Err(StoreError::AlreadyExists { .. }) if generated => continue,
@@ -108,7 +192,7 @@ pub async fn update<T: Kind>(
     name: &str,
 ) -> Result<Response<Body>, ApiError> {
     let dry_run = call.query.dry_run()?;
-    let mut obj: T = decode_body(app, call)?;
+    let (mut obj, warnings): (T, _) = decode_body(app, call)?;
     let ns = path_namespace::<T>(&call.route)?.to_string();
     object::apply_request_namespace(&mut obj, &ns)?;
     if obj.meta().name.is_empty() {
@@ -124,6 +208,12 @@ pub async fn update<T: Kind>(
         rv => Some(parse_resource_version(rv)?),
     };
     let key = Bytes::from(T::INFO.key(&ns, name));
+    let ok = |obj: &T| {
+        with_warnings(
+            respond::object(StatusCode::OK, obj, call.format, call.query.pretty()),
+            &warnings,
+        )
+    };
     for _ in 0..MAX_RETRIES {
         let (current, kv) = match read_current::<T>(app, &key, name).await {
             Ok(c) => c,
@@ -138,24 +228,16 @@ pub async fn update<T: Kind>(
         }
         let mut next = obj.clone();
         object::prepare_update(&mut next, &current)?;
+        record_update(call, Some(&current), &mut next)?;
+        next.meta_mut().resource_version.clear();
         let value = object::encode_for_store(&next)?;
         if value == kv.value {
             // Nothing changed: no write, no new resourceVersion, no watch event.
-            return Ok(respond::object(
-                StatusCode::OK,
-                &current,
-                call.format,
-                call.query.pretty(),
-            ));
+            return Ok(ok(&current));
         }
         if dry_run {
             next.meta_mut().resource_version = kv.mod_revision.to_string();
-            return Ok(respond::object(
-                StatusCode::OK,
-                &next,
-                call.format,
-                call.query.pretty(),
-            ));
+            return Ok(ok(&next));
         }
         if next.meta().deletion_timestamp.is_some()
             && next.meta().finalizers.is_empty()
@@ -165,12 +247,7 @@ pub async fn update<T: Kind>(
             return match app.store.delete(key.clone(), Some(kv.mod_revision)).await {
                 Ok((_, rev)) => {
                     next.meta_mut().resource_version = rev.to_string();
-                    Ok(respond::object(
-                        StatusCode::OK,
-                        &next,
-                        call.format,
-                        call.query.pretty(),
-                    ))
+                    Ok(ok(&next))
                 }
                 Err(StoreError::Conflict { .. }) if precondition.is_none() => continue,
                 Err(e) => Err(map_write_error::<T>(e, name)),
@@ -183,12 +260,7 @@ pub async fn update<T: Kind>(
         {
             Ok(new_kv) => {
                 next.meta_mut().resource_version = new_kv.mod_revision.to_string();
-                return Ok(respond::object(
-                    StatusCode::OK,
-                    &next,
-                    call.format,
-                    call.query.pretty(),
-                ));
+                return Ok(ok(&next));
             }
             // An unconditional update retries against the newer object; a conditional one
             // reports the conflict.
@@ -266,13 +338,68 @@ pub async fn delete<T: Kind>(
     let ns = path_namespace::<T>(&call.route)?.to_string();
     let key = Bytes::from(T::INFO.key(&ns, name));
     let pre = opts.preconditions.unwrap_or_default();
-    let (obj, code) = delete_one::<T>(app, &key, name, &pre, dry_run).await?;
-    Ok(respond::object(
-        code,
-        &obj,
-        call.format,
-        call.query.pretty(),
-    ))
+    let unsafe_delete = unsafe_delete_requested(app, call, dry_run)?;
+    match delete_one::<T>(app, &key, name, &pre, dry_run).await {
+        Ok((obj, code)) => Ok(respond::object(
+            code,
+            &obj,
+            call.format,
+            call.query.pretty(),
+        )),
+        Err(e) if unsafe_delete && is_corrupt::<T>(app, &key).await => {
+            // The object cannot be read: remove the record unconditionally, ignoring
+            // finalizers and preconditions, as the spec's alpha force deletion does.
+            tracing::warn!(key = %String::from_utf8_lossy(&key), error = %e,
+                "unsafe deletion of a corrupt object");
+            app.store
+                .delete(key.clone(), None)
+                .await
+                .map_err(|e| map_write_error::<T>(e, name))?;
+            Ok(respond::json(
+                StatusCode::OK,
+                &Status::success(Some(svc_core::status::StatusDetails {
+                    name: name.to_string(),
+                    group: T::INFO.group.to_string(),
+                    kind: T::INFO.plural.to_string(),
+                    ..Default::default()
+                })),
+                call.query.pretty(),
+            ))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// `ignoreStoreReadErrorWithClusterBreakingPotential=true`: honoured only with the
+/// `AllowUnsafeMalformedObjectDeletion` gate (otherwise the option does nothing, as an alpha
+/// field behind a disabled gate), and never together with dry-run.
+fn unsafe_delete_requested(app: &App, call: &Call, dry_run: bool) -> Result<bool, ApiError> {
+    if !call
+        .query
+        .bool("ignoreStoreReadErrorWithClusterBreakingPotential")?
+        || !app
+            .opts
+            .feature_gates
+            .enabled("AllowUnsafeMalformedObjectDeletion")
+    {
+        return Ok(false);
+    }
+    if dry_run {
+        return Err(invalid_delete(
+            "ignoreStoreReadErrorWithClusterBreakingPotential",
+            "Invalid value: true: cannot be set together with dryRun",
+        ));
+    }
+    Ok(true)
+}
+
+/// Whether the record at `key` cannot be read or decoded (the corrupt-object case).
+async fn is_corrupt<T: Kind>(app: &App, key: &Bytes) -> bool {
+    match app.store.get(key.clone(), None).await {
+        Err(StoreError::Corrupt { .. }) => true,
+        Ok((Some(kv), _)) => object::decode_from_store::<T>(&kv).is_err(),
+        _ => false,
+    }
 }
 
 /// Deletes one object, or marks it terminating when finalizers hold it. Returns what the

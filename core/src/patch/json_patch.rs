@@ -1,0 +1,222 @@
+//! JSON Patch (RFC 6902) with JSON Pointers (RFC 6901). Errors follow Kubernetes' patch
+//! handler: an undecodable patch is 400, more than 10,000 operations 413, and an operation
+//! that cannot be applied (a failed `test`, a missing path) 422.
+
+use serde_json::Value;
+
+use crate::status::ApiError;
+
+/// Kubernetes' `maxJSONPatchOperations`.
+pub const MAX_OPERATIONS: usize = 10_000;
+
+/// Applies the JSON Patch document `patch` to `doc`.
+pub fn apply(doc: &Value, patch: &[u8]) -> Result<Value, ApiError> {
+    let ops: Value = serde_json::from_slice(patch)
+        .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+    let Value::Array(ops) = ops else {
+        return Err(ApiError::bad_request(
+            "error decoding patch: a JSON patch must be an array of operations",
+        ));
+    };
+    if ops.len() > MAX_OPERATIONS {
+        return Err(ApiError::RequestEntityTooLarge(format!(
+            "The allowed maximum operations in a JSON patch is {MAX_OPERATIONS}, got {}",
+            ops.len()
+        )));
+    }
+    let ops = ops
+        .iter()
+        .map(Operation::decode)
+        .collect::<Result<Vec<_>, String>>()
+        .map_err(ApiError::bad_request)?;
+    let mut out = doc.clone();
+    for op in &ops {
+        op.apply(&mut out).map_err(ApiError::unprocessable)?;
+    }
+    Ok(out)
+}
+
+#[derive(Debug)]
+enum Op {
+    Add(Value),
+    Remove,
+    Replace(Value),
+    Move(Vec<String>),
+    Copy(Vec<String>),
+    Test(Value),
+}
+
+#[derive(Debug)]
+struct Operation {
+    op: Op,
+    path: Vec<String>,
+    raw_path: String,
+}
+
+impl Operation {
+    fn decode(v: &Value) -> Result<Operation, String> {
+        let obj = v
+            .as_object()
+            .ok_or_else(|| "a JSON patch operation must be an object".to_string())?;
+        let kind = obj
+            .get("op")
+            .and_then(Value::as_str)
+            .ok_or_else(|| "a JSON patch operation needs a string \"op\"".to_string())?;
+        let raw_path = obj
+            .get("path")
+            .and_then(Value::as_str)
+            .ok_or_else(|| format!("operation {kind:?} needs a string \"path\""))?;
+        let path = parse_pointer(raw_path)?;
+        let value = || {
+            obj.get("value")
+                .cloned()
+                .ok_or_else(|| format!("operation {kind:?} at {raw_path:?} needs a \"value\""))
+        };
+        let from = || {
+            obj.get("from")
+                .and_then(Value::as_str)
+                .ok_or_else(|| format!("operation {kind:?} at {raw_path:?} needs a \"from\""))
+                .and_then(parse_pointer)
+        };
+        let op = match kind {
+            "add" => Op::Add(value()?),
+            "remove" => Op::Remove,
+            "replace" => Op::Replace(value()?),
+            "move" => Op::Move(from()?),
+            "copy" => Op::Copy(from()?),
+            "test" => Op::Test(value()?),
+            other => return Err(format!("Unexpected kind: {other}")),
+        };
+        Ok(Operation {
+            op,
+            path,
+            raw_path: raw_path.to_string(),
+        })
+    }
+
+    fn apply(&self, doc: &mut Value) -> Result<(), String> {
+        let p = &self.raw_path;
+        match &self.op {
+            Op::Add(v) => add(doc, &self.path, v.clone()),
+            Op::Remove => remove(doc, &self.path).map(drop),
+            Op::Replace(v) => {
+                let target = get_mut(doc, &self.path).ok_or_else(|| {
+                    format!("replace operation does not apply: doc is missing key: {p}")
+                })?;
+                *target = v.clone();
+                Ok(())
+            }
+            Op::Move(from) => {
+                if self.path.len() > from.len() && self.path.starts_with(from) {
+                    return Err(format!("move operation cannot move {p} into its own child"));
+                }
+                let v = remove(doc, from)?;
+                add(doc, &self.path, v)
+            }
+            Op::Copy(from) => {
+                let v = get_mut(doc, from).map(|v| v.clone()).ok_or_else(|| {
+                    "copy operation does not apply: doc is missing from path".to_string()
+                })?;
+                add(doc, &self.path, v)
+            }
+            Op::Test(expected) => match get_mut(doc, &self.path) {
+                Some(actual) if actual == expected => Ok(()),
+                _ => Err(format!("testing value {p} failed: test failed")),
+            },
+        }
+    }
+}
+
+/// Splits a JSON Pointer into unescaped tokens (`~1` is `/`, `~0` is `~`).
+pub fn parse_pointer(p: &str) -> Result<Vec<String>, String> {
+    if p.is_empty() {
+        return Ok(vec![]);
+    }
+    let Some(rest) = p.strip_prefix('/') else {
+        return Err(format!("JSON pointer {p:?} must start with \"/\""));
+    };
+    Ok(rest
+        .split('/')
+        .map(|t| t.replace("~1", "/").replace("~0", "~"))
+        .collect())
+}
+
+/// An array index token: digits only, no leading zeros (RFC 6901).
+fn index(token: &str, len: usize, allow_end: bool) -> Option<usize> {
+    if allow_end && token == "-" {
+        return Some(len);
+    }
+    if token.is_empty() || !token.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    if token.len() > 1 && token.starts_with('0') {
+        return None;
+    }
+    let i: usize = token.parse().ok()?;
+    let max = if allow_end {
+        len
+    } else {
+        len.saturating_sub(1)
+    };
+    (i <= max && (allow_end || len > 0)).then_some(i)
+}
+
+fn get_mut<'a>(doc: &'a mut Value, path: &[String]) -> Option<&'a mut Value> {
+    let mut cur = doc;
+    for t in path {
+        cur = match cur {
+            Value::Object(m) => m.get_mut(t)?,
+            Value::Array(a) => {
+                let i = index(t, a.len(), false)?;
+                a.get_mut(i)?
+            }
+            _ => return None,
+        };
+    }
+    Some(cur)
+}
+
+fn add(doc: &mut Value, path: &[String], v: Value) -> Result<(), String> {
+    let Some((last, parent)) = path.split_last() else {
+        *doc = v;
+        return Ok(());
+    };
+    let missing = || {
+        format!(
+            "add operation does not apply: doc is missing path: /{}",
+            path.join("/")
+        )
+    };
+    match get_mut(doc, parent).ok_or_else(missing)? {
+        Value::Object(m) => {
+            m.insert(last.clone(), v);
+            Ok(())
+        }
+        Value::Array(a) => {
+            let i = index(last, a.len(), true).ok_or_else(|| {
+                format!("add operation does not apply: index {last:?} out of bounds")
+            })?;
+            a.insert(i, v);
+            Ok(())
+        }
+        _ => Err(missing()),
+    }
+}
+
+fn remove(doc: &mut Value, path: &[String]) -> Result<Value, String> {
+    let missing = || {
+        format!(
+            "remove operation does not apply: doc is missing path: \"/{}\"",
+            path.join("/")
+        )
+    };
+    let (last, parent) = path.split_last().ok_or_else(missing)?;
+    match get_mut(doc, parent).ok_or_else(missing)? {
+        Value::Object(m) => m.remove(last).ok_or_else(missing),
+        Value::Array(a) => {
+            let i = index(last, a.len(), false).ok_or_else(missing)?;
+            Ok(a.remove(i))
+        }
+        _ => Err(missing()),
+    }
+}

@@ -1,0 +1,220 @@
+//! `svc-loadtest`: load scenarios (watch fan-out, slow watchers, write churn) against a
+//! Kubernetes-compatible API server, etcd, or a raw TCP fan-out baseline, with a report.
+
+mod raw;
+mod report;
+mod run;
+mod stats;
+mod target;
+mod watch;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
+use serde::{Deserialize, Serialize};
+
+use run::Scenario;
+
+#[derive(Parser)]
+#[command(
+    name = "svc-loadtest",
+    version,
+    about = "Load harness: watch fan-out and friends."
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// N watchers on one collection while writers create and update objects.
+    Fanout(Params),
+    /// Like fanout; halfway through, `--stalled` extra watchers join and never read.
+    SlowWatcher(Params),
+    /// Concurrent writers creating, updating and deleting; no watchers.
+    Churn(Params),
+    /// Runs one YAML scenario against several targets in turn; one report with ratios.
+    Compare(CompareArgs),
+}
+
+/// Flags shared by the scenarios (also the `params` of a compare scenario file).
+#[derive(Args, Clone, Debug, Serialize)]
+pub struct Params {
+    /// Built-in raw TCP fan-out on 127.0.0.1: the hardware ceiling.
+    #[arg(long)]
+    pub raw: bool,
+    /// A kubeconfig (current context; client certificate and CA from its base64 data).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// A plain-HTTP server URL, e.g. http://127.0.0.1:18080 (svc-gateway --insecure-port).
+    #[arg(long)]
+    pub server: Option<String>,
+    /// etcd client URLs (v3 JSON gateway), comma-separated; the first is used.
+    #[arg(long)]
+    pub etcd_endpoints: Option<String>,
+    #[arg(long, default_value_t = 100)]
+    pub watchers: usize,
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[serde(serialize_with = "secs")]
+    pub duration: Duration,
+    /// Report directory.
+    #[arg(long, default_value = "loadtest-report")]
+    pub out: PathBuf,
+    /// Multiplex watchers as h2 streams over this many connections (default: HTTP/1.1,
+    /// one connection per watcher).
+    #[arg(long)]
+    pub h2_connections: Option<usize>,
+    /// Watch media type: json or protobuf.
+    #[arg(long, default_value = "json", value_parser = ["json", "protobuf"])]
+    pub media: String,
+    #[arg(long, default_value_t = 1)]
+    pub writers: usize,
+    /// Total writes per second across writers (ignored with --max).
+    #[arg(long, default_value_t = 100.0)]
+    pub rate: f64,
+    /// Write as fast as acknowledgements allow.
+    #[arg(long)]
+    pub max: bool,
+    /// Approximate size in bytes of each written object (frame size for --raw).
+    #[arg(long, default_value_t = 400)]
+    pub object_size: usize,
+    /// Sample this process's CPU and RSS from /proc.
+    #[arg(long)]
+    pub server_pid: Option<u32>,
+    /// Allow non-loopback targets (never needed on one machine).
+    #[arg(long)]
+    pub allow_remote: bool,
+    /// slow-watcher: how many stalled watchers join halfway.
+    #[arg(long, default_value_t = 10)]
+    pub stalled: usize,
+    /// Longest wait after the writers stop for watchers to catch up.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[serde(serialize_with = "secs")]
+    pub drain: Duration,
+}
+
+fn secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .map(|i| s.split_at(i))
+        .unwrap_or((s, "s"));
+    let v: f64 = num.parse().map_err(|_| format!("bad duration {s}"))?;
+    let mult = match unit {
+        "ms" => 1e-3,
+        "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        _ => return Err(format!("bad duration unit in {s} (ms, s, m, h)")),
+    };
+    Ok(Duration::from_secs_f64(v * mult))
+}
+
+#[derive(Args)]
+struct CompareArgs {
+    /// YAML: `scenario: fanout`, `params: {flag: value}`, `targets: [{name, flag: value}]`.
+    #[arg(long)]
+    scenario: PathBuf,
+    #[arg(long)]
+    out: PathBuf,
+}
+
+#[derive(Deserialize)]
+struct ScenarioFile {
+    scenario: String,
+    #[serde(default)]
+    params: BTreeMap<String, serde_json::Value>,
+    targets: Vec<BTreeMap<String, serde_json::Value>>,
+}
+
+fn scenario_of(name: &str) -> Result<Scenario> {
+    Ok(match name {
+        "fanout" => Scenario::Fanout,
+        "slow-watcher" => Scenario::SlowWatcher,
+        "churn" => Scenario::Churn,
+        _ => bail!("unknown scenario {name} (fanout, slow-watcher, churn)"),
+    })
+}
+
+/// Turns `{flag: value}` into `--flag value` (`true` is a bare flag, `false` is left out).
+fn flags(m: &BTreeMap<String, serde_json::Value>, out: &mut Vec<String>) {
+    for (k, v) in m {
+        if k == "name" {
+            continue;
+        }
+        let flag = format!("--{}", k.replace('_', "-"));
+        match v {
+            serde_json::Value::Bool(true) => out.push(flag),
+            serde_json::Value::Bool(false) | serde_json::Value::Null => {}
+            serde_json::Value::String(s) => {
+                out.push(flag);
+                out.push(s.clone());
+            }
+            other => {
+                out.push(flag);
+                out.push(other.to_string());
+            }
+        }
+    }
+}
+
+async fn compare(a: CompareArgs) -> Result<()> {
+    let text = std::fs::read_to_string(&a.scenario)
+        .with_context(|| format!("{}", a.scenario.display()))?;
+    let file: ScenarioFile = serde_saphyr::from_str(&text).context("parsing the scenario file")?;
+    let sc = scenario_of(&file.scenario)?;
+    let mut runs = Vec::new();
+    for (i, t) in file.targets.iter().enumerate() {
+        let name = t
+            .get("name")
+            .and_then(|v| v.as_str())
+            .map(String::from)
+            .unwrap_or_else(|| format!("target-{i}"));
+        let mut argv = vec!["svc-loadtest".to_string(), file.scenario.clone()];
+        flags(&file.params, &mut argv);
+        flags(t, &mut argv);
+        argv.push("--out".into());
+        argv.push(a.out.join(&name).display().to_string());
+        let cli = Cli::try_parse_from(&argv).with_context(|| format!("target {name}"))?;
+        let (Cmd::Fanout(p) | Cmd::SlowWatcher(p) | Cmd::Churn(p)) = cli.cmd else {
+            bail!("nested compare");
+        };
+        eprintln!("== {name}");
+        let r = run::run(sc, &p)
+            .await
+            .with_context(|| format!("target {name}"))?;
+        report::write(&p.out, std::slice::from_ref(&r))?;
+        runs.push(r);
+    }
+    report::write(&a.out, &runs)?;
+    println!("{}", report::markdown(&runs));
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let (sc, p) = match cli.cmd {
+            Cmd::Fanout(p) => (Scenario::Fanout, p),
+            Cmd::SlowWatcher(p) => (Scenario::SlowWatcher, p),
+            Cmd::Churn(p) => (Scenario::Churn, p),
+            Cmd::Compare(a) => return compare(a).await,
+        };
+        let r = run::run(sc, &p).await?;
+        report::write(&p.out, std::slice::from_ref(&r))?;
+        println!("{}", report::markdown(std::slice::from_ref(&r)));
+        eprintln!("report: {}", p.out.join("report.md").display());
+        Ok(())
+    })
+}

@@ -1,0 +1,475 @@
+//! The report directory: `results.json` (one schema, below), `report.md` (tables, ratios when
+//! several targets ran) and SVG charts. The SVG is written by hand: a few polylines and
+//! `<text>` labels need no plotting library and no fonts on the machine that renders them.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::Result;
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+use crate::Params;
+use crate::stats::{Machine, Sample};
+
+/// Bumped whenever a field changes meaning; readers check it.
+pub const SCHEMA: &str = "svc-loadtest/results/v1";
+
+/// One run of one scenario against one target. `results.json` holds `{"schema", "runs": [..]}`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Results {
+    pub schema: String,
+    pub scenario: String,
+    pub target: TargetInfo,
+    pub params: Params,
+    pub machine: Machine,
+    /// Seconds writers ran.
+    pub duration_s: f64,
+    /// Seconds from the first write to the end of the drain (rates are over this).
+    pub elapsed_s: f64,
+    /// One sample a second.
+    pub series: Vec<Sample>,
+    /// Write-to-delivery latency over all watchers.
+    pub latency_ms: Percentiles,
+    /// Acknowledged-write latency as the writers saw it.
+    pub write_latency_ms: Percentiles,
+    pub counts: Counts,
+    /// The first distinct error messages.
+    pub errors: Vec<String>,
+    /// Scenario-specific figures (e.g. slow-watcher's before/after percentiles).
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TargetInfo {
+    /// `kubernetes`, `etcd` or `raw`.
+    pub kind: String,
+    pub endpoint: String,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Percentiles {
+    pub count: u64,
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub max: f64,
+}
+
+impl Percentiles {
+    pub fn of(h: &Histogram<u64>) -> Self {
+        let ms = |v: u64| v as f64 / 1000.0;
+        Percentiles {
+            count: h.len(),
+            p50: ms(h.value_at_quantile(0.5)),
+            p90: ms(h.value_at_quantile(0.9)),
+            p99: ms(h.value_at_quantile(0.99)),
+            p999: ms(h.value_at_quantile(0.999)),
+            max: ms(h.max()),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Counts {
+    pub watchers: u64,
+    pub watchers_opened: u64,
+    pub writes_acked: u64,
+    pub writes_per_s: f64,
+    pub events_delivered: u64,
+    /// `writes_acked × watchers_opened`: what every watcher seeing every write adds up to.
+    pub events_expected: u64,
+    pub events_per_s: f64,
+    /// Watchers that saw exactly every acknowledged write, in order, without duplicates.
+    pub watchers_complete: u64,
+    /// Events some watcher never saw (sum over watchers).
+    pub missing: u64,
+    /// Events not newer than the one before them (sum over watchers).
+    pub duplicates: u64,
+    pub reconnects: u64,
+    /// Watchers that were told their resourceVersion had expired (410).
+    pub expired: u64,
+    pub write_errors: u64,
+    pub watch_errors: u64,
+}
+
+pub fn write(dir: &Path, runs: &[Results]) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let json = serde_json::json!({ "schema": SCHEMA, "runs": runs });
+    std::fs::write(
+        dir.join("results.json"),
+        serde_json::to_string_pretty(&json)?,
+    )?;
+    std::fs::write(
+        dir.join("throughput.svg"),
+        chart("events delivered per second", "events/s", runs, |s| {
+            s.events_per_s
+        }),
+    )?;
+    std::fs::write(
+        dir.join("p99.svg"),
+        chart(
+            "p99 write-to-delivery latency per second",
+            "ms",
+            runs,
+            |s| s.p99_ms,
+        ),
+    )?;
+    if runs
+        .iter()
+        .any(|r| r.series.iter().any(|s| s.server_rss_bytes.is_some()))
+    {
+        std::fs::write(
+            dir.join("server-cpu.svg"),
+            chart("server CPU", "% of one core", runs, |s| {
+                s.server_cpu_pct.unwrap_or(0.0)
+            }),
+        )?;
+        std::fs::write(
+            dir.join("server-rss.svg"),
+            chart("server RSS", "MiB", runs, |s| {
+                s.server_rss_bytes.unwrap_or(0) as f64 / (1 << 20) as f64
+            }),
+        )?;
+    }
+    std::fs::write(dir.join("latency.svg"), percentile_chart(runs))?;
+    std::fs::write(dir.join("report.md"), markdown(runs))?;
+    Ok(())
+}
+
+fn label(r: &Results) -> String {
+    format!("{} ({})", r.target.kind, r.target.endpoint)
+}
+
+pub fn markdown(runs: &[Results]) -> String {
+    let mut m = String::new();
+    let Some(first) = runs.first() else {
+        return "no runs\n".into();
+    };
+    let _ = writeln!(m, "# svc-loadtest: {}\n", first.scenario);
+    let mc = &first.machine;
+    let _ = writeln!(
+        m,
+        "Machine: {} cores ({}), {:.1} GiB memory, Linux {}; load generator on the same machine.\n",
+        mc.cores,
+        mc.cpu_model,
+        mc.memory_bytes as f64 / (1u64 << 30) as f64,
+        mc.kernel
+    );
+    let p = &first.params;
+    let _ = writeln!(
+        m,
+        "Parameters: {} watchers{}, {} writers at {}, {}-byte objects, {} media, {:?} per run.\n",
+        p.watchers,
+        match p.h2_connections {
+            Some(c) => format!(" as h2 streams over {c} connections"),
+            None => " over one HTTP/1.1 connection each".into(),
+        },
+        p.writers,
+        if p.max {
+            "full speed".to_string()
+        } else {
+            format!("{} writes/s in total", p.rate)
+        },
+        p.object_size,
+        p.media,
+        p.duration
+    );
+    let _ = writeln!(
+        m,
+        "| target | writes/s | events/s | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | write p99 ms | complete watchers | missing | dups | errors | reconnects |"
+    );
+    let _ = writeln!(
+        m,
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for r in runs {
+        let c = &r.counts;
+        let l = &r.latency_ms;
+        let _ = writeln!(
+            m,
+            "| {} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {}/{} | {} | {} | {} | {} |",
+            label(r),
+            c.writes_per_s,
+            c.events_per_s,
+            l.p50,
+            l.p90,
+            l.p99,
+            l.p999,
+            l.max,
+            r.write_latency_ms.p99,
+            c.watchers_complete,
+            c.watchers_opened,
+            c.missing,
+            c.duplicates,
+            c.write_errors + c.watch_errors,
+            c.reconnects
+        );
+    }
+    if runs.len() > 1 {
+        let _ = writeln!(
+            m,
+            "\nRatios (row ÷ column, events/s delivered; writes/s for churn):\n"
+        );
+        let metric = |r: &Results| {
+            if r.scenario == "churn" {
+                r.counts.writes_per_s
+            } else {
+                r.counts.events_per_s
+            }
+        };
+        let _ = write!(m, "| |");
+        for r in runs {
+            let _ = write!(m, " {} |", r.target.kind);
+        }
+        let _ = write!(m, "\n|---|");
+        for _ in runs {
+            let _ = write!(m, "---:|");
+        }
+        let _ = writeln!(m);
+        for a in runs {
+            let _ = write!(m, "| {} |", a.target.kind);
+            for b in runs {
+                let v = metric(a) / metric(b).max(1e-9);
+                let _ = write!(m, " {v:.2}× |");
+            }
+            let _ = writeln!(m);
+        }
+    }
+    for r in runs {
+        if !r.extra.is_empty() {
+            let _ = writeln!(
+                m,
+                "\n{} extra: `{}`",
+                label(r),
+                serde_json::Value::Object(r.extra.clone())
+            );
+        }
+        if let Some(s) = r.series.iter().filter_map(|s| s.server_rss_bytes).max() {
+            let cpu = r
+                .series
+                .iter()
+                .filter_map(|s| s.server_cpu_pct)
+                .fold(0.0, f64::max);
+            let _ = writeln!(
+                m,
+                "\n{}: server peak RSS {:.1} MiB, peak CPU {:.0}% of one core.",
+                label(r),
+                s as f64 / (1 << 20) as f64,
+                cpu
+            );
+        }
+        let ccpu = r
+            .series
+            .iter()
+            .map(|s| s.client_cpu_pct)
+            .fold(0.0, f64::max);
+        let _ = writeln!(
+            m,
+            "\n{}: client peak CPU {:.0}% of one core.",
+            label(r),
+            ccpu
+        );
+        if !r.errors.is_empty() {
+            let _ = writeln!(m, "\nErrors seen ({}):\n", label(r));
+            for e in &r.errors {
+                let _ = writeln!(m, "- `{}`", e.replace('`', "'"));
+            }
+        }
+    }
+    let _ = writeln!(
+        m,
+        "\n![throughput](throughput.svg)\n\n![p99 over time](p99.svg)\n\n![latency percentiles](latency.svg)"
+    );
+    if runs
+        .iter()
+        .any(|r| r.series.iter().any(|s| s.server_rss_bytes.is_some()))
+    {
+        let _ = writeln!(
+            m,
+            "\n![server CPU](server-cpu.svg)\n\n![server RSS](server-rss.svg)"
+        );
+    }
+    m
+}
+
+const COLORS: [&str; 6] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
+];
+const W: f64 = 720.0;
+const H: f64 = 360.0;
+const L: f64 = 80.0;
+const B: f64 = 40.0;
+const T: f64 = 40.0;
+const R: f64 = 20.0;
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+fn frame(svg: &mut String, title: &str, unit: &str, xmax: f64, ymax: f64, xlabel: &str) {
+    let _ = write!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/><text x="{}" y="20" text-anchor="middle" font-size="14">{}</text>"#,
+        W / 2.0,
+        esc(title)
+    );
+    let (x0, y0, x1, y1) = (L, H - B, W - R, T);
+    let _ = write!(
+        svg,
+        r#"<line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y0}" stroke="black"/><line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="black"/>"#
+    );
+    for i in 0..=4 {
+        let f = i as f64 / 4.0;
+        let y = y0 - f * (y0 - y1);
+        let x = x0 + f * (x1 - x0);
+        let _ = write!(
+            svg,
+            r##"<line x1="{x0}" y1="{y}" x2="{x1}" y2="{y}" stroke="#ddd"/><text x="{}" y="{}" text-anchor="end">{}</text><text x="{x}" y="{}" text-anchor="middle">{}</text>"##,
+            x0 - 4.0,
+            y + 4.0,
+            fmt_num(ymax * f),
+            y0 + 16.0,
+            fmt_num(xmax * f)
+        );
+    }
+    let _ = write!(
+        svg,
+        r#"<text x="14" y="{}" transform="rotate(-90 14 {})" text-anchor="middle">{}</text><text x="{}" y="{}" text-anchor="middle">{}</text>"#,
+        H / 2.0,
+        H / 2.0,
+        esc(unit),
+        (x0 + x1) / 2.0,
+        H - 6.0,
+        esc(xlabel)
+    );
+}
+
+fn fmt_num(v: f64) -> String {
+    if v >= 1e6 {
+        format!("{:.1}M", v / 1e6)
+    } else if v >= 1e4 {
+        format!("{:.0}k", v / 1e3)
+    } else if v >= 10.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+fn legend(svg: &mut String, names: &[String]) {
+    for (i, n) in names.iter().enumerate() {
+        let y = T + 4.0 + i as f64 * 16.0;
+        let _ = write!(
+            svg,
+            r#"<rect x="{}" y="{}" width="10" height="10" fill="{}"/><text x="{}" y="{}">{}</text>"#,
+            L + 10.0,
+            y,
+            COLORS[i % COLORS.len()],
+            L + 24.0,
+            y + 9.0,
+            esc(n)
+        );
+    }
+}
+
+/// A line per run over its per-second series.
+fn chart(title: &str, unit: &str, runs: &[Results], f: impl Fn(&Sample) -> f64) -> String {
+    let xmax = runs
+        .iter()
+        .flat_map(|r| r.series.iter().map(|s| s.t))
+        .fold(1.0, f64::max);
+    let ymax = runs
+        .iter()
+        .flat_map(|r| r.series.iter().map(&f))
+        .fold(0.0, f64::max)
+        .max(1e-9)
+        * 1.1;
+    let mut svg = String::new();
+    frame(&mut svg, title, unit, xmax, ymax, "seconds");
+    for (i, r) in runs.iter().enumerate() {
+        let pts: Vec<String> = r
+            .series
+            .iter()
+            .map(|s| {
+                let x = L + s.t / xmax * (W - R - L);
+                let y = (H - B) - f(s) / ymax * (H - B - T);
+                format!("{x:.1},{y:.1}")
+            })
+            .collect();
+        let _ = write!(
+            svg,
+            r#"<polyline fill="none" stroke="{}" stroke-width="2" points="{}"/>"#,
+            COLORS[i % COLORS.len()],
+            pts.join(" ")
+        );
+    }
+    legend(&mut svg, &runs.iter().map(label).collect::<Vec<_>>());
+    svg.push_str("</svg>\n");
+    svg
+}
+
+/// Grouped bars: p50, p90, p99, p99.9, max per run (log-free, linear ms).
+fn percentile_chart(runs: &[Results]) -> String {
+    let names = ["p50", "p90", "p99", "p99.9", "max"];
+    let vals = |p: &Percentiles| [p.p50, p.p90, p.p99, p.p999, p.max];
+    let ymax = runs
+        .iter()
+        .flat_map(|r| vals(&r.latency_ms))
+        .fold(0.0, f64::max)
+        .max(1e-9)
+        * 1.1;
+    let mut svg = String::new();
+    let _ = write!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/><text x="{}" y="20" text-anchor="middle" font-size="14">write-to-delivery latency percentiles (ms)</text>"#,
+        W / 2.0
+    );
+    let (x0, y0) = (L, H - B);
+    let _ = write!(
+        svg,
+        r#"<line x1="{x0}" y1="{y0}" x2="{}" y2="{y0}" stroke="black"/><line x1="{x0}" y1="{y0}" x2="{x0}" y2="{T}" stroke="black"/>"#,
+        W - R
+    );
+    for i in 0..=4 {
+        let f = i as f64 / 4.0;
+        let y = y0 - f * (y0 - T);
+        let _ = write!(
+            svg,
+            r##"<line x1="{x0}" y1="{y}" x2="{}" y2="{y}" stroke="#ddd"/><text x="{}" y="{}" text-anchor="end">{}</text>"##,
+            W - R,
+            x0 - 4.0,
+            y + 4.0,
+            fmt_num(ymax * f)
+        );
+    }
+    let slot = (W - R - L) / names.len() as f64;
+    let bw = (slot * 0.8) / runs.len().max(1) as f64;
+    for (k, n) in names.iter().enumerate() {
+        let _ = write!(
+            svg,
+            r#"<text x="{}" y="{}" text-anchor="middle">{n}</text>"#,
+            L + slot * (k as f64 + 0.5),
+            y0 + 16.0
+        );
+        for (i, r) in runs.iter().enumerate() {
+            let v = vals(&r.latency_ms)[k];
+            let h = v / ymax * (y0 - T);
+            let _ = write!(
+                svg,
+                r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{}"><title>{v:.2} ms</title></rect>"#,
+                L + slot * k as f64 + slot * 0.1 + bw * i as f64,
+                y0 - h,
+                bw,
+                h,
+                COLORS[i % COLORS.len()]
+            );
+        }
+    }
+    legend(&mut svg, &runs.iter().map(label).collect::<Vec<_>>());
+    svg.push_str("</svg>\n");
+    svg
+}

@@ -1,0 +1,198 @@
+//! Live counters shared by writers and watchers, the once-a-second sampler (series,
+//! progress line, /proc CPU and RSS), and the machine description.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use hdrhistogram::Histogram;
+use parking_lot::Mutex;
+use serde::Serialize;
+
+/// Latencies are recorded in microseconds, from 1 µs to 10 minutes, 3 significant digits.
+pub fn new_hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 600_000_000, 3).expect("static bounds are valid")
+}
+
+pub fn now_nanos() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+#[derive(Default)]
+pub struct Live {
+    pub delivered: AtomicU64,
+    pub writes: AtomicU64,
+    pub write_errors: AtomicU64,
+    pub watch_errors: AtomicU64,
+    pub reconnects: AtomicU64,
+    pub stopping: AtomicBool,
+    /// Delivery latencies since the last sample (the sampler folds them into `total`).
+    pub interval: Mutex<Option<Histogram<u64>>>,
+    pub write_lat: Mutex<Option<Histogram<u64>>>,
+    pub error_samples: Mutex<Vec<String>>,
+}
+
+impl Live {
+    pub fn new() -> Arc<Self> {
+        let l = Live::default();
+        *l.interval.lock() = Some(new_hist());
+        *l.write_lat.lock() = Some(new_hist());
+        Arc::new(l)
+    }
+
+    /// Keeps the first few distinct error messages for the report.
+    pub fn note_error(&self, msg: String) {
+        let mut e = self.error_samples.lock();
+        if e.len() < 20 && !e.contains(&msg) {
+            e.push(msg);
+        }
+    }
+
+    pub fn record_write(&self, micros: u64) {
+        if let Some(h) = self.write_lat.lock().as_mut() {
+            h.saturating_record(micros.max(1));
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Sample {
+    /// Seconds since the measured phase began.
+    pub t: f64,
+    pub events_per_s: f64,
+    pub writes_per_s: f64,
+    pub errors: u64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub client_cpu_pct: f64,
+    pub server_cpu_pct: Option<f64>,
+    pub server_rss_bytes: Option<u64>,
+}
+
+/// CPU seconds (user + system) of a process, from /proc/<pid>/stat.
+pub fn proc_cpu_secs(pid: &str) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces: fields are counted after its closing paren.
+    let rest = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // USER_HZ is 100 on every Linux configuration this runs on.
+    Some(ticks / 100.0)
+}
+
+pub fn proc_rss_bytes(pid: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Samples once a second until `stop` is set; prints a progress line to stderr.
+pub async fn sampler(
+    live: Arc<Live>,
+    server_pid: Option<u32>,
+    total: Arc<Mutex<Histogram<u64>>>,
+    series: Arc<Mutex<Vec<Sample>>>,
+    label: String,
+) {
+    let start = Instant::now();
+    let server_pid = server_pid.map(|p| p.to_string());
+    let mut last = (0u64, 0u64, start);
+    let mut last_cpu = proc_cpu_secs("self").unwrap_or(0.0);
+    let mut last_scpu = server_pid.as_deref().and_then(proc_cpu_secs);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let now = Instant::now();
+        let dt = now.duration_since(last.2).as_secs_f64().max(1e-3);
+        let d = live.delivered.load(Relaxed);
+        let w = live.writes.load(Relaxed);
+        let errors = live.write_errors.load(Relaxed) + live.watch_errors.load(Relaxed);
+        let interval = live.interval.lock().replace(new_hist());
+        let (p50, p99) = match interval {
+            Some(h) => {
+                let mut t = total.lock();
+                let _ = t.add(&h);
+                (
+                    h.value_at_quantile(0.5) as f64 / 1000.0,
+                    h.value_at_quantile(0.99) as f64 / 1000.0,
+                )
+            }
+            None => (0.0, 0.0),
+        };
+        let cpu = proc_cpu_secs("self").unwrap_or(last_cpu);
+        let scpu = server_pid.as_deref().and_then(proc_cpu_secs);
+        let s = Sample {
+            t: now.duration_since(start).as_secs_f64(),
+            events_per_s: (d - last.0) as f64 / dt,
+            writes_per_s: (w - last.1) as f64 / dt,
+            errors,
+            p50_ms: p50,
+            p99_ms: p99,
+            client_cpu_pct: (cpu - last_cpu) / dt * 100.0,
+            server_cpu_pct: match (scpu, last_scpu) {
+                (Some(a), Some(b)) => Some((a - b) / dt * 100.0),
+                _ => None,
+            },
+            server_rss_bytes: server_pid.as_deref().and_then(proc_rss_bytes),
+        };
+        let p99_total = total.lock().value_at_quantile(0.99) as f64 / 1000.0;
+        let mut err = std::io::stderr();
+        let _ = write!(
+            err,
+            "\r[{label}] {:>5.0}s  events/s {:>10.0}  writes/s {:>8.0}  p99 {:>8.2} ms  errors {}   ",
+            s.t, s.events_per_s, s.writes_per_s, p99_total, errors
+        );
+        let _ = err.flush();
+        series.lock().push(s);
+        last = (d, w, now);
+        last_cpu = cpu;
+        last_scpu = scpu;
+        if live.stopping.load(Relaxed) {
+            let _ = writeln!(err);
+            return;
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
+pub struct Machine {
+    pub cores: usize,
+    pub memory_bytes: u64,
+    pub kernel: String,
+    pub cpu_model: String,
+}
+
+pub fn machine() -> Machine {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu_model = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_string())
+        .unwrap_or_else(|| "unknown".into());
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let memory_bytes = meminfo
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0)
+        * 1024;
+    Machine {
+        cores: std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+        memory_bytes,
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
+        cpu_model,
+    }
+}

@@ -1,0 +1,261 @@
+//! Targets and connections: a Kubernetes-compatible server (plain HTTP or TLS from a
+//! kubeconfig, HTTP/1.1 or h2), etcd's JSON gateway, and the loopback-only guard.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, anyhow, bail};
+use base64::Engine;
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use serde_json::Value;
+use tokio::net::TcpStream;
+
+/// An HTTP endpoint: where to connect and how (TLS or not).
+#[derive(Clone)]
+pub struct Endpoint {
+    pub addr: SocketAddr,
+    /// The URL as given, for reports.
+    pub url: String,
+    /// TLS configurations for HTTP/1.1 and h2 (ALPN differs), and the name to verify.
+    pub tls: Option<Tls>,
+}
+
+#[derive(Clone)]
+pub struct Tls {
+    pub h1: Arc<rustls::ClientConfig>,
+    pub h2: Arc<rustls::ClientConfig>,
+    pub name: ServerName<'static>,
+}
+
+/// One client connection, HTTP/1.1 or h2.
+pub enum Conn {
+    H1(hyper::client::conn::http1::SendRequest<Full<Bytes>>),
+    H2(hyper::client::conn::http2::SendRequest<Full<Bytes>>),
+}
+
+impl Conn {
+    /// Another handle on an h2 connection (streams share it); HTTP/1.1 cannot be shared.
+    pub fn share(&self) -> Option<Conn> {
+        match self {
+            Conn::H1(_) => None,
+            Conn::H2(s) => Some(Conn::H2(s.clone())),
+        }
+    }
+
+    pub async fn send(&mut self, req: Request<Full<Bytes>>) -> Result<Response<Incoming>> {
+        Ok(match self {
+            Conn::H1(s) => {
+                s.ready().await?;
+                s.send_request(req).await?
+            }
+            Conn::H2(s) => {
+                s.ready().await?;
+                s.send_request(req).await?
+            }
+        })
+    }
+
+    /// Sends a request and reads the whole body.
+    pub async fn call(
+        &mut self,
+        method: Method,
+        path: &str,
+        body: Bytes,
+        content_type: &str,
+    ) -> Result<(StatusCode, Bytes)> {
+        let resp = self.send(request(method, path, body, content_type)).await?;
+        let status = resp.status();
+        let body = resp.into_body().collect().await?.to_bytes();
+        Ok((status, body))
+    }
+}
+
+pub fn request(
+    method: Method,
+    path: &str,
+    body: Bytes,
+    content_type: &str,
+) -> Request<Full<Bytes>> {
+    let mut b = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "localhost");
+    if !body.is_empty() {
+        b = b.header("content-type", content_type);
+    }
+    // Only a malformed path can fail here; callers build paths from validated parts.
+    b.body(Full::new(body))
+        .unwrap_or_else(|_| Request::new(Full::new(Bytes::new())))
+}
+
+impl Endpoint {
+    /// Parses `http://host:port` (or https with TLS set later) and applies the loopback rule.
+    pub async fn from_url(url: &str, allow_remote: bool) -> Result<Self> {
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| anyhow!("{url}: expected http://HOST:PORT"))?;
+        let hostport = rest.split('/').next().unwrap_or_default();
+        let default_port = if scheme == "https" { 443 } else { 80 };
+        let (host, port) = split_host_port(hostport, default_port)?;
+        let addr = resolve(&host, port, allow_remote).await?;
+        Ok(Endpoint {
+            addr,
+            url: url.to_string(),
+            tls: None,
+        })
+    }
+
+    pub async fn connect(&self, h2: bool) -> Result<Conn> {
+        let tcp = TcpStream::connect(self.addr)
+            .await
+            .with_context(|| format!("connecting to {}", self.addr))?;
+        // Many small writes per request: Nagle would add 40 ms to each.
+        tcp.set_nodelay(true)?;
+        match &self.tls {
+            None => handshake(TokioIo::new(tcp), h2).await,
+            Some(t) => {
+                let cfg = if h2 { t.h2.clone() } else { t.h1.clone() };
+                let tls = tokio_rustls::TlsConnector::from(cfg)
+                    .connect(t.name.clone(), tcp)
+                    .await?;
+                handshake(TokioIo::new(tls), h2).await
+            }
+        }
+    }
+}
+
+async fn handshake<T>(io: TokioIo<T>, h2: bool) -> Result<Conn>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    if h2 {
+        let (send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            // Larger windows: a watch stream is a long one-way flow.
+            .initial_stream_window_size(1 << 20)
+            .initial_connection_window_size(16 << 20)
+            .handshake(io)
+            .await?;
+        tokio::spawn(conn);
+        Ok(Conn::H2(send))
+    } else {
+        let (send, conn) = hyper::client::conn::http1::handshake(io).await?;
+        tokio::spawn(conn);
+        Ok(Conn::H1(send))
+    }
+}
+
+fn split_host_port(hostport: &str, default_port: u16) -> Result<(String, u16)> {
+    if let Some(rest) = hostport.strip_prefix('[') {
+        let (h, p) = rest
+            .split_once(']')
+            .ok_or_else(|| anyhow!("bad address {hostport}"))?;
+        let port = match p.strip_prefix(':') {
+            Some(p) => p.parse()?,
+            None => default_port,
+        };
+        return Ok((h.to_string(), port));
+    }
+    match hostport.rsplit_once(':') {
+        Some((h, p)) => Ok((h.to_string(), p.parse().context("port")?)),
+        None => Ok((hostport.to_string(), default_port)),
+    }
+}
+
+/// Resolves a host; refuses anything but loopback unless `--allow-remote` was given, so a
+/// load run can never send traffic somewhere by accident.
+pub async fn resolve(host: &str, port: u16, allow_remote: bool) -> Result<SocketAddr> {
+    let ip: Option<IpAddr> = if host == "localhost" {
+        Some(IpAddr::from([127, 0, 0, 1]))
+    } else {
+        host.parse().ok()
+    };
+    let addr = match ip {
+        Some(ip) => SocketAddr::new(ip, port),
+        None => {
+            if !allow_remote {
+                bail!("{host}: only loopback addresses are allowed (pass --allow-remote)");
+            }
+            tokio::net::lookup_host((host, port))
+                .await?
+                .next()
+                .ok_or_else(|| anyhow!("{host}: no address"))?
+        }
+    };
+    if !addr.ip().is_loopback() && !allow_remote {
+        bail!("{addr}: not a loopback address; pass --allow-remote to load a remote server");
+    }
+    Ok(addr)
+}
+
+/// Reads a kubeconfig (current context) into an endpoint with client-certificate TLS.
+pub async fn from_kubeconfig(path: &Path, allow_remote: bool) -> Result<Endpoint> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+    let kc: Value = serde_saphyr::from_str(&text).context("parsing kubeconfig")?;
+    let current = kc["current-context"].as_str().unwrap_or_default();
+    let named = |list: &str, name: &str| -> Option<Value> {
+        let items = kc[list].as_array()?;
+        items
+            .iter()
+            .find(|c| name.is_empty() || c["name"].as_str() == Some(name))
+            .cloned()
+    };
+    let ctx = named("contexts", current).ok_or_else(|| anyhow!("no context {current}"))?;
+    let cluster_name = ctx["context"]["cluster"].as_str().unwrap_or_default();
+    let user_name = ctx["context"]["user"].as_str().unwrap_or_default();
+    let cluster = named("clusters", cluster_name).ok_or_else(|| anyhow!("no cluster"))?;
+    let user = named("users", user_name).ok_or_else(|| anyhow!("no user"))?;
+    let server = cluster["cluster"]["server"]
+        .as_str()
+        .ok_or_else(|| anyhow!("cluster has no server"))?;
+    let mut ep = Endpoint::from_url(server, allow_remote).await?;
+    if !server.starts_with("https://") {
+        return Ok(ep);
+    }
+    let b64 = |v: &Value| -> Result<Vec<u8>> {
+        let s = v.as_str().ok_or_else(|| anyhow!("missing base64 data"))?;
+        Ok(base64::engine::general_purpose::STANDARD.decode(s.trim())?)
+    };
+    let ca = b64(&cluster["cluster"]["certificate-authority-data"])?;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(&ca) {
+        roots.add(c?)?;
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots);
+    let u = &user["user"];
+    let mut cfg = if u["client-certificate-data"].is_string() {
+        let certs: Vec<CertificateDer<'static>> =
+            CertificateDer::pem_slice_iter(&b64(&u["client-certificate-data"])?)
+                .collect::<std::result::Result<_, _>>()?;
+        let key = PrivateKeyDer::from_pem_slice(&b64(&u["client-key-data"])?)?;
+        builder.with_client_auth_cert(certs, key)?
+    } else {
+        builder.with_no_client_auth()
+    };
+    let host = server
+        .trim_start_matches("https://")
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    let (host, _) = split_host_port(host, 443)?;
+    let name = ServerName::try_from(host)?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let h1 = Arc::new(cfg.clone());
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    ep.tls = Some(Tls {
+        h1,
+        h2: Arc::new(cfg),
+        name,
+    });
+    Ok(ep)
+}

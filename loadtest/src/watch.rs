@@ -1,0 +1,381 @@
+//! Receivers: a few tasks each multiplex many watch streams (so the client's own CPU stays
+//! low), decode events just enough to get the resourceVersion and the writer's timestamp,
+//! and keep per-watcher ordering state (duplicates, out-of-order, counts for gaps).
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+use base64::Engine;
+use bytes::{Buf, Bytes, BytesMut};
+use futures::future::BoxFuture;
+use futures::stream::{SelectAll, Stream, StreamExt};
+use memchr::memmem::Finder;
+use tokio::sync::{mpsc, watch};
+
+use crate::stats::{Live, now_nanos};
+
+/// The annotation (Kubernetes) carrying the writer's wall-clock time in nanoseconds.
+pub const TS_ANNOTATION: &str = "loadtest.svc/ts";
+
+pub enum Item {
+    Data(Bytes),
+    Err(String),
+    End,
+}
+
+pub type WStream = Pin<Box<dyn Stream<Item = (usize, Item)> + Send>>;
+
+/// Wraps a byte stream so that its end is reported with the watcher's index.
+pub fn tag<S, E>(idx: usize, s: S) -> WStream
+where
+    S: Stream<Item = Result<Bytes, E>> + Send + 'static,
+    E: std::fmt::Display,
+{
+    Box::pin(
+        s.map(move |r| {
+            (
+                idx,
+                match r {
+                    Ok(b) => Item::Data(b),
+                    Err(e) => Item::Err(e.to_string()),
+                },
+            )
+        })
+        .chain(futures::stream::once(async move { (idx, Item::End) })),
+    )
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Format {
+    /// Kubernetes watch, one JSON event per line.
+    K8sJson,
+    /// Kubernetes watch in protobuf: 4-byte big-endian length, then a WatchEvent.
+    K8sProto,
+    /// etcd's JSON gateway: one JSON response per line, each with events.
+    Etcd,
+    /// Raw frames of a fixed size: seq (u64 LE), timestamp (u64 LE), padding.
+    Raw(usize),
+}
+
+/// What a reconnecting watcher needs: index and the last revision seen; returns a new stream
+/// or an error (counted). `None` opener: watchers of that target do not reconnect.
+pub type Opener =
+    Arc<dyn Fn(usize, u64) -> BoxFuture<'static, anyhow::Result<WStream>> + Send + Sync>;
+
+#[derive(Clone, Debug, Default)]
+pub struct WState {
+    pub rem: BytesMut,
+    pub last_rv: u64,
+    pub count: u64,
+    /// Events whose revision was not above the previous one.
+    pub dups: u64,
+    /// Raw only: frames skipped (sequence numbers are dense there).
+    pub gaps: u64,
+    pub ended: bool,
+    pub expired: bool,
+    pub foreign: u64,
+}
+
+struct Finders {
+    rv: Finder<'static>,
+    ts: Finder<'static>,
+    ty: Finder<'static>,
+    code410: Finder<'static>,
+    ts_proto: Finder<'static>,
+}
+
+impl Finders {
+    fn new() -> Self {
+        Finders {
+            rv: Finder::new(b"\"resourceVersion\":\"").into_owned(),
+            ts: Finder::new(format!("\"{TS_ANNOTATION}\":\"").as_bytes()).into_owned(),
+            ty: Finder::new(b"\"type\":\"").into_owned(),
+            code410: Finder::new(b"\"code\":410").into_owned(),
+            ts_proto: Finder::new(TS_ANNOTATION.as_bytes()).into_owned(),
+        }
+    }
+}
+
+fn digits(b: &[u8]) -> Option<u64> {
+    let mut v: u64 = 0;
+    let mut n = 0;
+    for &c in b {
+        if !c.is_ascii_digit() {
+            break;
+        }
+        v = v.wrapping_mul(10).wrapping_add((c - b'0') as u64);
+        n += 1;
+    }
+    (n > 0).then_some(v)
+}
+
+fn after<'a>(f: &Finder, hay: &'a [u8]) -> Option<&'a [u8]> {
+    f.find(hay).map(|i| &hay[i + f.needle().len()..])
+}
+
+/// A group: one task driving many watch streams.
+pub struct Group {
+    pub states: Vec<WState>,
+}
+
+pub struct GroupCtx {
+    pub live: Arc<Live>,
+    pub format: Format,
+    pub opener: Option<Opener>,
+    pub stop: watch::Receiver<bool>,
+}
+
+/// Runs until `stop` turns true; returns the per-watcher states (indices base..base+n).
+pub async fn run_group(ctx: GroupCtx, base: usize, streams: Vec<WStream>, n: usize) -> Group {
+    let GroupCtx {
+        live,
+        format,
+        opener,
+        mut stop,
+    } = ctx;
+    let f = Finders::new();
+    let mut states = vec![WState::default(); n];
+    let mut all: SelectAll<WStream> = SelectAll::new();
+    for s in streams {
+        all.push(s);
+    }
+    let (re_tx, mut re_rx) = mpsc::unbounded_channel::<WStream>();
+    let mut lat: Vec<u64> = Vec::with_capacity(4096);
+    loop {
+        if *stop.borrow() {
+            break;
+        }
+        tokio::select! {
+            Some((idx, item)) = all.next() => {
+                let st = &mut states[idx - base];
+                match item {
+                    Item::Data(b) => {
+                        let now = now_nanos();
+                        let before = st.count;
+                        lat.clear();
+                        parse(&f, format, st, b, now, &mut lat, &live);
+                        live.delivered.fetch_add(st.count - before, Relaxed);
+                        if !lat.is_empty()
+                            && let Some(h) = live.interval.lock().as_mut()
+                        {
+                            for &l in &lat {
+                                h.saturating_record(l.max(1));
+                            }
+                        }
+                    }
+                    Item::Err(e) => {
+                        if !live.stopping.load(Relaxed) {
+                            live.watch_errors.fetch_add(1, Relaxed);
+                            live.note_error(format!("watch stream: {e}"));
+                        }
+                    }
+                    Item::End => {
+                        if live.stopping.load(Relaxed) {
+                            st.ended = true;
+                            continue;
+                        }
+                        match &opener {
+                            Some(open) => {
+                                live.reconnects.fetch_add(1, Relaxed);
+                                let fut = open(idx, st.last_rv);
+                                let tx = re_tx.clone();
+                                let live = live.clone();
+                                tokio::spawn(async move {
+                                    match fut.await {
+                                        Ok(s) => { let _ = tx.send(s); }
+                                        Err(e) => {
+                                            live.watch_errors.fetch_add(1, Relaxed);
+                                            live.note_error(format!("reconnect: {e:#}"));
+                                        }
+                                    }
+                                });
+                            }
+                            None => {
+                                st.ended = true;
+                                live.watch_errors.fetch_add(1, Relaxed);
+                                live.note_error("watch ended early".into());
+                            }
+                        }
+                    }
+                }
+            }
+            Some(s) = re_rx.recv() => all.push(s),
+            r = stop.changed() => if r.is_err() { break },
+        }
+    }
+    Group { states }
+}
+
+fn on_event(st: &mut WState, lat: &mut Vec<u64>, now: u64, rv: Option<u64>, ts: Option<u64>) {
+    let Some(ts) = ts else {
+        // Not written by this run (e.g. a controller's object): not counted.
+        st.foreign += 1;
+        return;
+    };
+    if let Some(rv) = rv {
+        if rv <= st.last_rv {
+            st.dups += 1;
+        }
+        st.last_rv = st.last_rv.max(rv);
+    }
+    st.count += 1;
+    lat.push(now.saturating_sub(ts) / 1000);
+}
+
+fn parse(
+    f: &Finders,
+    format: Format,
+    st: &mut WState,
+    b: Bytes,
+    now: u64,
+    lat: &mut Vec<u64>,
+    live: &Live,
+) {
+    match format {
+        Format::Raw(size) => {
+            // Frames are fixed-size; a read may end mid-frame.
+            let mut buf = if st.rem.is_empty() {
+                BytesMut::from(b)
+            } else {
+                st.rem.extend_from_slice(&b);
+                std::mem::take(&mut st.rem)
+            };
+            while buf.len() >= size {
+                let seq = u64::from_le_bytes(buf[0..8].try_into().unwrap_or_default());
+                let ts = u64::from_le_bytes(buf[8..16].try_into().unwrap_or_default());
+                let expect = if st.count == 0 && st.gaps == 0 {
+                    0
+                } else {
+                    st.last_rv + 1
+                };
+                if seq > expect {
+                    st.gaps += seq - expect;
+                }
+                if seq < expect {
+                    st.dups += 1;
+                } else {
+                    st.last_rv = seq;
+                }
+                st.count += 1;
+                lat.push(now.saturating_sub(ts) / 1000);
+                buf.advance(size);
+            }
+            st.rem = buf;
+        }
+        Format::K8sJson | Format::Etcd => {
+            st.rem.extend_from_slice(&b);
+            while let Some(nl) = memchr::memchr(b'\n', &st.rem) {
+                let line = st.rem.split_to(nl + 1).freeze();
+                let line = &line[..nl];
+                if line.iter().all(|c| c.is_ascii_whitespace()) {
+                    continue;
+                }
+                if format == Format::Etcd {
+                    parse_etcd(line, st, lat, now, live);
+                    continue;
+                }
+                let ty = after(&f.ty, line).unwrap_or_default();
+                if ty.starts_with(b"BOOKMARK") {
+                    continue;
+                }
+                if ty.starts_with(b"ERROR") {
+                    if f.code410.find(line).is_some() {
+                        st.expired = true;
+                    } else {
+                        live.watch_errors.fetch_add(1, Relaxed);
+                        live.note_error(format!(
+                            "watch ERROR event: {}",
+                            String::from_utf8_lossy(&line[..line.len().min(300)])
+                        ));
+                    }
+                    continue;
+                }
+                let rv = after(&f.rv, line).and_then(digits);
+                let ts = after(&f.ts, line).and_then(digits);
+                on_event(st, lat, now, rv, ts);
+            }
+        }
+        Format::K8sProto => {
+            st.rem.extend_from_slice(&b);
+            while st.rem.len() >= 4 {
+                let len = u32::from_be_bytes(st.rem[0..4].try_into().unwrap_or_default()) as usize;
+                if st.rem.len() < 4 + len {
+                    break;
+                }
+                st.rem.advance(4);
+                let frame = st.rem.split_to(len).freeze();
+                // A map entry: key bytes, then field 2 (0x12), a length, the value's digits.
+                let ts = after(&f.ts_proto, &frame)
+                    .filter(|r| r.len() > 2 && r[0] == 0x12)
+                    .and_then(|r| digits(&r[2..]));
+                if ts.is_none() && f.code410.find(&frame).is_none() && frame.len() < 64 {
+                    continue;
+                }
+                // Protobuf events carry no resourceVersion marker we can find without a
+                // schema: ordering is checked by counts only.
+                on_event(st, lat, now, None, ts);
+            }
+        }
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct EtcdLine {
+    result: Option<EtcdResult>,
+    error: Option<serde_json::Value>,
+}
+
+#[derive(serde::Deserialize)]
+struct EtcdResult {
+    #[serde(default)]
+    events: Vec<EtcdEvent>,
+    #[serde(default)]
+    canceled: bool,
+}
+
+#[derive(serde::Deserialize)]
+struct EtcdEvent {
+    kv: Option<EtcdKv>,
+}
+
+#[derive(serde::Deserialize)]
+struct EtcdKv {
+    mod_revision: Option<String>,
+    value: Option<String>,
+}
+
+fn parse_etcd(line: &[u8], st: &mut WState, lat: &mut Vec<u64>, now: u64, live: &Live) {
+    let parsed: EtcdLine = match serde_json::from_slice(line) {
+        Ok(p) => p,
+        Err(e) => {
+            live.watch_errors.fetch_add(1, Relaxed);
+            live.note_error(format!("etcd watch: bad JSON: {e}"));
+            return;
+        }
+    };
+    if let Some(e) = parsed.error {
+        live.watch_errors.fetch_add(1, Relaxed);
+        live.note_error(format!("etcd watch error: {e}"));
+        return;
+    }
+    let Some(r) = parsed.result else { return };
+    if r.canceled {
+        live.watch_errors.fetch_add(1, Relaxed);
+        live.note_error("etcd watch canceled".into());
+    }
+    for ev in r.events {
+        let Some(kv) = ev.kv else { continue };
+        let rv = kv.mod_revision.and_then(|s| s.parse().ok());
+        // The value starts with the 19-digit timestamp: decode only its first 28 base64
+        // characters (21 bytes) instead of the whole value.
+        let ts = kv.value.and_then(|v| {
+            let head = &v.as_bytes()[..v.len().min(28)];
+            let raw = base64::engine::general_purpose::STANDARD
+                .decode(head)
+                .ok()?;
+            digits(&raw)
+        });
+        on_event(st, lat, now, rv, ts);
+    }
+}

@@ -1,0 +1,298 @@
+//! Runs every scenario of `svc-loadtest` for a second or two at small scale against an
+//! in-process svc-gateway (plain-HTTP loopback port), the raw baseline and a real etcd,
+//! and checks the report: the schema, and counts that add up (every watcher saw every
+//! acknowledged write, in order, with no gaps, duplicates or errors).
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_svc-loadtest");
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Runs the binary off the test's runtime (it blocks) and returns results.json's runs.
+async fn loadtest(args: Vec<String>, out: PathBuf) -> Vec<Value> {
+    let o = out.clone();
+    let status = tokio::task::spawn_blocking(move || {
+        Command::new(BIN)
+            .args(&args)
+            .arg("--out")
+            .arg(&o)
+            .stdout(Stdio::null())
+            .status()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(status.success(), "svc-loadtest failed");
+    check_report_files(&out);
+    let v: Value =
+        serde_json::from_slice(&std::fs::read(out.join("results.json")).unwrap()).unwrap();
+    assert_eq!(v["schema"], "svc-loadtest/results/v1");
+    v["runs"].as_array().unwrap().clone()
+}
+
+fn check_report_files(out: &Path) {
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("| target |"), "{md}");
+    for svg in ["throughput.svg", "p99.svg", "latency.svg"] {
+        let s = std::fs::read_to_string(out.join(svg)).unwrap();
+        assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
+    }
+}
+
+/// The schema every run shares.
+fn check_schema(r: &Value, scenario: &str, kind: &str) {
+    assert_eq!(r["scenario"], scenario);
+    assert_eq!(r["target"]["kind"], kind);
+    assert!(r["machine"]["cores"].as_u64().unwrap() >= 1);
+    assert!(r["machine"]["memory_bytes"].as_u64().unwrap() > 0);
+    assert!(r["machine"]["kernel"].is_string() && r["machine"]["cpu_model"].is_string());
+    assert!(r["params"]["duration"].as_f64().unwrap() > 0.0);
+    assert!(!r["series"].as_array().unwrap().is_empty(), "no samples");
+    for k in [
+        "t",
+        "events_per_s",
+        "writes_per_s",
+        "p99_ms",
+        "client_cpu_pct",
+    ] {
+        assert!(r["series"][0][k].is_number(), "series lacks {k}");
+    }
+    for h in ["latency_ms", "write_latency_ms"] {
+        for k in ["count", "p50", "p90", "p99", "p999", "max"] {
+            assert!(r[h][k].is_number(), "{h} lacks {k}");
+        }
+    }
+    let c = &r["counts"];
+    assert!(c["writes_acked"].as_u64().unwrap() > 0, "no writes: {r}");
+    assert_eq!(c["write_errors"], 0, "{}", r["errors"]);
+    assert_eq!(c["watch_errors"], 0, "{}", r["errors"]);
+}
+
+/// Every watcher saw every acknowledged write exactly once, in order.
+fn check_fanout(r: &Value, watchers: u64) {
+    let c = &r["counts"];
+    assert_eq!(c["watchers_opened"], watchers);
+    assert_eq!(c["watchers_complete"], watchers, "{c}");
+    assert_eq!(c["missing"], 0);
+    assert_eq!(c["duplicates"], 0);
+    assert_eq!(c["reconnects"], 0);
+    assert_eq!(c["events_delivered"], c["events_expected"]);
+    assert_eq!(
+        c["events_delivered"].as_u64().unwrap(),
+        c["writes_acked"].as_u64().unwrap() * watchers
+    );
+    assert!(c["events_per_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(
+        r["latency_ms"]["count"].as_u64().unwrap(),
+        c["events_delivered"].as_u64().unwrap()
+    );
+}
+
+fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+/// The etcd process, killed on drop; its data directory goes with it.
+struct Etcd(Child, #[allow(dead_code)] tempfile::TempDir);
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_etcd() -> (Etcd, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let (client, peer) = (free_port(), free_port());
+    let url = format!("http://127.0.0.1:{client}");
+    let child = Command::new("etcd")
+        .arg("--data-dir")
+        .arg(dir.path().join("etcd"))
+        .args([
+            "--listen-client-urls",
+            &url,
+            "--advertise-client-urls",
+            &url,
+        ])
+        .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
+        .args([
+            "--initial-advertise-peer-urls",
+            &format!("http://127.0.0.1:{peer}"),
+        ])
+        .args([
+            "--initial-cluster",
+            &format!("default=http://127.0.0.1:{peer}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("etcd must be installed (scripts/test.sh installs etcd-server)");
+    let etcd = Etcd(child, dir);
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", client)).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "etcd did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Listening precedes leadership by a moment; the first write would wait for it anyway.
+    std::thread::sleep(Duration::from_millis(500));
+    (etcd, url)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_scenario_against_every_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = svc_gateway::Options::for_tests(dir.path().join("server"));
+    opts.insecure_port = free_port();
+    opts.log_level = "warn".into();
+    let server = svc_gateway::start(opts).await.unwrap();
+    let url = format!("http://{}", server.insecure_addr.unwrap());
+    let kubeconfig = server.admin_kubeconfig.display().to_string();
+    let (etcd, etcd_url) = start_etcd();
+    let out = |n: &str| dir.path().join(n);
+    let small = ["--watchers", "50", "--duration", "2s", "--drain", "10s"];
+
+    // fanout, HTTP/1.1, JSON, fixed rate.
+    let mut a = args(&[
+        "fanout",
+        "--server",
+        &url,
+        "--rate",
+        "100",
+        "--writers",
+        "2",
+    ]);
+    a.extend(args(&small));
+    let r = &loadtest(a, out("fanout-h1")).await[0];
+    check_schema(r, "fanout", "kubernetes");
+    check_fanout(r, 50);
+
+    // fanout, h2 streams over 2 TLS connections from the kubeconfig, protobuf, full speed.
+    let mut a = args(&[
+        "fanout",
+        "--kubeconfig",
+        &kubeconfig,
+        "--h2-connections",
+        "2",
+    ]);
+    a.extend(args(&["--media", "protobuf", "--max", "--writers", "2"]));
+    a.extend(args(&small));
+    let r = &loadtest(a, out("fanout-h2")).await[0];
+    check_schema(r, "fanout", "kubernetes");
+    check_fanout(r, 50);
+
+    // The raw baseline: dense sequence numbers make gaps exact.
+    let mut a = args(&["fanout", "--raw", "--max"]);
+    a.extend(args(&small));
+    let r = &loadtest(a, out("fanout-raw")).await[0];
+    check_schema(r, "fanout", "raw");
+    check_fanout(r, 50);
+
+    // etcd's watchers on a key prefix.
+    let mut a = args(&["fanout", "--etcd-endpoints", &etcd_url, "--rate", "100"]);
+    a.extend(args(&small));
+    let r = &loadtest(a, out("fanout-etcd")).await[0];
+    check_schema(r, "fanout", "etcd");
+    check_fanout(r, 50);
+
+    // slow-watcher: stalled watchers join halfway; the healthy ones miss nothing and are
+    // never cut off.
+    let mut a = args(&[
+        "slow-watcher",
+        "--server",
+        &url,
+        "--stalled",
+        "5",
+        "--rate",
+        "100",
+    ]);
+    a.extend(args(&small));
+    let r = &loadtest(a, out("slow")).await[0];
+    check_schema(r, "slow-watcher", "kubernetes");
+    check_fanout(r, 50);
+    assert!(r["extra"]["latency_before_stall_ms"]["p99"].is_number());
+    assert!(r["extra"]["latency_with_stall_ms"]["p99"].is_number());
+
+    // churn: creates, updates, deletes; every write acknowledged, nothing watched.
+    for (name, target) in [("churn", &url), ("churn-etcd", &etcd_url)] {
+        let flag = if name == "churn" {
+            "--server"
+        } else {
+            "--etcd-endpoints"
+        };
+        let a = args(&["churn", flag, target, "--writers", "4", "--max"]);
+        let mut a = a;
+        a.extend(args(&["--duration", "1s"]));
+        let r = &loadtest(a, out(name)).await[0];
+        check_schema(
+            r,
+            "churn",
+            if name == "churn" {
+                "kubernetes"
+            } else {
+                "etcd"
+            },
+        );
+        assert!(r["write_latency_ms"]["count"].as_u64().unwrap() > 0);
+        assert_eq!(r["counts"]["events_delivered"], 0);
+    }
+
+    // compare: one scenario file, two targets, one report with ratios.
+    let scenario = dir.path().join("scenario.yaml");
+    std::fs::write(
+        &scenario,
+        format!(
+            "scenario: fanout\nparams:\n  watchers: 20\n  duration: 1s\n  rate: 50\n\
+             targets:\n  - name: gateway\n    server: {url}\n  - name: etcd\n    etcd_endpoints: {etcd_url}\n  - name: raw\n    raw: true\n"
+        ),
+    )
+    .unwrap();
+    let cmp = out("compare");
+    let runs = loadtest(
+        args(&["compare", "--scenario", scenario.to_str().unwrap()]),
+        cmp.clone(),
+    )
+    .await;
+    assert_eq!(runs.len(), 3);
+    for (r, kind) in runs.iter().zip(["kubernetes", "etcd", "raw"]) {
+        check_schema(r, "fanout", kind);
+        check_fanout(r, 20);
+    }
+    let md = std::fs::read_to_string(cmp.join("report.md")).unwrap();
+    assert!(md.contains("Ratios"), "{md}");
+    assert!(cmp.join("gateway").join("results.json").exists());
+
+    drop(etcd);
+    server.shutdown().await;
+}
+
+#[test]
+fn refuses_non_loopback_targets() {
+    let out = tempfile::tempdir().unwrap();
+    let o = Command::new(BIN)
+        .args([
+            "fanout",
+            "--server",
+            "http://192.0.2.1:80",
+            "--duration",
+            "1s",
+        ])
+        .arg("--out")
+        .arg(out.path())
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("loopback"));
+}

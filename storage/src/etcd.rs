@@ -1,0 +1,695 @@
+//! The etcd backend: the `Store` contract on an etcd v3 cluster over gRPC (`etcd-client`).
+//!
+//! - **Revisions** are etcd's own revisions (note: etcd's first write is revision 2).
+//! - **CAS** writes are single transactions comparing the key's `mod_revision` (or
+//!   `create_revision` = 0 for creates); the failure branch reads the key in the same
+//!   transaction, so `Conflict`/`AlreadyExists` carry the state that made the compare fail.
+//! - **Reads** are linearizable ranges, optionally at a past revision.
+//! - **Compaction** is etcd's. etcd has no call answering "what is the compacted revision",
+//!   so it is probed with a watch from revision 1 (etcd refuses it and names the compaction
+//!   point) and the highest value seen is remembered.
+//! - **Feed** (`feed`): one etcd watch stream per feed, with `prev_kv`, progress
+//!   notifications requested when idle, and transparent resumption after transport errors.
+//! - **Faults**: every call is bounded by `request_timeout`; transport trouble is
+//!   `StoreError::Unavailable`. There is one client per endpoint and calls go to the current
+//!   one; a failure moves on to the next endpoint (a killed member must not keep a share of
+//!   the calls, as it would behind a load-balanced channel). Reads are retried there within
+//!   the deadline; writes only when the failure proves the request never left (connect
+//!   errors), so a retried write can never be applied twice.
+//!
+//! Every key is stored under `EtcdConfig::prefix` (prepended; default empty, so our
+//! `/registry/...` keys are etcd keys as Kubernetes lays them out).
+
+mod feed;
+#[cfg(feature = "conformance")]
+pub mod testing;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use etcd_client::{
+    Client, CompactionOptions, Compare, CompareOp, ConnectOptions, GetOptions, GetResponse,
+    PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
+};
+use parking_lot::Mutex;
+use tokio::sync::watch;
+
+use crate::{FeedStream, KeyRange, KeyValue, RangeResult, Revision, Store, StoreError};
+
+/// Largest gRPC message accepted from etcd (a big list is one message). etcd's own default
+/// send limit is 2 GiB; this keeps our buffer bounded while allowing large lists.
+const MAX_MESSAGE_BYTES: usize = 512 * 1024 * 1024;
+
+/// Client certificates and CA for TLS to etcd (PEM files).
+#[derive(Clone, Debug, Default)]
+pub struct EtcdTls {
+    pub ca_file: Option<PathBuf>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+}
+
+/// How to reach etcd. `Default` is what the server uses apart from `endpoints`.
+#[derive(Clone, Debug)]
+pub struct EtcdConfig {
+    /// Client URLs, e.g. `http://127.0.0.1:2379`.
+    pub endpoints: Vec<String>,
+    /// Prepended to every key (default empty).
+    pub prefix: String,
+    /// TLS to etcd; `None` for plain `http://` endpoints.
+    pub tls: Option<EtcdTls>,
+    /// Bound of every unary call; past it the call fails `Unavailable`. Default 4 s.
+    pub request_timeout: Duration,
+    /// Bound of establishing a connection. Default 2 s.
+    pub connect_timeout: Duration,
+    /// A feed that received nothing for this long asks etcd for a progress notification,
+    /// which is what lets a cache prove it is current. Default 200 ms.
+    pub progress_interval: Duration,
+    /// Items buffered per feed between the etcd stream and the consumer. Default 64.
+    pub feed_buffer: usize,
+}
+
+impl Default for EtcdConfig {
+    fn default() -> Self {
+        EtcdConfig {
+            endpoints: vec!["http://127.0.0.1:2379".to_string()],
+            prefix: String::new(),
+            tls: None,
+            request_timeout: Duration::from_secs(4),
+            connect_timeout: Duration::from_secs(2),
+            progress_interval: Duration::from_millis(200),
+            feed_buffer: 64,
+        }
+    }
+}
+
+/// Whether a failed call may be sent again.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    /// Reads: always (within the deadline).
+    Always,
+    /// Writes: only if the request surely never reached etcd.
+    IfNotSent,
+}
+
+/// What the store handle and its feeds share.
+pub(crate) struct Shared {
+    config: EtcdConfig,
+    options: ConnectOptions,
+    /// One client per endpoint (same order as `config.endpoints`).
+    clients: Mutex<Vec<Client>>,
+    /// Index of the endpoint calls go to.
+    current: AtomicUsize,
+    /// Highest compaction point seen (etcd cannot be asked directly).
+    compacted: AtomicI64,
+}
+
+impl Shared {
+    /// The current endpoint's index and client (cheap: clones channel handles).
+    pub(crate) fn client(&self) -> (usize, Client) {
+        let clients = self.clients.lock();
+        let index = self.current.load(Ordering::Relaxed) % clients.len().max(1);
+        (index, clients[index].clone())
+    }
+
+    /// After a transport failure on endpoint `used`: later calls go to the next endpoint,
+    /// and `used` gets a fresh client (lazy, no I/O) for when its turn comes again. Only the
+    /// first of several concurrent failures on one endpoint moves on.
+    pub(crate) async fn fail_over(&self, used: usize) {
+        let count = self.config.endpoints.len().max(1);
+        if self
+            .current
+            .compare_exchange(
+                used,
+                (used + 1) % count,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            return;
+        }
+        let Some(endpoint) = self.config.endpoints.get(used) else {
+            return;
+        };
+        match connect(std::slice::from_ref(endpoint), self.options.clone()).await {
+            Ok(client) => {
+                if let Some(slot) = self.clients.lock().get_mut(used) {
+                    *slot = client;
+                }
+            }
+            Err(e) => tracing::warn!(endpoint, error = %e, "etcd: rebuilding a client failed"),
+        }
+    }
+
+    pub(crate) fn note_compacted(&self, revision: Revision) {
+        self.compacted.fetch_max(revision, Ordering::Relaxed);
+    }
+
+    pub(crate) fn full_key(&self, key: &[u8]) -> Vec<u8> {
+        let mut full = Vec::with_capacity(self.config.prefix.len() + key.len());
+        full.extend_from_slice(self.config.prefix.as_bytes());
+        full.extend_from_slice(key);
+        full
+    }
+
+    /// The etcd `[key, range_end)` of one of our ranges.
+    pub(crate) fn full_range(&self, range: &KeyRange) -> (Vec<u8>, Vec<u8>) {
+        let start = self.full_key(&range.start);
+        let end = if !range.end.is_empty() {
+            self.full_key(&range.end)
+        } else {
+            let prefix_end = KeyRange::prefix(self.config.prefix.clone().into_bytes()).end;
+            if prefix_end.is_empty() {
+                // "\0" is etcd's "every key >= start".
+                vec![0]
+            } else {
+                prefix_end.to_vec()
+            }
+        };
+        // etcd reads an empty key as "not provided"; "\0" is the smallest real key.
+        let start = if start.is_empty() { vec![0] } else { start };
+        (start, end)
+    }
+
+    pub(crate) fn convert(&self, kv: &etcd_client::KeyValue) -> KeyValue {
+        let key = kv
+            .key()
+            .strip_prefix(self.config.prefix.as_bytes())
+            .unwrap_or(kv.key());
+        KeyValue {
+            key: Bytes::copy_from_slice(key),
+            value: Bytes::copy_from_slice(kv.value()),
+            create_revision: kv.create_revision(),
+            mod_revision: kv.mod_revision(),
+            version: kv.version(),
+        }
+    }
+
+    /// Runs one call (built by `op` for a client) under the request timeout, mapping
+    /// failures; on transport failure it fails over and, if `retry` allows, tries again.
+    async fn call<T, F, Fut>(&self, retry: Retry, op: F) -> Result<T, StoreError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let timeout = self.config.request_timeout;
+        let deadline = Instant::now() + timeout;
+        // Each endpoint gets at most two tries; one silent endpoint must not eat the whole
+        // deadline, so a single try gets at most half of it.
+        let max_attempts = 2 * self.config.endpoints.len().max(1);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let (used, client) = self.client();
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let limit = if max_attempts > 2 {
+                remaining.min(timeout / 2)
+            } else {
+                remaining
+            };
+            let (err, not_sent) = match tokio::time::timeout(limit, op(client)).await {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(e)) => {
+                    let not_sent = never_sent(&e);
+                    (map_error(e), not_sent)
+                }
+                Err(_) => (
+                    StoreError::Unavailable(format!("etcd did not answer within {limit:?}")),
+                    false,
+                ),
+            };
+            if !matches!(err, StoreError::Unavailable(_)) {
+                return Err(err);
+            }
+            self.fail_over(used).await;
+            let may_retry = retry == Retry::Always || not_sent;
+            if !may_retry || attempt >= max_attempts || Instant::now() >= deadline {
+                return Err(err);
+            }
+            // A short pause: with every member down, do not spin through them.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The compaction point: a watch from revision 1 is refused with it, or accepted
+    /// (nothing compacted).
+    async fn probe_compacted(&self) -> Result<Revision, StoreError> {
+        let key = self.full_key(b"\0svc-compaction-probe");
+        let opts = WatchOptions::new().with_start_revision(1);
+        let probe = |client: Client| {
+            let (key, opts) = (key.clone(), opts.clone());
+            Self::compaction_probe(client, key, opts)
+        };
+        let compacted = self.call(Retry::Always, probe).await?;
+        self.note_compacted(compacted);
+        Ok(self.compacted.load(Ordering::Relaxed).max(compacted))
+    }
+
+    async fn compaction_probe(
+        client: Client,
+        key: Vec<u8>,
+        opts: WatchOptions,
+    ) -> Result<Revision, etcd_client::Error> {
+        let mut client = client.watch_client();
+        {
+            let mut stream = client.watch(key, Some(opts)).await?;
+            loop {
+                match stream.message().await? {
+                    Some(resp) if resp.compact_revision() > 0 => {
+                        return Ok(resp.compact_revision());
+                    }
+                    Some(resp) if resp.created() => return Ok(0),
+                    Some(resp) if resp.canceled() => {
+                        return Err(etcd_client::Error::WatchError(format!(
+                            "probe watch canceled: {}",
+                            resp.cancel_reason()
+                        )));
+                    }
+                    Some(_) => {}
+                    None => {
+                        return Err(etcd_client::Error::WatchError(
+                            "probe watch ended".to_string(),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
+    async fn current_revision(&self) -> Result<Revision, StoreError> {
+        let key = self.full_key(b"\0svc-revision-probe");
+        let opts = GetOptions::new().with_count_only();
+        let resp = self
+            .call(Retry::Always, |c| {
+                let (key, opts) = (key.clone(), opts.clone());
+                async move { c.kv_client().get(key, Some(opts)).await }
+            })
+            .await?;
+        header_revision(resp.header())
+    }
+
+    /// Turns etcd's revision errors into ours, with the numbers they need.
+    async fn revision_error(&self, err: StoreError, requested: Revision) -> StoreError {
+        match err {
+            StoreError::Compacted { .. } => {
+                let compacted = self
+                    .probe_compacted()
+                    .await
+                    .unwrap_or(requested.saturating_add(1));
+                StoreError::Compacted {
+                    requested,
+                    compacted,
+                }
+            }
+            StoreError::FutureRevision { .. } => {
+                let current = self.current_revision().await.unwrap_or(0);
+                StoreError::FutureRevision { requested, current }
+            }
+            other => other,
+        }
+    }
+
+    /// A write transaction (retried only when it surely was not sent).
+    async fn txn(&self, txn: Txn) -> Result<TxnResponse, StoreError> {
+        self.call(Retry::IfNotSent, |c| {
+            let txn = txn.clone();
+            async move { c.kv_client().txn(txn).await }
+        })
+        .await
+    }
+
+    /// A linearizable range read.
+    async fn get_range(&self, key: Vec<u8>, opts: GetOptions) -> Result<GetResponse, StoreError> {
+        self.call(Retry::Always, |c| {
+            let (key, opts) = (key.clone(), opts.clone());
+            async move {
+                c.kv_client()
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .get(key, Some(opts))
+                    .await
+            }
+        })
+        .await
+    }
+}
+
+/// The etcd-backed store.
+pub struct EtcdStore {
+    shared: Arc<Shared>,
+    /// Dropped with the store: feeds see it and end.
+    closed: watch::Sender<bool>,
+}
+
+impl std::fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdStore")
+            .field("endpoints", &self.shared.config.endpoints)
+            .field("prefix", &self.shared.config.prefix)
+            .finish()
+    }
+}
+
+async fn connect(endpoints: &[String], options: ConnectOptions) -> Result<Client, StoreError> {
+    Client::connect(endpoints, Some(options))
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("connecting to etcd: {e}")))
+}
+
+fn read_pem(path: &PathBuf, what: &str) -> Result<Vec<u8>, StoreError> {
+    std::fs::read(path).map_err(|e| {
+        StoreError::Io(std::io::Error::new(
+            e.kind(),
+            format!("reading etcd {what} {}: {e}", path.display()),
+        ))
+    })
+}
+
+fn connect_options(config: &EtcdConfig) -> Result<ConnectOptions, StoreError> {
+    let mut options = ConnectOptions::new()
+        .with_timeout(config.request_timeout)
+        .with_connect_timeout(config.connect_timeout)
+        // Detects a silently dead member (no RST) so feeds move on to another.
+        .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3))
+        .with_keep_alive_while_idle(true);
+    if let Some(tls) = &config.tls {
+        let mut tls_options = etcd_client::TlsOptions::new();
+        if let Some(ca) = &tls.ca_file {
+            tls_options =
+                tls_options.ca_certificate(etcd_client::Certificate::from_pem(read_pem(ca, "CA")?));
+        }
+        match (&tls.cert_file, &tls.key_file) {
+            (Some(cert), Some(key)) => {
+                tls_options = tls_options.identity(etcd_client::Identity::from_pem(
+                    read_pem(cert, "client certificate")?,
+                    read_pem(key, "client key")?,
+                ));
+            }
+            (None, None) => {}
+            _ => {
+                return Err(StoreError::Unavailable(
+                    "--etcd-certfile and --etcd-keyfile must be given together".to_string(),
+                ));
+            }
+        }
+        options = options.with_tls(tls_options);
+    }
+    Ok(options)
+}
+
+impl EtcdStore {
+    /// Builds the client (connections are made lazily, so this succeeds while etcd is down;
+    /// `health` tells whether it is reachable).
+    pub async fn connect(config: EtcdConfig) -> Result<Arc<Self>, StoreError> {
+        if config.endpoints.is_empty() {
+            return Err(StoreError::Unavailable(
+                "no etcd endpoints configured".to_string(),
+            ));
+        }
+        let options = connect_options(&config)?;
+        let mut clients = Vec::with_capacity(config.endpoints.len());
+        for endpoint in &config.endpoints {
+            clients.push(connect(std::slice::from_ref(endpoint), options.clone()).await?);
+        }
+        let (closed, _) = watch::channel(false);
+        Ok(Arc::new(EtcdStore {
+            shared: Arc::new(Shared {
+                config,
+                options,
+                clients: Mutex::new(clients),
+                current: AtomicUsize::new(0),
+                compacted: AtomicI64::new(0),
+            }),
+            closed,
+        }))
+    }
+
+    /// The configuration the store was opened with.
+    pub fn config(&self) -> &EtcdConfig {
+        &self.shared.config
+    }
+}
+
+fn header_revision(header: Option<&etcd_client::ResponseHeader>) -> Result<Revision, StoreError> {
+    header
+        .map(|h| h.revision())
+        .ok_or_else(|| inconsistent("response without a header"))
+}
+
+fn inconsistent(what: &str) -> StoreError {
+    StoreError::Backend(format!("unexpected etcd response: {what}").into())
+}
+
+/// Maps a client error: transport and availability trouble is `Unavailable` (503 higher
+/// up); etcd's revision errors become placeholders `revision_error` fills in.
+pub(crate) fn map_error(err: etcd_client::Error) -> StoreError {
+    use tonic::Code;
+    match &err {
+        etcd_client::Error::GRpcStatus(status) => {
+            let message = status.message();
+            if message.contains("required revision has been compacted") {
+                return StoreError::Compacted {
+                    requested: 0,
+                    compacted: 0,
+                };
+            }
+            if message.contains("required revision is a future revision") {
+                return StoreError::FutureRevision {
+                    requested: 0,
+                    current: 0,
+                };
+            }
+            match status.code() {
+                Code::Unavailable
+                | Code::DeadlineExceeded
+                | Code::Cancelled
+                | Code::Aborted
+                | Code::ResourceExhausted
+                | Code::Unknown => StoreError::Unavailable(format!("etcd: {message}")),
+                _ => StoreError::Backend(Box::new(err)),
+            }
+        }
+        etcd_client::Error::TransportError(_)
+        | etcd_client::Error::IoError(_)
+        | etcd_client::Error::WatchError(_) => StoreError::Unavailable(err.to_string()),
+        _ => StoreError::Backend(Box::new(err)),
+    }
+}
+
+/// Whether a failed call surely never reached etcd (the connection could not be made), so
+/// even a write may be sent again elsewhere.
+fn never_sent(err: &etcd_client::Error) -> bool {
+    let text = match err {
+        etcd_client::Error::GRpcStatus(status) => status.message().to_ascii_lowercase(),
+        etcd_client::Error::TransportError(e) => e.to_string().to_ascii_lowercase(),
+        _ => return false,
+    };
+    text.contains("connect error") || text.contains("connection refused")
+}
+
+/// The key-value read by the failure branch of a transaction (its one `get`).
+fn else_branch_kv(shared: &Shared, resp: &TxnResponse) -> Result<Option<KeyValue>, StoreError> {
+    match resp.op_responses().first() {
+        Some(TxnOpResponse::Get(get)) => Ok(get.kvs().first().map(|kv| shared.convert(kv))),
+        _ => Err(inconsistent("transaction failure branch without a read")),
+    }
+}
+
+#[async_trait]
+impl Store for EtcdStore {
+    async fn create(&self, key: Bytes, value: Bytes) -> Result<KeyValue, StoreError> {
+        let s = &self.shared;
+        let full = s.full_key(&key);
+        let txn = Txn::new()
+            .when([Compare::create_revision(full.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(full.clone(), value.to_vec(), None)])
+            .or_else([TxnOp::get(full, None)]);
+        let resp = s.txn(txn).await?;
+        if resp.succeeded() {
+            let revision = header_revision(resp.header())?;
+            return Ok(KeyValue {
+                key,
+                value,
+                create_revision: revision,
+                mod_revision: revision,
+                version: 1,
+            });
+        }
+        match else_branch_kv(s, &resp)? {
+            Some(current) => Err(StoreError::AlreadyExists {
+                current: Box::new(current),
+            }),
+            // Cannot happen: the compare failed because the key existed in this revision.
+            None => Err(inconsistent("create refused but the key is absent")),
+        }
+    }
+
+    async fn update(
+        &self,
+        key: Bytes,
+        value: Bytes,
+        expected: Revision,
+    ) -> Result<KeyValue, StoreError> {
+        let s = &self.shared;
+        let full = s.full_key(&key);
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(full.clone(), CompareOp::Greater, 0),
+                Compare::mod_revision(full.clone(), CompareOp::Equal, expected),
+            ])
+            .and_then([TxnOp::put(
+                full.clone(),
+                value.to_vec(),
+                Some(PutOptions::new().with_prev_key()),
+            )])
+            .or_else([TxnOp::get(full, None)]);
+        let resp = s.txn(txn).await?;
+        if resp.succeeded() {
+            let revision = header_revision(resp.header())?;
+            let prev = match resp.op_responses().first() {
+                Some(TxnOpResponse::Put(put)) => put.prev_key().map(|kv| s.convert(kv)),
+                _ => None,
+            };
+            let prev = prev.ok_or_else(|| inconsistent("update without the previous value"))?;
+            return Ok(KeyValue {
+                key,
+                value,
+                create_revision: prev.create_revision,
+                mod_revision: revision,
+                version: prev.version.saturating_add(1),
+            });
+        }
+        match else_branch_kv(s, &resp)? {
+            Some(current) => Err(StoreError::Conflict {
+                current: Box::new(current),
+            }),
+            None => Err(StoreError::NotFound),
+        }
+    }
+
+    async fn delete(
+        &self,
+        key: Bytes,
+        expected: Option<Revision>,
+    ) -> Result<(KeyValue, Revision), StoreError> {
+        let s = &self.shared;
+        let full = s.full_key(&key);
+        let compare = match expected {
+            Some(rev) => Compare::mod_revision(full.clone(), CompareOp::Equal, rev),
+            None => Compare::create_revision(full.clone(), CompareOp::Greater, 0),
+        };
+        let txn = Txn::new()
+            .when([compare])
+            .and_then([TxnOp::delete(
+                full.clone(),
+                Some(etcd_client::DeleteOptions::new().with_prev_key()),
+            )])
+            .or_else([TxnOp::get(full, None)]);
+        let resp = s.txn(txn).await?;
+        if resp.succeeded() {
+            let revision = header_revision(resp.header())?;
+            let deleted = match resp.op_responses().first() {
+                Some(TxnOpResponse::Delete(del)) => del.prev_kvs().first().map(|kv| s.convert(kv)),
+                _ => None,
+            };
+            let deleted =
+                deleted.ok_or_else(|| inconsistent("delete without the previous value"))?;
+            return Ok((deleted, revision));
+        }
+        match else_branch_kv(s, &resp)? {
+            Some(current) => Err(StoreError::Conflict {
+                current: Box::new(current),
+            }),
+            None => Err(StoreError::NotFound),
+        }
+    }
+
+    async fn get(
+        &self,
+        key: Bytes,
+        at: Option<Revision>,
+    ) -> Result<(Option<KeyValue>, Revision), StoreError> {
+        let s = &self.shared;
+        let mut opts = GetOptions::new();
+        if let Some(rev) = at {
+            opts = opts.with_revision(rev);
+        }
+        let resp = match s.get_range(s.full_key(&key), opts).await {
+            Ok(resp) => resp,
+            Err(e) => return Err(s.revision_error(e, at.unwrap_or(0)).await),
+        };
+        let revision = match at {
+            Some(rev) => rev,
+            None => header_revision(resp.header())?,
+        };
+        Ok((resp.kvs().first().map(|kv| s.convert(kv)), revision))
+    }
+
+    async fn range(
+        &self,
+        range: KeyRange,
+        at: Option<Revision>,
+        limit: usize,
+    ) -> Result<RangeResult, StoreError> {
+        let s = &self.shared;
+        let (start, end) = s.full_range(&range);
+        let mut opts = GetOptions::new()
+            .with_range(end)
+            .with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
+        if let Some(rev) = at {
+            opts = opts.with_revision(rev);
+        }
+        let resp = match s.get_range(start, opts).await {
+            Ok(resp) => resp,
+            Err(e) => return Err(s.revision_error(e, at.unwrap_or(0)).await),
+        };
+        let revision = match at {
+            Some(rev) => rev,
+            None => header_revision(resp.header())?,
+        };
+        Ok(RangeResult {
+            kvs: resp.kvs().iter().map(|kv| s.convert(kv)).collect(),
+            revision,
+            more: resp.more(),
+        })
+    }
+
+    async fn current_revision(&self) -> Result<Revision, StoreError> {
+        self.shared.current_revision().await
+    }
+
+    async fn compacted_revision(&self) -> Result<Revision, StoreError> {
+        self.shared.probe_compacted().await
+    }
+
+    async fn compact(&self, revision: Revision) -> Result<(), StoreError> {
+        let s = &self.shared;
+        let opts = CompactionOptions::new().with_physical();
+        // Compacting twice is harmless, so it may be retried like a read.
+        let compact = |c: Client| {
+            let opts = opts.clone();
+            async move { c.kv_client().compact(revision, Some(opts)).await }
+        };
+        match s.call(Retry::Always, compact).await {
+            Ok(_) => {
+                s.note_compacted(revision);
+                Ok(())
+            }
+            // At or below the current compaction point: nothing to do.
+            Err(StoreError::Compacted { .. }) => Ok(()),
+            Err(e) => Err(s.revision_error(e, revision).await),
+        }
+    }
+
+    fn watch(&self, range: KeyRange, after: Revision) -> FeedStream {
+        feed::start(self.shared.clone(), range, after, self.closed.subscribe())
+    }
+
+    async fn health(&self) -> Result<(), StoreError> {
+        // A linearizable read needs a quorum with a leader: exactly "can serve writes".
+        self.shared.current_revision().await.map(|_| ())
+    }
+}

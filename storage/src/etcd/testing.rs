@@ -1,0 +1,179 @@
+//! Test support (feature `conformance`): real etcd servers as child processes on loopback,
+//! with free ports and a caller-owned data directory, killed (SIGKILL) and reaped on drop so
+//! a failing test never leaves one behind. Needs the `etcd` binary (Debian `etcd-server`).
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{EtcdConfig, EtcdStore};
+use crate::Store;
+
+/// A free loopback port (bound and released; the small reuse race is acceptable in tests).
+pub fn free_port() -> u16 {
+    match TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()) {
+        Ok(addr) => addr.port(),
+        Err(e) => panic!("no free loopback port: {e}"),
+    }
+}
+
+/// One etcd member: its name, ports and data directory, and the process while running.
+pub struct EtcdMember {
+    pub name: String,
+    pub client_port: u16,
+    pub peer_port: u16,
+    pub data_dir: PathBuf,
+    initial_cluster: String,
+    child: Option<Child>,
+}
+
+impl EtcdMember {
+    pub fn client_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    fn peer_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.peer_port)
+    }
+
+    /// Starts (or restarts, on the same data directory and ports) the process.
+    pub fn start(&mut self) {
+        if self.child.is_some() {
+            return;
+        }
+        if let Err(e) = std::fs::create_dir_all(&self.data_dir) {
+            panic!("creating {}: {e}", self.data_dir.display());
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.data_dir.with_extension("log"));
+        let stderr = log.map_or_else(|_| Stdio::null(), Stdio::from);
+        let client_url = self.client_url();
+        let peer_url = self.peer_url();
+        let child = Command::new("etcd")
+            .args(["--name", &self.name])
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .args(["--listen-client-urls", &client_url])
+            .args(["--advertise-client-urls", &client_url])
+            .args(["--listen-peer-urls", &peer_url])
+            .args(["--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &self.initial_cluster])
+            .args(["--initial-cluster-state", "new"])
+            .args(["--initial-cluster-token", "svc-test"])
+            // Fast leader election on loopback, so a killed member costs little time.
+            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .args(["--logger", "zap", "--log-level", "warn"])
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn();
+        match child {
+            Ok(child) => self.child = Some(child),
+            Err(e) => panic!("starting etcd (is the etcd-server package installed?): {e}"),
+        }
+    }
+
+    /// SIGKILL and reap; the data directory stays for a restart.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+}
+
+impl Drop for EtcdMember {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// One or more etcd members forming one cluster.
+pub struct EtcdCluster {
+    pub members: Vec<EtcdMember>,
+}
+
+impl EtcdCluster {
+    /// Starts `size` members under `dir` and waits until the cluster serves.
+    pub async fn start(dir: &Path, size: usize) -> Self {
+        let ports: Vec<(u16, u16)> = (0..size).map(|_| (free_port(), free_port())).collect();
+        let initial_cluster = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut members: Vec<EtcdMember> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (client, peer))| EtcdMember {
+                name: format!("m{i}"),
+                client_port: *client,
+                peer_port: *peer,
+                data_dir: dir.join(format!("m{i}")),
+                initial_cluster: initial_cluster.clone(),
+                child: None,
+            })
+            .collect();
+        for member in &mut members {
+            member.start();
+        }
+        let cluster = EtcdCluster { members };
+        cluster.wait_ready(Duration::from_secs(30)).await;
+        cluster
+    }
+
+    /// Every member's client URL.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(EtcdMember::client_url).collect()
+    }
+
+    /// A store on this cluster (all endpoints), keys under `prefix`.
+    pub async fn store(&self, prefix: &str) -> std::sync::Arc<EtcdStore> {
+        let config = EtcdConfig {
+            endpoints: self.endpoints(),
+            prefix: prefix.to_string(),
+            progress_interval: Duration::from_millis(100),
+            ..EtcdConfig::default()
+        };
+        match EtcdStore::connect(config).await {
+            Ok(store) => store,
+            Err(e) => panic!("connecting to the test etcd: {e}"),
+        }
+    }
+
+    /// Waits until a linearizable read succeeds through the running members.
+    pub async fn wait_ready(&self, limit: Duration) {
+        let running: Vec<String> = self
+            .members
+            .iter()
+            .filter(|m| m.is_running())
+            .map(EtcdMember::client_url)
+            .collect();
+        let config = EtcdConfig {
+            endpoints: running,
+            request_timeout: Duration::from_secs(1),
+            ..EtcdConfig::default()
+        };
+        let store = match EtcdStore::connect(config).await {
+            Ok(store) => store,
+            Err(e) => panic!("connecting to the test etcd: {e}"),
+        };
+        let deadline = Instant::now() + limit;
+        loop {
+            match store.health().await {
+                Ok(()) => return,
+                Err(e) if Instant::now() >= deadline => {
+                    panic!("test etcd not ready after {limit:?}: {e}")
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+}
