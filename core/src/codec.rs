@@ -23,11 +23,13 @@
 //! (or of a `Status` for `ERROR`). The response content type is
 //! `application/vnd.kubernetes.protobuf;stream=watch`.
 
+pub mod cbor;
 mod convert;
 mod delete_options;
 mod envelope;
 mod kinds;
 mod wire;
+pub mod yaml;
 
 #[cfg(test)]
 mod tests;

@@ -15,6 +15,7 @@ pub mod registry;
 pub mod resource;
 pub mod selector;
 pub mod status;
+pub mod table;
 pub mod validation;
 pub mod watch;
 

@@ -3,21 +3,31 @@
 
 use http::HeaderMap;
 use svc_core::ApiError;
+
+use crate::features::FeatureGates;
 use svc_core::codec::{MEDIA_TYPE_KUBERNETES_PROTOBUF, MEDIA_TYPE_PROTOBUF};
 
 /// A representation the server reads and writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
     Json,
+    Yaml,
     /// Protobuf, answered under the media type name the client used (ours or Kubernetes').
     Protobuf(&'static str),
+    /// CBOR (`application/cbor`, `application/cbor-seq` for watches): behind the alpha
+    /// `CBORServingAndStorage` gate.
+    Cbor,
+    /// `application/json;as=Table;g=meta.svc.io;v=v1`.
+    Table,
 }
 
 impl Format {
     pub fn content_type(self) -> &'static str {
         match self {
-            Format::Json => "application/json",
+            Format::Json | Format::Table => "application/json",
+            Format::Yaml => "application/yaml",
             Format::Protobuf(name) => name,
+            Format::Cbor => "application/cbor",
         }
     }
 }
@@ -26,6 +36,15 @@ struct MediaRange<'a> {
     essence: String,
     params: Vec<(&'a str, &'a str)>,
     q: f32,
+}
+
+impl MediaRange<'_> {
+    fn param(&self, name: &str) -> Option<&str> {
+        self.params
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| *v)
+    }
 }
 
 fn parse_accept(accept: &str) -> Vec<MediaRange<'_>> {
@@ -57,7 +76,13 @@ fn parse_accept(accept: &str) -> Vec<MediaRange<'_>> {
 }
 
 /// The format for a response body, or 406 when nothing the client accepts is served.
-pub fn response_format(headers: &HeaderMap) -> Result<Format, ApiError> {
+/// `watch` picks among the streaming formats (JSON, protobuf, CBOR sequences).
+pub fn response_format(
+    headers: &HeaderMap,
+    gates: &FeatureGates,
+    watch: bool,
+) -> Result<Format, ApiError> {
+    let cbor = gates.enabled("CBORServingAndStorage");
     let Some(accept) = headers.get(http::header::ACCEPT) else {
         return Ok(Format::Json);
     };
@@ -71,28 +96,60 @@ pub fn response_format(headers: &HeaderMap) -> Result<Format, ApiError> {
         if r.q <= 0.0 {
             continue;
         }
-        // Alternative representations (Table, PartialObjectMetadata) are asked for with `as=`;
-        // a range carrying it is only acceptable when that representation is served.
-        if r.params.iter().any(|(k, _)| k.eq_ignore_ascii_case("as")) {
+        // Alternative representations are asked for with `as=`: Table of our meta group is
+        // served (not on watches); others (Kubernetes' meta.k8s.io Table, partial metadata)
+        // fall through to the next range, as the spec allows.
+        if let Some(as_) = r.param("as") {
+            let ours =
+                as_ == "Table" && r.param("g") == Some("meta.svc.io") && r.param("v") == Some("v1");
+            if ours
+                && !watch
+                && matches!(
+                    r.essence.as_str(),
+                    "application/json" | "application/*" | "*/*"
+                )
+            {
+                return Ok(Format::Table);
+            }
             continue;
         }
         match r.essence.as_str() {
             "application/json" | "application/*" | "*/*" => return Ok(Format::Json),
+            "application/yaml" if !watch => return Ok(Format::Yaml),
             MEDIA_TYPE_PROTOBUF => return Ok(Format::Protobuf(MEDIA_TYPE_PROTOBUF)),
             MEDIA_TYPE_KUBERNETES_PROTOBUF => {
                 return Ok(Format::Protobuf(MEDIA_TYPE_KUBERNETES_PROTOBUF));
             }
+            "application/cbor" if cbor && !watch => return Ok(Format::Cbor),
+            "application/cbor-seq" | "application/cbor" if cbor && watch => {
+                return Ok(Format::Cbor);
+            }
             _ => {}
         }
     }
+    let mut offered = vec!["application/json"];
+    if !watch {
+        offered.extend([
+            "application/yaml",
+            "application/json;as=Table;g=meta.svc.io;v=v1",
+        ]);
+    }
+    offered.extend([MEDIA_TYPE_PROTOBUF, MEDIA_TYPE_KUBERNETES_PROTOBUF]);
+    if cbor {
+        offered.push(if watch {
+            "application/cbor-seq"
+        } else {
+            "application/cbor"
+        });
+    }
     Err(ApiError::NotAcceptable(format!(
-        "only the following media types are accepted: application/json, {MEDIA_TYPE_PROTOBUF}, \
-         {MEDIA_TYPE_KUBERNETES_PROTOBUF} (requested {accept:?})"
+        "only the following media types are accepted: {} (requested {accept:?})",
+        offered.join(", ")
     )))
 }
 
 /// The format of a request body; JSON when unstated, 415 when unsupported.
-pub fn request_format(headers: &HeaderMap) -> Result<Format, ApiError> {
+pub fn request_format(headers: &HeaderMap, gates: &FeatureGates) -> Result<Format, ApiError> {
     let Some(ct) = headers.get(http::header::CONTENT_TYPE) else {
         return Ok(Format::Json);
     };
@@ -103,13 +160,18 @@ pub fn request_format(headers: &HeaderMap) -> Result<Format, ApiError> {
         .unwrap_or_default()
         .trim()
         .to_ascii_lowercase();
+    let cbor = gates.enabled("CBORServingAndStorage");
     match essence.as_str() {
         "" | "application/json" | "*/*" => Ok(Format::Json),
+        "application/yaml" => Ok(Format::Yaml),
         MEDIA_TYPE_PROTOBUF => Ok(Format::Protobuf(MEDIA_TYPE_PROTOBUF)),
         MEDIA_TYPE_KUBERNETES_PROTOBUF => Ok(Format::Protobuf(MEDIA_TYPE_KUBERNETES_PROTOBUF)),
+        "application/cbor" if cbor => Ok(Format::Cbor),
         _ => Err(ApiError::UnsupportedMediaType(format!(
             "the body of the request was in an unknown format - accepted media types include: \
-             application/json, {MEDIA_TYPE_PROTOBUF}, {MEDIA_TYPE_KUBERNETES_PROTOBUF} (got {ct:?})"
+             application/json, application/yaml, {MEDIA_TYPE_PROTOBUF}, \
+             {MEDIA_TYPE_KUBERNETES_PROTOBUF}{} (got {ct:?})",
+            if cbor { ", application/cbor" } else { "" }
         ))),
     }
 }
@@ -121,7 +183,7 @@ mod tests {
     fn accept(v: &str) -> Result<Format, ApiError> {
         let mut h = HeaderMap::new();
         h.insert(http::header::ACCEPT, v.parse().unwrap());
-        response_format(&h)
+        response_format(&h, &FeatureGates::default(), false)
     }
 
     #[test]
@@ -146,6 +208,29 @@ mod tests {
         );
         assert_eq!(accept("application/xml").unwrap_err().code(), 406);
         assert_eq!(accept("application/json;q=0").unwrap_err().code(), 406);
+        assert_eq!(accept("application/yaml").unwrap(), Format::Yaml);
+        assert_eq!(
+            accept("application/json;as=Table;g=meta.svc.io;v=v1").unwrap(),
+            Format::Table
+        );
+        assert_eq!(
+            accept("application/json;as=Table;g=meta.k8s.io;v=v1")
+                .unwrap_err()
+                .code(),
+            406
+        );
+        // CBOR only behind its gate.
+        assert_eq!(accept("application/cbor").unwrap_err().code(), 406);
+        let mut h = HeaderMap::new();
+        h.insert(
+            http::header::ACCEPT,
+            "application/cbor-seq".parse().unwrap(),
+        );
+        let gates = FeatureGates::parse("CBORServingAndStorage=true").unwrap();
+        assert_eq!(response_format(&h, &gates, true).unwrap(), Format::Cbor);
+        // No YAML or Table watch streams.
+        h.insert(http::header::ACCEPT, "application/yaml".parse().unwrap());
+        assert_eq!(response_format(&h, &gates, true).unwrap_err().code(), 406);
     }
 
     #[test]
@@ -155,8 +240,19 @@ mod tests {
             http::header::CONTENT_TYPE,
             "application/json; charset=utf-8".parse().unwrap(),
         );
-        assert_eq!(request_format(&h).unwrap(), Format::Json);
+        let gates = FeatureGates::default();
+        assert_eq!(request_format(&h, &gates).unwrap(), Format::Json);
+        h.insert(
+            http::header::CONTENT_TYPE,
+            "application/yaml".parse().unwrap(),
+        );
+        assert_eq!(request_format(&h, &gates).unwrap(), Format::Yaml);
+        h.insert(
+            http::header::CONTENT_TYPE,
+            "application/cbor".parse().unwrap(),
+        );
+        assert_eq!(request_format(&h, &gates).unwrap_err().code(), 415);
         h.insert(http::header::CONTENT_TYPE, "text/plain".parse().unwrap());
-        assert_eq!(request_format(&h).unwrap_err().code(), 415);
+        assert_eq!(request_format(&h, &gates).unwrap_err().code(), 415);
     }
 }

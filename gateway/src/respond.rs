@@ -9,6 +9,9 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use serde::Serialize;
 use svc_core::ApiError;
+use svc_core::table::IncludeObject;
+
+use crate::negotiate::Format;
 use svc_storage::StoreError;
 
 /// The body type of every response: a full buffer or a stream (watches).
@@ -58,19 +61,103 @@ pub fn text(code: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
     resp
 }
 
-/// An object in the negotiated format.
-pub fn object<T: svc_core::Resource + svc_core::codec::ProtoKind>(
+/// An object in the negotiated format (a Table of one row for `as=Table`).
+pub fn object<T: crate::rest::Kind>(
     code: StatusCode,
     obj: &T,
-    format: crate::negotiate::Format,
+    format: Format,
     pretty: bool,
 ) -> Response<Body> {
-    match format {
-        crate::negotiate::Format::Json => json(code, obj, pretty),
-        crate::negotiate::Format::Protobuf(ct) => {
-            bytes_response(code, ct, svc_core::codec::encode_protobuf(obj))
-        }
+    object_with(code, obj, format, pretty, IncludeObject::Metadata)
+}
+
+pub fn object_with<T: crate::rest::Kind>(
+    code: StatusCode,
+    obj: &T,
+    format: Format,
+    pretty: bool,
+    include: IncludeObject,
+) -> Response<Body> {
+    let encoded = match format {
+        Format::Json => return json(code, obj, pretty),
+        Format::Protobuf(ct) => Ok((ct, svc_core::codec::encode_protobuf(obj))),
+        Format::Yaml => svc_core::codec::yaml::encode(obj).map(|b| ("application/yaml", b)),
+        Format::Cbor => svc_core::codec::cbor::encode(obj).map(|b| ("application/cbor", b)),
+        Format::Table => match serde_json::to_value(obj) {
+            Ok(v) => {
+                let meta = svc_core::ListMeta {
+                    resource_version: obj.meta().resource_version.clone(),
+                    ..Default::default()
+                };
+                return json(
+                    code,
+                    &svc_core::table::table(&meta, vec![v], include),
+                    pretty,
+                );
+            }
+            Err(e) => Err(ApiError::internal(e)),
+        },
+    };
+    match encoded {
+        Ok((ct, body)) => bytes_response(code, ct, body),
+        Err(e) => error(&e),
     }
+}
+
+/// A list body in the negotiated format, from the items' canonical JSON (spliced, not
+/// re-serialized, for JSON; re-encoded per item for the other formats).
+pub fn list(
+    cache: &svc_core::watch::WatchCache,
+    meta: &svc_core::ListMeta,
+    items: &[std::sync::Arc<svc_core::watch::CachedObject>],
+    format: Format,
+    pretty: bool,
+    include: IncludeObject,
+) -> Result<Response<Body>, ApiError> {
+    let info = cache.codec().info;
+    let api_version = info.api_version();
+    let as_value = |items: &[std::sync::Arc<svc_core::watch::CachedObject>]| -> Result<Vec<serde_json::Value>, ApiError> {
+        items.iter().map(|o| serde_json::from_slice(&o.json).map_err(ApiError::internal)).collect()
+    };
+    let whole = || -> Result<serde_json::Value, ApiError> {
+        let body = svc_core::watch::frames::list_json(&api_version, info.list_kind, meta, items)?;
+        serde_json::from_slice(&body).map_err(ApiError::internal)
+    };
+    Ok(match format {
+        Format::Json if pretty => json(StatusCode::OK, &whole()?, true),
+        Format::Json => {
+            let mut body =
+                svc_core::watch::frames::list_json(&api_version, info.list_kind, meta, items)?;
+            body.push(b'\n');
+            bytes_response(StatusCode::OK, "application/json", body)
+        }
+        Format::Protobuf(ct) => {
+            let raws: Result<Vec<Bytes>, ApiError> =
+                items.iter().map(|o| cache.object_protobuf(o)).collect();
+            let body = svc_core::codec::encode_list_protobuf_raw(
+                &api_version,
+                info.list_kind,
+                meta,
+                raws?,
+            );
+            bytes_response(StatusCode::OK, ct, body)
+        }
+        Format::Yaml => bytes_response(
+            StatusCode::OK,
+            "application/yaml",
+            svc_core::codec::yaml::encode(&whole()?)?,
+        ),
+        Format::Cbor => bytes_response(
+            StatusCode::OK,
+            "application/cbor",
+            svc_core::codec::cbor::encode(&whole()?)?,
+        ),
+        Format::Table => json(
+            StatusCode::OK,
+            &svc_core::table::table(meta, as_value(items)?, include),
+            pretty,
+        ),
+    })
 }
 
 /// The response for an API error: a `Status` object and its code.

@@ -51,7 +51,8 @@ pub trait Kind: Resource + ProtoKind {}
 impl<T: Resource + ProtoKind> Kind for T {}
 
 async fn serve_typed<T: Kind>(app: &Arc<App>, mut call: Call) -> Result<Response<Body>, ApiError> {
-    call.format = negotiate::response_format(&call.parts.headers)?;
+    let watch = call.query.bool("watch").unwrap_or(false);
+    call.format = negotiate::response_format(&call.parts.headers, &app.opts.feature_gates, watch)?;
     let info = T::INFO;
     let name = call.route.name.clone();
     if let Some(sub) = &call.route.subresource {

@@ -290,6 +290,7 @@ pub async fn handle(
     let path = req.uri().path().to_string();
     let query = Query::parse(req.uri().query());
     let route = router::route(&path);
+    let gzip_header = req.headers().get(http::header::ACCEPT_ENCODING).cloned();
     let watch = query.bool("watch").unwrap_or(false);
     let verb = verb_of(req.method(), &route, watch);
     let resource = match &route {
@@ -317,6 +318,14 @@ pub async fn handle(
                 }
             }
         }
+    };
+    let resp = if (verb == "get" || verb == "list")
+        && accepts_gzip(&gzip_header)
+        && app.opts.feature_gates.enabled("APIResponseCompression")
+    {
+        gzip(resp).await
+    } else {
+        resp
     };
     let code = resp.status().as_u16();
     app.metrics.observe(verb, resource, code, start.elapsed());
@@ -422,6 +431,76 @@ fn not_found(path: &str) -> Response<Body> {
     status.message = format!("the server could not find the requested resource ({path})");
     status.details = None;
     respond::json(StatusCode::NOT_FOUND, &status, false)
+}
+
+/// Responses smaller than this are sent as they are even when the client accepts gzip:
+/// below it the encoder's fixed cost outweighs the bytes saved (see `benches/benches/encode.rs`
+/// for the measurement behind the number).
+pub const GZIP_MIN_BYTES: usize = 16 * 1024;
+
+fn accepts_gzip(header: &Option<http::HeaderValue>) -> bool {
+    let Some(v) = header.as_ref().and_then(|h| h.to_str().ok()) else {
+        return false;
+    };
+    v.split(',').any(|part| {
+        let mut it = part.split(';').map(str::trim);
+        let coding = it.next().unwrap_or_default();
+        let refused = it.any(|p| p.replace(' ', "") == "q=0" || p.replace(' ', "") == "q=0.0");
+        (coding.eq_ignore_ascii_case("gzip") || coding == "*") && !refused
+    })
+}
+
+/// Compresses a complete response body with gzip (level 1: fastest, most of the gain on
+/// JSON). Streams (watches) and small bodies are left alone.
+async fn gzip(resp: Response<Body>) -> Response<Body> {
+    use hyper::body::Body as _;
+    if resp.headers().contains_key(http::header::CONTENT_ENCODING) {
+        return resp;
+    }
+    let Some(len) = resp.body().size_hint().exact() else {
+        return resp;
+    };
+    if (len as usize) < GZIP_MIN_BYTES {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let Ok(collected) = body.collect().await else {
+        return respond::error(&ApiError::internal("reading a response body to compress"));
+    };
+    let plain = collected.to_bytes();
+    let compress = move || {
+        use std::io::Write as _;
+        let mut enc = flate2::write::GzEncoder::new(
+            Vec::with_capacity(plain.len() / 4),
+            flate2::Compression::fast(),
+        );
+        enc.write_all(&plain).and_then(|()| enc.finish())
+    };
+    // Large bodies are compressed off the async threads.
+    let out = if len > 1 << 20 {
+        tokio::task::spawn_blocking(compress)
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+    } else {
+        compress()
+    };
+    match out {
+        Ok(gz) => {
+            parts.headers.insert(
+                http::header::CONTENT_ENCODING,
+                http::HeaderValue::from_static("gzip"),
+            );
+            parts.headers.remove(http::header::CONTENT_LENGTH);
+            parts.headers.append(
+                http::header::VARY,
+                http::HeaderValue::from_static("Accept-Encoding"),
+            );
+            Response::from_parts(parts, respond::full(gz))
+        }
+        Err(e) => respond::error(&ApiError::internal(format!(
+            "compressing the response: {e}"
+        ))),
+    }
 }
 
 /// How much of an oversized body is read and discarded before the 413 goes out, so a client

@@ -123,6 +123,13 @@ fn error_frame(format: Format, err: &ApiError) -> Bytes {
                 .map(Bytes::from)
                 .unwrap_or_default()
         }
+        Format::Cbor => serde_json::to_vec(&status)
+            .map_err(ApiError::internal)
+            .and_then(|json| svc_core::codec::cbor::watch_event("ERROR", &json))
+            .map(Bytes::from)
+            .unwrap_or_default(),
+        // Negotiation never picks these for a watch.
+        Format::Yaml | Format::Table => Bytes::new(),
     }
 }
 
@@ -178,6 +185,12 @@ pub async fn watch<T: Kind>(
         format: match format {
             Format::Json => FrameFormat::Json,
             Format::Protobuf(_) => FrameFormat::Protobuf,
+            Format::Cbor => FrameFormat::CborSeq,
+            Format::Yaml | Format::Table => {
+                return Err(ApiError::NotAcceptable(
+                    "watch streams are served as JSON, protobuf or CBOR sequences".into(),
+                ));
+            }
         },
     };
     let (watcher, first) = match cache.watch(req, Instant::now()) {
@@ -213,7 +226,8 @@ pub async fn watch<T: Kind>(
     let mut resp = Response::new(BodyExt::boxed(StreamBody::new(stream)));
     *resp.status_mut() = StatusCode::OK;
     let content_type = match format {
-        Format::Json => HeaderValue::from_static("application/json"),
+        Format::Json | Format::Yaml | Format::Table => HeaderValue::from_static("application/json"),
+        Format::Cbor => HeaderValue::from_static("application/cbor-seq"),
         // Kubernetes marks protobuf watch streams with `;stream=watch`.
         Format::Protobuf(ct) => HeaderValue::from_str(&format!("{ct};stream=watch")).unwrap_or(
             HeaderValue::from_static("application/vnd.kubernetes.protobuf;stream=watch"),

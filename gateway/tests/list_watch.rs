@@ -217,7 +217,15 @@ async fn bookmarks_carry_only_the_version() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streaming_list_with_send_initial_events() {
-    let srv = TestServer::start().await;
+    // Streaming lists are beta and off by default (gate WatchList).
+    let off = TestServer::start().await;
+    let r = off
+        .admin()
+        .request(http::Method::GET, "/api/v1/namespaces/default/serviceaccounts?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan", "", &[])
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text());
+    assert!(r.text().contains("WatchList"));
+    let srv = TestServer::start_with(|o| o.feature_gates.set("WatchList", true)).await;
     let c = srv.admin();
     setup(&c).await;
     for n in ["a", "b"] {

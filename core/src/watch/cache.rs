@@ -381,11 +381,6 @@ impl WatchCache {
     pub fn watch(&self, req: WatchRequest, now: Instant) -> Result<Watcher, ApiError> {
         let codec = &self.shared.encoder.codec;
         match req.format {
-            FrameFormat::CborSeq => {
-                return Err(ApiError::NotAcceptable(
-                    "CBOR watch streams are not supported yet".into(),
-                ));
-            }
             FrameFormat::Protobuf if codec.protobuf.is_none() => {
                 return Err(ApiError::NotAcceptable(format!(
                     "{} cannot be watched as protobuf",

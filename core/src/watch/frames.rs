@@ -27,8 +27,7 @@ pub enum FrameFormat {
     Json,
     /// `application/vnd.kubernetes.protobuf;stream=watch`: `[u32 BE length][WatchEvent]`.
     Protobuf,
-    /// `application/cbor-seq`: not implemented yet (no CBOR encoder in core); watches in it
-    /// are refused with 406 and encoding returns an error.
+    /// `application/cbor-seq`: one self-described CBOR map `{type, object}` per event.
     CborSeq,
 }
 
@@ -167,10 +166,6 @@ pub fn bookmark_object_json(
     .into_bytes()
 }
 
-fn cbor_unsupported() -> ApiError {
-    ApiError::NotAcceptable("CBOR watch streams are not supported yet".into())
-}
-
 #[derive(Debug)]
 struct BookmarkEntry {
     revision: Revision,
@@ -246,7 +241,9 @@ impl FrameEncoder {
                 let raw = obj.protobuf(&self.codec)?;
                 self.protobuf_frame(ty.as_str(), &raw)
             }
-            FrameFormat::CborSeq => Err(cbor_unsupported()),
+            FrameFormat::CborSeq => {
+                crate::codec::cbor::watch_event(ty.as_str(), &obj.json).map(Bytes::from)
+            }
         }
     }
 
@@ -286,7 +283,9 @@ impl FrameEncoder {
                 })?;
                 self.protobuf_frame("BOOKMARK", &encode(&object)?)?
             }
-            FrameFormat::CborSeq => return Err(cbor_unsupported()),
+            FrameFormat::CborSeq => {
+                Bytes::from(crate::codec::cbor::watch_event("BOOKMARK", &object)?)
+            }
         };
         self.stats.count(format);
         if cache.len() >= BOOKMARK_CACHE {
@@ -311,6 +310,11 @@ impl FrameEncoder {
             return Bytes::from(f);
         }
         let object = serde_json::to_vec(&status).unwrap_or_else(|_| b"{}".to_vec());
+        if format == FrameFormat::CborSeq
+            && let Ok(f) = crate::codec::cbor::watch_event("ERROR", &object)
+        {
+            return Bytes::from(f);
+        }
         json_line("ERROR", &object)
     }
 }

@@ -7,18 +7,18 @@ use std::time::Duration;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use bytes::Bytes;
-use http::{Response, StatusCode};
+use http::Response;
 use serde::{Deserialize, Serialize};
 use svc_core::object::parse_resource_version;
 use svc_core::resource::field_value;
 use svc_core::selector::{FieldSelector, LabelSelector};
-use svc_core::watch::{CachedObject, ListRequest, Selector, WatchCache, frames};
+use svc_core::table::IncludeObject;
+use svc_core::watch::{CachedObject, ListRequest, Selector, WatchCache};
 use svc_core::{ApiError, ListMeta, Resource};
 use svc_storage::{KeyRange, StoreError};
 
 use super::{Call, Kind};
 use crate::app::App;
-use crate::negotiate::Format;
 use crate::query::{ListOptions, RvMatch};
 use crate::respond::{self, Body};
 
@@ -159,6 +159,15 @@ pub async fn list_or_watch<T: Kind>(
 ) -> Result<Response<Body>, ApiError> {
     let opts = ListOptions::from_query(&call.query)?;
     validate(&opts)?;
+    if opts.watch
+        && opts.send_initial_events.is_some()
+        && !app.opts.feature_gates.enabled("WatchList")
+    {
+        return Err(ApiError::bad_request(
+            "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the \
+             WatchList feature gate is enabled",
+        ));
+    }
     let selectors = Selectors::parse::<T>(&opts)?;
     if opts.watch {
         return crate::watch::watch::<T>(app, call, opts, selectors).await;
@@ -279,37 +288,15 @@ async fn list<T: Kind>(
             meta.remaining_item_count = page.remaining.map(|r| r as i64);
         }
     }
-    let api_version = T::INFO.api_version();
-    match call.format {
-        Format::Protobuf(ct) => {
-            let raws: Result<Vec<Bytes>, ApiError> = page
-                .items
-                .iter()
-                .map(|o| cache.object_protobuf(o))
-                .collect();
-            let body = svc_core::codec::encode_list_protobuf_raw(
-                &api_version,
-                T::INFO.list_kind,
-                &meta,
-                raws?,
-            );
-            Ok(respond::bytes_response(StatusCode::OK, ct, body))
-        }
-        Format::Json if call.query.pretty() => {
-            let body = frames::list_json(&api_version, T::INFO.list_kind, &meta, &page.items)?;
-            let v: serde_json::Value = serde_json::from_slice(&body).map_err(ApiError::internal)?;
-            Ok(respond::json(StatusCode::OK, &v, true))
-        }
-        Format::Json => {
-            let mut body = frames::list_json(&api_version, T::INFO.list_kind, &meta, &page.items)?;
-            body.push(b'\n');
-            Ok(respond::bytes_response(
-                StatusCode::OK,
-                "application/json",
-                body,
-            ))
-        }
-    }
+    let include = IncludeObject::parse(call.query.get("includeObject"))?;
+    respond::list(
+        cache,
+        &meta,
+        &page.items,
+        call.format,
+        call.query.pretty(),
+        include,
+    )
 }
 
 /// A list at an exact revision the cache no longer holds, read from the store's history

@@ -27,8 +27,8 @@ const MAX_RETRIES: usize = 8;
 
 /// Decodes a request body in the format its `Content-Type` names, with the warnings field
 /// validation produces (unknown and duplicate JSON fields; `Strict` refuses them).
-fn decode_body<T: Kind>(call: &Call) -> Result<(T, Vec<String>), ApiError> {
-    let format = negotiate::request_format(&call.parts.headers)?;
+fn decode_body<T: Kind>(app: &App, call: &Call) -> Result<(T, Vec<String>), ApiError> {
+    let format = negotiate::request_format(&call.parts.headers, &app.opts.feature_gates)?;
     let validation = FieldValidation::parse(call.query.get("fieldValidation"))?;
     if call.body.is_empty() {
         return Err(ApiError::bad_request("the request body is empty"));
@@ -47,7 +47,26 @@ fn decode_body<T: Kind>(call: &Call) -> Result<(T, Vec<String>), ApiError> {
             obj.set_type_meta();
             Ok((obj, warnings))
         }
+        // YAML and CBOR go through a JSON value, so unknown fields are found the same way
+        // (both parsers refuse duplicate keys themselves).
+        Format::Yaml | Format::Cbor => {
+            let value: serde_json::Value = if format == Format::Yaml {
+                codec::yaml::decode(&call.body)?
+            } else {
+                codec::cbor::decode(&call.body)?
+            };
+            let (mut obj, unknown): (T, _) = decode::decode_value(value).map_err(|e| {
+                ApiError::bad_request(format!("error decoding {} body: {e}", T::INFO.kind))
+            })?;
+            let warnings = validation.check(unknown)?;
+            object::check_type_meta(&obj)?;
+            obj.set_type_meta();
+            Ok((obj, warnings))
+        }
         Format::Protobuf(_) => Ok((codec::decode_protobuf(&call.body)?, vec![])),
+        Format::Table => Err(ApiError::UnsupportedMediaType(
+            "a Table is not a request body".into(),
+        )),
     }
 }
 
@@ -110,7 +129,7 @@ pub(super) async fn check_namespace_open<T: Kind>(
 
 pub async fn create<T: Kind>(app: &Arc<App>, call: &Call) -> Result<Response<Body>, ApiError> {
     let dry_run = call.query.dry_run()?;
-    let (mut obj, warnings): (T, _) = decode_body(call)?;
+    let (mut obj, warnings): (T, _) = decode_body(app, call)?;
     object::apply_request_namespace(&mut obj, &call.route.namespace)?;
     let ns = obj.meta().namespace.clone();
     let generated = obj.meta().name.is_empty() && !obj.meta().generate_name.is_empty();
@@ -173,7 +192,7 @@ pub async fn update<T: Kind>(
     name: &str,
 ) -> Result<Response<Body>, ApiError> {
     let dry_run = call.query.dry_run()?;
-    let (mut obj, warnings): (T, _) = decode_body(call)?;
+    let (mut obj, warnings): (T, _) = decode_body(app, call)?;
     let ns = path_namespace::<T>(&call.route)?.to_string();
     object::apply_request_namespace(&mut obj, &ns)?;
     if obj.meta().name.is_empty() {
@@ -257,9 +276,10 @@ fn delete_options(call: &Call) -> Result<(DeleteOptions, bool), ApiError> {
     let mut opts = if call.body.is_empty() {
         DeleteOptions::default()
     } else {
-        match negotiate::request_format(&call.parts.headers)? {
-            Format::Json => DeleteOptions::from_json(&call.body)?,
+        match negotiate::request_format(&call.parts.headers, &Default::default())? {
             Format::Protobuf(_) => DeleteOptions::from_protobuf(&call.body)?,
+            Format::Yaml => codec::yaml::decode(&call.body)?,
+            _ => DeleteOptions::from_json(&call.body)?,
         }
     };
     if let Some(g) = call.query.int("gracePeriodSeconds")? {
