@@ -249,32 +249,32 @@ impl Shared {
         Ok(self.compacted.load(Ordering::Relaxed).max(compacted))
     }
 
+    /// One probe: a watch from revision 1 on a key nobody writes, closed right after the
+    /// first answer.
     async fn compaction_probe(
         client: Client,
         key: Vec<u8>,
         opts: WatchOptions,
     ) -> Result<Revision, etcd_client::Error> {
         let mut client = client.watch_client();
-        {
-            let mut stream = client.watch(key, Some(opts)).await?;
-            loop {
-                match stream.message().await? {
-                    Some(resp) if resp.compact_revision() > 0 => {
-                        return Ok(resp.compact_revision());
-                    }
-                    Some(resp) if resp.created() => return Ok(0),
-                    Some(resp) if resp.canceled() => {
-                        return Err(etcd_client::Error::WatchError(format!(
-                            "probe watch canceled: {}",
-                            resp.cancel_reason()
-                        )));
-                    }
-                    Some(_) => {}
-                    None => {
-                        return Err(etcd_client::Error::WatchError(
-                            "probe watch ended".to_string(),
-                        ));
-                    }
+        let mut stream = client.watch(key, Some(opts)).await?;
+        loop {
+            match stream.message().await? {
+                Some(resp) if resp.compact_revision() > 0 => {
+                    return Ok(resp.compact_revision());
+                }
+                Some(resp) if resp.created() => return Ok(0),
+                Some(resp) if resp.canceled() => {
+                    return Err(etcd_client::Error::WatchError(format!(
+                        "probe watch canceled: {}",
+                        resp.cancel_reason()
+                    )));
+                }
+                Some(_) => {}
+                None => {
+                    return Err(etcd_client::Error::WatchError(
+                        "probe watch ended".to_string(),
+                    ));
                 }
             }
         }
