@@ -101,6 +101,9 @@ pub(crate) struct Shared {
     options: ConnectOptions,
     /// One client per endpoint (same order as `config.endpoints`).
     clients: Mutex<Vec<Client>>,
+    /// When each endpoint's client was last built: rebuilt at most once a second, so an
+    /// outage under load does not churn through channels.
+    built: Mutex<Vec<Instant>>,
     /// Index of the endpoint calls go to.
     current: AtomicUsize,
     /// Highest compaction point seen (etcd cannot be asked directly).
@@ -135,6 +138,13 @@ impl Shared {
         let Some(endpoint) = self.config.endpoints.get(used) else {
             return;
         };
+        {
+            let mut built = self.built.lock();
+            match built.get_mut(used) {
+                Some(at) if at.elapsed() >= Duration::from_secs(1) => *at = Instant::now(),
+                _ => return,
+            }
+        }
         match connect(std::slice::from_ref(endpoint), self.options.clone()).await {
             Ok(client) => {
                 if let Some(slot) = self.clients.lock().get_mut(used) {
@@ -422,6 +432,7 @@ impl EtcdStore {
             shared: Arc::new(Shared {
                 config,
                 options,
+                built: Mutex::new(vec![Instant::now(); clients.len()]),
                 clients: Mutex::new(clients),
                 current: AtomicUsize::new(0),
                 compacted: AtomicI64::new(0),
