@@ -1,0 +1,175 @@
+//! Every served kind through every codec, and our protobuf bytes read by an independent
+//! decoder: Kubernetes' own published `.proto` messages, compiled (the `k8s-pb` crate).
+
+use std::collections::BTreeMap;
+
+use k8s_pb::api::core::v1 as k8s;
+use k8s_pb::apimachinery::pkg::runtime::Unknown;
+use prost::Message;
+use svc_core::codec::{PROTOBUF_MAGIC, ProtoKind, cbor, decode_protobuf, encode_protobuf, yaml};
+use svc_core::kinds::{LocalObjectReference, Namespace, ObjectReference, ServiceAccount};
+use svc_core::meta::{ManagedFieldsEntry, OwnerReference, Time};
+use svc_core::{ObjectMeta, Resource};
+
+fn meta(name: &str, ns: &str) -> ObjectMeta {
+    let t: Time = serde_json::from_str("\"2024-05-06T07:08:09Z\"").unwrap();
+    ObjectMeta {
+        name: name.into(),
+        namespace: ns.into(),
+        uid: "0b7c2c9e-1f7a-4c52-9d8f-2a3b4c5d6e7f".into(),
+        resource_version: "42".into(),
+        generation: Some(3),
+        creation_timestamp: Some(t),
+        labels: BTreeMap::from([("app".into(), "web".into()), ("tier".into(), "fe".into())]),
+        annotations: BTreeMap::from([("svc.io/note".into(), "hello".into())]),
+        finalizers: vec!["example.com/hold".into()],
+        owner_references: vec![OwnerReference {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+            name: "owner".into(),
+            uid: "u-1".into(),
+            controller: Some(true),
+            block_owner_deletion: None,
+        }],
+        managed_fields: vec![ManagedFieldsEntry {
+            manager: "kubectl".into(),
+            operation: "Apply".into(),
+            api_version: "v1".into(),
+            time: Some(t),
+            fields_type: "FieldsV1".into(),
+            fields_v1: Some(serde_json::json!({"f:metadata": {"f:labels": {"f:app": {}}}})),
+            subresource: String::new(),
+        }],
+        ..Default::default()
+    }
+}
+
+fn service_account() -> ServiceAccount {
+    let mut sa = ServiceAccount {
+        metadata: meta("builder", "ci"),
+        secrets: vec![ObjectReference {
+            name: "tok".into(),
+            kind: "Secret".into(),
+            ..Default::default()
+        }],
+        image_pull_secrets: vec![LocalObjectReference {
+            name: "registry".into(),
+        }],
+        automount_service_account_token: Some(false),
+        ..Default::default()
+    };
+    sa.set_type_meta();
+    sa
+}
+
+fn namespace() -> Namespace {
+    let mut ns = Namespace {
+        metadata: meta("team-a", ""),
+        ..Default::default()
+    };
+    ns.set_type_meta();
+    ns.spec.finalizers = vec!["kubernetes".into()];
+    ns.status.phase = "Active".into();
+    ns
+}
+
+/// One object through JSON, YAML, protobuf and CBOR, back to equal.
+fn round_trip<T: Resource + ProtoKind + PartialEq + std::fmt::Debug>(obj: &T) {
+    let json: T = serde_json::from_slice(&serde_json::to_vec(obj).unwrap()).unwrap();
+    assert_eq!(&json, obj, "JSON");
+    let y: T = yaml::decode(&yaml::encode(obj).unwrap()).unwrap();
+    assert_eq!(&y, obj, "YAML");
+    let p: T = decode_protobuf(&encode_protobuf(obj)).unwrap();
+    assert_eq!(&p, obj, "protobuf");
+    let c: T = cbor::decode(&cbor::encode(obj).unwrap()).unwrap();
+    assert_eq!(&c, obj, "CBOR");
+}
+
+#[test]
+fn every_kind_round_trips_through_every_codec() {
+    round_trip(&service_account());
+    round_trip(&namespace());
+}
+
+#[test]
+fn kubernetes_protos_read_our_service_account() {
+    let sa = service_account();
+    let body = encode_protobuf(&sa);
+    assert_eq!(&body[..4], &PROTOBUF_MAGIC);
+    let unknown = Unknown::decode(&body[4..]).expect("an Unknown envelope");
+    let tm = unknown.type_meta.unwrap();
+    assert_eq!(
+        (tm.api_version.as_deref(), tm.kind.as_deref()),
+        (Some("v1"), Some("ServiceAccount"))
+    );
+    let theirs =
+        k8s::ServiceAccount::decode(&unknown.raw.unwrap()[..]).expect("k8s.io/api ServiceAccount");
+    let m = theirs.metadata.unwrap();
+    assert_eq!(m.name.as_deref(), Some("builder"));
+    assert_eq!(m.namespace.as_deref(), Some("ci"));
+    assert_eq!(
+        m.uid.as_deref(),
+        Some("0b7c2c9e-1f7a-4c52-9d8f-2a3b4c5d6e7f")
+    );
+    assert_eq!(m.resource_version.as_deref(), Some("42"));
+    assert_eq!(m.generation, Some(3));
+    assert_eq!(m.creation_timestamp.unwrap().seconds, Some(1_714_979_289));
+    assert_eq!(m.labels.get("tier").map(String::as_str), Some("fe"));
+    assert_eq!(
+        m.annotations.get("svc.io/note").map(String::as_str),
+        Some("hello")
+    );
+    assert_eq!(m.finalizers, ["example.com/hold"]);
+    assert_eq!(m.owner_references[0].uid.as_deref(), Some("u-1"));
+    assert_eq!(m.owner_references[0].controller, Some(true));
+    assert_eq!(m.managed_fields[0].manager.as_deref(), Some("kubectl"));
+    let fields: serde_json::Value = serde_json::from_slice(
+        m.managed_fields[0]
+            .fields_v1
+            .as_ref()
+            .unwrap()
+            .raw
+            .as_ref()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        fields,
+        serde_json::json!({"f:metadata": {"f:labels": {"f:app": {}}}})
+    );
+    assert_eq!(theirs.secrets[0].name.as_deref(), Some("tok"));
+    assert_eq!(theirs.secrets[0].kind.as_deref(), Some("Secret"));
+    assert_eq!(
+        theirs.image_pull_secrets[0].name.as_deref(),
+        Some("registry")
+    );
+    assert_eq!(theirs.automount_service_account_token, Some(false));
+
+    // And the other way: bytes a Kubernetes client writes decode into our type.
+    let ours = ServiceAccount::from_proto_bytes(&theirs_bytes(&sa)).unwrap();
+    assert_eq!(ours.metadata.name, "builder");
+}
+
+fn theirs_bytes(sa: &ServiceAccount) -> Vec<u8> {
+    let k = k8s::ServiceAccount {
+        metadata: Some(k8s_pb::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(sa.metadata.name.clone()),
+            namespace: Some(sa.metadata.namespace.clone()),
+            ..Default::default()
+        }),
+        automount_service_account_token: Some(true),
+        ..Default::default()
+    };
+    k.encode_to_vec()
+}
+
+#[test]
+fn kubernetes_protos_read_our_namespace() {
+    let ns = namespace();
+    let body = encode_protobuf(&ns);
+    let unknown = Unknown::decode(&body[4..]).unwrap();
+    let theirs = k8s::Namespace::decode(&unknown.raw.unwrap()[..]).unwrap();
+    assert_eq!(theirs.metadata.unwrap().name.as_deref(), Some("team-a"));
+    assert_eq!(theirs.spec.unwrap().finalizers, ["kubernetes"]);
+    assert_eq!(theirs.status.unwrap().phase.as_deref(), Some("Active"));
+}
