@@ -4,6 +4,8 @@
 //! chunk, adds bookmarks when due, and ends at `timeoutSeconds`, at shutdown, or after an
 //! `ERROR` frame (410 when the client fell off the history ring).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,7 +19,6 @@ use rand::Rng;
 use svc_core::ApiError;
 use svc_core::object::parse_resource_version;
 use svc_core::watch::{FrameFormat, Selector, WatchRequest, WatchStart, Watcher, frames};
-use tokio::sync::watch;
 
 use crate::app::App;
 use crate::negotiate::Format;
@@ -36,7 +37,11 @@ struct WatchBody {
     /// Frames to send before anything else (an `ERROR` for a watch that could not start).
     first: Option<Bytes>,
     deadline: tokio::time::Instant,
-    stop: watch::Receiver<bool>,
+    /// One timer for the whole stream, aimed at the next bookmark or the deadline and moved
+    /// only when that changes: re-arming a timer on every wake-up showed in profiles.
+    timer: Pin<Box<tokio::time::Sleep>>,
+    /// Resolves at shutdown; kept across wake-ups for the same reason.
+    stop: Pin<Box<dyn Future<Output = ()> + Send + Sync>>,
     done: bool,
     open: Gauge<i64, std::sync::atomic::AtomicI64>,
     sent: Counter,
@@ -88,18 +93,24 @@ impl WatchBody {
                 continue;
             }
             let ready = watcher.ready();
-            let bookmark_at = watcher
+            let wake_at = watcher
                 .next_bookmark_at()
-                .map(tokio::time::Instant::from_std);
+                .map(tokio::time::Instant::from_std)
+                .map_or(self.deadline, |b| b.min(self.deadline));
+            if self.timer.deadline() != wake_at {
+                self.timer.as_mut().reset(wake_at);
+            }
             tokio::select! {
                 _ = ready => {}
-                _ = tokio::time::sleep_until(bookmark_at.unwrap_or(self.deadline)), if bookmark_at.is_some() => {}
-                _ = tokio::time::sleep_until(self.deadline) => {
-                    // A last bookmark tells the client how far it got, so it can resume.
-                    self.done = true;
-                    return watcher.final_bookmark();
+                _ = self.timer.as_mut() => {
+                    if tokio::time::Instant::now() >= self.deadline {
+                        // A last bookmark tells the client how far it got, so it can resume.
+                        self.done = true;
+                        return watcher.final_bookmark();
+                    }
+                    // Otherwise a bookmark is due: the next drain adds it.
                 }
-                _ = crate::app::until_set(&mut self.stop) => {
+                _ = self.stop.as_mut() => {
                     self.done = true;
                     return None;
                 }
@@ -210,11 +221,14 @@ pub async fn watch<T: Kind>(
     };
     let open = app.metrics.watch_gauge(T::INFO.plural);
     open.inc();
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut stop_rx = app.stop_watches.clone();
     let state = WatchBody {
         watcher,
         first,
-        deadline: tokio::time::Instant::now() + timeout,
-        stop: app.stop_watches.clone(),
+        deadline,
+        timer: Box::pin(tokio::time::sleep_until(deadline)),
+        stop: Box::pin(async move { crate::app::until_set(&mut stop_rx).await }),
         done: false,
         open,
         sent: app.metrics.watch_event_counter(T::INFO.plural),
