@@ -66,30 +66,10 @@ pub trait ProtoKind: Sized {
 /// `object::decode_json` checks `apiVersion`/`kind`, and filling in the type meta.
 pub fn decode_protobuf<T: Resource + ProtoKind>(body: &[u8]) -> Result<T, ApiError> {
     let (tm, raw) = decode_envelope(body)?;
-    check_type_header::<T>(&tm.api_version, &tm.kind)?;
+    crate::object::check_type_header::<T>(&tm.api_version, &tm.kind)?;
     let mut obj = T::from_proto_bytes(&raw)?;
     obj.set_type_meta();
     Ok(obj)
-}
-
-// Mirrors `object::check_type_meta`, which reads the header from a decoded object; here it
-// comes from the envelope, before there is an object to read it from.
-fn check_type_header<T: Resource>(api_version: &str, kind: &str) -> Result<(), ApiError> {
-    let info = T::INFO;
-    if !kind.is_empty() && kind != info.kind {
-        return Err(ApiError::bad_request(format!(
-            "the kind in the body ({kind}) does not match the expected kind ({})",
-            info.kind
-        )));
-    }
-    if !api_version.is_empty() && api_version != info.api_version() {
-        return Err(ApiError::bad_request(format!(
-            "the API version in the data ({api_version}) does not match the expected API \
-             version ({})",
-            info.api_version()
-        )));
-    }
-    Ok(())
 }
 
 /// The enveloped form of one object, with the type's canonical `apiVersion`/`kind`.

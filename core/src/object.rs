@@ -21,8 +21,14 @@ pub fn decode_json<T: Resource>(body: &[u8]) -> Result<T, ApiError> {
 
 /// Rejects an object whose `apiVersion` or `kind` names another type.
 pub fn check_type_meta<T: Resource>(obj: &T) -> Result<(), ApiError> {
-    let info = T::INFO;
     let (api_version, kind) = obj.type_meta();
+    check_type_header::<T>(api_version, kind)
+}
+
+/// Rejects an `apiVersion`/`kind` pair (from a body or an envelope) naming another type;
+/// empty ones are allowed, as the endpoint already says which type it is.
+pub fn check_type_header<T: Resource>(api_version: &str, kind: &str) -> Result<(), ApiError> {
+    let info = T::INFO;
     if !kind.is_empty() && kind != info.kind {
         return Err(ApiError::bad_request(format!(
             "the kind in the body ({kind}) does not match the expected kind ({})",

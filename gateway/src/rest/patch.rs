@@ -18,7 +18,7 @@ use svc_core::status::StatusCause;
 use svc_core::{ApiError, Resource};
 use svc_storage::StoreError;
 
-use super::write::check_namespace_open;
+use super::write::{self, Committed, check_namespace_open};
 use super::{Call, Kind, conflict, map_write_error, path_namespace, read_current};
 use crate::app::App;
 use crate::respond::{self, Body};
@@ -273,48 +273,17 @@ pub async fn patch<T: Kind>(
                 &body_entries,
             )?;
         }
-        next.meta_mut().resource_version.clear();
-        let value = object::encode_for_store(&next)?;
         let ok = |obj: &T| {
             with_warnings(
                 respond::object(StatusCode::OK, obj, call.format, call.query.pretty()),
                 &warnings,
             )
         };
-        if value == kv.value {
-            return Ok(ok(&current));
-        }
-        if dry_run {
-            next.meta_mut().resource_version = kv.mod_revision.to_string();
-            return Ok(ok(&next));
-        }
-        if next.meta().deletion_timestamp.is_some()
-            && next.meta().finalizers.is_empty()
-            && !next.has_kind_finalizers()
-        {
-            // The last finalizer is gone: finish the deletion requested earlier.
-            match app.store.delete(key.clone(), Some(kv.mod_revision)).await {
-                Ok((_, rev)) => {
-                    next.meta_mut().resource_version = rev.to_string();
-                    return Ok(ok(&next));
-                }
-                Err(StoreError::Conflict { .. }) => continue,
-                Err(e) => return Err(map_write_error::<T>(e, name)),
-            }
-        }
-        match app
-            .store
-            .update(key.clone(), Bytes::from(value), kv.mod_revision)
-            .await
-        {
-            Ok(new_kv) => {
-                next.meta_mut().resource_version = new_kv.mod_revision.to_string();
-                return Ok(ok(&next));
-            }
-            // The patch is re-applied to the newer object, as Kubernetes does; one that carries
-            // a resourceVersion then fails the check above with 409.
-            Err(StoreError::Conflict { .. }) => continue,
-            Err(e) => return Err(map_write_error::<T>(e, name)),
+        match write::commit_update(app, &key, &kv, current, next, dry_run, name).await? {
+            Committed::Done(obj) => return Ok(ok(&obj)),
+            // The patch is re-applied to the newer object, as Kubernetes does; one that
+            // carries a resourceVersion then fails the check above with 409.
+            Committed::Stale => continue,
         }
     }
     Err(conflict::<T>(name))

@@ -13,7 +13,7 @@ use svc_core::patch::decode::{self, FieldValidation};
 use svc_core::patch::managed::{self, Writer};
 use svc_core::status::Subject;
 use svc_core::{ApiError, Resource, Status};
-use svc_storage::{KeyRange, StoreError};
+use svc_storage::{KeyRange, KeyValue, StoreError};
 
 use super::patch::{field_manager, with_warnings};
 use super::{Call, Kind, conflict, map_write_error, path_namespace, read_current};
@@ -229,46 +229,69 @@ pub async fn update<T: Kind>(
         let mut next = obj.clone();
         object::prepare_update(&mut next, &current)?;
         record_update(call, Some(&current), &mut next)?;
-        next.meta_mut().resource_version.clear();
-        let value = object::encode_for_store(&next)?;
-        if value == kv.value {
-            // Nothing changed: no write, no new resourceVersion, no watch event.
-            return Ok(ok(&current));
-        }
-        if dry_run {
-            next.meta_mut().resource_version = kv.mod_revision.to_string();
-            return Ok(ok(&next));
-        }
-        if next.meta().deletion_timestamp.is_some()
-            && next.meta().finalizers.is_empty()
-            && !next.has_kind_finalizers()
-        {
-            // The last finalizer is gone: finish the deletion that was requested earlier.
-            return match app.store.delete(key.clone(), Some(kv.mod_revision)).await {
-                Ok((_, rev)) => {
-                    next.meta_mut().resource_version = rev.to_string();
-                    Ok(ok(&next))
-                }
-                Err(StoreError::Conflict { .. }) if precondition.is_none() => continue,
-                Err(e) => Err(map_write_error::<T>(e, name)),
-            };
-        }
-        match app
-            .store
-            .update(key.clone(), Bytes::from(value), kv.mod_revision)
-            .await
-        {
-            Ok(new_kv) => {
-                next.meta_mut().resource_version = new_kv.mod_revision.to_string();
-                return Ok(ok(&next));
-            }
+        match commit_update(app, &key, &kv, current, next, dry_run, name).await? {
+            Committed::Done(obj) => return Ok(ok(&obj)),
             // An unconditional update retries against the newer object; a conditional one
             // reports the conflict.
-            Err(StoreError::Conflict { .. }) if precondition.is_none() => continue,
-            Err(e) => return Err(map_write_error::<T>(e, name)),
+            Committed::Stale if precondition.is_none() => continue,
+            Committed::Stale => return Err(conflict::<T>(name)),
         }
     }
     Err(conflict::<T>(name))
+}
+
+/// What committing a prepared update did.
+pub(super) enum Committed<T> {
+    /// The object as stored now (unchanged, written, deleted, or as a dry run would store it).
+    Done(T),
+    /// Another write got in since `kv` was read: read again and retry, or report a conflict.
+    Stale,
+}
+
+/// Commits `next` over the stored `current` (read as `kv`), the last step of every update
+/// and patch: nothing when nothing changed (no new resourceVersion, no watch event), nothing
+/// for a dry run, the deletion when the last finalizer of a terminating object is gone, and
+/// otherwise a compare-and-swap write on `kv`'s revision.
+pub(super) async fn commit_update<T: Kind>(
+    app: &App,
+    key: &Bytes,
+    kv: &KeyValue,
+    current: T,
+    mut next: T,
+    dry_run: bool,
+    name: &str,
+) -> Result<Committed<T>, ApiError> {
+    next.meta_mut().resource_version.clear();
+    let value = object::encode_for_store(&next)?;
+    if value == kv.value {
+        return Ok(Committed::Done(current));
+    }
+    if dry_run {
+        next.meta_mut().resource_version = kv.mod_revision.to_string();
+        return Ok(Committed::Done(next));
+    }
+    let finished = next.meta().deletion_timestamp.is_some()
+        && next.meta().finalizers.is_empty()
+        && !next.has_kind_finalizers();
+    let written = if finished {
+        app.store
+            .delete(key.clone(), Some(kv.mod_revision))
+            .await
+            .map(|(_, rev)| rev)
+    } else {
+        app.store
+            .update(key.clone(), Bytes::from(value), kv.mod_revision)
+            .await
+            .map(|kv| kv.mod_revision)
+    };
+    match written {
+        Ok(rev) => {
+            next.meta_mut().resource_version = rev.to_string();
+            Ok(Committed::Done(next))
+        }
+        Err(StoreError::Conflict { .. }) => Ok(Committed::Stale),
+        Err(e) => Err(map_write_error::<T>(e, name)),
+    }
 }
 
 fn delete_options(call: &Call) -> Result<(DeleteOptions, bool), ApiError> {
