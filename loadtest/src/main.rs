@@ -1,7 +1,9 @@
 //! `svc-loadtest`: load scenarios (watch fan-out, slow watchers, write churn) against a
 //! Kubernetes-compatible API server, etcd, or a raw TCP fan-out baseline, with a report.
 
+mod list;
 mod raw;
+mod relist;
 mod report;
 mod run;
 mod stats;
@@ -37,6 +39,12 @@ enum Cmd {
     SlowWatcher(Params),
     /// Concurrent writers creating, updating and deleting; no watchers.
     Churn(Params),
+    /// Concurrent clients list a large collection (--objects, --clients, --page-size,
+    /// --media, --gzip); lists/s, items/s, bytes/s and per-list latency.
+    List(Params),
+    /// Watchers all drop their watches at one instant, then re-list and re-watch as a
+    /// reflector does after a 410; time until all watch again, errors, gaps after.
+    RelistStorm(Params),
     /// Runs one YAML scenario against several targets in turn; one report with ratios.
     Compare(CompareArgs),
 }
@@ -95,6 +103,18 @@ pub struct Params {
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     #[serde(serialize_with = "secs")]
     pub drain: Duration,
+    /// list, relist-storm: objects in the listed collection (created if missing).
+    #[arg(long, default_value_t = 1000)]
+    pub objects: usize,
+    /// list: concurrent listing clients, one HTTP/1.1 connection each.
+    #[arg(long, default_value_t = 4)]
+    pub clients: usize,
+    /// list: `limit` per page, following `continue` to the end; 0 lists in one response.
+    #[arg(long, default_value_t = 0)]
+    pub page_size: usize,
+    /// list: send `Accept-Encoding: gzip` (bytes on the wire are the compressed ones).
+    #[arg(long)]
+    pub gzip: bool,
 }
 
 fn secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -140,7 +160,9 @@ fn scenario_of(name: &str) -> Result<Scenario> {
         "fanout" => Scenario::Fanout,
         "slow-watcher" => Scenario::SlowWatcher,
         "churn" => Scenario::Churn,
-        _ => bail!("unknown scenario {name} (fanout, slow-watcher, churn)"),
+        "list" => Scenario::List,
+        "relist-storm" => Scenario::RelistStorm,
+        _ => bail!("unknown scenario {name} (fanout, slow-watcher, churn, list, relist-storm)"),
     })
 }
 
@@ -172,6 +194,7 @@ async fn compare(a: CompareArgs) -> Result<()> {
     let file: ScenarioFile = serde_saphyr::from_str(&text).context("parsing the scenario file")?;
     let sc = scenario_of(&file.scenario)?;
     let mut runs = Vec::new();
+    let mut failures = Vec::new();
     for (i, t) in file.targets.iter().enumerate() {
         let name = t
             .get("name")
@@ -183,20 +206,38 @@ async fn compare(a: CompareArgs) -> Result<()> {
         flags(t, &mut argv);
         argv.push("--out".into());
         argv.push(a.out.join(&name).display().to_string());
-        let cli = Cli::try_parse_from(&argv).with_context(|| format!("target {name}"))?;
-        let (Cmd::Fanout(p) | Cmd::SlowWatcher(p) | Cmd::Churn(p)) = cli.cmd else {
-            bail!("nested compare");
-        };
         eprintln!("== {name}");
-        let r = run::run(sc, &p)
-            .await
-            .with_context(|| format!("target {name}"))?;
-        report::write(&p.out, std::slice::from_ref(&r))?;
-        runs.push(r);
+        // A target that fails is recorded and the next one still runs: one broken target
+        // should not cost the figures of all the others.
+        match run_target(sc, &argv).await {
+            Ok(r) => runs.push(r),
+            Err(e) => {
+                eprintln!("target {name} failed: {e:#}");
+                failures.push(report::Failure {
+                    target: name,
+                    error: format!("{e:#}"),
+                });
+            }
+        }
     }
-    report::write(&a.out, &runs)?;
-    println!("{}", report::markdown(&runs));
+    report::write_with_failures(&a.out, &runs, &failures)?;
+    println!("{}", report::markdown_with_failures(&runs, &failures));
+    if runs.is_empty() {
+        bail!("every target failed");
+    }
     Ok(())
+}
+
+async fn run_target(sc: Scenario, argv: &[String]) -> Result<report::Results> {
+    let cli = Cli::try_parse_from(argv)?;
+    let (Cmd::Fanout(p) | Cmd::SlowWatcher(p) | Cmd::Churn(p) | Cmd::List(p) | Cmd::RelistStorm(p)) =
+        cli.cmd
+    else {
+        bail!("nested compare");
+    };
+    let r = run::run(sc, &p).await?;
+    report::write(&p.out, std::slice::from_ref(&r))?;
+    Ok(r)
 }
 
 fn main() -> Result<()> {
@@ -209,6 +250,8 @@ fn main() -> Result<()> {
             Cmd::Fanout(p) => (Scenario::Fanout, p),
             Cmd::SlowWatcher(p) => (Scenario::SlowWatcher, p),
             Cmd::Churn(p) => (Scenario::Churn, p),
+            Cmd::List(p) => (Scenario::List, p),
+            Cmd::RelistStorm(p) => (Scenario::RelistStorm, p),
             Cmd::Compare(a) => return compare(a).await,
         };
         let r = run::run(sc, &p).await?;

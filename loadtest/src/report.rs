@@ -94,9 +94,20 @@ pub struct Counts {
     pub watch_errors: u64,
 }
 
+/// A compare target that did not produce a run (listed in `results.json` under `failures`).
+#[derive(Clone, Debug, Serialize)]
+pub struct Failure {
+    pub target: String,
+    pub error: String,
+}
+
 pub fn write(dir: &Path, runs: &[Results]) -> Result<()> {
+    write_with_failures(dir, runs, &[])
+}
+
+pub fn write_with_failures(dir: &Path, runs: &[Results], failures: &[Failure]) -> Result<()> {
     std::fs::create_dir_all(dir)?;
-    let json = serde_json::json!({ "schema": SCHEMA, "runs": runs });
+    let json = serde_json::json!({ "schema": SCHEMA, "runs": runs, "failures": failures });
     std::fs::write(
         dir.join("results.json"),
         serde_json::to_string_pretty(&json)?,
@@ -134,12 +145,112 @@ pub fn write(dir: &Path, runs: &[Results]) -> Result<()> {
         )?;
     }
     std::fs::write(dir.join("latency.svg"), percentile_chart(runs))?;
-    std::fs::write(dir.join("report.md"), markdown(runs))?;
+    std::fs::write(
+        dir.join("report.md"),
+        markdown_with_failures(runs, failures),
+    )?;
     Ok(())
 }
 
 fn label(r: &Results) -> String {
     format!("{} ({})", r.target.kind, r.target.endpoint)
+}
+
+pub fn markdown_with_failures(runs: &[Results], failures: &[Failure]) -> String {
+    let mut m = if runs.is_empty() {
+        "# svc-loadtest: no run succeeded\n".to_string()
+    } else {
+        markdown(runs)
+    };
+    if !failures.is_empty() {
+        let _ = writeln!(m, "\n## Failed targets\n\n| target | error |\n|---|---|");
+        for f in failures {
+            let _ = writeln!(
+                m,
+                "| {} | `{}` |",
+                f.target,
+                f.error
+                    .replace('`', "'")
+                    .replace('|', "/")
+                    .replace('\n', " ")
+            );
+        }
+    }
+    m
+}
+
+/// The scenario-specific table of `list` and `relist-storm` (their figures live in `extra`).
+fn scenario_table(m: &mut String, runs: &[Results]) {
+    let x =
+        |r: &Results, k: &str| -> f64 { r.extra.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0) };
+    let Some(first) = runs.first() else { return };
+    if first.scenario == "list" {
+        let _ = writeln!(
+            m,
+            "| target | objects | clients | page size | media | gzip | lists/s | items/s | MB/s on the wire | bytes/list | p50 ms | p99 ms | max ms | inconsistent | errors (429/5xx) |"
+        );
+        let _ = writeln!(
+            m,
+            "|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        );
+        for r in runs {
+            let l = &r.latency_ms;
+            let _ = writeln!(
+                m,
+                "| {} | {} | {} | {} | {} | {} | {:.1} | {:.0} | {:.1} | {:.0} | {:.1} | {:.1} | {:.1} | {} | {} ({}/{}) |",
+                label(r),
+                x(r, "objects"),
+                x(r, "clients"),
+                x(r, "page_size"),
+                r.params.media,
+                if r.params.gzip { "on" } else { "off" },
+                x(r, "lists_per_s"),
+                x(r, "items_per_s"),
+                x(r, "wire_bytes_per_s") / 1e6,
+                x(r, "wire_bytes_per_list"),
+                l.p50,
+                l.p99,
+                l.max,
+                x(r, "inconsistent_lists"),
+                x(r, "list_errors"),
+                x(r, "list_errors_429"),
+                x(r, "list_errors_5xx"),
+            );
+        }
+    } else {
+        let _ = writeln!(
+            m,
+            "| target | watchers | objects | back watching | relist+rewatch p50 ms | p99 ms | max ms | relist errors 429/5xx/other | 410 events | writes after | complete watchers | missing | dups |"
+        );
+        let _ = writeln!(
+            m,
+            "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"
+        );
+        for r in runs {
+            let l = &r.latency_ms;
+            let c = &r.counts;
+            let _ = writeln!(
+                m,
+                "| {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {}/{}/{} | {} | {} | {}/{} | {} | {} |",
+                label(r),
+                c.watchers,
+                x(r, "objects"),
+                x(r, "storm_rewatched"),
+                l.p50,
+                l.p99,
+                l.max,
+                x(r, "relist_errors_429"),
+                x(r, "relist_errors_5xx"),
+                x(r, "relist_errors_other"),
+                x(r, "expired_410_events"),
+                c.writes_acked,
+                c.watchers_complete,
+                c.watchers,
+                c.missing,
+                c.duplicates,
+            );
+        }
+    }
 }
 
 pub fn markdown(runs: &[Results]) -> String {
@@ -176,6 +287,22 @@ pub fn markdown(runs: &[Results]) -> String {
         p.media,
         p.duration
     );
+    if first.scenario == "list" || first.scenario == "relist-storm" {
+        scenario_table(&mut m, runs);
+        for r in runs {
+            if !r.errors.is_empty() {
+                let _ = writeln!(m, "\nErrors seen ({}):\n", label(r));
+                for e in &r.errors {
+                    let _ = writeln!(m, "- `{}`", e.replace('`', "'"));
+                }
+            }
+        }
+        let _ = writeln!(
+            m,
+            "\n![throughput (items/s for list, events/s for relist-storm)](throughput.svg)"
+        );
+        return m;
+    }
     let _ = writeln!(
         m,
         "| target | writes/s | events/s | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | write p99 ms | complete watchers | missing | dups | errors | reconnects |"

@@ -30,6 +30,8 @@ pub enum Scenario {
     Fanout,
     SlowWatcher,
     Churn,
+    List,
+    RelistStorm,
 }
 
 impl Scenario {
@@ -38,17 +40,19 @@ impl Scenario {
             Scenario::Fanout => "fanout",
             Scenario::SlowWatcher => "slow-watcher",
             Scenario::Churn => "churn",
+            Scenario::List => "list",
+            Scenario::RelistStorm => "relist-storm",
         }
     }
 }
 
-enum Tgt {
+pub(crate) enum Tgt {
     Server(Endpoint),
     Etcd(Endpoint),
     Raw,
 }
 
-async fn resolve_target(p: &Params) -> Result<(Tgt, TargetInfo)> {
+pub(crate) async fn resolve_target(p: &Params) -> Result<(Tgt, TargetInfo)> {
     let given = [
         p.raw,
         p.kubeconfig.is_some(),
@@ -109,6 +113,11 @@ struct Harness {
 }
 
 pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
+    match scenario {
+        Scenario::List => return crate::list::run(p).await,
+        Scenario::RelistStorm => return crate::relist::run(p).await,
+        _ => {}
+    }
     let (tgt, info) = resolve_target(p).await?;
     let h = Harness {
         live: Live::new(),
@@ -508,7 +517,7 @@ async fn list_rv(c: &mut Conn, ns: &str) -> Result<u64> {
         .context("list has no resourceVersion")
 }
 
-fn sa_body(ns: &str, name: &str, size: usize) -> String {
+pub(crate) fn sa_body(ns: &str, name: &str, size: usize) -> String {
     let ts = now_nanos();
     let head = format!(
         r#"{{"apiVersion":"v1","kind":"ServiceAccount","metadata":{{"name":"{name}","namespace":"{ns}","annotations":{{"{TS_ANNOTATION}":"{ts}","loadtest.svc/pad":""#

@@ -100,6 +100,76 @@ fn check_fanout(r: &Value, watchers: u64) {
     );
 }
 
+/// A list run: full lists happened, each held exactly `objects` items, bytes were counted,
+/// pages and gzip as asked, no errors.
+fn check_list(r: &Value, objects: u64, paged: bool, gzip: bool) {
+    assert_eq!(r["scenario"], "list");
+    assert_eq!(r["target"]["kind"], "kubernetes");
+    assert!(!r["series"].as_array().unwrap().is_empty(), "no samples");
+    let x = &r["extra"];
+    let lists = x["lists"].as_u64().unwrap();
+    assert!(lists > 0, "{x}");
+    assert_eq!(x["objects"], objects);
+    assert_eq!(x["inconsistent_lists"], 0, "{}", r["errors"]);
+    assert_eq!(x["list_errors"], 0, "{}", r["errors"]);
+    assert_eq!(
+        r["counts"]["events_delivered"].as_u64().unwrap(),
+        lists * objects
+    );
+    assert_eq!(
+        r["latency_ms"]["count"].as_u64().unwrap(),
+        lists,
+        "one latency per full list"
+    );
+    for k in [
+        "lists_per_s",
+        "items_per_s",
+        "wire_bytes_per_s",
+        "decoded_bytes_per_s",
+    ] {
+        assert!(x[k].as_f64().unwrap() > 0.0, "{k}: {x}");
+    }
+    let pages = x["pages"].as_u64().unwrap();
+    if paged {
+        assert!(pages >= lists * objects.div_ceil(50), "{x}");
+    } else {
+        assert_eq!(pages, lists);
+    }
+    if gzip {
+        assert_eq!(x["gzip_responses"], pages);
+        assert!(x["wire_bytes_per_s"].as_f64() < x["decoded_bytes_per_s"].as_f64());
+    } else {
+        assert_eq!(x["gzip_responses"], 0);
+        assert_eq!(x["wire_bytes_per_s"], x["decoded_bytes_per_s"]);
+    }
+}
+
+/// A relist-storm run: every watcher re-listed and re-watched after the storm, the time is
+/// measured for each, no relist errors, and no gaps or duplicates afterwards.
+fn check_relist(r: &Value, watchers: u64) {
+    check_schema(r, "relist-storm", "kubernetes");
+    let c = &r["counts"];
+    let x = &r["extra"];
+    assert_eq!(c["watchers_opened"], watchers);
+    assert_eq!(x["storm_rewatched"], watchers, "{x}");
+    assert_eq!(x["storm_all_back"], true);
+    assert_eq!(r["latency_ms"]["count"], watchers);
+    assert!(r["latency_ms"]["max"].as_f64().unwrap() > 0.0);
+    for k in [
+        "relist_errors_429",
+        "relist_errors_5xx",
+        "relist_errors_other",
+    ] {
+        assert_eq!(x[k], 0, "{k}: {}", r["errors"]);
+    }
+    assert!(c["reconnects"].as_u64().unwrap() >= watchers, "{c}");
+    assert_eq!(c["watchers_complete"], watchers, "{c}");
+    assert_eq!(c["missing"], 0);
+    assert_eq!(c["duplicates"], 0);
+    assert_eq!(c["events_delivered"], c["events_expected"]);
+    assert!(c["events_delivered"].as_u64().unwrap() > 0);
+}
+
 fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
@@ -249,16 +319,61 @@ async fn every_scenario_against_every_target() {
         assert_eq!(r["counts"]["events_delivered"], 0);
     }
 
+    // list: paged and unpaged, JSON and protobuf, gzip on and off; every full list holds
+    // exactly the seeded objects, and gzip really was applied when asked for.
+    for (i, (page, media, gzip)) in [
+        ("0", "json", true),
+        ("50", "protobuf", true),
+        ("50", "json", false),
+        ("0", "protobuf", false),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut a = args(&[
+            "list",
+            "--server",
+            &url,
+            "--objects",
+            "200",
+            "--clients",
+            "4",
+        ]);
+        a.extend(args(&[
+            "--page-size",
+            page,
+            "--media",
+            media,
+            "--duration",
+            "2s",
+        ]));
+        if gzip {
+            a.push("--gzip".into());
+        }
+        let r = &loadtest(a, out(&format!("list-{i}"))).await[0];
+        check_list(r, 200, page != "0", gzip);
+    }
+
+    // relist-storm: 50 watchers drop their watches at once, re-list and re-watch; all come
+    // back, and afterwards each sees every acknowledged write once, in order.
+    let mut a = args(&["relist-storm", "--server", &url, "--objects", "200"]);
+    a.extend(args(&["--rate", "50"]));
+    a.extend(args(&small));
+    let r = &loadtest(a, out("relist-storm")).await[0];
+    check_relist(r, 50);
+
     // compare: one scenario file, two targets, one report with ratios.
     let scenario = dir.path().join("scenario.yaml");
     std::fs::write(
         &scenario,
         format!(
             "scenario: fanout\nparams:\n  watchers: 20\n  duration: 1s\n  rate: 50\n\
-             targets:\n  - name: gateway\n    server: {url}\n  - name: etcd\n    etcd_endpoints: {etcd_url}\n  - name: raw\n    raw: true\n"
+             targets:\n  - name: gateway\n    server: {url}\n  - name: down\n    server: http://127.0.0.1:{}\n  - name: etcd\n    etcd_endpoints: {etcd_url}\n  - name: raw\n    raw: true\n",
+            free_port()
         ),
     )
     .unwrap();
+    // "down" (nothing listens there) fails; the report records it and the others still run.
     let cmp = out("compare");
     let runs = loadtest(
         args(&["compare", "--scenario", scenario.to_str().unwrap()]),
@@ -273,6 +388,16 @@ async fn every_scenario_against_every_target() {
     let md = std::fs::read_to_string(cmp.join("report.md")).unwrap();
     assert!(md.contains("Ratios"), "{md}");
     assert!(cmp.join("gateway").join("results.json").exists());
+    let v: Value =
+        serde_json::from_slice(&std::fs::read(cmp.join("results.json")).unwrap()).unwrap();
+    let failures = v["failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 1, "{v}");
+    assert_eq!(failures[0]["target"], "down");
+    assert!(
+        failures[0]["error"].as_str().unwrap().contains("connect"),
+        "{v}"
+    );
+    assert!(md.contains("Failed targets"), "{md}");
 
     drop(etcd);
     server.shutdown().await;

@@ -1,0 +1,537 @@
+//! `relist-storm`: W watchers, each behaving like a client-go reflector (list, then watch
+//! from the list's resourceVersion; on a 410 ERROR event or a broken stream, list again).
+//! A third of the way in, every watcher's connection is closed on the client side at one
+//! instant and all of them re-list and re-watch at once — the herd a server sees when its
+//! history expires for everyone. Measured: per-watcher time from that instant until its new
+//! watch is accepted, relist errors (429, 5xx), and that afterwards every watcher sees every
+//! acknowledged write exactly once, in order.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use bytes::{Bytes, BytesMut};
+use http::{Method, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use memchr::memmem;
+use parking_lot::Mutex;
+use tokio::sync::watch;
+
+use crate::Params;
+use crate::report::{Counts, Percentiles, Results};
+use crate::run::{Tgt, resolve_target, sa_body};
+use crate::stats::{self, Live, new_hist, now_nanos};
+use crate::target::{self, Endpoint};
+
+/// Objects the writers create once and then update in turn.
+const POOL: u64 = 50;
+
+/// One watcher's current segment: everything since its latest list.
+#[derive(Default)]
+struct Seg {
+    /// The resourceVersion of the latest list (its watch starts after it).
+    from_rv: u64,
+    last_rv: u64,
+    seen: u64,
+    dups: u64,
+    watching: bool,
+}
+
+#[derive(Default)]
+struct Shared {
+    relists: AtomicU64,
+    e429: AtomicU64,
+    e5xx: AtomicU64,
+    other_errors: AtomicU64,
+    expired_410: AtomicU64,
+    stream_ends: AtomicU64,
+    watching: AtomicU64,
+}
+
+/// Per watcher: the time from the storm to its accepted re-watch, in µs.
+type Times = Arc<Mutex<Vec<Option<u64>>>>;
+
+fn digits(b: &[u8]) -> Option<u64> {
+    let n = b.iter().take_while(|c| c.is_ascii_digit()).count();
+    std::str::from_utf8(&b[..n]).ok()?.parse().ok()
+}
+
+fn after<'a>(hay: &'a [u8], needle: &[u8]) -> Option<&'a [u8]> {
+    memmem::find(hay, needle).map(|i| &hay[i + needle.len()..])
+}
+
+/// Lists the collection (no resourceVersion: the newest state, as a reflector does) on a
+/// fresh connection and opens a watch from the list's resourceVersion. Retries with backoff
+/// on 429, 5xx and transport errors, counting each, until `stop`.
+async fn relist_and_watch(
+    ep: &Endpoint,
+    ns: &str,
+    sh: &Shared,
+    live: &Live,
+    stop: &watch::Receiver<bool>,
+    idx: usize,
+) -> Option<(u64, Incoming)> {
+    let mut backoff = Duration::from_millis(50);
+    let coll = format!("/api/v1/namespaces/{ns}/serviceaccounts");
+    while !*stop.borrow() {
+        sh.relists.fetch_add(1, Relaxed);
+        let r: Result<(u64, Incoming), (Option<StatusCode>, String)> = async {
+            let mut c = ep
+                .connect(false)
+                .await
+                .map_err(|e| (None, format!("connect: {e:#}")))?;
+            let (st, b) = c
+                .call(Method::GET, &coll, Bytes::new(), "")
+                .await
+                .map_err(|e| (None, format!("relist: {e:#}")))?;
+            if st != StatusCode::OK {
+                return Err((
+                    Some(st),
+                    format!(
+                        "relist: {st}: {}",
+                        String::from_utf8_lossy(&b[..b.len().min(200)])
+                    ),
+                ));
+            }
+            let v: serde_json::Value = serde_json::from_slice(&b)
+                .map_err(|e| (Some(st), format!("relist: bad JSON: {e}")))?;
+            let rv = v["metadata"]["resourceVersion"]
+                .as_str()
+                .and_then(|s| s.parse::<u64>().ok())
+                .ok_or((Some(st), "relist: no resourceVersion".into()))?;
+            let path = format!("{coll}?watch=1&resourceVersion={rv}");
+            let resp = c
+                .send(target::request(Method::GET, &path, Bytes::new(), ""))
+                .await
+                .map_err(|e| (None, format!("watch: {e:#}")))?;
+            let st = resp.status();
+            if st != StatusCode::OK {
+                return Err((Some(st), format!("watch: {st}")));
+            }
+            // The connection lives as long as the response body.
+            Ok((rv, resp.into_body()))
+        }
+        .await;
+        match r {
+            Ok(x) => return Some(x),
+            Err((st, msg)) => {
+                match st.map(|s| s.as_u16()) {
+                    Some(429) => sh.e429.fetch_add(1, Relaxed),
+                    Some(500..=599) => sh.e5xx.fetch_add(1, Relaxed),
+                    _ => sh.other_errors.fetch_add(1, Relaxed),
+                };
+                live.watch_errors.fetch_add(1, Relaxed);
+                live.note_error(msg);
+                // Jittered exponential backoff, as a reflector's: a herd that retries in
+                // lockstep would only hit the server again all at once.
+                let jitter = Duration::from_millis((idx as u64 * 7919) % 50);
+                tokio::time::sleep(backoff + jitter).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+    None
+}
+
+/// What ended a watch: the storm (client closes), a 410 or a broken stream (relist), stop.
+enum End {
+    Storm,
+    Relist,
+    Stop,
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn watcher(
+    idx: usize,
+    ep: Endpoint,
+    ns: String,
+    seg: Arc<Mutex<Seg>>,
+    sh: Arc<Shared>,
+    live: Arc<Live>,
+    times: Times,
+    mut storm: watch::Receiver<Option<Instant>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut storm_at: Option<Instant> = None;
+    loop {
+        let Some((rv, mut body)) = relist_and_watch(&ep, &ns, &sh, &live, &stop, idx).await else {
+            return;
+        };
+        if let Some(t) = storm_at.take() {
+            times.lock()[idx] = Some(t.elapsed().as_micros() as u64);
+        }
+        {
+            let mut s = seg.lock();
+            *s = Seg {
+                from_rv: rv,
+                last_rv: rv,
+                watching: true,
+                ..Seg::default()
+            };
+        }
+        sh.watching.fetch_add(1, Relaxed);
+        let mut rem = BytesMut::new();
+        let end = loop {
+            tokio::select! {
+                f = body.frame() => match f {
+                    Some(Ok(f)) => {
+                        let Ok(data) = f.into_data() else { continue };
+                        rem.extend_from_slice(&data);
+                        if parse(&mut rem, &seg, &sh, &live) {
+                            break End::Relist;
+                        }
+                    }
+                    _ => {
+                        if !*stop.borrow() {
+                            sh.stream_ends.fetch_add(1, Relaxed);
+                        }
+                        break End::Relist;
+                    }
+                },
+                r = storm.changed() => {
+                    if r.is_err() { break End::Stop }
+                    storm_at = *storm.borrow();
+                    break End::Storm;
+                }
+                _ = stop.changed() => break End::Stop,
+            }
+        };
+        seg.lock().watching = false;
+        sh.watching.fetch_sub(1, Relaxed);
+        // Dropping the body closes this watch's connection (HTTP/1.1: one request at a time).
+        drop(body);
+        match end {
+            End::Stop => return,
+            End::Storm | End::Relist => {}
+        }
+    }
+}
+
+/// Parses complete JSON lines; returns true when a 410 ERROR says to relist.
+fn parse(rem: &mut BytesMut, seg: &Mutex<Seg>, sh: &Shared, live: &Live) -> bool {
+    while let Some(nl) = memchr::memchr(b'\n', rem) {
+        let line = rem.split_to(nl + 1);
+        let ty = after(&line, b"\"type\":\"").unwrap_or_default();
+        if ty.starts_with(b"BOOKMARK") || line.iter().all(|c| c.is_ascii_whitespace()) {
+            continue;
+        }
+        if ty.starts_with(b"ERROR") {
+            if memmem::find(&line, b"\"code\":410").is_some() {
+                sh.expired_410.fetch_add(1, Relaxed);
+                return true;
+            }
+            live.watch_errors.fetch_add(1, Relaxed);
+            live.note_error(format!(
+                "watch ERROR event: {}",
+                String::from_utf8_lossy(&line[..line.len().min(300)])
+            ));
+            continue;
+        }
+        let Some(rv) = after(&line, b"\"resourceVersion\":\"").and_then(digits) else {
+            live.watch_errors.fetch_add(1, Relaxed);
+            live.note_error("watch event without a resourceVersion".into());
+            continue;
+        };
+        let mut s = seg.lock();
+        if rv <= s.last_rv {
+            s.dups += 1;
+        }
+        s.last_rv = s.last_rv.max(rv);
+        s.seen += 1;
+        live.delivered.fetch_add(1, Relaxed);
+    }
+    false
+}
+
+/// One writer: creates `POOL` objects, then updates them in turn, recording the
+/// resourceVersion of every acknowledged write (what every watcher must then see).
+#[allow(clippy::too_many_arguments)]
+async fn writer(
+    ep: Endpoint,
+    ns: String,
+    w: usize,
+    rate: Option<f64>,
+    size: usize,
+    live: Arc<Live>,
+    acked: Arc<Mutex<Vec<u64>>>,
+    stop: watch::Receiver<bool>,
+) {
+    let coll = format!("/api/v1/namespaces/{ns}/serviceaccounts");
+    let start = Instant::now();
+    let mut conn = None;
+    let mut i: u64 = 0;
+    while !*stop.borrow() {
+        if let Some(r) = rate.filter(|r| *r > 0.0) {
+            let at = start + Duration::from_secs_f64(i as f64 / r);
+            tokio::time::sleep_until(at.into()).await;
+            if *stop.borrow() {
+                break;
+            }
+        }
+        let name = format!("w-{w}-{}", i % POOL);
+        let (m, path) = if i < POOL {
+            (Method::POST, coll.clone())
+        } else {
+            (Method::PUT, format!("{coll}/{name}"))
+        };
+        i += 1;
+        if conn.is_none() {
+            conn = ep.connect(false).await.ok();
+        }
+        let Some(c) = conn.as_mut() else {
+            live.write_errors.fetch_add(1, Relaxed);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let t0 = Instant::now();
+        let body = sa_body(&ns, &name, size);
+        match c.call(m, &path, body.into(), "application/json").await {
+            Ok((st, b)) if st.is_success() => {
+                live.writes.fetch_add(1, Relaxed);
+                live.record_write(t0.elapsed().as_micros() as u64);
+                let rv = serde_json::from_slice::<serde_json::Value>(&b)
+                    .ok()
+                    .and_then(|v| v["metadata"]["resourceVersion"].as_str()?.parse().ok());
+                match rv {
+                    Some(rv) => acked.lock().push(rv),
+                    None => {
+                        live.write_errors.fetch_add(1, Relaxed);
+                        live.note_error("write answer without a resourceVersion".into());
+                    }
+                }
+            }
+            Ok((st, b)) => {
+                live.write_errors.fetch_add(1, Relaxed);
+                live.note_error(format!(
+                    "write {path}: {st}: {}",
+                    String::from_utf8_lossy(&b[..b.len().min(200)])
+                ));
+            }
+            Err(e) => {
+                live.write_errors.fetch_add(1, Relaxed);
+                live.note_error(format!("write {path}: {e:#}"));
+                conn = None;
+            }
+        }
+    }
+}
+
+/// Waits until `cond` holds or `limit` passes; returns whether it held.
+async fn wait_for(limit: Duration, cond: impl Fn() -> bool) -> bool {
+    let t0 = Instant::now();
+    while !cond() {
+        if t0.elapsed() >= limit {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    true
+}
+
+pub async fn run(p: &Params) -> Result<Results> {
+    let (tgt, info) = resolve_target(p).await?;
+    let Tgt::Server(ep) = tgt else {
+        bail!(
+            "relist-storm runs against a Kubernetes-compatible server (--server or --kubeconfig)"
+        );
+    };
+    if p.media != "json" {
+        bail!("relist-storm watches in JSON only");
+    }
+    let live = Live::new();
+    let ns = format!(
+        "lt-storm-{}-{}",
+        std::process::id(),
+        now_nanos() % 1_000_000_000
+    );
+    // The collection every relist returns: --objects ServiceAccounts (the writers add POOL).
+    crate::list::seed(&ep, &ns, p.objects, p.object_size, &live).await?;
+
+    let w = p.watchers;
+    let sh = Arc::new(Shared::default());
+    let segs: Vec<Arc<Mutex<Seg>>> = (0..w).map(|_| Arc::default()).collect();
+    let times: Times = Arc::new(Mutex::new(vec![None; w]));
+    let (storm_tx, storm_rx) = watch::channel(None::<Instant>);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (wstop_tx, wstop_rx) = watch::channel(false);
+    let total = Arc::new(Mutex::new(new_hist()));
+    let series = Arc::new(Mutex::new(Vec::new()));
+    let sampler = tokio::spawn(stats::sampler(
+        live.clone(),
+        p.server_pid,
+        total.clone(),
+        series.clone(),
+        format!("relist-storm {}", info.kind),
+    ));
+
+    // Initial list+watch for everyone (also a herd, but not the one measured).
+    let t_open = Instant::now();
+    let mut tasks = Vec::with_capacity(w);
+    for (i, seg) in segs.iter().enumerate() {
+        tasks.push(tokio::spawn(watcher(
+            i,
+            ep.clone(),
+            ns.clone(),
+            seg.clone(),
+            sh.clone(),
+            live.clone(),
+            times.clone(),
+            storm_rx.clone(),
+            stop_rx.clone(),
+        )));
+    }
+    let all_watching = |sh: &Shared| sh.watching.load(Relaxed) == w as u64;
+    let opened = wait_for(Duration::from_secs(120), || all_watching(&sh)).await;
+    let initial_open_s = t_open.elapsed().as_secs_f64();
+    let watchers_opened = sh.watching.load(Relaxed);
+    if !opened {
+        live.note_error(format!(
+            "only {watchers_opened} of {w} watchers were watching after 120 s"
+        ));
+    }
+
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let started = Instant::now();
+    let writers = p.writers.max(1);
+    let rate = (!p.max).then(|| p.rate / writers as f64);
+    let mut wh = Vec::new();
+    for i in 0..writers {
+        wh.push(tokio::spawn(writer(
+            ep.clone(),
+            ns.clone(),
+            i,
+            rate,
+            p.object_size,
+            live.clone(),
+            acked.clone(),
+            wstop_rx.clone(),
+        )));
+    }
+    tokio::time::sleep(p.duration / 3).await;
+
+    // The storm: one instant, every watch closed by its client.
+    let relists_before = sh.relists.load(Relaxed);
+    let storm_at = Instant::now();
+    let _ = storm_tx.send(Some(storm_at));
+    let all_back = wait_for(Duration::from_secs(120), || {
+        times.lock().iter().filter(|t| t.is_some()).count() == w && all_watching(&sh)
+    })
+    .await;
+    let storm_s = storm_at.elapsed().as_secs_f64();
+    // Writes keep going for the rest of the run, and at least a third of it after everyone
+    // is back, so the gap check covers writes made after the storm.
+    let rest = (p.duration * 2 / 3).saturating_sub(storm_at.elapsed());
+    tokio::time::sleep(rest.max(p.duration / 3)).await;
+    let _ = wstop_tx.send(true);
+    for h in wh {
+        let _ = h.await;
+    }
+    let write_phase = started.elapsed();
+
+    // Drain: every watcher must see every acknowledged write after its latest list.
+    let mut acked = std::mem::take(&mut *acked.lock());
+    acked.sort_unstable();
+    let expected_of = |from: u64| (acked.len() - acked.partition_point(|&r| r <= from)) as u64;
+    wait_for(p.drain, || {
+        segs.iter().all(|s| {
+            let s = s.lock();
+            s.seen >= expected_of(s.from_rv)
+        })
+    })
+    .await;
+    let elapsed = started.elapsed();
+    live.stopping.store(true, Relaxed);
+    let _ = stop_tx.send(true);
+    for t in tasks {
+        let _ = t.await;
+    }
+    let _ = sampler.await;
+    // Best effort: leave the server as it was.
+    if let Ok(mut c) = ep.connect(false).await {
+        let _ = c
+            .call(
+                Method::DELETE,
+                &format!("/api/v1/namespaces/{ns}"),
+                Bytes::new(),
+                "",
+            )
+            .await;
+    }
+
+    let (mut delivered, mut expected, mut complete, mut missing, mut dups) = (0, 0, 0, 0, 0);
+    for s in &segs {
+        let s = s.lock();
+        let e = expected_of(s.from_rv);
+        delivered += s.seen;
+        expected += e;
+        missing += e.saturating_sub(s.seen);
+        dups += s.dups;
+        if s.seen == e && s.dups == 0 {
+            complete += 1;
+        }
+    }
+    let mut relist = new_hist();
+    let times = times.lock().clone();
+    for t in times.iter().flatten() {
+        relist.saturating_record((*t).max(1));
+    }
+    let rewatched = times.iter().flatten().count();
+    let g = |a: &AtomicU64| a.load(Relaxed);
+    let mut extra = serde_json::Map::new();
+    let mut put = |k: &str, v: serde_json::Value| {
+        extra.insert(k.into(), v);
+    };
+    put("objects", p.objects.into());
+    put("initial_open_s", initial_open_s.into());
+    put("storm_watchers", w.into());
+    put("storm_rewatched", rewatched.into());
+    put("storm_all_back", all_back.into());
+    put(
+        "all_watching_again_ms",
+        (relist.max() as f64 / 1000.0).into(),
+    );
+    put("storm_wait_s", storm_s.into());
+    put("relists_in_storm", (g(&sh.relists) - relists_before).into());
+    put("relist_errors_429", g(&sh.e429).into());
+    put("relist_errors_5xx", g(&sh.e5xx).into());
+    put("relist_errors_other", g(&sh.other_errors).into());
+    put("expired_410_events", g(&sh.expired_410).into());
+    put("stream_ends", g(&sh.stream_ends).into());
+    let series = series.lock().clone();
+    let write_lat = live.write_lat.lock().take().unwrap_or_else(new_hist);
+    let acked_n = acked.len() as u64;
+    let secs = elapsed.as_secs_f64().max(1e-3);
+    Ok(Results {
+        schema: crate::report::SCHEMA.into(),
+        scenario: "relist-storm".into(),
+        target: info,
+        params: p.clone(),
+        machine: stats::machine(),
+        duration_s: write_phase.as_secs_f64(),
+        elapsed_s: secs,
+        series,
+        // The scenario's latency: storm instant → that watcher's new watch accepted.
+        latency_ms: Percentiles::of(&relist),
+        write_latency_ms: Percentiles::of(&write_lat),
+        counts: Counts {
+            watchers: w as u64,
+            watchers_opened,
+            writes_acked: acked_n,
+            writes_per_s: acked_n as f64 / write_phase.as_secs_f64().max(1e-3),
+            events_delivered: delivered,
+            events_expected: expected,
+            events_per_s: delivered as f64 / secs,
+            watchers_complete: complete,
+            missing,
+            duplicates: dups,
+            reconnects: g(&sh.relists).saturating_sub(w as u64),
+            expired: g(&sh.expired_410),
+            write_errors: g(&live.write_errors),
+            watch_errors: g(&live.watch_errors),
+        },
+        errors: live.error_samples.lock().clone(),
+        extra,
+    })
+}
