@@ -14,7 +14,7 @@ use http_body_util::BodyExt;
 
 use crate::Params;
 use crate::report::{Counts, Percentiles, Results};
-use crate::run::{Tgt, resolve_target, sa_body};
+use crate::run::{Tgt, ensure_namespace, resolve_target, sa_body};
 use crate::stats::{self, Live, new_hist};
 use crate::target::{self, Conn, Endpoint};
 
@@ -33,21 +33,7 @@ pub async fn seed(
     live: &Arc<Live>,
 ) -> Result<(u64, u64)> {
     let mut c = ep.connect(false).await?;
-    let body = format!(r#"{{"apiVersion":"v1","kind":"Namespace","metadata":{{"name":"{ns}"}}}}"#);
-    let (st, b) = c
-        .call(
-            Method::POST,
-            "/api/v1/namespaces",
-            body.into(),
-            "application/json",
-        )
-        .await?;
-    if !st.is_success() && st != StatusCode::CONFLICT {
-        bail!(
-            "creating namespace {ns}: {st}: {}",
-            String::from_utf8_lossy(&b)
-        );
-    }
+    ensure_namespace(&mut c, ns).await?;
     // Which names exist already: a re-run against the same server reuses the collection.
     let mut have = std::collections::HashSet::new();
     let mut cont = String::new();

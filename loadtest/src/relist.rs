@@ -297,21 +297,18 @@ async fn writer(
                 match rv {
                     Some(rv) => acked.lock().push(rv),
                     None => {
-                        live.write_errors.fetch_add(1, Relaxed);
-                        live.note_error("write answer without a resourceVersion".into());
+                        live.write_failed("write answer without a resourceVersion".into());
                     }
                 }
             }
             Ok((st, b)) => {
-                live.write_errors.fetch_add(1, Relaxed);
-                live.note_error(format!(
+                live.write_failed(format!(
                     "write {path}: {st}: {}",
                     String::from_utf8_lossy(&b[..b.len().min(200)])
                 ));
             }
             Err(e) => {
-                live.write_errors.fetch_add(1, Relaxed);
-                live.note_error(format!("write {path}: {e:#}"));
+                live.write_failed(format!("write {path}: {e:#}"));
                 conn = None;
             }
         }

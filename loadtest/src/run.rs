@@ -377,8 +377,9 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
 }
 
 fn snapshot_total(h: &Harness) -> hdrhistogram::Histogram<u64> {
-    let interval = h.live.interval.lock().replace(new_hist());
+    // Same lock order as the sampler (total, then interval): no samples in between.
     let mut t = h.total.lock();
+    let interval = h.live.interval.lock().replace(new_hist());
     if let Some(i) = interval {
         let _ = t.add(&i);
     }
@@ -424,10 +425,8 @@ async fn open_all(
         .collect())
 }
 
-/// Creates the run's namespace, reads the collection's resourceVersion, and returns the
-/// watcher opener (which also serves reconnects, resuming from the last revision seen).
-async fn k8s_setup(ep: &Endpoint, ns: &str, p: &Params) -> Result<(Opener, Format)> {
-    let mut c = ep.connect(false).await?;
+/// Creates namespace `ns` unless it exists already (409 is fine: runs reuse namespaces).
+pub(crate) async fn ensure_namespace(c: &mut crate::target::Conn, ns: &str) -> Result<()> {
     let body = format!(r#"{{"apiVersion":"v1","kind":"Namespace","metadata":{{"name":"{ns}"}}}}"#);
     let (st, b) = c
         .call(
@@ -443,6 +442,14 @@ async fn k8s_setup(ep: &Endpoint, ns: &str, p: &Params) -> Result<(Opener, Forma
             String::from_utf8_lossy(&b)
         );
     }
+    Ok(())
+}
+
+/// Creates the run's namespace, reads the collection's resourceVersion, and returns the
+/// watcher opener (which also serves reconnects, resuming from the last revision seen).
+async fn k8s_setup(ep: &Endpoint, ns: &str, p: &Params) -> Result<(Opener, Format)> {
+    let mut c = ep.connect(false).await?;
+    ensure_namespace(&mut c, ns).await?;
     let rv = list_rv(&mut c, ns).await?;
     let proto = p.media == "protobuf";
     let format = if proto {
@@ -586,8 +593,7 @@ async fn k8s_writer(
             match ep.connect(false).await {
                 Ok(c) => conn = Some(c),
                 Err(e) => {
-                    live.write_errors.fetch_add(1, Relaxed);
-                    live.note_error(format!("writer connect: {e:#}"));
+                    live.write_failed(format!("writer connect: {e:#}"));
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
@@ -601,15 +607,13 @@ async fn k8s_writer(
                 live.record_write(t0.elapsed().as_micros() as u64);
             }
             Ok((st, b)) => {
-                live.write_errors.fetch_add(1, Relaxed);
-                live.note_error(format!(
+                live.write_failed(format!(
                     "write {path}: {st}: {}",
                     String::from_utf8_lossy(&b[..b.len().min(200)])
                 ));
             }
             Err(e) => {
-                live.write_errors.fetch_add(1, Relaxed);
-                live.note_error(format!("write {path}: {e:#}"));
+                live.write_failed(format!("write {path}: {e:#}"));
                 conn = None;
             }
         }
@@ -725,8 +729,7 @@ async fn etcd_writer(
             match ep.connect(false).await {
                 Ok(c) => conn = Some(c),
                 Err(e) => {
-                    live.write_errors.fetch_add(1, Relaxed);
-                    live.note_error(format!("etcd writer connect: {e:#}"));
+                    live.write_failed(format!("etcd writer connect: {e:#}"));
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
@@ -740,8 +743,7 @@ async fn etcd_writer(
                 live.record_write(t0.elapsed().as_micros() as u64);
             }
             Err(e) => {
-                live.write_errors.fetch_add(1, Relaxed);
-                live.note_error(format!("{e:#}"));
+                live.write_failed(format!("{e:#}"));
                 conn = None;
             }
         }

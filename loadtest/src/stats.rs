@@ -45,6 +45,13 @@ impl Live {
     }
 
     /// Keeps the first few distinct error messages for the report.
+    /// Counts a write the server refused or that failed in transit, keeping a sample message.
+    pub fn write_failed(&self, msg: String) {
+        self.write_errors
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.note_error(msg);
+    }
+
     pub fn note_error(&self, msg: String) {
         let mut e = self.error_samples.lock();
         if e.len() < 20 && !e.contains(&msg) {
@@ -113,10 +120,12 @@ pub async fn sampler(
         let d = live.delivered.load(Relaxed);
         let w = live.writes.load(Relaxed);
         let errors = live.write_errors.load(Relaxed) + live.watch_errors.load(Relaxed);
+        // The total's lock is taken before the interval is swapped out, so a reader of the
+        // total never sees samples that have left the interval but not yet reached the total.
+        let mut t = total.lock();
         let interval = live.interval.lock().replace(new_hist());
         let (p50, p99) = match interval {
             Some(h) => {
-                let mut t = total.lock();
                 let _ = t.add(&h);
                 (
                     h.value_at_quantile(0.5) as f64 / 1000.0,
@@ -125,6 +134,7 @@ pub async fn sampler(
             }
             None => (0.0, 0.0),
         };
+        drop(t);
         let cpu = proc_cpu_secs("self").unwrap_or(last_cpu);
         let scpu = server_pid.as_deref().and_then(proc_cpu_secs);
         let s = Sample {
