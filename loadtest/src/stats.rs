@@ -164,6 +164,12 @@ pub async fn sampler(
         last_cpu = cpu;
         last_scpu = scpu;
         if live.stopping.load(Relaxed) {
+            // Samples recorded after this tick's merge but before the stop would otherwise
+            // be left behind in the interval: fold them in on the way out.
+            let mut t = total.lock();
+            if let Some(rest) = live.interval.lock().replace(new_hist()) {
+                let _ = t.add(&rest);
+            }
             let _ = writeln!(err);
             return;
         }
