@@ -108,6 +108,8 @@ fn kubectl_write_commands() {
     assert_eq!(sa["metadata"]["managedFields"][0]["manager"], "ops");
     assert_eq!(sa["metadata"]["managedFields"][0]["operation"], "Apply");
     let rv = sa["metadata"]["resourceVersion"].clone();
+    // Past a second boundary, so a managedFields time that moved would show as a new version.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
     ok(
         d,
         &["apply", "--server-side", "--field-manager=ops", "-f", "-"],

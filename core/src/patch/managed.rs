@@ -224,7 +224,9 @@ pub fn apply(
         remove_at(&mut merged, p);
     }
 
-    let removed = compare(w.kind, live, &merged).removed;
+    let diff = compare(w.kind, live, &merged);
+    let object_changed = !diff.changed().is_empty() || !diff.removed.is_empty();
+    let removed = diff.removed;
     for o in &mut owners {
         o.set = o.set.difference(&removed);
     }
@@ -233,9 +235,14 @@ pub fn apply(
         .find(|o| is(o, w.manager, OPERATION_APPLY))
     {
         Some(o) => {
+            // An apply that changes neither the object nor what this manager owns keeps its
+            // entry as it was, time included, so applying the same manifest again writes
+            // nothing (no new resourceVersion, no watch event), as in Kubernetes.
+            if object_changed || o.set != new_set || o.entry.api_version != w.api_version {
+                o.entry.time = Some(w.now);
+            }
             o.set = new_set;
             o.entry.api_version = w.api_version.into();
-            o.entry.time = Some(w.now);
         }
         None => owners.push(Owner {
             entry: ManagedFieldsEntry {

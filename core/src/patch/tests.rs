@@ -285,6 +285,28 @@ fn cfg(extra: Value) -> Value {
 }
 
 #[test]
+fn reapplying_later_keeps_the_object_byte_for_byte() {
+    let manifest =
+        cfg(json!({"metadata": {"labels": {"a": "1"}}, "automountServiceAccountToken": true}));
+    let first = apply(&stub(), "alice", manifest.clone(), false).unwrap();
+    let later: Time = serde_json::from_value(json!("2024-01-01T00:05:00Z")).unwrap();
+    let w = Writer {
+        now: later,
+        ..writer("alice")
+    };
+    let again = managed::apply(&w, &first, &manifest, &entries(&first), false).unwrap();
+    assert_eq!(
+        again, first,
+        "a no-op apply must not even move managedFields' time"
+    );
+    // A real change does take the new time.
+    let changed =
+        cfg(json!({"metadata": {"labels": {"a": "2"}}, "automountServiceAccountToken": true}));
+    let third = managed::apply(&w, &first, &changed, &entries(&first), false).unwrap();
+    assert_eq!(entries(&third)[0].time, Some(later));
+}
+
+#[test]
 fn apply_creates_and_records_ownership() {
     let obj = apply(
         &stub(),
