@@ -425,6 +425,27 @@ async fn open_all(
         .collect())
 }
 
+/// A writer's connection: the open one, or a new one. On a failed connect the failure is
+/// counted, the writer backs off briefly, and `None` tells it to try again.
+async fn writer_conn<'a>(
+    ep: &Endpoint,
+    conn: &'a mut Option<Conn>,
+    live: &Live,
+    what: &str,
+) -> Option<&'a mut Conn> {
+    if conn.is_none() {
+        match ep.connect(false).await {
+            Ok(c) => *conn = Some(c),
+            Err(e) => {
+                live.write_failed(format!("{what}: {e:#}"));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                return None;
+            }
+        }
+    }
+    conn.as_mut()
+}
+
 /// Creates namespace `ns` unless it exists already (409 is fine: runs reuse namespaces).
 pub(crate) async fn ensure_namespace(c: &mut crate::target::Conn, ns: &str) -> Result<()> {
     let body = format!(r#"{{"apiVersion":"v1","kind":"Namespace","metadata":{{"name":"{ns}"}}}}"#);
@@ -589,17 +610,9 @@ async fn k8s_writer(
             }
         };
         i += 1;
-        if conn.is_none() {
-            match ep.connect(false).await {
-                Ok(c) => conn = Some(c),
-                Err(e) => {
-                    live.write_failed(format!("writer connect: {e:#}"));
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            }
-        }
-        let Some(c) = conn.as_mut() else { continue };
+        let Some(c) = writer_conn(&ep, &mut conn, &live, "writer connect").await else {
+            continue;
+        };
         let t0 = Instant::now();
         match c.call(method, &path, body.into(), "application/json").await {
             Ok((st, _)) if st.is_success() => {
@@ -725,17 +738,9 @@ async fn etcd_writer(
             )
         };
         i += 1;
-        if conn.is_none() {
-            match ep.connect(false).await {
-                Ok(c) => conn = Some(c),
-                Err(e) => {
-                    live.write_failed(format!("etcd writer connect: {e:#}"));
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            }
-        }
-        let Some(c) = conn.as_mut() else { continue };
+        let Some(c) = writer_conn(&ep, &mut conn, &live, "etcd writer connect").await else {
+            continue;
+        };
         let t0 = Instant::now();
         match etcd_call(c, path, body).await {
             Ok(_) => {
