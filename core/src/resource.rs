@@ -128,6 +128,27 @@ pub trait Resource: Serialize + DeserializeOwned + Clone + Send + Sync + 'static
     }
 }
 
+/// The accessors of every kind whose struct has `api_version`, `kind` and `metadata` fields;
+/// the type header comes from the kind's `INFO`, so the two cannot disagree.
+macro_rules! object_accessors {
+    () => {
+        fn meta(&self) -> &$crate::meta::ObjectMeta {
+            &self.metadata
+        }
+        fn meta_mut(&mut self) -> &mut $crate::meta::ObjectMeta {
+            &mut self.metadata
+        }
+        fn set_type_meta(&mut self) {
+            self.api_version = <Self as $crate::resource::Resource>::INFO.api_version();
+            self.kind = <Self as $crate::resource::Resource>::INFO.kind.into();
+        }
+        fn type_meta(&self) -> (&str, &str) {
+            (&self.api_version, &self.kind)
+        }
+    };
+}
+pub(crate) use object_accessors;
+
 /// The value of any supported field selector of `obj`.
 pub fn field_value<T: Resource>(obj: &T, field: &str) -> Option<String> {
     match field {

@@ -69,19 +69,7 @@ static INFO: ResourceInfo = ResourceInfo {
 impl Resource for ServiceAccount {
     const INFO: &'static ResourceInfo = &INFO;
 
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-    fn set_type_meta(&mut self) {
-        self.api_version = "v1".into();
-        self.kind = "ServiceAccount".into();
-    }
-    fn type_meta(&self) -> (&str, &str) {
-        (&self.api_version, &self.kind)
-    }
+    crate::resource::object_accessors!();
 
     fn validate(&self) -> ErrorList {
         let mut errs = ErrorList::default();
