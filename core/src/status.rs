@@ -122,6 +122,9 @@ impl Subject {
 pub enum ApiError {
     #[error("{} \"{}\" not found", .0.qualified(), .0.name)]
     NotFound(Subject),
+    /// 404 for a path that names no resource or endpoint at all.
+    #[error("the server could not find the requested resource ({0})")]
+    PathNotFound(String),
     #[error("{} \"{}\" already exists", .0.qualified(), .0.name)]
     AlreadyExists(Subject),
     #[error("Operation cannot be fulfilled on {} \"{}\": {message}", subject.qualified(), subject.name)]
@@ -202,7 +205,7 @@ fn join_causes(causes: &[StatusCause]) -> String {
 impl ApiError {
     pub fn code(&self) -> u16 {
         match self {
-            ApiError::NotFound(_) => 404,
+            ApiError::NotFound(_) | ApiError::PathNotFound(_) => 404,
             ApiError::AlreadyExists(_)
             | ApiError::Conflict { .. }
             | ApiError::ApplyConflict { .. } => 409,
@@ -224,7 +227,7 @@ impl ApiError {
 
     pub fn reason(&self) -> &'static str {
         match self {
-            ApiError::NotFound(_) => "NotFound",
+            ApiError::NotFound(_) | ApiError::PathNotFound(_) => "NotFound",
             ApiError::AlreadyExists(_) => "AlreadyExists",
             ApiError::Conflict { .. } | ApiError::ApplyConflict { .. } => "Conflict",
             ApiError::Invalid { .. } | ApiError::Unprocessable(_) => "Invalid",

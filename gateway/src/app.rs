@@ -9,7 +9,7 @@ use tokio::sync::{Notify, watch};
 
 use crate::caches::Caches;
 use crate::config::Options;
-use crate::health::PostStartHooks;
+use crate::lifecycle::PostStartHooks;
 use crate::metrics::Metrics;
 
 pub struct App {
@@ -43,9 +43,4 @@ impl App {
             caches: Caches::new(&opts_cache),
         }
     }
-}
-
-/// Resolves once `flag` turns true (or its sender is gone); holds no borrow across awaits.
-pub async fn until_set(flag: &mut watch::Receiver<bool>) {
-    let _ = flag.wait_for(|s| *s).await;
 }

@@ -75,7 +75,7 @@ async fn namespace_controller(app: Arc<App>) {
         tokio::select! {
             _ = app.namespace_changed.notified() => {}
             _ = tokio::time::sleep(NAMESPACE_RESYNC) => {}
-            _ = crate::app::until_set(&mut stop) => return,
+            _ = crate::lifecycle::until_set(&mut stop) => return,
         }
     }
 }

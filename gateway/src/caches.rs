@@ -13,6 +13,8 @@ use svc_core::watch::{FrameFormat, KindCodec, WatchCache, WatchCacheConfig};
 use svc_storage::Store;
 use tokio::sync::watch;
 
+pub mod freshness;
+
 /// How often an idle cache drops history and snapshots that aged out.
 const PRUNE_INTERVAL: Duration = Duration::from_secs(1);
 /// Back-off before relisting after the feed failed.
@@ -168,7 +170,7 @@ async fn ingest(store: Arc<dyn Store>, cache: WatchCache, mut stop: watch::Recei
     loop {
         let listed = tokio::select! {
             r = store.range(range.clone(), None, 0) => r,
-            _ = crate::app::until_set(&mut stop) => return,
+            _ = crate::lifecycle::until_set(&mut stop) => return,
         };
         let listed = match listed {
             Ok(l) => l,
@@ -208,7 +210,7 @@ async fn ingest(store: Arc<dyn Store>, cache: WatchCache, mut stop: watch::Recei
                 _ = prune.tick() => {
                     cache.prune(Instant::now());
                 }
-                _ = crate::app::until_set(&mut stop) => return,
+                _ = crate::lifecycle::until_set(&mut stop) => return,
             }
         }
         tokio::time::sleep(RELIST_BACKOFF).await;

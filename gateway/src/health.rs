@@ -1,40 +1,12 @@
 //! `/healthz`, `/livez`, `/readyz` and their per-check paths, with `verbose` and `exclude`,
 //! in the output format Kubernetes uses.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-
-use http::StatusCode;
-use parking_lot::RwLock;
+use std::sync::atomic::Ordering;
 
 use crate::app::App;
 use crate::query::Query;
 use crate::respond::{self, Body};
-
-/// Post-start hooks: named start-up tasks that readiness waits for (`poststarthook/<name>`).
-#[derive(Default)]
-pub struct PostStartHooks {
-    hooks: RwLock<Vec<(String, Arc<AtomicBool>)>>,
-}
-
-impl PostStartHooks {
-    /// Registers a hook; the returned flag is set when it has finished.
-    pub fn register(&self, name: &str) -> Arc<AtomicBool> {
-        let done = Arc::new(AtomicBool::new(false));
-        self.hooks
-            .write()
-            .push((format!("poststarthook/{name}"), done.clone()));
-        done
-    }
-
-    fn list(&self) -> Vec<(String, bool)> {
-        self.hooks
-            .read()
-            .iter()
-            .map(|(n, d)| (n.clone(), d.load(Ordering::Acquire)))
-            .collect()
-    }
-}
+use http::StatusCode;
 
 /// Runs every check that belongs to `endpoint`, in a fixed order.
 async fn run_checks(app: &App, endpoint: &str) -> Vec<(String, Result<(), String>)> {

@@ -15,6 +15,8 @@ pub mod config;
 pub mod discovery;
 pub mod features;
 pub mod health;
+pub mod kind;
+pub mod lifecycle;
 pub mod metrics;
 pub mod negotiate;
 pub mod openapi;
@@ -24,7 +26,6 @@ pub mod respond;
 pub mod rest;
 pub mod router;
 pub mod server;
-pub mod watch;
 
 pub use config::Options;
 pub use server::{ServerHandle, start};

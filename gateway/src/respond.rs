@@ -11,6 +11,7 @@ use serde::Serialize;
 use svc_core::ApiError;
 use svc_core::table::IncludeObject;
 
+use crate::kind::Kind;
 use crate::negotiate::Format;
 use svc_storage::StoreError;
 
@@ -62,16 +63,11 @@ pub fn text(code: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
 }
 
 /// An object in the negotiated format (a Table of one row for `as=Table`).
-pub fn object<T: crate::rest::Kind>(
-    code: StatusCode,
-    obj: &T,
-    format: Format,
-    pretty: bool,
-) -> Response<Body> {
+pub fn object<T: Kind>(code: StatusCode, obj: &T, format: Format, pretty: bool) -> Response<Body> {
     object_with(code, obj, format, pretty, IncludeObject::Metadata)
 }
 
-pub fn object_with<T: crate::rest::Kind>(
+pub fn object_with<T: Kind>(
     code: StatusCode,
     obj: &T,
     format: Format,
@@ -160,6 +156,32 @@ pub fn list(
     })
 }
 
+/// Adds one `Warning: 299 - "<text>"` header per warning.
+pub fn with_warnings(mut resp: Response<Body>, warnings: &[String]) -> Response<Body> {
+    for w in warnings {
+        let text = format!("299 - {}", go_quote(w));
+        if let Ok(v) = HeaderValue::from_str(&text) {
+            resp.headers_mut().append(header::WARNING, v);
+        }
+    }
+    resp
+}
+
+/// A string quoted the way Go's `%q` does for printable ASCII (what warning headers carry).
+fn go_quote(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_ascii_graphic() || c == ' ' => out.push(c),
+            c => out.push_str(&c.escape_unicode().to_string()),
+        }
+    }
+    out.push('"');
+    out
+}
+
 /// The response for an API error: a `Status` object and its code.
 pub fn error(err: &ApiError) -> Response<Body> {
     let status = err.to_status();
@@ -170,6 +192,31 @@ pub fn error(err: &ApiError) -> Response<Body> {
             .insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
     resp
+}
+
+/// The `ERROR` frame for a watch that cannot start (e.g. 410: its version is too old),
+/// sent in the stream as Kubernetes does, so clients relist.
+pub fn watch_error_frame(format: Format, err: &ApiError) -> Bytes {
+    let status = err.to_status();
+    match format {
+        Format::Json => match serde_json::to_vec(&status) {
+            Ok(json) => svc_core::watch::frames::json_line("ERROR", &json),
+            Err(_) => Bytes::new(),
+        },
+        Format::Protobuf(_) => {
+            let envelope = svc_core::codec::encode_status_protobuf(&status);
+            svc_core::codec::encode_watch_event_protobuf("ERROR", &envelope)
+                .map(Bytes::from)
+                .unwrap_or_default()
+        }
+        Format::Cbor => serde_json::to_vec(&status)
+            .map_err(ApiError::internal)
+            .and_then(|json| svc_core::codec::cbor::watch_event("ERROR", &json))
+            .map(Bytes::from)
+            .unwrap_or_default(),
+        // Negotiation never picks these for a watch.
+        Format::Yaml | Format::Table => Bytes::new(),
+    }
 }
 
 /// Maps a storage failure that the handler did not turn into something more specific.

@@ -182,7 +182,7 @@ async fn accept_loop(
                     continue;
                 }
             },
-            _ = crate::app::until_set(&mut stop) => break,
+            _ = crate::lifecycle::until_set(&mut stop) => break,
         };
         let _ = tcp.set_nodelay(true);
         let app = app.clone();
@@ -419,18 +419,11 @@ async fn dispatch(
                 text,
             )
         }
-        Route::NotFound => not_found(req.uri().path()),
+        Route::NotFound => respond::error(&ApiError::PathNotFound(req.uri().path().to_string())),
         Route::OpenApiV3Index => openapi::serve_index(),
         Route::OpenApiV3 { group, version } => openapi::serve_group_version(&group, &version),
         other => discovery::serve(&other, query.pretty()),
     }
-}
-
-fn not_found(path: &str) -> Response<Body> {
-    let mut status = ApiError::NotFound(Default::default()).to_status();
-    status.message = format!("the server could not find the requested resource ({path})");
-    status.details = None;
-    respond::json(StatusCode::NOT_FOUND, &status, false)
 }
 
 /// Responses smaller than this are sent as they are even when the client accepts gzip:

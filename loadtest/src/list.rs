@@ -1,147 +1,25 @@
 //! `list`: concurrent clients list a large collection (paged or not, JSON or protobuf, gzip
 //! or not) for the run's duration; each full list (every page) is timed and must hold
-//! exactly the collection's N items. Also the collection seeding `relist-storm` shares.
+//! exactly the collection's N items (the collection is seeded by `setup::seed`).
 
 use std::io::Read as _;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use http_body_util::BodyExt;
 
 use crate::Params;
 use crate::report::{Counts, Percentiles, Results};
-use crate::run::{Tgt, ensure_namespace, resolve_target, sa_body};
+use crate::setup::{Tgt, pct, resolve_target, seed};
 use crate::stats::{self, Live, new_hist};
-use crate::target::{self, Conn, Endpoint};
+use crate::target::{self, Conn};
 
-/// Concurrent creates while seeding a collection (each on its own connection).
-const SEED_CONCURRENCY: usize = 16;
 /// A page that takes longer than this counts as an error rather than hanging the run.
 const PAGE_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Creates `ns` and the ServiceAccounts `l-0..l-{n}` in it that are not there yet.
-/// Returns (created, create errors); create latencies go to `live`'s write histogram.
-pub async fn seed(
-    ep: &Endpoint,
-    ns: &str,
-    n: usize,
-    size: usize,
-    live: &Arc<Live>,
-) -> Result<(u64, u64)> {
-    let mut c = ep.connect(false).await?;
-    ensure_namespace(&mut c, ns).await?;
-    // Which names exist already: a re-run against the same server reuses the collection.
-    let mut have = std::collections::HashSet::new();
-    let mut cont = String::new();
-    loop {
-        let path = format!(
-            "/api/v1/namespaces/{ns}/serviceaccounts?limit=1000{}",
-            if cont.is_empty() {
-                String::new()
-            } else {
-                format!("&continue={}", pct(&cont))
-            }
-        );
-        let (st, b) = c.call(Method::GET, &path, Bytes::new(), "").await?;
-        if !st.is_success() {
-            bail!("listing {ns}: {st}: {}", String::from_utf8_lossy(&b));
-        }
-        let v: serde_json::Value = serde_json::from_slice(&b).context("list response")?;
-        for it in v["items"].as_array().into_iter().flatten() {
-            if let Some(name) = it["metadata"]["name"].as_str() {
-                have.insert(name.to_string());
-            }
-        }
-        cont = v["metadata"]["continue"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        if cont.is_empty() {
-            break;
-        }
-    }
-    let missing: Arc<Vec<String>> = Arc::new(
-        (0..n)
-            .map(|i| format!("l-{i}"))
-            .filter(|name| !have.contains(name))
-            .collect(),
-    );
-    let next = Arc::new(AtomicUsize::new(0));
-    let (created, errors) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let mut tasks = Vec::new();
-    for _ in 0..SEED_CONCURRENCY.min(missing.len()) {
-        let (ep, ns, missing, next) = (ep.clone(), ns.to_string(), missing.clone(), next.clone());
-        let (created, errors, live) = (created.clone(), errors.clone(), live.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut conn: Option<Conn> = None;
-            loop {
-                let i = next.fetch_add(1, Relaxed);
-                let Some(name) = missing.get(i) else { break };
-                if conn.is_none() {
-                    conn = ep.connect(false).await.ok();
-                }
-                let Some(c) = conn.as_mut() else {
-                    errors.fetch_add(1, Relaxed);
-                    continue;
-                };
-                let path = format!("/api/v1/namespaces/{ns}/serviceaccounts");
-                let t0 = Instant::now();
-                match c
-                    .call(
-                        Method::POST,
-                        &path,
-                        sa_body(&ns, name, size).into(),
-                        "application/json",
-                    )
-                    .await
-                {
-                    // 409: someone else created it meanwhile; it is there, which is the point.
-                    Ok((st, _)) if st.is_success() || st == StatusCode::CONFLICT => {
-                        created.fetch_add(1, Relaxed);
-                        live.record_write(t0.elapsed().as_micros() as u64);
-                    }
-                    Ok((st, b)) => {
-                        errors.fetch_add(1, Relaxed);
-                        live.note_error(format!(
-                            "seeding {name}: {st}: {}",
-                            String::from_utf8_lossy(&b[..b.len().min(200)])
-                        ));
-                    }
-                    Err(e) => {
-                        errors.fetch_add(1, Relaxed);
-                        live.note_error(format!("seeding {name}: {e:#}"));
-                        conn = None;
-                    }
-                }
-            }
-        }));
-    }
-    for t in tasks {
-        let _ = t.await;
-    }
-    let errors = errors.load(Relaxed);
-    if errors > 0 {
-        bail!("{errors} objects could not be created in {ns}");
-    }
-    Ok((created.load(Relaxed), errors))
-}
-
-/// Percent-encodes a query value (continue tokens are base64 and may hold `+/=`).
-pub fn pct(s: &str) -> String {
-    let mut o = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            o.push(b as char);
-        } else {
-            o.push_str(&format!("%{b:02X}"));
-        }
-    }
-    o
-}
 
 /// What one full list (every page) came to.
 #[derive(Default)]

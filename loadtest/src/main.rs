@@ -1,11 +1,13 @@
 //! `svc-loadtest`: load scenarios (watch fan-out, slow watchers, write churn) against a
 //! Kubernetes-compatible API server, etcd, or a raw TCP fan-out baseline, with a report.
 
+mod fanout;
 mod list;
 mod raw;
 mod relist;
 mod report;
 mod run;
+mod setup;
 mod stats;
 mod target;
 mod watch;

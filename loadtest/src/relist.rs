@@ -21,7 +21,7 @@ use tokio::sync::watch;
 
 use crate::Params;
 use crate::report::{Counts, Percentiles, Results};
-use crate::run::{Tgt, resolve_target, sa_body};
+use crate::setup::{Tgt, resolve_target, sa_body, seed};
 use crate::stats::{self, Live, new_hist, now_nanos};
 use crate::target::{self, Endpoint};
 
@@ -344,7 +344,7 @@ pub async fn run(p: &Params) -> Result<Results> {
         now_nanos() % 1_000_000_000
     );
     // The collection every relist returns: --objects ServiceAccounts (the writers add POOL).
-    crate::list::seed(&ep, &ns, p.objects, p.object_size, &live).await?;
+    seed(&ep, &ns, p.objects, p.object_size, &live).await?;
 
     let w = p.watchers;
     let sh = Arc::new(Shared::default());

@@ -10,42 +10,17 @@ use bytes::Bytes;
 use http::Response;
 use serde::{Deserialize, Serialize};
 use svc_core::object::parse_resource_version;
-use svc_core::resource::field_value;
-use svc_core::selector::{FieldSelector, LabelSelector};
 use svc_core::table::IncludeObject;
 use svc_core::watch::{CachedObject, ListRequest, Selector, WatchCache};
-use svc_core::{ApiError, ListMeta, Resource};
+use svc_core::{ApiError, ListMeta};
 use svc_storage::{KeyRange, StoreError};
 
-use super::{Call, Kind};
+use super::call::{Call, Selectors};
 use crate::app::App;
+use crate::caches::freshness::{wait_for_cache, wait_for_consistent};
+use crate::kind::Kind;
 use crate::query::{ListOptions, RvMatch};
 use crate::respond::{self, Body};
-
-/// The label and field selectors of a request, parsed once.
-#[derive(Debug, Default)]
-pub struct Selectors {
-    pub labels: LabelSelector,
-    pub fields: FieldSelector,
-}
-
-impl Selectors {
-    pub fn parse<T: Resource>(opts: &ListOptions) -> Result<Self, ApiError> {
-        let labels = LabelSelector::parse(&opts.label_selector)
-            .map_err(|e| ApiError::bad_request(format!("unable to parse labelSelector: {e}")))?;
-        let fields = FieldSelector::parse(&opts.field_selector, |f| T::INFO.supports_field(f))
-            .map_err(|e| ApiError::bad_request(format!("unable to parse fieldSelector: {e}")))?;
-        Ok(Selectors { labels, fields })
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.labels.is_empty() && self.fields.is_empty()
-    }
-
-    pub fn matches<T: Resource>(&self, obj: &T) -> bool {
-        self.labels.matches(&obj.meta().labels) && self.fields.matches(|f| field_value(obj, f))
-    }
-}
 
 /// Rejects the combinations the spec's list table marks invalid (400).
 pub fn validate(opts: &ListOptions) -> Result<(), ApiError> {
@@ -153,54 +128,6 @@ fn expired_continue() -> ApiError {
     )
 }
 
-pub async fn list_or_watch<T: Kind>(
-    app: &Arc<App>,
-    call: Call,
-) -> Result<Response<Body>, ApiError> {
-    let opts = ListOptions::from_query(&call.query)?;
-    validate(&opts)?;
-    if opts.watch
-        && opts.send_initial_events.is_some()
-        && !app.opts.feature_gates.enabled("WatchList")
-    {
-        return Err(ApiError::bad_request(
-            "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the \
-             WatchList feature gate is enabled",
-        ));
-    }
-    let selectors = Selectors::parse::<T>(&opts)?;
-    if opts.watch {
-        return crate::watch::watch::<T>(app, call, opts, selectors).await;
-    }
-    list::<T>(app, &call, &opts, selectors).await
-}
-
-/// How long a read waits for the watch cache to reach the revision it needs before 504.
-pub const FRESHNESS_WAIT: Duration = Duration::from_secs(3);
-
-/// Waits until `cache` has applied `revision`: 504 `Too large resource version` after
-/// `FRESHNESS_WAIT` (the revision may not exist yet, or the store is slow).
-pub async fn wait_for_cache(cache: &WatchCache, revision: i64) -> Result<(), ApiError> {
-    match tokio::time::timeout(FRESHNESS_WAIT, cache.wait_for_revision(revision)).await {
-        Ok(r) => r,
-        Err(_) => Err(ApiError::too_large_resource_version(
-            revision,
-            cache.revision(),
-        )),
-    }
-}
-
-/// "Most Recent": the cache is brought up to the store's current revision first, so the
-/// answer is as fresh as a quorum read would be.
-pub async fn wait_for_consistent(app: &App, cache: &WatchCache) -> Result<(), ApiError> {
-    let current = app
-        .store
-        .current_revision()
-        .await
-        .map_err(respond::store_error)?;
-    wait_for_cache(cache, current).await
-}
-
 /// One page of a list, as read: from the cache, or from the store as a fallback.
 struct Page {
     items: Vec<Arc<CachedObject>>,
@@ -209,7 +136,7 @@ struct Page {
     remaining: Option<usize>,
 }
 
-async fn list<T: Kind>(
+pub(super) async fn list<T: Kind>(
     app: &Arc<App>,
     call: &Call,
     opts: &ListOptions,
@@ -231,7 +158,7 @@ async fn list<T: Kind>(
     } else {
         match opts.resource_version.as_deref() {
             None => {
-                wait_for_consistent(app, cache).await?;
+                wait_for_consistent(app.store.as_ref(), cache).await?;
                 (None, None)
             }
             Some("0") => (None, None),

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{HeaderValue, Response, StatusCode, header};
+use http::{Response, StatusCode, header};
 use serde_json::{Value, json};
 use svc_core::meta::Time;
 use svc_core::object::{self, parse_resource_version};
@@ -18,77 +18,14 @@ use svc_core::status::StatusCause;
 use svc_core::{ApiError, Resource};
 use svc_storage::StoreError;
 
+use super::call::{Call, conflict, field_manager, map_write_error, path_namespace, read_current};
 use super::write::{self, Committed, check_namespace_open};
-use super::{Call, Kind, conflict, map_write_error, path_namespace, read_current};
 use crate::app::App;
+use crate::kind::Kind;
 use crate::respond::{self, Body};
 
 /// How often a patch retries against a concurrent write before giving up with 409.
 const MAX_RETRIES: usize = 8;
-/// Kubernetes' limit on `fieldManager`.
-const MAX_FIELD_MANAGER_LEN: usize = 128;
-
-/// The `fieldManager` of a write: the query parameter, else (non-apply only) the user agent
-/// up to its first `/`, as Kubernetes derives it.
-pub fn field_manager(call: &Call, required: bool) -> Result<String, ApiError> {
-    let manager = match call.query.get("fieldManager") {
-        Some(m) if !m.is_empty() => m.to_string(),
-        _ if required => {
-            return Err(ApiError::bad_request(
-                "PATCH, fieldManager is required for apply requests",
-            ));
-        }
-        _ => call
-            .parts
-            .headers
-            .get(header::USER_AGENT)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|ua| ua.split('/').next())
-            .unwrap_or_default()
-            .chars()
-            .take(MAX_FIELD_MANAGER_LEN)
-            .collect(),
-    };
-    if manager.chars().count() > MAX_FIELD_MANAGER_LEN {
-        return Err(ApiError::Invalid {
-            kind: "PatchOptions".into(),
-            group: String::new(),
-            name: String::new(),
-            causes: vec![StatusCause {
-                reason: "FieldValueTooLong".into(),
-                message: format!("Too long: may not be longer than {MAX_FIELD_MANAGER_LEN}"),
-                field: "fieldManager".into(),
-            }],
-        });
-    }
-    Ok(manager)
-}
-
-/// Adds one `Warning: 299 - "<text>"` header per warning.
-pub fn with_warnings(mut resp: Response<Body>, warnings: &[String]) -> Response<Body> {
-    for w in warnings {
-        let text = format!("299 - {}", go_quote(w));
-        if let Ok(v) = HeaderValue::from_str(&text) {
-            resp.headers_mut().append(header::WARNING, v);
-        }
-    }
-    resp
-}
-
-/// A string quoted the way Go's `%q` does for printable ASCII (what warning headers carry).
-fn go_quote(s: &str) -> String {
-    let mut out = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if c.is_ascii_graphic() || c == ' ' => out.push(c),
-            c => out.push_str(&c.escape_unicode().to_string()),
-        }
-    }
-    out.push('"');
-    out
-}
 
 /// The body of an apply request: YAML, of which JSON is a subset. Duplicate keys are
 /// reported like JSON's (Strict refuses them).
@@ -274,7 +211,7 @@ pub async fn patch<T: Kind>(
             )?;
         }
         let ok = |obj: &T| {
-            with_warnings(
+            respond::with_warnings(
                 respond::object(StatusCode::OK, obj, call.format, call.query.pretty()),
                 &warnings,
             )
@@ -324,7 +261,7 @@ async fn apply_create<T: Kind>(
     object::prepare_create(&mut obj)?;
     obj.meta_mut().managed_fields = managed_fields;
     let created = |obj: &T| {
-        with_warnings(
+        respond::with_warnings(
             respond::object(StatusCode::CREATED, obj, call.format, call.query.pretty()),
             &warnings,
         )

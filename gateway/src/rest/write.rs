@@ -15,9 +15,9 @@ use svc_core::status::Subject;
 use svc_core::{ApiError, Resource, Status};
 use svc_storage::{KeyRange, KeyValue, StoreError};
 
-use super::patch::{field_manager, with_warnings};
-use super::{Call, Kind, conflict, map_write_error, path_namespace, read_current};
+use super::call::{Call, conflict, field_manager, map_write_error, path_namespace, read_current};
 use crate::app::App;
+use crate::kind::Kind;
 use crate::negotiate::{self, Format};
 use crate::respond::{self, Body};
 
@@ -152,7 +152,7 @@ pub async fn create<T: Kind>(app: &Arc<App>, call: &Call) -> Result<Response<Bod
                 }
                 return Err(ApiError::AlreadyExists(object::subject::<T>(&name)));
             }
-            return Ok(with_warnings(
+            return Ok(respond::with_warnings(
                 respond::object(
                     StatusCode::CREATED,
                     &candidate,
@@ -166,7 +166,7 @@ pub async fn create<T: Kind>(app: &Arc<App>, call: &Call) -> Result<Response<Bod
         match app.store.create(key, value).await {
             Ok(kv) => {
                 candidate.meta_mut().resource_version = kv.mod_revision.to_string();
-                return Ok(with_warnings(
+                return Ok(respond::with_warnings(
                     respond::object(
                         StatusCode::CREATED,
                         &candidate,
@@ -209,7 +209,7 @@ pub async fn update<T: Kind>(
     };
     let key = Bytes::from(T::INFO.key(&ns, name));
     let ok = |obj: &T| {
-        with_warnings(
+        respond::with_warnings(
             respond::object(StatusCode::OK, obj, call.format, call.query.pretty()),
             &warnings,
         )
@@ -500,7 +500,7 @@ pub async fn delete_collection<T: Kind>(
 ) -> Result<Response<Body>, ApiError> {
     let (opts, dry_run) = delete_options(call)?;
     let list_opts = crate::query::ListOptions::from_query(&call.query)?;
-    let selector = super::list::Selectors::parse::<T>(&list_opts)?;
+    let selector = super::Selectors::parse::<T>(&list_opts)?;
     let ns = call.route.namespace.clone();
     let prefix = T::INFO.prefix(Some(&ns));
     let range = app

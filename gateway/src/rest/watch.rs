@@ -18,15 +18,15 @@ use prometheus_client::metrics::gauge::Gauge;
 use rand::Rng;
 use svc_core::ApiError;
 use svc_core::object::parse_resource_version;
-use svc_core::watch::{FrameFormat, Selector, WatchRequest, WatchStart, Watcher, frames};
+use svc_core::watch::{FrameFormat, Selector, WatchRequest, WatchStart, Watcher};
 
+use super::call::{Call, Selectors};
 use crate::app::App;
+use crate::caches::freshness::{wait_for_cache, wait_for_consistent};
+use crate::kind::Kind;
 use crate::negotiate::Format;
 use crate::query::ListOptions;
-use crate::respond::Body;
-use crate::rest::Call;
-use crate::rest::Kind;
-use crate::rest::list::{Selectors, wait_for_cache, wait_for_consistent};
+use crate::respond::{self, Body};
 
 /// Bytes of frames coalesced into one write (one chunk) per wake-up.
 const MAX_BATCH_BYTES: usize = 64 * 1024;
@@ -119,31 +119,6 @@ impl WatchBody {
     }
 }
 
-/// The `ERROR` frame for a watch that cannot start (e.g. 410: its version is too old),
-/// sent in the stream as Kubernetes does, so clients relist.
-fn error_frame(format: Format, err: &ApiError) -> Bytes {
-    let status = err.to_status();
-    match format {
-        Format::Json => match serde_json::to_vec(&status) {
-            Ok(json) => frames::json_line("ERROR", &json),
-            Err(_) => Bytes::new(),
-        },
-        Format::Protobuf(_) => {
-            let envelope = svc_core::codec::encode_status_protobuf(&status);
-            svc_core::codec::encode_watch_event_protobuf("ERROR", &envelope)
-                .map(Bytes::from)
-                .unwrap_or_default()
-        }
-        Format::Cbor => serde_json::to_vec(&status)
-            .map_err(ApiError::internal)
-            .and_then(|json| svc_core::codec::cbor::watch_event("ERROR", &json))
-            .map(Bytes::from)
-            .unwrap_or_default(),
-        // Negotiation never picks these for a watch.
-        Format::Yaml | Format::Table => Bytes::new(),
-    }
-}
-
 pub async fn watch<T: Kind>(
     app: &Arc<App>,
     call: Call,
@@ -161,7 +136,7 @@ pub async fn watch<T: Kind>(
     // the store's current revision.
     let start = match rv {
         None => {
-            wait_for_consistent(app, cache).await?;
+            wait_for_consistent(app.store.as_ref(), cache).await?;
             if initial {
                 WatchStart::InitialEvents {
                     end_bookmark: opts.allow_watch_bookmarks
@@ -207,7 +182,7 @@ pub async fn watch<T: Kind>(
     let (watcher, first) = match cache.watch(req, Instant::now()) {
         Ok(w) => (Some(w), None),
         Err(e @ (ApiError::Expired(_) | ApiError::Gone(_))) => {
-            (None, Some(error_frame(format, &e)))
+            (None, Some(respond::watch_error_frame(format, &e)))
         }
         Err(e) => return Err(e),
     };
@@ -228,7 +203,7 @@ pub async fn watch<T: Kind>(
         first,
         deadline,
         timer: Box::pin(tokio::time::sleep_until(deadline)),
-        stop: Box::pin(async move { crate::app::until_set(&mut stop_rx).await }),
+        stop: Box::pin(async move { crate::lifecycle::until_set(&mut stop_rx).await }),
         done: false,
         open,
         sent: app.metrics.watch_event_counter(T::INFO.plural),

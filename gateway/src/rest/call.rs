@@ -1,0 +1,136 @@
+//! What every resource handler shares: the request (`Call`), its path namespace, the
+//! selectors, the field manager, and reading the current object with its error mapping.
+
+use bytes::Bytes;
+use http::{header, request};
+use svc_core::object;
+use svc_core::resource::field_value;
+use svc_core::selector::{FieldSelector, LabelSelector};
+use svc_core::status::StatusCause;
+use svc_core::{ApiError, Resource};
+use svc_storage::{KeyValue, StoreError};
+
+use crate::app::App;
+use crate::negotiate::Format;
+use crate::pki::UserInfo;
+use crate::query::{ListOptions, Query};
+use crate::respond;
+use crate::router::ResourceRoute;
+
+/// Kubernetes' limit on `fieldManager`.
+const MAX_FIELD_MANAGER_LEN: usize = 128;
+
+/// One request to a resource endpoint.
+pub struct Call {
+    pub parts: request::Parts,
+    pub body: Bytes,
+    pub route: ResourceRoute,
+    pub query: Query,
+    pub user: UserInfo,
+    /// The negotiated response format (set before a handler runs).
+    pub format: Format,
+}
+
+/// The namespace of an object route, validated.
+pub(super) fn path_namespace<T: Resource>(route: &ResourceRoute) -> Result<&str, ApiError> {
+    if T::INFO.namespaced() && route.namespace.is_empty() {
+        return Err(ApiError::bad_request(
+            "a namespace is required for this resource",
+        ));
+    }
+    Ok(&route.namespace)
+}
+
+/// The label and field selectors of a request, parsed once.
+#[derive(Debug, Default)]
+pub struct Selectors {
+    pub labels: LabelSelector,
+    pub fields: FieldSelector,
+}
+
+impl Selectors {
+    pub fn parse<T: Resource>(opts: &ListOptions) -> Result<Self, ApiError> {
+        let labels = LabelSelector::parse(&opts.label_selector)
+            .map_err(|e| ApiError::bad_request(format!("unable to parse labelSelector: {e}")))?;
+        let fields = FieldSelector::parse(&opts.field_selector, |f| T::INFO.supports_field(f))
+            .map_err(|e| ApiError::bad_request(format!("unable to parse fieldSelector: {e}")))?;
+        Ok(Selectors { labels, fields })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty() && self.fields.is_empty()
+    }
+
+    pub fn matches<T: Resource>(&self, obj: &T) -> bool {
+        self.labels.matches(&obj.meta().labels) && self.fields.matches(|f| field_value(obj, f))
+    }
+}
+
+/// The `fieldManager` of a write: the query parameter, else (non-apply only) the user agent
+/// up to its first `/`, as Kubernetes derives it.
+pub fn field_manager(call: &Call, required: bool) -> Result<String, ApiError> {
+    let manager = match call.query.get("fieldManager") {
+        Some(m) if !m.is_empty() => m.to_string(),
+        _ if required => {
+            return Err(ApiError::bad_request(
+                "PATCH, fieldManager is required for apply requests",
+            ));
+        }
+        _ => call
+            .parts
+            .headers
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|ua| ua.split('/').next())
+            .unwrap_or_default()
+            .chars()
+            .take(MAX_FIELD_MANAGER_LEN)
+            .collect(),
+    };
+    if manager.chars().count() > MAX_FIELD_MANAGER_LEN {
+        return Err(ApiError::Invalid {
+            kind: "PatchOptions".into(),
+            group: String::new(),
+            name: String::new(),
+            causes: vec![StatusCause {
+                reason: "FieldValueTooLong".into(),
+                message: format!("Too long: may not be longer than {MAX_FIELD_MANAGER_LEN}"),
+                field: "fieldManager".into(),
+            }],
+        });
+    }
+    Ok(manager)
+}
+
+/// The stored object at `key`, decoded, with its key-value.
+pub(super) async fn read_current<T: Resource>(
+    app: &App,
+    key: &Bytes,
+    name: &str,
+) -> Result<(T, KeyValue), ApiError> {
+    let (kv, _) = app
+        .store
+        .get(key.clone(), None)
+        .await
+        .map_err(respond::store_error)?;
+    let kv = kv.ok_or_else(|| ApiError::NotFound(object::subject::<T>(name)))?;
+    Ok((object::decode_from_store(&kv)?, kv))
+}
+
+pub(super) fn conflict<T: Resource>(name: &str) -> ApiError {
+    ApiError::Conflict {
+        subject: object::subject::<T>(name),
+        message: "the object has been modified; please apply your changes to the latest version \
+                  and try again"
+            .into(),
+    }
+}
+
+pub(super) fn map_write_error<T: Resource>(e: StoreError, name: &str) -> ApiError {
+    match e {
+        StoreError::AlreadyExists { .. } => ApiError::AlreadyExists(object::subject::<T>(name)),
+        StoreError::Conflict { .. } => conflict::<T>(name),
+        StoreError::NotFound => ApiError::NotFound(object::subject::<T>(name)),
+        other => respond::store_error(other),
+    }
+}

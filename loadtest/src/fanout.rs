@@ -1,0 +1,646 @@
+//! The watcher scenarios (`fanout`, `slow-watcher`, `churn`): set up the target, open
+//! watchers, run writers for the duration, drain, and turn counters and histograms into a
+//! `Results`.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use base64::Engine;
+use bytes::Bytes;
+use futures::StreamExt;
+use http::{Method, StatusCode};
+use http_body_util::BodyExt;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::Params;
+use crate::report::{Counts, Percentiles, Results};
+use crate::run::Scenario;
+use crate::setup::{Tgt, ensure_namespace, resolve_target, sa_body};
+use crate::stats::{self, Live, new_hist, now_nanos};
+use crate::target::{self, Conn, Endpoint};
+use crate::watch::{Format, GroupCtx, Opener, WStream, run_group, tag};
+
+/// Objects each fan-out writer creates once and then updates in turn.
+const POOL: u64 = 50;
+/// Concurrent connection attempts while opening watchers.
+const OPEN_CONCURRENCY: usize = 256;
+
+/// Everything a run collects while it goes.
+struct Harness {
+    live: Arc<Live>,
+    total: Arc<parking_lot::Mutex<hdrhistogram::Histogram<u64>>>,
+    series: Arc<parking_lot::Mutex<Vec<stats::Sample>>>,
+    writers_stop: (watch::Sender<bool>, watch::Receiver<bool>),
+    groups_stop: (watch::Sender<bool>, watch::Receiver<bool>),
+}
+
+pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
+    let (tgt, info) = resolve_target(p).await?;
+    let h = Harness {
+        live: Live::new(),
+        total: Arc::new(parking_lot::Mutex::new(new_hist())),
+        series: Arc::new(parking_lot::Mutex::new(Vec::new())),
+        writers_stop: watch::channel(false),
+        groups_stop: watch::channel(false),
+    };
+    let run_id = format!("lt-{}-{}", std::process::id(), now_nanos() % 1_000_000_000);
+    let watchers = if scenario == Scenario::Churn {
+        0
+    } else {
+        p.watchers
+    };
+
+    // Set up the target and open the watchers before any write, so every watcher is
+    // expected to see every acknowledged write.
+    let (streams, format, opener, stalled_opener): (Vec<WStream>, Format, Option<Opener>, _) =
+        match &tgt {
+            Tgt::Server(ep) => {
+                let (opener, format) = k8s_setup(ep, &run_id, p).await?;
+                let s = open_all(watchers, p.h2_connections, ep, opener.clone()).await?;
+                (s, format, Some(opener), Some(ep.clone()))
+            }
+            Tgt::Etcd(ep) => {
+                let opener = etcd_setup(ep, &run_id).await?;
+                let s = open_all(watchers, None, ep, opener.clone()).await?;
+                (s, Format::Etcd, None, None)
+            }
+            Tgt::Raw => (Vec::new(), Format::Raw(p.object_size.max(16)), None, None),
+        };
+    let raw = if matches!(tgt, Tgt::Raw) {
+        let srv = crate::raw::start(h.groups_stop.1.clone()).await?;
+        let mut socks = Vec::with_capacity(watchers);
+        for i in 0..watchers {
+            let s = tokio::net::TcpStream::connect(srv.addr).await?;
+            socks.push(tag(
+                i,
+                tokio_util::io::ReaderStream::with_capacity(s, crate::raw::MAX_WRITE),
+            ));
+        }
+        // Wait until the server has subscribed every connection, or early frames are lost.
+        let t0 = Instant::now();
+        while srv.tx.receiver_count() < watchers && t0.elapsed() < Duration::from_secs(30) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Some((srv, socks))
+    } else {
+        None
+    };
+    let (raw_tx, streams) = match raw {
+        Some((srv, socks)) => (Some(srv.tx), socks),
+        None => (None, streams),
+    };
+    let opened = streams.len();
+    let open_failures = watchers - opened;
+
+    // Receivers: a few tasks, each multiplexing a share of the streams.
+    let ngroups = opened.clamp(1, 16);
+    let mut groups: Vec<JoinHandle<crate::watch::Group>> = Vec::new();
+    let mut buckets: Vec<Vec<WStream>> = (0..ngroups).map(|_| Vec::new()).collect();
+    // Streams are tagged 0..opened in order; group g gets a contiguous range.
+    let per = opened.div_ceil(ngroups).max(1);
+    for (i, s) in streams.into_iter().enumerate() {
+        buckets[i / per].push(s);
+    }
+    for (g, b) in buckets.into_iter().enumerate() {
+        let ctx = GroupCtx {
+            live: h.live.clone(),
+            format,
+            opener: opener.clone(),
+            stop: h.groups_stop.1.clone(),
+        };
+        let n = b.len();
+        groups.push(tokio::spawn(run_group(ctx, g * per, b, n)));
+    }
+
+    let sampler = tokio::spawn(stats::sampler(
+        h.live.clone(),
+        p.server_pid,
+        h.total.clone(),
+        h.series.clone(),
+        format!("{} {}", scenario.name(), info.kind),
+    ));
+
+    // Writers.
+    let started = Instant::now();
+    let writers = p.writers.max(1);
+    let per_writer_rate = if p.max {
+        None
+    } else {
+        Some(p.rate / writers as f64)
+    };
+    let mut wh: Vec<JoinHandle<()>> = Vec::new();
+    match (&tgt, raw_tx) {
+        (Tgt::Raw, Some(tx)) => {
+            let live = h.live.clone();
+            let stop = h.writers_stop.1.clone();
+            let rate = if p.max { None } else { Some(p.rate) };
+            let size = p.object_size;
+            wh.push(tokio::spawn(async move {
+                crate::raw::produce(tx, size, rate, stop, live).await;
+            }));
+        }
+        (Tgt::Server(ep), _) => {
+            for w in 0..writers {
+                wh.push(tokio::spawn(k8s_writer(
+                    ep.clone(),
+                    run_id.clone(),
+                    w,
+                    per_writer_rate,
+                    p.object_size,
+                    scenario == Scenario::Churn,
+                    h.live.clone(),
+                    h.writers_stop.1.clone(),
+                )));
+            }
+        }
+        (Tgt::Etcd(ep), _) => {
+            for w in 0..writers {
+                wh.push(tokio::spawn(etcd_writer(
+                    ep.clone(),
+                    run_id.clone(),
+                    w,
+                    per_writer_rate,
+                    p.object_size,
+                    scenario == Scenario::Churn,
+                    h.live.clone(),
+                    h.writers_stop.1.clone(),
+                )));
+            }
+        }
+        _ => {}
+    }
+
+    // slow-watcher: half the run healthy, then stalled watchers join and never read.
+    let mut phase_a = None;
+    let mut stalled_held = Vec::new();
+    if scenario == Scenario::SlowWatcher {
+        tokio::time::sleep(p.duration / 2).await;
+        phase_a = Some(snapshot_total(&h));
+        if let Some(ep) = &stalled_opener {
+            let path = format!("/api/v1/namespaces/{run_id}/serviceaccounts?watch=1");
+            for _ in 0..p.stalled {
+                let mut c = ep.connect(false).await?;
+                let resp = c
+                    .send(target::request(Method::GET, &path, Bytes::new(), ""))
+                    .await?;
+                // Held, never read: the server sees a watcher whose socket fills up.
+                stalled_held.push((c, resp));
+            }
+        }
+        tokio::time::sleep(p.duration - p.duration / 2).await;
+    } else {
+        tokio::time::sleep(p.duration).await;
+    }
+    let _ = h.writers_stop.0.send(true);
+    for w in wh {
+        let _ = w.await;
+    }
+    let write_phase = started.elapsed();
+
+    // Drain: wait (bounded) until every watcher has every acknowledged write.
+    let acked = h.live.writes.load(Relaxed);
+    let expected_total = acked * opened as u64;
+    let drain_start = Instant::now();
+    while opened > 0
+        && h.live.delivered.load(Relaxed) < expected_total
+        && drain_start.elapsed() < p.drain
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let elapsed = started.elapsed();
+    h.live.stopping.store(true, Relaxed);
+    let _ = h.groups_stop.0.send(true);
+    let mut states = Vec::new();
+    for g in groups {
+        if let Ok(g) = g.await {
+            states.extend(g.states);
+        }
+    }
+    let _ = sampler.await;
+    drop(stalled_held);
+    if let Tgt::Server(ep) = &tgt {
+        // Best effort: leave the server as it was.
+        if let Ok(mut c) = ep.connect(false).await {
+            let _ = c
+                .call(
+                    Method::DELETE,
+                    &format!("/api/v1/namespaces/{run_id}"),
+                    Bytes::new(),
+                    "",
+                )
+                .await;
+        }
+    }
+
+    let total = h.total.lock().clone();
+    let write_lat = h.live.write_lat.lock().take().unwrap_or_else(new_hist);
+    let delivered: u64 = states.iter().map(|s| s.count).sum();
+    let complete = states
+        .iter()
+        .filter(|s| s.count == acked && s.dups == 0)
+        .count();
+    let missing: u64 = states
+        .iter()
+        .map(|s| acked.saturating_sub(s.count).max(s.gaps))
+        .sum();
+    let dups: u64 = states.iter().map(|s| s.dups).sum();
+    let expired = states.iter().filter(|s| s.expired).count();
+    let secs = elapsed.as_secs_f64().max(1e-3);
+    let mut extra = serde_json::Map::new();
+    if let Some(a) = phase_a {
+        let mut b = total.clone();
+        let _ = b.subtract(&a);
+        extra.insert(
+            "latency_before_stall_ms".into(),
+            serde_json::to_value(Percentiles::of(&a))?,
+        );
+        extra.insert(
+            "latency_with_stall_ms".into(),
+            serde_json::to_value(Percentiles::of(&b))?,
+        );
+        extra.insert("stalled_watchers".into(), p.stalled.into());
+    }
+    let series = h.series.lock().clone();
+    Ok(Results {
+        schema: crate::report::SCHEMA.into(),
+        scenario: scenario.name().into(),
+        target: info,
+        params: p.clone(),
+        machine: stats::machine(),
+        duration_s: write_phase.as_secs_f64(),
+        elapsed_s: secs,
+        series,
+        latency_ms: Percentiles::of(&total),
+        write_latency_ms: Percentiles::of(&write_lat),
+        counts: Counts {
+            watchers: watchers as u64,
+            watchers_opened: opened as u64,
+            writes_acked: acked,
+            writes_per_s: acked as f64 / write_phase.as_secs_f64().max(1e-3),
+            events_delivered: delivered,
+            events_expected: expected_total,
+            events_per_s: delivered as f64 / secs,
+            watchers_complete: complete as u64,
+            missing,
+            duplicates: dups,
+            reconnects: h.live.reconnects.load(Relaxed),
+            expired: expired as u64,
+            write_errors: h.live.write_errors.load(Relaxed),
+            watch_errors: h.live.watch_errors.load(Relaxed) + open_failures as u64,
+        },
+        errors: h.live.error_samples.lock().clone(),
+        extra,
+    })
+}
+
+fn snapshot_total(h: &Harness) -> hdrhistogram::Histogram<u64> {
+    // Same lock order as the sampler (total, then interval): no samples in between.
+    let mut t = h.total.lock();
+    let interval = h.live.interval.lock().replace(new_hist());
+    if let Some(i) = interval {
+        let _ = t.add(&i);
+    }
+    t.clone()
+}
+
+/// Opens `n` watchers: one HTTP/1.1 connection each, or h2 streams spread over `h2` connections.
+async fn open_all(
+    n: usize,
+    h2: Option<usize>,
+    ep: &Endpoint,
+    opener: Opener,
+) -> Result<Vec<WStream>> {
+    let _ = (h2, ep);
+    let opened: Vec<Result<WStream>> = futures::stream::iter(0..n)
+        .map(|i| opener(i, 0))
+        .buffer_unordered(OPEN_CONCURRENCY)
+        .collect()
+        .await;
+    let mut out = Vec::with_capacity(n);
+    let mut first_err = None;
+    for r in opened {
+        match r {
+            Ok(s) => out.push(s),
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    if out.is_empty()
+        && let Some(e) = first_err
+    {
+        return Err(e.context("no watcher could be opened"));
+    }
+    if let Some(e) = first_err {
+        eprintln!("warning: {} watchers failed to open: {e:#}", n - out.len());
+    }
+    // Groups own contiguous index ranges: re-tag the opened streams 0..len.
+    Ok(out
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| -> WStream { Box::pin(s.map(move |(_, item)| (i, item))) })
+        .collect())
+}
+
+/// A writer's connection: the open one, or a new one. On a failed connect the failure is
+/// counted, the writer backs off briefly, and `None` tells it to try again.
+async fn writer_conn<'a>(
+    ep: &Endpoint,
+    conn: &'a mut Option<Conn>,
+    live: &Live,
+    what: &str,
+) -> Option<&'a mut Conn> {
+    if conn.is_none() {
+        match ep.connect(false).await {
+            Ok(c) => *conn = Some(c),
+            Err(e) => {
+                live.write_failed(format!("{what}: {e:#}"));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                return None;
+            }
+        }
+    }
+    conn.as_mut()
+}
+
+/// Creates the run's namespace, reads the collection's resourceVersion, and returns the
+/// watcher opener (which also serves reconnects, resuming from the last revision seen).
+async fn k8s_setup(ep: &Endpoint, ns: &str, p: &Params) -> Result<(Opener, Format)> {
+    let mut c = ep.connect(false).await?;
+    ensure_namespace(&mut c, ns).await?;
+    let rv = list_rv(&mut c, ns).await?;
+    let proto = p.media == "protobuf";
+    let format = if proto {
+        Format::K8sProto
+    } else {
+        Format::K8sJson
+    };
+    // h2: a fixed set of shared connections; watchers are spread round-robin.
+    let mut shared = Vec::new();
+    if let Some(m) = p.h2_connections {
+        for _ in 0..m.max(1) {
+            shared.push(ep.connect(true).await?);
+        }
+    }
+    let shared = Arc::new(shared);
+    let ep = ep.clone();
+    let ns = ns.to_string();
+    let start_rv = rv;
+    let opener: Opener = Arc::new(move |idx, last| {
+        let ep = ep.clone();
+        let ns = ns.clone();
+        let shared = shared.clone();
+        Box::pin(async move {
+            let from = if last == 0 { start_rv } else { last };
+            let mut conn = match shared.get(idx % shared.len().max(1)).and_then(Conn::share) {
+                Some(c) => c,
+                None => ep.connect(false).await?,
+            };
+            let path =
+                format!("/api/v1/namespaces/{ns}/serviceaccounts?watch=1&resourceVersion={from}");
+            let accept = if proto {
+                "application/vnd.kubernetes.protobuf;stream=watch"
+            } else {
+                "application/json"
+            };
+            let mut req = target::request(Method::GET, &path, Bytes::new(), "");
+            if let Ok(v) = accept.parse() {
+                req.headers_mut().insert("accept", v);
+            }
+            let resp = conn.send(req).await?;
+            if resp.status() != StatusCode::OK {
+                let st = resp.status();
+                let b = resp.into_body().collect().await?.to_bytes();
+                bail!(
+                    "watch: {st}: {}",
+                    String::from_utf8_lossy(&b[..b.len().min(300)])
+                );
+            }
+            // The connection lives as long as its response body (hyper keeps it).
+            Ok(tag(idx, resp.into_body().into_data_stream()))
+        })
+    });
+    Ok((opener, format))
+}
+
+async fn list_rv(c: &mut Conn, ns: &str) -> Result<u64> {
+    let (st, b) = c
+        .call(
+            Method::GET,
+            &format!("/api/v1/namespaces/{ns}/serviceaccounts?limit=1"),
+            Bytes::new(),
+            "",
+        )
+        .await?;
+    if !st.is_success() {
+        bail!("list: {st}: {}", String::from_utf8_lossy(&b));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&b).context("list response")?;
+    v["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .context("list has no resourceVersion")
+}
+
+async fn pace(start: Instant, i: u64, rate: Option<f64>) {
+    if let Some(r) = rate
+        && r > 0.0
+    {
+        let at = start + Duration::from_secs_f64(i as f64 / r);
+        tokio::time::sleep_until(at.into()).await;
+    }
+}
+
+/// One writer, on its own HTTP/1.1 connection. Fan-out: creates `POOL` objects, then
+/// updates them in turn. Churn: create, update, delete, each name once.
+#[allow(clippy::too_many_arguments)]
+async fn k8s_writer(
+    ep: Endpoint,
+    ns: String,
+    w: usize,
+    rate: Option<f64>,
+    size: usize,
+    churn: bool,
+    live: Arc<Live>,
+    stop: watch::Receiver<bool>,
+) {
+    let mut conn: Option<Conn> = None;
+    let start = Instant::now();
+    let coll = format!("/api/v1/namespaces/{ns}/serviceaccounts");
+    let mut i: u64 = 0;
+    while !*stop.borrow() {
+        pace(start, i, rate).await;
+        if *stop.borrow() {
+            break;
+        }
+        let (method, path, body) = if churn {
+            let name = format!("c-{w}-{}", i / 3);
+            match i % 3 {
+                0 => (Method::POST, coll.clone(), sa_body(&ns, &name, size)),
+                1 => (
+                    Method::PUT,
+                    format!("{coll}/{name}"),
+                    sa_body(&ns, &name, size),
+                ),
+                _ => (Method::DELETE, format!("{coll}/{name}"), String::new()),
+            }
+        } else {
+            let name = format!("w-{w}-{}", i % POOL);
+            if i < POOL {
+                (Method::POST, coll.clone(), sa_body(&ns, &name, size))
+            } else {
+                (
+                    Method::PUT,
+                    format!("{coll}/{name}"),
+                    sa_body(&ns, &name, size),
+                )
+            }
+        };
+        i += 1;
+        let Some(c) = writer_conn(&ep, &mut conn, &live, "writer connect").await else {
+            continue;
+        };
+        let t0 = Instant::now();
+        match c.call(method, &path, body.into(), "application/json").await {
+            Ok((st, _)) if st.is_success() => {
+                live.writes.fetch_add(1, Relaxed);
+                live.record_write(t0.elapsed().as_micros() as u64);
+            }
+            Ok((st, b)) => {
+                live.write_failed(format!(
+                    "write {path}: {st}: {}",
+                    String::from_utf8_lossy(&b[..b.len().min(200)])
+                ));
+            }
+            Err(e) => {
+                live.write_failed(format!("write {path}: {e:#}"));
+                conn = None;
+            }
+        }
+    }
+}
+
+fn b64(s: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+/// The key range `[prefix, prefix+1)` of a run, as etcd wants it.
+fn etcd_range(run: &str) -> (String, String) {
+    let prefix = format!("/loadtest/{run}/");
+    let mut end = prefix.clone().into_bytes();
+    if let Some(last) = end.last_mut() {
+        *last += 1;
+    }
+    (b64(prefix.as_bytes()), b64(&end))
+}
+
+async fn etcd_call(c: &mut Conn, path: &str, body: serde_json::Value) -> Result<serde_json::Value> {
+    let (st, b) = c
+        .call(
+            Method::POST,
+            path,
+            body.to_string().into(),
+            "application/json",
+        )
+        .await?;
+    if !st.is_success() {
+        bail!("etcd {path}: {st}: {}", String::from_utf8_lossy(&b));
+    }
+    Ok(serde_json::from_slice(&b)?)
+}
+
+async fn etcd_setup(ep: &Endpoint, run: &str) -> Result<Opener> {
+    let mut c = ep.connect(false).await?;
+    let (key, end) = etcd_range(run);
+    let r = etcd_call(
+        &mut c,
+        "/v3/kv/range",
+        serde_json::json!({"key": key, "range_end": end, "limit": 1}),
+    )
+    .await?;
+    let rev: u64 = r["header"]["revision"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .context("etcd range has no revision")?;
+    let ep = ep.clone();
+    Ok(Arc::new(move |idx, _last| {
+        let ep = ep.clone();
+        let (key, end) = (key.clone(), end.clone());
+        Box::pin(async move {
+            let mut conn = ep.connect(false).await?;
+            let body = serde_json::json!({"create_request": {
+                "key": key, "range_end": end, "start_revision": (rev + 1).to_string()}});
+            let resp = conn
+                .send(target::request(
+                    Method::POST,
+                    "/v3/watch",
+                    body.to_string().into(),
+                    "application/json",
+                ))
+                .await?;
+            if resp.status() != StatusCode::OK {
+                bail!("etcd watch: {}", resp.status());
+            }
+            Ok(tag(idx, resp.into_body().into_data_stream()))
+        })
+    }))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn etcd_writer(
+    ep: Endpoint,
+    run: String,
+    w: usize,
+    rate: Option<f64>,
+    size: usize,
+    churn: bool,
+    live: Arc<Live>,
+    stop: watch::Receiver<bool>,
+) {
+    let mut conn: Option<Conn> = None;
+    let start = Instant::now();
+    let mut i: u64 = 0;
+    while !*stop.borrow() {
+        pace(start, i, rate).await;
+        if *stop.borrow() {
+            break;
+        }
+        let name = if churn {
+            format!("/loadtest/{run}/c-{w}-{}", i / 3)
+        } else {
+            format!("/loadtest/{run}/w-{w}-{}", i % POOL)
+        };
+        let (path, body) = if churn && i % 3 == 2 {
+            (
+                "/v3/kv/deleterange",
+                serde_json::json!({"key": b64(name.as_bytes())}),
+            )
+        } else {
+            // The value starts with the 19-digit timestamp the watchers decode.
+            let mut v = format!("{:019}:", now_nanos());
+            v.push_str(&"x".repeat(size.saturating_sub(v.len())));
+            (
+                "/v3/kv/put",
+                serde_json::json!({"key": b64(name.as_bytes()), "value": b64(v.as_bytes())}),
+            )
+        };
+        i += 1;
+        let Some(c) = writer_conn(&ep, &mut conn, &live, "etcd writer connect").await else {
+            continue;
+        };
+        let t0 = Instant::now();
+        match etcd_call(c, path, body).await {
+            Ok(_) => {
+                live.writes.fetch_add(1, Relaxed);
+                live.record_write(t0.elapsed().as_micros() as u64);
+            }
+            Err(e) => {
+                live.write_failed(format!("{e:#}"));
+                conn = None;
+            }
+        }
+    }
+}

@@ -1,0 +1,227 @@
+//! What every scenario shares to get going: resolving the target from the flags, the
+//! namespace and objects a run works in, and the seeded collections that `list` and
+//! `relist-storm` read. A leaf below the scenarios; it knows none of them.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use bytes::Bytes;
+use http::{Method, StatusCode};
+
+use crate::Params;
+use crate::report::TargetInfo;
+use crate::stats::{Live, now_nanos};
+use crate::target::{self, Conn, Endpoint};
+use crate::watch::TS_ANNOTATION;
+
+/// Concurrent creates while seeding a collection (each on its own connection).
+const SEED_CONCURRENCY: usize = 16;
+
+pub(crate) enum Tgt {
+    Server(Endpoint),
+    Etcd(Endpoint),
+    Raw,
+}
+
+pub(crate) async fn resolve_target(p: &Params) -> Result<(Tgt, TargetInfo)> {
+    let given = [
+        p.raw,
+        p.kubeconfig.is_some(),
+        p.server.is_some(),
+        p.etcd_endpoints.is_some(),
+    ]
+    .iter()
+    .filter(|b| **b)
+    .count();
+    if given != 1 {
+        bail!("give exactly one of --raw, --kubeconfig, --server, --etcd-endpoints");
+    }
+    if p.raw {
+        return Ok((
+            Tgt::Raw,
+            TargetInfo {
+                kind: "raw".into(),
+                endpoint: "127.0.0.1 (built in)".into(),
+            },
+        ));
+    }
+    if let Some(k) = &p.kubeconfig {
+        let ep = target::from_kubeconfig(k, p.allow_remote).await?;
+        let info = TargetInfo {
+            kind: "kubernetes".into(),
+            endpoint: ep.url.clone(),
+        };
+        return Ok((Tgt::Server(ep), info));
+    }
+    if let Some(s) = &p.server {
+        let ep = Endpoint::from_url(s, p.allow_remote).await?;
+        if ep.url.starts_with("https") {
+            bail!("--server takes plain http://; use --kubeconfig for TLS");
+        }
+        let info = TargetInfo {
+            kind: "kubernetes".into(),
+            endpoint: ep.url.clone(),
+        };
+        return Ok((Tgt::Server(ep), info));
+    }
+    let urls = p.etcd_endpoints.clone().unwrap_or_default();
+    let first = urls.split(',').next().unwrap_or_default().to_string();
+    let ep = Endpoint::from_url(&first, p.allow_remote).await?;
+    let info = TargetInfo {
+        kind: "etcd".into(),
+        endpoint: ep.url.clone(),
+    };
+    Ok((Tgt::Etcd(ep), info))
+}
+
+/// Creates namespace `ns` unless it exists already (409 is fine: runs reuse namespaces).
+pub(crate) async fn ensure_namespace(c: &mut crate::target::Conn, ns: &str) -> Result<()> {
+    let body = format!(r#"{{"apiVersion":"v1","kind":"Namespace","metadata":{{"name":"{ns}"}}}}"#);
+    let (st, b) = c
+        .call(
+            Method::POST,
+            "/api/v1/namespaces",
+            body.into(),
+            "application/json",
+        )
+        .await?;
+    if !st.is_success() && st != StatusCode::CONFLICT {
+        bail!(
+            "creating namespace {ns}: {st}: {}",
+            String::from_utf8_lossy(&b)
+        );
+    }
+    Ok(())
+}
+
+pub(crate) fn sa_body(ns: &str, name: &str, size: usize) -> String {
+    let ts = now_nanos();
+    let head = format!(
+        r#"{{"apiVersion":"v1","kind":"ServiceAccount","metadata":{{"name":"{name}","namespace":"{ns}","annotations":{{"{TS_ANNOTATION}":"{ts}","loadtest.svc/pad":""#
+    );
+    let tail = r#""}}}"#;
+    let pad = size.saturating_sub(head.len() + tail.len());
+    format!("{head}{}{tail}", "x".repeat(pad))
+}
+
+/// Creates `ns` and the ServiceAccounts `l-0..l-{n}` in it that are not there yet.
+/// Returns (created, create errors); create latencies go to `live`'s write histogram.
+pub async fn seed(
+    ep: &Endpoint,
+    ns: &str,
+    n: usize,
+    size: usize,
+    live: &Arc<Live>,
+) -> Result<(u64, u64)> {
+    let mut c = ep.connect(false).await?;
+    ensure_namespace(&mut c, ns).await?;
+    // Which names exist already: a re-run against the same server reuses the collection.
+    let mut have = std::collections::HashSet::new();
+    let mut cont = String::new();
+    loop {
+        let path = format!(
+            "/api/v1/namespaces/{ns}/serviceaccounts?limit=1000{}",
+            if cont.is_empty() {
+                String::new()
+            } else {
+                format!("&continue={}", pct(&cont))
+            }
+        );
+        let (st, b) = c.call(Method::GET, &path, Bytes::new(), "").await?;
+        if !st.is_success() {
+            bail!("listing {ns}: {st}: {}", String::from_utf8_lossy(&b));
+        }
+        let v: serde_json::Value = serde_json::from_slice(&b).context("list response")?;
+        for it in v["items"].as_array().into_iter().flatten() {
+            if let Some(name) = it["metadata"]["name"].as_str() {
+                have.insert(name.to_string());
+            }
+        }
+        cont = v["metadata"]["continue"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if cont.is_empty() {
+            break;
+        }
+    }
+    let missing: Arc<Vec<String>> = Arc::new(
+        (0..n)
+            .map(|i| format!("l-{i}"))
+            .filter(|name| !have.contains(name))
+            .collect(),
+    );
+    let next = Arc::new(AtomicUsize::new(0));
+    let (created, errors) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut tasks = Vec::new();
+    for _ in 0..SEED_CONCURRENCY.min(missing.len()) {
+        let (ep, ns, missing, next) = (ep.clone(), ns.to_string(), missing.clone(), next.clone());
+        let (created, errors, live) = (created.clone(), errors.clone(), live.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut conn: Option<Conn> = None;
+            loop {
+                let i = next.fetch_add(1, Relaxed);
+                let Some(name) = missing.get(i) else { break };
+                if conn.is_none() {
+                    conn = ep.connect(false).await.ok();
+                }
+                let Some(c) = conn.as_mut() else {
+                    errors.fetch_add(1, Relaxed);
+                    continue;
+                };
+                let path = format!("/api/v1/namespaces/{ns}/serviceaccounts");
+                let t0 = Instant::now();
+                match c
+                    .call(
+                        Method::POST,
+                        &path,
+                        sa_body(&ns, name, size).into(),
+                        "application/json",
+                    )
+                    .await
+                {
+                    // 409: someone else created it meanwhile; it is there, which is the point.
+                    Ok((st, _)) if st.is_success() || st == StatusCode::CONFLICT => {
+                        created.fetch_add(1, Relaxed);
+                        live.record_write(t0.elapsed().as_micros() as u64);
+                    }
+                    Ok((st, b)) => {
+                        errors.fetch_add(1, Relaxed);
+                        live.note_error(format!(
+                            "seeding {name}: {st}: {}",
+                            String::from_utf8_lossy(&b[..b.len().min(200)])
+                        ));
+                    }
+                    Err(e) => {
+                        errors.fetch_add(1, Relaxed);
+                        live.note_error(format!("seeding {name}: {e:#}"));
+                        conn = None;
+                    }
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    let errors = errors.load(Relaxed);
+    if errors > 0 {
+        bail!("{errors} objects could not be created in {ns}");
+    }
+    Ok((created.load(Relaxed), errors))
+}
+
+/// Percent-encodes a query value (continue tokens are base64 and may hold `+/=`).
+pub fn pct(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            o.push(b as char);
+        } else {
+            o.push_str(&format!("%{b:02X}"));
+        }
+    }
+    o
+}
