@@ -2,10 +2,7 @@
 //! server-side apply ownership (conflict, force, sharing, release, create), field validation
 //! warnings, dry-run and finalizers removed by a patch.
 
-#[path = "support/client.rs"]
-mod client;
-
-use client::{Client, Resp, TestServer};
+use crate::support::client::{Client, Resp, TestServer};
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
 

@@ -2,62 +2,30 @@
 //! delete) across a SIGKILL and restart, and the official Python client (list, watch,
 //! replace, delete). Both are installed by the project's test command.
 
-#[path = "support/process.rs"]
-mod process;
-
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use process::{ServerProcess, free_port};
-
-fn spawn_server(dir: &Path, port: u16) -> ServerProcess {
-    let mut server = ServerProcess::spawn(dir, port);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if dir.join("admin.kubeconfig").exists()
-            && kubectl(dir, &["get", "--raw", "/readyz"]).status.success()
-        {
-            return server;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    server.kill();
-    panic!("server never became ready");
-}
-
-fn kubectl(dir: &Path, args: &[&str]) -> Output {
-    Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(dir.join("admin.kubeconfig"))
-        .args(args)
-        .output()
-        .expect("kubectl is installed by the test command (scripts/test.sh)")
-}
-
-fn ok(dir: &Path, args: &[&str]) -> String {
-    let out = kubectl(dir, args);
-    assert!(
-        out.status.success(),
-        "kubectl {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use crate::support::kubectl::{kubectl, ok, spawn_ready};
+use crate::support::process::free_port;
 
 #[test]
 fn kubectl_works_across_a_crash() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let mut server = spawn_server(dir.path(), port);
+    let mut server = spawn_ready(dir.path(), port);
     let d = dir.path();
 
-    assert!(ok(d, &["create", "namespace", "demo"]).contains("namespace/demo created"));
+    assert!(ok(d, &["create", "namespace", "demo"], None).contains("namespace/demo created"));
     assert!(
-        ok(d, &["create", "serviceaccount", "builder", "-n", "demo"])
-            .contains("serviceaccount/builder created")
+        ok(
+            d,
+            &["create", "serviceaccount", "builder", "-n", "demo"],
+            None
+        )
+        .contains("serviceaccount/builder created")
     );
     let yaml = ok(
         d,
@@ -70,6 +38,7 @@ fn kubectl_works_across_a_crash() {
             "-o",
             "yaml",
         ],
+        None,
     );
     for want in [
         "kind: ServiceAccount",
@@ -80,7 +49,7 @@ fn kubectl_works_across_a_crash() {
     ] {
         assert!(yaml.contains(want), "missing {want:?} in\n{yaml}");
     }
-    let table = ok(d, &["get", "namespaces"]);
+    let table = ok(d, &["get", "namespaces"], None);
     assert!(
         table.contains("demo") && table.contains("kube-system"),
         "{table}"
@@ -115,7 +84,11 @@ fn kubectl_works_across_a_crash() {
         .recv_timeout(Duration::from_secs(10))
         .expect("watch printed nothing");
     assert!(first.contains("NAME"), "{first}");
-    ok(d, &["create", "serviceaccount", "later", "-n", "demo"]);
+    ok(
+        d,
+        &["create", "serviceaccount", "later", "-n", "demo"],
+        None,
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut seen = false;
     while Instant::now() < deadline {
@@ -133,21 +106,32 @@ fn kubectl_works_across_a_crash() {
 
     // kill -9 and restart: the objects survive.
     server.kill();
-    let mut server = spawn_server(d, port);
-    let after = ok(d, &["get", "serviceaccounts", "-n", "demo", "-o", "name"]);
+    let mut server = spawn_ready(d, port);
+    let after = ok(
+        d,
+        &["get", "serviceaccounts", "-n", "demo", "-o", "name"],
+        None,
+    );
     assert!(
         after.contains("serviceaccount/builder") && after.contains("serviceaccount/later"),
         "{after}"
     );
 
-    assert!(ok(d, &["delete", "serviceaccount", "later", "-n", "demo"]).contains("deleted"));
+    assert!(
+        ok(
+            d,
+            &["delete", "serviceaccount", "later", "-n", "demo"],
+            None
+        )
+        .contains("deleted")
+    );
     // SIGTERM: a clean exit.
     let status = server
         .terminate(Duration::from_secs(20))
         .expect("no exit within 20 s of SIGTERM");
     assert!(status.success(), "exit after SIGTERM: {status}");
-    let mut server = spawn_server(d, port);
-    let missing = kubectl(d, &["get", "serviceaccount", "later", "-n", "demo"]);
+    let mut server = spawn_ready(d, port);
+    let missing = kubectl(d, &["get", "serviceaccount", "later", "-n", "demo"], None);
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("NotFound"));
     server.kill();
@@ -157,8 +141,8 @@ fn kubectl_works_across_a_crash() {
 fn python_client_lists_and_watches() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let mut server = spawn_server(dir.path(), port);
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/python_client.py");
+    let mut server = spawn_ready(dir.path(), port);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/clients/python_client.py");
     let out = Command::new("python3")
         .arg(script)
         .arg(dir.path().join("admin.kubeconfig"))

@@ -2,59 +2,11 @@
 //! `--force-conflicts`), client-side `apply`, `patch --type=json|merge|strategic`, `label`,
 //! `annotate` and `delete`.
 
-#[path = "support/process.rs"]
-mod process;
-
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
 
-use process::{ServerProcess, free_port};
+use crate::support::kubectl::{kubectl, ok, spawn_ready};
+use crate::support::process::free_port;
 use serde_json::Value;
-
-fn spawn_server(dir: &Path, port: u16) -> ServerProcess {
-    let mut server = ServerProcess::spawn(dir, port);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if dir.join("admin.kubeconfig").exists()
-            && kubectl(dir, &["get", "--raw", "/readyz"], None)
-                .status
-                .success()
-        {
-            return server;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    server.kill();
-    panic!("server never became ready");
-}
-
-fn kubectl(dir: &Path, args: &[&str], stdin: Option<&str>) -> Output {
-    let mut child = Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(dir.join("admin.kubeconfig"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("kubectl is installed by the test command (scripts/test.sh)");
-    let mut input = child.stdin.take().unwrap();
-    input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
-    drop(input);
-    child.wait_with_output().unwrap()
-}
-
-fn ok(dir: &Path, args: &[&str], stdin: Option<&str>) -> String {
-    let out = kubectl(dir, args, stdin);
-    assert!(
-        out.status.success(),
-        "kubectl {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 fn get(dir: &Path, name: &str) -> Value {
     let out = ok(
@@ -90,7 +42,7 @@ automountServiceAccountToken: true
 fn kubectl_write_commands() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let _server = spawn_server(d, free_port());
+    let _server = spawn_ready(d, free_port());
     ok(d, &["create", "namespace", "w"], None);
 
     // Server-side apply creates, then is idempotent.

@@ -3,13 +3,10 @@
 //! DeleteOptions preconditions, deletecollection with selectors, namespace deletion, and the
 //! alpha force deletion of a corrupt object.
 
-#[path = "support/client.rs"]
-mod client;
-
 use std::time::Duration;
 
+use crate::support::client::{Client, TestServer};
 use bytes::Bytes;
-use client::{Client, TestServer};
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
 

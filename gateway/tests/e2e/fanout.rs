@@ -2,12 +2,9 @@
 //! one stalled watcher among 1,000 live ones is ended with 410 without holding anyone up or
 //! growing the server's memory.
 
-#[path = "support/client.rs"]
-mod client;
-
 use std::time::Duration;
 
-use client::{Client, TestServer};
+use crate::support::client::{Client, TestServer, WatchStream};
 use http::{Method, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
@@ -60,23 +57,15 @@ async fn open_watchers(
             .await
             .unwrap();
         assert_eq!(resp.status(), StatusCode::OK);
-        let mut body = resp.into_body();
+        let mut stream = WatchStream::from_body(resp.into_body());
         handles.push(tokio::spawn(async move {
             let mut events = Vec::new();
-            let mut buf = Vec::new();
             let _ = tokio::time::timeout(limit, async {
                 while events.len() < want {
-                    let Some(Ok(frame)) = body.frame().await else {
+                    let Some(ev) = stream.next().await else {
                         break;
                     };
-                    let Ok(data) = frame.into_data() else {
-                        continue;
-                    };
-                    buf.extend_from_slice(&data);
-                    while let Some(pos) = buf.iter().position(|&b| b == b'\n') {
-                        let line: Vec<u8> = buf.drain(..=pos).collect();
-                        events.push(serde_json::from_slice::<Value>(&line).unwrap());
-                    }
+                    events.push(ev);
                 }
             })
             .await;

@@ -1,12 +1,9 @@
 //! Media types through a real socket: YAML and CBOR bodies, Table, Accept fallback, 406 and
 //! 415, gzip on and off, CBOR watch sequences, and feature-gate parsing at start.
 
-#[path = "support/client.rs"]
-mod client;
-
 use std::io::Read;
 
-use client::{Client, TestServer};
+use crate::support::client::{Client, TestServer};
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
 

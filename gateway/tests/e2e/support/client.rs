@@ -1,8 +1,6 @@
 //! Test support: an in-process server on loopback and a small HTTPS client (HTTP/1.1 or h2)
 //! that speaks to it through real TLS sockets.
 
-#![allow(dead_code)] // each test binary uses a different subset
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +16,8 @@ use tokio_rustls::TlsConnector;
 
 pub struct TestServer {
     pub handle: Option<ServerHandle>,
-    pub dir: tempfile::TempDir,
+    /// The data directory; removed when the server is dropped.
+    _dir: tempfile::TempDir,
 }
 
 impl TestServer {
@@ -33,7 +32,7 @@ impl TestServer {
         let handle = svc_gateway::start(opts).await.unwrap();
         let s = TestServer {
             handle: Some(handle),
-            dir,
+            _dir: dir,
         };
         s.wait_ready().await;
         s
@@ -81,13 +80,32 @@ impl TestServer {
 
     async fn wait_ready(&self) {
         let c = self.admin();
-        for _ in 0..100 {
-            if c.get("/readyz").await.0 == StatusCode::OK {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        eventually(
+            Duration::from_secs(5),
+            "the server becomes ready",
+            || async { c.get("/readyz").await.0 == StatusCode::OK },
+        )
+        .await;
+    }
+}
+
+/// Polls `check` until it holds, panicking with `what` after `limit`: a wait on a condition
+/// instead of a sleep that guesses how long the server takes.
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if check().await {
+            return;
         }
-        panic!("server never became ready");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {limit:?} waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -245,18 +263,29 @@ impl Client {
         WatchStream {
             body: resp.into_body(),
             buf: Vec::new(),
-            _conn: conn,
+            _conn: Some(conn),
         }
     }
 }
 
+/// A watch response read as newline-delimited JSON events.
 pub struct WatchStream {
     body: hyper::body::Incoming,
     buf: Vec<u8>,
-    _conn: Conn,
+    /// The connection, when the stream owns it (h2 streams share one they do not own).
+    _conn: Option<Conn>,
 }
 
 impl WatchStream {
+    /// Reads the body of a watch response sent on a connection the caller keeps.
+    pub fn from_body(body: hyper::body::Incoming) -> Self {
+        WatchStream {
+            body,
+            buf: Vec::new(),
+            _conn: None,
+        }
+    }
+
     /// The next event, or None when the server ends the stream.
     pub async fn next(&mut self) -> Option<Value> {
         loop {

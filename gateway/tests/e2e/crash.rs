@@ -2,20 +2,15 @@
 //! process is killed with SIGKILL at a random moment and restarted; every acknowledged write
 //! is there, nothing that was never attempted is, and revisions continue upward.
 
-#[path = "support/client.rs"]
-mod client;
-#[path = "support/process.rs"]
-mod process;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use client::Client;
+use crate::support::client::Client;
+use crate::support::process::{ServerProcess, free_port};
 use http::StatusCode;
 use parking_lot::Mutex;
-use process::{ServerProcess, free_port};
 use rand::Rng;
 use serde_json::json;
 use svc_gateway::pki::{PkiOptions, ensure_pki};

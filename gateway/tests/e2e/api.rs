@@ -1,12 +1,9 @@
 //! End-to-end API tests through real TLS sockets: CRUD, conflicts, watch resume, selectors,
 //! paging, authentication and authorization, and bad input.
 
-#[path = "support/client.rs"]
-mod client;
-
 use std::time::Duration;
 
-use client::{Client, TestServer, summary};
+use crate::support::client::{Client, TestServer, summary};
 use http::{Method, StatusCode};
 use serde_json::json;
 

@@ -1,12 +1,9 @@
 //! Health endpoints and graceful shutdown through a real socket: output format, `verbose`,
 //! `exclude`, per-check paths, readiness failing during shutdown, metrics.
 
-#[path = "support/client.rs"]
-mod client;
-
 use std::time::Duration;
 
-use client::TestServer;
+use crate::support::client::{TestServer, eventually};
 use http::StatusCode;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -62,7 +59,7 @@ async fn health_output_follows_the_spec() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_fails_during_shutdown_delay_then_server_stops() {
     let mut srv =
-        TestServer::start_with(|o| o.shutdown_delay_duration = Duration::from_millis(1500)).await;
+        TestServer::start_with(|o| o.shutdown_delay_duration = Duration::from_secs(5)).await;
     let c = srv.admin();
     // A watch open when shutdown starts is ended, not left hanging.
     let mut w = c
@@ -74,8 +71,11 @@ async fn readiness_fails_during_shutdown_delay_then_server_stops() {
     {}
     let handle = srv.handle.take().unwrap();
     let shutdown = tokio::spawn(handle.shutdown());
-    tokio::time::sleep(Duration::from_millis(300)).await;
     // During the delay: still serving, but not ready.
+    eventually(Duration::from_secs(4), "/readyz fails", || async {
+        c.get("/readyz").await.0 == StatusCode::INTERNAL_SERVER_ERROR
+    })
+    .await;
     let (s, body) = c.get("/readyz?verbose").await;
     assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR);
     let text = body.as_str().unwrap();

@@ -3,17 +3,13 @@
 //! "Most Recent" reads consistent across gateways, and the faults: an etcd member killed
 //! during writes, and etcd down then back.
 
-#[path = "support/client.rs"]
-mod client;
-
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use client::{Client, TestServer};
+use crate::support::client::{Client, TestServer, WatchStream, summary};
 use http::{Method, StatusCode};
-use http_body_util::BodyExt;
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 use svc_gateway::config::StorageBackend;
@@ -84,34 +80,17 @@ async fn open_watchers(
             .await
             .unwrap();
         assert_eq!(resp.status(), StatusCode::OK);
-        let mut body = resp.into_body();
+        let mut stream = WatchStream::from_body(resp.into_body());
         let done = done.clone();
         handles.push(tokio::spawn(async move {
             let mut events: Vec<Seen> = Vec::new();
-            let mut buf = Vec::new();
             let _ = tokio::time::timeout(limit, async {
                 while !done(&events) {
-                    let Some(Ok(frame)) = body.frame().await else {
+                    let Some(ev) = stream.next().await else {
                         break;
                     };
-                    let Ok(data) = frame.into_data() else {
-                        continue;
-                    };
-                    buf.extend_from_slice(&data);
-                    while let Some(pos) = buf.iter().position(|&b| b == b'\n') {
-                        let line: Vec<u8> = buf.drain(..=pos).collect();
-                        let ev: Value = serde_json::from_slice(&line).unwrap();
-                        let kind = ev["type"].as_str().unwrap_or_default().to_string();
-                        let name = ev["object"]["metadata"]["name"]
-                            .as_str()
-                            .unwrap_or_default()
-                            .to_string();
-                        let rv = ev["object"]["metadata"]["resourceVersion"]
-                            .as_str()
-                            .and_then(|s| s.parse().ok())
-                            .unwrap_or(0);
-                        events.push((kind, name, rv));
-                    }
+                    let (kind, name, rv) = summary(&ev);
+                    events.push((kind, name, rv.parse().unwrap_or(0)));
                 }
             })
             .await;

@@ -1,8 +1,6 @@
 //! Test support: the real `svc-gateway` binary as a child process that is killed (SIGKILL)
 //! and reaped when dropped, so a failing test never leaves a server behind.
 
-#![allow(dead_code)] // each test binary uses a different subset
-
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 

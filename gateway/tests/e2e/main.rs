@@ -1,0 +1,17 @@
+//! The gateway end to end, through real sockets and real clients, as one test binary (one
+//! link instead of one per file): each module is one area of the API, `support` is what they
+//! share (an in-process server and HTTP client, the binary as a child process, kubectl).
+
+mod support;
+
+mod api;
+mod clients;
+mod crash;
+mod etcd_gateways;
+mod fanout;
+mod health;
+mod kubectl_writes;
+mod list_watch;
+mod media;
+mod patch;
+mod writes;
