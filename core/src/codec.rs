@@ -24,11 +24,10 @@
 //! `application/vnd.kubernetes.protobuf;stream=watch`.
 
 pub mod cbor;
-mod convert;
+pub(crate) mod convert;
 mod delete_options;
 mod envelope;
-mod kinds;
-mod wire;
+pub(crate) mod wire;
 pub mod yaml;
 
 #[cfg(test)]
@@ -53,6 +52,11 @@ pub fn is_protobuf_media_type(media_type: &str) -> bool {
     let essence = media_type.split(';').next().unwrap_or("").trim();
     essence.eq_ignore_ascii_case(MEDIA_TYPE_PROTOBUF)
         || essence.eq_ignore_ascii_case(MEDIA_TYPE_KUBERNETES_PROTOBUF)
+}
+
+/// The error for protobuf bytes that do not decode as `kind`'s message.
+pub(crate) fn decode_error(kind: &str, e: prost::DecodeError) -> ApiError {
+    ApiError::bad_request(format!("unable to decode protobuf {kind}: {e}"))
 }
 
 /// A kind with a protobuf message. The bytes are the bare object message, without envelope;

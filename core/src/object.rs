@@ -120,6 +120,31 @@ pub fn prepare_update<T: Resource>(obj: &mut T, old: &T) -> Result<(), ApiError>
     validate(obj)
 }
 
+/// Prepares an update made through `subresource` (`status`, `approval`), or of the object
+/// itself when `None`. Through a subresource only that part changes: metadata stays as
+/// stored (Kubernetes' `ResetObjectMetaForStatus`), the kind keeps from `obj` only what the
+/// subresource owns, and the kind's subresource validation applies.
+pub fn prepare_update_via<T: Resource>(
+    obj: &mut T,
+    old: &T,
+    subresource: Option<&str>,
+) -> Result<(), ApiError> {
+    let Some(sub) = subresource else {
+        return prepare_update(obj, old);
+    };
+    let resource_version = std::mem::take(&mut obj.meta_mut().resource_version);
+    let managed_fields = std::mem::take(&mut obj.meta_mut().managed_fields);
+    *obj.meta_mut() = old.meta().clone();
+    obj.meta_mut().resource_version = resource_version;
+    obj.meta_mut().managed_fields = managed_fields;
+    obj.prepare_for_subresource_update(sub, old)?;
+    let errs = obj.validate_subresource_update(sub, old);
+    if !errs.is_empty() {
+        return Err(invalid(obj, errs));
+    }
+    validate(obj)
+}
+
 /// The bytes stored for an object: its JSON without `resourceVersion` (the store revision is
 /// the version; storing it too would let the two disagree).
 pub fn encode_for_store<T: Resource>(obj: &T) -> Result<Vec<u8>, ApiError> {

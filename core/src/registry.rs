@@ -1,12 +1,47 @@
-//! The resource registry: every served type, looked up by group, version and plural name.
+//! The resource registry: every served kind, one line each in `kinds!` below. Routing,
+//! discovery, OpenAPI, caches, codecs, Table, apply and field selectors all read it; nothing
+//! else in the workspace keeps a per-kind table (a tidy test checks).
 
+use crate::codec::ProtoKind;
 use crate::kinds::{Namespace, ServiceAccount};
 use crate::resource::{Resource, ResourceInfo};
 
-/// Every served resource type, in discovery order.
-pub fn all() -> &'static [&'static ResourceInfo] {
-    static ALL: [&ResourceInfo; 2] = [Namespace::INFO, ServiceAccount::INFO];
-    &ALL
+/// Every served kind: the object model plus its protobuf form.
+pub trait Kind: Resource + ProtoKind {}
+impl<T: Resource + ProtoKind> Kind for T {}
+
+/// Generic code run for one kind chosen at run time: `visit` is called with the kind's type.
+pub trait KindVisitor {
+    type Output;
+    fn visit<T: Kind>(self) -> Self::Output;
+}
+
+macro_rules! kinds {
+    ($($kind:ty),+ $(,)?) => {
+        /// Every served resource type, in discovery order.
+        pub fn all() -> &'static [&'static ResourceInfo] {
+            static ALL: &[&ResourceInfo] = &[$(<$kind as Resource>::INFO),+];
+            ALL
+        }
+
+        /// Runs `visitor` with the type of the kind `info` describes (None if it is not
+        /// registered).
+        pub fn visit<V: KindVisitor>(info: &ResourceInfo, visitor: V) -> Option<V::Output> {
+            $(
+                if std::ptr::eq(info, <$kind as Resource>::INFO) {
+                    return Some(visitor.visit::<$kind>());
+                }
+            )+
+            None
+        }
+    };
+}
+
+kinds!(Namespace, ServiceAccount);
+
+/// The registered type whose `kind` is `kind` (`ServiceAccount`).
+pub fn by_kind(kind: &str) -> Option<&'static ResourceInfo> {
+    all().iter().copied().find(|r| r.kind == kind)
 }
 
 /// The type served at `/api/v1/<plural>` (group "") or `/apis/<group>/<version>/<plural>`.

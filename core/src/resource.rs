@@ -5,6 +5,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::meta::ObjectMeta;
+use crate::patch::strategy::Strategy;
 use crate::validation::{ErrorList, NameRule};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,6 +33,49 @@ pub struct ResourceInfo {
     pub extra_fields: &'static [&'static str],
     /// Whether a PUT of a missing object creates it (Kubernetes' `AllowCreateOnUpdate`).
     pub allow_create_on_update: bool,
+    /// How fields beyond `metadata` merge (strategic merge patch and apply): dotted paths.
+    pub merge_strategies: &'static [(&'static str, Strategy)],
+    /// `Table` columns after `Name`; empty means Kubernetes' default (`Created At`).
+    pub columns: &'static [Column],
+    /// The OpenAPI properties of the kind beyond `apiVersion`, `kind` and `metadata`.
+    pub schema: fn() -> serde_json::Value,
+    /// Subresources (`status`, `approval`, `token`) and the verbs each serves.
+    pub subresources: &'static [SubresourceInfo],
+    /// Whether objects are kept in the store (and so listed, watched and cached); a review
+    /// (`TokenReview`) is only created and answered.
+    pub stored: bool,
+}
+
+/// One `Table` column of a kind: its definition and how a cell is read from the object's
+/// JSON form.
+#[derive(Debug)]
+pub struct Column {
+    pub name: &'static str,
+    /// `string`, `integer`, `date`, ...
+    pub ty: &'static str,
+    pub format: &'static str,
+    pub priority: u32,
+    pub description: &'static str,
+    pub cell: fn(&serde_json::Value) -> serde_json::Value,
+}
+
+/// A subresource of a kind, as discovery lists it (`certificatesigningrequests/approval`).
+#[derive(Debug)]
+pub struct SubresourceInfo {
+    pub name: &'static str,
+    pub verbs: &'static [&'static str],
+    /// The kind the subresource reads and writes (`TokenRequest` for `serviceaccounts/token`).
+    pub kind: &'static str,
+    /// Its group and version, when they are not the parent's.
+    pub group_version: Option<(&'static str, &'static str)>,
+}
+
+/// Verbs of a status-like subresource: read and write a part of the parent object.
+pub const SUBRESOURCE_VERBS: &[&str] = &["get", "patch", "update"];
+
+/// An empty schema: a kind with no properties beyond its metadata.
+pub fn no_schema() -> serde_json::Value {
+    serde_json::json!({})
 }
 
 pub const STANDARD_VERBS: &[&str] = &[
@@ -125,6 +169,24 @@ pub trait Resource: Serialize + DeserializeOwned + Clone + Send + Sync + 'static
     /// Value of a kind-specific field selector listed in `INFO.extra_fields`.
     fn field_value(&self, _field: &str) -> Option<String> {
         None
+    }
+
+    /// A write through the subresource `sub` (listed in `INFO.subresources`): `self` is the
+    /// object as sent, `old` the stored one; keep from `self` only what the subresource may
+    /// change. The default refuses: a kind serves no writable subresource unless it says so.
+    fn prepare_for_subresource_update(
+        &mut self,
+        sub: &str,
+        _old: &Self,
+    ) -> Result<(), crate::status::ApiError> {
+        Err(crate::status::ApiError::MethodNotAllowed(format!(
+            "the server does not allow updates through the {sub} subresource of {}",
+            Self::INFO.plural
+        )))
+    }
+    /// Validation of a write through the subresource `sub`; defaults to `validate_update`.
+    fn validate_subresource_update(&self, _sub: &str, old: &Self) -> ErrorList {
+        self.validate_update(old)
     }
 }
 

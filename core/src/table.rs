@@ -4,6 +4,7 @@
 use serde_json::{Value, json};
 
 use crate::meta::ListMeta;
+use crate::resource::ResourceInfo;
 use crate::status::ApiError;
 
 pub const TABLE_API_VERSION: &str = "meta.svc.io/v1";
@@ -31,25 +32,44 @@ impl IncludeObject {
     }
 }
 
-fn columns() -> Value {
-    json!([
-        {"name": "Name", "type": "string", "format": "name", "priority": 0,
-         "description": "Name must be unique within a namespace. It is required when creating resources, although some resources may allow a client to request the generation of an appropriate name automatically."},
-        {"name": "Created At", "type": "date", "format": "", "priority": 0,
-         "description": "CreationTimestamp is a timestamp representing the server time when this object was created."},
-    ])
+const NAME_DESCRIPTION: &str = "Name must be unique within a namespace. It is required when \
+    creating resources, although some resources may allow a client to request the generation of \
+    an appropriate name automatically.";
+
+/// The column definitions: `Name`, then the kind's own columns or Kubernetes' default
+/// `Created At`.
+fn columns(info: &ResourceInfo) -> Value {
+    let mut cols = vec![json!({"name": "Name", "type": "string", "format": "name",
+        "priority": 0, "description": NAME_DESCRIPTION})];
+    if info.columns.is_empty() {
+        cols.push(
+            json!({"name": "Created At", "type": "date", "format": "", "priority": 0,
+            "description": "CreationTimestamp is a timestamp representing the server time when \
+                            this object was created."}),
+        );
+    }
+    for c in info.columns {
+        cols.push(json!({"name": c.name, "type": c.ty, "format": c.format,
+            "priority": c.priority, "description": c.description}));
+    }
+    Value::Array(cols)
 }
 
-fn row(object: Value, include: IncludeObject) -> Value {
+fn row(info: &ResourceInfo, object: Value, include: IncludeObject) -> Value {
     let meta = object.get("metadata").cloned().unwrap_or_else(|| json!({}));
-    let cells = json!([
+    let mut cells = vec![
         meta.get("name")
             .cloned()
             .unwrap_or(Value::String(String::new())),
-        meta.get("creationTimestamp")
-            .cloned()
-            .unwrap_or(Value::Null),
-    ]);
+    ];
+    if info.columns.is_empty() {
+        cells.push(
+            meta.get("creationTimestamp")
+                .cloned()
+                .unwrap_or(Value::Null),
+        );
+    }
+    cells.extend(info.columns.iter().map(|c| (c.cell)(&object)));
     let mut r = json!({"cells": cells});
     match include {
         IncludeObject::None => {}
@@ -61,20 +81,47 @@ fn row(object: Value, include: IncludeObject) -> Value {
     r
 }
 
-/// A table of the objects given as JSON values, with the list's metadata.
-pub fn table(meta: &ListMeta, objects: Vec<Value>, include: IncludeObject) -> Value {
+/// A table of `info`'s objects given as JSON values, with the list's metadata.
+pub fn table(
+    info: &ResourceInfo,
+    meta: &ListMeta,
+    objects: Vec<Value>,
+    include: IncludeObject,
+) -> Value {
     json!({
         "kind": "Table",
         "apiVersion": TABLE_API_VERSION,
         "metadata": meta,
-        "columnDefinitions": columns(),
-        "rows": objects.into_iter().map(|o| row(o, include)).collect::<Vec<_>>(),
+        "columnDefinitions": columns(info),
+        "rows": objects.into_iter().map(|o| row(info, o, include)).collect::<Vec<_>>(),
     })
+}
+
+/// The `Age` cell Kubernetes' printers show: the time since `timestamp` (RFC 3339) in the
+/// largest one or two units (`45s`, `3m20s`, `5h`, `12d`); `<unknown>` without one.
+pub fn age(timestamp: Option<&str>, now: time::OffsetDateTime) -> String {
+    let Some(t) = timestamp.and_then(|t| {
+        time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()
+    }) else {
+        return "<unknown>".into();
+    };
+    let secs = (now - t).whole_seconds().max(0);
+    let (m, h, d) = (secs / 60, secs / 3600, secs / 86400);
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 600 => format!("{m}m{}s", s % 60),
+        _ if h < 3 => format!("{m}m"),
+        _ if h < 8 => format!("{h}h{}m", m % 60),
+        _ if d < 2 => format!("{h}h"),
+        _ if d < 8 => format!("{d}d{}h", h % 24),
+        _ => format!("{d}d"),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::resource::Resource;
 
     #[test]
     fn default_columns_and_rows() {
@@ -83,7 +130,8 @@ mod tests {
             resource_version: "7".into(),
             ..Default::default()
         };
-        let t = table(&meta, vec![obj.clone()], IncludeObject::Metadata);
+        let info = crate::kinds::ServiceAccount::INFO;
+        let t = table(info, &meta, vec![obj.clone()], IncludeObject::Metadata);
         assert_eq!(t["kind"], "Table");
         assert_eq!(t["apiVersion"], "meta.svc.io/v1");
         assert_eq!(t["columnDefinitions"][0]["name"], "Name");
@@ -92,10 +140,27 @@ mod tests {
         assert_eq!(t["rows"][0]["object"]["kind"], "PartialObjectMetadata");
         assert_eq!(t["rows"][0]["object"]["metadata"]["uid"], "u");
         assert_eq!(t["metadata"]["resourceVersion"], "7");
-        let none = table(&meta, vec![obj.clone()], IncludeObject::None);
+        let none = table(info, &meta, vec![obj.clone()], IncludeObject::None);
         assert!(none["rows"][0].get("object").is_none());
-        let full = table(&meta, vec![obj.clone()], IncludeObject::Object);
+        let full = table(info, &meta, vec![obj.clone()], IncludeObject::Object);
         assert_eq!(full["rows"][0]["object"], obj);
         assert!(IncludeObject::parse(Some("Everything")).is_err());
+    }
+
+    #[test]
+    fn ages_read_like_kubectl() {
+        let now = time::macros::datetime!(2024-01-10 00:00:00 UTC);
+        for (t, want) in [
+            ("2024-01-09T23:59:15Z", "45s"),
+            ("2024-01-09T23:56:40Z", "3m20s"),
+            ("2024-01-09T23:00:00Z", "60m"),
+            ("2024-01-09T19:30:00Z", "4h30m"),
+            ("2024-01-09T00:00:00Z", "24h"),
+            ("2024-01-07T00:00:00Z", "3d0h"),
+            ("2023-12-01T00:00:00Z", "40d"),
+        ] {
+            assert_eq!(age(Some(t), now), want, "{t}");
+        }
+        assert_eq!(age(None, now), "<unknown>");
     }
 }

@@ -174,6 +174,7 @@ const GATEWAY_ORDER: &[&str] = &[
     "app",
     "health",
     "rest::call",
+    "rest::action",
     "rest::list",
     "rest::watch",
     "rest::write",
@@ -366,4 +367,84 @@ fn every_gateway_module_appears_once_in_the_order() {
     }
     let dup: Vec<_> = seen.into_iter().filter(|(_, n)| *n > 1).collect();
     assert!(dup.is_empty(), "{dup:?}");
+}
+
+/// The kind names declared in `core/src/kinds/` (`kind: "ServiceAccount",` in an INFO).
+fn declared_kinds() -> Vec<String> {
+    let mut files = Vec::new();
+    rust_files(&root().join("core/src/kinds"), &mut files);
+    let mut kinds = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap_or_default();
+        for line in text.lines() {
+            if let Some(rest) = line.trim().strip_prefix("kind: \"")
+                && let Some((name, _)) = rest.split_once('"')
+            {
+                kinds.push(name.to_string());
+            }
+        }
+    }
+    kinds
+}
+
+/// Lines that branch on a kind's name (`"ServiceAccount" =>`): a per-kind table.
+fn per_kind_tables(kinds: &[String], files: &[(String, String)]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (path, text) in files {
+        for (i, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or_default();
+            for k in kinds {
+                if code.contains(&format!("\"{k}\" =>")) || code.contains(&format!("\"{k}\" |")) {
+                    out.push(format!("{path}:{}: {}", i + 1, line.trim()));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_kind_is_one_file_and_one_registry_line() {
+    let kinds = declared_kinds();
+    assert!(
+        kinds.iter().any(|k| k == "ServiceAccount") && kinds.iter().any(|k| k == "Namespace"),
+        "{kinds:?}"
+    );
+    let mut files = Vec::new();
+    for dir in ["core/src", "gateway/src"] {
+        rust_files(&root().join(dir), &mut files);
+    }
+    let kinds_dir = root().join("core/src/kinds");
+    let sources: Vec<(String, String)> = files
+        .into_iter()
+        .filter(|f| !f.starts_with(&kinds_dir))
+        .map(|f| {
+            (
+                f.display().to_string(),
+                std::fs::read_to_string(&f).unwrap_or_default(),
+            )
+        })
+        .collect();
+    let tables = per_kind_tables(&kinds, &sources);
+    assert!(
+        tables.is_empty(),
+        "per-kind tables outside core/src/kinds (declare it in the kind's file instead): {tables:#?}"
+    );
+    let registry = std::fs::read_to_string(root().join("core/src/registry.rs")).unwrap();
+    let line = registry
+        .lines()
+        .find(|l| l.starts_with("kinds!("))
+        .expect("the registry's kinds! line");
+    for k in &kinds {
+        assert!(
+            line.contains(k.as_str()),
+            "{k} is declared but not registered: {line}"
+        );
+    }
+
+    let broken = vec![(
+        "gateway/src/openapi.rs".to_string(),
+        "match kind {\n    \"ServiceAccount\" => json!({}),\n    _ => json!({}),\n}".to_string(),
+    )];
+    assert_eq!(per_kind_tables(&kinds, &broken).len(), 1);
 }

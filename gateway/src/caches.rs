@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use svc_core::ResourceInfo;
-use svc_core::kinds::{Namespace, ServiceAccount};
+use svc_core::registry::{self, Kind, KindVisitor};
 use svc_core::watch::{FrameFormat, KindCodec, WatchCache, WatchCacheConfig};
 use svc_storage::Store;
 use tokio::sync::watch;
@@ -20,12 +20,20 @@ const PRUNE_INTERVAL: Duration = Duration::from_secs(1);
 /// Back-off before relisting after the feed failed.
 const RELIST_BACKOFF: Duration = Duration::from_millis(500);
 
-/// The codec of every served kind; the one per-kind list of the cache layer.
+/// The codec of every stored kind, from the registry.
 fn codecs() -> Vec<KindCodec> {
-    vec![
-        KindCodec::with_protobuf::<Namespace>(),
-        KindCodec::with_protobuf::<ServiceAccount>(),
-    ]
+    struct CodecOf;
+    impl KindVisitor for CodecOf {
+        type Output = KindCodec;
+        fn visit<T: Kind>(self) -> KindCodec {
+            KindCodec::with_protobuf::<T>()
+        }
+    }
+    registry::all()
+        .iter()
+        .filter(|info| info.stored)
+        .filter_map(|info| registry::visit(info, CodecOf))
+        .collect()
 }
 
 pub struct Caches {

@@ -13,12 +13,28 @@ pub const KUBE_MAJOR: &str = "1";
 pub const KUBE_MINOR: &str = "32";
 
 fn resource_entries(group: &str, version: &str) -> Vec<Value> {
-    // Subresources are listed only once they are served (none of these kinds has one yet).
-    registry::all()
+    let mut out = Vec::new();
+    for r in registry::all()
         .iter()
         .filter(|r| r.group == group && r.version == version)
-        .map(|r| entry(r))
-        .collect()
+    {
+        out.push(entry(r));
+        for s in r.subresources {
+            let mut e = json!({
+                "name": format!("{}/{}", r.plural, s.name),
+                "singularName": "",
+                "namespaced": r.namespaced(),
+                "kind": s.kind,
+                "verbs": s.verbs,
+            });
+            if let Some((g, v)) = s.group_version {
+                e["group"] = json!(g);
+                e["version"] = json!(v);
+            }
+            out.push(e);
+        }
+    }
+    out
 }
 
 fn entry(r: &ResourceInfo) -> Value {

@@ -73,36 +73,13 @@ fn list_meta() -> Value {
         "remainingItemCount": {"type": "integer", "format": "int64"}}})
 }
 
-/// The kind-specific properties of each served kind.
-fn kind_properties(kind: &str) -> Value {
-    match kind {
-        "Namespace" => json!({
-            "spec": {"type": "object", "properties": {
-                "finalizers": {"type": "array", "items": string(), "x-kubernetes-list-type": "atomic"}}},
-            "status": {"type": "object", "properties": {
-                "phase": string(),
-                "conditions": {"type": "array", "items": {"type": "object"}}}},
-        }),
-        "ServiceAccount" => json!({
-            "automountServiceAccountToken": {"type": "boolean"},
-            "imagePullSecrets": {"type": "array", "x-kubernetes-list-type": "atomic", "items": {
-                "type": "object", "properties": {"name": string()}}},
-            "secrets": {"type": "array", "x-kubernetes-patch-merge-key": "name",
-                "x-kubernetes-patch-strategy": "merge", "items": {"type": "object", "properties": {
-                    "kind": string(), "namespace": string(), "name": string(), "uid": string(),
-                    "apiVersion": string(), "resourceVersion": string(), "fieldPath": string()}}},
-        }),
-        _ => json!({}),
-    }
-}
-
 fn kind_schema(r: &ResourceInfo) -> Value {
     let mut props = json!({
         "apiVersion": string(),
         "kind": string(),
         "metadata": {"$ref": "#/components/schemas/ObjectMeta"},
     });
-    if let (Some(p), Value::Object(extra)) = (props.as_object_mut(), kind_properties(r.kind)) {
+    if let (Some(p), Value::Object(extra)) = (props.as_object_mut(), (r.schema)()) {
         p.extend(extra);
     }
     json!({"type": "object", "properties": props, "x-kubernetes-group-version-kind": [gvk(r)]})

@@ -87,7 +87,7 @@ pub fn object_with<T: Kind>(
                 };
                 return json(
                     code,
-                    &svc_core::table::table(&meta, vec![v], include),
+                    &svc_core::table::table(T::INFO, &meta, vec![v], include),
                     pretty,
                 );
             }
@@ -150,7 +150,7 @@ pub fn list(
         ),
         Format::Table => json(
             StatusCode::OK,
-            &svc_core::table::table(meta, as_value(items)?, include),
+            &svc_core::table::table(info, meta, as_value(items)?, include),
             pretty,
         ),
     })

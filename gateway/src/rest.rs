@@ -5,37 +5,58 @@
 //! Layering inside: `call` is the leaf; `list` and `watch` are siblings that never call each
 //! other (this file picks one); `patch` builds on `write`'s commit step, never the reverse.
 
+mod action;
 mod call;
 pub mod list;
 pub mod patch;
 pub mod watch;
 pub mod write;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Method, Response, StatusCode};
-use svc_core::ApiError;
-use svc_core::kinds::{Namespace, ServiceAccount};
 use svc_core::object::{self, parse_resource_version};
+use svc_core::{ApiError, registry};
 
 use call::path_namespace;
 pub use call::{Call, Selectors};
 
 use crate::app::App;
 use crate::caches::freshness::wait_for_revision;
-use crate::kind::Kind;
+use crate::kind::{Kind, KindVisitor};
 use crate::negotiate;
 use crate::query::ListOptions;
 use crate::respond::{self, Body};
 
+/// Serves one resource request with the handlers instantiated for the route's kind.
 pub async fn serve(app: &Arc<App>, call: Call) -> Response<Body> {
-    let result = match call.route.info.kind {
-        "Namespace" => serve_typed::<Namespace>(app, call).await,
-        "ServiceAccount" => serve_typed::<ServiceAccount>(app, call).await,
-        other => Err(ApiError::internal(format!("no handler for kind {other}"))),
+    let info = call.route.info;
+    let result = match registry::visit(info, Serve { app, call }) {
+        Some(fut) => fut.await,
+        None => Err(ApiError::internal(format!(
+            "no handler for kind {}",
+            info.kind
+        ))),
     };
     result.unwrap_or_else(|e| respond::error(&e))
+}
+
+type Handled<'a> = Pin<Box<dyn Future<Output = Result<Response<Body>, ApiError>> + Send + 'a>>;
+
+/// The registry visitor that picks `serve_typed::<T>` for the kind of a route.
+struct Serve<'a> {
+    app: &'a Arc<App>,
+    call: Call,
+}
+
+impl<'a> KindVisitor for Serve<'a> {
+    type Output = Handled<'a>;
+    fn visit<T: Kind>(self) -> Handled<'a> {
+        Box::pin(serve_typed::<T>(self.app, self.call))
+    }
 }
 
 async fn serve_typed<T: Kind>(app: &Arc<App>, mut call: Call) -> Result<Response<Body>, ApiError> {
@@ -43,14 +64,28 @@ async fn serve_typed<T: Kind>(app: &Arc<App>, mut call: Call) -> Result<Response
     call.format = negotiate::response_format(&call.parts.headers, &app.opts.feature_gates, watch)?;
     let info = T::INFO;
     let name = call.route.name.clone();
-    if let Some(sub) = &call.route.subresource {
-        return Err(ApiError::NotFound(svc_core::status::Subject::new(
-            info.group,
-            &format!("{}/{sub}", info.plural),
-            name.as_deref().unwrap_or_default(),
-        )));
-    }
     let method = call.parts.method.clone();
+    if let Some(sub) = call.route.subresource.clone() {
+        return serve_subresource::<T>(app, call, &sub).await;
+    }
+    let verb = match (&method, &name) {
+        (&Method::GET | &Method::HEAD, Some(_)) => "get",
+        (&Method::GET | &Method::HEAD, None) if watch => "watch",
+        (&Method::GET | &Method::HEAD, None) => "list",
+        (&Method::POST, None) => "create",
+        (&Method::PUT, Some(_)) => "update",
+        (&Method::PATCH, Some(_)) => "patch",
+        (&Method::DELETE, Some(_)) => "delete",
+        (&Method::DELETE, None) => "deletecollection",
+        _ => "",
+    };
+    if !info.verbs.contains(&verb) {
+        return Err(method_not_allowed(&method));
+    }
+    if !info.stored {
+        // Only `create` is served for a kind that is not stored: it is answered, not kept.
+        return action::review::<T>(app, &call).await;
+    }
     match (method, name) {
         (Method::GET | Method::HEAD, Some(name)) => get::<T>(app, &call, &name).await,
         (Method::GET | Method::HEAD, None) => list_or_watch::<T>(app, call).await,
@@ -59,9 +94,48 @@ async fn serve_typed<T: Kind>(app: &Arc<App>, mut call: Call) -> Result<Response
         (Method::DELETE, Some(name)) => write::delete::<T>(app, &call, &name).await,
         (Method::DELETE, None) => write::delete_collection::<T>(app, &call).await,
         (Method::PATCH, Some(name)) => patch::patch::<T>(app, &call, &name).await,
-        (m, _) => Err(ApiError::MethodNotAllowed(format!(
-            "the server does not allow this method on the requested resource: {m}"
-        ))),
+        (m, _) => Err(method_not_allowed(&m)),
+    }
+}
+
+fn method_not_allowed(m: &Method) -> ApiError {
+    ApiError::MethodNotAllowed(format!(
+        "the server does not allow this method on the requested resource: {m}"
+    ))
+}
+
+/// A request to `<object>/<sub>`: reads and writes of the part of the object the
+/// subresource owns (`status`, `approval`), or an action it performs (`token`).
+async fn serve_subresource<T: Kind>(
+    app: &Arc<App>,
+    call: Call,
+    sub: &str,
+) -> Result<Response<Body>, ApiError> {
+    let info = T::INFO;
+    let name = call.route.name.clone().unwrap_or_default();
+    let Some(served) = info.subresources.iter().find(|s| s.name == sub) else {
+        return Err(ApiError::NotFound(svc_core::status::Subject::new(
+            info.group,
+            &format!("{}/{sub}", info.plural),
+            &name,
+        )));
+    };
+    let method = call.parts.method.clone();
+    let verb = match method {
+        Method::GET | Method::HEAD => "get",
+        Method::POST => "create",
+        Method::PUT => "update",
+        Method::PATCH => "patch",
+        _ => "",
+    };
+    if !served.verbs.contains(&verb) {
+        return Err(method_not_allowed(&method));
+    }
+    match verb {
+        "get" => get::<T>(app, &call, &name).await,
+        "update" => write::update::<T>(app, &call, &name).await,
+        "patch" => patch::patch::<T>(app, &call, &name).await,
+        _ => action::create::<T>(app, &call, sub, &name).await,
     }
 }
 

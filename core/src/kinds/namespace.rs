@@ -1,9 +1,19 @@
 //! `Namespace` (`v1`, cluster-scoped): the scope of namespaced objects.
 
+use prost::Message;
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
 
-use crate::meta::ObjectMeta;
+use crate::codec::convert::{
+    object_meta_from_wire, object_meta_to_wire, time_from_wire, time_to_wire,
+};
+use crate::codec::{ProtoKind, decode_error};
+use crate::meta::{ObjectMeta, Time};
+use crate::patch::strategy::Strategy;
 use crate::resource::{Resource, ResourceInfo, STANDARD_VERBS, Scope};
+use crate::status::ApiError;
 use crate::validation::NameRule;
 
 pub const PHASE_ACTIVE: &str = "Active";
@@ -55,7 +65,25 @@ static INFO: ResourceInfo = ResourceInfo {
     name_rule: NameRule::Dns1123Label,
     extra_fields: &["status.phase"],
     allow_create_on_update: false,
+    merge_strategies: &[
+        ("spec.finalizers", Strategy::Atomic),
+        ("status.conditions", Strategy::Keyed("type")),
+    ],
+    columns: &[],
+    schema,
+    subresources: &[],
+    stored: true,
 };
+
+fn schema() -> Value {
+    json!({
+        "spec": {"type": "object", "properties": {
+            "finalizers": {"type": "array", "items": {"type": "string"}, "x-kubernetes-list-type": "atomic"}}},
+        "status": {"type": "object", "properties": {
+            "phase": {"type": "string"},
+            "conditions": {"type": "array", "items": {"type": "object"}}}},
+    })
+}
 
 impl Resource for Namespace {
     const INFO: &'static ResourceInfo = &INFO;
@@ -96,5 +124,130 @@ impl Resource for Namespace {
             "status.phase" => Some(self.status.phase.clone()),
             _ => None,
         }
+    }
+}
+
+impl ProtoKind for Namespace {
+    fn to_proto_bytes(&self) -> Vec<u8> {
+        // metadata, spec and status are Go values, so Go always writes them; so do we.
+        wire::Namespace {
+            metadata: Some(object_meta_to_wire(&self.metadata)),
+            spec: Some(wire::NamespaceSpec {
+                finalizers: self.spec.finalizers.clone(),
+            }),
+            status: Some(wire::NamespaceStatus {
+                phase: self.status.phase.clone(),
+                conditions: self
+                    .status
+                    .conditions
+                    .iter()
+                    .map(condition_to_wire)
+                    .collect(),
+            }),
+        }
+        .encode_to_vec()
+    }
+
+    fn from_proto_bytes(raw: &[u8]) -> Result<Self, ApiError> {
+        let m = wire::Namespace::decode(raw).map_err(|e| decode_error("Namespace", e))?;
+        let spec = m.spec.unwrap_or_default();
+        let status = m.status.unwrap_or_default();
+        Ok(Namespace {
+            api_version: String::new(),
+            kind: String::new(),
+            metadata: object_meta_from_wire(m.metadata.unwrap_or_default())?,
+            spec: NamespaceSpec {
+                finalizers: spec.finalizers,
+            },
+            status: NamespaceStatus {
+                phase: status.phase,
+                conditions: status
+                    .conditions
+                    .into_iter()
+                    .map(condition_from_wire)
+                    .collect::<Result<_, _>>()?,
+            },
+        })
+    }
+}
+
+// Our `NamespaceStatus.conditions` holds JSON values, not a typed struct. The protobuf form
+// can carry only NamespaceCondition's fields (type, status, lastTransitionTime, reason,
+// message): other keys, non-string values and non-object entries are dropped, and a
+// lastTransitionTime that is not RFC 3339 is left out. The server writes these conditions
+// itself, so in practice they always have that shape.
+fn condition_to_wire(c: &Value) -> wire::NamespaceCondition {
+    let text = |key: &str| c.get(key).and_then(Value::as_str).unwrap_or("").to_string();
+    wire::NamespaceCondition {
+        r#type: text("type"),
+        status: text("status"),
+        last_transition_time: c
+            .get("lastTransitionTime")
+            .and_then(Value::as_str)
+            .and_then(|s| OffsetDateTime::parse(s, &Rfc3339).ok())
+            .map(|t| time_to_wire(&Time(t))),
+        reason: text("reason"),
+        message: text("message"),
+    }
+}
+
+fn condition_from_wire(c: wire::NamespaceCondition) -> Result<Value, ApiError> {
+    let mut m = Map::new();
+    let mut put = |key: &str, v: String| {
+        if !v.is_empty() {
+            m.insert(key.to_string(), Value::String(v));
+        }
+    };
+    put("type", c.r#type);
+    put("status", c.status);
+    if let Some(t) = time_from_wire(c.last_transition_time.as_ref())? {
+        put("lastTransitionTime", t.to_rfc3339());
+    }
+    put("reason", c.reason);
+    put("message", c.message);
+    Ok(Value::Object(m))
+}
+
+/// `k8s.io.api.core.v1` messages of this kind (tags from Kubernetes' `generated.proto`).
+mod wire {
+    pub(crate) use crate::codec::wire::{ObjectMeta, Time};
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(crate) struct NamespaceSpec {
+        #[prost(string, repeated, tag = "1")]
+        pub finalizers: Vec<String>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(crate) struct NamespaceCondition {
+        #[prost(string, tag = "1")]
+        pub r#type: String,
+        #[prost(string, tag = "2")]
+        pub status: String,
+        // Tag 3 is unused in Kubernetes' NamespaceCondition.
+        #[prost(message, optional, tag = "4")]
+        pub last_transition_time: Option<Time>,
+        #[prost(string, tag = "5")]
+        pub reason: String,
+        #[prost(string, tag = "6")]
+        pub message: String,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(crate) struct NamespaceStatus {
+        #[prost(string, tag = "1")]
+        pub phase: String,
+        #[prost(message, repeated, tag = "2")]
+        pub conditions: Vec<NamespaceCondition>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(crate) struct Namespace {
+        #[prost(message, optional, tag = "1")]
+        pub metadata: Option<ObjectMeta>,
+        #[prost(message, optional, tag = "2")]
+        pub spec: Option<NamespaceSpec>,
+        #[prost(message, optional, tag = "3")]
+        pub status: Option<NamespaceStatus>,
     }
 }

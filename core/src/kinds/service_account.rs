@@ -1,9 +1,15 @@
 //! `ServiceAccount` (`v1`, namespaced): a principal with secrets, wire-identical to Kubernetes.
 
+use prost::Message;
 use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
 
+use crate::codec::convert::{object_meta_from_wire, object_meta_to_wire};
+use crate::codec::{ProtoKind, decode_error};
 use crate::meta::ObjectMeta;
+use crate::patch::strategy::Strategy;
 use crate::resource::{Resource, ResourceInfo, STANDARD_VERBS, Scope};
+use crate::status::ApiError;
 use crate::validation::{ErrorList, NameRule};
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -64,7 +70,28 @@ static INFO: ResourceInfo = ResourceInfo {
     name_rule: NameRule::Dns1123Subdomain,
     extra_fields: &[],
     allow_create_on_update: false,
+    merge_strategies: &[
+        ("secrets", Strategy::Keyed("name")),
+        ("imagePullSecrets", Strategy::Atomic),
+    ],
+    columns: &[],
+    schema,
+    subresources: &[],
+    stored: true,
 };
+
+fn schema() -> Value {
+    let string = json!({"type": "string"});
+    json!({
+        "automountServiceAccountToken": {"type": "boolean"},
+        "imagePullSecrets": {"type": "array", "x-kubernetes-list-type": "atomic", "items": {
+            "type": "object", "properties": {"name": string}}},
+        "secrets": {"type": "array", "x-kubernetes-patch-merge-key": "name",
+            "x-kubernetes-patch-strategy": "merge", "items": {"type": "object", "properties": {
+                "kind": string, "namespace": string, "name": string, "uid": string,
+                "apiVersion": string, "resourceVersion": string, "fieldPath": string}}},
+    })
+}
 
 impl Resource for ServiceAccount {
     const INFO: &'static ResourceInfo = &INFO;
@@ -84,5 +111,104 @@ impl Resource for ServiceAccount {
             }
         }
         errs
+    }
+}
+
+impl ProtoKind for ServiceAccount {
+    fn to_proto_bytes(&self) -> Vec<u8> {
+        wire::ServiceAccount {
+            metadata: Some(object_meta_to_wire(&self.metadata)),
+            secrets: self
+                .secrets
+                .iter()
+                .map(|r| wire::ObjectReference {
+                    kind: r.kind.clone(),
+                    namespace: r.namespace.clone(),
+                    name: r.name.clone(),
+                    uid: r.uid.clone(),
+                    api_version: r.api_version.clone(),
+                    resource_version: r.resource_version.clone(),
+                    field_path: r.field_path.clone(),
+                })
+                .collect(),
+            image_pull_secrets: self
+                .image_pull_secrets
+                .iter()
+                .map(|r| wire::LocalObjectReference {
+                    name: r.name.clone(),
+                })
+                .collect(),
+            automount_service_account_token: self.automount_service_account_token,
+        }
+        .encode_to_vec()
+    }
+
+    fn from_proto_bytes(raw: &[u8]) -> Result<Self, ApiError> {
+        let m = wire::ServiceAccount::decode(raw).map_err(|e| decode_error("ServiceAccount", e))?;
+        Ok(ServiceAccount {
+            api_version: String::new(),
+            kind: String::new(),
+            metadata: object_meta_from_wire(m.metadata.unwrap_or_default())?,
+            secrets: m
+                .secrets
+                .into_iter()
+                .map(|r| ObjectReference {
+                    kind: r.kind,
+                    namespace: r.namespace,
+                    name: r.name,
+                    uid: r.uid,
+                    api_version: r.api_version,
+                    resource_version: r.resource_version,
+                    field_path: r.field_path,
+                })
+                .collect(),
+            image_pull_secrets: m
+                .image_pull_secrets
+                .into_iter()
+                .map(|r| LocalObjectReference { name: r.name })
+                .collect(),
+            automount_service_account_token: m.automount_service_account_token,
+        })
+    }
+}
+
+/// `k8s.io.api.core.v1` messages of this kind (tags from Kubernetes' `generated.proto`).
+pub(crate) mod wire {
+    pub(crate) use crate::codec::wire::ObjectMeta;
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(crate) struct ObjectReference {
+        #[prost(string, tag = "1")]
+        pub kind: String,
+        #[prost(string, tag = "2")]
+        pub namespace: String,
+        #[prost(string, tag = "3")]
+        pub name: String,
+        #[prost(string, tag = "4")]
+        pub uid: String,
+        #[prost(string, tag = "5")]
+        pub api_version: String,
+        #[prost(string, tag = "6")]
+        pub resource_version: String,
+        #[prost(string, tag = "7")]
+        pub field_path: String,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(crate) struct LocalObjectReference {
+        #[prost(string, tag = "1")]
+        pub name: String,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(crate) struct ServiceAccount {
+        #[prost(message, optional, tag = "1")]
+        pub metadata: Option<ObjectMeta>,
+        #[prost(message, repeated, tag = "2")]
+        pub secrets: Vec<ObjectReference>,
+        #[prost(message, repeated, tag = "3")]
+        pub image_pull_secrets: Vec<LocalObjectReference>,
+        #[prost(bool, optional, tag = "4")]
+        pub automount_service_account_token: Option<bool>,
     }
 }

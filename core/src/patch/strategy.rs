@@ -1,7 +1,7 @@
-//! The merge strategies of the built-in kinds: which maps are granular (labels), which lists
-//! are atomic, sets, or keyed by a field. Strategic merge patch and server-side apply both
-//! read this one table, as Kubernetes derives both from the same struct tags
-//! (`patchStrategy`/`patchMergeKey` and `listType`/`listMapKey`).
+//! Merge strategies: which maps are granular (labels), which lists are atomic, sets, or keyed
+//! by a field. `metadata`'s are here; each kind declares its own in its `ResourceInfo`.
+//! Strategic merge patch and server-side apply both read them, as Kubernetes derives both
+//! from the same struct tags (`patchStrategy`/`patchMergeKey` and `listType`/`listMapKey`).
 
 /// How a field is merged. Fields not in the table are structs (objects: merged field by
 /// field) or atomic (lists and scalars: replaced whole).
@@ -27,30 +27,12 @@ const OBJECT_META: &[(&str, Strategy)] = &[
     ("metadata.managedFields", Strategy::Atomic),
 ];
 
-const SERVICE_ACCOUNT: &[(&str, Strategy)] = &[
-    ("secrets", Strategy::Keyed("name")),
-    ("imagePullSecrets", Strategy::Atomic),
-];
-
-const NAMESPACE: &[(&str, Strategy)] = &[
-    ("spec.finalizers", Strategy::Atomic),
-    ("status.conditions", Strategy::Keyed("type")),
-];
-
-/// The kind-specific part of the table.
-fn kind_table(kind: &str) -> &'static [(&'static str, Strategy)] {
-    match kind {
-        "ServiceAccount" => SERVICE_ACCOUNT,
-        "Namespace" => NAMESPACE,
-        _ => &[],
-    }
-}
-
 /// The declared strategy of the field at `path` (dotted field names) of `kind`, if any.
 pub fn strategy(kind: &str, path: &str) -> Option<Strategy> {
+    let kind_table = crate::registry::by_kind(kind).map_or(&[][..], |r| r.merge_strategies);
     OBJECT_META
         .iter()
-        .chain(kind_table(kind))
+        .chain(kind_table)
         .find(|(p, _)| *p == path)
         .map(|(_, s)| *s)
 }

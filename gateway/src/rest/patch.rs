@@ -198,7 +198,7 @@ pub async fn patch<T: Kind>(
             )));
         }
         object::apply_request_namespace(&mut next, &ns)?;
-        object::prepare_update(&mut next, &current)?;
+        object::prepare_update_via(&mut next, &current, call.route.subresource.as_deref())?;
         if !is_apply {
             let body_entries = next.meta().managed_fields.clone();
             let next_value = serde_json::to_value(&next).map_err(ApiError::internal)?;

@@ -217,7 +217,9 @@ pub async fn update<T: Kind>(
     for _ in 0..MAX_RETRIES {
         let (current, kv) = match read_current::<T>(app, &key, name).await {
             Ok(c) => c,
-            Err(ApiError::NotFound(s)) if !T::INFO.allow_create_on_update => {
+            Err(ApiError::NotFound(s))
+                if !T::INFO.allow_create_on_update || call.route.subresource.is_some() =>
+            {
                 return Err(ApiError::NotFound(s));
             }
             Err(ApiError::NotFound(_)) => return create::<T>(app, call).await,
@@ -227,7 +229,7 @@ pub async fn update<T: Kind>(
             return Err(conflict::<T>(name));
         }
         let mut next = obj.clone();
-        object::prepare_update(&mut next, &current)?;
+        object::prepare_update_via(&mut next, &current, call.route.subresource.as_deref())?;
         record_update(call, Some(&current), &mut next)?;
         match commit_update(app, &key, &kv, current, next, dry_run, name).await? {
             Committed::Done(obj) => return Ok(ok(&obj)),
