@@ -24,6 +24,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::app::App;
 use crate::auth::{self, Attributes, ConnIdentity, ResourceAttributes};
+use crate::features::Feature;
 use crate::config::Options;
 use crate::pki::{self, PkiOptions};
 use crate::query::Query;
@@ -321,7 +322,7 @@ pub async fn handle(
     };
     let resp = if (verb == "get" || verb == "list")
         && accepts_gzip(&gzip_header)
-        && app.opts.feature_gates.enabled("APIResponseCompression")
+        && app.opts.feature_gates.enabled(Feature::APIResponseCompression)
     {
         gzip(resp).await
     } else {

@@ -10,6 +10,7 @@ use std::time::Duration;
 use client::{Client, TestServer, summary};
 use http::StatusCode;
 use serde_json::{Value, json};
+use svc_gateway::features::Feature;
 
 const T: Duration = Duration::from_secs(10);
 const SA: &str = "/api/v1/namespaces/lw/serviceaccounts";
@@ -225,7 +226,7 @@ async fn streaming_list_with_send_initial_events() {
         .await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text());
     assert!(r.text().contains("WatchList"));
-    let srv = TestServer::start_with(|o| o.feature_gates.set("WatchList", true)).await;
+    let srv = TestServer::start_with(|o| o.feature_gates.set(Feature::WatchList, true)).await;
     let c = srv.admin();
     setup(&c).await;
     for n in ["a", "b"] {

@@ -9,6 +9,7 @@ use std::io::Read;
 use client::{Client, TestServer};
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
+use svc_gateway::features::Feature;
 
 const SA: &str = "/api/v1/namespaces/default/serviceaccounts";
 
@@ -160,7 +161,7 @@ async fn cbor_behind_its_gate() {
         .await;
     assert_eq!(r.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
 
-    let srv = TestServer::start_with(|o| o.feature_gates.set("CBORServingAndStorage", true)).await;
+    let srv = TestServer::start_with(|o| o.feature_gates.set(Feature::CBORServingAndStorage, true)).await;
     let c = srv.admin();
     let rv = c.get(SA).await.1["metadata"]["resourceVersion"]
         .as_str()
@@ -286,7 +287,7 @@ async fn gzip_for_large_gets_and_lists_only() {
 
     // With the gate off, nothing is compressed.
     let off =
-        TestServer::start_with(|o| o.feature_gates.set("APIResponseCompression", false)).await;
+        TestServer::start_with(|o| o.feature_gates.set(Feature::APIResponseCompression, false)).await;
     let c = off.admin();
     for i in 0..40 {
         c.post(SA, json!({"metadata": {"name": format!("sa-{i}"), "annotations": {"note": "x".repeat(1000)}}})).await;

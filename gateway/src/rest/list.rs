@@ -19,6 +19,7 @@ use svc_storage::{KeyRange, StoreError};
 
 use super::{Call, Kind};
 use crate::app::App;
+use crate::features::Feature;
 use crate::query::{ListOptions, RvMatch};
 use crate::respond::{self, Body};
 
@@ -161,7 +162,7 @@ pub async fn list_or_watch<T: Kind>(
     validate(&opts)?;
     if opts.watch
         && opts.send_initial_events.is_some()
-        && !app.opts.feature_gates.enabled("WatchList")
+        && !app.opts.feature_gates.enabled(Feature::WatchList)
     {
         return Err(ApiError::bad_request(
             "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the \

@@ -18,6 +18,7 @@ use svc_storage::{KeyRange, KeyValue, StoreError};
 use super::patch::{field_manager, with_warnings};
 use super::{Call, Kind, conflict, map_write_error, path_namespace, read_current};
 use crate::app::App;
+use crate::features::Feature;
 use crate::negotiate::{self, Format};
 use crate::respond::{self, Body};
 
@@ -403,7 +404,7 @@ fn unsafe_delete_requested(app: &App, call: &Call, dry_run: bool) -> Result<bool
         || !app
             .opts
             .feature_gates
-            .enabled("AllowUnsafeMalformedObjectDeletion")
+            .enabled(Feature::AllowUnsafeMalformedObjectDeletion)
     {
         return Ok(false);
     }
