@@ -24,8 +24,8 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::app::App;
 use crate::auth::{self, Attributes, ConnIdentity, ResourceAttributes};
-use crate::features::Feature;
 use crate::config::Options;
+use crate::features::Feature;
 use crate::pki::{self, PkiOptions};
 use crate::query::Query;
 use crate::respond::{self, Body};
@@ -322,9 +322,12 @@ pub async fn handle(
     };
     let resp = if (verb == "get" || verb == "list")
         && accepts_gzip(&gzip_header)
-        && app.opts.feature_gates.enabled(Feature::APIResponseCompression)
+        && app
+            .opts
+            .feature_gates
+            .enabled(Feature::APIResponseCompression)
     {
-        gzip(resp).await
+        gzip(resp, app.opts.response_compression_min_bytes).await
     } else {
         resp
     };
@@ -434,11 +437,6 @@ fn not_found(path: &str) -> Response<Body> {
     respond::json(StatusCode::NOT_FOUND, &status, false)
 }
 
-/// Responses smaller than this are sent as they are even when the client accepts gzip:
-/// below it the encoder's fixed cost outweighs the bytes saved (see `benches/benches/encode.rs`
-/// for the measurement behind the number).
-pub const GZIP_MIN_BYTES: usize = 16 * 1024;
-
 fn accepts_gzip(header: &Option<http::HeaderValue>) -> bool {
     let Some(v) = header.as_ref().and_then(|h| h.to_str().ok()) else {
         return false;
@@ -452,8 +450,10 @@ fn accepts_gzip(header: &Option<http::HeaderValue>) -> bool {
 }
 
 /// Compresses a complete response body with gzip (level 1: fastest, most of the gain on
-/// JSON). Streams (watches) and small bodies are left alone.
-async fn gzip(resp: Response<Body>) -> Response<Body> {
+/// JSON). Streams (watches) are left alone, and so are bodies under `min_bytes`
+/// (`--response-compression-min-bytes`; 0, the default, compresses every body as the spec
+/// says).
+async fn gzip(resp: Response<Body>, min_bytes: usize) -> Response<Body> {
     use hyper::body::Body as _;
     if resp.headers().contains_key(http::header::CONTENT_ENCODING) {
         return resp;
@@ -461,7 +461,7 @@ async fn gzip(resp: Response<Body>) -> Response<Body> {
     let Some(len) = resp.body().size_hint().exact() else {
         return resp;
     };
-    if (len as usize) < GZIP_MIN_BYTES {
+    if len < min_bytes as u64 {
         return resp;
     }
     let (mut parts, body) = resp.into_parts();
