@@ -215,6 +215,9 @@ impl Options {
             history_window: self.watch_cache_history_window,
             history_max_bytes: self.watch_cache_history_max_bytes,
             history_max_events: self.watch_cache_history_max_events,
+            list_snapshots: self
+                .feature_gates
+                .enabled(crate::features::Feature::ListFromCacheSnapshot),
             snapshot_window: self.list_snapshot_window,
             watcher_queue_limit: self.watch_cache_watcher_queue_limit,
             bookmark_interval: self.watch_bookmark_interval,
