@@ -30,7 +30,7 @@ use crate::pki::{self, PkiOptions};
 use crate::query::Query;
 use crate::respond::{self, Body};
 use crate::router::{self, Route};
-use crate::{bootstrap, discovery, health, openapi, rest};
+use crate::{bootstrap, discovery, health, metrics, openapi, rest};
 
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -294,10 +294,8 @@ pub async fn handle(
     let gzip_header = req.headers().get(http::header::ACCEPT_ENCODING).cloned();
     let watch = query.bool("watch").unwrap_or(false);
     let verb = verb_of(req.method(), &route, watch);
-    let resource = match &route {
-        Route::Resource(r) => r.info.plural,
-        _ => "",
-    };
+    let info = metrics::RequestInfo::new(req.method(), &route, &query, req.headers(), watch);
+    let inflight = app.metrics.start(&info);
 
     let resp = match authenticate_and_authorize(&app, &ident, &req, &route, verb, &path) {
         Err(e) => respond::error(&e),
@@ -332,7 +330,8 @@ pub async fn handle(
         resp
     };
     let code = resp.status().as_u16();
-    app.metrics.observe(verb, resource, code, start.elapsed());
+    drop(inflight);
+    app.metrics.observe(&info, code, start.elapsed());
     tracing::debug!(verb, %path, code, elapsed_ms = start.elapsed().as_secs_f64() * 1e3, "request");
     resp
 }
@@ -410,18 +409,7 @@ async fn dispatch(
             health::serve(app, endpoint, check.as_deref(), &query).await
         }
         Route::Metrics => {
-            let mut text = app.metrics.encode();
-            // The registry ends with `# EOF` in OpenMetrics style; cache metrics go before it.
-            if let Some(stripped) = text.strip_suffix("# EOF\n") {
-                text = stripped.to_string();
-            }
-            text.push_str(&app.caches.encode_metrics());
-            text.push_str("# EOF\n");
-            respond::bytes_response(
-                StatusCode::OK,
-                "text/plain; version=0.0.4; charset=utf-8",
-                text,
-            )
+            respond::bytes_response(StatusCode::OK, metrics::CONTENT_TYPE, app.metrics.encode())
         }
         Route::NotFound => not_found(req.uri().path()),
         Route::OpenApiV3Index => openapi::serve_index(),

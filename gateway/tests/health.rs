@@ -106,19 +106,24 @@ async fn metrics_count_requests_and_watches() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let r = c.request(http::Method::GET, "/metrics", "", &[]).await;
     assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(
+        r.headers["content-type"],
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
     let text = r.text();
     assert!(
         text.lines()
             .any(|l| l.starts_with("apiserver_request_total{")
-                && l.contains("verb=\"list\"")
+                && l.contains("verb=\"LIST\"")
                 && l.contains("resource=\"namespaces\"")
                 && l.contains("code=\"200\"")),
         "{text}"
     );
     assert!(text.contains("apiserver_request_duration_seconds_bucket"));
     assert!(
-        text.lines()
-            .any(|l| l.starts_with("apiserver_registered_watchers{resource=\"namespaces\"} 1")),
+        text.lines().any(|l| l.starts_with(
+            "apiserver_registered_watchers{group=\"\",version=\"v1\",kind=\"Namespace\"} 1"
+        )),
         "{text}"
     );
 }

@@ -349,6 +349,18 @@ fn rand_suffix() -> u64 {
         .as_nanos() as u64
 }
 
+/// Store range reads of service accounts so far (`etcd_requests_total`).
+async fn store_lists(c: &Client) -> f64 {
+    let text = c
+        .request(http::Method::GET, "/metrics", "", &[])
+        .await
+        .text();
+    let sample = "etcd_requests_total{operation=\"list\",group=\"\",resource=\"serviceaccounts\"} ";
+    text.lines()
+        .find_map(|l| l.strip_prefix(sample))
+        .map_or(0.0, |v| v.parse().unwrap())
+}
+
 /// `ListFromCacheSnapshot` decides where Exact lists and continue tokens are read: with it, a
 /// revision the store has already compacted is still served from the cache's snapshot; without
 /// it, the same requests read the store's history, so they get 410 once it is compacted.
@@ -366,6 +378,19 @@ async fn list_from_cache_snapshot_gate_decides_where_past_revisions_are_read() {
         setup(&c).await;
         create(&c, "a").await;
         let old = rv(&create(&c, "b").await);
+        // An Exact list at the newest revision: from the cache's current state with the gate,
+        // from the store without it.
+        let lists_before = store_lists(&c).await;
+        let (s, exact) = c
+            .get(&format!(
+                "{SA}?resourceVersion={old}&resourceVersionMatch=Exact"
+            ))
+            .await;
+        assert_eq!(s, StatusCode::OK, "{exact}");
+        assert_eq!(names(&exact), ["a", "b"]);
+        let store_reads = store_lists(&c).await - lists_before;
+        assert_eq!(store_reads > 0.0, !snapshots, "{store_reads} store lists");
+
         let (s, first) = c.get(&format!("{SA}?limit=1")).await;
         assert_eq!(s, StatusCode::OK, "{first}");
         assert_eq!(names(&first), ["a"]);
