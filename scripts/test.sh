@@ -25,6 +25,12 @@ if ! python3 -c 'import kubernetes' >/dev/null 2>&1; then
   python3 -m pip install -q --disable-pip-version-check kubernetes
 fi
 
+# Python's Prometheus client: gateway/tests/metrics.rs parses /metrics with its parser.
+if ! python3 -c 'import prometheus_client' >/dev/null 2>&1; then
+  echo "installing: python prometheus_client"
+  python3 -m pip install -q --disable-pip-version-check prometheus_client
+fi
+
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace

@@ -11,6 +11,7 @@ use crate::caches::Caches;
 use crate::config::Options;
 use crate::lifecycle::PostStartHooks;
 use crate::metrics::Metrics;
+use crate::metrics::store::InstrumentedStore;
 
 pub struct App {
     pub opts: Options,
@@ -29,18 +30,22 @@ pub struct App {
 }
 
 impl App {
+    /// Every storage call goes through `store` wrapped in its timing metrics.
     pub fn new(opts: Options, store: Arc<dyn Store>, stop_watches: watch::Receiver<bool>) -> Self {
-        let opts_cache = opts.watch_cache_config();
+        let caches = Caches::new(&opts.watch_cache_config());
+        let mut metrics = Metrics::new();
+        metrics.register_collector(caches.collector());
+        let store = InstrumentedStore::wrap(store, metrics.store.clone());
         App {
             opts,
             store,
-            metrics: Metrics::new(),
+            metrics,
             hooks: PostStartHooks::default(),
             started: Instant::now(),
             shutting_down: AtomicBool::new(false),
             stop_watches,
             namespace_changed: Notify::new(),
-            caches: Caches::new(&opts_cache),
+            caches,
         }
     }
 }

@@ -1,15 +1,19 @@
 //! One watch cache per served type, each filled by an ingest task from the store's change
 //! feed; every list and watch is served from these.
 
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
 use svc_core::ResourceInfo;
 use svc_core::registry::{self, Kind, KindVisitor};
-use svc_core::watch::{FrameFormat, KindCodec, WatchCache, WatchCacheConfig};
+use svc_core::watch::{FrameFormat, KindCodec, WatchCache, WatchCacheConfig, WatchCacheStats};
 use svc_storage::Store;
 use tokio::sync::watch;
 
@@ -81,92 +85,205 @@ impl Caches {
         });
     }
 
-    /// Prometheus text for the caches: encodings per format (one per event and format, not
-    /// per watcher), history size, watchers, dispatch work.
-    pub fn encode_metrics(&self) -> String {
-        let mut out = String::new();
-        let mut families: Vec<(&str, &str, &str, Vec<String>)> = vec![
-            (
-                "apiserver_watch_cache_encodings_total",
-                "counter",
-                "Watch frames encoded, by resource and format",
-                vec![],
-            ),
-            (
-                "apiserver_watch_cache_revision",
-                "gauge",
-                "Newest revision applied by the cache",
-                vec![],
-            ),
-            (
-                "apiserver_watch_cache_history_events",
-                "gauge",
-                "Events in the history ring",
-                vec![],
-            ),
-            (
-                "apiserver_watch_cache_history_bytes",
-                "gauge",
-                "Bytes held by the history ring",
-                vec![],
-            ),
-            (
-                "apiserver_watch_cache_objects",
-                "gauge",
-                "Objects in the current state",
-                vec![],
-            ),
-            (
-                "apiserver_watch_cache_watchers",
-                "gauge",
-                "Watchers registered with the cache",
-                vec![],
-            ),
-            (
-                "apiserver_watch_cache_dispatch_visits_total",
-                "counter",
-                "Watchers visited by dispatch",
-                vec![],
-            ),
-        ];
-        for cache in &self.caches {
-            let r = cache.codec().info.plural;
-            let s = cache.stats();
-            for (fmt, name) in [
-                (FrameFormat::Json, "json"),
-                (FrameFormat::Protobuf, "protobuf"),
-            ] {
-                families[0].3.push(format!(
-                    "{{resource=\"{r}\",format=\"{name}\"}} {}",
-                    cache.encodings(fmt)
-                ));
-            }
-            families[1]
-                .3
-                .push(format!("{{resource=\"{r}\"}} {}", s.revision));
-            families[2]
-                .3
-                .push(format!("{{resource=\"{r}\"}} {}", s.history_events));
-            families[3]
-                .3
-                .push(format!("{{resource=\"{r}\"}} {}", s.history_bytes));
-            families[4]
-                .3
-                .push(format!("{{resource=\"{r}\"}} {}", s.objects));
-            families[5]
-                .3
-                .push(format!("{{resource=\"{r}\"}} {}", s.watchers));
-            families[6]
-                .3
-                .push(format!("{{resource=\"{r}\"}} {}", s.dispatch_visits));
-        }
-        for (name, kind, help, samples) in families {
-            let _ = writeln!(out, "# HELP {name} {help}.\n# TYPE {name} {kind}");
-            for s in samples {
-                let _ = writeln!(out, "{name}{s}");
-            }
-        }
-        out
+    /// The caches' metrics, read from their stats at scrape time.
+    pub fn collector(&self) -> Box<dyn Collector> {
+        Box::new(CacheCollector {
+            caches: self.caches.clone(),
+        })
+    }
+}
+
+/// Encodes the watch caches' state as metric families on each scrape. kube-apiserver's names
+/// where it has them (`apiserver_storage_objects`, `apiserver_resource_objects`,
+/// `apiserver_watch_cache_events_received_total`, `apiserver_watch_cache_resource_version`,
+/// `apiserver_watch_cache_initializations_total`); the rest describe this cache's own
+/// structures (history ring, snapshots, encodings, dispatch).
+struct CacheCollector {
+    caches: Vec<WatchCache>,
+}
+
+impl std::fmt::Debug for CacheCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CacheCollector")
+            .field("caches", &self.caches.len())
+            .finish()
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CacheLabels {
+    group: &'static str,
+    resource: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StorageObjectLabels {
+    resource: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EncodingLabels {
+    group: &'static str,
+    resource: &'static str,
+    format: &'static str,
+}
+
+/// One family: its descriptor, then one sample per label set.
+fn family<L: EncodeLabelSet, M: EncodeMetric>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    samples: impl IntoIterator<Item = (L, M)>,
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, None, kind)?;
+    for (labels, metric) in samples {
+        metric.encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+impl Collector for CacheCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let stats: Vec<(&ResourceInfo, WatchCacheStats, WatchCache)> = self
+            .caches
+            .iter()
+            .map(|c| (c.codec().info, c.stats(), c.clone()))
+            .collect();
+        let by = |i: &ResourceInfo| CacheLabels {
+            group: i.group,
+            resource: i.plural,
+        };
+        let gauge = |v: i64| ConstGauge::new(v);
+        let counter = |v: u64| ConstCounter::new(v);
+        let e = &mut encoder;
+        family(
+            e,
+            "apiserver_storage_objects",
+            "Number of stored objects at the time of last check split by kind (from the watch \
+             cache)",
+            MetricType::Gauge,
+            stats.iter().map(|(i, s, _)| {
+                (
+                    StorageObjectLabels { resource: i.plural },
+                    gauge(s.objects as i64),
+                )
+            }),
+        )?;
+        family(
+            e,
+            "apiserver_resource_objects",
+            "Number of stored objects at the time of last check split by kind (from the watch \
+             cache)",
+            MetricType::Gauge,
+            stats
+                .iter()
+                .map(|(i, s, _)| (by(i), gauge(s.objects as i64))),
+        )?;
+        family(
+            e,
+            "apiserver_watch_cache_events_received",
+            "Counter of events received in watch cache broken by resource type",
+            MetricType::Counter,
+            stats
+                .iter()
+                .map(|(i, s, _)| (by(i), counter(s.events_received))),
+        )?;
+        family(
+            e,
+            "apiserver_watch_cache_resource_version",
+            "Current resource version of watch cache broken by resource type",
+            MetricType::Gauge,
+            stats.iter().map(|(i, s, _)| (by(i), gauge(s.revision))),
+        )?;
+        family(
+            e,
+            "apiserver_watch_cache_initializations",
+            "Counter of watch cache initializations (first fill and every relist) broken by \
+             resource type",
+            MetricType::Counter,
+            stats
+                .iter()
+                .map(|(i, s, _)| (by(i), counter(s.initializations))),
+        )?;
+        family(
+            e,
+            "apiserver_watch_cache_encodings",
+            "Watch frames encoded (once per event and format, not per watcher), by resource and \
+             format",
+            MetricType::Counter,
+            stats.iter().flat_map(|(i, _, c)| {
+                [
+                    (FrameFormat::Json, "json"),
+                    (FrameFormat::Protobuf, "protobuf"),
+                    (FrameFormat::CborSeq, "cbor"),
+                ]
+                .map(|(f, name)| {
+                    (
+                        EncodingLabels {
+                            group: i.group,
+                            resource: i.plural,
+                            format: name,
+                        },
+                        counter(c.encodings(f)),
+                    )
+                })
+            }),
+        )?;
+        family(
+            e,
+            "apiserver_watch_cache_history_events",
+            "Events in the watch cache's history ring",
+            MetricType::Gauge,
+            stats
+                .iter()
+                .map(|(i, s, _)| (by(i), gauge(s.history_events as i64))),
+        )?;
+        family(
+            e,
+            "apiserver_watch_cache_history_bytes",
+            "Bytes held by the watch cache's history ring (objects and encoded frames)",
+            MetricType::Gauge,
+            stats
+                .iter()
+                .map(|(i, s, _)| (by(i), gauge(s.history_bytes as i64))),
+        )?;
+        family(
+            e,
+            "apiserver_watch_cache_snapshots",
+            "List snapshots kept for Exact lists and continue tokens",
+            MetricType::Gauge,
+            stats
+                .iter()
+                .map(|(i, s, _)| (by(i), gauge(s.snapshots as i64))),
+        )?;
+        family(
+            e,
+            "apiserver_watch_cache_snapshot_bytes",
+            "Bytes of old objects kept alive only by list snapshots (an estimate)",
+            MetricType::Gauge,
+            stats
+                .iter()
+                .map(|(i, s, _)| (by(i), gauge(s.snapshot_bytes as i64))),
+        )?;
+        family(
+            e,
+            "apiserver_watch_cache_watchers",
+            "Watchers registered with the watch cache",
+            MetricType::Gauge,
+            stats
+                .iter()
+                .map(|(i, s, _)| (by(i), gauge(s.watchers as i64))),
+        )?;
+        family(
+            e,
+            "apiserver_watch_cache_dispatch_visits",
+            "Watchers visited by dispatch, in total",
+            MetricType::Counter,
+            stats
+                .iter()
+                .map(|(i, s, _)| (by(i), counter(s.dispatch_visits))),
+        )
     }
 }
 

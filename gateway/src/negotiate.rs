@@ -4,7 +4,7 @@
 use http::HeaderMap;
 use svc_core::ApiError;
 
-use crate::features::FeatureGates;
+use crate::features::{Feature, FeatureGates};
 use svc_core::codec::{MEDIA_TYPE_KUBERNETES_PROTOBUF, MEDIA_TYPE_PROTOBUF};
 
 /// A representation the server reads and writes.
@@ -82,7 +82,7 @@ pub fn response_format(
     gates: &FeatureGates,
     watch: bool,
 ) -> Result<Format, ApiError> {
-    let cbor = gates.enabled("CBORServingAndStorage");
+    let cbor = gates.enabled(Feature::CBORServingAndStorage);
     let Some(accept) = headers.get(http::header::ACCEPT) else {
         return Ok(Format::Json);
     };
@@ -160,7 +160,7 @@ pub fn request_format(headers: &HeaderMap, gates: &FeatureGates) -> Result<Forma
         .unwrap_or_default()
         .trim()
         .to_ascii_lowercase();
-    let cbor = gates.enabled("CBORServingAndStorage");
+    let cbor = gates.enabled(Feature::CBORServingAndStorage);
     match essence.as_str() {
         "" | "application/json" | "*/*" => Ok(Format::Json),
         "application/yaml" => Ok(Format::Yaml),

@@ -26,6 +26,7 @@ pub use call::{Call, Selectors};
 
 use crate::app::App;
 use crate::caches::freshness::wait_for_revision;
+use crate::features::Feature;
 use crate::kind::{Kind, KindVisitor};
 use crate::negotiate;
 use crate::query::ListOptions;
@@ -169,7 +170,7 @@ async fn list_or_watch<T: Kind>(app: &Arc<App>, call: Call) -> Result<Response<B
     list::validate(&opts)?;
     if opts.watch
         && opts.send_initial_events.is_some()
-        && !app.opts.feature_gates.enabled("WatchList")
+        && !app.opts.feature_gates.enabled(Feature::WatchList)
     {
         return Err(ApiError::bad_request(
             "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the \

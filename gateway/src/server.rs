@@ -25,11 +25,12 @@ use tokio_rustls::TlsAcceptor;
 use crate::app::App;
 use crate::auth::{self, Attributes, ConnIdentity, ResourceAttributes};
 use crate::config::Options;
+use crate::features::Feature;
 use crate::pki::{self, PkiOptions};
 use crate::query::Query;
 use crate::respond::{self, Body};
 use crate::router::{self, Route};
-use crate::{bootstrap, discovery, health, openapi, rest};
+use crate::{bootstrap, discovery, health, metrics, openapi, rest};
 
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -293,10 +294,8 @@ pub async fn handle(
     let gzip_header = req.headers().get(http::header::ACCEPT_ENCODING).cloned();
     let watch = query.bool("watch").unwrap_or(false);
     let verb = verb_of(req.method(), &route, watch);
-    let resource = match &route {
-        Route::Resource(r) => r.info.plural,
-        _ => "",
-    };
+    let info = metrics::RequestInfo::new(req.method(), &route, &query, req.headers(), watch);
+    let inflight = app.metrics.start(&info);
 
     let resp = match authenticate_and_authorize(&app, &ident, &req, &route, verb, &path) {
         Err(e) => respond::error(&e),
@@ -321,14 +320,18 @@ pub async fn handle(
     };
     let resp = if (verb == "get" || verb == "list")
         && accepts_gzip(&gzip_header)
-        && app.opts.feature_gates.enabled("APIResponseCompression")
+        && app
+            .opts
+            .feature_gates
+            .enabled(Feature::APIResponseCompression)
     {
-        gzip(resp).await
+        gzip(resp, app.opts.response_compression_min_bytes).await
     } else {
         resp
     };
     let code = resp.status().as_u16();
-    app.metrics.observe(verb, resource, code, start.elapsed());
+    drop(inflight);
+    app.metrics.observe(&info, code, start.elapsed());
     tracing::debug!(verb, %path, code, elapsed_ms = start.elapsed().as_secs_f64() * 1e3, "request");
     resp
 }
@@ -406,18 +409,7 @@ async fn dispatch(
             health::serve(app, endpoint, check.as_deref(), &query).await
         }
         Route::Metrics => {
-            let mut text = app.metrics.encode();
-            // The registry ends with `# EOF` in OpenMetrics style; cache metrics go before it.
-            if let Some(stripped) = text.strip_suffix("# EOF\n") {
-                text = stripped.to_string();
-            }
-            text.push_str(&app.caches.encode_metrics());
-            text.push_str("# EOF\n");
-            respond::bytes_response(
-                StatusCode::OK,
-                "text/plain; version=0.0.4; charset=utf-8",
-                text,
-            )
+            respond::bytes_response(StatusCode::OK, metrics::CONTENT_TYPE, app.metrics.encode())
         }
         Route::NotFound => respond::error(&ApiError::PathNotFound(req.uri().path().to_string())),
         Route::OpenApiV3Index => openapi::serve_index(),
@@ -425,11 +417,6 @@ async fn dispatch(
         other => discovery::serve(&other, query.pretty()),
     }
 }
-
-/// Responses smaller than this are sent as they are even when the client accepts gzip:
-/// below it the encoder's fixed cost outweighs the bytes saved (see `benches/benches/encode.rs`
-/// for the measurement behind the number).
-pub const GZIP_MIN_BYTES: usize = 16 * 1024;
 
 fn accepts_gzip(header: &Option<http::HeaderValue>) -> bool {
     let Some(v) = header.as_ref().and_then(|h| h.to_str().ok()) else {
@@ -444,8 +431,10 @@ fn accepts_gzip(header: &Option<http::HeaderValue>) -> bool {
 }
 
 /// Compresses a complete response body with gzip (level 1: fastest, most of the gain on
-/// JSON). Streams (watches) and small bodies are left alone.
-async fn gzip(resp: Response<Body>) -> Response<Body> {
+/// JSON). Streams (watches) are left alone, and so are bodies under `min_bytes`
+/// (`--response-compression-min-bytes`; 0, the default, compresses every body as the spec
+/// says).
+async fn gzip(resp: Response<Body>, min_bytes: usize) -> Response<Body> {
     use hyper::body::Body as _;
     if resp.headers().contains_key(http::header::CONTENT_ENCODING) {
         return resp;
@@ -453,7 +442,7 @@ async fn gzip(resp: Response<Body>) -> Response<Body> {
     let Some(len) = resp.body().size_hint().exact() else {
         return resp;
     };
-    if (len as usize) < GZIP_MIN_BYTES {
+    if len < min_bytes as u64 {
         return resp;
     }
     let (mut parts, body) = resp.into_parts();

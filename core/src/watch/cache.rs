@@ -63,6 +63,10 @@ pub(crate) struct Inner {
     pub(crate) ready: bool,
     pub(crate) history: HistoryRing,
     pub(crate) snapshots: SnapshotRing,
+    /// Events received from the feed, applied or not (metrics).
+    pub(crate) events_received: u64,
+    /// Times the cache was (re)filled from a full read (metrics).
+    pub(crate) initializations: u64,
 }
 
 /// What one `apply` or `replace` did, for logs and metrics.
@@ -100,6 +104,10 @@ pub struct WatchCacheStats {
     /// Bytes of old objects kept alive only by snapshots (an estimate).
     pub snapshot_bytes: usize,
     pub watchers: usize,
+    /// Events received from the store's feed, in total (applied or skipped).
+    pub events_received: u64,
+    /// Fills from a full read of the store: the first one and every relist.
+    pub initializations: u64,
     /// Watchers examined by dispatch, in total.
     pub dispatch_visits: u64,
     pub encoded_json: u64,
@@ -207,6 +215,7 @@ impl WatchCache {
             inner.revision = revision;
             inner.last_event = revision;
             inner.ready = true;
+            inner.initializations += 1;
             reg.expire_all(revision, &mut wake);
             shared.revision.store(revision, Ordering::Release);
         }
@@ -233,6 +242,7 @@ impl WatchCache {
                 }
                 FeedItem::Progress(_) => report.skipped += 1,
                 FeedItem::Events(events) => {
+                    inner.events_received += events.len() as u64;
                     let applied_before = report.applied;
                     for ev in &events {
                         self.apply_event_locked(inner, &mut reg, ev, now, &mut report, &mut wake);
@@ -465,6 +475,8 @@ impl WatchCache {
             snapshots: inner.snapshots.len(),
             snapshot_bytes: inner.snapshots.pinned_bytes(),
             watchers: reg.len(),
+            events_received: inner.events_received,
+            initializations: inner.initializations,
             dispatch_visits: reg.visits,
             encoded_json: shared.encoder.stats.encoded(FrameFormat::Json),
             encoded_protobuf: shared.encoder.stats.encoded(FrameFormat::Protobuf),

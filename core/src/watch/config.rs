@@ -14,6 +14,9 @@ pub struct WatchCacheConfig {
     pub history_max_bytes: usize,
     /// Upper bound on the ring's length, whatever the sizes.
     pub history_max_events: usize,
+    /// Whether superseded states are kept at all (the `ListFromCacheSnapshot` gate). Without
+    /// them, Exact lists and continue tokens are read from the store's history instead.
+    pub list_snapshots: bool,
     /// How long a superseded state stays listable (`resourceVersionMatch=Exact`, continue).
     pub snapshot_window: Duration,
     /// At most one snapshot per this interval; revisions in between are rebuilt exactly by
@@ -39,6 +42,7 @@ impl Default for WatchCacheConfig {
             history_window: Duration::from_secs(5 * 60),
             history_max_bytes: 64 << 20,
             history_max_events: 250_000,
+            list_snapshots: true,
             snapshot_window: Duration::from_secs(75),
             snapshot_min_interval: Duration::from_millis(50),
             max_snapshots: 2048,

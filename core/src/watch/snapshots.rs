@@ -187,7 +187,8 @@ impl SnapshotRing {
     }
 
     /// Takes a snapshot of `state` at `revision` unless one was taken less than
-    /// `snapshot_min_interval` ago (`force` for the first one after a relist).
+    /// `snapshot_min_interval` ago (`force` for the first one after a relist), or snapshots
+    /// are off (`list_snapshots`).
     pub(crate) fn maybe_take(
         &mut self,
         revision: Revision,
@@ -196,6 +197,9 @@ impl SnapshotRing {
         config: &WatchCacheConfig,
         force: bool,
     ) {
+        if !config.list_snapshots {
+            return;
+        }
         let due = self.entries.back().is_none_or(|last| {
             now.saturating_duration_since(last.taken_at) >= config.snapshot_min_interval
         });

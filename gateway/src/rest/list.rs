@@ -11,13 +11,14 @@ use http::Response;
 use serde::{Deserialize, Serialize};
 use svc_core::object::parse_resource_version;
 use svc_core::table::IncludeObject;
-use svc_core::watch::{CachedObject, ListRequest, Selector, WatchCache};
+use svc_core::watch::{CachedObject, ListRequest, ListResult, Selector, WatchCache};
 use svc_core::{ApiError, ListMeta};
 use svc_storage::{KeyRange, StoreError};
 
 use super::call::{Call, Selectors};
 use crate::app::App;
 use crate::caches::freshness::{wait_for_cache, wait_for_consistent};
+use crate::features::Feature;
 use crate::kind::Kind;
 use crate::query::{ListOptions, RvMatch};
 use crate::respond::{self, Body};
@@ -136,6 +137,17 @@ struct Page {
     remaining: Option<usize>,
 }
 
+impl From<ListResult> for Page {
+    fn from(r: ListResult) -> Self {
+        Page {
+            items: r.items,
+            revision: r.revision,
+            continue_after: r.continue_after,
+            remaining: r.remaining,
+        }
+    }
+}
+
 pub(super) async fn list<T: Kind>(
     app: &Arc<App>,
     call: &Call,
@@ -180,29 +192,39 @@ pub(super) async fn list<T: Kind>(
         limit,
         selector: &selector,
     };
-    let page = match cache.list(&req) {
-        Ok(r) => Page {
-            items: r.items,
-            revision: r.revision,
-            continue_after: r.continue_after,
-            remaining: r.remaining,
-        },
-        // Older than the cache's snapshots: the store may still have that revision.
-        Err(ApiError::Expired(_)) if at.is_some() => list_from_store(
-            app,
-            cache,
-            &prefix,
-            at.unwrap_or_default(),
-            start_after,
-            limit,
-            &selector,
-        )
-        .await
-        .map_err(|e| match e {
-            ApiError::Expired(_) if opts.continue_token.is_some() => expired_continue(),
-            other => other,
-        })?,
-        Err(e) => return Err(e),
+    let page = match at {
+        None => Page::from(cache.list(&req)?),
+        Some(revision) => {
+            // Without `ListFromCacheSnapshot` the caches keep no past states, so a list at a
+            // revision (Exact, continue) reads the store's history; with it, only when the
+            // revision is older than the cache's snapshots.
+            let cached = if app
+                .opts
+                .feature_gates
+                .enabled(Feature::ListFromCacheSnapshot)
+            {
+                match cache.list(&req) {
+                    Ok(r) => Some(Page::from(r)),
+                    Err(ApiError::Expired(_)) => None,
+                    Err(e) => return Err(e),
+                }
+            } else {
+                None
+            };
+            match cached {
+                Some(page) => page,
+                None => {
+                    list_from_store(app, cache, &prefix, revision, start_after, limit, &selector)
+                        .await
+                        .map_err(|e| match e {
+                            ApiError::Expired(_) if opts.continue_token.is_some() => {
+                                expired_continue()
+                            }
+                            other => other,
+                        })?
+                }
+            }
+        }
     };
 
     let mut meta = ListMeta {

@@ -13,8 +13,6 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, Response, StatusCode, header};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
 use rand::Rng;
 use svc_core::ApiError;
 use svc_core::object::parse_resource_version;
@@ -24,6 +22,7 @@ use super::call::{Call, Selectors};
 use crate::app::App;
 use crate::caches::freshness::{wait_for_cache, wait_for_consistent};
 use crate::kind::Kind;
+use crate::metrics::{OpenWatch, WatchEvents};
 use crate::negotiate::Format;
 use crate::query::ListOptions;
 use crate::respond::{self, Body};
@@ -43,14 +42,9 @@ struct WatchBody {
     /// Resolves at shutdown; kept across wake-ups for the same reason.
     stop: Pin<Box<dyn Future<Output = ()> + Send + Sync>>,
     done: bool,
-    open: Gauge<i64, std::sync::atomic::AtomicI64>,
-    sent: Counter,
-}
-
-impl Drop for WatchBody {
-    fn drop(&mut self) {
-        self.open.dec();
-    }
+    /// Counts this watch as open until the body is dropped.
+    _open: OpenWatch,
+    sent: WatchEvents,
 }
 
 fn coalesce(frames: Vec<Bytes>, bytes: usize) -> Bytes {
@@ -70,7 +64,7 @@ impl WatchBody {
     async fn next_chunk(&mut self) -> Option<Bytes> {
         if let Some(f) = self.first.take() {
             self.done = self.watcher.is_none();
-            self.sent.inc();
+            self.sent.record(std::slice::from_ref(&f));
             return Some(f);
         }
         if self.done {
@@ -83,7 +77,7 @@ impl WatchBody {
                 self.done = true;
             }
             if !d.frames.is_empty() {
-                self.sent.inc_by(d.frames.len() as u64);
+                self.sent.record(&d.frames);
                 return Some(coalesce(d.frames, d.bytes));
             }
             if self.done {
@@ -194,8 +188,9 @@ pub async fn watch<T: Kind>(
             min + min.mul_f64(rand::rng().random::<f64>())
         }
     };
-    let open = app.metrics.watch_gauge(T::INFO.plural);
-    open.inc();
+    let open = app
+        .metrics
+        .watch_opened(T::INFO, !call.route.namespace.is_empty());
     let deadline = tokio::time::Instant::now() + timeout;
     let mut stop_rx = app.stop_watches.clone();
     let state = WatchBody {
@@ -205,8 +200,8 @@ pub async fn watch<T: Kind>(
         timer: Box::pin(tokio::time::sleep_until(deadline)),
         stop: Box::pin(async move { crate::lifecycle::until_set(&mut stop_rx).await }),
         done: false,
-        open,
-        sent: app.metrics.watch_event_counter(T::INFO.plural),
+        _open: open,
+        sent: app.metrics.watch_events(T::INFO),
     };
     let stream = futures::stream::unfold(state, |mut st| async move {
         let chunk = st.next_chunk().await?;

@@ -17,6 +17,7 @@ use svc_storage::{KeyRange, KeyValue, StoreError};
 
 use super::call::{Call, conflict, field_manager, map_write_error, path_namespace, read_current};
 use crate::app::App;
+use crate::features::Feature;
 use crate::kind::Kind;
 use crate::negotiate::{self, Format};
 use crate::respond::{self, Body};
@@ -405,7 +406,7 @@ fn unsafe_delete_requested(app: &App, call: &Call, dry_run: bool) -> Result<bool
         || !app
             .opts
             .feature_gates
-            .enabled("AllowUnsafeMalformedObjectDeletion")
+            .enabled(Feature::AllowUnsafeMalformedObjectDeletion)
     {
         return Ok(false);
     }

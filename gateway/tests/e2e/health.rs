@@ -103,22 +103,35 @@ async fn metrics_count_requests_and_watches() {
     let c = srv.admin();
     c.get("/api/v1/namespaces").await;
     let _w = c.watch("/api/v1/namespaces?watch=1").await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let open_watch =
+        "apiserver_registered_watchers{group=\"\",version=\"v1\",kind=\"Namespace\"} 1";
+    eventually(
+        Duration::from_secs(5),
+        "the open watch is counted",
+        || async {
+            let text = c
+                .request(http::Method::GET, "/metrics", "", &[])
+                .await
+                .text();
+            text.lines().any(|l| l.starts_with(open_watch))
+        },
+    )
+    .await;
     let r = c.request(http::Method::GET, "/metrics", "", &[]).await;
     assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(
+        r.headers["content-type"],
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
     let text = r.text();
     assert!(
         text.lines()
             .any(|l| l.starts_with("apiserver_request_total{")
-                && l.contains("verb=\"list\"")
+                && l.contains("verb=\"LIST\"")
                 && l.contains("resource=\"namespaces\"")
                 && l.contains("code=\"200\"")),
         "{text}"
     );
     assert!(text.contains("apiserver_request_duration_seconds_bucket"));
-    assert!(
-        text.lines()
-            .any(|l| l.starts_with("apiserver_registered_watchers{resource=\"namespaces\"} 1")),
-        "{text}"
-    );
+    assert!(text.lines().any(|l| l.starts_with(open_watch)), "{text}");
 }

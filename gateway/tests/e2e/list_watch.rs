@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::support::client::{Client, TestServer, eventually, summary};
 use http::StatusCode;
 use serde_json::{Value, json};
+use svc_gateway::features::Feature;
 
 const T: Duration = Duration::from_secs(10);
 const SA: &str = "/api/v1/namespaces/lw/serviceaccounts";
@@ -237,7 +238,7 @@ async fn streaming_list_with_send_initial_events() {
         .await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text());
     assert!(r.text().contains("WatchList"));
-    let srv = TestServer::start_with(|o| o.feature_gates.set("WatchList", true)).await;
+    let srv = TestServer::start_with(|o| o.feature_gates.set(Feature::WatchList, true)).await;
     let c = srv.admin();
     setup(&c).await;
     for n in ["a", "b"] {
@@ -358,4 +359,111 @@ fn rand_suffix() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_nanos() as u64
+}
+
+/// Store range reads of service accounts so far (`etcd_requests_total`).
+async fn store_lists(c: &Client) -> f64 {
+    let text = c
+        .request(http::Method::GET, "/metrics", "", &[])
+        .await
+        .text();
+    let sample = "etcd_requests_total{operation=\"list\",group=\"\",resource=\"serviceaccounts\"} ";
+    text.lines()
+        .find_map(|l| l.strip_prefix(sample))
+        .map_or(0.0, |v| v.parse().unwrap())
+}
+
+/// `ListFromCacheSnapshot` decides where Exact lists and continue tokens are read: with it, a
+/// revision the store has already compacted is still served from the cache's snapshot; without
+/// it, the same requests read the store's history, so they get 410 once it is compacted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_from_cache_snapshot_gate_decides_where_past_revisions_are_read() {
+    for snapshots in [true, false] {
+        let srv = TestServer::start_with(|o| {
+            o.feature_gates
+                .set(Feature::ListFromCacheSnapshot, snapshots);
+            // Compaction soon after the writes; the cache's 75 s window outlives it.
+            o.storage_history_retention = Duration::from_millis(500);
+        })
+        .await;
+        let c = srv.admin();
+        setup(&c).await;
+        create(&c, "a").await;
+        let old = rv(&create(&c, "b").await);
+        // An Exact list at the newest revision: from the cache's current state with the gate,
+        // from the store without it.
+        let lists_before = store_lists(&c).await;
+        let (s, exact) = c
+            .get(&format!(
+                "{SA}?resourceVersion={old}&resourceVersionMatch=Exact"
+            ))
+            .await;
+        assert_eq!(s, StatusCode::OK, "{exact}");
+        assert_eq!(names(&exact), ["a", "b"]);
+        let store_reads = store_lists(&c).await - lists_before;
+        assert_eq!(store_reads > 0.0, !snapshots, "{store_reads} store lists");
+
+        let (s, first) = c.get(&format!("{SA}?limit=1")).await;
+        assert_eq!(s, StatusCode::OK, "{first}");
+        assert_eq!(names(&first), ["a"]);
+        let token = first["metadata"]["continue"].as_str().unwrap().to_string();
+        let pinned: i64 = first["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+
+        // Write until the store has compacted both revisions away.
+        let store = srv.handle().app.store.clone();
+        let key = bytes::Bytes::from_static(b"/registry/serviceaccounts/lw/a");
+        let mut compacted = false;
+        for i in 0..200 {
+            if matches!(
+                store.get(key.clone(), Some(old.max(pinned))).await,
+                Err(svc_storage::StoreError::Compacted { .. })
+            ) {
+                compacted = true;
+                break;
+            }
+            create(&c, &format!("tick{i}")).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(compacted, "the store never compacted revision {old}");
+
+        let (s, exact) = c
+            .get(&format!(
+                "{SA}?resourceVersion={old}&resourceVersionMatch=Exact"
+            ))
+            .await;
+        let (s2, next) = c.get(&format!("{SA}?limit=1&continue={token}")).await;
+        if snapshots {
+            assert_eq!(s, StatusCode::OK, "{exact}");
+            assert_eq!(names(&exact), ["a", "b"]);
+            assert_eq!(exact["metadata"]["resourceVersion"], old.to_string());
+            assert_eq!(s2, StatusCode::OK, "{next}");
+            assert_eq!(names(&next), ["b"]);
+            assert_eq!(next["metadata"]["resourceVersion"], pinned.to_string());
+        } else {
+            assert_eq!(
+                s,
+                StatusCode::GONE,
+                "Exact list not read from the store: {exact}"
+            );
+            assert_eq!(exact["reason"], "Expired");
+            assert_eq!(
+                s2,
+                StatusCode::GONE,
+                "continue not read from the store: {next}"
+            );
+            assert_eq!(next["reason"], "Expired");
+            // The cache kept no snapshots at all.
+            let stats = srv
+                .handle()
+                .app
+                .caches
+                .get(<svc_core::kinds::ServiceAccount as svc_core::Resource>::INFO)
+                .stats();
+            assert_eq!(stats.snapshots, 0);
+        }
+    }
 }

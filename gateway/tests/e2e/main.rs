@@ -13,5 +13,6 @@ mod health;
 mod kubectl_writes;
 mod list_watch;
 mod media;
+mod metrics;
 mod patch;
 mod writes;

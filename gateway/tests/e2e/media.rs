@@ -6,6 +6,7 @@ use std::io::Read;
 use crate::support::client::{Client, TestServer};
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
+use svc_gateway::features::Feature;
 
 const SA: &str = "/api/v1/namespaces/default/serviceaccounts";
 
@@ -157,7 +158,8 @@ async fn cbor_behind_its_gate() {
         .await;
     assert_eq!(r.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
 
-    let srv = TestServer::start_with(|o| o.feature_gates.set("CBORServingAndStorage", true)).await;
+    let srv =
+        TestServer::start_with(|o| o.feature_gates.set(Feature::CBORServingAndStorage, true)).await;
     let c = srv.admin();
     let rv = c.get(SA).await.1["metadata"]["resourceVersion"]
         .as_str()
@@ -227,8 +229,16 @@ async fn cbor_behind_its_gate() {
     assert_eq!(item["object"]["metadata"]["name"], "from-cbor");
 }
 
+fn gunzip(body: &[u8]) -> String {
+    let mut plain = String::new();
+    flate2::read::GzDecoder::new(body)
+        .read_to_string(&mut plain)
+        .unwrap();
+    plain
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gzip_for_large_gets_and_lists_only() {
+async fn gzip_for_every_get_and_list_when_asked() {
     let srv = TestServer::start().await;
     let c = srv.admin();
     for i in 0..40 {
@@ -240,10 +250,7 @@ async fn gzip_for_large_gets_and_lists_only() {
         .await;
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.headers["content-encoding"], "gzip");
-    let mut plain = String::new();
-    flate2::read::GzDecoder::new(&r.body[..])
-        .read_to_string(&mut plain)
-        .unwrap();
+    let plain = gunzip(&r.body);
     let list: Value = serde_json::from_str(&plain).unwrap();
     assert_eq!(list["items"].as_array().unwrap().len(), 40);
     assert!(
@@ -252,7 +259,7 @@ async fn gzip_for_large_gets_and_lists_only() {
         r.body.len(),
         plain.len()
     );
-    // Small responses, clients that do not ask, and q=0 stay plain.
+    // A small get (well under 16 KiB) is compressed too: the spec sets no threshold.
     let r = c
         .request(
             Method::GET,
@@ -261,7 +268,27 @@ async fn gzip_for_large_gets_and_lists_only() {
             &[("accept-encoding", "gzip")],
         )
         .await;
-    assert!(r.headers.get("content-encoding").is_none());
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.headers["content-encoding"], "gzip");
+    let plain = gunzip(&r.body);
+    assert!(plain.len() < 16 * 1024, "{} bytes", plain.len());
+    let sa: Value = serde_json::from_str(&plain).unwrap();
+    assert_eq!(sa["metadata"]["name"], "sa-1");
+    // So is a small list (one namespace holding nothing).
+    let r = c
+        .request(
+            Method::GET,
+            "/api/v1/namespaces/kube-public/serviceaccounts",
+            "",
+            &[("accept-encoding", "gzip")],
+        )
+        .await;
+    assert_eq!(r.headers["content-encoding"], "gzip");
+    assert_eq!(
+        serde_json::from_str::<Value>(&gunzip(&r.body)).unwrap()["kind"],
+        "ServiceAccountList"
+    );
+    // Clients that do not ask, and q=0, get plain bodies.
     let r = c.request(Method::GET, SA, "", &[]).await;
     assert!(r.headers.get("content-encoding").is_none());
     let r = c
@@ -283,7 +310,8 @@ async fn gzip_for_large_gets_and_lists_only() {
 
     // With the gate off, nothing is compressed.
     let off =
-        TestServer::start_with(|o| o.feature_gates.set("APIResponseCompression", false)).await;
+        TestServer::start_with(|o| o.feature_gates.set(Feature::APIResponseCompression, false))
+            .await;
     let c = off.admin();
     for i in 0..40 {
         c.post(SA, json!({"metadata": {"name": format!("sa-{i}"), "annotations": {"note": "x".repeat(1000)}}})).await;
@@ -293,6 +321,34 @@ async fn gzip_for_large_gets_and_lists_only() {
         .await;
     assert!(r.headers.get("content-encoding").is_none());
     assert_eq!(r.json()["items"].as_array().unwrap().len(), 40);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compression_floor_leaves_small_bodies_plain() {
+    let srv = TestServer::start_with(|o| o.response_compression_min_bytes = 16 * 1024).await;
+    let c = srv.admin();
+    for i in 0..40 {
+        let (s, _) = c.post(SA, json!({"metadata": {"name": format!("sa-{i}"), "annotations": {"note": "x".repeat(1000)}}})).await;
+        assert_eq!(s, StatusCode::CREATED);
+    }
+    // The list (~45 KiB) is over the floor: compressed.
+    let r = c
+        .request(Method::GET, SA, "", &[("accept-encoding", "gzip")])
+        .await;
+    assert_eq!(r.headers["content-encoding"], "gzip");
+    assert!(gunzip(&r.body).len() >= 16 * 1024);
+    // One object (~1.3 KiB) is under it: plain.
+    let r = c
+        .request(
+            Method::GET,
+            &format!("{SA}/sa-1"),
+            "",
+            &[("accept-encoding", "gzip")],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(r.headers.get("content-encoding").is_none());
+    assert_eq!(r.json()["metadata"]["name"], "sa-1");
 }
 
 #[test]

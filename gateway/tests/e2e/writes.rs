@@ -9,6 +9,7 @@ use crate::support::client::{Client, TestServer};
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
+use svc_gateway::features::Feature;
 
 const SA: &str = "/api/v1/namespaces/w/serviceaccounts";
 
@@ -287,7 +288,7 @@ async fn plant_corrupt(srv: &TestServer, name: &str) {
 async fn corrupt_objects_are_force_deleted_only_behind_the_gate() {
     let (srv, c) = setup_with(|o| {
         o.feature_gates
-            .set("AllowUnsafeMalformedObjectDeletion", true)
+            .set(Feature::AllowUnsafeMalformedObjectDeletion, true)
     })
     .await;
     plant_corrupt(&srv, "bad").await;

@@ -306,6 +306,32 @@ fn snapshots_are_bounded_by_the_bytes_they_alone_keep_alive() {
 }
 
 #[test]
+fn without_list_snapshots_only_the_current_state_is_listable() {
+    let clock = Clock::new();
+    let cfg = WatchCacheConfig {
+        list_snapshots: false,
+        snapshot_min_interval: Duration::ZERO,
+        ..config()
+    };
+    let c = cache_with(cfg, &clock);
+    apply(&c, vec![put("a", "o", &[], 2)], clock.at(0.0));
+    apply(&c, vec![put("a", "p", &[], 3)], clock.at(1.0));
+    apply(
+        &c,
+        vec![put("a", "q", &[], 4), put("a", "r", &[], 5)],
+        clock.at(2.0),
+    );
+    let s = c.stats();
+    assert_eq!((s.snapshots, s.snapshot_bytes), (0, 0));
+    // The current revision is the current state; any older one is not kept (410), so the
+    // caller reads the store's history instead.
+    assert_eq!(model_of(&c.snapshot_at(5).unwrap()).len(), 4);
+    assert_eq!(c.snapshot_at(3).unwrap_err().code(), 410);
+    // Counters for metrics: events from the feed, and fills from a full read.
+    assert_eq!((s.events_received, s.initializations), (4, 1));
+}
+
+#[test]
 fn history_is_bounded_by_count_time_and_bytes() {
     let clock = Clock::new();
     // By count.
