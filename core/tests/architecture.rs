@@ -180,6 +180,8 @@ const GATEWAY_ORDER: &[&str] = &[
     "rest::write",
     "rest::patch",
     "rest",
+    "pipeline",
+    "loopback",
     "bootstrap",
     "server",
 ];

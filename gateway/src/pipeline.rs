@@ -1,0 +1,329 @@
+//! The pipeline every request takes, whether it came from a socket or from a controller
+//! inside the server: route, authenticate, authorize, read the body, dispatch (resources,
+//! health, metrics, discovery, OpenAPI), compress, account.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use svc_core::ApiError;
+
+use crate::app::App;
+use crate::auth::{self, Attributes, ConnIdentity, ResourceAttributes};
+use crate::features::Feature;
+use crate::pki;
+use crate::query::Query;
+use crate::respond::{self, Body};
+use crate::router::{self, Route};
+use crate::{discovery, health, metrics, openapi, rest};
+
+/// Who sent a request, before authentication has looked at it.
+pub enum Caller {
+    /// A client on a connection (its certificate, if any, already verified by TLS).
+    Connection(Arc<ConnIdentity>),
+    /// The server itself (a controller), acting as this user; authorization still applies.
+    Internal(pki::UserInfo),
+}
+
+/// A request body: still arriving from a client, or already in memory.
+pub enum RequestBody {
+    Stream(Incoming),
+    Full(Bytes),
+}
+
+impl RequestBody {
+    /// The whole body, refused with 413 past `max` bytes.
+    async fn read(self, max: usize) -> Result<Bytes, ApiError> {
+        match self {
+            RequestBody::Stream(body) => read_stream(body, max).await,
+            RequestBody::Full(b) if b.len() > max => Err(ApiError::RequestEntityTooLarge(format!(
+                "the request body exceeds the limit of {max} bytes"
+            ))),
+            RequestBody::Full(b) => Ok(b),
+        }
+    }
+}
+
+/// The Kubernetes verb of a request.
+fn verb_of(method: &Method, route: &Route, watch: bool) -> &'static str {
+    match (method, route) {
+        (&Method::GET | &Method::HEAD, Route::Resource(r)) => {
+            if watch {
+                "watch"
+            } else if r.name.is_some() {
+                "get"
+            } else {
+                "list"
+            }
+        }
+        (&Method::POST, _) => "create",
+        (&Method::PUT, _) => "update",
+        (&Method::PATCH, _) => "patch",
+        (&Method::DELETE, Route::Resource(r)) if r.name.is_none() => "deletecollection",
+        (&Method::DELETE, _) => "delete",
+        _ => "get",
+    }
+}
+
+/// Every request enters here: route, authenticate, authorize, dispatch, account.
+pub async fn handle(app: Arc<App>, caller: Caller, req: Request<RequestBody>) -> Response<Body> {
+    let start = Instant::now();
+    let path = req.uri().path().to_string();
+    let query = Query::parse(req.uri().query());
+    let route = router::route(&path);
+    let gzip_header = req.headers().get(http::header::ACCEPT_ENCODING).cloned();
+    let watch = query.bool("watch").unwrap_or(false);
+    let verb = verb_of(req.method(), &route, watch);
+    let info = metrics::RequestInfo::new(req.method(), &route, &query, req.headers(), watch);
+    let inflight = app.metrics.start(&info);
+
+    let resp = match authenticate_and_authorize(&app, &caller, &req, &route, verb, &path) {
+        Err(e) => respond::error(&e),
+        Ok(user) => {
+            if verb == "watch" {
+                dispatch(&app, req, route, query, user).await
+            } else {
+                match tokio::time::timeout(
+                    app.opts.request_timeout,
+                    dispatch(&app, req, route, query, user),
+                )
+                .await
+                {
+                    Ok(r) => r,
+                    Err(_) => respond::error(&ApiError::Timeout {
+                        message: "request did not complete within the allowed duration".into(),
+                        retry_after_seconds: None,
+                    }),
+                }
+            }
+        }
+    };
+    let resp = if (verb == "get" || verb == "list")
+        && accepts_gzip(&gzip_header)
+        && app
+            .opts
+            .feature_gates
+            .enabled(Feature::APIResponseCompression)
+    {
+        gzip(resp, app.opts.response_compression_min_bytes).await
+    } else {
+        resp
+    };
+    let code = resp.status().as_u16();
+    drop(inflight);
+    app.metrics.observe(&info, code, start.elapsed());
+    tracing::debug!(verb, %path, code, elapsed_ms = start.elapsed().as_secs_f64() * 1e3, "request");
+    resp
+}
+
+fn authenticate_and_authorize(
+    app: &App,
+    caller: &Caller,
+    req: &Request<RequestBody>,
+    route: &Route,
+    verb: &str,
+    path: &str,
+) -> Result<pki::UserInfo, ApiError> {
+    let user = match caller {
+        Caller::Connection(ident) => {
+            auth::authenticate(ident, req.headers(), app.opts.anonymous_auth)?
+        }
+        Caller::Internal(user) => user.clone(),
+    };
+    let resource = match route {
+        Route::Resource(r) => Some(ResourceAttributes {
+            group: r.info.group,
+            resource: r.info.plural,
+            subresource: r.subresource.as_deref(),
+            namespace: &r.namespace,
+            name: r.name.as_deref(),
+        }),
+        _ => None,
+    };
+    auth::authorize(
+        &user,
+        &Attributes {
+            verb,
+            resource,
+            path,
+        },
+    )?;
+    Ok(user)
+}
+
+async fn dispatch(
+    app: &Arc<App>,
+    req: Request<RequestBody>,
+    route: Route,
+    query: Query,
+    user: pki::UserInfo,
+) -> Response<Body> {
+    let is_get = req.method() == Method::GET || req.method() == Method::HEAD;
+    match route {
+        Route::Resource(r) => {
+            let (parts, body) = req.into_parts();
+            let body = if matches!(
+                parts.method,
+                Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+            ) {
+                match body.read(app.opts.max_request_body_bytes).await {
+                    Ok(b) => b,
+                    Err(e) => return respond::error(&e),
+                }
+            } else {
+                Bytes::new()
+            };
+            rest::serve(
+                app,
+                rest::Call {
+                    parts,
+                    body,
+                    route: r,
+                    query,
+                    user,
+                    format: crate::negotiate::Format::Json,
+                },
+            )
+            .await
+        }
+        _ if !is_get => respond::error(&ApiError::MethodNotAllowed(format!(
+            "the server does not allow this method on the requested resource: {}",
+            req.method()
+        ))),
+        Route::Health { endpoint, check } => {
+            health::serve(app, endpoint, check.as_deref(), &query).await
+        }
+        Route::Metrics => {
+            respond::bytes_response(StatusCode::OK, metrics::CONTENT_TYPE, app.metrics.encode())
+        }
+        Route::NotFound => respond::error(&ApiError::PathNotFound(req.uri().path().to_string())),
+        Route::OpenApiV3Index => openapi::serve_index(),
+        Route::OpenApiV3 { group, version } => openapi::serve_group_version(&group, &version),
+        other => discovery::serve(&other, query.pretty()),
+    }
+}
+
+fn accepts_gzip(header: &Option<http::HeaderValue>) -> bool {
+    let Some(v) = header.as_ref().and_then(|h| h.to_str().ok()) else {
+        return false;
+    };
+    v.split(',').any(|part| {
+        let mut it = part.split(';').map(str::trim);
+        let coding = it.next().unwrap_or_default();
+        let refused = it.any(|p| p.replace(' ', "") == "q=0" || p.replace(' ', "") == "q=0.0");
+        (coding.eq_ignore_ascii_case("gzip") || coding == "*") && !refused
+    })
+}
+
+/// Compresses a complete response body with gzip (level 1: fastest, most of the gain on
+/// JSON). Streams (watches) are left alone, and so are bodies under `min_bytes`
+/// (`--response-compression-min-bytes`; 0, the default, compresses every body as the spec
+/// says).
+async fn gzip(resp: Response<Body>, min_bytes: usize) -> Response<Body> {
+    use hyper::body::Body as _;
+    if resp.headers().contains_key(http::header::CONTENT_ENCODING) {
+        return resp;
+    }
+    let Some(len) = resp.body().size_hint().exact() else {
+        return resp;
+    };
+    if len < min_bytes as u64 {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let Ok(collected) = body.collect().await else {
+        return respond::error(&ApiError::internal("reading a response body to compress"));
+    };
+    let plain = collected.to_bytes();
+    let compress = move || {
+        use std::io::Write as _;
+        let mut enc = flate2::write::GzEncoder::new(
+            Vec::with_capacity(plain.len() / 4),
+            flate2::Compression::fast(),
+        );
+        enc.write_all(&plain).and_then(|()| enc.finish())
+    };
+    // Large bodies are compressed off the async threads.
+    let out = if len > 1 << 20 {
+        tokio::task::spawn_blocking(compress)
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+    } else {
+        compress()
+    };
+    match out {
+        Ok(gz) => {
+            parts.headers.insert(
+                http::header::CONTENT_ENCODING,
+                http::HeaderValue::from_static("gzip"),
+            );
+            parts.headers.remove(http::header::CONTENT_LENGTH);
+            parts.headers.append(
+                http::header::VARY,
+                http::HeaderValue::from_static("Accept-Encoding"),
+            );
+            Response::from_parts(parts, respond::full(gz))
+        }
+        Err(e) => respond::error(&ApiError::internal(format!(
+            "compressing the response: {e}"
+        ))),
+    }
+}
+
+/// How much of an oversized body is read and discarded before the 413 goes out, so a client
+/// still writing it can read the answer instead of seeing a reset (Go's server does the same).
+const OVERSIZE_DISCARD: usize = 256 * 1024;
+const OVERSIZE_DISCARD_TIME: Duration = Duration::from_secs(1);
+
+/// Reads a request body, refusing more than `max` bytes with 413 without buffering them.
+async fn read_stream(mut body: Incoming, max: usize) -> Result<Bytes, ApiError> {
+    let too_large = || {
+        ApiError::RequestEntityTooLarge(format!(
+            "the request body exceeds the limit of {max} bytes"
+        ))
+    };
+    let declared = hyper::body::Body::size_hint(&body).lower();
+    let mut buf = bytes::BytesMut::new();
+    let mut seen = 0usize;
+    let discard_until = tokio::time::Instant::now() + OVERSIZE_DISCARD_TIME;
+    loop {
+        let oversize = seen > max || declared > max as u64;
+        if oversize
+            && (seen > max + OVERSIZE_DISCARD || tokio::time::Instant::now() > discard_until)
+        {
+            return Err(too_large());
+        }
+        let next = if oversize {
+            match tokio::time::timeout_at(discard_until, body.frame()).await {
+                Ok(f) => f,
+                Err(_) => return Err(too_large()),
+            }
+        } else {
+            body.frame().await
+        };
+        match next {
+            None if oversize => return Err(too_large()),
+            None => return Ok(buf.freeze()),
+            Some(Err(e)) if oversize => {
+                tracing::debug!(error = %e, "oversized body ended early");
+                return Err(too_large());
+            }
+            Some(Err(e)) => {
+                return Err(ApiError::bad_request(format!(
+                    "reading the request body: {e}"
+                )));
+            }
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    seen += data.len();
+                    if seen <= max && declared <= max as u64 {
+                        buf.extend_from_slice(&data);
+                    }
+                }
+            }
+        }
+    }
+}
