@@ -37,6 +37,7 @@ publish = false
 
 [dependencies]
 prost-build = "=0.14.4"
+tonic-build = { version = "=0.14.9", default-features = false }
 tonic-prost-build = "=0.14.9"
 
 [workspace]
