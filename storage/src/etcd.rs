@@ -1,4 +1,5 @@
-//! The etcd backend: the `Store` contract on an etcd v3 cluster over gRPC (`etcd-client`).
+//! The etcd backend: the `Store` contract on an etcd v3 cluster over gRPC (our own small
+//! client in `client`, on tonic, with code generated from `storage/proto/` kept in `pb`).
 //!
 //! - **Revisions** are etcd's own revisions (note: etcd's first write is revision 2).
 //! - **CAS** writes are single transactions comparing the key's `mod_revision` (or
@@ -20,7 +21,9 @@
 //! Every key is stored under `EtcdConfig::prefix` (prepended; default empty, so our
 //! `/registry/...` keys are etcd keys as Kubernetes lays them out).
 
+mod client;
 mod feed;
+pub mod pb;
 #[cfg(feature = "conformance")]
 pub mod testing;
 
@@ -31,18 +34,20 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use etcd_client::{
-    Client, CompactionOptions, Compare, CompareOp, ConnectOptions, GetOptions, GetResponse,
-    PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
-};
 use parking_lot::Mutex;
 use tokio::sync::watch;
+use tonic::Status;
 
+use self::client::{Client, ConnectOptions};
+use self::pb::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
+use self::pb::etcdserverpb::request_op::Request;
+use self::pb::etcdserverpb::response_op::Response;
+use self::pb::etcdserverpb::{
+    CompactionRequest, Compare, DeleteRangeRequest, PutRequest, RangeRequest, RangeResponse,
+    RequestOp, ResponseHeader, TxnRequest, TxnResponse, WatchCreateRequest,
+};
+use self::pb::mvccpb;
 use crate::{FeedStream, KeyRange, KeyValue, RangeResult, Revision, Store, StoreError};
-
-/// Largest gRPC message accepted from etcd (a big list is one message). etcd's own default
-/// send limit is 2 GiB; this keeps our buffer bounded while allowing large lists.
-const MAX_MESSAGE_BYTES: usize = 512 * 1024 * 1024;
 
 /// Client certificates and CA for TLS to etcd (PEM files).
 #[derive(Clone, Debug, Default)]
@@ -121,7 +126,7 @@ impl Shared {
     /// After a transport failure on endpoint `used`: later calls go to the next endpoint,
     /// and `used` gets a fresh client (lazy, no I/O) for when its turn comes again. Only the
     /// first of several concurrent failures on one endpoint moves on.
-    pub(crate) async fn fail_over(&self, used: usize) {
+    pub(crate) fn fail_over(&self, used: usize) {
         let count = self.config.endpoints.len().max(1);
         if self
             .current
@@ -145,7 +150,7 @@ impl Shared {
                 _ => return,
             }
         }
-        match connect(std::slice::from_ref(endpoint), self.options.clone()).await {
+        match Client::new(endpoint, &self.options) {
             Ok(client) => {
                 if let Some(slot) = self.clients.lock().get_mut(used) {
                     *slot = client;
@@ -185,17 +190,19 @@ impl Shared {
         (start, end)
     }
 
-    pub(crate) fn convert(&self, kv: &etcd_client::KeyValue) -> KeyValue {
-        let key = kv
-            .key()
-            .strip_prefix(self.config.prefix.as_bytes())
-            .unwrap_or(kv.key());
+    /// One of etcd's key-values as ours (the key without the prefix). Takes ownership: the
+    /// decoded buffers become the `Bytes` without a copy.
+    pub(crate) fn convert(&self, kv: mvccpb::KeyValue) -> KeyValue {
+        let mut key = Bytes::from(kv.key);
+        if key.starts_with(self.config.prefix.as_bytes()) {
+            key = key.slice(self.config.prefix.len()..);
+        }
         KeyValue {
-            key: Bytes::copy_from_slice(key),
-            value: Bytes::copy_from_slice(kv.value()),
-            create_revision: kv.create_revision(),
-            mod_revision: kv.mod_revision(),
-            version: kv.version(),
+            key,
+            value: Bytes::from(kv.value),
+            create_revision: kv.create_revision,
+            mod_revision: kv.mod_revision,
+            version: kv.version,
         }
     }
 
@@ -204,7 +211,7 @@ impl Shared {
     async fn call<T, F, Fut>(&self, retry: Retry, op: F) -> Result<T, StoreError>
     where
         F: Fn(Client) -> Fut,
-        Fut: Future<Output = Result<T, etcd_client::Error>>,
+        Fut: Future<Output = Result<T, Status>>,
     {
         let timeout = self.config.request_timeout;
         let deadline = Instant::now() + timeout;
@@ -235,7 +242,7 @@ impl Shared {
             if !matches!(err, StoreError::Unavailable(_)) {
                 return Err(err);
             }
-            self.fail_over(used).await;
+            self.fail_over(used);
             let may_retry = retry == Retry::Always || not_sent;
             if !may_retry || attempt >= max_attempts || Instant::now() >= deadline {
                 return Err(err);
@@ -248,12 +255,12 @@ impl Shared {
     /// The compaction point: a watch from revision 1 is refused with it, or accepted
     /// (nothing compacted).
     async fn probe_compacted(&self) -> Result<Revision, StoreError> {
-        let key = self.full_key(b"\0svc-compaction-probe");
-        let opts = WatchOptions::new().with_start_revision(1);
-        let probe = |client: Client| {
-            let (key, opts) = (key.clone(), opts.clone());
-            Self::compaction_probe(client, key, opts)
+        let create = WatchCreateRequest {
+            key: self.full_key(b"\0svc-compaction-probe"),
+            start_revision: 1,
+            ..WatchCreateRequest::default()
         };
+        let probe = |client: Client| Self::compaction_probe(client, create.clone());
         let compacted = self.call(Retry::Always, probe).await?;
         self.note_compacted(compacted);
         Ok(self.compacted.load(Ordering::Relaxed).max(compacted))
@@ -263,43 +270,33 @@ impl Shared {
     /// first answer.
     async fn compaction_probe(
         client: Client,
-        key: Vec<u8>,
-        opts: WatchOptions,
-    ) -> Result<Revision, etcd_client::Error> {
-        let mut client = client.watch_client();
-        let mut stream = client.watch(key, Some(opts)).await?;
+        create: WatchCreateRequest,
+    ) -> Result<Revision, Status> {
+        let mut stream = client.watch(create).await?;
         loop {
             match stream.message().await? {
-                Some(resp) if resp.compact_revision() > 0 => {
-                    return Ok(resp.compact_revision());
-                }
-                Some(resp) if resp.created() => return Ok(0),
-                Some(resp) if resp.canceled() => {
-                    return Err(etcd_client::Error::WatchError(format!(
+                Some(resp) if resp.compact_revision > 0 => return Ok(resp.compact_revision),
+                Some(resp) if resp.created => return Ok(0),
+                Some(resp) if resp.canceled => {
+                    return Err(Status::unavailable(format!(
                         "probe watch canceled: {}",
-                        resp.cancel_reason()
+                        resp.cancel_reason
                     )));
                 }
                 Some(_) => {}
-                None => {
-                    return Err(etcd_client::Error::WatchError(
-                        "probe watch ended".to_string(),
-                    ));
-                }
+                None => return Err(Status::unavailable("probe watch ended")),
             }
         }
     }
 
     async fn current_revision(&self) -> Result<Revision, StoreError> {
-        let key = self.full_key(b"\0svc-revision-probe");
-        let opts = GetOptions::new().with_count_only();
-        let resp = self
-            .call(Retry::Always, |c| {
-                let (key, opts) = (key.clone(), opts.clone());
-                async move { c.kv_client().get(key, Some(opts)).await }
-            })
-            .await?;
-        header_revision(resp.header())
+        let request = RangeRequest {
+            key: self.full_key(b"\0svc-revision-probe"),
+            count_only: true,
+            ..RangeRequest::default()
+        };
+        let resp = self.range(request).await?;
+        header_revision(resp.header.as_ref())
     }
 
     /// Turns etcd's revision errors into ours, with the numbers they need.
@@ -324,24 +321,19 @@ impl Shared {
     }
 
     /// A write transaction (retried only when it surely was not sent).
-    async fn txn(&self, txn: Txn) -> Result<TxnResponse, StoreError> {
+    async fn txn(&self, txn: TxnRequest) -> Result<TxnResponse, StoreError> {
         self.call(Retry::IfNotSent, |c| {
             let txn = txn.clone();
-            async move { c.kv_client().txn(txn).await }
+            async move { c.txn(txn).await }
         })
         .await
     }
 
     /// A linearizable range read.
-    async fn get_range(&self, key: Vec<u8>, opts: GetOptions) -> Result<GetResponse, StoreError> {
+    async fn range(&self, request: RangeRequest) -> Result<RangeResponse, StoreError> {
         self.call(Retry::Always, |c| {
-            let (key, opts) = (key.clone(), opts.clone());
-            async move {
-                c.kv_client()
-                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                    .get(key, Some(opts))
-                    .await
-            }
+            let request = request.clone();
+            async move { c.range(request).await }
         })
         .await
     }
@@ -363,54 +355,12 @@ impl std::fmt::Debug for EtcdStore {
     }
 }
 
-async fn connect(endpoints: &[String], options: ConnectOptions) -> Result<Client, StoreError> {
-    Client::connect(endpoints, Some(options))
-        .await
-        .map_err(|e| StoreError::Unavailable(format!("connecting to etcd: {e}")))
-}
-
-fn read_pem(path: &PathBuf, what: &str) -> Result<Vec<u8>, StoreError> {
-    std::fs::read(path).map_err(|e| {
-        StoreError::Io(std::io::Error::new(
-            e.kind(),
-            format!("reading etcd {what} {}: {e}", path.display()),
-        ))
-    })
-}
-
 fn connect_options(config: &EtcdConfig) -> Result<ConnectOptions, StoreError> {
-    let mut options = ConnectOptions::new()
-        .with_timeout(config.request_timeout)
-        .with_connect_timeout(config.connect_timeout)
-        // Detects a silently dead member (no RST) so feeds move on to another.
-        .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3))
-        .with_keep_alive_while_idle(true)
-        // A member cut off from the quorum refuses calls and cancels its watches instead of
-        // serving a frozen view, so both fail over to a member that has a leader.
-        .with_require_leader(true);
-    if let Some(tls) = &config.tls {
-        let mut tls_options = etcd_client::TlsOptions::new();
-        if let Some(ca) = &tls.ca_file {
-            tls_options =
-                tls_options.ca_certificate(etcd_client::Certificate::from_pem(read_pem(ca, "CA")?));
-        }
-        match (&tls.cert_file, &tls.key_file) {
-            (Some(cert), Some(key)) => {
-                tls_options = tls_options.identity(etcd_client::Identity::from_pem(
-                    read_pem(cert, "client certificate")?,
-                    read_pem(key, "client key")?,
-                ));
-            }
-            (None, None) => {}
-            _ => {
-                return Err(StoreError::Unavailable(
-                    "--etcd-certfile and --etcd-keyfile must be given together".to_string(),
-                ));
-            }
-        }
-        options = options.with_tls(tls_options);
-    }
-    Ok(options)
+    Ok(ConnectOptions {
+        request_timeout: config.request_timeout,
+        connect_timeout: config.connect_timeout,
+        tls: config.tls.as_ref().map(client::tls_config).transpose()?,
+    })
 }
 
 impl EtcdStore {
@@ -425,7 +375,7 @@ impl EtcdStore {
         let options = connect_options(&config)?;
         let mut clients = Vec::with_capacity(config.endpoints.len());
         for endpoint in &config.endpoints {
-            clients.push(connect(std::slice::from_ref(endpoint), options.clone()).await?);
+            clients.push(Client::new(endpoint, &options)?);
         }
         let (closed, _) = watch::channel(false);
         Ok(Arc::new(EtcdStore {
@@ -447,9 +397,9 @@ impl EtcdStore {
     }
 }
 
-fn header_revision(header: Option<&etcd_client::ResponseHeader>) -> Result<Revision, StoreError> {
+fn header_revision(header: Option<&ResponseHeader>) -> Result<Revision, StoreError> {
     header
-        .map(|h| h.revision())
+        .map(|h| h.revision)
         .ok_or_else(|| inconsistent("response without a header"))
 }
 
@@ -457,57 +407,111 @@ fn inconsistent(what: &str) -> StoreError {
     StoreError::Backend(format!("unexpected etcd response: {what}").into())
 }
 
-/// Maps a client error: transport and availability trouble is `Unavailable` (503 higher
+/// Maps a call's failure: transport and availability trouble is `Unavailable` (503 higher
 /// up); etcd's revision errors become placeholders `revision_error` fills in.
-pub(crate) fn map_error(err: etcd_client::Error) -> StoreError {
+pub(crate) fn map_error(status: Status) -> StoreError {
     use tonic::Code;
-    match &err {
-        etcd_client::Error::GRpcStatus(status) => {
-            let message = status.message();
-            if message.contains("required revision has been compacted") {
-                return StoreError::Compacted {
-                    requested: 0,
-                    compacted: 0,
-                };
-            }
-            if message.contains("required revision is a future revision") {
-                return StoreError::FutureRevision {
-                    requested: 0,
-                    current: 0,
-                };
-            }
-            match status.code() {
-                Code::Unavailable
-                | Code::DeadlineExceeded
-                | Code::Cancelled
-                | Code::Aborted
-                | Code::ResourceExhausted
-                | Code::Unknown => StoreError::Unavailable(format!("etcd: {message}")),
-                _ => StoreError::Backend(Box::new(err)),
-            }
-        }
-        etcd_client::Error::TransportError(_)
-        | etcd_client::Error::IoError(_)
-        | etcd_client::Error::WatchError(_) => StoreError::Unavailable(err.to_string()),
-        _ => StoreError::Backend(Box::new(err)),
+    let message = status.message();
+    if message.contains("required revision has been compacted") {
+        return StoreError::Compacted {
+            requested: 0,
+            compacted: 0,
+        };
+    }
+    if message.contains("required revision is a future revision") {
+        return StoreError::FutureRevision {
+            requested: 0,
+            current: 0,
+        };
+    }
+    match status.code() {
+        // Connection failures, timeouts (tonic's own deadline is `Cancelled`), a member
+        // without a leader, and the `Unknown` of a transport error that carries no status.
+        Code::Unavailable
+        | Code::DeadlineExceeded
+        | Code::Cancelled
+        | Code::Aborted
+        | Code::ResourceExhausted
+        | Code::Unknown => StoreError::Unavailable(format!("etcd: {message}")),
+        _ => StoreError::Backend(Box::new(status)),
     }
 }
 
 /// Whether a failed call surely never reached etcd (the connection could not be made), so
 /// even a write may be sent again elsewhere.
-fn never_sent(err: &etcd_client::Error) -> bool {
-    let text = match err {
-        etcd_client::Error::GRpcStatus(status) => status.message().to_ascii_lowercase(),
-        etcd_client::Error::TransportError(e) => e.to_string().to_ascii_lowercase(),
-        _ => return false,
-    };
+fn never_sent(status: &Status) -> bool {
+    let text = status.message().to_ascii_lowercase();
     text.contains("connect error") || text.contains("connection refused")
 }
 
+/// Compares `key`'s `create_revision` with `revision` (0: the key is absent).
+fn create_revision(key: &[u8], result: CompareResult, revision: Revision) -> Compare {
+    Compare {
+        result: result.into(),
+        target: CompareTarget::Create.into(),
+        key: key.to_vec(),
+        target_union: Some(TargetUnion::CreateRevision(revision)),
+        range_end: Vec::new(),
+    }
+}
+
+/// Whether `key`'s `mod_revision` is `revision`.
+fn mod_revision_is(key: &[u8], revision: Revision) -> Compare {
+    Compare {
+        result: CompareResult::Equal.into(),
+        target: CompareTarget::Mod.into(),
+        key: key.to_vec(),
+        target_union: Some(TargetUnion::ModRevision(revision)),
+        range_end: Vec::new(),
+    }
+}
+
+/// Reads one key (the failure branch of every write transaction).
+fn get_op(key: Vec<u8>) -> RequestOp {
+    RequestOp {
+        request: Some(Request::RequestRange(RangeRequest {
+            key,
+            ..RangeRequest::default()
+        })),
+    }
+}
+
+fn put_op(key: Vec<u8>, value: Vec<u8>, prev_kv: bool) -> RequestOp {
+    RequestOp {
+        request: Some(Request::RequestPut(PutRequest {
+            key,
+            value,
+            prev_kv,
+            ..PutRequest::default()
+        })),
+    }
+}
+
+/// Deletes one key, returning what it held.
+fn delete_op(key: Vec<u8>) -> RequestOp {
+    RequestOp {
+        request: Some(Request::RequestDeleteRange(DeleteRangeRequest {
+            key,
+            prev_kv: true,
+            ..DeleteRangeRequest::default()
+        })),
+    }
+}
+
+/// The one response of a transaction branch.
+fn first_response(resp: &mut TxnResponse) -> Option<Response> {
+    if resp.responses.is_empty() {
+        return None;
+    }
+    resp.responses.swap_remove(0).response
+}
+
 /// The key-value read by the failure branch of a transaction (its one `get`).
-fn else_branch_kv(shared: &Shared, resp: &TxnResponse) -> Result<Option<KeyValue>, StoreError> {
-    match resp.op_responses().first() {
-        Some(TxnOpResponse::Get(get)) => Ok(get.kvs().first().map(|kv| shared.convert(kv))),
+fn else_branch_kv(shared: &Shared, mut resp: TxnResponse) -> Result<Option<KeyValue>, StoreError> {
+    match first_response(&mut resp) {
+        Some(Response::ResponseRange(range)) => {
+            Ok(range.kvs.into_iter().next().map(|kv| shared.convert(kv)))
+        }
         _ => Err(inconsistent("transaction failure branch without a read")),
     }
 }
@@ -517,13 +521,14 @@ impl Store for EtcdStore {
     async fn create(&self, key: Bytes, value: Bytes) -> Result<KeyValue, StoreError> {
         let s = &self.shared;
         let full = s.full_key(&key);
-        let txn = Txn::new()
-            .when([Compare::create_revision(full.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(full.clone(), value.to_vec(), None)])
-            .or_else([TxnOp::get(full, None)]);
+        let txn = TxnRequest {
+            compare: vec![create_revision(&full, CompareResult::Equal, 0)],
+            success: vec![put_op(full.clone(), value.to_vec(), false)],
+            failure: vec![get_op(full)],
+        };
         let resp = s.txn(txn).await?;
-        if resp.succeeded() {
-            let revision = header_revision(resp.header())?;
+        if resp.succeeded {
+            let revision = header_revision(resp.header.as_ref())?;
             return Ok(KeyValue {
                 key,
                 value,
@@ -532,7 +537,7 @@ impl Store for EtcdStore {
                 version: 1,
             });
         }
-        match else_branch_kv(s, &resp)? {
+        match else_branch_kv(s, resp)? {
             Some(current) => Err(StoreError::AlreadyExists {
                 current: Box::new(current),
             }),
@@ -549,22 +554,19 @@ impl Store for EtcdStore {
     ) -> Result<KeyValue, StoreError> {
         let s = &self.shared;
         let full = s.full_key(&key);
-        let txn = Txn::new()
-            .when([
-                Compare::create_revision(full.clone(), CompareOp::Greater, 0),
-                Compare::mod_revision(full.clone(), CompareOp::Equal, expected),
-            ])
-            .and_then([TxnOp::put(
-                full.clone(),
-                value.to_vec(),
-                Some(PutOptions::new().with_prev_key()),
-            )])
-            .or_else([TxnOp::get(full, None)]);
-        let resp = s.txn(txn).await?;
-        if resp.succeeded() {
-            let revision = header_revision(resp.header())?;
-            let prev = match resp.op_responses().first() {
-                Some(TxnOpResponse::Put(put)) => put.prev_key().map(|kv| s.convert(kv)),
+        let txn = TxnRequest {
+            compare: vec![
+                create_revision(&full, CompareResult::Greater, 0),
+                mod_revision_is(&full, expected),
+            ],
+            success: vec![put_op(full.clone(), value.to_vec(), true)],
+            failure: vec![get_op(full)],
+        };
+        let mut resp = s.txn(txn).await?;
+        if resp.succeeded {
+            let revision = header_revision(resp.header.as_ref())?;
+            let prev = match first_response(&mut resp) {
+                Some(Response::ResponsePut(put)) => put.prev_kv.map(|kv| s.convert(kv)),
                 _ => None,
             };
             let prev = prev.ok_or_else(|| inconsistent("update without the previous value"))?;
@@ -576,7 +578,7 @@ impl Store for EtcdStore {
                 version: prev.version.saturating_add(1),
             });
         }
-        match else_branch_kv(s, &resp)? {
+        match else_branch_kv(s, resp)? {
             Some(current) => Err(StoreError::Conflict {
                 current: Box::new(current),
             }),
@@ -591,29 +593,29 @@ impl Store for EtcdStore {
     ) -> Result<(KeyValue, Revision), StoreError> {
         let s = &self.shared;
         let full = s.full_key(&key);
-        let compare = match expected {
-            Some(rev) => Compare::mod_revision(full.clone(), CompareOp::Equal, rev),
-            None => Compare::create_revision(full.clone(), CompareOp::Greater, 0),
+        let condition = match expected {
+            Some(rev) => mod_revision_is(&full, rev),
+            None => create_revision(&full, CompareResult::Greater, 0),
         };
-        let txn = Txn::new()
-            .when([compare])
-            .and_then([TxnOp::delete(
-                full.clone(),
-                Some(etcd_client::DeleteOptions::new().with_prev_key()),
-            )])
-            .or_else([TxnOp::get(full, None)]);
-        let resp = s.txn(txn).await?;
-        if resp.succeeded() {
-            let revision = header_revision(resp.header())?;
-            let deleted = match resp.op_responses().first() {
-                Some(TxnOpResponse::Delete(del)) => del.prev_kvs().first().map(|kv| s.convert(kv)),
+        let txn = TxnRequest {
+            compare: vec![condition],
+            success: vec![delete_op(full.clone())],
+            failure: vec![get_op(full)],
+        };
+        let mut resp = s.txn(txn).await?;
+        if resp.succeeded {
+            let revision = header_revision(resp.header.as_ref())?;
+            let deleted = match first_response(&mut resp) {
+                Some(Response::ResponseDeleteRange(del)) => {
+                    del.prev_kvs.into_iter().next().map(|kv| s.convert(kv))
+                }
                 _ => None,
             };
             let deleted =
                 deleted.ok_or_else(|| inconsistent("delete without the previous value"))?;
             return Ok((deleted, revision));
         }
-        match else_branch_kv(s, &resp)? {
+        match else_branch_kv(s, resp)? {
             Some(current) => Err(StoreError::Conflict {
                 current: Box::new(current),
             }),
@@ -627,19 +629,23 @@ impl Store for EtcdStore {
         at: Option<Revision>,
     ) -> Result<(Option<KeyValue>, Revision), StoreError> {
         let s = &self.shared;
-        let mut opts = GetOptions::new();
-        if let Some(rev) = at {
-            opts = opts.with_revision(rev);
-        }
-        let resp = match s.get_range(s.full_key(&key), opts).await {
+        let request = RangeRequest {
+            key: s.full_key(&key),
+            revision: at.unwrap_or(0),
+            ..RangeRequest::default()
+        };
+        let resp = match s.range(request).await {
             Ok(resp) => resp,
             Err(e) => return Err(s.revision_error(e, at.unwrap_or(0)).await),
         };
         let revision = match at {
             Some(rev) => rev,
-            None => header_revision(resp.header())?,
+            None => header_revision(resp.header.as_ref())?,
         };
-        Ok((resp.kvs().first().map(|kv| s.convert(kv)), revision))
+        Ok((
+            resp.kvs.into_iter().next().map(|kv| s.convert(kv)),
+            revision,
+        ))
     }
 
     async fn range(
@@ -650,24 +656,25 @@ impl Store for EtcdStore {
     ) -> Result<RangeResult, StoreError> {
         let s = &self.shared;
         let (start, end) = s.full_range(&range);
-        let mut opts = GetOptions::new()
-            .with_range(end)
-            .with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
-        if let Some(rev) = at {
-            opts = opts.with_revision(rev);
-        }
-        let resp = match s.get_range(start, opts).await {
+        let request = RangeRequest {
+            key: start,
+            range_end: end,
+            limit: i64::try_from(limit).unwrap_or(i64::MAX),
+            revision: at.unwrap_or(0),
+            ..RangeRequest::default()
+        };
+        let resp = match s.range(request).await {
             Ok(resp) => resp,
             Err(e) => return Err(s.revision_error(e, at.unwrap_or(0)).await),
         };
         let revision = match at {
             Some(rev) => rev,
-            None => header_revision(resp.header())?,
+            None => header_revision(resp.header.as_ref())?,
         };
         Ok(RangeResult {
-            kvs: resp.kvs().iter().map(|kv| s.convert(kv)).collect(),
+            kvs: resp.kvs.into_iter().map(|kv| s.convert(kv)).collect(),
             revision,
-            more: resp.more(),
+            more: resp.more,
         })
     }
 
@@ -681,12 +688,12 @@ impl Store for EtcdStore {
 
     async fn compact(&self, revision: Revision) -> Result<(), StoreError> {
         let s = &self.shared;
-        let opts = CompactionOptions::new().with_physical();
-        // Compacting twice is harmless, so it may be retried like a read.
-        let compact = |c: Client| {
-            let opts = opts.clone();
-            async move { c.kv_client().compact(revision, Some(opts)).await }
+        let request = CompactionRequest {
+            revision,
+            physical: true,
         };
+        // Compacting twice is harmless, so it may be retried like a read.
+        let compact = |c: Client| async move { c.compact(request).await };
         match s.call(Retry::Always, compact).await {
             Ok(_) => {
                 s.note_compacted(revision);

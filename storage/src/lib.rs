@@ -5,21 +5,34 @@
 //! `mod_revision`, reads can be at the current or at a past (not yet compacted) revision, and
 //! every committed change comes back out of an ordered, gap-free change feed.
 //!
-//! Backends: [`EmbeddedStore`] (the default: one data directory on redb, see [`embedded`])
-//! and [`EtcdStore`] (an etcd v3 cluster over gRPC, see [`etcd`]).
-//! With the `conformance` feature, [`conformance`] holds the test suite every backend (and
-//! anything else implementing [`Store`], such as a watch cache) must pass.
+//! The contract alone (this module and [`StoreError`]) needs no backend: crates that only
+//! consume a `Store`, such as svc-core, depend on this crate with `default-features = false`.
+//! Each backend is a cargo feature, both on by default:
+//!
+//! - `embedded`: `EmbeddedStore` (one data directory on redb, see `embedded`), the server's
+//!   default backend;
+//! - `etcd`: `EtcdStore` (an etcd v3 cluster over gRPC, see `etcd`), with an etcd client whose
+//!   code is generated ahead of time, so building it needs no `protoc`.
+//!
+//! With the `conformance` feature, `conformance` holds the test suite every backend runs
+//! (`storage/tests/embedded.rs`, `storage/tests/etcd.rs`); a new backend is done when it
+//! passes. Anything else implementing [`Store`] could run it too; the watch cache in svc-core
+//! does not implement `Store` and has its own tests.
 //!
 //! **Invariant:** this crate knows bytes, keys and revisions, never objects or HTTP.
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
+#[cfg(feature = "embedded")]
 pub mod embedded;
 mod error;
+#[cfg(feature = "etcd")]
 pub mod etcd;
 
+#[cfg(feature = "embedded")]
 pub use embedded::{AutoCompaction, EmbeddedConfig, EmbeddedStats, EmbeddedStore};
 pub use error::StoreError;
+#[cfg(feature = "etcd")]
 pub use etcd::{EtcdConfig, EtcdStore, EtcdTls};
 
 use std::pin::Pin;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use svc_storage::conformance::Subject;
 use svc_storage::etcd::testing::{EtcdCluster, ServerTls};
-use svc_storage::{EtcdConfig, EtcdStore, EtcdTls, KeyRange, Store};
+use svc_storage::{EtcdConfig, EtcdStore, EtcdTls, KeyRange, Store, StoreError};
 
 async fn subject() -> Subject {
     let dir = tempfile::tempdir().unwrap();
@@ -93,4 +93,46 @@ async fn tls_with_client_certificates() {
     .await
     .unwrap();
     assert!(anonymous.health().await.is_err());
+}
+
+/// The leader requirement: a member cut off from its quorum refuses calls at once ("no
+/// leader") instead of letting them wait out the request timeout (a linearizable read on a
+/// leaderless member otherwise waits for a leader), so the store fails over quickly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_without_a_leader_refuses_calls_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = EtcdCluster::start(dir.path(), 3).await;
+    let survivor = cluster.members[0].client_url();
+    cluster.members[1].kill();
+    cluster.members[2].kill();
+    let request_timeout = Duration::from_secs(5);
+    let store = EtcdStore::connect(EtcdConfig {
+        endpoints: vec![survivor],
+        request_timeout,
+        ..EtcdConfig::default()
+    })
+    .await
+    .unwrap();
+    // The survivor gives up on its leader within an election timeout (500 ms in tests); until
+    // then reads may still succeed.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let started = std::time::Instant::now();
+        let result = store.get(Bytes::from("/leader/k"), None).await;
+        match result {
+            Err(StoreError::Unavailable(message)) if message.contains("no leader") => {
+                assert!(
+                    started.elapsed() < request_timeout / 2,
+                    "{:?}",
+                    started.elapsed()
+                );
+                return;
+            }
+            other => assert!(
+                std::time::Instant::now() < deadline,
+                "the member kept answering without a leader: {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -17,10 +17,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{EventType, WatchOptions, WatchResponse, WatchStream};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use super::client::WatchStream;
+use super::pb::etcdserverpb::{WatchCreateRequest, WatchResponse};
+use super::pb::mvccpb::event::EventType;
 use super::{Shared, map_error};
 use crate::{Event, EventKind, FeedItem, FeedStream, KeyRange, KeyValue, Revision, StoreError};
 
@@ -94,7 +96,7 @@ async fn run(
                     // The stream worked for a while: this is a new outage, retry quickly.
                     backoff = BACKOFF_MIN;
                 }
-                feed.shared.fail_over(feed.endpoint).await;
+                feed.shared.fail_over(feed.endpoint);
                 tokio::select! {
                     _ = tokio::time::sleep(backoff) => {}
                     _ = closed.changed() => return,
@@ -126,21 +128,18 @@ impl Feed {
     ) -> Result<std::convert::Infallible, Stop> {
         // etcd reads start revision 0 as "now"; 1 is the oldest there is.
         let start = self.last.max(1);
-        let opts = WatchOptions::new()
-            .with_range(end.to_vec())
-            .with_start_revision(start)
-            .with_prev_key()
-            .with_progress_notify();
+        let create = WatchCreateRequest {
+            key: key.to_vec(),
+            range_end: end.to_vec(),
+            start_revision: start,
+            progress_notify: true,
+            prev_kv: true,
+            ..WatchCreateRequest::default()
+        };
         let (endpoint, client) = self.shared.client();
         self.endpoint = endpoint;
-        let mut client = client
-            .watch_client()
-            .max_decoding_message_size(super::MAX_MESSAGE_BYTES);
-        let open = tokio::time::timeout(
-            self.shared.config.request_timeout,
-            client.watch(key.to_vec(), Some(opts)),
-        )
-        .await;
+        let open =
+            tokio::time::timeout(self.shared.config.request_timeout, client.watch(create)).await;
         let mut stream: WatchStream = match open {
             Ok(Ok(stream)) => stream,
             Ok(Err(e)) => return Err(Stop::Retry(map_error(e))),
@@ -178,7 +177,7 @@ impl Feed {
                             "etcd watch stream went silent".to_string(),
                         )));
                     }
-                    if let Err(e) = stream.request_progress().await {
+                    if let Err(e) = stream.request_progress() {
                         return Err(Stop::Retry(map_error(e)));
                     }
                     idle_deadline = Instant::now() + interval;
@@ -188,8 +187,8 @@ impl Feed {
     }
 
     async fn handle(&mut self, resp: WatchResponse) -> Result<(), Stop> {
-        if resp.canceled() {
-            let compacted = resp.compact_revision();
+        if resp.canceled {
+            let compacted = resp.compact_revision;
             if compacted > 0 {
                 self.shared.note_compacted(compacted);
                 let err = StoreError::Compacted {
@@ -202,34 +201,40 @@ impl Feed {
             }
             return Err(Stop::Retry(StoreError::Unavailable(format!(
                 "etcd canceled the watch: {}",
-                resp.cancel_reason()
+                resp.cancel_reason
             ))));
         }
-        if resp.created() {
+        if resp.created {
             // Only confirms the watch; the watcher may still be catching up, so its header
             // revision is not a progress statement.
             return Ok(());
         }
-        if resp.events().is_empty() {
+        if resp.events.is_empty() {
             // A progress notification: every event up to the header revision was sent.
-            let revision = resp.header().map_or(0, |h| h.revision());
+            let revision = resp.header.map_or(0, |h| h.revision);
             if revision >= self.last && revision > 0 {
                 self.last = revision;
                 self.send(Ok(FeedItem::Progress(revision))).await?;
             }
             return Ok(());
         }
-        let mut events = Vec::with_capacity(resp.events().len());
-        for event in resp.events() {
-            let Some(kv) = event.kv() else { continue };
-            if kv.mod_revision() <= self.last_event {
+        let mut events = Vec::with_capacity(resp.events.len());
+        for event in resp.events {
+            let kind = match EventType::try_from(event.r#type) {
+                Ok(EventType::Put) => EventKind::Put,
+                Ok(EventType::Delete) => EventKind::Delete,
+                Err(_) => {
+                    // Not etcd's v3 API as we know it: reopening would only meet it again.
+                    let detail = format!("etcd sent an event of unknown type {}", event.r#type);
+                    let _ = self.send(Err(StoreError::Backend(detail.into()))).await;
+                    return Err(Stop::Done);
+                }
+            };
+            let Some(kv) = event.kv else { continue };
+            if kv.mod_revision <= self.last_event {
                 // Already delivered before the stream was reopened.
                 continue;
             }
-            let kind = match event.event_type() {
-                EventType::Put => EventKind::Put,
-                EventType::Delete => EventKind::Delete,
-            };
             let kv = match kind {
                 EventKind::Put => self.shared.convert(kv),
                 EventKind::Delete => KeyValue {
@@ -242,7 +247,7 @@ impl Feed {
             events.push(Event {
                 kind,
                 kv,
-                prev_kv: event.prev_kv().map(|p| self.shared.convert(p)),
+                prev_kv: event.prev_kv.map(|p| self.shared.convert(p)),
             });
         }
         if let Some(last) = events.last() {
