@@ -7,6 +7,7 @@ use svc_storage::KeyValue;
 use crate::meta::Time;
 use crate::resource::Resource;
 use crate::status::{ApiError, Subject};
+use crate::validation::declarative::Validator;
 use crate::validation::{self, ErrorList};
 
 /// Decodes a JSON request body into `T`, checking that `apiVersion`/`kind`, when present,
@@ -74,8 +75,9 @@ fn invalid<T: Resource>(obj: &T, errs: ErrorList) -> ApiError {
 }
 
 /// Everything a create does to an object before it is stored: server-set metadata, defaulting,
-/// validation. `generateName` is resolved here; on a name collision the caller calls again.
-pub fn prepare_create<T: Resource>(obj: &mut T) -> Result<(), ApiError> {
+/// validation (hand-written, and declarative as `validator` says). `generateName` is resolved
+/// here; on a name collision the caller calls again.
+pub fn prepare_create<T: Resource>(obj: &mut T, validator: &Validator) -> Result<(), ApiError> {
     let meta = obj.meta_mut();
     if meta.name.is_empty() && !meta.generate_name.is_empty() {
         meta.name = validation::generate_name(&meta.generate_name);
@@ -87,13 +89,13 @@ pub fn prepare_create<T: Resource>(obj: &mut T) -> Result<(), ApiError> {
     meta.deletion_grace_period_seconds = None;
     meta.self_link.clear();
     obj.prepare_for_create();
-    validate(obj)
-}
-
-fn validate<T: Resource>(obj: &T) -> Result<(), ApiError> {
     let mut errs =
         validation::validate_object_meta(obj.meta(), T::INFO.namespaced(), T::INFO.name_rule);
     errs.extend(obj.validate());
+    answer(obj, validator.validate(obj, None, errs))
+}
+
+fn answer<T: Resource>(obj: &T, errs: ErrorList) -> Result<(), ApiError> {
     if errs.is_empty() {
         Ok(())
     } else {
@@ -101,8 +103,13 @@ fn validate<T: Resource>(obj: &T) -> Result<(), ApiError> {
     }
 }
 
-/// Everything an update does: keeps what the server owns from `old`, validates immutability.
-pub fn prepare_update<T: Resource>(obj: &mut T, old: &T) -> Result<(), ApiError> {
+/// Everything an update does: keeps what the server owns from `old`, validates immutability
+/// and the object (hand-written, and declarative as `validator` says).
+pub fn prepare_update<T: Resource>(
+    obj: &mut T,
+    old: &T,
+    validator: &Validator,
+) -> Result<(), ApiError> {
     let mut errs = validation::validate_object_meta_update(obj.meta(), old.meta());
     let old_meta = old.meta();
     let meta = obj.meta_mut();
@@ -113,11 +120,13 @@ pub fn prepare_update<T: Resource>(obj: &mut T, old: &T) -> Result<(), ApiError>
     meta.generate_name = old_meta.generate_name.clone();
     meta.self_link.clear();
     obj.prepare_for_update(old);
+    errs.extend(validation::validate_object_meta(
+        obj.meta(),
+        T::INFO.namespaced(),
+        T::INFO.name_rule,
+    ));
     errs.extend(obj.validate_update(old));
-    if !errs.is_empty() {
-        return Err(invalid(obj, errs));
-    }
-    validate(obj)
+    answer(obj, validator.validate(obj, Some(old), errs))
 }
 
 /// Prepares an update made through `subresource` (`status`, `approval`), or of the object
@@ -128,9 +137,10 @@ pub fn prepare_update_via<T: Resource>(
     obj: &mut T,
     old: &T,
     subresource: Option<&str>,
+    validator: &Validator,
 ) -> Result<(), ApiError> {
     let Some(sub) = subresource else {
-        return prepare_update(obj, old);
+        return prepare_update(obj, old, validator);
     };
     let resource_version = std::mem::take(&mut obj.meta_mut().resource_version);
     let managed_fields = std::mem::take(&mut obj.meta_mut().managed_fields);
@@ -138,11 +148,10 @@ pub fn prepare_update_via<T: Resource>(
     obj.meta_mut().resource_version = resource_version;
     obj.meta_mut().managed_fields = managed_fields;
     obj.prepare_for_subresource_update(sub, old)?;
-    let errs = obj.validate_subresource_update(sub, old);
-    if !errs.is_empty() {
-        return Err(invalid(obj, errs));
-    }
-    validate(obj)
+    let mut errs =
+        validation::validate_object_meta(obj.meta(), T::INFO.namespaced(), T::INFO.name_rule);
+    errs.extend(obj.validate_subresource_update(sub, old));
+    answer(obj, validator.validate(obj, Some(old), errs))
 }
 
 /// The bytes stored for an object: its JSON without `resourceVersion` (the store revision is
@@ -220,7 +229,7 @@ mod tests {
             decode_json(br#"{"metadata":{"generateName":"build-","resourceVersion":"5"}}"#)
                 .unwrap();
         apply_request_namespace(&mut sa, "ci").unwrap();
-        prepare_create(&mut sa).unwrap();
+        prepare_create(&mut sa, &Validator::default()).unwrap();
         assert!(sa.metadata.name.starts_with("build-"));
         assert_eq!(sa.metadata.namespace, "ci");
         assert_eq!(sa.metadata.uid.len(), 36);
@@ -228,7 +237,7 @@ mod tests {
         assert!(sa.metadata.resource_version.is_empty());
 
         let mut bad: Namespace = decode_json(br#"{"metadata":{"name":"No"}}"#).unwrap();
-        let e = prepare_create(&mut bad).unwrap_err();
+        let e = prepare_create(&mut bad, &Validator::default()).unwrap_err();
         assert_eq!(e.code(), 422);
         let mut other: ServiceAccount =
             decode_json(br#"{"metadata":{"name":"a","namespace":"x"}}"#).unwrap();
@@ -241,16 +250,21 @@ mod tests {
     #[test]
     fn update_keeps_server_fields() {
         let mut old: Namespace = decode_json(br#"{"metadata":{"name":"a"}}"#).unwrap();
-        prepare_create(&mut old).unwrap();
+        prepare_create(&mut old, &Validator::default()).unwrap();
         let mut new: Namespace = decode_json(
             br#"{"metadata":{"name":"a","labels":{"x":"y"}},"status":{"phase":"Gone"}}"#,
         )
         .unwrap();
-        prepare_update(&mut new, &old).unwrap();
+        prepare_update(&mut new, &old, &Validator::default()).unwrap();
         assert_eq!(new.metadata.uid, old.metadata.uid);
         assert_eq!(new.status.phase, "Active");
         let mut renamed: Namespace = decode_json(br#"{"metadata":{"name":"b"}}"#).unwrap();
-        assert_eq!(prepare_update(&mut renamed, &old).unwrap_err().code(), 422);
+        assert_eq!(
+            prepare_update(&mut renamed, &old, &Validator::default())
+                .unwrap_err()
+                .code(),
+            422
+        );
     }
 
     #[test]

@@ -6,6 +6,7 @@ use serde::de::DeserializeOwned;
 
 use crate::meta::ObjectMeta;
 use crate::patch::strategy::Strategy;
+use crate::validation::declarative::Rule;
 use crate::validation::{ErrorList, NameRule};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -156,6 +157,11 @@ pub trait Resource: Serialize + DeserializeOwned + Clone + Send + Sync + 'static
     /// Kind-specific update validation (immutable fields); defaults to `validate`.
     fn validate_update(&self, _old: &Self) -> ErrorList {
         self.validate()
+    }
+    /// The kind's declarative validation rules (metadata included), run beside the
+    /// hand-written validation per the `DeclarativeValidation` gates; none by default.
+    fn declarative_rules() -> &'static [Rule] {
+        &[]
     }
 
     /// Whether kind-specific finalizers (a Namespace's `spec.finalizers`) still hold deletion,

@@ -1,6 +1,8 @@
 //! Name and metadata validation, with messages in Kubernetes' wording so clients and people
 //! recognise them; every error names its field.
 
+pub mod declarative;
+
 use rand::Rng;
 
 use crate::meta::ObjectMeta;

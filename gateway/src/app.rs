@@ -1,14 +1,17 @@
-//! The shared state of a running server: options, store, metrics, health and shutdown signals.
+//! The shared state of a running server: options, store, metrics, validation, health and
+//! shutdown signals.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
+use svc_core::validation::declarative::{Mismatch, Mode, Validator};
 use svc_storage::Store;
 use tokio::sync::{Notify, watch};
 
 use crate::caches::Caches;
 use crate::config::Options;
+use crate::features::Feature;
 use crate::lifecycle::PostStartHooks;
 use crate::metrics::Metrics;
 use crate::metrics::store::InstrumentedStore;
@@ -27,6 +30,9 @@ pub struct App {
     pub namespace_changed: Notify,
     /// One watch cache per served type: every list and watch is served from these.
     pub caches: Caches,
+    /// Object validation on create and update: hand-written, and declarative per the
+    /// `DeclarativeValidation` gates.
+    pub validator: Validator,
 }
 
 impl App {
@@ -36,6 +42,7 @@ impl App {
         let mut metrics = Metrics::new();
         metrics.register_collector(caches.collector());
         let store = InstrumentedStore::wrap(store, metrics.store.clone());
+        let validator = validator(&opts, &metrics);
         App {
             opts,
             store,
@@ -46,6 +53,38 @@ impl App {
             stop_watches,
             namespace_changed: Notify::new(),
             caches,
+            validator,
         }
     }
+}
+
+/// The validator the gates ask for; mismatches are logged and counted in
+/// `declarative_validation_mismatch_total`.
+fn validator(opts: &Options, metrics: &Metrics) -> Validator {
+    let gates = &opts.feature_gates;
+    let mode = match (
+        gates.enabled(Feature::DeclarativeValidation),
+        gates.enabled(Feature::DeclarativeValidationTakeover),
+    ) {
+        (false, takeover) => {
+            if takeover {
+                tracing::warn!(
+                    "DeclarativeValidationTakeover has no effect without DeclarativeValidation: \
+                     hand-written validation only"
+                );
+            }
+            Mode::HandwrittenOnly
+        }
+        (true, false) => Mode::Compare,
+        (true, true) => Mode::Takeover,
+    };
+    let mismatches = metrics.validation_mismatches();
+    let mut validator = Validator::new(mode, move |m: &Mismatch| {
+        mismatches.inc();
+        tracing::warn!(mismatch = %m, "declarative validation disagrees with hand-written validation");
+    });
+    for (kind, rule) in &opts.extra_declarative_rules {
+        validator = validator.with_rule(kind, *rule);
+    }
+    validator
 }

@@ -148,6 +148,11 @@ pub struct Options {
     #[arg(long, default_value = "", value_parser = crate::features::FeatureGates::parse)]
     pub feature_gates: crate::features::FeatureGates,
 
+    /// Declarative validation rules added to a kind's own (kind name, rule). No flag sets
+    /// them: embedding and tests use them to make the two validations disagree on purpose.
+    #[arg(skip)]
+    pub extra_declarative_rules: Vec<(&'static str, svc_core::validation::declarative::Rule)>,
+
     /// Log level (error, warn, info, debug, trace) or a tracing filter directive.
     #[arg(long, default_value = "info")]
     pub log_level: String,

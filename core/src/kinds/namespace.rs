@@ -15,6 +15,7 @@ use crate::patch::strategy::Strategy;
 use crate::resource::{Resource, ResourceInfo, STANDARD_VERBS, Scope};
 use crate::status::ApiError;
 use crate::validation::NameRule;
+use crate::validation::declarative::{Check, Format, Rule};
 
 pub const PHASE_ACTIVE: &str = "Active";
 pub const PHASE_TERMINATING: &str = "Terminating";
@@ -85,10 +86,29 @@ fn schema() -> Value {
     })
 }
 
+/// The declarative form of Namespace validation: the name (also checked by hand in
+/// `validation::validate_object_meta`), and the phase, which only the server sets.
+static RULES: [Rule; 4] = [
+    Rule::new(
+        "metadata.name",
+        Check::Required("name or generateName is required"),
+    ),
+    Rule::new("metadata.name", Check::Format(Format::Dns1123Label)),
+    Rule::new("metadata.name", Check::Immutable),
+    Rule::new(
+        "status.phase",
+        Check::Enum(&[PHASE_ACTIVE, PHASE_TERMINATING]),
+    ),
+];
+
 impl Resource for Namespace {
     const INFO: &'static ResourceInfo = &INFO;
 
     crate::resource::object_accessors!();
+
+    fn declarative_rules() -> &'static [Rule] {
+        &RULES
+    }
 
     fn prepare_for_create(&mut self) {
         if !self

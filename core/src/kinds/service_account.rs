@@ -10,6 +10,7 @@ use crate::meta::ObjectMeta;
 use crate::patch::strategy::Strategy;
 use crate::resource::{Resource, ResourceInfo, STANDARD_VERBS, Scope};
 use crate::status::ApiError;
+use crate::validation::declarative::{Check, Format, Rule};
 use crate::validation::{ErrorList, NameRule};
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -93,10 +94,30 @@ fn schema() -> Value {
     })
 }
 
+/// The declarative form of ServiceAccount validation: what `validate` below and
+/// `validation::validate_object_meta` check by hand.
+static RULES: [Rule; 8] = [
+    Rule::new(
+        "metadata.name",
+        Check::Required("name or generateName is required"),
+    ),
+    Rule::new("metadata.name", Check::Format(Format::Dns1123Subdomain)),
+    Rule::new("metadata.name", Check::Immutable),
+    Rule::new("metadata.namespace", Check::Required("")),
+    Rule::new("metadata.namespace", Check::Format(Format::Dns1123Label)),
+    Rule::new("metadata.namespace", Check::Immutable),
+    Rule::new("secrets[*].name", Check::Required("")),
+    Rule::new("imagePullSecrets[*].name", Check::Required("")),
+];
+
 impl Resource for ServiceAccount {
     const INFO: &'static ResourceInfo = &INFO;
 
     crate::resource::object_accessors!();
+
+    fn declarative_rules() -> &'static [Rule] {
+        &RULES
+    }
 
     fn validate(&self) -> ErrorList {
         let mut errs = ErrorList::default();

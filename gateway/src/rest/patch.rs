@@ -198,7 +198,12 @@ pub async fn patch<T: Kind>(
             )));
         }
         object::apply_request_namespace(&mut next, &ns)?;
-        object::prepare_update_via(&mut next, &current, call.route.subresource.as_deref())?;
+        object::prepare_update_via(
+            &mut next,
+            &current,
+            call.route.subresource.as_deref(),
+            &app.validator,
+        )?;
         if !is_apply {
             let body_entries = next.meta().managed_fields.clone();
             let next_value = serde_json::to_value(&next).map_err(ApiError::internal)?;
@@ -258,7 +263,7 @@ async fn apply_create<T: Kind>(
     object::apply_request_namespace(&mut obj, ns)?;
     check_namespace_open::<T>(app, ns, name).await?;
     let managed_fields = obj.meta().managed_fields.clone();
-    object::prepare_create(&mut obj)?;
+    object::prepare_create(&mut obj, &app.validator)?;
     obj.meta_mut().managed_fields = managed_fields;
     let created = |obj: &T| {
         respond::with_warnings(

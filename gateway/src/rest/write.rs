@@ -136,7 +136,7 @@ pub async fn create<T: Kind>(app: &Arc<App>, call: &Call) -> Result<Response<Bod
     let generated = obj.meta().name.is_empty() && !obj.meta().generate_name.is_empty();
     for _ in 0..MAX_RETRIES {
         let mut candidate = obj.clone();
-        object::prepare_create(&mut candidate)?;
+        object::prepare_create(&mut candidate, &app.validator)?;
         record_update(call, None, &mut candidate)?;
         let name = candidate.meta().name.clone();
         check_namespace_open::<T>(app, &ns, &name).await?;
@@ -230,7 +230,12 @@ pub async fn update<T: Kind>(
             return Err(conflict::<T>(name));
         }
         let mut next = obj.clone();
-        object::prepare_update_via(&mut next, &current, call.route.subresource.as_deref())?;
+        object::prepare_update_via(
+            &mut next,
+            &current,
+            call.route.subresource.as_deref(),
+            &app.validator,
+        )?;
         record_update(call, Some(&current), &mut next)?;
         match commit_update(app, &key, &kv, current, next, dry_run, name).await? {
             Committed::Done(obj) => return Ok(ok(&obj)),

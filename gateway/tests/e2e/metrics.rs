@@ -476,3 +476,88 @@ async fn metrics_have_kube_apiserver_names_and_labels() {
     }
     assert_eq!(open, 0.0, "the closed watch is still counted");
 }
+
+async fn mismatches(c: &Client) -> f64 {
+    scrape(c).await.value(
+        "declarative_validation_mismatch",
+        "declarative_validation_mismatch_total",
+        &[],
+    )
+}
+
+fn causes(status: &Value) -> Vec<(String, String)> {
+    status["details"]["causes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no causes: {status}"))
+        .iter()
+        .map(|c| {
+            (
+                c["field"].as_str().unwrap().to_string(),
+                c["reason"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn cause(field: &str, reason: &str) -> Vec<(String, String)> {
+    vec![(field.to_string(), reason.to_string())]
+}
+
+/// The shipped rules agree with the hand-written validation, so to see a mismatch the test adds
+/// a rule the hand-written side does not have (names of at most 5 bytes, through
+/// `Options::extra_declarative_rules`, which no flag sets). Agreement, valid or invalid, never
+/// moves the counter; the disagreement moves it whenever declarative validation runs, and
+/// decides the answer only under takeover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declarative_validation_mismatches_are_counted_and_takeover_answers() {
+    use svc_core::validation::declarative::{Check, Rule};
+    use svc_gateway::features::Feature;
+    const DV: &str = "/api/v1/namespaces/dv/serviceaccounts";
+    let stricter = Rule::new("metadata.name", Check::MaxLength(5));
+    for (declarative, takeover) in [(true, false), (true, true), (false, true)] {
+        let mode = format!("DeclarativeValidation={declarative} Takeover={takeover}");
+        let srv = TestServer::start_with(|o| {
+            o.feature_gates
+                .set(Feature::DeclarativeValidation, declarative);
+            o.feature_gates
+                .set(Feature::DeclarativeValidationTakeover, takeover);
+            o.extra_declarative_rules.push(("ServiceAccount", stricter));
+        })
+        .await;
+        let c = srv.admin();
+        let (s, _) = c
+            .post("/api/v1/namespaces", json!({"metadata": {"name": "dv"}}))
+            .await;
+        assert_eq!(s, StatusCode::CREATED);
+        assert_eq!(mismatches(&c).await, 0.0, "{mode}");
+
+        // Both validations agree: a valid object, an invalid name, a secret without a name,
+        // and an update.
+        let (s, ok) = c.post(DV, json!({"metadata": {"name": "ok"}})).await;
+        assert_eq!(s, StatusCode::CREATED, "{mode}: {ok}");
+        let (s, st) = c.post(DV, json!({"metadata": {"name": "B_d"}})).await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{mode}");
+        assert_eq!(causes(&st), cause("metadata.name", "FieldValueInvalid"));
+        let (s, st) = c
+            .post(DV, json!({"metadata": {"name": "sec"}, "secrets": [{}]}))
+            .await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{mode}");
+        assert_eq!(causes(&st), cause("secrets[0].name", "FieldValueRequired"));
+        let mut labelled = ok.clone();
+        labelled["metadata"]["labels"] = json!({"a": "b"});
+        let (s, v) = c.put(&format!("{DV}/ok"), labelled).await;
+        assert_eq!(s, StatusCode::OK, "{mode}: {v}");
+        assert_eq!(mismatches(&c).await, 0.0, "{mode}: agreement counted");
+
+        // They disagree: a name the hand-written validation accepts and the rule refuses.
+        let (s, v) = c.post(DV, json!({"metadata": {"name": "toolong"}})).await;
+        if declarative && takeover {
+            assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{mode}: {v}");
+            assert_eq!(causes(&v), cause("metadata.name", "FieldValueTooLong"));
+        } else {
+            assert_eq!(s, StatusCode::CREATED, "{mode}: {v}");
+        }
+        let want = if declarative { 1.0 } else { 0.0 };
+        assert_eq!(mismatches(&c).await, want, "{mode}");
+    }
+}
