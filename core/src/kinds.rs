@@ -1,6 +1,8 @@
 //! The served kinds, one file each.
 
+mod authentication;
 mod namespace;
+mod secret;
 mod service_account;
 
 pub use namespace::{
@@ -8,3 +10,15 @@ pub use namespace::{
     PHASE_TERMINATING,
 };
 pub use service_account::{LocalObjectReference, ObjectReference, ServiceAccount};
+pub mod auth {
+    //! Constants of the authentication group.
+    pub use super::authentication::{
+        DEFAULT_EXPIRATION_SECONDS, GROUP, KUBERNETES_GROUP, MIN_EXPIRATION_SECONDS,
+        is_authentication_v1,
+    };
+}
+pub use authentication::{
+    BoundObjectReference, TokenRequest, TokenRequestSpec, TokenRequestStatus, TokenReview,
+    TokenReviewSpec, TokenReviewStatus,
+};
+pub use secret::{Secret, TYPE_OPAQUE};

@@ -9,12 +9,14 @@ use svc_core::validation::declarative::{Mismatch, Mode, Validator};
 use svc_storage::Store;
 use tokio::sync::{Notify, watch};
 
+use crate::authz;
 use crate::caches::Caches;
 use crate::config::Options;
 use crate::features::Feature;
 use crate::lifecycle::PostStartHooks;
 use crate::metrics::Metrics;
 use crate::metrics::store::InstrumentedStore;
+use crate::tokens::Tokens;
 
 pub struct App {
     pub opts: Options,
@@ -33,11 +35,20 @@ pub struct App {
     /// Object validation on create and update: hand-written, and declarative per the
     /// `DeclarativeValidation` gates.
     pub validator: Validator,
+    /// Issues and verifies service-account tokens.
+    pub tokens: Tokens,
+    /// Who may do what: `system:masters`, the built-in policy, then configured authorizers.
+    pub authorizer: authz::Chain,
 }
 
 impl App {
     /// Every storage call goes through `store` wrapped in its timing metrics.
-    pub fn new(opts: Options, store: Arc<dyn Store>, stop_watches: watch::Receiver<bool>) -> Self {
+    pub fn new(
+        opts: Options,
+        store: Arc<dyn Store>,
+        stop_watches: watch::Receiver<bool>,
+        tokens: Tokens,
+    ) -> Self {
         let caches = Caches::new(&opts.watch_cache_config());
         let mut metrics = Metrics::new();
         metrics.register_collector(caches.collector());
@@ -54,6 +65,8 @@ impl App {
             namespace_changed: Notify::new(),
             caches,
             validator,
+            tokens,
+            authorizer: authz::Chain::default(),
         }
     }
 }

@@ -1,20 +1,29 @@
-//! Start-up work and built-in controllers: the system namespaces, and the namespace
+//! Start-up work and built-in controllers: the system namespaces, the default ServiceAccount
+//! of every namespace, and the namespace
 //! controller that empties a terminating namespace and then removes it.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::StatusCode;
 use svc_core::kinds::{FINALIZER_KUBERNETES, Namespace, ServiceAccount};
 use svc_core::object;
-use svc_core::{ApiError, Resource};
+use svc_core::watch::Selector;
+use svc_core::{ApiError, Resource, registry};
 use svc_storage::{KeyRange, StoreError};
 
 use crate::app::App;
+use crate::kind::{Kind, KindVisitor};
+use crate::loopback::Loopback;
 use crate::respond;
 use crate::rest::write::delete_all_in_namespace;
 
+/// The account every namespace has.
+pub const DEFAULT_SERVICE_ACCOUNT: &str = "default";
 /// Namespaces every cluster has.
 pub const SYSTEM_NAMESPACES: &[&str] =
     &["default", "kube-system", "kube-public", "kube-node-lease"];
@@ -43,6 +52,12 @@ pub fn start(app: &Arc<App>) {
         }
     });
     let a = app.clone();
+    let started = app.hooks.register("start-service-account-controller");
+    tokio::spawn(async move {
+        started.store(true, Ordering::Release);
+        service_account_controller(a).await;
+    });
+    let a = app.clone();
     let started = app.hooks.register("start-namespace-controller");
     tokio::spawn(async move {
         started.store(true, Ordering::Release);
@@ -61,6 +76,108 @@ async fn ensure_system_namespaces(app: &App) -> Result<(), ApiError> {
         match app.store.create(key, value).await {
             Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
             Err(e) => return Err(respond::store_error(e)),
+        }
+    }
+    Ok(())
+}
+
+/// What every stored namespaced kind has left in `ns` after one round of deletions.
+async fn delete_namespace_contents(app: &App, ns: &str) -> Result<usize, ApiError> {
+    type Left<'a> = Pin<Box<dyn Future<Output = Result<usize, ApiError>> + Send + 'a>>;
+    struct DeleteAll<'a> {
+        app: &'a App,
+        ns: &'a str,
+    }
+    impl<'a> KindVisitor for DeleteAll<'a> {
+        type Output = Left<'a>;
+        fn visit<T: Kind>(self) -> Left<'a> {
+            Box::pin(delete_all_in_namespace::<T>(self.app, self.ns))
+        }
+    }
+    let mut left = 0;
+    for info in registry::all()
+        .iter()
+        .filter(|i| i.stored && i.namespaced())
+    {
+        if let Some(f) = registry::visit(info, DeleteAll { app, ns }) {
+            left += f.await?;
+        }
+    }
+    Ok(left)
+}
+
+/// The least time between two passes of the service-account controller: every commit moves
+/// the caches' revision, so passes are spaced rather than run per write.
+const SERVICE_ACCOUNT_PASS_SPACING: Duration = Duration::from_millis(200);
+
+/// Every active namespace has a `default` ServiceAccount, recreated if deleted, as
+/// Kubernetes' service-account controller keeps it. Writes go through the pipeline.
+async fn service_account_controller(app: Arc<App>) {
+    let client = Loopback::controller(
+        &app,
+        "system:svc-controller-manager:serviceaccount-controller",
+    );
+    let mut stop = app.stop_watches.clone();
+    let namespaces = app.caches.get(Namespace::INFO);
+    let accounts = app.caches.get(ServiceAccount::INFO);
+    loop {
+        let seen = namespaces.revision().min(accounts.revision());
+        if namespaces.is_ready()
+            && accounts.is_ready()
+            && let Err(e) = ensure_default_accounts(&app, &client).await
+        {
+            tracing::warn!(error = %e, "service-account controller");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(SERVICE_ACCOUNT_PASS_SPACING) => {}
+            _ = crate::lifecycle::until_set(&mut stop) => return,
+        }
+        tokio::select! {
+            _ = namespaces.wait_for_revision(seen + 1) => {}
+            _ = accounts.wait_for_revision(seen + 1) => {}
+            _ = tokio::time::sleep(NAMESPACE_RESYNC) => {}
+            _ = crate::lifecycle::until_set(&mut stop) => return,
+        }
+    }
+}
+
+async fn ensure_default_accounts(app: &App, client: &Loopback) -> Result<(), ApiError> {
+    let accounts = app.caches.get(ServiceAccount::INFO);
+    let snapshot = app.caches.get(Namespace::INFO).snapshot()?;
+    let all = snapshot.list(
+        &KeyRange::prefix(Namespace::INFO.prefix(None)),
+        None,
+        None,
+        &Selector::everything(),
+    );
+    for ns in &all.items {
+        let obj: Namespace = serde_json::from_slice(&ns.json).map_err(ApiError::internal)?;
+        if obj.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let key = ServiceAccount::INFO.key(&obj.metadata.name, DEFAULT_SERVICE_ACCOUNT);
+        if accounts.get(&key)?.0.is_some() {
+            continue;
+        }
+        let path = format!("/api/v1/namespaces/{}/serviceaccounts", obj.metadata.name);
+        let body = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": DEFAULT_SERVICE_ACCOUNT},
+        });
+        let reply = client.create(&path, &body).await?;
+        match reply.status {
+            // Created, raced by another gateway, or the namespace began terminating.
+            s if s.is_success() => {
+                tracing::debug!(namespace = %obj.metadata.name, "default service account created");
+            }
+            StatusCode::CONFLICT | StatusCode::FORBIDDEN | StatusCode::NOT_FOUND => {}
+            other => {
+                return Err(ApiError::internal(format!(
+                    "creating the default service account in {}: {other}: {}",
+                    obj.metadata.name, reply.body
+                )));
+            }
         }
     }
     Ok(())
@@ -94,8 +211,7 @@ async fn sweep_terminating(app: &App) -> Result<(), ApiError> {
             continue;
         }
         let name = ns.metadata.name.clone();
-        // Every namespaced kind is listed here.
-        let left = delete_all_in_namespace::<ServiceAccount>(app, &name).await?;
+        let left = delete_namespace_contents(app, &name).await?;
         if left > 0 {
             continue;
         }

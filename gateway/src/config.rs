@@ -144,6 +144,28 @@ pub struct Options {
     #[arg(long)]
     pub etcd_keyfile: Option<PathBuf>,
 
+    /// The `iss` of service-account tokens, and the issuer they must name to be accepted.
+    #[arg(long, default_value = "https://kubernetes.default.svc.cluster.local")]
+    pub service_account_issuer: String,
+
+    /// PEM private key (ECDSA P-256) that signs service-account tokens; default
+    /// `<cert-dir>/sa.key`, created on first start and shared by replicas via `--cert-dir`.
+    #[arg(long)]
+    pub service_account_signing_key_file: Option<PathBuf>,
+
+    /// More PEM public keys that verify service-account tokens (rotation), repeatable; the
+    /// signing key's own public key always verifies.
+    #[arg(long = "service-account-key-file")]
+    pub service_account_key_files: Vec<PathBuf>,
+
+    /// The audiences a token must name to be a credential here; default the issuer.
+    #[arg(long, value_delimiter = ',')]
+    pub api_audiences: Vec<String>,
+
+    /// The longest validity a token request is granted (`0s`: no cap beyond the request).
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    pub service_account_max_token_expiration: Duration,
+
     /// Feature gates: `Name=true,Other=false` (see `features.rs` for the known gates).
     #[arg(long, default_value = "", value_parser = crate::features::FeatureGates::parse)]
     pub feature_gates: crate::features::FeatureGates,
@@ -171,6 +193,15 @@ impl Options {
         self.cert_dir
             .clone()
             .unwrap_or_else(|| self.data_dir.join("pki"))
+    }
+
+    /// The audiences of this server: `--api-audiences`, else the issuer.
+    pub fn api_audiences(&self) -> Vec<String> {
+        if self.api_audiences.is_empty() {
+            vec![self.service_account_issuer.clone()]
+        } else {
+            self.api_audiences.clone()
+        }
     }
 
     pub fn store_dir(&self) -> PathBuf {

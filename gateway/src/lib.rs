@@ -8,7 +8,8 @@
 //! **Invariant:** the gateway reaches storage only through the `svc_storage::Store` contract.
 
 pub mod app;
-pub mod auth;
+pub mod authn;
+pub mod authz;
 pub mod bootstrap;
 pub mod caches;
 pub mod config;
@@ -28,6 +29,7 @@ pub mod respond;
 pub mod rest;
 pub mod router;
 pub mod server;
+pub mod tokens;
 
 pub use config::Options;
 pub use server::{ServerHandle, start};

@@ -13,7 +13,7 @@ use serde_json::Value;
 use svc_core::ApiError;
 
 use crate::app::App;
-use crate::auth::GROUP_MASTERS;
+use crate::authz::{GROUP_AUTHENTICATED, GROUP_MASTERS};
 use crate::pipeline::{self, Caller, RequestBody};
 use crate::pki::UserInfo;
 
@@ -65,10 +65,7 @@ impl Loopback {
             app: app.clone(),
             user: UserInfo {
                 username: username.into(),
-                groups: vec![
-                    GROUP_MASTERS.into(),
-                    crate::auth::GROUP_AUTHENTICATED.into(),
-                ],
+                groups: vec![GROUP_MASTERS.into(), GROUP_AUTHENTICATED.into()],
                 ..Default::default()
             },
         }

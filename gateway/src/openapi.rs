@@ -204,6 +204,45 @@ fn paths(r: &ResourceInfo) -> Vec<(String, Value)> {
             json!({"get": op(r, "list", "listForAllNamespaces", LIST, &list_name)}),
         ));
     }
+    for sub in r.subresources {
+        let id = format!("{}{}", &sub.name[..1].to_uppercase(), &sub.name[1..]);
+        let mut ops = json!({"parameters": path_params(true)});
+        for (method, verb, action, prefix, params) in [
+            ("get", "get", "get", "read", &["pretty"][..]),
+            ("put", "update", "put", "replace", WRITE),
+            ("patch", "patch", "patch", "patch", PATCH),
+            ("post", "create", "post", "create", WRITE),
+        ] {
+            if sub.verbs.contains(&verb) {
+                ops[method] = op(r, action, &format!("{prefix}{id}"), params, &name);
+            }
+        }
+        out.push((format!("{scoped}/{{name}}/{}", sub.name), ops));
+    }
+    // Only the operations the kind serves (a review is only created).
+    for (path, ops) in &mut out {
+        if path.contains("{name}/") {
+            continue; // a subresource: its own verbs were applied above
+        }
+        let item = path.ends_with("{name}");
+        for (method, verb) in [
+            ("get", if item { "get" } else { "list" }),
+            ("post", "create"),
+            ("put", "update"),
+            ("patch", "patch"),
+            ("delete", if item { "delete" } else { "deletecollection" }),
+        ] {
+            if !r.verbs.contains(&verb)
+                && let Some(m) = ops.as_object_mut()
+            {
+                m.remove(method);
+            }
+        }
+    }
+    out.retain(|(_, ops)| {
+        ops.as_object()
+            .is_some_and(|m| m.keys().any(|k| k != "parameters"))
+    });
     out
 }
 

@@ -12,7 +12,8 @@ use hyper::body::Incoming;
 use svc_core::ApiError;
 
 use crate::app::App;
-use crate::auth::{self, Attributes, ConnIdentity, ResourceAttributes};
+use crate::authn::{self, ConnIdentity};
+use crate::authz::Attributes;
 use crate::features::Feature;
 use crate::pki;
 use crate::query::Query;
@@ -80,7 +81,7 @@ pub async fn handle(app: Arc<App>, caller: Caller, req: Request<RequestBody>) ->
     let info = metrics::RequestInfo::new(req.method(), &route, &query, req.headers(), watch);
     let inflight = app.metrics.start(&info);
 
-    let resp = match authenticate_and_authorize(&app, &caller, &req, &route, verb, &path) {
+    let resp = match authenticate_and_authorize(&app, &caller, &req, &route, verb, &path).await {
         Err(e) => respond::error(&e),
         Ok(user) => {
             if verb == "watch" {
@@ -119,7 +120,7 @@ pub async fn handle(app: Arc<App>, caller: Caller, req: Request<RequestBody>) ->
     resp
 }
 
-fn authenticate_and_authorize(
+async fn authenticate_and_authorize(
     app: &App,
     caller: &Caller,
     req: &Request<RequestBody>,
@@ -128,29 +129,18 @@ fn authenticate_and_authorize(
     path: &str,
 ) -> Result<pki::UserInfo, ApiError> {
     let user = match caller {
-        Caller::Connection(ident) => {
-            auth::authenticate(ident, req.headers(), app.opts.anonymous_auth)?
-        }
+        Caller::Connection(ident) => authn::authenticate(app, ident, req.headers()).await?,
         Caller::Internal(user) => user.clone(),
     };
-    let resource = match route {
-        Route::Resource(r) => Some(ResourceAttributes {
-            group: r.info.group,
-            resource: r.info.plural,
-            subresource: r.subresource.as_deref(),
-            namespace: &r.namespace,
-            name: r.name.as_deref(),
-        }),
-        _ => None,
-    };
-    auth::authorize(
-        &user,
-        &Attributes {
+    let attrs = match route {
+        Route::Resource(r) => Attributes::for_resource(r, verb),
+        _ => Attributes {
             verb,
-            resource,
+            resource: None,
             path,
         },
-    )?;
+    };
+    app.authorizer.authorize(&user, &attrs).await?;
     Ok(user)
 }
 

@@ -18,13 +18,12 @@ mod tests;
 
 pub use tls::SERVER_ALPN;
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rustls_pki_types::CertificateDer;
-use serde::{Deserialize, Serialize};
+
 use time::OffsetDateTime;
 
 use issue::{
@@ -157,18 +156,7 @@ pub enum PkiError {
     },
 }
 
-/// An authenticated identity, shaped like Kubernetes `authentication.k8s.io/v1` UserInfo.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UserInfo {
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub username: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub uid: String,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub groups: Vec<String>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub extra: BTreeMap<String, Vec<String>>,
-}
+pub use svc_core::user::UserInfo;
 
 /// Identity of a client certificate whose chain the TLS layer has already verified:
 /// CN is the username, each O a group (the Kubernetes convention), plus

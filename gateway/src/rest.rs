@@ -9,6 +9,7 @@ mod action;
 mod call;
 pub mod list;
 pub mod patch;
+mod token;
 pub mod watch;
 pub mod write;
 

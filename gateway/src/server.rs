@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 
 use crate::app::App;
-use crate::auth::ConnIdentity;
+use crate::authn::ConnIdentity;
 use crate::bootstrap;
 use crate::config::Options;
 use crate::pipeline::{self, Caller, RequestBody};
@@ -111,7 +111,10 @@ pub async fn start_with_store(
 
     let (stop_watches_tx, stop_watches_rx) = watch::channel(false);
     let (stop_accepting_tx, stop_accepting_rx) = watch::channel(false);
-    let app = Arc::new(App::new(opts.clone(), store, stop_watches_rx));
+    let tokens =
+        crate::tokens::Tokens::new(&opts, pki.sa_signing_key_pem(), pki.sa_public_key_pem())
+            .map_err(|e| anyhow::anyhow!("service-account tokens: {e}"))?;
+    let app = Arc::new(App::new(opts.clone(), store, stop_watches_rx, tokens));
 
     let mut tasks = vec![tokio::spawn(accept_loop(
         listener,

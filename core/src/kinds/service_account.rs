@@ -8,7 +8,7 @@ use crate::codec::convert::{object_meta_from_wire, object_meta_to_wire};
 use crate::codec::{ProtoKind, decode_error};
 use crate::meta::ObjectMeta;
 use crate::patch::strategy::Strategy;
-use crate::resource::{Resource, ResourceInfo, STANDARD_VERBS, Scope};
+use crate::resource::{Resource, ResourceInfo, STANDARD_VERBS, Scope, SubresourceInfo};
 use crate::status::ApiError;
 use crate::validation::declarative::{Check, Format, Rule};
 use crate::validation::{ErrorList, NameRule};
@@ -77,7 +77,12 @@ static INFO: ResourceInfo = ResourceInfo {
     ],
     columns: &[],
     schema,
-    subresources: &[],
+    subresources: &[SubresourceInfo {
+        name: "token",
+        verbs: &["create"],
+        kind: "TokenRequest",
+        group_version: Some(("authentication.svc.io", "v1")),
+    }],
     stored: true,
 };
 

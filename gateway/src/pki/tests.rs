@@ -328,7 +328,7 @@ fn client_certs_carry_every_group() {
                 "system:nodes".into(),
                 "system:authenticated".into()
             ],
-            extra: BTreeMap::new(),
+            extra: Default::default(),
         }
     );
     let json = serde_json::to_value(&user).unwrap();

@@ -8,20 +8,25 @@ use std::sync::Arc;
 
 use http::Response;
 use svc_core::ApiError;
+use svc_core::kinds::auth;
 use svc_core::status::Subject;
 
 use super::call::Call;
+use super::token;
 use crate::app::App;
 use crate::kind::Kind;
 use crate::respond::Body;
 
 /// `POST <object>/<sub>`: the action `sub` performs on the object `name`.
 pub(super) async fn create<T: Kind>(
-    _app: &Arc<App>,
-    _call: &Call,
+    app: &Arc<App>,
+    call: &Call,
     sub: &str,
     name: &str,
 ) -> Result<Response<Body>, ApiError> {
+    if (T::INFO.group, T::INFO.plural, sub) == ("", "serviceaccounts", "token") {
+        return token::create_token(app, call, name).await;
+    }
     Err(ApiError::NotFound(Subject::new(
         T::INFO.group,
         &format!("{}/{sub}", T::INFO.plural),
@@ -31,9 +36,12 @@ pub(super) async fn create<T: Kind>(
 
 /// `POST <collection>` of a kind that is not stored: the answer to the request it carries.
 pub(super) async fn review<T: Kind>(
-    _app: &Arc<App>,
-    _call: &Call,
+    app: &Arc<App>,
+    call: &Call,
 ) -> Result<Response<Body>, ApiError> {
+    if (T::INFO.group, T::INFO.plural) == (auth::GROUP, "tokenreviews") {
+        return token::review_token(app, call).await;
+    }
     Err(ApiError::MethodNotAllowed(format!(
         "{} are not served",
         T::INFO.plural

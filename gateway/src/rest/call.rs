@@ -11,11 +11,20 @@ use svc_core::{ApiError, Resource};
 use svc_storage::{KeyValue, StoreError};
 
 use crate::app::App;
+use crate::authz::Attributes;
 use crate::negotiate::Format;
 use crate::pki::UserInfo;
 use crate::query::{ListOptions, Query};
 use crate::respond;
 use crate::router::ResourceRoute;
+
+/// Checks that the caller may also do `verb` to the request's object: apply that creates
+/// needs `create` besides `patch`, force deletion needs `unsafe-delete-ignore-read-errors`
+/// besides `delete`, as Kubernetes asks.
+pub(super) async fn authorize_also(app: &App, call: &Call, verb: &str) -> Result<(), ApiError> {
+    let attrs = Attributes::for_resource(&call.route, verb);
+    app.authorizer.authorize(&call.user, &attrs).await
+}
 
 /// Kubernetes' limit on `fieldManager`.
 const MAX_FIELD_MANAGER_LEN: usize = 128;

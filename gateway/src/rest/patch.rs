@@ -18,7 +18,9 @@ use svc_core::status::StatusCause;
 use svc_core::{ApiError, Resource};
 use svc_storage::StoreError;
 
-use super::call::{Call, conflict, field_manager, map_write_error, path_namespace, read_current};
+use super::call::{
+    Call, authorize_also, conflict, field_manager, map_write_error, path_namespace, read_current,
+};
 use super::write::{self, Committed, check_namespace_open};
 use crate::app::App;
 use crate::kind::Kind;
@@ -158,6 +160,7 @@ pub async fn patch<T: Kind>(
         let (current, kv) = match read_current::<T>(app, &key, name).await {
             Ok(c) => c,
             Err(ApiError::NotFound(_)) if let Some(config) = &apply_config => {
+                authorize_also(app, call, "create").await?;
                 match apply_create::<T>(
                     app, call, &ns, name, &writer, config, dry_run, problems, validation,
                 )

@@ -15,7 +15,9 @@ use svc_core::status::Subject;
 use svc_core::{ApiError, Resource, Status};
 use svc_storage::{KeyRange, KeyValue, StoreError};
 
-use super::call::{Call, conflict, field_manager, map_write_error, path_namespace, read_current};
+use super::call::{
+    Call, authorize_also, conflict, field_manager, map_write_error, path_namespace, read_current,
+};
 use crate::app::App;
 use crate::features::Feature;
 use crate::kind::Kind;
@@ -370,6 +372,9 @@ pub async fn delete<T: Kind>(
     let key = Bytes::from(T::INFO.key(&ns, name));
     let pre = opts.preconditions.unwrap_or_default();
     let unsafe_delete = unsafe_delete_requested(app, call, dry_run)?;
+    if unsafe_delete {
+        authorize_also(app, call, "unsafe-delete-ignore-read-errors").await?;
+    }
     match delete_one::<T>(app, &key, name, &pre, dry_run).await {
         Ok((obj, code)) => Ok(respond::object(
             code,

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::support::client::{Client, TestServer, WatchStream, summary};
+use crate::support::client::{Client, TestServer, WatchStream, create_namespace, summary};
 use http::{Method, StatusCode};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
@@ -47,13 +47,6 @@ fn rv_of(obj: &Value) -> i64 {
         .as_str()
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("no resourceVersion in {obj}"))
-}
-
-async fn create_namespace(c: &Client, name: &str) {
-    let (s, body) = c
-        .post("/api/v1/namespaces", json!({"metadata": {"name": name}}))
-        .await;
-    assert_eq!(s, StatusCode::CREATED, "{body}");
 }
 
 /// The list's resourceVersion ("Most Recent" read).

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::support::client::{Client, TestServer, WatchStream};
+use crate::support::client::{Client, TestServer, WatchStream, create_namespace};
 use http::{Method, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
@@ -90,12 +90,7 @@ async fn current_rv(c: &Client, path: &str) -> String {
 async fn one_event_to_a_thousand_watchers_is_encoded_once() {
     let srv = TestServer::start().await;
     let c = srv.admin();
-    assert_eq!(
-        c.post("/api/v1/namespaces", json!({"metadata": {"name": "enc"}}))
-            .await
-            .0,
-        StatusCode::CREATED
-    );
+    create_namespace(&c, "enc").await;
     let base = "/api/v1/namespaces/enc/serviceaccounts";
     let rv = current_rv(&c, base).await;
     let watchers = open_watchers(
@@ -148,12 +143,7 @@ async fn a_stalled_watcher_is_ended_and_holds_nobody_up() {
     .await;
     let c = srv.admin();
     for ns in ["live", "bulk"] {
-        assert_eq!(
-            c.post("/api/v1/namespaces", json!({"metadata": {"name": ns}}))
-                .await
-                .0,
-            StatusCode::CREATED
-        );
+        create_namespace(&c, ns).await;
     }
     let rv = current_rv(&c, "/api/v1/serviceaccounts").await;
 

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::support::client::{Client, TestServer, eventually, summary};
+use crate::support::client::{Client, TestServer, create_namespace, eventually, summary};
 use http::StatusCode;
 use serde_json::{Value, json};
 use svc_gateway::features::Feature;
@@ -13,10 +13,7 @@ const T: Duration = Duration::from_secs(10);
 const SA: &str = "/api/v1/namespaces/lw/serviceaccounts";
 
 async fn setup(c: &Client) {
-    let (s, _) = c
-        .post("/api/v1/namespaces", json!({"metadata": {"name": "lw"}}))
-        .await;
-    assert_eq!(s, StatusCode::CREATED);
+    create_namespace(c, "lw").await;
 }
 
 async fn create(c: &Client, name: &str) -> Value {
@@ -33,12 +30,15 @@ fn rv(v: &Value) -> i64 {
         .unwrap()
 }
 
+/// The names of a list's items, but for the namespace's `default` account, which the
+/// service-account controller created (every list here is of this test's own objects).
 fn names(list: &Value) -> Vec<String> {
     list["items"]
         .as_array()
         .unwrap()
         .iter()
         .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
+        .filter(|n| n != "default")
         .collect()
 }
 
@@ -103,14 +103,20 @@ async fn list_table_rows() {
             "{SA}?resourceVersion={rv_ab}&resourceVersionMatch=Exact&limit=1"
         ))
         .await;
-    assert_eq!(p1["metadata"]["remainingItemCount"], 1);
+    // `b` and the namespace's `default` account remain.
+    assert_eq!(p1["metadata"]["remainingItemCount"], 2);
     let token = p1["metadata"]["continue"].as_str().unwrap();
     let (_, p2) = c.get(&format!("{SA}?limit=1&continue={token}")).await;
     assert_eq!(
         (names(&p2), p2["metadata"]["resourceVersion"].as_str()),
         (vec!["b".to_string()], Some(rv_ab.to_string().as_str()))
     );
-    assert_eq!(p2["metadata"]["continue"], Value::Null);
+    // Then the controller's `default` account, the last page at the same revision.
+    let token = p2["metadata"]["continue"].as_str().unwrap();
+    let (_, p3) = c.get(&format!("{SA}?limit=1&continue={token}")).await;
+    assert_eq!(p3["items"][0]["metadata"]["name"], "default");
+    assert_eq!(p3["metadata"]["resourceVersion"], rv_ab.to_string());
+    assert_eq!(p3["metadata"]["continue"], Value::Null);
 
     // NotOlderThan with rv=0 is Any; with a version it is not older than it.
     let (s, l) = c
@@ -258,14 +264,19 @@ async fn streaming_list_with_send_initial_events() {
     let mut w = c
         .watch(&format!("{SA}?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true"))
         .await;
-    let e1 = summary(&w.next_within(T).await.unwrap());
-    let e2 = summary(&w.next_within(T).await.unwrap());
-    assert_eq!(
-        (e1.0.as_str(), e1.1.as_str(), e2.0.as_str(), e2.1.as_str()),
-        ("ADDED", "a", "ADDED", "b")
-    );
-    let bm = w.next_within(T).await.unwrap();
-    assert_eq!(bm["type"], "BOOKMARK");
+    // The initial events (in key order) hold the namespace's `default` account too, the
+    // controller's; then the bookmark that ends them.
+    let mut initial = Vec::new();
+    let bm = loop {
+        let ev = w.next_within(T).await.unwrap();
+        if ev["type"] == "BOOKMARK" {
+            break ev;
+        }
+        let e = summary(&ev);
+        assert_eq!(e.0, "ADDED", "{e:?}");
+        initial.push(e.1);
+    };
+    assert_eq!(initial, ["a", "b", "default"]);
     assert_eq!(
         bm["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
         "true"

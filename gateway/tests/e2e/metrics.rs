@@ -504,8 +504,9 @@ fn cause(field: &str, reason: &str) -> Vec<(String, String)> {
 }
 
 /// The shipped rules agree with the hand-written validation, so to see a mismatch the test adds
-/// a rule the hand-written side does not have (names of at most 5 bytes, through
-/// `Options::extra_declarative_rules`, which no flag sets). Agreement, valid or invalid, never
+/// a rule the hand-written side does not have (names of at most 7 bytes, through
+/// `Options::extra_declarative_rules`, which no flag sets; 7 so that the `default` account
+/// the service-account controller creates in every namespace still agrees). Agreement, valid or invalid, never
 /// moves the counter; the disagreement moves it whenever declarative validation runs, and
 /// decides the answer only under takeover.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -513,7 +514,7 @@ async fn declarative_validation_mismatches_are_counted_and_takeover_answers() {
     use svc_core::validation::declarative::{Check, Rule};
     use svc_gateway::features::Feature;
     const DV: &str = "/api/v1/namespaces/dv/serviceaccounts";
-    let stricter = Rule::new("metadata.name", Check::MaxLength(5));
+    let stricter = Rule::new("metadata.name", Check::MaxLength(7));
     for (declarative, takeover) in [(true, false), (true, true), (false, true)] {
         let mode = format!("DeclarativeValidation={declarative} Takeover={takeover}");
         let srv = TestServer::start_with(|o| {
@@ -550,7 +551,7 @@ async fn declarative_validation_mismatches_are_counted_and_takeover_answers() {
         assert_eq!(mismatches(&c).await, 0.0, "{mode}: agreement counted");
 
         // They disagree: a name the hand-written validation accepts and the rule refuses.
-        let (s, v) = c.post(DV, json!({"metadata": {"name": "toolong"}})).await;
+        let (s, v) = c.post(DV, json!({"metadata": {"name": "too-long"}})).await;
         if declarative && takeover {
             assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{mode}: {v}");
             assert_eq!(causes(&v), cause("metadata.name", "FieldValueTooLong"));

@@ -322,3 +322,23 @@ pub fn summary(ev: &Value) -> (String, String, String) {
             .to_string(),
     )
 }
+
+/// Creates namespace `name` and waits until the service-account controller has given it
+/// its `default` account, as a real cluster's tests wait before they use a namespace: the
+/// account's ADDED event then comes before anything the test writes there.
+pub async fn create_namespace(c: &Client, name: &str) {
+    let (s, body) = c
+        .post(
+            "/api/v1/namespaces",
+            serde_json::json!({"metadata": {"name": name}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{body}");
+    let path = format!("/api/v1/namespaces/{name}/serviceaccounts/default");
+    eventually(
+        Duration::from_secs(10),
+        "the default service account exists",
+        || async { c.get(&path).await.0 == StatusCode::OK },
+    )
+    .await;
+}

@@ -1,0 +1,105 @@
+//! Authentication: who is calling. The chain is the client certificate (verified by TLS),
+//! then a bearer token (service-account tokens), then anonymous when enabled; a credential
+//! that is presented but not accepted is a 401, never anonymous.
+
+use svc_core::ApiError;
+use svc_core::user::UserInfo;
+
+use crate::app::App;
+use crate::authz::{GROUP_AUTHENTICATED, GROUP_MASTERS, GROUP_UNAUTHENTICATED, USER_ANONYMOUS};
+
+/// What the connection established about the caller before any request arrived.
+#[derive(Clone, Debug)]
+pub struct ConnIdentity {
+    /// The user of a verified client certificate.
+    pub cert_user: Option<UserInfo>,
+    /// The loopback-only plain-HTTP listener, where every caller is an administrator.
+    pub insecure: bool,
+}
+
+pub fn anonymous() -> UserInfo {
+    UserInfo {
+        username: USER_ANONYMOUS.into(),
+        uid: String::new(),
+        groups: vec![GROUP_UNAUTHENTICATED.into()],
+        extra: Default::default(),
+    }
+}
+
+fn loopback_admin() -> UserInfo {
+    UserInfo {
+        username: "system:insecure-loopback".into(),
+        uid: String::new(),
+        groups: vec![GROUP_MASTERS.into(), GROUP_AUTHENTICATED.into()],
+        extra: Default::default(),
+    }
+}
+
+fn unauthorized() -> ApiError {
+    ApiError::Unauthorized("Unauthorized".into())
+}
+
+/// The bearer token of an `Authorization` header (`Bearer <token>`, scheme case-insensitive).
+pub fn bearer_token(headers: &http::HeaderMap) -> Option<Result<&str, ()>> {
+    let v = headers.get(http::header::AUTHORIZATION)?;
+    let Ok(v) = v.to_str() else {
+        return Some(Err(()));
+    };
+    let (scheme, token) = v.trim().split_once(' ').unwrap_or((v, ""));
+    let token = token.trim();
+    if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
+        return Some(Err(()));
+    }
+    Some(Ok(token))
+}
+
+/// Finds the caller of a request that arrived on a connection.
+pub async fn authenticate(
+    app: &App,
+    conn: &ConnIdentity,
+    headers: &http::HeaderMap,
+) -> Result<UserInfo, ApiError> {
+    if conn.insecure {
+        return Ok(loopback_admin());
+    }
+    if let Some(user) = &conn.cert_user {
+        return Ok(user.clone());
+    }
+    match bearer_token(headers) {
+        Some(Ok(token)) => {
+            match app
+                .tokens
+                .authenticate(token, &[], &app.caches, app.store.as_ref())
+                .await
+            {
+                Ok(a) => Ok(a.user),
+                Err(e) => {
+                    tracing::debug!(error = %e, "bearer token rejected");
+                    Err(unauthorized())
+                }
+            }
+        }
+        Some(Err(())) => Err(unauthorized()),
+        None if app.opts.anonymous_auth => Ok(anonymous()),
+        None => Err(unauthorized()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_tokens_are_read_strictly() {
+        let h = |v: &str| {
+            let mut m = http::HeaderMap::new();
+            m.insert(http::header::AUTHORIZATION, v.parse().unwrap());
+            m
+        };
+        assert_eq!(bearer_token(&h("Bearer abc")), Some(Ok("abc")));
+        assert_eq!(bearer_token(&h("bearer  abc ")), Some(Ok("abc")));
+        assert_eq!(bearer_token(&h("Basic abc")), Some(Err(())));
+        assert_eq!(bearer_token(&h("Bearer")), Some(Err(())));
+        assert_eq!(bearer_token(&http::HeaderMap::new()), None);
+    }
+}

@@ -1,0 +1,315 @@
+//! Authorization: every request becomes `Attributes` (user, verb, API group, resource,
+//! subresource, namespace, name, or a non-resource path) and goes down a chain of
+//! authorizers. `system:masters` may do anything; the built-in policy lets anyone read
+//! health and version and any authenticated user read discovery; configured authorizers
+//! (webhooks) come next. The first that allows or denies decides; when none has an opinion
+//! the answer is 403, worded as Kubernetes words it.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use svc_core::ApiError;
+use svc_core::user::UserInfo;
+
+use crate::router::ResourceRoute;
+
+pub const GROUP_MASTERS: &str = "system:masters";
+pub use svc_core::user::GROUP_AUTHENTICATED;
+pub const USER_ANONYMOUS: &str = "system:anonymous";
+pub const GROUP_UNAUTHENTICATED: &str = "system:unauthenticated";
+
+/// A request, as an authorizer sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attributes<'a> {
+    pub verb: &'a str,
+    /// For resource requests: group, resource, subresource, namespace, name.
+    pub resource: Option<ResourceAttributes<'a>>,
+    /// For other requests: the path.
+    pub path: &'a str,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResourceAttributes<'a> {
+    pub group: &'a str,
+    pub resource: &'a str,
+    pub subresource: Option<&'a str>,
+    pub namespace: &'a str,
+    pub name: Option<&'a str>,
+}
+
+impl<'a> Attributes<'a> {
+    /// The attributes of a request to a resource route.
+    pub fn for_resource(route: &'a ResourceRoute, verb: &'a str) -> Attributes<'a> {
+        Attributes {
+            verb,
+            resource: Some(ResourceAttributes {
+                group: route.info.group,
+                resource: route.info.plural,
+                subresource: route.subresource.as_deref(),
+                namespace: &route.namespace,
+                name: route.name.as_deref(),
+            }),
+            path: "",
+        }
+    }
+
+    /// The same request with another verb (apply that creates, force deletion).
+    pub fn with_verb(&self, verb: &'a str) -> Attributes<'a> {
+        Attributes {
+            verb,
+            ..self.clone()
+        }
+    }
+}
+
+/// What one authorizer says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Allow,
+    /// Denied, with the reason (passed to the client after the standard message).
+    Deny(String),
+    /// Neither: the next authorizer decides.
+    NoOpinion(String),
+}
+
+pub type DecisionFuture<'a> = Pin<Box<dyn Future<Output = Decision> + Send + 'a>>;
+
+/// One link of the chain.
+pub trait Authorizer: Send + Sync {
+    /// The name metrics and logs use.
+    fn name(&self) -> &str;
+    fn authorize<'a>(&'a self, user: &'a UserInfo, attrs: &'a Attributes<'a>)
+    -> DecisionFuture<'a>;
+}
+
+/// `system:masters` may do anything.
+struct Masters;
+
+impl Authorizer for Masters {
+    fn name(&self) -> &str {
+        "system:masters"
+    }
+    fn authorize<'a>(&'a self, user: &'a UserInfo, _: &'a Attributes<'a>) -> DecisionFuture<'a> {
+        let d = if user.in_group(GROUP_MASTERS) {
+            Decision::Allow
+        } else {
+            Decision::NoOpinion(String::new())
+        };
+        Box::pin(std::future::ready(d))
+    }
+}
+
+/// The built-in policy Kubernetes grants through its default roles: anyone may read health
+/// and version (`system:public-info-viewer`), any authenticated user may read discovery and
+/// OpenAPI (`system:discovery`).
+struct DefaultPolicy;
+
+/// Paths anyone may read.
+fn public_path(path: &str) -> bool {
+    matches!(path, "/healthz" | "/livez" | "/readyz" | "/version")
+        || ["/healthz/", "/livez/", "/readyz/"]
+            .iter()
+            .any(|p| path.starts_with(p))
+}
+
+/// Paths any authenticated user may read.
+fn discovery_path(path: &str) -> bool {
+    public_path(path)
+        || matches!(path, "/api" | "/apis" | "/openapi/v2" | "/openapi/v3")
+        || path.starts_with("/api/")
+        || path.starts_with("/apis/")
+        || path.starts_with("/openapi/")
+}
+
+impl Authorizer for DefaultPolicy {
+    fn name(&self) -> &str {
+        "default-policy"
+    }
+    fn authorize<'a>(
+        &'a self,
+        user: &'a UserInfo,
+        attrs: &'a Attributes<'a>,
+    ) -> DecisionFuture<'a> {
+        let allowed = attrs.resource.is_none()
+            && attrs.verb == "get"
+            && if user.in_group(GROUP_AUTHENTICATED) {
+                discovery_path(attrs.path)
+            } else {
+                public_path(attrs.path)
+            };
+        let d = if allowed {
+            Decision::Allow
+        } else {
+            Decision::NoOpinion(String::new())
+        };
+        Box::pin(std::future::ready(d))
+    }
+}
+
+/// The authorizer chain of a server.
+pub struct Chain {
+    authorizers: Vec<Box<dyn Authorizer>>,
+}
+
+impl Default for Chain {
+    fn default() -> Self {
+        Chain::new(Vec::new())
+    }
+}
+
+impl Chain {
+    /// `system:masters` and the built-in policy first, then `configured` in order.
+    pub fn new(configured: Vec<Box<dyn Authorizer>>) -> Self {
+        let mut authorizers: Vec<Box<dyn Authorizer>> =
+            vec![Box::new(Masters), Box::new(DefaultPolicy)];
+        authorizers.extend(configured);
+        Chain { authorizers }
+    }
+
+    /// Ok when allowed; 403 naming user, verb, resource and scope otherwise.
+    pub async fn authorize(&self, user: &UserInfo, attrs: &Attributes<'_>) -> Result<(), ApiError> {
+        let mut reasons = Vec::new();
+        for a in &self.authorizers {
+            match a.authorize(user, attrs).await {
+                Decision::Allow => return Ok(()),
+                Decision::Deny(reason) => return Err(forbidden(user, attrs, &reason)),
+                Decision::NoOpinion(reason) => {
+                    if !reason.is_empty() {
+                        reasons.push(reason);
+                    }
+                }
+            }
+        }
+        Err(forbidden(user, attrs, &reasons.join(", ")))
+    }
+}
+
+/// Kubernetes' wording of a 403, with the authorizers' reason after a colon if any.
+pub fn forbidden(user: &UserInfo, attrs: &Attributes<'_>, reason: &str) -> ApiError {
+    let base = match &attrs.resource {
+        Some(r) => {
+            let what = match r.subresource {
+                Some(sub) => format!("{}/{}", r.resource, sub),
+                None => r.resource.to_string(),
+            };
+            let scope = if r.namespace.is_empty() {
+                "at the cluster scope".to_string()
+            } else {
+                format!("in the namespace \"{}\"", r.namespace)
+            };
+            // The resource as Kubernetes qualifies it (`certificatesigningrequests.certificates.svc.io`).
+            let qualified = if r.group.is_empty() {
+                r.resource.to_string()
+            } else {
+                format!("{}.{}", r.resource, r.group)
+            };
+            let subject = match r.name {
+                Some(n) => format!("{qualified} \"{n}\""),
+                None => qualified,
+            };
+            format!(
+                "{subject} is forbidden: User \"{}\" cannot {} resource \"{what}\" in API group \
+                 \"{}\" {scope}",
+                user.username, attrs.verb, r.group
+            )
+        }
+        None => format!(
+            "forbidden: User \"{}\" cannot {} path \"{}\"",
+            user.username, attrs.verb, attrs.path
+        ),
+    };
+    if reason.is_empty() {
+        ApiError::Forbidden(base)
+    } else {
+        ApiError::Forbidden(format!("{base}: {reason}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn user(name: &str, groups: &[&str]) -> UserInfo {
+        UserInfo {
+            username: name.into(),
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+
+    fn sa_get<'a>() -> Attributes<'a> {
+        Attributes {
+            verb: "get",
+            resource: Some(ResourceAttributes {
+                group: "",
+                resource: "serviceaccounts",
+                subresource: Some("token"),
+                namespace: "demo",
+                name: Some("builder"),
+            }),
+            path: "/api/v1/namespaces/demo/serviceaccounts/builder/token",
+        }
+    }
+
+    struct Fixed(Decision);
+    impl Authorizer for Fixed {
+        fn name(&self) -> &str {
+            "fixed"
+        }
+        fn authorize<'a>(&'a self, _: &'a UserInfo, _: &'a Attributes<'a>) -> DecisionFuture<'a> {
+            Box::pin(std::future::ready(self.0.clone()))
+        }
+    }
+
+    #[tokio::test]
+    async fn masters_anyone_and_the_authenticated() {
+        let chain = Chain::default();
+        let admin = user("admin", &[GROUP_MASTERS]);
+        assert!(chain.authorize(&admin, &sa_get()).await.is_ok());
+        let jane = user("jane", &[GROUP_AUTHENTICATED]);
+        let err = chain.authorize(&jane, &sa_get()).await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "serviceaccounts \"builder\" is forbidden: User \"jane\" cannot get resource \
+             \"serviceaccounts/token\" in API group \"\" in the namespace \"demo\""
+        );
+        let discovery = Attributes {
+            verb: "get",
+            resource: None,
+            path: "/apis",
+        };
+        assert!(chain.authorize(&jane, &discovery).await.is_ok());
+        let anon = user(USER_ANONYMOUS, &[GROUP_UNAUTHENTICATED]);
+        assert!(chain.authorize(&anon, &discovery).await.is_err());
+        let health = Attributes {
+            path: "/readyz",
+            ..discovery.clone()
+        };
+        assert!(chain.authorize(&anon, &health).await.is_ok());
+        let post = health.with_verb("create");
+        assert!(chain.authorize(&anon, &post).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_deny_stops_the_chain_and_no_opinion_passes_it_on() {
+        let jane = user("jane", &[GROUP_AUTHENTICATED]);
+        let deny_then_allow = Chain::new(vec![
+            Box::new(Fixed(Decision::Deny("policy says no".into()))),
+            Box::new(Fixed(Decision::Allow)),
+        ]);
+        let err = deny_then_allow
+            .authorize(&jane, &sa_get())
+            .await
+            .unwrap_err();
+        assert!(err.to_string().ends_with(": policy says no"), "{err}");
+        let pass_then_allow = Chain::new(vec![
+            Box::new(Fixed(Decision::NoOpinion("no rule".into()))),
+            Box::new(Fixed(Decision::Allow)),
+        ]);
+        assert!(pass_then_allow.authorize(&jane, &sa_get()).await.is_ok());
+        let only_pass = Chain::new(vec![Box::new(Fixed(Decision::NoOpinion("no rule".into())))]);
+        let err = only_pass.authorize(&jane, &sa_get()).await.unwrap_err();
+        assert_eq!(err.code(), 403);
+        assert!(err.to_string().ends_with(": no rule"), "{err}");
+    }
+}
