@@ -385,8 +385,13 @@ fn declared_kinds() -> Vec<String> {
         let text = std::fs::read_to_string(&f).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         for (i, line) in lines.iter().enumerate() {
-            // `kind: "Secret",` in a ResourceInfo (not `kind: "Pod".into(),` in a test).
-            if let Some(rest) = line.trim().strip_prefix("kind: \"")
+            // `kind: "Secret",` opening a ResourceInfo (not a subresource's `kind`, nor
+            // `kind: "Pod".into(),` in a test).
+            let in_info = lines[i.saturating_sub(4)..i]
+                .iter()
+                .any(|l| l.contains("ResourceInfo {"));
+            if in_info
+                && let Some(rest) = line.trim().strip_prefix("kind: \"")
                 && let Some((name, ",")) = rest.split_once('"')
             {
                 // A kind with no verbs is a subresource's body (`TokenRequest`), not served

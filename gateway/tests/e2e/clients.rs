@@ -104,6 +104,101 @@ fn kubectl_works_across_a_crash() {
     let _ = watch.wait();
     assert!(seen, "kubectl --watch never showed the new service account");
 
+    // Identity as a new user meets it: a token for the account, used by kubectl as a bearer
+    // token (authenticated, so the answer is 403 naming the account, not 401), and Secrets.
+    let token = ok(d, &["create", "token", "builder", "-n", "demo"], None);
+    let token = token.trim();
+    assert_eq!(token.split('.').count(), 3, "{token}");
+    // A kubeconfig of its own for the account: the admin's cluster, the token as the user.
+    let builder_config = d.join("builder.kubeconfig");
+    std::fs::copy(d.join("admin.kubeconfig"), &builder_config).unwrap();
+    let config = |args: &[&str]| {
+        let out = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&builder_config)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let cluster = ok(
+        d,
+        &["config", "view", "-o", "jsonpath={.clusters[0].name}"],
+        None,
+    );
+    config(&["config", "set-credentials", "builder", "--token", token]);
+    config(&[
+        "config",
+        "set-context",
+        "builder",
+        "--cluster",
+        cluster.trim(),
+        "--user",
+        "builder",
+    ]);
+    let as_builder = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&builder_config)
+        .args(["--context", "builder", "get", "secrets", "-n", "demo"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&as_builder.stderr);
+    assert!(!as_builder.status.success());
+    assert!(
+        err.contains(
+            "User \"system:serviceaccount:demo:builder\" cannot list resource \"secrets\""
+        ),
+        "{err}"
+    );
+    assert!(
+        ok(
+            d,
+            &[
+                "create",
+                "secret",
+                "generic",
+                "creds",
+                "-n",
+                "demo",
+                "--from-literal=k=v"
+            ],
+            None
+        )
+        .contains("secret/creds created")
+    );
+    let secret = ok(
+        d,
+        &[
+            "get",
+            "secret",
+            "creds",
+            "-n",
+            "demo",
+            "-o",
+            "jsonpath={.type} {.data.k}",
+        ],
+        None,
+    );
+    assert_eq!(secret, "Opaque dg==");
+    let default_sa = ok(
+        d,
+        &[
+            "get",
+            "serviceaccount",
+            "default",
+            "-n",
+            "demo",
+            "-o",
+            "name",
+        ],
+        None,
+    );
+    assert_eq!(default_sa.trim(), "serviceaccount/default");
+
     // kill -9 and restart: the objects survive.
     server.kill();
     let mut server = spawn_ready(d, port);
@@ -156,7 +251,7 @@ fn python_client_lists_and_watches() {
         "python client failed (the test command installs the `kubernetes` package):\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for check in ["list ok", "watch ok", "replace ok", "delete ok"] {
+    for check in ["list ok", "watch ok", "replace ok", "delete ok", "token ok"] {
         assert!(stdout.contains(check), "missing {check:?}:\n{stdout}");
     }
 }

@@ -10,6 +10,7 @@ mod crash;
 mod etcd_gateways;
 mod fanout;
 mod health;
+mod identity;
 mod kubectl_writes;
 mod list_watch;
 mod media;

@@ -2,7 +2,7 @@
 
 Usage: python_client.py KUBECONFIG NAMESPACE
 Lists service accounts, opens a watch, creates one account from a second thread and checks
-that the watch sees it. Prints one line per check; exits non-zero on any failure.
+that the watch sees it; asks for a token and reviews it. Prints one line per check; exits non-zero on any failure.
 """
 import sys
 import threading
@@ -49,6 +49,19 @@ def main():
     except client.exceptions.ApiException as e:
         assert e.status == 404, e.status
     print("delete ok")
+
+    # A token through the Python client's own TokenRequest (authentication.k8s.io/v1 on the
+    # wire), then reviewed with TokenReview through the generic API (our group's name).
+    tr = v1.create_namespaced_service_account_token(
+        "default", ns, client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=900)))
+    assert tr.status.token.count(".") == 2, tr.status.token
+    assert tr.spec.expiration_seconds == 900, tr.spec
+    reviewed = client.CustomObjectsApi().create_cluster_custom_object(
+        "authentication.svc.io", "v1", "tokenreviews",
+        {"apiVersion": "authentication.svc.io/v1", "kind": "TokenReview", "spec": {"token": tr.status.token}})
+    assert reviewed["status"]["authenticated"] is True, reviewed
+    assert reviewed["status"]["user"]["username"] == "system:serviceaccount:%s:default" % ns, reviewed
+    print("token ok", reviewed["status"]["user"]["username"])
 
 
 if __name__ == "__main__":
