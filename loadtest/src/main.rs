@@ -2,6 +2,7 @@
 //! Kubernetes-compatible API server, etcd, or a raw TCP fan-out baseline, with a report.
 
 mod fanout;
+mod get;
 mod list;
 mod raw;
 mod relist;
@@ -47,6 +48,9 @@ enum Cmd {
     /// Watchers all drop their watches at one instant, then re-list and re-watch as a
     /// reflector does after a 410; time until all watch again, errors, gaps after.
     RelistStorm(Params),
+    /// Concurrent clients GET one path (--path, --clients) as fast as answers come:
+    /// requests/s and latency (compare a certificate user with a token user).
+    Get(Params),
     /// Runs one YAML scenario against several targets in turn; one report with ratios.
     Compare(CompareArgs),
 }
@@ -117,6 +121,9 @@ pub struct Params {
     /// list: send `Accept-Encoding: gzip` (bytes on the wire are the compressed ones).
     #[arg(long)]
     pub gzip: bool,
+    /// get: the path each request asks for.
+    #[arg(long, default_value = "/version")]
+    pub path: String,
 }
 
 fn secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -164,7 +171,10 @@ fn scenario_of(name: &str) -> Result<Scenario> {
         "churn" => Scenario::Churn,
         "list" => Scenario::List,
         "relist-storm" => Scenario::RelistStorm,
-        _ => bail!("unknown scenario {name} (fanout, slow-watcher, churn, list, relist-storm)"),
+        "get" => Scenario::Get,
+        _ => {
+            bail!("unknown scenario {name} (fanout, slow-watcher, churn, list, relist-storm, get)")
+        }
     })
 }
 
@@ -232,8 +242,12 @@ async fn compare(a: CompareArgs) -> Result<()> {
 
 async fn run_target(sc: Scenario, argv: &[String]) -> Result<report::Results> {
     let cli = Cli::try_parse_from(argv)?;
-    let (Cmd::Fanout(p) | Cmd::SlowWatcher(p) | Cmd::Churn(p) | Cmd::List(p) | Cmd::RelistStorm(p)) =
-        cli.cmd
+    let (Cmd::Fanout(p)
+    | Cmd::SlowWatcher(p)
+    | Cmd::Churn(p)
+    | Cmd::List(p)
+    | Cmd::RelistStorm(p)
+    | Cmd::Get(p)) = cli.cmd
     else {
         bail!("nested compare");
     };
@@ -254,6 +268,7 @@ fn main() -> Result<()> {
             Cmd::Churn(p) => (Scenario::Churn, p),
             Cmd::List(p) => (Scenario::List, p),
             Cmd::RelistStorm(p) => (Scenario::RelistStorm, p),
+            Cmd::Get(p) => (Scenario::Get, p),
             Cmd::Compare(a) => return compare(a).await,
         };
         let r = run::run(sc, &p).await?;

@@ -12,6 +12,7 @@ pub enum Scenario {
     SlowWatcher,
     Churn,
     List,
+    Get,
     RelistStorm,
 }
 
@@ -22,6 +23,7 @@ impl Scenario {
             Scenario::SlowWatcher => "slow-watcher",
             Scenario::Churn => "churn",
             Scenario::List => "list",
+            Scenario::Get => "get",
             Scenario::RelistStorm => "relist-storm",
         }
     }
@@ -31,6 +33,7 @@ impl Scenario {
 pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
     match scenario {
         Scenario::List => crate::list::run(p).await,
+        Scenario::Get => crate::get::run(p).await,
         Scenario::RelistStorm => crate::relist::run(p).await,
         Scenario::Fanout | Scenario::SlowWatcher | Scenario::Churn => {
             crate::fanout::run(scenario, p).await

@@ -25,6 +25,8 @@ pub struct Endpoint {
     pub url: String,
     /// TLS configurations for HTTP/1.1 and h2 (ALPN differs), and the name to verify.
     pub tls: Option<Tls>,
+    /// A bearer token every request carries (a kubeconfig user's `token`).
+    pub bearer: Option<Arc<str>>,
 }
 
 #[derive(Clone)]
@@ -34,28 +36,45 @@ pub struct Tls {
     pub name: ServerName<'static>,
 }
 
-/// One client connection, HTTP/1.1 or h2.
-pub enum Conn {
+enum Sender {
     H1(hyper::client::conn::http1::SendRequest<Full<Bytes>>),
     H2(hyper::client::conn::http2::SendRequest<Full<Bytes>>),
+}
+
+/// One client connection, HTTP/1.1 or h2, with the bearer token its requests carry (a
+/// kubeconfig user with `token`).
+pub struct Conn {
+    sender: Sender,
+    bearer: Option<Arc<str>>,
 }
 
 impl Conn {
     /// Another handle on an h2 connection (streams share it); HTTP/1.1 cannot be shared.
     pub fn share(&self) -> Option<Conn> {
-        match self {
-            Conn::H1(_) => None,
-            Conn::H2(s) => Some(Conn::H2(s.clone())),
+        match &self.sender {
+            Sender::H1(_) => None,
+            Sender::H2(s) => Some(Conn {
+                sender: Sender::H2(s.clone()),
+                bearer: self.bearer.clone(),
+            }),
         }
     }
 
-    pub async fn send(&mut self, req: Request<Full<Bytes>>) -> Result<Response<Incoming>> {
-        Ok(match self {
-            Conn::H1(s) => {
+    pub async fn send(&mut self, mut req: Request<Full<Bytes>>) -> Result<Response<Incoming>> {
+        if let Some(token) = &self.bearer
+            && !req.headers().contains_key(http::header::AUTHORIZATION)
+        {
+            req.headers_mut().insert(
+                http::header::AUTHORIZATION,
+                http::HeaderValue::from_str(&format!("Bearer {token}"))?,
+            );
+        }
+        Ok(match &mut self.sender {
+            Sender::H1(s) => {
                 s.ready().await?;
                 s.send_request(req).await?
             }
-            Conn::H2(s) => {
+            Sender::H2(s) => {
                 s.ready().await?;
                 s.send_request(req).await?
             }
@@ -109,6 +128,7 @@ impl Endpoint {
             addr,
             url: url.to_string(),
             tls: None,
+            bearer: None,
         })
     }
 
@@ -118,20 +138,24 @@ impl Endpoint {
             .with_context(|| format!("connecting to {}", self.addr))?;
         // Many small writes per request: Nagle would add 40 ms to each.
         tcp.set_nodelay(true)?;
-        match &self.tls {
-            None => handshake(TokioIo::new(tcp), h2).await,
+        let sender = match &self.tls {
+            None => handshake(TokioIo::new(tcp), h2).await?,
             Some(t) => {
                 let cfg = if h2 { t.h2.clone() } else { t.h1.clone() };
                 let tls = tokio_rustls::TlsConnector::from(cfg)
                     .connect(t.name.clone(), tcp)
                     .await?;
-                handshake(TokioIo::new(tls), h2).await
+                handshake(TokioIo::new(tls), h2).await?
             }
-        }
+        };
+        Ok(Conn {
+            sender,
+            bearer: self.bearer.clone(),
+        })
     }
 }
 
-async fn handshake<T>(io: TokioIo<T>, h2: bool) -> Result<Conn>
+async fn handshake<T>(io: TokioIo<T>, h2: bool) -> Result<Sender>
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -143,11 +167,11 @@ where
             .handshake(io)
             .await?;
         tokio::spawn(conn);
-        Ok(Conn::H2(send))
+        Ok(Sender::H2(send))
     } else {
         let (send, conn) = hyper::client::conn::http1::handshake(io).await?;
         tokio::spawn(conn);
-        Ok(Conn::H1(send))
+        Ok(Sender::H1(send))
     }
 }
 
@@ -194,7 +218,8 @@ pub async fn resolve(host: &str, port: u16, allow_remote: bool) -> Result<Socket
     Ok(addr)
 }
 
-/// Reads a kubeconfig (current context) into an endpoint with client-certificate TLS.
+/// Reads a kubeconfig (current context) into an endpoint: TLS with the cluster's CA, and the
+/// user's client certificate or bearer `token`.
 pub async fn from_kubeconfig(path: &Path, allow_remote: bool) -> Result<Endpoint> {
     let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
     let kc: Value = serde_saphyr::from_str(&text).context("parsing kubeconfig")?;
@@ -242,6 +267,7 @@ pub async fn from_kubeconfig(path: &Path, allow_remote: bool) -> Result<Endpoint
     } else {
         builder.with_no_client_auth()
     };
+    ep.bearer = u["token"].as_str().map(Arc::from);
     let host = server
         .trim_start_matches("https://")
         .split('/')
