@@ -37,8 +37,9 @@ pub struct App {
     pub validator: Validator,
     /// Issues and verifies service-account tokens.
     pub tokens: Tokens,
-    /// Who may do what: `system:masters`, the built-in policy, then configured authorizers.
-    pub authorizer: authz::Chain,
+    /// Who may do what: `system:masters`, the built-in policy, then configured authorizers;
+    /// replaced whole when the configuration changes.
+    authorizer: parking_lot::RwLock<Arc<authz::Chain>>,
 }
 
 impl App {
@@ -66,8 +67,21 @@ impl App {
             caches,
             validator,
             tokens,
-            authorizer: authz::Chain::default(),
+            authorizer: parking_lot::RwLock::new(Arc::new(authz::Chain::default())),
         }
+    }
+}
+
+impl App {
+    /// The authorizer chain in force.
+    pub fn authorizer(&self) -> Arc<authz::Chain> {
+        self.authorizer.read().clone()
+    }
+
+    /// Replaces the configured authorizers (those after `system:masters` and the built-in
+    /// policy); requests already being authorized finish with the chain they started with.
+    pub fn set_authorizers(&self, configured: Vec<Box<dyn authz::Authorizer>>) {
+        *self.authorizer.write() = Arc::new(authz::Chain::new(configured));
     }
 }
 

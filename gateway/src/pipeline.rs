@@ -140,7 +140,7 @@ async fn authenticate_and_authorize(
             path,
         },
     };
-    app.authorizer.authorize(&user, &attrs).await?;
+    app.authorizer().authorize(&user, &attrs).await?;
     Ok(user)
 }
 

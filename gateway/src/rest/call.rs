@@ -23,7 +23,7 @@ use crate::router::ResourceRoute;
 /// besides `delete`, as Kubernetes asks.
 pub(super) async fn authorize_also(app: &App, call: &Call, verb: &str) -> Result<(), ApiError> {
     let attrs = Attributes::for_resource(&call.route, verb);
-    app.authorizer.authorize(&call.user, &attrs).await
+    app.authorizer().authorize(&call.user, &attrs).await
 }
 
 /// Kubernetes' limit on `fieldManager`.

@@ -5,6 +5,7 @@
 mod support;
 
 mod api;
+mod authorization;
 mod clients;
 mod crash;
 mod etcd_gateways;

@@ -1,0 +1,166 @@
+//! Authorization per operation through real TLS sockets, with an authorizer that grants one
+//! user a fixed set of verbs (standing in for configured authorizers): dry runs need the real
+//! verb, server-side apply that creates needs `create` besides `patch`, force deletion needs
+//! `unsafe-delete-ignore-read-errors` besides `delete`, subresources are authorized as
+//! `<resource>/<sub>`, and denials are 403 in Kubernetes' words.
+
+use http::{Method, StatusCode};
+use serde_json::json;
+use svc_core::user::UserInfo;
+use svc_gateway::authz::{Attributes, Authorizer, Decision, DecisionFuture};
+use svc_gateway::features::Feature;
+
+use crate::support::client::{TestServer, create_namespace};
+
+/// Allows `user` the listed `resource:verb` pairs (`serviceaccounts:patch`), nothing else.
+struct Grants {
+    user: &'static str,
+    allowed: &'static [&'static str],
+}
+
+impl Authorizer for Grants {
+    fn name(&self) -> &str {
+        "grants"
+    }
+    fn authorize<'a>(
+        &'a self,
+        user: &'a UserInfo,
+        attrs: &'a Attributes<'a>,
+    ) -> DecisionFuture<'a> {
+        let d = match &attrs.resource {
+            Some(r) if user.username == self.user => {
+                let resource = match r.subresource {
+                    Some(s) => format!("{}/{s}", r.resource),
+                    None => r.resource.to_string(),
+                };
+                if self
+                    .allowed
+                    .contains(&format!("{resource}:{}", attrs.verb).as_str())
+                {
+                    Decision::Allow
+                } else {
+                    Decision::NoOpinion(String::new())
+                }
+            }
+            _ => Decision::NoOpinion(String::new()),
+        };
+        Box::pin(std::future::ready(d))
+    }
+}
+
+const APPLY: &str = "application/apply-patch+yaml";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_operation_needs_its_own_verbs() {
+    let srv = TestServer::start_with(|o| {
+        o.feature_gates
+            .set(Feature::AllowUnsafeMalformedObjectDeletion, true);
+    })
+    .await;
+    let admin = srv.admin();
+    create_namespace(&admin, "az").await;
+    let jane = srv.user("jane", &[]);
+    let app = &srv.handle().app;
+    let sa = "/api/v1/namespaces/az/serviceaccounts";
+
+    // Only patch: apply to an existing object works, apply that would create is refused.
+    app.set_authorizers(vec![Box::new(Grants {
+        user: "jane",
+        allowed: &["serviceaccounts:patch", "serviceaccounts:get"],
+    })]);
+    let apply = |name: &str| {
+        format!(
+            "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: {name}\n  labels: {{a: b}}\n"
+        )
+    };
+    let (s, _) = admin
+        .post(sa, json!({"metadata": {"name": "exists"}}))
+        .await;
+    assert_eq!(s, StatusCode::CREATED);
+    let r = jane
+        .request(
+            Method::PATCH,
+            &format!("{sa}/exists?fieldManager=jane"),
+            &apply("exists"),
+            &[("content-type", APPLY)],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let r = jane
+        .request(
+            Method::PATCH,
+            &format!("{sa}/fresh?fieldManager=jane"),
+            &apply("fresh"),
+            &[("content-type", APPLY)],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.text());
+    assert_eq!(
+        r.json()["message"],
+        "serviceaccounts \"fresh\" is forbidden: User \"jane\" cannot create resource \
+         \"serviceaccounts\" in API group \"\" in the namespace \"az\""
+    );
+    // With create too, the same apply creates.
+    app.set_authorizers(vec![Box::new(Grants {
+        user: "jane",
+        allowed: &["serviceaccounts:patch", "serviceaccounts:create"],
+    })]);
+    let r = jane
+        .request(
+            Method::PATCH,
+            &format!("{sa}/fresh?fieldManager=jane"),
+            &apply("fresh"),
+            &[("content-type", APPLY)],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
+
+    // A dry run needs exactly the real verb: without delete, a dry-run delete is refused.
+    let (s, _) = jane.delete(&format!("{sa}/fresh?dryRun=All")).await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+
+    // Force deletion needs delete and unsafe-delete-ignore-read-errors.
+    let force = format!("{sa}/fresh?ignoreStoreReadErrorWithClusterBreakingPotential=true");
+    app.set_authorizers(vec![Box::new(Grants {
+        user: "jane",
+        allowed: &["serviceaccounts:delete"],
+    })]);
+    let (s, st) = jane.delete(&force).await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "{st}");
+    assert!(
+        st["message"]
+            .as_str()
+            .unwrap()
+            .contains("cannot unsafe-delete-ignore-read-errors resource \"serviceaccounts\""),
+        "{st}"
+    );
+    app.set_authorizers(vec![Box::new(Grants {
+        user: "jane",
+        allowed: &[
+            "serviceaccounts:delete",
+            "serviceaccounts:unsafe-delete-ignore-read-errors",
+        ],
+    })]);
+    let (s, st) = jane.delete(&force).await;
+    assert_eq!(s, StatusCode::OK, "{st}");
+
+    // A subresource is its own resource: creating a token needs serviceaccounts/token.
+    let token = "/api/v1/namespaces/az/serviceaccounts/default/token";
+    let body =
+        json!({"apiVersion": "authentication.svc.io/v1", "kind": "TokenRequest", "spec": {}});
+    let (s, st) = jane.post(token, body.clone()).await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "{st}");
+    assert!(
+        st["message"]
+            .as_str()
+            .unwrap()
+            .contains("cannot create resource \"serviceaccounts/token\""),
+        "{st}"
+    );
+    app.set_authorizers(vec![Box::new(Grants {
+        user: "jane",
+        allowed: &["serviceaccounts/token:create"],
+    })]);
+    let (s, st) = jane.post(token, body).await;
+    assert_eq!(s, StatusCode::CREATED, "{st}");
+}
