@@ -73,6 +73,7 @@ static INFO: ResourceInfo = ResourceInfo {
     schema,
     subresources: &[],
     stored: true,
+    expires: false,
 };
 
 fn schema() -> Value {

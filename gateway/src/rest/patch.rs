@@ -18,7 +18,9 @@ use svc_core::status::StatusCause;
 use svc_core::{ApiError, Resource};
 use svc_storage::StoreError;
 
-use super::call::{Call, conflict, field_manager, map_write_error, path_namespace, read_current};
+use super::call::{
+    Call, conflict, field_manager, map_write_error, path_namespace, read_current, store_create,
+};
 use super::write::{self, Committed, check_namespace_open};
 use crate::app::App;
 use crate::kind::Kind;
@@ -271,7 +273,7 @@ async fn apply_create<T: Kind>(
         return Ok(Some(created(&obj)));
     }
     let value = Bytes::from(object::encode_for_store(&obj)?);
-    match app.store.create(key, value).await {
+    match store_create::<T>(app, key, value).await {
         Ok(kv) => {
             obj.meta_mut().resource_version = kv.mod_revision.to_string();
             Ok(Some(created(&obj)))

@@ -15,7 +15,10 @@ use svc_core::status::Subject;
 use svc_core::{ApiError, Resource, Status};
 use svc_storage::{KeyRange, KeyValue, StoreError};
 
-use super::call::{Call, conflict, field_manager, map_write_error, path_namespace, read_current};
+use super::call::{
+    Call, conflict, field_manager, map_write_error, path_namespace, read_current, store_create,
+    store_update,
+};
 use crate::app::App;
 use crate::features::Feature;
 use crate::kind::Kind;
@@ -164,7 +167,7 @@ pub async fn create<T: Kind>(app: &Arc<App>, call: &Call) -> Result<Response<Bod
             ));
         }
         let value = Bytes::from(object::encode_for_store(&candidate)?);
-        match app.store.create(key, value).await {
+        match store_create::<T>(app, key, value).await {
             Ok(kv) => {
                 candidate.meta_mut().resource_version = kv.mod_revision.to_string();
                 return Ok(respond::with_warnings(
@@ -282,8 +285,7 @@ pub(super) async fn commit_update<T: Kind>(
             .await
             .map(|(_, rev)| rev)
     } else {
-        app.store
-            .update(key.clone(), Bytes::from(value), kv.mod_revision)
+        store_update::<T>(app, key.clone(), Bytes::from(value), kv.mod_revision)
             .await
             .map(|kv| kv.mod_revision)
     };
@@ -473,7 +475,7 @@ async fn delete_one<T: Kind>(
                 return Ok((current, StatusCode::ACCEPTED));
             }
             let value = Bytes::from(object::encode_for_store(&current)?);
-            match app.store.update(key.clone(), value, kv.mod_revision).await {
+            match store_update::<T>(app, key.clone(), value, kv.mod_revision).await {
                 Ok(new_kv) => {
                     current.meta_mut().resource_version = new_kv.mod_revision.to_string();
                     if T::INFO.kind == Namespace::INFO.kind {

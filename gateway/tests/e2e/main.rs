@@ -8,6 +8,7 @@ mod api;
 mod clients;
 mod crash;
 mod etcd_gateways;
+mod events;
 mod fanout;
 mod health;
 mod kubectl_writes;
