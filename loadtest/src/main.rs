@@ -1,4 +1,5 @@
-//! `svc-loadtest`: load scenarios (watch fan-out, slow watchers, write churn) against a
+//! `svc-loadtest`: load scenarios (watch fan-out, slow watchers, write churn, event creates)
+//! against a
 //! Kubernetes-compatible API server, etcd, or a raw TCP fan-out baseline, with a report.
 
 mod fanout;
@@ -41,6 +42,9 @@ enum Cmd {
     SlowWatcher(Params),
     /// Concurrent writers creating, updating and deleting; no watchers.
     Churn(Params),
+    /// Concurrent writers creating Events (`--event-group`, default events.svc.io); no
+    /// watchers. Creates/s is the figure (writes/s in the report).
+    Events(Params),
     /// Concurrent clients list a large collection (--objects, --clients, --page-size,
     /// --media, --gzip); lists/s, items/s, bytes/s and per-list latency.
     List(Params),
@@ -117,6 +121,9 @@ pub struct Params {
     /// list: send `Accept-Encoding: gzip` (bytes on the wire are the compressed ones).
     #[arg(long)]
     pub gzip: bool,
+    /// events: the API group of the Event kind (`events.k8s.io` for a Kubernetes server).
+    #[arg(long, default_value = "events.svc.io")]
+    pub event_group: String,
 }
 
 fn secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -162,9 +169,12 @@ fn scenario_of(name: &str) -> Result<Scenario> {
         "fanout" => Scenario::Fanout,
         "slow-watcher" => Scenario::SlowWatcher,
         "churn" => Scenario::Churn,
+        "events" => Scenario::Events,
         "list" => Scenario::List,
         "relist-storm" => Scenario::RelistStorm,
-        _ => bail!("unknown scenario {name} (fanout, slow-watcher, churn, list, relist-storm)"),
+        _ => bail!(
+            "unknown scenario {name} (fanout, slow-watcher, churn, events, list, relist-storm)"
+        ),
     })
 }
 
@@ -232,8 +242,12 @@ async fn compare(a: CompareArgs) -> Result<()> {
 
 async fn run_target(sc: Scenario, argv: &[String]) -> Result<report::Results> {
     let cli = Cli::try_parse_from(argv)?;
-    let (Cmd::Fanout(p) | Cmd::SlowWatcher(p) | Cmd::Churn(p) | Cmd::List(p) | Cmd::RelistStorm(p)) =
-        cli.cmd
+    let (Cmd::Fanout(p)
+    | Cmd::SlowWatcher(p)
+    | Cmd::Churn(p)
+    | Cmd::Events(p)
+    | Cmd::List(p)
+    | Cmd::RelistStorm(p)) = cli.cmd
     else {
         bail!("nested compare");
     };
@@ -252,6 +266,7 @@ fn main() -> Result<()> {
             Cmd::Fanout(p) => (Scenario::Fanout, p),
             Cmd::SlowWatcher(p) => (Scenario::SlowWatcher, p),
             Cmd::Churn(p) => (Scenario::Churn, p),
+            Cmd::Events(p) => (Scenario::Events, p),
             Cmd::List(p) => (Scenario::List, p),
             Cmd::RelistStorm(p) => (Scenario::RelistStorm, p),
             Cmd::Compare(a) => return compare(a).await,

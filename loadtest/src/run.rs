@@ -11,6 +11,7 @@ pub enum Scenario {
     Fanout,
     SlowWatcher,
     Churn,
+    Events,
     List,
     RelistStorm,
 }
@@ -21,6 +22,7 @@ impl Scenario {
             Scenario::Fanout => "fanout",
             Scenario::SlowWatcher => "slow-watcher",
             Scenario::Churn => "churn",
+            Scenario::Events => "events",
             Scenario::List => "list",
             Scenario::RelistStorm => "relist-storm",
         }
@@ -32,7 +34,7 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
     match scenario {
         Scenario::List => crate::list::run(p).await,
         Scenario::RelistStorm => crate::relist::run(p).await,
-        Scenario::Fanout | Scenario::SlowWatcher | Scenario::Churn => {
+        Scenario::Fanout | Scenario::SlowWatcher | Scenario::Churn | Scenario::Events => {
             crate::fanout::run(scenario, p).await
         }
     }
