@@ -1,10 +1,12 @@
 //! The served kinds, one file each.
 
 mod authentication;
+mod event;
 mod namespace;
 mod secret;
 mod service_account;
 
+pub use event::{EVENT_TYPE_NORMAL, EVENT_TYPE_WARNING, Event, EventSeries, EventSource};
 pub use namespace::{
     FINALIZER_KUBERNETES, Namespace, NamespaceSpec, NamespaceStatus, PHASE_ACTIVE,
     PHASE_TERMINATING,

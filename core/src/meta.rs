@@ -58,13 +58,26 @@ impl<'de> Deserialize<'de> for Time {
 }
 
 /// A timestamp with microsecond precision (`2006-01-02T15:04:05.000000Z`), used by Events.
+/// Finer digits are dropped on the way in, as Kubernetes' `MicroTime` truncates them, so a
+/// value compares equal to what it reads back as.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
 pub struct MicroTime(pub OffsetDateTime);
 
-impl Serialize for MicroTime {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+impl MicroTime {
+    /// `t` truncated to whole microseconds.
+    pub fn new(t: OffsetDateTime) -> Self {
+        let micros = t.nanosecond() / 1_000 * 1_000;
+        MicroTime(t.replace_nanosecond(micros).unwrap_or(t))
+    }
+
+    pub fn now() -> Self {
+        MicroTime::new(OffsetDateTime::now_utc())
+    }
+
+    /// RFC 3339 in UTC with exactly six fractional digits (Kubernetes' `RFC3339Micro`).
+    pub fn to_rfc3339(&self) -> String {
         let t = self.0.to_offset(time::UtcOffset::UTC);
-        s.serialize_str(&format!(
+        format!(
             "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z",
             t.year(),
             u8::from(t.month()),
@@ -73,7 +86,19 @@ impl Serialize for MicroTime {
             t.minute(),
             t.second(),
             t.microsecond()
-        ))
+        )
+    }
+
+    /// Seconds since the Unix epoch, and the microseconds after them (in nanoseconds).
+    pub fn unix(&self) -> (i64, i32) {
+        let nanos = i32::try_from(self.0.nanosecond()).unwrap_or(0);
+        (self.0.unix_timestamp(), nanos)
+    }
+}
+
+impl Serialize for MicroTime {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_rfc3339())
     }
 }
 
@@ -81,7 +106,7 @@ impl<'de> Deserialize<'de> for MicroTime {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
         OffsetDateTime::parse(&s, &Rfc3339)
-            .map(MicroTime)
+            .map(MicroTime::new)
             .map_err(|e| serde::de::Error::custom(format!("invalid time {s:?}: {e}")))
     }
 }
@@ -202,6 +227,22 @@ mod tests {
             serde_json::to_string(&t).unwrap(),
             "\"2024-03-05T07:08:09.123456Z\""
         );
+        // Six digits always, in UTC; finer ones are dropped, so values read back equal.
+        for (input, want) in [
+            ("2024-03-05T07:08:09Z", "2024-03-05T07:08:09.000000Z"),
+            ("2024-03-05T08:08:09.5+01:00", "2024-03-05T07:08:09.500000Z"),
+            (
+                "2024-03-05T07:08:09.123456789Z",
+                "2024-03-05T07:08:09.123456Z",
+            ),
+        ] {
+            let t: MicroTime = serde_json::from_str(&format!("{input:?}")).unwrap();
+            assert_eq!(t.to_rfc3339(), want, "{input}");
+            let back: MicroTime = serde_json::from_str(&format!("{want:?}")).unwrap();
+            assert_eq!(back, t, "{input}");
+        }
+        assert_eq!(MicroTime::now().0.nanosecond() % 1_000, 0);
+        assert!(serde_json::from_str::<MicroTime>("\"soon\"").is_err());
     }
 
     #[test]

@@ -45,6 +45,9 @@ pub struct ResourceInfo {
     /// Whether objects are kept in the store (and so listed, watched and cached); a review
     /// (`TokenReview`) is only created and answered.
     pub stored: bool,
+    /// Whether every write of an object gives it the server's time to live for the kind
+    /// (`--event-ttl` for Events), after which the store removes it on its own.
+    pub expires: bool,
 }
 
 /// One `Table` column of a kind: its definition and how a cell is read from the object's

@@ -1,5 +1,7 @@
-//! The `Table` representation (`meta.svc.io/v1`): rows of cells for kinds without their own
-//! columns (`Name`, `Created At`), each row with the object as `includeObject` asks.
+//! The `Table` representation (`meta.svc.io/v1`): rows of cells, `Name` and then the kind's
+//! own columns or Kubernetes' default `Created At`, each row with the object as
+//! `includeObject` asks. A kind whose columns include one of format `name` places the name
+//! itself (Events show it last, at priority 1, as Kubernetes does).
 
 use serde_json::{Value, json};
 
@@ -36,11 +38,19 @@ const NAME_DESCRIPTION: &str = "Name must be unique within a namespace. It is re
     creating resources, although some resources may allow a client to request the generation of \
     an appropriate name automatically.";
 
-/// The column definitions: `Name`, then the kind's own columns or Kubernetes' default
-/// `Created At`.
+/// Whether the kind's own columns include the name, so no leading `Name` column is added.
+fn places_name(info: &ResourceInfo) -> bool {
+    info.columns.iter().any(|c| c.format == "name")
+}
+
+/// The column definitions: `Name` (unless the kind places it), then the kind's own columns or
+/// Kubernetes' default `Created At`.
 fn columns(info: &ResourceInfo) -> Value {
-    let mut cols = vec![json!({"name": "Name", "type": "string", "format": "name",
-        "priority": 0, "description": NAME_DESCRIPTION})];
+    let mut cols = Vec::new();
+    if !places_name(info) {
+        cols.push(json!({"name": "Name", "type": "string", "format": "name",
+            "priority": 0, "description": NAME_DESCRIPTION}));
+    }
     if info.columns.is_empty() {
         cols.push(
             json!({"name": "Created At", "type": "date", "format": "", "priority": 0,
@@ -57,11 +67,14 @@ fn columns(info: &ResourceInfo) -> Value {
 
 fn row(info: &ResourceInfo, object: Value, include: IncludeObject) -> Value {
     let meta = object.get("metadata").cloned().unwrap_or_else(|| json!({}));
-    let mut cells = vec![
-        meta.get("name")
-            .cloned()
-            .unwrap_or(Value::String(String::new())),
-    ];
+    let mut cells = Vec::new();
+    if !places_name(info) {
+        cells.push(
+            meta.get("name")
+                .cloned()
+                .unwrap_or(Value::String(String::new())),
+        );
+    }
     if info.columns.is_empty() {
         cells.push(
             meta.get("creationTimestamp")

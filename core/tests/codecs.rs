@@ -7,8 +7,11 @@ use k8s_pb::api::core::v1 as k8s;
 use k8s_pb::apimachinery::pkg::runtime::Unknown;
 use prost::Message;
 use svc_core::codec::{PROTOBUF_MAGIC, ProtoKind, cbor, decode_protobuf, encode_protobuf, yaml};
-use svc_core::kinds::{LocalObjectReference, Namespace, ObjectReference, ServiceAccount};
-use svc_core::meta::{ManagedFieldsEntry, OwnerReference, Time};
+use svc_core::kinds::{
+    Event, EventSeries, EventSource, LocalObjectReference, Namespace, ObjectReference,
+    ServiceAccount,
+};
+use svc_core::meta::{ManagedFieldsEntry, MicroTime, OwnerReference, Time};
 use svc_core::{ObjectMeta, Resource};
 
 fn meta(name: &str, ns: &str) -> ObjectMeta {
@@ -73,6 +76,47 @@ fn namespace() -> Namespace {
     ns
 }
 
+/// An event with every field set, the deprecated ones included (the codecs carry them even
+/// though validation refuses them on create).
+fn event() -> Event {
+    let micro = |t: &str| -> MicroTime { serde_json::from_value(serde_json::json!(t)).unwrap() };
+    let reference = |kind: &str, name: &str| ObjectReference {
+        kind: kind.into(),
+        namespace: "ci".into(),
+        name: name.into(),
+        uid: "u-9".into(),
+        api_version: "v1".into(),
+        resource_version: "7".into(),
+        field_path: "spec.containers{web}".into(),
+    };
+    let mut e = Event {
+        metadata: meta("web.17a", "ci"),
+        event_time: Some(micro("2024-05-06T07:08:09.123456Z")),
+        series: Some(EventSeries {
+            count: 3,
+            last_observed_time: Some(micro("2024-05-06T07:09:10.000001Z")),
+        }),
+        reporting_controller: "svc.io/scheduler".into(),
+        reporting_instance: "scheduler-1".into(),
+        action: "Binding".into(),
+        reason: "Scheduled".into(),
+        regarding: reference("Pod", "web"),
+        related: Some(reference("Node", "node-1")),
+        note: "assigned ci/web to node-1".into(),
+        type_: "Normal".into(),
+        deprecated_source: EventSource {
+            component: "kubelet".into(),
+            host: "node-1".into(),
+        },
+        deprecated_first_timestamp: Some(serde_json::from_str("\"2024-05-06T07:00:00Z\"").unwrap()),
+        deprecated_last_timestamp: Some(serde_json::from_str("\"2024-05-06T07:05:00Z\"").unwrap()),
+        deprecated_count: 4,
+        ..Default::default()
+    };
+    e.set_type_meta();
+    e
+}
+
 /// One object through JSON, YAML, protobuf and CBOR, back to equal.
 fn round_trip<T: Resource + ProtoKind + PartialEq + std::fmt::Debug>(obj: &T) {
     let json: T = serde_json::from_slice(&serde_json::to_vec(obj).unwrap()).unwrap();
@@ -89,6 +133,131 @@ fn round_trip<T: Resource + ProtoKind + PartialEq + std::fmt::Debug>(obj: &T) {
 fn every_kind_round_trips_through_every_codec() {
     round_trip(&service_account());
     round_trip(&namespace());
+    round_trip(&event());
+    // A minimal event: unset times stay unset through every codec.
+    let mut bare = Event {
+        metadata: meta("bare", "ci"),
+        ..Default::default()
+    };
+    bare.set_type_meta();
+    round_trip(&bare);
+}
+
+#[test]
+fn event_json_is_shaped_like_kubernetes() {
+    let v = serde_json::to_value(event()).unwrap();
+    assert_eq!(v["apiVersion"], "events.svc.io/v1");
+    assert_eq!(v["eventTime"], "2024-05-06T07:08:09.123456Z");
+    assert_eq!(
+        v["series"]["lastObservedTime"],
+        "2024-05-06T07:09:10.000001Z"
+    );
+    assert_eq!(v["type"], "Normal");
+    // Go writes struct-valued fields and times always (`null`/`{}` when unset), pointers and
+    // empty strings not at all.
+    let mut bare = Event::default();
+    bare.set_type_meta();
+    let v = serde_json::to_value(bare).unwrap();
+    assert_eq!(v["eventTime"], serde_json::Value::Null);
+    assert!(v.as_object().unwrap().contains_key("eventTime"));
+    assert_eq!(v["regarding"], serde_json::json!({}));
+    assert_eq!(v["deprecatedSource"], serde_json::json!({}));
+    assert!(
+        v.as_object()
+            .unwrap()
+            .contains_key("deprecatedFirstTimestamp")
+    );
+    for absent in [
+        "series",
+        "related",
+        "note",
+        "type",
+        "deprecatedCount",
+        "action",
+    ] {
+        assert!(v.get(absent).is_none(), "{absent} in {v}");
+    }
+}
+
+#[test]
+fn kubernetes_protos_read_our_event() {
+    use k8s_pb::api::events::v1 as events;
+    let e = event();
+    let body = encode_protobuf(&e);
+    let unknown = Unknown::decode(&body[4..]).expect("an Unknown envelope");
+    let tm = unknown.type_meta.unwrap();
+    assert_eq!(
+        (tm.api_version.as_deref(), tm.kind.as_deref()),
+        (Some("events.svc.io/v1"), Some("Event"))
+    );
+    let theirs = events::Event::decode(&unknown.raw.unwrap()[..]).expect("k8s.io/api Event");
+    assert_eq!(theirs.metadata.unwrap().name.as_deref(), Some("web.17a"));
+    let event_time = theirs.event_time.unwrap();
+    assert_eq!(
+        (event_time.seconds, event_time.nanos),
+        (Some(1_714_979_289), Some(123_456_000))
+    );
+    let series = theirs.series.unwrap();
+    assert_eq!(series.count, Some(3));
+    assert_eq!(series.last_observed_time.unwrap().nanos, Some(1_000));
+    assert_eq!(
+        theirs.reporting_controller.as_deref(),
+        Some("svc.io/scheduler")
+    );
+    assert_eq!(theirs.reporting_instance.as_deref(), Some("scheduler-1"));
+    assert_eq!(theirs.action.as_deref(), Some("Binding"));
+    assert_eq!(theirs.reason.as_deref(), Some("Scheduled"));
+    let regarding = theirs.regarding.unwrap();
+    assert_eq!(
+        (regarding.kind.as_deref(), regarding.name.as_deref()),
+        (Some("Pod"), Some("web"))
+    );
+    assert_eq!(
+        regarding.field_path.as_deref(),
+        Some("spec.containers{web}")
+    );
+    assert_eq!(theirs.related.unwrap().name.as_deref(), Some("node-1"));
+    assert_eq!(theirs.note.as_deref(), Some("assigned ci/web to node-1"));
+    assert_eq!(theirs.r#type.as_deref(), Some("Normal"));
+    let source = theirs.deprecated_source.unwrap();
+    assert_eq!(
+        (source.component.as_deref(), source.host.as_deref()),
+        (Some("kubelet"), Some("node-1"))
+    );
+    assert_eq!(
+        theirs.deprecated_first_timestamp.unwrap().seconds,
+        Some(1_714_978_800)
+    );
+    assert_eq!(theirs.deprecated_count, Some(4));
+
+    // And the other way: what a Kubernetes client writes decodes into our type, with
+    // sub-microsecond nanos dropped as Kubernetes drops them.
+    let written = events::Event {
+        metadata: Some(k8s_pb::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some("from-go".into()),
+            namespace: Some("ci".into()),
+            ..Default::default()
+        }),
+        event_time: Some(k8s_pb::apimachinery::pkg::apis::meta::v1::MicroTime {
+            seconds: Some(1_714_979_289),
+            nanos: Some(123_456_789),
+        }),
+        reason: Some("Pulled".into()),
+        r#type: Some("Warning".into()),
+        ..Default::default()
+    };
+    let ours = Event::from_proto_bytes(&written.encode_to_vec()).unwrap();
+    assert_eq!(ours.metadata.name, "from-go");
+    assert_eq!(
+        serde_json::to_value(ours.event_time).unwrap(),
+        "2024-05-06T07:08:09.123456Z"
+    );
+    assert_eq!(
+        (ours.reason.as_str(), ours.type_.as_str()),
+        ("Pulled", "Warning")
+    );
+    assert_eq!(ours.series, None);
+    assert_eq!(ours.deprecated_first_timestamp, None);
 }
 
 #[test]

@@ -119,6 +119,11 @@ pub struct Options {
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     pub storage_history_retention: Duration,
 
+    /// How long an Event lives: every write of one gives it this time to live, after which
+    /// the store deletes it without anything scanning for it (0: events never expire).
+    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    pub event_ttl: Duration,
+
     /// Where objects live: `embedded` (one data directory, the default) or `etcd` (an etcd
     /// v3 cluster; several gateways may share one).
     #[arg(long, value_enum, default_value_t = StorageBackend::Embedded)]

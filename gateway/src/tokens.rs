@@ -533,7 +533,13 @@ mod tests {
         let mut h = [0u8; 32];
         h[..8].copy_from_slice(&((CACHE_CAPACITY + 9) as u64).to_le_bytes());
         assert!(c.get(&h, 0).is_some());
-        assert!(c.get(&h, 1_000).is_none(), "expired entries are not served");
+        // Expired once past `exp` plus the allowed skew, as the signature check judges it.
+        assert!(c.get(&h, 1_000 + LEEWAY_SECONDS as i64 - 1).is_some());
+        assert!(
+            c.get(&h, 1_000 + LEEWAY_SECONDS as i64).is_none(),
+            "expired entries are not served"
+        );
+        assert!(c.by_hash.get(&h).is_none(), "and are dropped");
     }
 
     #[test]

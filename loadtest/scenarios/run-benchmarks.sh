@@ -19,6 +19,7 @@ L="$BIN/svc-loadtest"
 "$L" fanout --server http://127.0.0.1:18080 --watchers 10000 --rate 100 --writers 2 --duration 10s --server-pid "$SP" --out "$OUT/fanout-10k-100" > f100.md 2> f100.err
 "$L" slow-watcher --server http://127.0.0.1:18080 --watchers 1000 --stalled 10 --max --writers 4 --duration 10s --server-pid "$SP" --out "$OUT/slow" > slow.md 2> slow.err
 "$L" compare --scenario "$S/churn-64.yaml" --out "$OUT/churn" > churn.md 2> churn.err
+"$L" events --server http://127.0.0.1:18080 --writers 64 --max --duration 20s --server-pid "$SP" --out "$OUT/events-64" > events.md 2> events.err
 "$L" fanout --raw --watchers 9000 --max --duration 10s --drain 15s --out "$OUT/raw-9k" > raw.md 2> raw.err
 kill "$GP" "$EP"
 echo "reports in $OUT"

@@ -1,6 +1,6 @@
-//! The watcher scenarios (`fanout`, `slow-watcher`, `churn`): set up the target, open
-//! watchers, run writers for the duration, drain, and turn counters and histograms into a
-//! `Results`.
+//! The watcher scenarios (`fanout`, `slow-watcher`) and the write-only ones (`churn`,
+//! `events`): set up the target, open watchers, run writers for the duration, drain, and
+//! turn counters and histograms into a `Results`.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use crate::Params;
 use crate::report::{Counts, Percentiles, Results};
 use crate::run::Scenario;
-use crate::setup::{Tgt, ensure_namespace, resolve_target, sa_body};
+use crate::setup::{Tgt, ensure_namespace, event_body, resolve_target, sa_body};
 use crate::stats::{self, Live, new_hist, now_nanos};
 use crate::target::{self, Conn, Endpoint};
 use crate::watch::{Format, GroupCtx, Opener, WStream, run_group, tag};
@@ -27,6 +27,17 @@ use crate::watch::{Format, GroupCtx, Opener, WStream, run_group, tag};
 const POOL: u64 = 50;
 /// Concurrent connection attempts while opening watchers.
 const OPEN_CONCURRENCY: usize = 256;
+
+/// What a writer writes.
+#[derive(Clone, Debug)]
+enum Writes {
+    /// Creates `POOL` service accounts, then updates them in turn (fan-out).
+    Pool,
+    /// Create, update, delete, each name once.
+    Churn,
+    /// Creates Events of this group, each name once.
+    Events(String),
+}
 
 /// Everything a run collects while it goes.
 struct Harness {
@@ -47,10 +58,18 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
         groups_stop: watch::channel(false),
     };
     let run_id = format!("lt-{}-{}", std::process::id(), now_nanos() % 1_000_000_000);
-    let watchers = if scenario == Scenario::Churn {
-        0
-    } else {
+    let writes = match scenario {
+        Scenario::Churn => Writes::Churn,
+        Scenario::Events => Writes::Events(p.event_group.clone()),
+        _ => Writes::Pool,
+    };
+    if scenario == Scenario::Events && !matches!(tgt, Tgt::Server(_)) {
+        bail!("the events scenario needs an API server (--server or --kubeconfig)");
+    }
+    let watchers = if matches!(writes, Writes::Pool) {
         p.watchers
+    } else {
+        0
     };
 
     // Set up the target and open the watchers before any write, so every watcher is
@@ -150,7 +169,7 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
                     w,
                     per_writer_rate,
                     p.object_size,
-                    scenario == Scenario::Churn,
+                    writes.clone(),
                     h.live.clone(),
                     h.writers_stop.1.clone(),
                 )));
@@ -454,8 +473,7 @@ async fn pace(start: Instant, i: u64, rate: Option<f64>) {
     }
 }
 
-/// One writer, on its own HTTP/1.1 connection. Fan-out: creates `POOL` objects, then
-/// updates them in turn. Churn: create, update, delete, each name once.
+/// One writer, on its own HTTP/1.1 connection, writing what `writes` says.
 #[allow(clippy::too_many_arguments)]
 async fn k8s_writer(
     ep: Endpoint,
@@ -463,7 +481,7 @@ async fn k8s_writer(
     w: usize,
     rate: Option<f64>,
     size: usize,
-    churn: bool,
+    writes: Writes,
     live: Arc<Live>,
     stop: watch::Receiver<bool>,
 ) {
@@ -476,28 +494,36 @@ async fn k8s_writer(
         if *stop.borrow() {
             break;
         }
-        let (method, path, body) = if churn {
-            let name = format!("c-{w}-{}", i / 3);
-            match i % 3 {
-                0 => (Method::POST, coll.clone(), sa_body(&ns, &name, size)),
-                1 => (
-                    Method::PUT,
-                    format!("{coll}/{name}"),
-                    sa_body(&ns, &name, size),
-                ),
-                _ => (Method::DELETE, format!("{coll}/{name}"), String::new()),
+        let (method, path, body) = match &writes {
+            Writes::Churn => {
+                let name = format!("c-{w}-{}", i / 3);
+                match i % 3 {
+                    0 => (Method::POST, coll.clone(), sa_body(&ns, &name, size)),
+                    1 => (
+                        Method::PUT,
+                        format!("{coll}/{name}"),
+                        sa_body(&ns, &name, size),
+                    ),
+                    _ => (Method::DELETE, format!("{coll}/{name}"), String::new()),
+                }
             }
-        } else {
-            let name = format!("w-{w}-{}", i % POOL);
-            if i < POOL {
-                (Method::POST, coll.clone(), sa_body(&ns, &name, size))
-            } else {
-                (
-                    Method::PUT,
-                    format!("{coll}/{name}"),
-                    sa_body(&ns, &name, size),
-                )
+            Writes::Pool => {
+                let name = format!("w-{w}-{}", i % POOL);
+                if i < POOL {
+                    (Method::POST, coll.clone(), sa_body(&ns, &name, size))
+                } else {
+                    (
+                        Method::PUT,
+                        format!("{coll}/{name}"),
+                        sa_body(&ns, &name, size),
+                    )
+                }
             }
+            Writes::Events(group) => (
+                Method::POST,
+                format!("/apis/{group}/v1/namespaces/{ns}/events"),
+                event_body(group, &ns, &format!("e-{w}-{i}"), size),
+            ),
         };
         i += 1;
         let Some(c) = writer_conn(&ep, &mut conn, &live, "writer connect").await else {

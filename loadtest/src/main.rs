@@ -1,4 +1,5 @@
-//! `svc-loadtest`: load scenarios (watch fan-out, slow watchers, write churn) against a
+//! `svc-loadtest`: load scenarios (watch fan-out, slow watchers, write churn, event creates)
+//! against a
 //! Kubernetes-compatible API server, etcd, or a raw TCP fan-out baseline, with a report.
 
 mod fanout;
@@ -42,6 +43,9 @@ enum Cmd {
     SlowWatcher(Params),
     /// Concurrent writers creating, updating and deleting; no watchers.
     Churn(Params),
+    /// Concurrent writers creating Events (`--event-group`, default events.svc.io); no
+    /// watchers. Creates/s is the figure (writes/s in the report).
+    Events(Params),
     /// Concurrent clients list a large collection (--objects, --clients, --page-size,
     /// --media, --gzip); lists/s, items/s, bytes/s and per-list latency.
     List(Params),
@@ -124,6 +128,9 @@ pub struct Params {
     /// get: the path each request asks for.
     #[arg(long, default_value = "/version")]
     pub path: String,
+    /// events: the API group of the Event kind (`events.k8s.io` for a Kubernetes server).
+    #[arg(long, default_value = "events.svc.io")]
+    pub event_group: String,
 }
 
 fn secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -169,12 +176,13 @@ fn scenario_of(name: &str) -> Result<Scenario> {
         "fanout" => Scenario::Fanout,
         "slow-watcher" => Scenario::SlowWatcher,
         "churn" => Scenario::Churn,
+        "events" => Scenario::Events,
         "list" => Scenario::List,
         "relist-storm" => Scenario::RelistStorm,
         "get" => Scenario::Get,
-        _ => {
-            bail!("unknown scenario {name} (fanout, slow-watcher, churn, list, relist-storm, get)")
-        }
+        _ => bail!(
+            "unknown scenario {name} (fanout, slow-watcher, churn, events, list, relist-storm, get)"
+        ),
     })
 }
 
@@ -245,6 +253,7 @@ async fn run_target(sc: Scenario, argv: &[String]) -> Result<report::Results> {
     let (Cmd::Fanout(p)
     | Cmd::SlowWatcher(p)
     | Cmd::Churn(p)
+    | Cmd::Events(p)
     | Cmd::List(p)
     | Cmd::RelistStorm(p)
     | Cmd::Get(p)) = cli.cmd
@@ -266,6 +275,7 @@ fn main() -> Result<()> {
             Cmd::Fanout(p) => (Scenario::Fanout, p),
             Cmd::SlowWatcher(p) => (Scenario::SlowWatcher, p),
             Cmd::Churn(p) => (Scenario::Churn, p),
+            Cmd::Events(p) => (Scenario::Events, p),
             Cmd::List(p) => (Scenario::List, p),
             Cmd::RelistStorm(p) => (Scenario::RelistStorm, p),
             Cmd::Get(p) => (Scenario::Get, p),

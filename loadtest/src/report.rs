@@ -337,10 +337,10 @@ pub fn markdown(runs: &[Results]) -> String {
     if runs.len() > 1 {
         let _ = writeln!(
             m,
-            "\nRatios (row ÷ column, events/s delivered; writes/s for churn):\n"
+            "\nRatios (row ÷ column, events/s delivered; writes/s for churn and events):\n"
         );
         let metric = |r: &Results| {
-            if r.scenario == "churn" {
+            if r.scenario == "churn" || r.scenario == "events" {
                 r.counts.writes_per_s
             } else {
                 r.counts.events_per_s

@@ -11,6 +11,7 @@ pub enum Scenario {
     Fanout,
     SlowWatcher,
     Churn,
+    Events,
     List,
     Get,
     RelistStorm,
@@ -22,6 +23,7 @@ impl Scenario {
             Scenario::Fanout => "fanout",
             Scenario::SlowWatcher => "slow-watcher",
             Scenario::Churn => "churn",
+            Scenario::Events => "events",
             Scenario::List => "list",
             Scenario::Get => "get",
             Scenario::RelistStorm => "relist-storm",
@@ -35,7 +37,7 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
         Scenario::List => crate::list::run(p).await,
         Scenario::Get => crate::get::run(p).await,
         Scenario::RelistStorm => crate::relist::run(p).await,
-        Scenario::Fanout | Scenario::SlowWatcher | Scenario::Churn => {
+        Scenario::Fanout | Scenario::SlowWatcher | Scenario::Churn | Scenario::Events => {
             crate::fanout::run(scenario, p).await
         }
     }

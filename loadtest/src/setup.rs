@@ -106,6 +106,43 @@ pub(crate) fn sa_body(ns: &str, name: &str, size: usize) -> String {
     format!("{head}{}{tail}", "x".repeat(pad))
 }
 
+/// A new Event of `group` (events.svc.io or events.k8s.io, both `v1`) named `name`, about a
+/// pod, with a note padding it to about `size` bytes.
+pub(crate) fn event_body(group: &str, ns: &str, name: &str, size: usize) -> String {
+    let head = format!(
+        r#"{{"apiVersion":"{group}/v1","kind":"Event","metadata":{{"name":"{name}","namespace":"{ns}"}},"eventTime":"{}","reportingController":"svc.io/loadtest","reportingInstance":"loadtest-1","action":"Writing","reason":"Load","regarding":{{"apiVersion":"v1","kind":"Pod","namespace":"{ns}","name":"load"}},"type":"Normal","note":""#,
+        rfc3339_micro(std::time::SystemTime::now())
+    );
+    let tail = r#""}"#;
+    // Kubernetes caps notes at 1 kB.
+    let pad = size.saturating_sub(head.len() + tail.len()).min(1024);
+    format!("{head}{}{tail}", "x".repeat(pad))
+}
+
+/// `t` as RFC 3339 in UTC with six fractional digits (an Event's `eventTime`).
+fn rfc3339_micro(t: std::time::SystemTime) -> String {
+    let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Days since the epoch to a civil date (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
+        rem / 3_600,
+        rem / 60 % 60,
+        rem % 60,
+        d.subsec_micros()
+    )
+}
+
 /// Creates `ns` and the ServiceAccounts `l-0..l-{n}` in it that are not there yet.
 /// Returns (created, create errors); create latencies go to `live`'s write histogram.
 pub async fn seed(
@@ -224,4 +261,34 @@ pub fn pct(s: &str) -> String {
         }
     }
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use super::*;
+
+    #[test]
+    fn event_times_are_rfc3339_with_microseconds() {
+        let at = |secs: u64, micros: u64| {
+            rfc3339_micro(UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_micros(micros))
+        };
+        assert_eq!(at(0, 0), "1970-01-01T00:00:00.000000Z");
+        assert_eq!(at(1_714_979_289, 123_456), "2024-05-06T07:08:09.123456Z");
+        assert_eq!(at(951_782_400, 1), "2000-02-29T00:00:00.000001Z");
+        assert_eq!(at(4_107_542_399, 999_999), "2100-02-28T23:59:59.999999Z");
+    }
+
+    #[test]
+    fn event_bodies_are_json_of_about_the_size_asked() {
+        let body = event_body("events.svc.io", "ns", "e-1", 600);
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["apiVersion"], "events.svc.io/v1");
+        assert_eq!(v["metadata"]["name"], "e-1");
+        assert_eq!(body.len(), 600);
+        let huge = event_body("events.k8s.io", "ns", "e-2", 10_000);
+        let v: serde_json::Value = serde_json::from_str(&huge).unwrap();
+        assert_eq!(v["note"].as_str().unwrap().len(), 1024);
+    }
 }

@@ -319,6 +319,19 @@ async fn every_scenario_against_every_target() {
         assert_eq!(r["counts"]["events_delivered"], 0);
     }
 
+    // events: Event creates only; every one acknowledged and none refused.
+    let a = args(&["events", "--server", &url, "--writers", "4", "--max"]);
+    let mut a = a;
+    a.extend(args(&["--duration", "1s"]));
+    let r = &loadtest(a, out("events")).await[0];
+    check_schema(r, "events", "kubernetes");
+    assert!(r["counts"]["writes_acked"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(r["counts"]["write_errors"], 0, "{r}");
+    assert_eq!(
+        r["write_latency_ms"]["count"], r["counts"]["writes_acked"],
+        "{r}"
+    );
+
     // list: paged and unpaged, JSON and protobuf, gzip on and off; every full list holds
     // exactly the seeded objects, and gzip really was applied when asked for.
     for (i, (page, media, gzip)) in [

@@ -12,15 +12,16 @@
 //! });
 //! ```
 //!
-//! Each test function is also public (`conformance::kv::*`, `conformance::watch::*`) to be
-//! called directly. Tests only touch keys under the subject's unique prefix and only assert
-//! relations between their own revisions, so they can share one etcd cluster, EXCEPT the
-//! ones named `compaction*`/`watch_from_compacted_revision_fails`, which compact the whole
+//! Each test function is also public (`conformance::kv::*`, `conformance::watch::*`,
+//! `conformance::ttl::*`) to be called directly. Tests only touch keys under the subject's
+//! unique prefix and only assert relations between their own revisions, so they can share
+//! one etcd cluster, EXCEPT the ones named `compaction*`/`watch_from_compacted_revision_fails`, which compact the whole
 //! store. Progress tests need the backend's progress interval to be short (well under 10 s).
 //! The crate using the macro needs `tokio` (with `macros` and `rt-multi-thread`) as a
 //! dev-dependency.
 
 pub mod kv;
+pub mod ttl;
 pub mod watch;
 
 use std::any::Any;
@@ -108,6 +109,8 @@ macro_rules! store_conformance_tests {
             watch::progress_arrives_when_idle,
             watch::watch_from_compacted_revision_fails,
             watch::concurrent_writers_all_seen_in_order,
+            ttl::ttl_keys_expire_with_a_delete_event,
+            ttl::ttl_follows_the_latest_write,
         );
     };
     (@each $factory:expr; $($module:ident :: $name:ident),* $(,)?) => {

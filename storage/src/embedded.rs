@@ -9,6 +9,8 @@
 //! - **History**: reads at past revisions and feed replay come from the `history` and `log`
 //!   tables (`tables`), trimmed by compaction (`compaction`).
 //! - **Feed**: live batches from the committer plus replay from the log (`feed`).
+//! - **Expiry**: keys written with a time to live have their deadline in the `expiry` table
+//!   (`tables`); the committer deletes them when it passes (`committer`), after a restart too.
 
 mod codec;
 mod committer;
@@ -229,6 +231,14 @@ impl EmbeddedStore {
         self.read(move |snapshot| snapshot.current_raw(&key)).await
     }
 
+    /// A create or update: answered with the key-value written.
+    async fn put(&self, op: Op) -> Result<KeyValue, StoreError> {
+        match self.submit(op).await? {
+            Reply::Kv(kv) => Ok(kv),
+            _ => Err(unexpected_reply()),
+        }
+    }
+
     async fn submit(&self, op: Op) -> Result<Reply, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.requests
@@ -263,10 +273,12 @@ fn unexpected_reply() -> StoreError {
 #[async_trait]
 impl Store for EmbeddedStore {
     async fn create(&self, key: Bytes, value: Bytes) -> Result<KeyValue, StoreError> {
-        match self.submit(Op::Create { key, value }).await? {
-            Reply::Kv(kv) => Ok(kv),
-            _ => Err(unexpected_reply()),
-        }
+        self.put(Op::Create {
+            key,
+            value,
+            ttl: None,
+        })
+        .await
     }
 
     async fn update(
@@ -275,17 +287,43 @@ impl Store for EmbeddedStore {
         value: Bytes,
         expected: Revision,
     ) -> Result<KeyValue, StoreError> {
-        match self
-            .submit(Op::Update {
-                key,
-                value,
-                expected,
-            })
-            .await?
-        {
-            Reply::Kv(kv) => Ok(kv),
-            _ => Err(unexpected_reply()),
-        }
+        self.put(Op::Update {
+            key,
+            value,
+            expected,
+            ttl: None,
+        })
+        .await
+    }
+
+    async fn create_with_ttl(
+        &self,
+        key: Bytes,
+        value: Bytes,
+        ttl: Duration,
+    ) -> Result<KeyValue, StoreError> {
+        self.put(Op::Create {
+            key,
+            value,
+            ttl: Some(ttl),
+        })
+        .await
+    }
+
+    async fn update_with_ttl(
+        &self,
+        key: Bytes,
+        value: Bytes,
+        expected: Revision,
+        ttl: Duration,
+    ) -> Result<KeyValue, StoreError> {
+        self.put(Op::Update {
+            key,
+            value,
+            expected,
+            ttl: Some(ttl),
+        })
+        .await
     }
 
     /// An unconditional delete also removes a record that fails its checksum; the returned

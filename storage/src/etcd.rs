@@ -6,6 +6,9 @@
 //!   `create_revision` = 0 for creates); the failure branch reads the key in the same
 //!   transaction, so `Conflict`/`AlreadyExists` carry the state that made the compare fail.
 //! - **Reads** are linearizable ranges, optionally at a past revision.
+//! - **Time to live**: a write with a TTL attaches its key to an etcd lease; etcd deletes the
+//!   key when the lease expires (a delete event like any other). Leases are shared by writes
+//!   expiring close together (`leases`).
 //! - **Compaction** is etcd's. etcd has no call answering "what is the compacted revision",
 //!   so it is probed with a watch from revision 1 (etcd refuses it and names the compaction
 //!   point) and the highest value seen is remembered.
@@ -23,6 +26,7 @@
 
 mod client;
 mod feed;
+mod leases;
 pub mod pb;
 #[cfg(feature = "conformance")]
 pub mod testing;
@@ -39,6 +43,7 @@ use tokio::sync::watch;
 use tonic::Status;
 
 use self::client::{Client, ConnectOptions};
+use self::leases::{Leases, lease_not_found};
 use self::pb::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
 use self::pb::etcdserverpb::request_op::Request;
 use self::pb::etcdserverpb::response_op::Response;
@@ -113,6 +118,8 @@ pub(crate) struct Shared {
     current: AtomicUsize,
     /// Highest compaction point seen (etcd cannot be asked directly).
     compacted: AtomicI64,
+    /// Leases of keys written with a time to live.
+    leases: Leases,
 }
 
 impl Shared {
@@ -386,6 +393,7 @@ impl EtcdStore {
                 clients: Mutex::new(clients),
                 current: AtomicUsize::new(0),
                 compacted: AtomicI64::new(0),
+                leases: Leases::default(),
             }),
             closed,
         }))
@@ -476,12 +484,14 @@ fn get_op(key: Vec<u8>) -> RequestOp {
     }
 }
 
-fn put_op(key: Vec<u8>, value: Vec<u8>, prev_kv: bool) -> RequestOp {
+/// Puts one key, attached to `lease` (0: none, which also detaches a lease the key had).
+fn put_op(key: Vec<u8>, value: Vec<u8>, prev_kv: bool, lease: i64) -> RequestOp {
     RequestOp {
         request: Some(Request::RequestPut(PutRequest {
             key,
             value,
             prev_kv,
+            lease,
             ..PutRequest::default()
         })),
     }
@@ -516,14 +526,36 @@ fn else_branch_kv(shared: &Shared, mut resp: TxnResponse) -> Result<Option<KeyVa
     }
 }
 
-#[async_trait]
-impl Store for EtcdStore {
-    async fn create(&self, key: Bytes, value: Bytes) -> Result<KeyValue, StoreError> {
+impl EtcdStore {
+    /// Runs `write` with a lease for `ttl`; a lease etcd no longer knows (revoked or expired
+    /// while cached) is forgotten and the write tried once more with a new one.
+    async fn with_lease<F, Fut>(&self, ttl: Duration, write: F) -> Result<KeyValue, StoreError>
+    where
+        F: Fn(i64) -> Fut,
+        Fut: Future<Output = Result<KeyValue, StoreError>>,
+    {
+        let leases = &self.shared.leases;
+        let lease = leases.lease_for(&self.shared, ttl).await?;
+        match write(lease).await {
+            Err(err) if lease_not_found(&err) => {
+                leases.forget(ttl, lease).await;
+                write(leases.lease_for(&self.shared, ttl).await?).await
+            }
+            other => other,
+        }
+    }
+
+    async fn create_leased(
+        &self,
+        key: Bytes,
+        value: Bytes,
+        lease: i64,
+    ) -> Result<KeyValue, StoreError> {
         let s = &self.shared;
         let full = s.full_key(&key);
         let txn = TxnRequest {
             compare: vec![create_revision(&full, CompareResult::Equal, 0)],
-            success: vec![put_op(full.clone(), value.to_vec(), false)],
+            success: vec![put_op(full.clone(), value.to_vec(), false, lease)],
             failure: vec![get_op(full)],
         };
         let resp = s.txn(txn).await?;
@@ -546,11 +578,12 @@ impl Store for EtcdStore {
         }
     }
 
-    async fn update(
+    async fn update_leased(
         &self,
         key: Bytes,
         value: Bytes,
         expected: Revision,
+        lease: i64,
     ) -> Result<KeyValue, StoreError> {
         let s = &self.shared;
         let full = s.full_key(&key);
@@ -559,7 +592,7 @@ impl Store for EtcdStore {
                 create_revision(&full, CompareResult::Greater, 0),
                 mod_revision_is(&full, expected),
             ],
-            success: vec![put_op(full.clone(), value.to_vec(), true)],
+            success: vec![put_op(full.clone(), value.to_vec(), true, lease)],
             failure: vec![get_op(full)],
         };
         let mut resp = s.txn(txn).await?;
@@ -584,6 +617,47 @@ impl Store for EtcdStore {
             }),
             None => Err(StoreError::NotFound),
         }
+    }
+}
+
+#[async_trait]
+impl Store for EtcdStore {
+    async fn create(&self, key: Bytes, value: Bytes) -> Result<KeyValue, StoreError> {
+        self.create_leased(key, value, 0).await
+    }
+
+    async fn update(
+        &self,
+        key: Bytes,
+        value: Bytes,
+        expected: Revision,
+    ) -> Result<KeyValue, StoreError> {
+        self.update_leased(key, value, expected, 0).await
+    }
+
+    async fn create_with_ttl(
+        &self,
+        key: Bytes,
+        value: Bytes,
+        ttl: Duration,
+    ) -> Result<KeyValue, StoreError> {
+        self.with_lease(ttl, |lease| {
+            self.create_leased(key.clone(), value.clone(), lease)
+        })
+        .await
+    }
+
+    async fn update_with_ttl(
+        &self,
+        key: Bytes,
+        value: Bytes,
+        expected: Revision,
+        ttl: Duration,
+    ) -> Result<KeyValue, StoreError> {
+        self.with_lease(ttl, |lease| {
+            self.update_leased(key.clone(), value.clone(), expected, lease)
+        })
+        .await
     }
 
     async fn delete(

@@ -3,7 +3,9 @@
 //! Every write is one revision of a single, strictly increasing counter; that revision becomes
 //! the object's `resourceVersion` higher up. Writes are compare-and-swap on a key's
 //! `mod_revision`, reads can be at the current or at a past (not yet compacted) revision, and
-//! every committed change comes back out of an ordered, gap-free change feed.
+//! every committed change comes back out of an ordered, gap-free change feed. A write may give
+//! its key a time to live (`create_with_ttl`, `update_with_ttl`), after which the store deletes
+//! the key itself, as etcd does with the keys of an expired lease.
 //!
 //! The contract alone (this module and [`StoreError`]) needs no backend: crates that only
 //! consume a `Store`, such as svc-core, depend on this crate with `default-features = false`.
@@ -36,6 +38,7 @@ pub use error::StoreError;
 pub use etcd::{EtcdConfig, EtcdStore, EtcdTls};
 
 use std::pin::Pin;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -139,13 +142,42 @@ pub trait Store: Send + Sync + 'static {
     /// Creates `key` if absent. Fails with `AlreadyExists` otherwise. Durable when it returns.
     async fn create(&self, key: Bytes, value: Bytes) -> Result<KeyValue, StoreError>;
 
-    /// Replaces `key`'s value if its `mod_revision` equals `expected`.
-    /// `NotFound` if absent, `Conflict` (with the current key-value) if the revision differs.
+    /// Replaces `key`'s value if its `mod_revision` equals `expected`, removing any time to
+    /// live the key had (see `create_with_ttl`). `NotFound` if absent, `Conflict` (with the
+    /// current key-value) if the revision differs.
     async fn update(
         &self,
         key: Bytes,
         value: Bytes,
         expected: Revision,
+    ) -> Result<KeyValue, StoreError>;
+
+    /// `create` of a key that expires: once `ttl` has passed, the store deletes it on its own
+    /// with an ordinary revisioned delete (a `Delete` event in every feed, `prev_kv` set), as
+    /// etcd deletes the keys of an expired lease. Expiry is never early and may be late by the
+    /// backend's granularity: etcd's backend shares one lease among keys expiring close
+    /// together (up to `ttl / 20`, at most a minute, later than asked, as Kubernetes' lease
+    /// manager does); the embedded engine keeps each key's own deadline. Nothing scans the
+    /// store to find expired keys.
+    ///
+    /// The time to live belongs to the write, as an etcd lease belongs to a put: a later
+    /// `update_with_ttl` replaces it (counting from that update), a plain `update` removes it
+    /// (the key then stays until deleted), and a delete ends it.
+    async fn create_with_ttl(
+        &self,
+        key: Bytes,
+        value: Bytes,
+        ttl: Duration,
+    ) -> Result<KeyValue, StoreError>;
+
+    /// `update` that gives the key a time to live of `ttl` from now, replacing any it had
+    /// (see `create_with_ttl`).
+    async fn update_with_ttl(
+        &self,
+        key: Bytes,
+        value: Bytes,
+        expected: Revision,
+        ttl: Duration,
     ) -> Result<KeyValue, StoreError>;
 
     /// Deletes `key`, if `expected` is given only when its `mod_revision` equals it.

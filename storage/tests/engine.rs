@@ -303,3 +303,41 @@ async fn background_compaction_by_retention_time() {
         "compaction must keep the current state"
     );
 }
+
+/// Deadlines are in the data file: a key whose time to live passed while the store was closed
+/// goes right after the next open (a revisioned delete its feeds see), and one whose time has
+/// not come stays.
+#[tokio::test]
+async fn expiry_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path(), config()).unwrap();
+    let short = ok(
+        "create short",
+        store
+            .create_with_ttl(key("/ttl/short"), key("s"), Duration::from_millis(300))
+            .await,
+    );
+    let long = ok(
+        "create long",
+        store
+            .create_with_ttl(key("/ttl/long"), key("l"), Duration::from_secs(600))
+            .await,
+    );
+    store.close();
+    drop(store);
+    // Past the short deadline while closed.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let store = EmbeddedStore::open(dir.path(), config()).unwrap();
+    let mut feed = store.watch(KeyRange::prefix("/ttl/"), long.mod_revision);
+    let events = events_until(&mut feed, long.mod_revision + 1).await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].kind, svc_storage::EventKind::Delete);
+    assert_eq!(events[0].kv.key, short.key);
+    assert_eq!(events[0].prev_kv.as_ref(), Some(&short));
+    assert_eq!(ok("get", store.get(key("/ttl/short"), None).await).0, None);
+    assert_eq!(
+        ok("get", store.get(key("/ttl/long"), None).await).0,
+        Some(long)
+    );
+}

@@ -6,7 +6,7 @@
 use time::OffsetDateTime;
 
 use super::wire;
-use crate::meta::{ListMeta, ManagedFieldsEntry, ObjectMeta, OwnerReference, Time};
+use crate::meta::{ListMeta, ManagedFieldsEntry, MicroTime, ObjectMeta, OwnerReference, Time};
 use crate::status::{ApiError, Status, StatusCause, StatusDetails};
 
 /// Kubernetes' `Time` carries whole seconds on the wire (its `ProtoTime` leaves `nanos` unset
@@ -30,6 +30,35 @@ pub(crate) fn time_from_wire(t: Option<&wire::Time>) -> Result<Option<Time>, Api
     OffsetDateTime::from_unix_timestamp(seconds)
         .map(|t| Some(Time(t)))
         .map_err(|e| ApiError::bad_request(format!("invalid protobuf time {seconds}s: {e}")))
+}
+
+/// Kubernetes' `MicroTime` travels as a `Timestamp` with both fields written and `nanos`
+/// truncated to microseconds (`ProtoMicroTime`); a zero value is an empty message.
+pub(crate) fn micro_time_to_wire(t: &MicroTime) -> wire::Time {
+    let (seconds, nanos) = t.unix();
+    wire::Time {
+        seconds: Some(seconds),
+        nanos: Some(nanos / 1_000 * 1_000),
+    }
+}
+
+/// `None` for an absent or empty message (Go's zero `MicroTime`); `nanos` are truncated to
+/// microseconds, as Kubernetes' `MicroTime.Unmarshal` does.
+pub(crate) fn micro_time_from_wire(t: Option<&wire::Time>) -> Result<Option<MicroTime>, ApiError> {
+    let Some(t) = t else { return Ok(None) };
+    if t.seconds.is_none() && t.nanos.is_none() {
+        return Ok(None);
+    }
+    let (seconds, nanos) = (t.seconds.unwrap_or(0), t.nanos.unwrap_or(0));
+    let nanos = u32::try_from(nanos)
+        .ok()
+        .filter(|n| *n < 1_000_000_000)
+        .ok_or_else(|| ApiError::bad_request(format!("invalid protobuf time nanos {nanos}")))?;
+    OffsetDateTime::from_unix_timestamp(seconds)
+        .ok()
+        .and_then(|t| t.replace_nanosecond(nanos).ok())
+        .map(|t| Some(MicroTime::new(t)))
+        .ok_or_else(|| ApiError::bad_request(format!("invalid protobuf time {seconds}s")))
 }
 
 pub(crate) fn object_meta_to_wire(m: &ObjectMeta) -> wire::ObjectMeta {

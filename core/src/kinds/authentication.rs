@@ -98,6 +98,7 @@ static TOKEN_REQUEST: ResourceInfo = ResourceInfo {
     schema: token_request_schema,
     subresources: &[],
     stored: false,
+    expires: false,
 };
 
 fn token_request_schema() -> Value {
@@ -218,6 +219,7 @@ static TOKEN_REVIEW: ResourceInfo = ResourceInfo {
     schema: token_review_schema,
     subresources: &[],
     stored: false,
+    expires: false,
 };
 
 fn token_review_schema() -> Value {

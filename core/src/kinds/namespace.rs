@@ -74,6 +74,7 @@ static INFO: ResourceInfo = ResourceInfo {
     schema,
     subresources: &[],
     stored: true,
+    expires: false,
 };
 
 fn schema() -> Value {

@@ -98,6 +98,7 @@ static INFO: ResourceInfo = ResourceInfo {
     schema,
     subresources: &[],
     stored: true,
+    expires: false,
 };
 
 fn schema() -> Value {

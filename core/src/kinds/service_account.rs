@@ -32,6 +32,32 @@ pub struct ObjectReference {
     pub field_path: String,
 }
 
+impl ObjectReference {
+    pub(crate) fn to_wire(&self) -> wire::ObjectReference {
+        wire::ObjectReference {
+            kind: self.kind.clone(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            uid: self.uid.clone(),
+            api_version: self.api_version.clone(),
+            resource_version: self.resource_version.clone(),
+            field_path: self.field_path.clone(),
+        }
+    }
+
+    pub(crate) fn from_wire(r: wire::ObjectReference) -> Self {
+        ObjectReference {
+            kind: r.kind,
+            namespace: r.namespace,
+            name: r.name,
+            uid: r.uid,
+            api_version: r.api_version,
+            resource_version: r.resource_version,
+            field_path: r.field_path,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LocalObjectReference {
@@ -84,6 +110,7 @@ static INFO: ResourceInfo = ResourceInfo {
         group_version: Some(("authentication.svc.io", "v1")),
     }],
     stored: true,
+    expires: false,
 };
 
 fn schema() -> Value {
@@ -144,19 +171,7 @@ impl ProtoKind for ServiceAccount {
     fn to_proto_bytes(&self) -> Vec<u8> {
         wire::ServiceAccount {
             metadata: Some(object_meta_to_wire(&self.metadata)),
-            secrets: self
-                .secrets
-                .iter()
-                .map(|r| wire::ObjectReference {
-                    kind: r.kind.clone(),
-                    namespace: r.namespace.clone(),
-                    name: r.name.clone(),
-                    uid: r.uid.clone(),
-                    api_version: r.api_version.clone(),
-                    resource_version: r.resource_version.clone(),
-                    field_path: r.field_path.clone(),
-                })
-                .collect(),
+            secrets: self.secrets.iter().map(ObjectReference::to_wire).collect(),
             image_pull_secrets: self
                 .image_pull_secrets
                 .iter()
@@ -178,15 +193,7 @@ impl ProtoKind for ServiceAccount {
             secrets: m
                 .secrets
                 .into_iter()
-                .map(|r| ObjectReference {
-                    kind: r.kind,
-                    namespace: r.namespace,
-                    name: r.name,
-                    uid: r.uid,
-                    api_version: r.api_version,
-                    resource_version: r.resource_version,
-                    field_path: r.field_path,
-                })
+                .map(ObjectReference::from_wire)
                 .collect(),
             image_pull_secrets: m
                 .image_pull_secrets

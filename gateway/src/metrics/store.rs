@@ -3,7 +3,7 @@
 //! times every call of the store it wraps. Storage itself knows nothing of metrics.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -146,6 +146,31 @@ impl Store for InstrumentedStore {
     ) -> Result<KeyValue, StoreError> {
         let (labels, start) = (Self::labels("update", &key), Instant::now());
         let r = self.inner.update(key, value, expected).await;
+        self.done(labels, start, r)
+    }
+
+    /// Timed as `create` (kube-apiserver names a create with a TTL the same).
+    async fn create_with_ttl(
+        &self,
+        key: Bytes,
+        value: Bytes,
+        ttl: Duration,
+    ) -> Result<KeyValue, StoreError> {
+        let (labels, start) = (Self::labels("create", &key), Instant::now());
+        let r = self.inner.create_with_ttl(key, value, ttl).await;
+        self.done(labels, start, r)
+    }
+
+    /// Timed as `update`.
+    async fn update_with_ttl(
+        &self,
+        key: Bytes,
+        value: Bytes,
+        expected: Revision,
+        ttl: Duration,
+    ) -> Result<KeyValue, StoreError> {
+        let (labels, start) = (Self::labels("update", &key), Instant::now());
+        let r = self.inner.update_with_ttl(key, value, expected, ttl).await;
         self.done(labels, start, r)
     }
 

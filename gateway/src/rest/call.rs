@@ -1,5 +1,8 @@
 //! What every resource handler shares: the request (`Call`), its path namespace, the
-//! selectors, the field manager, and reading the current object with its error mapping.
+//! selectors, the field manager, reading the current object with its error mapping, and the
+//! store writes that give expiring kinds their time to live.
+
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, request};
@@ -8,7 +11,7 @@ use svc_core::resource::field_value;
 use svc_core::selector::{FieldSelector, LabelSelector};
 use svc_core::status::StatusCause;
 use svc_core::{ApiError, Resource};
-use svc_storage::{KeyValue, StoreError};
+use svc_storage::{KeyValue, Revision, StoreError};
 
 use crate::app::App;
 use crate::authz::Attributes;
@@ -124,6 +127,39 @@ pub(super) async fn read_current<T: Resource>(
         .map_err(respond::store_error)?;
     let kv = kv.ok_or_else(|| ApiError::NotFound(object::subject::<T>(name)))?;
     Ok((object::decode_from_store(&kv)?, kv))
+}
+
+/// The time to live a write gives `T`'s objects: `--event-ttl` for kinds that expire, none
+/// for the others or when the flag is 0 (as Kubernetes treats `--event-ttl=0`).
+fn ttl_of<T: Resource>(app: &App) -> Option<Duration> {
+    let ttl = app.opts.event_ttl;
+    (T::INFO.expires && !ttl.is_zero()).then_some(ttl)
+}
+
+/// Creates `T`'s object at `key`, expiring if the kind expires.
+pub(super) async fn store_create<T: Resource>(
+    app: &App,
+    key: Bytes,
+    value: Bytes,
+) -> Result<KeyValue, StoreError> {
+    match ttl_of::<T>(app) {
+        Some(ttl) => app.store.create_with_ttl(key, value, ttl).await,
+        None => app.store.create(key, value).await,
+    }
+}
+
+/// Updates `T`'s object at `key` (compare-and-swap on `expected`); an expiring kind's time to
+/// live starts again, as Kubernetes gives every event write the full TTL.
+pub(super) async fn store_update<T: Resource>(
+    app: &App,
+    key: Bytes,
+    value: Bytes,
+    expected: Revision,
+) -> Result<KeyValue, StoreError> {
+    match ttl_of::<T>(app) {
+        Some(ttl) => app.store.update_with_ttl(key, value, expected, ttl).await,
+        None => app.store.update(key, value, expected).await,
+    }
 }
 
 pub(super) fn conflict<T: Resource>(name: &str) -> ApiError {

@@ -20,6 +20,7 @@ use svc_storage::StoreError;
 
 use super::call::{
     Call, authorize_also, conflict, field_manager, map_write_error, path_namespace, read_current,
+    store_create,
 };
 use super::write::{self, Committed, check_namespace_open};
 use crate::app::App;
@@ -279,7 +280,7 @@ async fn apply_create<T: Kind>(
         return Ok(Some(created(&obj)));
     }
     let value = Bytes::from(object::encode_for_store(&obj)?);
-    match app.store.create(key, value).await {
+    match store_create::<T>(app, key, value).await {
         Ok(kv) => {
             obj.meta_mut().resource_version = kv.mod_revision.to_string();
             Ok(Some(created(&obj)))

@@ -17,6 +17,7 @@ use svc_storage::{KeyRange, KeyValue, StoreError};
 
 use super::call::{
     Call, authorize_also, conflict, field_manager, map_write_error, path_namespace, read_current,
+    store_create, store_update,
 };
 use crate::app::App;
 use crate::features::Feature;
@@ -166,7 +167,7 @@ pub async fn create<T: Kind>(app: &Arc<App>, call: &Call) -> Result<Response<Bod
             ));
         }
         let value = Bytes::from(object::encode_for_store(&candidate)?);
-        match app.store.create(key, value).await {
+        match store_create::<T>(app, key, value).await {
             Ok(kv) => {
                 candidate.meta_mut().resource_version = kv.mod_revision.to_string();
                 return Ok(respond::with_warnings(
@@ -289,8 +290,7 @@ pub(super) async fn commit_update<T: Kind>(
             .await
             .map(|(_, rev)| rev)
     } else {
-        app.store
-            .update(key.clone(), Bytes::from(value), kv.mod_revision)
+        store_update::<T>(app, key.clone(), Bytes::from(value), kv.mod_revision)
             .await
             .map(|kv| kv.mod_revision)
     };
@@ -483,7 +483,7 @@ async fn delete_one<T: Kind>(
                 return Ok((current, StatusCode::ACCEPTED));
             }
             let value = Bytes::from(object::encode_for_store(&current)?);
-            match app.store.update(key.clone(), value, kv.mod_revision).await {
+            match store_update::<T>(app, key.clone(), value, kv.mod_revision).await {
                 Ok(new_kv) => {
                     current.meta_mut().resource_version = new_kv.mod_revision.to_string();
                     if T::INFO.kind == Namespace::INFO.kind {

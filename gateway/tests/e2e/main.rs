@@ -9,6 +9,7 @@ mod authorization;
 mod clients;
 mod crash;
 mod etcd_gateways;
+mod events;
 mod fanout;
 mod health;
 mod identity;

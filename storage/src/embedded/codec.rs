@@ -221,6 +221,31 @@ pub(crate) fn decode_log(raw: &[u8], revision: u64) -> Result<LogEntry, StoreErr
     })
 }
 
+/// The table key an `expiry` entry's checksum binds: deadline (big-endian) then the key.
+fn expiry_crc_key(deadline: u64, key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + key.len());
+    out.extend_from_slice(&deadline.to_be_bytes());
+    out.extend_from_slice(key);
+    out
+}
+
+/// An `expiry` entry's value: the revision of the write that set the deadline.
+pub(crate) fn encode_expiry(deadline: u64, key: &[u8], revision: Revision) -> Vec<u8> {
+    seal(&expiry_crc_key(deadline, key), &revision.to_le_bytes())
+}
+
+pub(crate) fn decode_expiry(raw: &[u8], deadline: u64, key: &[u8]) -> Result<Revision, StoreError> {
+    let location = || format!("expiry/{deadline}/{}", show_key(key));
+    let payload = checked_payload(raw, &expiry_crc_key(deadline, key), &location)?;
+    if payload.len() != 8 {
+        return Err(corrupt(
+            location(),
+            format!("expiry value is {} bytes", payload.len()),
+        ));
+    }
+    Ok(read_i64(payload))
+}
+
 pub(crate) fn encode_meta(name: &str, value: i64) -> Vec<u8> {
     seal(name.as_bytes(), &value.to_le_bytes())
 }
@@ -297,5 +322,9 @@ mod tests {
         let raw = encode_meta("revision", 99);
         assert_eq!(decode_meta(&raw, "revision").unwrap(), 99);
         assert!(decode_meta(&raw, "compacted").is_err());
+        let raw = encode_expiry(1_700_000_000_000, b"/e/k", 12);
+        assert_eq!(decode_expiry(&raw, 1_700_000_000_000, b"/e/k").unwrap(), 12);
+        assert!(decode_expiry(&raw, 1_700_000_000_001, b"/e/k").is_err());
+        assert!(decode_expiry(&raw, 1_700_000_000_000, b"/e/x").is_err());
     }
 }

@@ -6,10 +6,16 @@
 //! publishes the batch to the live feed and answers each writer. A failed compare-and-swap
 //! is an answer like any other and does not affect the rest of the batch; only a failing
 //! commit fails every write of its batch, and then no revision of it is ever published.
+//!
+//! Expiry runs here too: writes with a time to live file their deadline in the `expiry`
+//! table, the committer keeps the earliest deadline in memory (read from the table at start,
+//! so deadlines survive a restart) and sleeps no longer than until it; when it passes, the due
+//! entries become one batch of revisioned deletes through the same path as every other write,
+//! so feeds see ordinary `Delete` events and history stays gap-free.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use redb::{Durability, ReadableTable, Table, WriteTransaction};
@@ -18,7 +24,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use super::Shared;
 use super::codec::{self, LogEntry, Record};
 use super::compaction::Compactor;
-use super::tables::{self, CURRENT, HISTORY, LOG, META, META_REVISION, backend, to_u64};
+use super::tables::{self, CURRENT, EXPIRY, HISTORY, LOG, META, META_REVISION, backend, to_u64};
 use crate::{Event, EventKind, KeyValue, Revision, StoreError};
 
 pub(crate) type Batch = Arc<Vec<Event>>;
@@ -27,15 +33,24 @@ pub(crate) enum Op {
     Create {
         key: Bytes,
         value: Bytes,
+        ttl: Option<Duration>,
     },
     Update {
         key: Bytes,
         value: Bytes,
         expected: Revision,
+        ttl: Option<Duration>,
     },
     Delete {
         key: Bytes,
         expected: Option<Revision>,
+    },
+    /// The `expiry` entry (`deadline`, `key`) is due: deletes the key if `written` is still
+    /// its latest write, and drops the entry either way.
+    Expire {
+        deadline: u64,
+        key: Bytes,
+        written: Revision,
     },
     /// Stores `raw` verbatim as the key's current record (tests of corrupt-object handling).
     PutRaw {
@@ -51,11 +66,11 @@ impl Op {
     /// Approximate bytes the op adds to a transaction (bounds a batch's size).
     fn size(&self) -> usize {
         match self {
-            Op::Create { key, value } | Op::Update { key, value, .. } => {
+            Op::Create { key, value, .. } | Op::Update { key, value, .. } => {
                 2 * (key.len() + value.len())
             }
             Op::PutRaw { key, raw } => key.len() + raw.len(),
-            Op::Delete { key, .. } => key.len(),
+            Op::Delete { key, .. } | Op::Expire { key, .. } => key.len(),
             Op::Compact { .. } => 0,
         }
     }
@@ -81,7 +96,20 @@ pub(crate) struct Committer {
     shutdown: oneshot::Receiver<()>,
     revision: Revision,
     compactor: Compactor,
+    /// The earliest deadline in the `expiry` table (None: no entry), in Unix milliseconds.
+    next_expiry: Option<u64>,
 }
+
+/// Wall-clock time in Unix milliseconds: deadlines must survive a restart, so they are not
+/// `Instant`s.
+pub(crate) fn unix_millis() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Retry delay after expiry could not read or commit (the store is failing anyway).
+const EXPIRY_RETRY_MS: u64 = 1000;
 
 struct MarkClosed(Arc<Shared>);
 
@@ -104,6 +132,10 @@ impl Committer {
         let revision = shared.published.revision.load(Ordering::Acquire);
         let compacted = shared.published.compacted.load(Ordering::Acquire);
         let compactor = Compactor::new(&shared.config, revision, compacted);
+        let next_expiry = earliest_deadline(&shared.db).unwrap_or_else(|err| {
+            tracing::error!(%err, "reading the expiry table failed; retrying");
+            Some(unix_millis())
+        });
         Committer {
             shared,
             feed,
@@ -111,6 +143,7 @@ impl Committer {
             shutdown,
             revision,
             compactor,
+            next_expiry,
         }
     }
 
@@ -134,6 +167,7 @@ impl Committer {
         while let Some(first) = self.next_request(&runtime) {
             let batch = self.fill_batch(first);
             self.process(batch);
+            self.expire_due();
             self.compactor.tick(self.revision);
             self.compactor
                 .step(&self.shared.db, &self.shared.published.compacted);
@@ -183,10 +217,15 @@ impl Committer {
                 Err(mpsc::error::TryRecvError::Disconnected) => None,
             };
         }
-        let wake = self
+        let mut wake = self
             .compactor
             .wake_interval()
             .unwrap_or(Duration::from_secs(3600));
+        if let Some(deadline) = self.next_expiry {
+            wake = wake.min(Duration::from_millis(
+                deadline.saturating_sub(unix_millis()),
+            ));
+        }
         let requests = &mut self.requests;
         let shutdown = &mut self.shutdown;
         runtime.block_on(async {
@@ -232,12 +271,16 @@ impl Committer {
         }
     }
 
-    fn commit(&mut self, writes: Vec<Request>) {
+    /// Commits `writes` as one transaction; false if the commit failed.
+    fn commit(&mut self, writes: Vec<Request>) -> bool {
         let mut events = Vec::new();
         let result = self.apply_batch(&writes, &mut events);
         match result {
-            Ok((outcomes, revision)) => {
+            Ok((outcomes, revision, new_deadline)) => {
                 self.revision = revision;
+                if let Some(deadline) = new_deadline {
+                    self.next_expiry = Some(self.next_expiry.map_or(deadline, |d| d.min(deadline)));
+                }
                 let published = &self.shared.published;
                 published.batches.fetch_add(1, Ordering::Relaxed);
                 // Publish to the feed BEFORE the revision counter: a watcher that reads the
@@ -249,6 +292,7 @@ impl Committer {
                 for (request, outcome) in writes.into_iter().zip(outcomes) {
                     let _ = request.reply.send(outcome);
                 }
+                true
             }
             Err(err) => {
                 tracing::error!(%err, writes = writes.len(), "storage commit failed");
@@ -257,30 +301,73 @@ impl Committer {
                     let err = StoreError::Unavailable(format!("commit failed: {detail}"));
                     let _ = request.reply.send(Err(err));
                 }
+                false
             }
         }
     }
 
+    /// Deletes the keys whose deadline has passed (at most `max_batch` per call; the committer
+    /// comes back at once while more are due, so writes still run in between).
+    fn expire_due(&mut self) {
+        let now = unix_millis();
+        if self.next_expiry.is_none_or(|deadline| deadline > now) {
+            return;
+        }
+        let limit = self.shared.config.max_batch;
+        let due = match due_entries(&self.shared.db, now, limit) {
+            Ok(due) => due,
+            Err(err) => {
+                tracing::error!(%err, "reading due expiry entries failed; retrying");
+                self.next_expiry = Some(now + EXPIRY_RETRY_MS);
+                return;
+            }
+        };
+        let writes: Vec<Request> = due
+            .into_iter()
+            .map(|(deadline, key, written)| Request {
+                op: Op::Expire {
+                    deadline,
+                    key,
+                    written,
+                },
+                // Nobody waits for the answer.
+                reply: oneshot::channel().0,
+            })
+            .collect();
+        if !writes.is_empty() && !self.commit(writes) {
+            self.next_expiry = Some(now + EXPIRY_RETRY_MS);
+            return;
+        }
+        self.next_expiry = earliest_deadline(&self.shared.db).unwrap_or_else(|err| {
+            tracing::error!(%err, "reading the expiry table failed; retrying");
+            Some(now + EXPIRY_RETRY_MS)
+        });
+    }
+
     /// Applies every write of the batch in one transaction and commits it. Returns each
-    /// request's outcome and the new revision; an `Err` means nothing was committed.
+    /// request's outcome, the new revision and the earliest deadline the batch filed; an `Err`
+    /// means nothing was committed.
     fn apply_batch(
         &self,
         writes: &[Request],
         events: &mut Vec<Event>,
-    ) -> Result<(Vec<Outcome>, Revision), StoreError> {
+    ) -> Result<(Vec<Outcome>, Revision, Option<u64>), StoreError> {
         let mut txn = self.shared.db.begin_write().map_err(backend)?;
         txn.set_durability(Durability::Immediate).map_err(backend)?;
         let mut outcomes = Vec::with_capacity(writes.len());
         let mut revision = self.revision;
         let mut dirty = false;
+        let earliest;
         {
-            let mut t = WriteTables::open(&txn)?;
+            let mut t = WriteTables::open(&txn, unix_millis())?;
             for request in writes {
                 let before = revision;
                 let outcome = t.apply(&request.op, &mut revision, events)?;
-                dirty |= revision != before || matches!(request.op, Op::PutRaw { .. });
+                dirty |= revision != before
+                    || matches!(request.op, Op::PutRaw { .. } | Op::Expire { .. });
                 outcomes.push(outcome);
             }
+            earliest = t.earliest_new_deadline;
             if revision != self.revision {
                 t.meta
                     .insert(
@@ -296,8 +383,45 @@ impl Committer {
             // Every request failed its precondition: nothing to make durable, skip the fsync.
             txn.abort().map_err(backend)?;
         }
-        Ok((outcomes, revision))
+        Ok((outcomes, revision, earliest))
     }
+}
+
+/// The earliest deadline in the `expiry` table.
+fn earliest_deadline(db: &redb::Database) -> Result<Option<u64>, StoreError> {
+    use redb::ReadableDatabase;
+    let txn = db.begin_read().map_err(backend)?;
+    let expiry = txn.open_table(EXPIRY).map_err(backend)?;
+    Ok(expiry.first().map_err(backend)?.map(|(k, _)| k.value().0))
+}
+
+/// Up to `limit` `expiry` entries with deadline <= `now`: (deadline, key, revision written).
+/// An entry that fails its checksum is returned with revision 0, which no write has: it is
+/// dropped without deleting anything.
+fn due_entries(
+    db: &redb::Database,
+    now: u64,
+    limit: usize,
+) -> Result<Vec<(u64, Bytes, Revision)>, StoreError> {
+    use redb::ReadableDatabase;
+    let txn = db.begin_read().map_err(backend)?;
+    let expiry = txn.open_table(EXPIRY).map_err(backend)?;
+    let empty: &[u8] = &[];
+    let mut due = Vec::new();
+    for entry in expiry
+        .range((0u64, empty)..(now.saturating_add(1), empty))
+        .map_err(backend)?
+        .take(limit.max(1))
+    {
+        let (k, v) = entry.map_err(backend)?;
+        let (deadline, key) = k.value();
+        let written = codec::decode_expiry(v.value(), deadline, key).unwrap_or_else(|err| {
+            tracing::warn!(%err, "dropping a corrupt expiry entry");
+            0
+        });
+        due.push((deadline, Bytes::copy_from_slice(key), written));
+    }
+    Ok(due)
 }
 
 type BytesTable<'txn> = Table<'txn, &'static [u8], &'static [u8]>;
@@ -307,19 +431,47 @@ struct WriteTables<'txn> {
     history: Table<'txn, (&'static [u8], u64), &'static [u8]>,
     log: Table<'txn, u64, &'static [u8]>,
     meta: Table<'txn, &'static str, &'static [u8]>,
+    expiry: Table<'txn, (u64, &'static [u8]), &'static [u8]>,
+    /// The batch's clock (Unix milliseconds): deadlines count from it.
+    now: u64,
+    /// The earliest deadline this batch filed.
+    earliest_new_deadline: Option<u64>,
 }
 
 /// The key's current record: `Ok(None)` if absent, `Ok(Some(Err))` if present but corrupt.
 type CurrentLookup = Option<Result<KeyValue, StoreError>>;
 
 impl<'txn> WriteTables<'txn> {
-    fn open(txn: &'txn WriteTransaction) -> Result<Self, StoreError> {
+    fn open(txn: &'txn WriteTransaction, now: u64) -> Result<Self, StoreError> {
         Ok(WriteTables {
             current: txn.open_table(CURRENT).map_err(backend)?,
             history: txn.open_table(HISTORY).map_err(backend)?,
             log: txn.open_table(LOG).map_err(backend)?,
             meta: txn.open_table(META).map_err(backend)?,
+            expiry: txn.open_table(EXPIRY).map_err(backend)?,
+            now,
+            earliest_new_deadline: None,
         })
+    }
+
+    /// Files `key`'s deadline, `ttl` from now, for the write at `written`.
+    fn set_expiry(
+        &mut self,
+        key: &[u8],
+        written: Revision,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        let ttl_ms = u64::try_from(ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
+        let deadline = self.now.saturating_add(ttl_ms);
+        let value = codec::encode_expiry(deadline, key, written);
+        self.expiry
+            .insert((deadline, key), value.as_slice())
+            .map_err(backend)?;
+        self.earliest_new_deadline = Some(
+            self.earliest_new_deadline
+                .map_or(deadline, |d| d.min(deadline)),
+        );
+        Ok(())
     }
 
     fn lookup(&self, key: &[u8]) -> Result<CurrentLookup, StoreError> {
@@ -341,7 +493,7 @@ impl<'txn> WriteTables<'txn> {
         events: &mut Vec<Event>,
     ) -> Result<Outcome, StoreError> {
         match op {
-            Op::Create { key, value } => {
+            Op::Create { key, value, ttl } => {
                 match self.lookup(key)? {
                     Some(Ok(current)) => {
                         return Ok(Err(StoreError::AlreadyExists {
@@ -360,6 +512,9 @@ impl<'txn> WriteTables<'txn> {
                     version: 1,
                 };
                 self.write_put(&kv)?;
+                if let Some(ttl) = ttl {
+                    self.set_expiry(key, kv.mod_revision, *ttl)?;
+                }
                 events.push(Event {
                     kind: EventKind::Put,
                     kv: kv.clone(),
@@ -371,6 +526,7 @@ impl<'txn> WriteTables<'txn> {
                 key,
                 value,
                 expected,
+                ttl,
             } => {
                 let current = match self.lookup(key)? {
                     None => return Ok(Err(StoreError::NotFound)),
@@ -391,6 +547,9 @@ impl<'txn> WriteTables<'txn> {
                     version: current.version + 1,
                 };
                 self.write_put(&kv)?;
+                if let Some(ttl) = ttl {
+                    self.set_expiry(key, kv.mod_revision, *ttl)?;
+                }
                 events.push(Event {
                     kind: EventKind::Put,
                     kv: kv.clone(),
@@ -431,6 +590,27 @@ impl<'txn> WriteTables<'txn> {
                 // A corrupt record has no readable previous value: report the bare key.
                 let deleted = prev.unwrap_or_else(|| tables::tombstone_kv(key, 0));
                 Ok(Ok(Reply::Deleted(deleted, *revision)))
+            }
+            Op::Expire {
+                deadline,
+                key,
+                written,
+            } => {
+                self.expiry.remove((*deadline, &key[..])).map_err(backend)?;
+                // Rewritten or deleted since the deadline was filed: the entry is stale. An
+                // unreadable record is left to the force-delete path.
+                let current = match self.lookup(key)? {
+                    Some(Ok(current)) if current.mod_revision == *written => current,
+                    _ => return Ok(Ok(Reply::Done)),
+                };
+                *revision += 1;
+                self.write_delete(key, *revision)?;
+                events.push(Event {
+                    kind: EventKind::Delete,
+                    kv: tables::tombstone_kv(key, *revision),
+                    prev_kv: Some(current.clone()),
+                });
+                Ok(Ok(Reply::Deleted(current, *revision)))
             }
             Op::PutRaw { key, raw } => {
                 self.current.insert(&key[..], &raw[..]).map_err(backend)?;

@@ -19,8 +19,8 @@ use redb::{Database, DatabaseError, Durability, ReadableDatabase, ReadableTable}
 use super::EmbeddedConfig;
 use super::codec::{self, corrupt};
 use super::tables::{
-    self, CURRENT, FORMAT_VERSION, HISTORY, LOG, META, META_COMPACTED, META_FORMAT, META_REVISION,
-    backend, to_rev, to_u64,
+    self, CURRENT, EXPIRY, FORMAT_VERSION, HISTORY, LOG, META, META_COMPACTED, META_FORMAT,
+    META_REVISION, backend, to_rev, to_u64,
 };
 use crate::{Revision, StoreError};
 
@@ -41,6 +41,7 @@ pub(crate) fn open(
     }
     let db = open_file(&path, config)?;
     let (revision, compacted) = verify(&db, config.verify_tail)?;
+    add_missing_tables(&db)?;
     Ok((db, revision, compacted))
 }
 
@@ -101,6 +102,7 @@ fn initialize(dir: &Path) -> Result<(), StoreError> {
             txn.open_table(CURRENT).map_err(backend)?;
             txn.open_table(HISTORY).map_err(backend)?;
             txn.open_table(LOG).map_err(backend)?;
+            txn.open_table(EXPIRY).map_err(backend)?;
             let mut meta = txn.open_table(META).map_err(backend)?;
             for (name, value) in [
                 (META_FORMAT, FORMAT_VERSION),
@@ -118,6 +120,27 @@ fn initialize(dir: &Path) -> Result<(), StoreError> {
     fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(StoreError::Io)?;
+    Ok(())
+}
+
+/// Creates the tables a store made before they existed lacks (`expiry`: such a store has no
+/// expiring keys, so an empty table is its exact state; the layout version stays the same).
+fn add_missing_tables(db: &Database) -> Result<(), StoreError> {
+    let missing = {
+        let txn = db.begin_read().map_err(backend)?;
+        match txn.open_table(EXPIRY) {
+            Ok(_) => false,
+            Err(redb::TableError::TableDoesNotExist(_)) => true,
+            Err(err) => return Err(backend(err)),
+        }
+    };
+    if missing {
+        let mut txn = db.begin_write().map_err(backend)?;
+        txn.set_durability(Durability::Immediate).map_err(backend)?;
+        txn.open_table(EXPIRY).map_err(backend)?;
+        txn.commit().map_err(backend)?;
+        tracing::info!("embedded store: added the expiry table");
+    }
     Ok(())
 }
 

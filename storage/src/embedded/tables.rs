@@ -6,6 +6,11 @@
 //!   `prev_kv` of replayed events);
 //! - `log`: revision -> (key, put or delete), the change feed's replay source; it holds
 //!   every revision from the compaction point to the current revision, with no gaps;
+//! - `expiry`: (deadline in Unix milliseconds, key) -> revision of the write that gave the key
+//!   that deadline (`create_with_ttl`, `update_with_ttl`); the committer deletes the key when
+//!   the deadline passes if that write is still the key's latest (a later write or delete
+//!   leaves the entry stale, and it is dropped when reached). Ordered by deadline, so finding
+//!   what is due reads only the due entries;
 //! - `meta`: `revision` (last committed) and `compacted`.
 //!
 //! Every value carries a CRC32 (see `codec`); a read that fails it returns `Corrupt`.
@@ -18,6 +23,7 @@ use crate::{Event, EventKind, KeyRange, KeyValue, RangeResult, Revision, StoreEr
 pub(crate) const CURRENT: TableDefinition<&[u8], &[u8]> = TableDefinition::new("current");
 pub(crate) const HISTORY: TableDefinition<(&[u8], u64), &[u8]> = TableDefinition::new("history");
 pub(crate) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+pub(crate) const EXPIRY: TableDefinition<(u64, &[u8]), &[u8]> = TableDefinition::new("expiry");
 pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 
 pub(crate) const META_REVISION: &str = "revision";

@@ -1,6 +1,6 @@
 //! A small etcd v3 client on tonic: one endpoint's lazily connected channel and the calls the
-//! backend makes (KV range, txn and compact; watch streams), each sent with etcd's leader
-//! requirement.
+//! backend makes (KV range, txn and compact; lease grants; watch streams), each sent with
+//! etcd's leader requirement.
 //!
 //! The requirement is the `hasleader: true` metadata (what etcd's own clients send with
 //! `WithRequireLeader`): a member cut off from the quorum then refuses the call ("etcdserver:
@@ -19,11 +19,13 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 
 use super::EtcdTls;
 use super::pb::etcdserverpb::kv_client::KvClient;
+use super::pb::etcdserverpb::lease_client::LeaseClient;
 use super::pb::etcdserverpb::watch_client::WatchClient;
 use super::pb::etcdserverpb::watch_request::RequestUnion;
 use super::pb::etcdserverpb::{
-    CompactionRequest, CompactionResponse, RangeRequest, RangeResponse, TxnRequest, TxnResponse,
-    WatchCreateRequest, WatchProgressRequest, WatchRequest, WatchResponse,
+    CompactionRequest, CompactionResponse, LeaseGrantRequest, LeaseGrantResponse, RangeRequest,
+    RangeResponse, TxnRequest, TxnResponse, WatchCreateRequest, WatchProgressRequest, WatchRequest,
+    WatchResponse,
 };
 use crate::StoreError;
 
@@ -158,6 +160,16 @@ impl Client {
         Ok(response.into_inner())
     }
 
+    pub(crate) async fn lease_grant(
+        &self,
+        request: LeaseGrantRequest,
+    ) -> Result<LeaseGrantResponse, Status> {
+        let response = LeaseClient::new(self.channel.clone())
+            .lease_grant(leader_required(request))
+            .await?;
+        Ok(response.into_inner())
+    }
+
     /// Opens a watch stream with one watcher, `create`. Returns once etcd answered the call
     /// (its first response, normally `created`, is read with [`WatchStream::message`]).
     pub(crate) async fn watch(&self, create: WatchCreateRequest) -> Result<WatchStream, Status> {
@@ -261,12 +273,11 @@ mod tests {
         assert!(matches!(tls_config(&missing_ca), Err(StoreError::Io(_))));
     }
 
-    /// The generated Lease client and `PutRequest.lease` against a real etcd: a key put with
-    /// a lease carries its ID and goes when the lease is revoked (what expiring keys will use).
+    /// `lease_grant` and `PutRequest.lease` against a real etcd: a key put with a lease
+    /// carries its ID and goes when the lease is revoked (what expiring keys use).
     #[cfg(feature = "conformance")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn keys_attached_to_a_lease_go_with_it() {
-        use crate::etcd::pb::etcdserverpb::lease_client::LeaseClient;
         use crate::etcd::pb::etcdserverpb::{LeaseGrantRequest, LeaseRevokeRequest, PutRequest};
         use crate::etcd::testing::EtcdCluster;
 
@@ -275,8 +286,7 @@ mod tests {
         let client = Client::new(&cluster.endpoints()[0], &options(None)).unwrap();
         let mut leases = LeaseClient::new(client.channel.clone());
         let grant = LeaseGrantRequest { ttl: 60, id: 0 };
-        let lease = leases.lease_grant(leader_required(grant)).await.unwrap();
-        let lease = lease.into_inner();
+        let lease = client.lease_grant(grant).await.unwrap();
         assert!(lease.id != 0 && lease.ttl > 0, "{lease:?}");
 
         let put = PutRequest {
