@@ -1,8 +1,13 @@
 //! The served kinds, one file each.
 
+pub mod certificate_signing_request;
 mod namespace;
 mod service_account;
 
+pub use certificate_signing_request::{
+    CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestSpec,
+    CertificateSigningRequestStatus,
+};
 pub use namespace::{
     FINALIZER_KUBERNETES, Namespace, NamespaceSpec, NamespaceStatus, PHASE_ACTIVE,
     PHASE_TERMINATING,

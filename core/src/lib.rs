@@ -16,6 +16,7 @@ pub mod resource;
 pub mod selector;
 pub mod status;
 pub mod table;
+pub mod user;
 pub mod validation;
 pub mod watch;
 

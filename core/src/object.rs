@@ -7,6 +7,7 @@ use svc_storage::KeyValue;
 use crate::meta::Time;
 use crate::resource::Resource;
 use crate::status::{ApiError, Subject};
+use crate::user::UserInfo;
 use crate::validation::{self, ErrorList};
 
 /// Decodes a JSON request body into `T`, checking that `apiVersion`/`kind`, when present,
@@ -75,7 +76,14 @@ fn invalid<T: Resource>(obj: &T, errs: ErrorList) -> ApiError {
 
 /// Everything a create does to an object before it is stored: server-set metadata, defaulting,
 /// validation. `generateName` is resolved here; on a name collision the caller calls again.
+/// This is a create made by the server itself, with no requester to record.
 pub fn prepare_create<T: Resource>(obj: &mut T) -> Result<(), ApiError> {
+    prepare_create_by(obj, &UserInfo::default())
+}
+
+/// `prepare_create` for a request made by `user`, whom kinds that record their requester
+/// (`Resource::prepare_for_create_by`) remember.
+pub fn prepare_create_by<T: Resource>(obj: &mut T, user: &UserInfo) -> Result<(), ApiError> {
     let meta = obj.meta_mut();
     if meta.name.is_empty() && !meta.generate_name.is_empty() {
         meta.name = validation::generate_name(&meta.generate_name);
@@ -87,6 +95,7 @@ pub fn prepare_create<T: Resource>(obj: &mut T) -> Result<(), ApiError> {
     meta.deletion_grace_period_seconds = None;
     meta.self_link.clear();
     obj.prepare_for_create();
+    obj.prepare_for_create_by(user);
     validate(obj)
 }
 

@@ -3,7 +3,7 @@
 //! else in the workspace keeps a per-kind table (a tidy test checks).
 
 use crate::codec::ProtoKind;
-use crate::kinds::{Namespace, ServiceAccount};
+use crate::kinds::{CertificateSigningRequest, Namespace, ServiceAccount};
 use crate::resource::{Resource, ResourceInfo};
 
 /// Every served kind: the object model plus its protobuf form.
@@ -37,7 +37,7 @@ macro_rules! kinds {
     };
 }
 
-kinds!(Namespace, ServiceAccount);
+kinds!(Namespace, ServiceAccount, CertificateSigningRequest);
 
 /// The registered type whose `kind` is `kind` (`ServiceAccount`).
 pub fn by_kind(kind: &str) -> Option<&'static ResourceInfo> {
