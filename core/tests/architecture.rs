@@ -183,6 +183,7 @@ const GATEWAY_ORDER: &[&str] = &[
     "pipeline",
     "loopback",
     "bootstrap",
+    "controllers",
     "server",
 ];
 

@@ -8,8 +8,8 @@ use k8s_pb::apimachinery::pkg::runtime::Unknown;
 use prost::Message;
 use svc_core::codec::{PROTOBUF_MAGIC, ProtoKind, cbor, decode_protobuf, encode_protobuf, yaml};
 use svc_core::kinds::{
-    CertificateSigningRequest, CertificateSigningRequestCondition, LocalObjectReference,
-    Namespace, ObjectReference, ServiceAccount,
+    CertificateSigningRequest, CertificateSigningRequestCondition, LocalObjectReference, Namespace,
+    ObjectReference, ServiceAccount,
 };
 use svc_core::meta::{ManagedFieldsEntry, OwnerReference, Time};
 use svc_core::{ObjectMeta, Resource};
@@ -84,7 +84,8 @@ fn certificate_signing_request() -> CertificateSigningRequest {
     };
     csr.set_type_meta();
     let spec = &mut csr.spec;
-    spec.request = b"-----BEGIN CERTIFICATE REQUEST-----\nMIIB\n-----END CERTIFICATE REQUEST-----\n".to_vec();
+    spec.request =
+        b"-----BEGIN CERTIFICATE REQUEST-----\nMIIB\n-----END CERTIFICATE REQUEST-----\n".to_vec();
     spec.signer_name = "svc.io/apiserver-client".into();
     spec.expiration_seconds = Some(86_400);
     spec.usages = vec!["digital signature".into(), "client auth".into()];
@@ -107,7 +108,8 @@ fn certificate_signing_request() -> CertificateSigningRequest {
             ..Default::default()
         },
     ];
-    csr.status.certificate = b"-----BEGIN CERTIFICATE-----\nMIIC\n-----END CERTIFICATE-----\n".to_vec();
+    csr.status.certificate =
+        b"-----BEGIN CERTIFICATE-----\nMIIC\n-----END CERTIFICATE-----\n".to_vec();
     csr
 }
 
@@ -226,10 +228,16 @@ fn kubernetes_protos_read_our_certificate_signing_request() {
     let tm = unknown.type_meta.unwrap();
     assert_eq!(
         (tm.api_version.as_deref(), tm.kind.as_deref()),
-        (Some("certificates.svc.io/v1"), Some("CertificateSigningRequest"))
+        (
+            Some("certificates.svc.io/v1"),
+            Some("CertificateSigningRequest")
+        )
     );
     let theirs = certs::CertificateSigningRequest::decode(&unknown.raw.unwrap()[..]).unwrap();
-    assert_eq!(theirs.metadata.unwrap().name.as_deref(), Some("jane-client"));
+    assert_eq!(
+        theirs.metadata.unwrap().name.as_deref(),
+        Some("jane-client")
+    );
     let spec = theirs.spec.unwrap();
     assert_eq!(spec.request.as_deref(), Some(&csr.spec.request[..]));
     assert_eq!(spec.signer_name.as_deref(), Some("svc.io/apiserver-client"));
@@ -240,14 +248,23 @@ fn kubernetes_protos_read_our_certificate_signing_request() {
     assert_eq!(spec.groups, csr.spec.groups);
     assert_eq!(spec.extra["scopes"].items, ["a", "b"]);
     let status = theirs.status.unwrap();
-    assert_eq!(status.certificate.as_deref(), Some(&csr.status.certificate[..]));
+    assert_eq!(
+        status.certificate.as_deref(),
+        Some(&csr.status.certificate[..])
+    );
     let approved = &status.conditions[0];
     assert_eq!(approved.r#type.as_deref(), Some("Approved"));
     assert_eq!(approved.status.as_deref(), Some("True"));
     assert_eq!(approved.reason.as_deref(), Some("KubectlApprove"));
     assert_eq!(approved.message.as_deref(), Some("approved"));
-    assert_eq!(approved.last_update_time.as_ref().unwrap().seconds, Some(1_714_979_290));
-    assert_eq!(approved.last_transition_time.as_ref().unwrap().seconds, Some(1_714_979_290));
+    assert_eq!(
+        approved.last_update_time.as_ref().unwrap().seconds,
+        Some(1_714_979_290)
+    );
+    assert_eq!(
+        approved.last_transition_time.as_ref().unwrap().seconds,
+        Some(1_714_979_290)
+    );
     assert_eq!(status.conditions[1].status.as_deref(), Some("Unknown"));
 
     // And bytes a Kubernetes client writes (every Go value field present, zero times as

@@ -242,7 +242,9 @@ const COLUMNS: &[Column] = &[
 ];
 
 fn age_cell(obj: &Value) -> Value {
-    let created = obj.pointer("/metadata/creationTimestamp").and_then(Value::as_str);
+    let created = obj
+        .pointer("/metadata/creationTimestamp")
+        .and_then(Value::as_str);
     Value::String(age(created, time::OffsetDateTime::now_utc()))
 }
 
@@ -262,7 +264,10 @@ fn requestor_cell(obj: &Value) -> Value {
 }
 
 fn duration_cell(obj: &Value) -> Value {
-    match obj.pointer("/spec/expirationSeconds").and_then(Value::as_i64) {
+    match obj
+        .pointer("/spec/expirationSeconds")
+        .and_then(Value::as_i64)
+    {
         Some(secs) => json!(human_duration(secs)),
         None => json!("<none>"),
     }

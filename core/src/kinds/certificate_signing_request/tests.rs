@@ -73,13 +73,21 @@ fn create_validation_names_each_bad_field() {
     type Edit = fn(&mut CertificateSigningRequest);
     let cases: &[(&str, Edit, &[&str])] = &[
         ("valid", |_| {}, &[]),
-        ("not PEM", |c| c.spec.request = b"hello".to_vec(), &["spec.request"]),
+        (
+            "not PEM",
+            |c| c.spec.request = b"hello".to_vec(),
+            &["spec.request"],
+        ),
         (
             "wrong block type",
             |c| c.spec.request = CERTIFICATE.as_bytes().to_vec(),
             &["spec.request"],
         ),
-        ("bad signature", |c| c.spec.request = tampered_request(), &["spec.request"]),
+        (
+            "bad signature",
+            |c| c.spec.request = tampered_request(),
+            &["spec.request"],
+        ),
         ("no usages", |c| c.spec.usages.clear(), &["spec.usages"]),
         (
             "unknown usage",
@@ -91,12 +99,36 @@ fn create_validation_names_each_bad_field() {
             |c| c.spec.usages.push("client auth".into()),
             &["spec.usages[3]"],
         ),
-        ("no signer", |c| c.spec.signer_name.clear(), &["spec.signerName"]),
-        ("signer without path", |c| c.spec.signer_name = "svc.io".into(), &["spec.signerName"]),
-        ("one-label domain", |c| c.spec.signer_name = "svc/x".into(), &["spec.signerName"]),
-        ("custom signer", |c| c.spec.signer_name = "example.com/my-signer".into(), &[]),
-        ("599 seconds", |c| c.spec.expiration_seconds = Some(599), &["spec.expirationSeconds"]),
-        ("600 seconds", |c| c.spec.expiration_seconds = Some(600), &[]),
+        (
+            "no signer",
+            |c| c.spec.signer_name.clear(),
+            &["spec.signerName"],
+        ),
+        (
+            "signer without path",
+            |c| c.spec.signer_name = "svc.io".into(),
+            &["spec.signerName"],
+        ),
+        (
+            "one-label domain",
+            |c| c.spec.signer_name = "svc/x".into(),
+            &["spec.signerName"],
+        ),
+        (
+            "custom signer",
+            |c| c.spec.signer_name = "example.com/my-signer".into(),
+            &[],
+        ),
+        (
+            "599 seconds",
+            |c| c.spec.expiration_seconds = Some(599),
+            &["spec.expirationSeconds"],
+        ),
+        (
+            "600 seconds",
+            |c| c.spec.expiration_seconds = Some(600),
+            &[],
+        ),
         (
             "Approved False",
             |c| c.status.conditions = vec![condition("Approved", "False")],
@@ -127,7 +159,9 @@ fn create_validation_names_each_bad_field() {
         ),
         (
             "two Failed",
-            |c| c.status.conditions = vec![condition("Failed", "True"), condition("Failed", "True")],
+            |c| {
+                c.status.conditions = vec![condition("Failed", "True"), condition("Failed", "True")]
+            },
             &["status.conditions[1].type"],
         ),
         (
@@ -217,9 +251,17 @@ fn update_errors(
     }
 }
 
+/// (name, stored object, subresource, edit, fields of the expected 422).
+type UpdateCase<'a> = (
+    &'a str,
+    &'a CertificateSigningRequest,
+    Option<&'a str>,
+    fn(&mut CertificateSigningRequest),
+    &'a [&'a str],
+);
+
 #[test]
 fn updates_keep_spec_and_condition_rules() {
-    type Edit = fn(&mut CertificateSigningRequest);
     let pending = stored();
     let approved = approved(stored());
     let denied = {
@@ -233,65 +275,162 @@ fn updates_keep_spec_and_condition_rules() {
         i
     };
     let (obj, appr, stat) = (None, Some(SUBRESOURCE_APPROVAL), Some(SUBRESOURCE_STATUS));
-    let cases: &[(&str, &CertificateSigningRequest, Option<&str>, Edit, &[&str])] = &[
-        ("labels only", &pending, obj, |c| {
-            c.metadata.labels.insert("a".into(), "b".into());
-        }, &[]),
-        ("signer changed", &pending, obj, |c| c.spec.signer_name = "example.com/x".into(),
-            &["spec.signerName"]),
-        ("usages and expiry changed", &pending, obj, |c| {
-            c.spec.usages.pop();
-            c.spec.expiration_seconds = Some(3600);
-        }, &["spec.expirationSeconds", "spec.usages"]),
-        ("requester changed", &pending, obj, |c| c.spec.username = "mallory".into(),
-            &["spec.username"]),
-        ("requester left out", &pending, obj, |c| {
-            c.spec.username.clear();
-            c.spec.groups.clear();
-        }, &[]),
-        ("status through the object is ignored", &pending, obj, |c| {
-            c.status.conditions.push(condition("Approved", "True"));
-        }, &[]),
-        ("approve", &pending, appr, |c| c.status.conditions.push(condition("Approved", "True")),
-            &[]),
-        ("spec through approval is ignored", &pending, appr, |c| {
-            c.spec.signer_name = "example.com/x".into();
-            c.status.conditions.push(condition("Denied", "True"));
-        }, &[]),
-        ("remove Approved", &approved, appr, |c| c.status.conditions.clear(),
-            &["status.conditions"]),
-        ("approve the denied", &denied, appr, |c| {
-            c.status.conditions.push(condition("Approved", "True"))
-        }, &["status.conditions[1].type"]),
-        ("approve through status", &pending, stat, |c| {
-            c.status.conditions.push(condition("Approved", "True"))
-        }, &["status.conditions"]),
-        ("certificate before approval", &pending, stat, |c| {
-            c.status.certificate = CERTIFICATE.as_bytes().to_vec()
-        }, &["status.certificate"]),
-        ("certificate through approval is ignored", &approved, appr, |c| {
-            c.status.certificate = CERTIFICATE.as_bytes().to_vec()
-        }, &[]),
-        ("issue", &approved, stat, |c| c.status.certificate = CERTIFICATE.as_bytes().to_vec(),
-            &[]),
-        ("issue garbage", &approved, stat, |c| c.status.certificate = b"x".to_vec(),
-            &["status.certificate"]),
-        ("re-issue", &issued, stat, |c| {
-            c.status.certificate = format!("{CERTIFICATE}{CERTIFICATE}").into_bytes()
-        }, &["status.certificate"]),
-        ("fail", &approved, stat, |c| c.status.conditions.push(condition("Failed", "True")),
-            &[]),
-        ("issue after failing", &approved, stat, |c| {
-            c.status.conditions.push(condition("Failed", "True"));
-            c.status.certificate = CERTIFICATE.as_bytes().to_vec();
-        }, &["status.certificate"]),
-        ("remove Failed", &{
-            let mut f = approved.clone();
-            f.status.conditions.push(condition("Failed", "True"));
-            f
-        }, stat, |c| {
-            c.status.conditions.retain(|c| c.type_ != "Failed");
-        }, &["status.conditions"]),
+    let cases: &[UpdateCase<'_>] = &[
+        (
+            "labels only",
+            &pending,
+            obj,
+            |c| {
+                c.metadata.labels.insert("a".into(), "b".into());
+            },
+            &[],
+        ),
+        (
+            "signer changed",
+            &pending,
+            obj,
+            |c| c.spec.signer_name = "example.com/x".into(),
+            &["spec.signerName"],
+        ),
+        (
+            "usages and expiry changed",
+            &pending,
+            obj,
+            |c| {
+                c.spec.usages.pop();
+                c.spec.expiration_seconds = Some(3600);
+            },
+            &["spec.expirationSeconds", "spec.usages"],
+        ),
+        (
+            "requester changed",
+            &pending,
+            obj,
+            |c| c.spec.username = "mallory".into(),
+            &["spec.username"],
+        ),
+        (
+            "requester left out",
+            &pending,
+            obj,
+            |c| {
+                c.spec.username.clear();
+                c.spec.groups.clear();
+            },
+            &[],
+        ),
+        (
+            "status through the object is ignored",
+            &pending,
+            obj,
+            |c| {
+                c.status.conditions.push(condition("Approved", "True"));
+            },
+            &[],
+        ),
+        (
+            "approve",
+            &pending,
+            appr,
+            |c| c.status.conditions.push(condition("Approved", "True")),
+            &[],
+        ),
+        (
+            "spec through approval is ignored",
+            &pending,
+            appr,
+            |c| {
+                c.spec.signer_name = "example.com/x".into();
+                c.status.conditions.push(condition("Denied", "True"));
+            },
+            &[],
+        ),
+        (
+            "remove Approved",
+            &approved,
+            appr,
+            |c| c.status.conditions.clear(),
+            &["status.conditions"],
+        ),
+        (
+            "approve the denied",
+            &denied,
+            appr,
+            |c| c.status.conditions.push(condition("Approved", "True")),
+            &["status.conditions[1].type"],
+        ),
+        (
+            "approve through status",
+            &pending,
+            stat,
+            |c| c.status.conditions.push(condition("Approved", "True")),
+            &["status.conditions"],
+        ),
+        (
+            "certificate before approval",
+            &pending,
+            stat,
+            |c| c.status.certificate = CERTIFICATE.as_bytes().to_vec(),
+            &["status.certificate"],
+        ),
+        (
+            "certificate through approval is ignored",
+            &approved,
+            appr,
+            |c| c.status.certificate = CERTIFICATE.as_bytes().to_vec(),
+            &[],
+        ),
+        (
+            "issue",
+            &approved,
+            stat,
+            |c| c.status.certificate = CERTIFICATE.as_bytes().to_vec(),
+            &[],
+        ),
+        (
+            "issue garbage",
+            &approved,
+            stat,
+            |c| c.status.certificate = b"x".to_vec(),
+            &["status.certificate"],
+        ),
+        (
+            "re-issue",
+            &issued,
+            stat,
+            |c| c.status.certificate = format!("{CERTIFICATE}{CERTIFICATE}").into_bytes(),
+            &["status.certificate"],
+        ),
+        (
+            "fail",
+            &approved,
+            stat,
+            |c| c.status.conditions.push(condition("Failed", "True")),
+            &[],
+        ),
+        (
+            "issue after failing",
+            &approved,
+            stat,
+            |c| {
+                c.status.conditions.push(condition("Failed", "True"));
+                c.status.certificate = CERTIFICATE.as_bytes().to_vec();
+            },
+            &["status.certificate"],
+        ),
+        (
+            "remove Failed",
+            &{
+                let mut f = approved.clone();
+                f.status.conditions.push(condition("Failed", "True"));
+                f
+            },
+            stat,
+            |c| {
+                c.status.conditions.retain(|c| c.type_ != "Failed");
+            },
+            &["status.conditions"],
+        ),
     ];
     for (name, old, sub, edit, want) in cases {
         assert_eq!(update_errors(old, *sub, *edit), *want, "{name}");
@@ -327,7 +466,10 @@ fn condition_timestamps_are_defaulted() {
     let [approved, reviewed] = &new.status.conditions[..] else {
         panic!("{:?}", new.status.conditions)
     };
-    assert_eq!(approved.last_transition_time, kept, "same type and status: kept");
+    assert_eq!(
+        approved.last_transition_time, kept,
+        "same type and status: kept"
+    );
     assert!(approved.last_update_time.is_some());
     assert!(reviewed.last_transition_time.is_some() && reviewed.last_update_time.is_some());
 }
@@ -344,7 +486,10 @@ fn pem_reads_like_go() {
     assert!(decode_pem(rest).is_none());
     // A block whose END does not match is passed over; the next one is found.
     let broken = format!("-----BEGIN X-----\nAAAA\n-----END Y-----\n{CERTIFICATE}");
-    assert_eq!(decode_pem(broken.as_bytes()).unwrap().0.label, "CERTIFICATE");
+    assert_eq!(
+        decode_pem(broken.as_bytes()).unwrap().0.label,
+        "CERTIFICATE"
+    );
     // Headers are seen; bad base64 is not a block.
     let headed = "-----BEGIN X-----\nProc-Type: 4\n\nAAAA\n-----END X-----\n";
     let (h, _) = decode_pem(headed.as_bytes()).unwrap();
@@ -376,12 +521,19 @@ fn json_carries_bytes_as_base64_and_table_cells_read_like_kubectl() {
     let n: CertificateSigningRequestStatus =
         serde_json::from_value(json!({"certificate": null})).unwrap();
     assert!(n.certificate.is_empty());
-    assert!(serde_json::from_value::<CertificateSigningRequestSpec>(json!({"request": "%%"})).is_err());
+    assert!(
+        serde_json::from_value::<CertificateSigningRequestSpec>(json!({"request": "%%"})).is_err()
+    );
 
     let cells: Vec<Value> = COLUMNS.iter().map(|c| (c.cell)(&v)).collect();
     assert_eq!(
         cells[1..],
-        [json!(SIGNER_APISERVER_CLIENT), json!("jane"), json!("60m"), json!("Approved,Issued")]
+        [
+            json!(SIGNER_APISERVER_CLIENT),
+            json!("jane"),
+            json!("60m"),
+            json!("Approved,Issued")
+        ]
     );
     let pending = serde_json::to_value(stored()).unwrap();
     assert_eq!(condition_cell(&pending), json!("Pending"));

@@ -232,7 +232,10 @@ fn validate_spec_unchanged(
         errs.invalid("spec.signerName", &n.signer_name, immutable);
     }
     if n.expiration_seconds != o.expiration_seconds {
-        let v = n.expiration_seconds.map(|s| s.to_string()).unwrap_or_default();
+        let v = n
+            .expiration_seconds
+            .map(|s| s.to_string())
+            .unwrap_or_default();
         errs.invalid("spec.expirationSeconds", &v, immutable);
     }
     if n.usages != o.usages {

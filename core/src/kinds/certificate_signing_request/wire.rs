@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use prost::Message;
 
 use super::{
-    CertificateSigningRequest, CertificateSigningRequestCondition,
-    CertificateSigningRequestSpec, CertificateSigningRequestStatus,
+    CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestSpec,
+    CertificateSigningRequestStatus,
 };
 use crate::codec::convert::{
     object_meta_from_wire, object_meta_to_wire, time_from_wire, time_to_wire,
@@ -147,11 +147,7 @@ impl ProtoKind for CertificateSigningRequest {
                 username: spec.username,
                 uid: spec.uid,
                 groups: spec.groups,
-                extra: spec
-                    .extra
-                    .into_iter()
-                    .map(|(k, v)| (k, v.items))
-                    .collect(),
+                extra: spec.extra.into_iter().map(|(k, v)| (k, v.items)).collect(),
             },
             status: CertificateSigningRequestStatus {
                 conditions: status
