@@ -5,6 +5,7 @@
 mod support;
 
 mod api;
+mod certificates;
 mod clients;
 mod crash;
 mod etcd_gateways;

@@ -1,0 +1,147 @@
+//! Two gateways on one etcd, both running the signing controller: every approved request
+//! is issued exactly once. A watch on one gateway sees, per request, its creation, its
+//! approval and one write with a certificate, and nothing after it: the signer that lost the
+//! race got 409 and found the request issued.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use http::StatusCode;
+use serde_json::Value;
+use svc_gateway::config::StorageBackend;
+use svc_storage::etcd::testing::EtcdCluster;
+
+use super::{BASE, body, certificate, decide, request};
+use crate::support::client::{Client, TestServer};
+
+const REQUESTS: usize = 6;
+
+async fn gateway(endpoints: Vec<String>, cert_dir: &Path) -> TestServer {
+    let cert_dir = cert_dir.to_path_buf();
+    TestServer::start_with(move |o| {
+        o.storage_backend = StorageBackend::Etcd;
+        o.etcd_servers = endpoints;
+        o.cert_dir = Some(cert_dir);
+    })
+    .await
+}
+
+/// One event of one request: its type and certificate (empty while not issued).
+type Seen = (String, String);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_issue_each_request_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = EtcdCluster::start(&dir.path().join("etcd"), 1).await;
+    let certs = dir.path().join("pki");
+    let a = gateway(etcd.endpoints(), &certs).await;
+    let b = gateway(etcd.endpoints(), &certs).await;
+    let on_a = a.admin();
+    let on_b = Client {
+        addr: b.handle().addr,
+        ..on_a.clone()
+    };
+    let (s, list) = on_a.get(BASE).await;
+    assert_eq!(s, StatusCode::OK, "{list}");
+    let rv = list["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut watch = on_a
+        .watch(&format!("{BASE}?watch=1&resourceVersion={rv}"))
+        .await;
+
+    // Created on one gateway, approved on either: both signers see each approval.
+    let names: Vec<String> = (0..REQUESTS).map(|i| format!("race-{i}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        let (_, pem) = request(name, None, &[]);
+        let c = if i % 2 == 0 { &on_a } else { &on_b };
+        let (s, v) = c
+            .post(
+                BASE,
+                body(
+                    name,
+                    &pem,
+                    "svc.io/apiserver-client",
+                    &["client auth"],
+                    None,
+                ),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{v}");
+    }
+    for (i, name) in names.iter().enumerate() {
+        let c = if i % 2 == 0 { &on_b } else { &on_a };
+        let (s, v) = decide(c, name, "Approved").await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+    }
+    // Then one more, named to sort last: once it is issued, both signers have made passes
+    // that went over all the others after they were issued.
+    let (_, pem) = request("zz-sync", None, &[]);
+    let (s, v) = on_b
+        .post(
+            BASE,
+            body(
+                "zz-sync",
+                &pem,
+                "svc.io/apiserver-client",
+                &["client auth"],
+                None,
+            ),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+
+    let mut seen: BTreeMap<String, Vec<Seen>> = BTreeMap::new();
+    let mut sync_approved = false;
+    loop {
+        let issued = names
+            .iter()
+            .filter(|n| {
+                seen.get(*n)
+                    .is_some_and(|e| e.iter().any(|(_, c)| !c.is_empty()))
+            })
+            .count();
+        if issued == REQUESTS && !sync_approved {
+            let (s, v) = decide(&on_a, "zz-sync", "Approved").await;
+            assert_eq!(s, StatusCode::OK, "{v}");
+            sync_approved = true;
+        }
+        let ev = watch
+            .next_within(Duration::from_secs(20))
+            .await
+            .expect("the watch ended");
+        let obj: &Value = &ev["object"];
+        let name = obj["metadata"]["name"].as_str().unwrap().to_string();
+        let cert = certificate(obj).unwrap_or_default();
+        let done = name == "zz-sync" && !cert.is_empty();
+        seen.entry(name)
+            .or_default()
+            .push((ev["type"].as_str().unwrap().to_string(), cert));
+        if done {
+            break;
+        }
+    }
+    for name in &names {
+        let events = &seen[name];
+        let kinds: Vec<&str> = events.iter().map(|(t, _)| t.as_str()).collect();
+        assert_eq!(
+            kinds,
+            ["ADDED", "MODIFIED", "MODIFIED"],
+            "{name}: {events:?}"
+        );
+        assert!(
+            events[1].1.is_empty(),
+            "{name}: approval carried no certificate"
+        );
+        assert!(
+            !events[2].1.is_empty(),
+            "{name}: the last write is the issuance"
+        );
+        // Both gateways serve the one certificate.
+        let (_, from_b) = on_b.get(&format!("{BASE}/{name}")).await;
+        assert_eq!(certificate(&from_b).unwrap(), events[2].1, "{name}");
+    }
+    drop(etcd);
+}
