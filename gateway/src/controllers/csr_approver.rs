@@ -141,3 +141,126 @@ impl CsrController for Approver {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use base64::Engine as _;
+    use rcgen::{CertificateParams, DnType, KeyPair};
+
+    use super::*;
+
+    fn agent_request(
+        cn: &str,
+        org: &str,
+        signer: &str,
+        usages: &[&str],
+    ) -> CertificateSigningRequest {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::default();
+        params.distinguished_name.push(DnType::CommonName, cn);
+        params
+            .distinguished_name
+            .push(DnType::OrganizationName, org);
+        let pem = params.serialize_request(&key).unwrap().pem().unwrap();
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "r"},
+            "spec": {
+                "request": base64::engine::general_purpose::STANDARD.encode(pem),
+                "signerName": signer,
+                "usages": usages,
+            },
+        }))
+        .unwrap()
+    }
+
+    /// (requester, its groups, (CN, O, signer, usages) asked for, approval message).
+    type Case<'a> = (&'a str, &'a [&'a str], Asked<'a>, Option<&'a str>);
+    type Asked<'a> = (&'a str, &'a str, &'a str, &'a [&'a str]);
+
+    #[test]
+    fn only_nodes_and_bootstrappers_get_agent_certificates_approved() {
+        const USAGES: &[&str] = &["digital signature", "key encipherment", "client auth"];
+        let agent = SIGNER_APISERVER_CLIENT_AGENT;
+        let cases: &[Case<'_>] = &[
+            // The node itself.
+            (
+                "system:node:n1",
+                &["system:nodes"],
+                ("system:node:n1", "system:nodes", agent, USAGES),
+                Some(SELF_NODE_CLIENT.message),
+            ),
+            // A bootstrap user, for any node.
+            (
+                "system:bootstrap:abc",
+                &["system:bootstrappers"],
+                ("system:node:n1", "system:nodes", agent, USAGES),
+                Some(NODE_CLIENT.message),
+            ),
+            // An administrator: the authorizer allows it.
+            (
+                "admin",
+                &["system:masters"],
+                ("system:node:n1", "system:nodes", agent, USAGES),
+                Some(NODE_CLIENT.message),
+            ),
+            // Another node, another user: no.
+            (
+                "system:node:n2",
+                &["system:nodes"],
+                ("system:node:n1", "system:nodes", agent, USAGES),
+                None,
+            ),
+            (
+                "jane",
+                &["dev"],
+                ("system:node:n1", "system:nodes", agent, USAGES),
+                None,
+            ),
+            // Not an agent's client certificate: never approved automatically.
+            (
+                "system:node:n1",
+                &["system:nodes"],
+                ("system:node:n1", "dev", agent, USAGES),
+                None,
+            ),
+            (
+                "system:node:n1",
+                &["system:nodes"],
+                ("system:node:n1", "system:nodes", agent, &["client auth"]),
+                None,
+            ),
+            (
+                "system:node:n1",
+                &["system:nodes"],
+                (
+                    "system:node:n1",
+                    "system:nodes",
+                    "svc.io/apiserver-client",
+                    USAGES,
+                ),
+                None,
+            ),
+            (
+                "system:node:n1",
+                &["system:nodes"],
+                (
+                    "system:node:n1",
+                    "system:nodes",
+                    "svc.io/agent-serving",
+                    USAGES,
+                ),
+                None,
+            ),
+        ];
+        for (user, groups, (cn, org, signer, usages), want) in cases {
+            let mut csr = agent_request(cn, org, signer, usages);
+            csr.spec.username = user.to_string();
+            csr.spec.groups = groups.iter().map(|g| g.to_string()).collect();
+            assert_eq!(
+                approval(&csr),
+                *want,
+                "{user} {groups:?} asking {cn}/{org} from {signer}"
+            );
+        }
+    }
+}
