@@ -1,13 +1,14 @@
 //! Two gateways on one etcd, both running the signing controller: every approved request
 //! is issued exactly once. A watch on one gateway sees, per request, its creation, its
-//! approval and one write with a certificate, and nothing after it: the signer that lost the
-//! race got 409 and found the request issued.
+//! approval and one write with a certificate, and nothing after it; the gateways' metrics
+//! count one successful status write per request, the signer that lost a race having got
+//! 409 and found the request issued.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use http::StatusCode;
+use http::{Method, StatusCode};
 use serde_json::Value;
 use svc_gateway::config::StorageBackend;
 use svc_storage::etcd::testing::EtcdCluster;
@@ -15,7 +16,7 @@ use svc_storage::etcd::testing::EtcdCluster;
 use super::{BASE, body, certificate, decide, request};
 use crate::support::client::{Client, TestServer};
 
-const REQUESTS: usize = 6;
+const REQUESTS: usize = 12;
 
 async fn gateway(endpoints: Vec<String>, cert_dir: &Path) -> TestServer {
     let cert_dir = cert_dir.to_path_buf();
@@ -25,6 +26,22 @@ async fn gateway(endpoints: Vec<String>, cert_dir: &Path) -> TestServer {
         o.cert_dir = Some(cert_dir);
     })
     .await
+}
+
+/// How many PUTs to `certificatesigningrequests/status` a gateway answered with `code`.
+async fn status_writes(c: &Client, code: &str) -> u64 {
+    let r = c.request(Method::GET, "/metrics", "", &[]).await;
+    r.text()
+        .lines()
+        .filter(|l| {
+            l.starts_with("apiserver_request_total{")
+                && l.contains("verb=\"PUT\"")
+                && l.contains("resource=\"certificatesigningrequests\"")
+                && l.contains("subresource=\"status\"")
+                && l.contains(&format!("code=\"{code}\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
 }
 
 /// One event of one request: its type and certificate (empty while not issued).
@@ -71,9 +88,13 @@ async fn two_gateways_issue_each_request_once() {
             .await;
         assert_eq!(s, StatusCode::CREATED, "{v}");
     }
-    for (i, name) in names.iter().enumerate() {
+    // All approved at once, half on each gateway: both signers find several approved
+    // requests in one pass and go through them in the same order, racing for each.
+    let approvals = names.iter().enumerate().map(|(i, name)| {
         let c = if i % 2 == 0 { &on_b } else { &on_a };
-        let (s, v) = decide(c, name, "Approved").await;
+        decide(c, name, "Approved")
+    });
+    for (s, v) in futures::future::join_all(approvals).await {
         assert_eq!(s, StatusCode::OK, "{v}");
     }
     // Then one more, named to sort last: once it is issued, both signers have made passes
@@ -143,5 +164,14 @@ async fn two_gateways_issue_each_request_once() {
         let (_, from_b) = on_b.get(&format!("{BASE}/{name}")).await;
         assert_eq!(certificate(&from_b).unwrap(), events[2].1, "{name}");
     }
+    // And in the gateways' own accounting: one successful status write per request, the
+    // losers' attempts answered 409.
+    let (mut written, mut lost) = (0, 0);
+    for g in [&on_a, &on_b] {
+        written += status_writes(g, "200").await;
+        lost += status_writes(g, "409").await;
+    }
+    assert_eq!(written, REQUESTS as u64 + 1, "{lost} lost the race");
+    eprintln!("{written} certificates written, {lost} writes lost the race");
     drop(etcd);
 }
