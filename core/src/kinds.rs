@@ -1,11 +1,16 @@
 //! The served kinds, one file each.
 
 mod authentication;
+pub mod certificate_signing_request;
 mod event;
 mod namespace;
 mod secret;
 mod service_account;
 
+pub use certificate_signing_request::{
+    CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestSpec,
+    CertificateSigningRequestStatus,
+};
 pub use event::{EVENT_TYPE_NORMAL, EVENT_TYPE_WARNING, Event, EventSeries, EventSource};
 pub use namespace::{
     FINALIZER_KUBERNETES, Namespace, NamespaceSpec, NamespaceStatus, PHASE_ACTIVE,

@@ -7,6 +7,7 @@ use svc_storage::KeyValue;
 use crate::meta::Time;
 use crate::resource::Resource;
 use crate::status::{ApiError, Subject};
+use crate::user::UserInfo;
 use crate::validation::declarative::Validator;
 use crate::validation::{self, ErrorList};
 
@@ -76,8 +77,19 @@ fn invalid<T: Resource>(obj: &T, errs: ErrorList) -> ApiError {
 
 /// Everything a create does to an object before it is stored: server-set metadata, defaulting,
 /// validation (hand-written, and declarative as `validator` says). `generateName` is resolved
-/// here; on a name collision the caller calls again.
+/// here; on a name collision the caller calls again. This is a create made by the server
+/// itself, with no requester to record.
 pub fn prepare_create<T: Resource>(obj: &mut T, validator: &Validator) -> Result<(), ApiError> {
+    prepare_create_by(obj, &UserInfo::default(), validator)
+}
+
+/// `prepare_create` for a request made by `user`, whom kinds that record their requester
+/// (`Resource::prepare_for_create_by`) remember.
+pub fn prepare_create_by<T: Resource>(
+    obj: &mut T,
+    user: &UserInfo,
+    validator: &Validator,
+) -> Result<(), ApiError> {
     let meta = obj.meta_mut();
     if meta.name.is_empty() && !meta.generate_name.is_empty() {
         meta.name = validation::generate_name(&meta.generate_name);
@@ -89,6 +101,7 @@ pub fn prepare_create<T: Resource>(obj: &mut T, validator: &Validator) -> Result
     meta.deletion_grace_period_seconds = None;
     meta.self_link.clear();
     obj.prepare_for_create();
+    obj.prepare_for_create_by(user);
     let mut errs =
         validation::validate_object_meta(obj.meta(), T::INFO.namespaced(), T::INFO.name_rule);
     errs.extend(obj.validate());
@@ -148,9 +161,11 @@ pub fn prepare_update_via<T: Resource>(
     obj.meta_mut().resource_version = resource_version;
     obj.meta_mut().managed_fields = managed_fields;
     obj.prepare_for_subresource_update(sub, old)?;
+    // The subresource's own rules first (what it may change), then the object as a whole.
+    answer(obj, obj.validate_subresource_update(sub, old))?;
     let mut errs =
         validation::validate_object_meta(obj.meta(), T::INFO.namespaced(), T::INFO.name_rule);
-    errs.extend(obj.validate_subresource_update(sub, old));
+    errs.extend(obj.validate());
     answer(obj, validator.validate(obj, Some(old), errs))
 }
 

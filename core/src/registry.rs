@@ -3,7 +3,9 @@
 //! else in the workspace keeps a per-kind table (a tidy test checks).
 
 use crate::codec::ProtoKind;
-use crate::kinds::{Event, Namespace, Secret, ServiceAccount, TokenReview};
+use crate::kinds::{
+    CertificateSigningRequest, Event, Namespace, Secret, ServiceAccount, TokenReview,
+};
 use crate::resource::{Resource, ResourceInfo};
 
 /// Every served kind: the object model plus its protobuf form.
@@ -37,7 +39,14 @@ macro_rules! kinds {
     };
 }
 
-kinds!(Namespace, ServiceAccount, Secret, Event, TokenReview);
+kinds!(
+    Namespace,
+    ServiceAccount,
+    Secret,
+    Event,
+    CertificateSigningRequest,
+    TokenReview
+);
 
 /// The registered type whose `kind` is `kind` (`ServiceAccount`).
 pub fn by_kind(kind: &str) -> Option<&'static ResourceInfo> {

@@ -6,6 +6,7 @@ use serde::de::DeserializeOwned;
 
 use crate::meta::ObjectMeta;
 use crate::patch::strategy::Strategy;
+use crate::user::UserInfo;
 use crate::validation::declarative::Rule;
 use crate::validation::{ErrorList, NameRule};
 
@@ -150,6 +151,9 @@ pub trait Resource: Serialize + DeserializeOwned + Clone + Send + Sync + 'static
 
     /// Server-side defaulting and clearing on create (e.g. status a client may not set).
     fn prepare_for_create(&mut self) {}
+    /// What a create records about its requester (a CertificateSigningRequest's
+    /// `spec.username`, `groups`, ...); runs after `prepare_for_create`, before validation.
+    fn prepare_for_create_by(&mut self, _user: &UserInfo) {}
     /// The same on update; `old` is the stored object.
     fn prepare_for_update(&mut self, _old: &Self) {}
 

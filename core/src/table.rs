@@ -131,6 +131,49 @@ pub fn age(timestamp: Option<&str>, now: time::OffsetDateTime) -> String {
     }
 }
 
+/// A duration as Kubernetes' printers show it (`duration.HumanDuration`): two or three
+/// significant figures (`90s`, `9m5s`, `150m`, `4h30m`, `3d2h`, `2y45d`).
+pub fn human_duration(secs: i64) -> String {
+    if secs < -1 {
+        return "<invalid>".into();
+    }
+    if secs < 0 {
+        return "0s".into();
+    }
+    if secs < 120 {
+        return format!("{secs}s");
+    }
+    let minutes = secs / 60;
+    if minutes < 10 {
+        return match secs % 60 {
+            0 => format!("{minutes}m"),
+            s => format!("{minutes}m{s}s"),
+        };
+    }
+    if minutes < 180 {
+        return format!("{minutes}m");
+    }
+    let hours = secs / 3600;
+    let days = hours / 24;
+    match hours {
+        h if h < 8 => match minutes % 60 {
+            0 => format!("{h}h"),
+            m => format!("{h}h{m}m"),
+        },
+        h if h < 48 => format!("{h}h"),
+        h if h < 24 * 8 => match h % 24 {
+            0 => format!("{days}d"),
+            rem => format!("{days}d{rem}h"),
+        },
+        h if h < 24 * 365 * 2 => format!("{days}d"),
+        h if h < 24 * 365 * 8 => match days % 365 {
+            0 => format!("{}y", days / 365),
+            rem => format!("{}y{rem}d", days / 365),
+        },
+        _ => format!("{}y", days / 365),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,5 +218,27 @@ mod tests {
             assert_eq!(age(Some(t), now), want, "{t}");
         }
         assert_eq!(age(None, now), "<unknown>");
+    }
+
+    #[test]
+    fn durations_read_like_kubectl() {
+        for (secs, want) in [
+            (-5, "<invalid>"),
+            (-1, "0s"),
+            (90, "90s"),
+            (600, "10m"),
+            (545, "9m5s"),
+            (3600, "60m"),
+            (9000, "150m"),
+            (16200, "4h30m"),
+            (86400, "24h"),
+            (3 * 86400, "3d"),
+            (3 * 86400 + 7200, "3d2h"),
+            (365 * 86400, "365d"),
+            (8760 * 3600 * 3 + 45 * 86400, "3y45d"),
+            (8760 * 3600 * 10, "10y"),
+        ] {
+            assert_eq!(human_duration(secs), want, "{secs}");
+        }
     }
 }

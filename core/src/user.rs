@@ -1,5 +1,6 @@
-//! `UserInfo`: who made a request, as authentication found it and as reviews, audit and
-//! requester fields (`CertificateSigningRequest.spec.username`) record it.
+//! Who made a request, as the object model sees it (Kubernetes' `user.Info`): kinds that
+//! record their requester (a CertificateSigningRequest's `spec.username`, ...) read it on
+//! create through `Resource::prepare_for_create_by`.
 
 use std::collections::BTreeMap;
 

@@ -52,6 +52,14 @@ impl ErrorList {
         );
     }
 
+    pub fn duplicate(&mut self, field: &str, value: &str) {
+        self.push(
+            field,
+            "FieldValueDuplicate",
+            format!("Duplicate value: {value:?}"),
+        );
+    }
+
     pub fn too_long(&mut self, field: &str, max: usize) {
         self.push(
             field,

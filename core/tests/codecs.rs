@@ -8,8 +8,8 @@ use k8s_pb::apimachinery::pkg::runtime::Unknown;
 use prost::Message;
 use svc_core::codec::{PROTOBUF_MAGIC, ProtoKind, cbor, decode_protobuf, encode_protobuf, yaml};
 use svc_core::kinds::{
-    Event, EventSeries, EventSource, LocalObjectReference, Namespace, ObjectReference,
-    ServiceAccount,
+    CertificateSigningRequest, CertificateSigningRequestCondition, Event, EventSeries, EventSource,
+    LocalObjectReference, Namespace, ObjectReference, ServiceAccount,
 };
 use svc_core::meta::{ManagedFieldsEntry, MicroTime, OwnerReference, Time};
 use svc_core::{ObjectMeta, Resource};
@@ -117,6 +117,43 @@ fn event() -> Event {
     e
 }
 
+fn certificate_signing_request() -> CertificateSigningRequest {
+    let t: Time = serde_json::from_str("\"2024-05-06T07:08:10Z\"").unwrap();
+    let mut csr = CertificateSigningRequest {
+        metadata: meta("jane-client", ""),
+        ..Default::default()
+    };
+    csr.set_type_meta();
+    let spec = &mut csr.spec;
+    spec.request =
+        b"-----BEGIN CERTIFICATE REQUEST-----\nMIIB\n-----END CERTIFICATE REQUEST-----\n".to_vec();
+    spec.signer_name = "svc.io/apiserver-client".into();
+    spec.expiration_seconds = Some(86_400);
+    spec.usages = vec!["digital signature".into(), "client auth".into()];
+    spec.username = "jane".into();
+    spec.uid = "u-7".into();
+    spec.groups = vec!["dev".into(), "system:authenticated".into()];
+    spec.extra = BTreeMap::from([("scopes".into(), vec!["a".into(), "b".into()])]);
+    csr.status.conditions = vec![
+        CertificateSigningRequestCondition {
+            type_: "Approved".into(),
+            status: "True".into(),
+            reason: "KubectlApprove".into(),
+            message: "approved".into(),
+            last_update_time: Some(t),
+            last_transition_time: Some(t),
+        },
+        CertificateSigningRequestCondition {
+            type_: "Reviewed".into(),
+            status: "Unknown".into(),
+            ..Default::default()
+        },
+    ];
+    csr.status.certificate =
+        b"-----BEGIN CERTIFICATE-----\nMIIC\n-----END CERTIFICATE-----\n".to_vec();
+    csr
+}
+
 /// One object through JSON, YAML, protobuf and CBOR, back to equal.
 fn round_trip<T: Resource + ProtoKind + PartialEq + std::fmt::Debug>(obj: &T) {
     let json: T = serde_json::from_slice(&serde_json::to_vec(obj).unwrap()).unwrap();
@@ -133,6 +170,11 @@ fn round_trip<T: Resource + ProtoKind + PartialEq + std::fmt::Debug>(obj: &T) {
 fn every_kind_round_trips_through_every_codec() {
     round_trip(&service_account());
     round_trip(&namespace());
+    round_trip(&certificate_signing_request());
+    // Optional fields absent stay absent.
+    let mut bare_csr = CertificateSigningRequest::default();
+    bare_csr.set_type_meta();
+    round_trip(&bare_csr);
     round_trip(&event());
     // A minimal event: unset times stay unset through every codec.
     let mut bare = Event {
@@ -341,4 +383,86 @@ fn kubernetes_protos_read_our_namespace() {
     assert_eq!(theirs.metadata.unwrap().name.as_deref(), Some("team-a"));
     assert_eq!(theirs.spec.unwrap().finalizers, ["kubernetes"]);
     assert_eq!(theirs.status.unwrap().phase.as_deref(), Some("Active"));
+}
+
+#[test]
+fn kubernetes_protos_read_our_certificate_signing_request() {
+    use k8s_pb::api::certificates::v1 as certs;
+    let csr = certificate_signing_request();
+    let body = encode_protobuf(&csr);
+    let unknown = Unknown::decode(&body[4..]).unwrap();
+    let tm = unknown.type_meta.unwrap();
+    assert_eq!(
+        (tm.api_version.as_deref(), tm.kind.as_deref()),
+        (
+            Some("certificates.svc.io/v1"),
+            Some("CertificateSigningRequest")
+        )
+    );
+    let theirs = certs::CertificateSigningRequest::decode(&unknown.raw.unwrap()[..]).unwrap();
+    assert_eq!(
+        theirs.metadata.unwrap().name.as_deref(),
+        Some("jane-client")
+    );
+    let spec = theirs.spec.unwrap();
+    assert_eq!(spec.request.as_deref(), Some(&csr.spec.request[..]));
+    assert_eq!(spec.signer_name.as_deref(), Some("svc.io/apiserver-client"));
+    assert_eq!(spec.expiration_seconds, Some(86_400));
+    assert_eq!(spec.usages, csr.spec.usages);
+    assert_eq!(spec.username.as_deref(), Some("jane"));
+    assert_eq!(spec.uid.as_deref(), Some("u-7"));
+    assert_eq!(spec.groups, csr.spec.groups);
+    assert_eq!(spec.extra["scopes"].items, ["a", "b"]);
+    let status = theirs.status.unwrap();
+    assert_eq!(
+        status.certificate.as_deref(),
+        Some(&csr.status.certificate[..])
+    );
+    let approved = &status.conditions[0];
+    assert_eq!(approved.r#type.as_deref(), Some("Approved"));
+    assert_eq!(approved.status.as_deref(), Some("True"));
+    assert_eq!(approved.reason.as_deref(), Some("KubectlApprove"));
+    assert_eq!(approved.message.as_deref(), Some("approved"));
+    assert_eq!(
+        approved.last_update_time.as_ref().unwrap().seconds,
+        Some(1_714_979_290)
+    );
+    assert_eq!(
+        approved.last_transition_time.as_ref().unwrap().seconds,
+        Some(1_714_979_290)
+    );
+    assert_eq!(status.conditions[1].status.as_deref(), Some("Unknown"));
+
+    // And bytes a Kubernetes client writes (every Go value field present, zero times as
+    // empty messages, no expirationSeconds) decode into ours.
+    let k = certs::CertificateSigningRequest {
+        metadata: Some(k8s_pb::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some("from-go".into()),
+            ..Default::default()
+        }),
+        spec: Some(certs::CertificateSigningRequestSpec {
+            request: Some(b"pem".to_vec()),
+            signer_name: Some("example.com/x".into()),
+            usages: vec!["client auth".into()],
+            username: Some(String::new()),
+            ..Default::default()
+        }),
+        status: Some(certs::CertificateSigningRequestStatus {
+            conditions: vec![certs::CertificateSigningRequestCondition {
+                r#type: Some("Denied".into()),
+                status: Some("True".into()),
+                last_update_time: Some(Default::default()),
+                ..Default::default()
+            }],
+            certificate: None,
+        }),
+    };
+    let ours = CertificateSigningRequest::from_proto_bytes(&k.encode_to_vec()).unwrap();
+    assert_eq!(ours.metadata.name, "from-go");
+    assert_eq!(ours.spec.request, b"pem");
+    assert_eq!(ours.spec.signer_name, "example.com/x");
+    assert_eq!(ours.spec.expiration_seconds, None);
+    assert_eq!(ours.status.conditions[0].type_, "Denied");
+    assert_eq!(ours.status.conditions[0].last_update_time, None);
+    assert!(ours.status.certificate.is_empty());
 }

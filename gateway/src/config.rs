@@ -171,6 +171,21 @@ pub struct Options {
     #[arg(long, default_value = "0s", value_parser = parse_duration)]
     pub service_account_max_token_expiration: Duration,
 
+    /// CA certificate (PEM) that issues the certificates of CertificateSigningRequests for
+    /// the built-in signers, instead of the cluster CA; client certificates it signs
+    /// authenticate too. Needs `--cluster-signing-key-file`.
+    #[arg(long)]
+    pub cluster_signing_cert_file: Option<PathBuf>,
+
+    /// Private key (PEM: PKCS#8, PKCS#1 or SEC1) of `--cluster-signing-cert-file`.
+    #[arg(long)]
+    pub cluster_signing_key_file: Option<PathBuf>,
+
+    /// Longest validity of a certificate issued for a CertificateSigningRequest; a request's
+    /// `expirationSeconds` may ask for less (never under 10 minutes).
+    #[arg(long, default_value = "8760h", value_parser = parse_duration)]
+    pub cluster_signing_duration: Duration,
+
     /// Feature gates: `Name=true,Other=false` (see `features.rs` for the known gates).
     #[arg(long, default_value = "", value_parser = crate::features::FeatureGates::parse)]
     pub feature_gates: crate::features::FeatureGates,
@@ -206,6 +221,24 @@ impl Options {
             vec![self.service_account_issuer.clone()]
         } else {
             self.api_audiences.clone()
+        }
+    }
+
+    /// The CA files of `--cluster-signing-cert-file` and `--cluster-signing-key-file`, which
+    /// come together or not at all.
+    pub fn cluster_signing(&self) -> Result<Option<crate::pki::SigningFiles>, String> {
+        match (
+            &self.cluster_signing_cert_file,
+            &self.cluster_signing_key_file,
+        ) {
+            (None, None) => Ok(None),
+            (Some(cert), Some(key)) => Ok(Some(crate::pki::SigningFiles {
+                cert_file: cert.clone(),
+                key_file: key.clone(),
+            })),
+            _ => {
+                Err("--cluster-signing-cert-file and --cluster-signing-key-file go together".into())
+            }
         }
     }
 

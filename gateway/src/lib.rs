@@ -2,7 +2,7 @@
 //!
 //! Listeners and TLS (`server`), routing (`router`), authentication and authorization
 //! (`auth`), REST handlers written once over every kind (`rest`), watch streams (`watch`),
-//! discovery, health, metrics, and the built-in controllers (`bootstrap`). Errors become
+//! discovery, health, metrics, and the built-in controllers (`bootstrap`, `controllers`). Errors become
 //! `Status` responses in exactly one place (`respond`).
 //!
 //! **Invariant:** the gateway reaches storage only through the `svc_storage::Store` contract.
@@ -13,6 +13,7 @@ pub mod authz;
 pub mod bootstrap;
 pub mod caches;
 pub mod config;
+pub mod controllers;
 pub mod discovery;
 pub mod features;
 pub mod health;

@@ -1,6 +1,8 @@
 //! Cluster PKI on disk: the CA, the serving certificate, the admin client certificate and
 //! its kubeconfig, and the service-account signing key — created on first start, reused
-//! (and repaired where that is safe) on later ones.
+//! (and repaired where that is safe) on later ones. Certificate signing requests are
+//! issued from the cluster CA, or from the CA given by `--cluster-signing-cert-file` and
+//! `--cluster-signing-key-file` (`request`), which then also verifies client certificates.
 //!
 //! Everything happens under an exclusive lock on `<cert_dir>/.lock` and every file is
 //! written by temp file + rename, so two servers starting at once on one directory end
@@ -10,12 +12,14 @@ mod der;
 mod files;
 mod issue;
 mod kubeconfig;
+mod request;
 mod san;
 mod tls;
 
 #[cfg(test)]
 mod tests;
 
+pub use request::{CertificateRequestInfo, inspect_request};
 pub use tls::SERVER_ALPN;
 
 use std::fmt;
@@ -28,7 +32,7 @@ use time::OffsetDateTime;
 
 use issue::{
     CertAuthority, ensure_admin_cert, ensure_sa_key, ensure_serving_cert, issue_client,
-    load_or_create_ca, parse_cert_pem,
+    load_or_create_ca, load_signing_ca, parse_cert_pem,
 };
 use san::SanName;
 
@@ -90,6 +94,15 @@ pub struct PkiOptions {
     pub admin_kubeconfig_path: PathBuf,
     /// Server URL written into the kubeconfig, e.g. `https://127.0.0.1:6443`.
     pub server_url: String,
+    /// The CA that issues certificates for signing requests, when not the cluster CA.
+    pub cluster_signing: Option<SigningFiles>,
+}
+
+/// A CA certificate and its private key (PEM files; the key PKCS#8, PKCS#1 or SEC1).
+#[derive(Clone, Debug)]
+pub struct SigningFiles {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
 }
 
 /// Everything that can go wrong creating, loading or using the PKI.
@@ -189,6 +202,8 @@ pub struct Pki {
     cert_dir: PathBuf,
     admin_kubeconfig_path: PathBuf,
     ca: CertAuthority,
+    /// The CA of `--cluster-signing-*-file`, when given.
+    signer: Option<CertAuthority>,
     serving_cert_der: CertificateDer<'static>,
     serving_cert_pem: String,
     serving_key_pem: String,
@@ -261,6 +276,39 @@ impl Pki {
         }
         issue_client(&self.ca, cn, groups, OffsetDateTime::now_utc(), validity)
     }
+
+    /// The CA that issues certificates for signing requests.
+    fn signing_ca(&self) -> &CertAuthority {
+        self.signer.as_ref().unwrap_or(&self.ca)
+    }
+
+    /// The certificate (PEM) of the CA that issues certificates for signing requests.
+    pub fn signing_ca_pem(&self) -> &str {
+        &self.signing_ca().cert_pem
+    }
+
+    /// Issues the certificate the DER PKCS#10 request `der` asks for, with the key usages of
+    /// `usages` (API names: `client auth`, ...), valid for `validity` but never past the
+    /// signing CA. Returns the certificate as PEM.
+    pub fn sign_request(
+        &self,
+        der: &[u8],
+        usages: &[String],
+        validity: Duration,
+    ) -> Result<String, PkiError> {
+        if validity.is_zero() {
+            return Err(PkiError::InvalidRequest {
+                reason: "the validity is zero".into(),
+            });
+        }
+        request::sign_request(
+            self.signing_ca(),
+            der,
+            usages,
+            OffsetDateTime::now_utc(),
+            validity,
+        )
+    }
 }
 
 /// Loads the PKI in `cert_dir`, creating or repairing whatever is missing; see the module
@@ -277,6 +325,11 @@ pub fn ensure_pki(cert_dir: &Path, opts: &PkiOptions) -> Result<Pki, PkiError> {
     let now = OffsetDateTime::now_utc();
 
     let (ca, ca_created) = load_or_create_ca(cert_dir, now)?;
+    let signer = opts
+        .cluster_signing
+        .as_ref()
+        .map(|f| load_signing_ca(&f.cert_file, &f.key_file, now))
+        .transpose()?;
     let (serving_cert_pem, serving_key_pem) =
         ensure_serving_cert(cert_dir, &ca, &requested_sans, now)?;
     let serving_cert_der = parse_cert_pem(SERVING_CERT_FILE, &serving_cert_pem)?;
@@ -301,6 +354,7 @@ pub fn ensure_pki(cert_dir: &Path, opts: &PkiOptions) -> Result<Pki, PkiError> {
         cert_dir: cert_dir.to_owned(),
         admin_kubeconfig_path: kubeconfig_path.clone(),
         ca,
+        signer,
         serving_cert_der,
         serving_cert_pem,
         serving_key_pem,

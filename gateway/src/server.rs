@@ -19,10 +19,10 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::app::App;
 use crate::authn::ConnIdentity;
-use crate::bootstrap;
 use crate::config::Options;
 use crate::pipeline::{self, Caller, RequestBody};
 use crate::pki::{self, PkiOptions};
+use crate::{bootstrap, controllers};
 
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -99,6 +99,7 @@ pub async fn start_with_store(
         tls_sans: opts.tls_sans.clone(),
         admin_kubeconfig_path: kubeconfig.clone(),
         server_url: format!("https://{host}:{}", addr.port()),
+        cluster_signing: opts.cluster_signing().map_err(anyhow::Error::msg)?,
     };
     let cert_dir = opts.cert_dir();
     let pki = tokio::task::spawn_blocking(move || pki::ensure_pki(&cert_dir, &pki_opts))
@@ -108,6 +109,7 @@ pub async fn start_with_store(
         pki.server_config()
             .context("building the TLS configuration")?,
     );
+    let pki = Arc::new(pki);
 
     let (stop_watches_tx, stop_watches_rx) = watch::channel(false);
     let (stop_accepting_tx, stop_accepting_rx) = watch::channel(false);
@@ -134,13 +136,14 @@ pub async fn start_with_store(
         )));
     }
     bootstrap::start(&app);
+    controllers::start(&app, &pki);
     tracing::info!(%addr, ?insecure_addr, kubeconfig = %kubeconfig.display(), "serving");
     Ok(ServerHandle {
         addr,
         insecure_addr,
         app,
         admin_kubeconfig: kubeconfig,
-        pki: Arc::new(pki),
+        pki,
         stop_accepting: stop_accepting_tx,
         stop_watches: stop_watches_tx,
         tasks,

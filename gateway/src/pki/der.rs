@@ -3,10 +3,13 @@
 //! Two reasons it exists: rcgen 0.14 keeps one value per attribute type in a name
 //! (rustls/rcgen#81), but Kubernetes puts each group in its own O attribute; and verifiers
 //! match a certificate's issuer to its CA's subject byte for byte, which copying the CA's
-//! raw subject guarantees whatever encoding the CA certificate uses.
+//! raw subject guarantees whatever encoding the CA certificate uses. A certificate issued for
+//! a signing request takes the request's subject and public key the same way. Private keys
+//! in PKCS#1 or SEC1 form are re-wrapped as PKCS#8, the one form the crypto provider loads.
 
 use base64::Engine as _;
 use rcgen::{KeyPair, SigningKey as _};
+use rustls_pki_types::PrivateKeyDer;
 
 use super::PkiError;
 
@@ -39,12 +42,15 @@ fn attribute(oid: &[u8], value: &str) -> Vec<u8> {
     tlv(TAG_SET, &tlv(TAG_SEQUENCE, &type_and_value))
 }
 
-/// Replaces the issuer (and, when given, the subject) of `cert_der` and signs the new
-/// TBSCertificate with `signer`, keeping everything else as rcgen wrote it.
+/// Replaces the issuer (and, when given, the subject and the subjectPublicKeyInfo) of
+/// `cert_der` and signs the new TBSCertificate with `signer`, keeping everything else as
+/// rcgen wrote it. A certificate for a signing request gets the request's own subject and
+/// key this way, whatever their encoding or algorithm.
 pub(super) fn rewrite_names(
     cert_der: &[u8],
     issuer: &[u8],
     subject: Option<&[u8]>,
+    spki: Option<&[u8]>,
     signer: &KeyPair,
 ) -> Result<Vec<u8>, PkiError> {
     let malformed = |reason| PkiError::Encode {
@@ -69,11 +75,13 @@ pub(super) fn rewrite_names(
     let (_old_issuer, rest) = split_tlv(rest, TAG_SEQUENCE).map_err(malformed)?;
     let (validity, rest) = split_tlv(rest, TAG_SEQUENCE).map_err(malformed)?;
     let (old_subject, rest) = split_tlv(rest, TAG_SEQUENCE).map_err(malformed)?;
+    let (old_spki, rest) = split_tlv(rest, TAG_SEQUENCE).map_err(malformed)?;
     new_tbs.extend_from_slice(serial.raw);
     new_tbs.extend_from_slice(signature.raw);
     new_tbs.extend_from_slice(issuer);
     new_tbs.extend_from_slice(validity.raw);
     new_tbs.extend_from_slice(subject.unwrap_or(old_subject.raw));
+    new_tbs.extend_from_slice(spki.unwrap_or(old_spki.raw));
     new_tbs.extend_from_slice(rest);
     let new_tbs = tlv(TAG_SEQUENCE, &new_tbs);
 
@@ -89,6 +97,45 @@ pub(super) fn rewrite_names(
     body.extend_from_slice(signature_algorithm.raw);
     body.extend(tlv(TAG_BIT_STRING, &bits));
     Ok(tlv(TAG_SEQUENCE, &body))
+}
+
+/// rsaEncryption (1.2.840.113549.1.1.1) and id-ecPublicKey (1.2.840.10045.2.1), DER encoded.
+const OID_RSA_ENCRYPTION: &[u8] = &[
+    0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01,
+];
+const OID_EC_PUBLIC_KEY: &[u8] = &[0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01];
+const TAG_NULL: u8 = 0x05;
+const TAG_OCTET_STRING: u8 = 0x04;
+/// `[0] EXPLICIT ECParameters` inside a SEC1 ECPrivateKey.
+const TAG_EC_PARAMETERS: u8 = 0xa0;
+
+/// A private key as PKCS#8 (`PrivateKeyInfo`), the one form the crypto provider loads:
+/// PKCS#8 as is, PKCS#1 RSA and SEC1 EC keys wrapped with their algorithm (RFC 5208).
+pub(super) fn to_pkcs8(key: &PrivateKeyDer<'_>) -> Result<Vec<u8>, &'static str> {
+    let algorithm = match key {
+        PrivateKeyDer::Pkcs8(k) => return Ok(k.secret_pkcs8_der().to_vec()),
+        PrivateKeyDer::Pkcs1(_) => {
+            let mut alg = OID_RSA_ENCRYPTION.to_vec();
+            alg.extend(tlv(TAG_NULL, &[]));
+            alg
+        }
+        PrivateKeyDer::Sec1(k) => {
+            // ECPrivateKey ::= SEQUENCE { version, privateKey, [0] parameters, [1] publicKey }
+            let (seq, _) = split_tlv(k.secret_sec1_der(), TAG_SEQUENCE)?;
+            let (_, rest) = split_tlv(seq.content, TAG_INTEGER)?;
+            let (_, rest) = split_tlv(rest, TAG_OCTET_STRING)?;
+            let (params, _) =
+                split_tlv(rest, TAG_EC_PARAMETERS).map_err(|_| "an EC key without its curve")?;
+            let mut alg = OID_EC_PUBLIC_KEY.to_vec();
+            alg.extend_from_slice(params.content);
+            alg
+        }
+        _ => return Err("an unknown private key format"),
+    };
+    let mut info = tlv(TAG_INTEGER, &[0]);
+    info.extend(tlv(TAG_SEQUENCE, &algorithm));
+    info.extend(tlv(TAG_OCTET_STRING, key.secret_der()));
+    Ok(tlv(TAG_SEQUENCE, &info))
 }
 
 /// PEM with 64-column lines, as openssl and Go write it.
@@ -184,7 +231,7 @@ mod tests {
             assert!(split_tlv(bad, TAG_SEQUENCE).is_err(), "{bad:?}");
         }
         let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-        assert!(rewrite_names(&[0x30, 0x03, 0x02, 0x01, 0x00], &[], None, &key).is_err());
+        assert!(rewrite_names(&[0x30, 0x03, 0x02, 0x01, 0x00], &[], None, None, &key).is_err());
     }
 
     #[test]

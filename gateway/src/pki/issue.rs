@@ -7,8 +7,8 @@ use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyIdMethod, KeyPair, KeyUsagePurpose, PKCS_ECDSA_P256_SHA256,
 };
-use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject as _;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use time::OffsetDateTime;
 use x509_parser::certificate::X509Certificate;
 use x509_parser::extensions::ParsedExtension;
@@ -27,6 +27,8 @@ pub(super) struct CertAuthority {
     /// authority key identifier.
     pub(super) key_id: Option<Vec<u8>>,
     pub(super) issuer: Issuer<'static, KeyPair>,
+    /// Certificates it issues never outlive it.
+    pub(super) not_after: OffsetDateTime,
 }
 
 /// Returns the CA and whether it was created now.
@@ -98,11 +100,11 @@ fn load_ca(
             key: key_path.to_owned(),
         });
     }
-    let not_after = x509.validity().not_after.timestamp();
-    if not_after < now.unix_timestamp() + RENEW_BEFORE.as_secs() as i64 {
+    let not_after = x509.validity().not_after.to_datetime();
+    if not_after.unix_timestamp() < now.unix_timestamp() + RENEW_BEFORE.as_secs() as i64 {
         // Rotating a CA invalidates every credential handed out; that is the operator's
         // call, not something to do silently at start.
-        tracing::warn!(path = %what, not_after, "the cluster CA expires soon or has expired");
+        tracing::warn!(path = %what, %not_after, "a CA expires soon or has expired");
     }
     // The issuer's own name never reaches the output (der::rewrite_names sets the raw
     // subject instead), so only its key identifier matters here.
@@ -119,7 +121,26 @@ fn load_ca(
         subject_der,
         key_id,
         issuer: Issuer::new(params, key),
+        not_after,
     })
+}
+
+/// The CA that signs certificate requests when it is not the cluster CA
+/// (`--cluster-signing-cert-file`, `--cluster-signing-key-file`): both files must exist.
+pub(super) fn load_signing_ca(
+    cert_path: &Path,
+    key_path: &Path,
+    now: OffsetDateTime,
+) -> Result<CertAuthority, PkiError> {
+    let missing = |path: &Path| PkiError::Io {
+        action: "read",
+        path: path.to_owned(),
+        source: std::io::Error::from(std::io::ErrorKind::NotFound),
+    };
+    let cert_pem = files::read_optional(cert_path)?.ok_or_else(|| missing(cert_path))?;
+    let key_pem = files::read_optional(key_path)?.ok_or_else(|| missing(key_path))?;
+    let key = parse_key_pem(key_path, &key_pem)?;
+    load_ca(cert_path, key_path, cert_pem, key, now)
 }
 
 pub(super) fn ensure_serving_cert(
@@ -326,7 +347,13 @@ fn sign_leaf(
     let cert = params
         .signed_by(&key, &ca.issuer)
         .map_err(|source| PkiError::Generate { what, source })?;
-    let der = der::rewrite_names(cert.der(), &ca.subject_der, subject_der, ca.issuer.key())?;
+    let der = der::rewrite_names(
+        cert.der(),
+        &ca.subject_der,
+        subject_der,
+        None,
+        ca.issuer.key(),
+    )?;
     Ok((der::pem_encode("CERTIFICATE", &der), key.serialize_pem()))
 }
 
@@ -369,7 +396,7 @@ fn common_name(cn: &str) -> DistinguishedName {
     dn
 }
 
-fn validity_window(
+pub(super) fn validity_window(
     now: OffsetDateTime,
     validity: Duration,
 ) -> Result<(OffsetDateTime, OffsetDateTime), PkiError> {
@@ -387,16 +414,25 @@ fn validity_window(
     Ok((not_before, not_after))
 }
 
-fn generate_key(what: &'static str) -> Result<KeyPair, PkiError> {
+pub(super) fn generate_key(what: &'static str) -> Result<KeyPair, PkiError> {
     KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)
         .map_err(|source| PkiError::Generate { what, source })
 }
 
+/// A private key in PKCS#8, or in the PKCS#1 (`RSA PRIVATE KEY`) and SEC1 (`EC PRIVATE
+/// KEY`) forms openssl and kubeadm write, which are re-wrapped as PKCS#8 for the signer.
 fn parse_key_pem(path: &Path, pem: &str) -> Result<KeyPair, PkiError> {
-    KeyPair::from_pem(pem).map_err(|source| PkiError::InvalidKey {
-        what: path.display().to_string(),
+    let what = path.display().to_string();
+    let key = PrivateKeyDer::from_pem_slice(pem.as_bytes()).map_err(|source| PkiError::Pem {
+        what: what.clone(),
         source,
-    })
+    })?;
+    let pkcs8 = der::to_pkcs8(&key).map_err(|reason| PkiError::UnsupportedKey {
+        what: what.clone(),
+        reason,
+    })?;
+    KeyPair::try_from(&PrivateKeyDer::Pkcs8(pkcs8.into()))
+        .map_err(|source| PkiError::InvalidKey { what, source })
 }
 
 pub(super) fn parse_cert_pem(what: &str, pem: &str) -> Result<CertificateDer<'static>, PkiError> {

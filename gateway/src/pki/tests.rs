@@ -29,6 +29,7 @@ fn options(dir: &Path, tls_sans: &[&str]) -> PkiOptions {
         tls_sans: tls_sans.iter().map(|s| s.to_string()).collect(),
         admin_kubeconfig_path: dir.join("admin.kubeconfig"),
         server_url: "https://127.0.0.1:6443".into(),
+        cluster_signing: None,
     }
 }
 

@@ -24,10 +24,20 @@ fn provider() -> Arc<CryptoProvider> {
 
 impl Pki {
     /// The listener's TLS configuration: serves `apiserver.crt`, offers h2 and http/1.1,
-    /// and asks for (but does not require) a client certificate chaining to the CA.
+    /// and asks for (but does not require) a client certificate chaining to the CA, or to
+    /// the CA that signs certificate requests when that is another one.
     pub fn server_config(&self) -> Result<Arc<ServerConfig>, PkiError> {
         let provider = provider();
-        let roots = Arc::new(self.ca_roots("server")?);
+        let mut roots = self.ca_roots("server")?;
+        if let Some(signer) = &self.signer {
+            roots
+                .add(signer.cert_der.clone())
+                .map_err(|source| PkiError::Tls {
+                    what: "server",
+                    source,
+                })?;
+        }
+        let roots = Arc::new(roots);
         let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
             .allow_unauthenticated()
             .build()

@@ -267,7 +267,7 @@ async fn apply_create<T: Kind>(
     object::apply_request_namespace(&mut obj, ns)?;
     check_namespace_open::<T>(app, ns, name).await?;
     let managed_fields = obj.meta().managed_fields.clone();
-    object::prepare_create(&mut obj, &app.validator)?;
+    object::prepare_create_by(&mut obj, &call.user, &app.validator)?;
     obj.meta_mut().managed_fields = managed_fields;
     let created = |obj: &T| {
         respond::with_warnings(

@@ -137,9 +137,10 @@ pub async fn create<T: Kind>(app: &Arc<App>, call: &Call) -> Result<Response<Bod
     object::apply_request_namespace(&mut obj, &call.route.namespace)?;
     let ns = obj.meta().namespace.clone();
     let generated = obj.meta().name.is_empty() && !obj.meta().generate_name.is_empty();
+    let requester = &call.user;
     for _ in 0..MAX_RETRIES {
         let mut candidate = obj.clone();
-        object::prepare_create(&mut candidate, &app.validator)?;
+        object::prepare_create_by(&mut candidate, requester, &app.validator)?;
         record_update(call, None, &mut candidate)?;
         let name = candidate.meta().name.clone();
         check_namespace_open::<T>(app, &ns, &name).await?;

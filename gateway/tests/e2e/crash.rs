@@ -29,6 +29,7 @@ async fn admin_client(dir: &Path, port: u16) -> Client {
             tls_sans: vec![],
             admin_kubeconfig_path: dir.join("admin.kubeconfig"),
             server_url: format!("https://127.0.0.1:{port}"),
+            cluster_signing: None,
         },
     )
     .unwrap();

@@ -6,6 +6,7 @@ mod support;
 
 mod api;
 mod authorization;
+mod certificates;
 mod clients;
 mod crash;
 mod etcd_gateways;
