@@ -4,27 +4,16 @@
 use std::fs::OpenOptions;
 use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
-use std::time::Duration;
 
 use bytes::Bytes;
 use redb::ReadableTable;
 use svc_storage::conformance::{events_until, ok};
 use svc_storage::embedded::DATA_FILE;
-use svc_storage::{
-    AutoCompaction, EmbeddedConfig, EmbeddedStore, EventKind, KeyRange, Store, StoreError,
-};
+use svc_storage::{EmbeddedStore, EventKind, KeyRange, Store, StoreError};
 
-fn config() -> EmbeddedConfig {
-    EmbeddedConfig {
-        progress_interval: Duration::from_millis(50),
-        auto_compaction: AutoCompaction::Disabled,
-        ..EmbeddedConfig::default()
-    }
-}
-
-fn key(s: &str) -> Bytes {
-    Bytes::from(s.to_string())
-}
+#[path = "support/embedded.rs"]
+mod support;
+use support::{config, key};
 
 fn assert_corrupt<T: std::fmt::Debug>(what: &str, result: Result<T, StoreError>, naming: &str) {
     match result {

@@ -12,19 +12,16 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use svc_storage::conformance::{events_until, ok};
-use svc_storage::{AutoCompaction, EmbeddedConfig, EmbeddedStore, EventKind, KeyRange, Store};
+use svc_storage::{EmbeddedStore, EventKind, KeyRange, Store};
+
+#[path = "support/embedded.rs"]
+mod support;
+use support::config;
 
 const CHILD_DIR: &str = "SVC_STORAGE_CRASH_CHILD_DIR";
 const CHILD_ROUND: &str = "SVC_STORAGE_CRASH_CHILD_ROUND";
 const WRITERS: usize = 16;
 const ROUNDS: usize = 4;
-
-fn config() -> EmbeddedConfig {
-    EmbeddedConfig {
-        auto_compaction: AutoCompaction::Disabled,
-        ..EmbeddedConfig::default()
-    }
-}
 
 fn key_of(round: usize, writer: usize) -> String {
     format!("/crash/r{round}/w{writer:02}")

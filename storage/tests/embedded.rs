@@ -1,17 +1,11 @@
 //! The storage conformance suite, run against the embedded engine.
 
-use std::time::Duration;
-
+use svc_storage::EmbeddedStore;
 use svc_storage::conformance::Subject;
-use svc_storage::{AutoCompaction, EmbeddedConfig, EmbeddedStore};
 
-fn config() -> EmbeddedConfig {
-    EmbeddedConfig {
-        progress_interval: Duration::from_millis(50),
-        auto_compaction: AutoCompaction::Disabled,
-        ..EmbeddedConfig::default()
-    }
-}
+#[path = "support/embedded.rs"]
+mod support;
+use support::config;
 
 async fn subject() -> Subject {
     let dir = tempfile::tempdir().unwrap();

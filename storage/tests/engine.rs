@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures::StreamExt;
 use svc_storage::conformance::{events_until, ok, within};
 use svc_storage::{
@@ -11,17 +10,9 @@ use svc_storage::{
     StoreError,
 };
 
-fn config() -> EmbeddedConfig {
-    EmbeddedConfig {
-        progress_interval: Duration::from_millis(50),
-        auto_compaction: AutoCompaction::Disabled,
-        ..EmbeddedConfig::default()
-    }
-}
-
-fn key(s: &str) -> Bytes {
-    Bytes::from(s.to_string())
-}
+#[path = "support/embedded.rs"]
+mod support;
+use support::{config, key};
 
 /// A deterministic mix of writes over a few keys; returns the revision after each write.
 async fn churn(store: &EmbeddedStore, writes: usize) -> Vec<i64> {
