@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
@@ -143,17 +143,40 @@ fn rfc3339_micro(t: std::time::SystemTime) -> String {
     )
 }
 
-/// Creates `ns` and the ServiceAccounts `l-0..l-{n}` in it that are not there yet.
-/// Returns (created, create errors); create latencies go to `live`'s write histogram.
+/// How long seeding waits for a new namespace's `default` ServiceAccount, which Kubernetes'
+/// service-account controller (and this project's) creates; a server without one costs this
+/// wait once.
+const DEFAULT_ACCOUNT_WAIT: Duration = Duration::from_secs(3);
+
+/// What seeding found and did.
+pub struct Seeded {
+    pub created: u64,
+    /// Objects in the collection the harness did not write (the namespace's `default`
+    /// account on a Kubernetes server): a full list holds these besides the seeded ones.
+    pub others: u64,
+}
+
+/// Creates `ns` and the ServiceAccounts `l-0..l-{n}` in it that are not there yet, after
+/// waiting (briefly) for the namespace's own `default` account so that the collection does
+/// not change under the run. Create latencies go to `live`'s write histogram.
 pub async fn seed(
     ep: &Endpoint,
     ns: &str,
     n: usize,
     size: usize,
     live: &Arc<Live>,
-) -> Result<(u64, u64)> {
+) -> Result<Seeded> {
     let mut c = ep.connect(false).await?;
     ensure_namespace(&mut c, ns).await?;
+    let default = format!("/api/v1/namespaces/{ns}/serviceaccounts/default");
+    let waited = Instant::now();
+    while waited.elapsed() < DEFAULT_ACCOUNT_WAIT {
+        let (st, _) = c.call(Method::GET, &default, Bytes::new(), "").await?;
+        if st.is_success() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     // Which names exist already: a re-run against the same server reuses the collection.
     let mut have = std::collections::HashSet::new();
     let mut cont = String::new();
@@ -184,6 +207,8 @@ pub async fn seed(
             break;
         }
     }
+    let seeded: std::collections::HashSet<String> = (0..n).map(|i| format!("l-{i}")).collect();
+    let others = have.iter().filter(|name| !seeded.contains(*name)).count() as u64;
     let missing: Arc<Vec<String>> = Arc::new(
         (0..n)
             .map(|i| format!("l-{i}"))
@@ -247,7 +272,10 @@ pub async fn seed(
     if errors > 0 {
         bail!("{errors} objects could not be created in {ns}");
     }
-    Ok((created.load(Relaxed), errors))
+    Ok(Seeded {
+        created: created.load(Relaxed),
+        others,
+    })
 }
 
 /// Percent-encodes a query value (continue tokens are base64 and may hold `+/=`).

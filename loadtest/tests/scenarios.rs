@@ -100,8 +100,9 @@ fn check_fanout(r: &Value, watchers: u64) {
     );
 }
 
-/// A list run: full lists happened, each held exactly `objects` items, bytes were counted,
-/// pages and gzip as asked, no errors.
+/// A list run: full lists happened, each held exactly `objects` items plus the server's own
+/// (the namespace's `default` ServiceAccount), bytes were counted, pages and gzip as asked,
+/// no errors.
 fn check_list(r: &Value, objects: u64, paged: bool, gzip: bool) {
     assert_eq!(r["scenario"], "list");
     assert_eq!(r["target"]["kind"], "kubernetes");
@@ -110,11 +111,12 @@ fn check_list(r: &Value, objects: u64, paged: bool, gzip: bool) {
     let lists = x["lists"].as_u64().unwrap();
     assert!(lists > 0, "{x}");
     assert_eq!(x["objects"], objects);
+    assert_eq!(x["server_objects"], 1, "the namespace's default account");
     assert_eq!(x["inconsistent_lists"], 0, "{}", r["errors"]);
     assert_eq!(x["list_errors"], 0, "{}", r["errors"]);
     assert_eq!(
         r["counts"]["events_delivered"].as_u64().unwrap(),
-        lists * objects
+        lists * (objects + 1)
     );
     assert_eq!(
         r["latency_ms"]["count"].as_u64().unwrap(),
