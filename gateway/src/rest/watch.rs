@@ -27,6 +27,10 @@ use crate::negotiate::Format;
 use crate::query::ListOptions;
 use crate::respond::{self, Body};
 
+/// The longest `timeoutSeconds` honoured: a watch open longer than a year ends anyway when the
+/// server restarts, and a longer deadline would overflow the clock.
+const MAX_WATCH_TIMEOUT: Duration = Duration::from_secs(366 * 24 * 3600);
+
 /// Bytes of frames coalesced into one write (one chunk) per wake-up.
 const MAX_BATCH_BYTES: usize = 64 * 1024;
 
@@ -182,7 +186,9 @@ pub async fn watch<T: Kind>(
     };
 
     let timeout = match opts.timeout_seconds {
-        Some(s) => Duration::from_secs(s as u64),
+        // Negative values were refused with the query; a huge one is as good as a year (and
+        // must not overflow the deadline).
+        Some(s) => Duration::from_secs(u64::try_from(s).unwrap_or(0)).min(MAX_WATCH_TIMEOUT),
         None => {
             let min = app.opts.min_request_timeout;
             min + min.mul_f64(rand::rng().random::<f64>())

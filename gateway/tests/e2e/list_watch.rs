@@ -478,3 +478,49 @@ async fn list_from_cache_snapshot_gate_decides_where_past_revisions_are_read() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_watch_timeout_neither_panics_nor_leaks_the_watcher_gauge() {
+    let srv = TestServer::start().await;
+    let c = srv.admin();
+    setup(&c).await;
+    let open = |text: &str| {
+        text.lines()
+            .find(|l| {
+                l.starts_with("apiserver_registered_watchers{")
+                    && l.contains("kind=\"ServiceAccount\"")
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    {
+        let mut w = c
+            .watch(&format!("{SA}?watch=1&timeoutSeconds=9223372036854775807"))
+            .await;
+        create(&c, "late").await;
+        let ev = loop {
+            let ev = w.next_within(T).await.unwrap();
+            if ev["object"]["metadata"]["name"] == "late" {
+                break ev;
+            }
+        };
+        assert_eq!(ev["type"], "ADDED");
+        let text = c
+            .request(http::Method::GET, "/metrics", "", &[])
+            .await
+            .text();
+        assert_eq!(open(&text), 1.0, "{text}");
+    }
+    // The stream is dropped: the gauge goes back down.
+    eventually(T, "the watcher gauge returns to 0", || async {
+        open(
+            &c.request(http::Method::GET, "/metrics", "", &[])
+                .await
+                .text(),
+        ) == 0.0
+    })
+    .await;
+    let (s, _) = c.get(&format!("{SA}?watch=1&timeoutSeconds=-1")).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+}
