@@ -172,6 +172,54 @@ fn check_relist(r: &Value, watchers: u64) {
     assert!(c["events_delivered"].as_u64().unwrap() > 0);
 }
 
+/// A copy of the admin kubeconfig whose current user is a new service account's token
+/// (kubectl, which the test command installs, creates both).
+fn token_kubeconfig(admin: &str, dir: &Path) -> String {
+    let kubectl = |config: &str, a: &[&str]| -> String {
+        let o = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(config)
+            .args(a)
+            .output()
+            .expect("kubectl is installed by the test command");
+        assert!(
+            o.status.success(),
+            "kubectl {a:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    kubectl(
+        admin,
+        &["create", "serviceaccount", "lt-bench", "-n", "default"],
+    );
+    let token = kubectl(admin, &["create", "token", "lt-bench", "-n", "default"]);
+    let cluster = kubectl(
+        admin,
+        &["config", "view", "-o", "jsonpath={.clusters[0].name}"],
+    );
+    let copy = dir.join("token.kubeconfig").display().to_string();
+    std::fs::copy(admin, &copy).unwrap();
+    kubectl(
+        &copy,
+        &["config", "set-credentials", "lt-bench", "--token", &token],
+    );
+    kubectl(
+        &copy,
+        &[
+            "config",
+            "set-context",
+            "lt-bench",
+            "--cluster",
+            &cluster,
+            "--user",
+            "lt-bench",
+        ],
+    );
+    kubectl(&copy, &["config", "use-context", "lt-bench"]);
+    copy
+}
+
 fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
@@ -368,6 +416,64 @@ async fn every_scenario_against_every_target() {
         let r = &loadtest(a, out(&format!("list-{i}"))).await[0];
         check_list(r, 200, page != "0", gzip);
     }
+
+    // get: the admin's certificate, then a service-account token as the kubeconfig's user;
+    // with the token, a resource the account may not read is 403 on every request.
+    let r = &loadtest(
+        args(&[
+            "get",
+            "--kubeconfig",
+            &kubeconfig,
+            "--clients",
+            "2",
+            "--duration",
+            "1s",
+        ]),
+        out("get-cert"),
+    )
+    .await[0];
+    assert_eq!(r["extra"]["authentication"], "client certificate", "{r}");
+    assert!(r["extra"]["requests_per_s"].as_f64().unwrap() > 0.0, "{r}");
+    assert_eq!(r["extra"]["non_2xx"], 0, "{r}");
+    let token_kubeconfig = token_kubeconfig(&kubeconfig, dir.path());
+    let r = &loadtest(
+        args(&[
+            "get",
+            "--kubeconfig",
+            &token_kubeconfig,
+            "--clients",
+            "2",
+            "--duration",
+            "1s",
+        ]),
+        out("get-token"),
+    )
+    .await[0];
+    assert_eq!(r["extra"]["authentication"], "bearer token", "{r}");
+    assert!(r["extra"]["requests_per_s"].as_f64().unwrap() > 0.0, "{r}");
+    assert_eq!(r["extra"]["non_2xx"], 0, "{r}");
+    let r = &loadtest(
+        args(&[
+            "get",
+            "--kubeconfig",
+            &token_kubeconfig,
+            "--clients",
+            "1",
+            "--duration",
+            "1s",
+            "--path",
+            "/api/v1/namespaces",
+        ]),
+        out("get-token-forbidden"),
+    )
+    .await[0];
+    assert_eq!(r["extra"]["requests_per_s"], 0.0, "{r}");
+    assert!(r["extra"]["non_2xx"].as_u64().unwrap() > 0, "{r}");
+    assert!(
+        r["errors"][0].as_str().unwrap().contains("403"),
+        "{}",
+        r["errors"]
+    );
 
     // relist-storm: 50 watchers drop their watches at once, re-list and re-watch; all come
     // back, and afterwards each sees every acknowledged write once, in order.
