@@ -125,6 +125,9 @@ pub async fn run(p: &Params) -> Result<Results> {
 }
 
 fn auth_kind(ep: &target::Endpoint) -> &'static str {
+    if ep.exec.is_some() {
+        return "exec plugin";
+    }
     match (&ep.tls, &ep.bearer) {
         (_, Some(_)) => "bearer token",
         (Some(_), None) => "client certificate",

@@ -2,6 +2,7 @@
 //! against a
 //! Kubernetes-compatible API server, etcd, or a raw TCP fan-out baseline, with a report.
 
+mod exec;
 mod fanout;
 mod get;
 mod list;

@@ -1,5 +1,8 @@
 //! Targets and connections: a Kubernetes-compatible server (plain HTTP or TLS from a
-//! kubeconfig, HTTP/1.1 or h2), etcd's JSON gateway, and the loopback-only guard.
+//! kubeconfig, HTTP/1.1 or h2), etcd's JSON gateway, and the loopback-only guard. A
+//! kubeconfig user with `exec` gets its credential from the plugin (`exec.rs`): a token every
+//! request carries, or a client certificate new connections present; a 401 refreshes it once
+//! and retries the request once.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
@@ -17,6 +20,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde_json::Value;
 use tokio::net::TcpStream;
 
+use crate::exec;
+
 /// An HTTP endpoint: where to connect and how (TLS or not).
 #[derive(Clone)]
 pub struct Endpoint {
@@ -27,6 +32,8 @@ pub struct Endpoint {
     pub tls: Option<Tls>,
     /// A bearer token every request carries (a kubeconfig user's `token`).
     pub bearer: Option<Arc<str>>,
+    /// An exec credential plugin (a kubeconfig user's `exec`), shared by every connection.
+    pub exec: Option<Arc<exec::Source>>,
 }
 
 #[derive(Clone)]
@@ -42,10 +49,20 @@ enum Sender {
 }
 
 /// One client connection, HTTP/1.1 or h2, with the bearer token its requests carry (a
-/// kubeconfig user with `token`).
+/// kubeconfig user with `token`) or the exec plugin its credentials come from.
 pub struct Conn {
     sender: Sender,
     bearer: Option<Arc<str>>,
+    exec: Option<ExecConn>,
+}
+
+/// What a connection needs to follow an exec credential: the endpoint (to reconnect with a
+/// new client certificate) and the credential generation its TLS session presented.
+#[derive(Clone)]
+struct ExecConn {
+    ep: Endpoint,
+    h2: bool,
+    tls_generation: u64,
 }
 
 impl Conn {
@@ -56,18 +73,55 @@ impl Conn {
             Sender::H2(s) => Some(Conn {
                 sender: Sender::H2(s.clone()),
                 bearer: self.bearer.clone(),
+                exec: self.exec.clone(),
             }),
         }
     }
 
-    pub async fn send(&mut self, mut req: Request<Full<Bytes>>) -> Result<Response<Incoming>> {
-        if let Some(token) = &self.bearer
+    pub async fn send(&mut self, req: Request<Full<Bytes>>) -> Result<Response<Incoming>> {
+        let Some(x) = self
+            .exec
+            .clone()
+            .filter(|_| !req.headers().contains_key(http::header::AUTHORIZATION))
+        else {
+            let bearer = self.bearer.clone();
+            return self.send_as(req, bearer.as_deref()).await;
+        };
+        let Some(source) = x.ep.exec.as_ref() else {
+            return self.send_as(req, None).await;
+        };
+        let cred = source.get().await?;
+        let again = copy_request(&req);
+        let resp = self.send_as(req, cred.token.as_deref()).await?;
+        if resp.status() != StatusCode::UNAUTHORIZED {
+            return Ok(resp);
+        }
+        // Refused: the plugin runs again (once for all connections refused the same
+        // credential) and the request is retried once.
+        let _ = resp.into_body().collect().await;
+        source.invalidate(cred.generation);
+        let cred = source.get().await?;
+        if cred.tls.is_some() && cred.generation != x.tls_generation {
+            let tls = cred.tls.clone();
+            self.sender = x.ep.open(tls.as_ref(), x.h2).await?;
+            if let Some(e) = &mut self.exec {
+                e.tls_generation = cred.generation;
+            }
+        }
+        self.send_as(again, cred.token.as_deref()).await
+    }
+
+    async fn send_as(
+        &mut self,
+        mut req: Request<Full<Bytes>>,
+        token: Option<&str>,
+    ) -> Result<Response<Incoming>> {
+        if let Some(token) = token
             && !req.headers().contains_key(http::header::AUTHORIZATION)
         {
-            req.headers_mut().insert(
-                http::header::AUTHORIZATION,
-                http::HeaderValue::from_str(&format!("Bearer {token}"))?,
-            );
+            let mut v = http::HeaderValue::from_str(&format!("Bearer {token}"))?;
+            v.set_sensitive(true);
+            req.headers_mut().insert(http::header::AUTHORIZATION, v);
         }
         Ok(match &mut self.sender {
             Sender::H1(s) => {
@@ -94,6 +148,16 @@ impl Conn {
         let body = resp.into_body().collect().await?.to_bytes();
         Ok((status, body))
     }
+}
+
+/// A copy of a request to send again (extensions are not kept; requests here have none).
+fn copy_request(req: &Request<Full<Bytes>>) -> Request<Full<Bytes>> {
+    let mut r = Request::new(req.body().clone());
+    *r.method_mut() = req.method().clone();
+    *r.uri_mut() = req.uri().clone();
+    *r.version_mut() = req.version();
+    *r.headers_mut() = req.headers().clone();
+    r
 }
 
 pub fn request(
@@ -129,29 +193,48 @@ impl Endpoint {
             url: url.to_string(),
             tls: None,
             bearer: None,
+            exec: None,
         })
     }
 
     pub async fn connect(&self, h2: bool) -> Result<Conn> {
+        let Some(source) = &self.exec else {
+            return Ok(Conn {
+                sender: self.open(self.tls.as_ref(), h2).await?,
+                bearer: self.bearer.clone(),
+                exec: None,
+            });
+        };
+        let cred = source.get().await?;
+        let tls = cred.tls.clone().or_else(|| self.tls.clone());
+        Ok(Conn {
+            sender: self.open(tls.as_ref(), h2).await?,
+            bearer: None,
+            exec: Some(ExecConn {
+                ep: self.clone(),
+                h2,
+                tls_generation: cred.generation,
+            }),
+        })
+    }
+
+    /// Opens a connection with `tls` (the endpoint's, or one with an exec client certificate).
+    async fn open(&self, tls: Option<&Tls>, h2: bool) -> Result<Sender> {
         let tcp = TcpStream::connect(self.addr)
             .await
             .with_context(|| format!("connecting to {}", self.addr))?;
         // Many small writes per request: Nagle would add 40 ms to each.
         tcp.set_nodelay(true)?;
-        let sender = match &self.tls {
-            None => handshake(TokioIo::new(tcp), h2).await?,
+        match tls {
+            None => handshake(TokioIo::new(tcp), h2).await,
             Some(t) => {
                 let cfg = if h2 { t.h2.clone() } else { t.h1.clone() };
                 let tls = tokio_rustls::TlsConnector::from(cfg)
                     .connect(t.name.clone(), tcp)
                     .await?;
-                handshake(TokioIo::new(tls), h2).await?
+                handshake(TokioIo::new(tls), h2).await
             }
-        };
-        Ok(Conn {
-            sender,
-            bearer: self.bearer.clone(),
-        })
+        }
     }
 }
 
@@ -219,7 +302,8 @@ pub async fn resolve(host: &str, port: u16, allow_remote: bool) -> Result<Socket
 }
 
 /// Reads a kubeconfig (current context) into an endpoint: TLS with the cluster's CA, and the
-/// user's client certificate or bearer `token`.
+/// user's client certificate, bearer `token` or `exec` plugin (run once here, so that a
+/// broken plugin fails the run before it starts).
 pub async fn from_kubeconfig(path: &Path, allow_remote: bool) -> Result<Endpoint> {
     let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
     let kc: Value = serde_saphyr::from_str(&text).context("parsing kubeconfig")?;
@@ -240,7 +324,24 @@ pub async fn from_kubeconfig(path: &Path, allow_remote: bool) -> Result<Endpoint
         .as_str()
         .ok_or_else(|| anyhow!("cluster has no server"))?;
     let mut ep = Endpoint::from_url(server, allow_remote).await?;
+    let u = &user["user"];
+    let exec_cfg = match &u["exec"] {
+        Value::Null => None,
+        e => Some(exec::ExecConfig::from_kubeconfig(
+            e,
+            &cluster,
+            path.parent(),
+        )?),
+    };
     if !server.starts_with("https://") {
+        if let Some(cfg) = exec_cfg {
+            let source = exec::Source::new(
+                cfg,
+                Box::new(|_, _| bail!("a client certificate needs an https:// server")),
+            );
+            source.get().await?;
+            ep.exec = Some(Arc::new(source));
+        }
         return Ok(ep);
     }
     let b64 = |v: &Value| -> Result<Vec<u8>> {
@@ -257,15 +358,14 @@ pub async fn from_kubeconfig(path: &Path, allow_remote: bool) -> Result<Endpoint
     ))
     .with_safe_default_protocol_versions()?
     .with_root_certificates(roots);
-    let u = &user["user"];
-    let mut cfg = if u["client-certificate-data"].is_string() {
+    let cfg = if u["client-certificate-data"].is_string() {
         let certs: Vec<CertificateDer<'static>> =
             CertificateDer::pem_slice_iter(&b64(&u["client-certificate-data"])?)
                 .collect::<std::result::Result<_, _>>()?;
         let key = PrivateKeyDer::from_pem_slice(&b64(&u["client-key-data"])?)?;
-        builder.with_client_auth_cert(certs, key)?
+        builder.clone().with_client_auth_cert(certs, key)?
     } else {
-        builder.with_no_client_auth()
+        builder.clone().with_no_client_auth()
     };
     ep.bearer = u["token"].as_str().map(Arc::from);
     let host = server
@@ -275,13 +375,27 @@ pub async fn from_kubeconfig(path: &Path, allow_remote: bool) -> Result<Endpoint
         .unwrap_or_default();
     let (host, _) = split_host_port(host, 443)?;
     let name = ServerName::try_from(host)?;
+    ep.tls = Some(tls_pair(cfg, name.clone()));
+    if let Some(xc) = exec_cfg {
+        let make_tls: exec::MakeTls = Box::new(move |certs, key| {
+            let cfg = builder.clone().with_client_auth_cert(certs, key)?;
+            Ok(tls_pair(cfg, name.clone()))
+        });
+        let source = exec::Source::new(xc, make_tls);
+        source.get().await?;
+        ep.exec = Some(Arc::new(source));
+    }
+    Ok(ep)
+}
+
+/// The HTTP/1.1 and h2 configurations (ALPN differs) of one client configuration.
+fn tls_pair(mut cfg: rustls::ClientConfig, name: ServerName<'static>) -> Tls {
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     let h1 = Arc::new(cfg.clone());
     cfg.alpn_protocols = vec![b"h2".to_vec()];
-    ep.tls = Some(Tls {
+    Tls {
         h1,
         h2: Arc::new(cfg),
         name,
-    });
-    Ok(ep)
+    }
 }
