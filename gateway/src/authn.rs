@@ -53,10 +53,28 @@ pub fn bearer_token(headers: &http::HeaderMap) -> Option<Result<&str, ()>> {
     Some(Ok(token))
 }
 
+/// Whether a request without a credential may go on as `system:anonymous`: everywhere with
+/// `--anonymous-auth=true`, nowhere with `false`, and by default only probes of health and
+/// version.
+fn anonymous_allowed(setting: Option<bool>, method: &http::Method, path: &str) -> bool {
+    match setting {
+        Some(allowed) => allowed,
+        None => {
+            (method == http::Method::GET || method == http::Method::HEAD)
+                && (matches!(path, "/healthz" | "/livez" | "/readyz" | "/version")
+                    || ["/healthz/", "/livez/", "/readyz/"]
+                        .iter()
+                        .any(|p| path.starts_with(p)))
+        }
+    }
+}
+
 /// Finds the caller of a request that arrived on a connection.
 pub async fn authenticate(
     app: &App,
     conn: &ConnIdentity,
+    method: &http::Method,
+    path: &str,
     headers: &http::HeaderMap,
 ) -> Result<UserInfo, ApiError> {
     if conn.insecure {
@@ -80,7 +98,7 @@ pub async fn authenticate(
             }
         }
         Some(Err(())) => Err(unauthorized()),
-        None if app.opts.anonymous_auth => Ok(anonymous()),
+        None if anonymous_allowed(app.opts.anonymous_auth, method, path) => Ok(anonymous()),
         None => Err(unauthorized()),
     }
 }
@@ -88,6 +106,29 @@ pub async fn authenticate(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn by_default_only_probes_are_anonymous() {
+        use http::Method;
+        for path in ["/healthz", "/livez", "/readyz", "/readyz/etcd", "/version"] {
+            assert!(anonymous_allowed(None, &Method::GET, path), "{path}");
+            assert!(!anonymous_allowed(None, &Method::POST, path), "{path}");
+            assert!(
+                !anonymous_allowed(Some(false), &Method::GET, path),
+                "{path}"
+            );
+        }
+        for path in [
+            "/api",
+            "/metrics",
+            "/api/v1/namespaces",
+            "/readyzz",
+            "/versions",
+        ] {
+            assert!(!anonymous_allowed(None, &Method::GET, path), "{path}");
+            assert!(anonymous_allowed(Some(true), &Method::GET, path), "{path}");
+        }
+    }
 
     #[test]
     fn bearer_tokens_are_read_strictly() {

@@ -45,10 +45,13 @@ pub struct Options {
     #[arg(long, default_value_t = 0)]
     pub insecure_port: u16,
 
-    /// Allow unauthenticated requests as `system:anonymous`; they may read health, version
-    /// and discovery only.
-    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
-    pub anonymous_auth: bool,
+    /// Unauthenticated requests as `system:anonymous`: `true` everywhere (authorization then
+    /// lets them read health and version only), `false` nowhere. Unset, as Kubernetes behaves
+    /// by default: only GETs of `/healthz`, `/livez`, `/readyz` (and their checks) and
+    /// `/version` are anonymous, so load balancers can probe without a certificate; anything
+    /// else without a credential is 401.
+    #[arg(long, action = clap::ArgAction::Set)]
+    pub anonymous_auth: Option<bool>,
 
     /// Time to keep serving after SIGTERM while /readyz reports failure, so load balancers
     /// stop sending new requests first.

@@ -129,7 +129,9 @@ async fn authenticate_and_authorize(
     path: &str,
 ) -> Result<pki::UserInfo, ApiError> {
     let user = match caller {
-        Caller::Connection(ident) => authn::authenticate(app, ident, req.headers()).await?,
+        Caller::Connection(ident) => {
+            authn::authenticate(app, ident, req.method(), path, req.headers()).await?
+        }
         Caller::Internal(user) => user.clone(),
     };
     let attrs = match route {

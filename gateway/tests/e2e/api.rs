@@ -402,14 +402,25 @@ async fn list_pages_from_one_snapshot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn authentication_and_authorization() {
     let srv = TestServer::start().await;
-    // No certificate: 401 with a Status body, everywhere.
+    // No certificate, by default: probes of health and version succeed, as Kubernetes lets
+    // load balancers probe; everything else is 401 with a Status body.
     let anon = srv.anonymous();
-    for path in ["/api/v1/namespaces", "/readyz", "/version", "/api"] {
+    for path in ["/readyz", "/livez", "/healthz", "/readyz/etcd", "/version"] {
+        assert_eq!(anon.get(path).await.0, StatusCode::OK, "{path}");
+    }
+    for path in ["/api/v1/namespaces", "/api", "/metrics"] {
         let (s, st) = anon.get(path).await;
         assert_eq!(s, StatusCode::UNAUTHORIZED, "{path}");
         assert_eq!(st["kind"], "Status");
         assert_eq!(st["code"], 401);
     }
+    // With anonymous access off, not even the probes.
+    let closed = TestServer::start_with(|o| o.anonymous_auth = Some(false)).await;
+    let (s, st) = closed.anonymous().get("/readyz").await;
+    assert_eq!(
+        (s, st["code"].as_u64()),
+        (StatusCode::UNAUTHORIZED, Some(401))
+    );
     // A bearer token nobody issued is refused too.
     let r = anon
         .request(
@@ -435,7 +446,7 @@ async fn authentication_and_authorization() {
     );
 
     // With anonymous access on, health is public and resources are not.
-    let srv2 = TestServer::start_with(|o| o.anonymous_auth = true).await;
+    let srv2 = TestServer::start_with(|o| o.anonymous_auth = Some(true)).await;
     let anon2 = srv2.anonymous();
     assert_eq!(anon2.get("/livez").await.0, StatusCode::OK);
     assert_eq!(
