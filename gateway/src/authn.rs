@@ -1,6 +1,7 @@
 //! Authentication: who is calling. The chain is the client certificate (verified by TLS),
-//! then a bearer token (service-account tokens), then anonymous when enabled; a credential
-//! that is presented but not accepted is a 401, never anonymous.
+//! then a bearer token (service-account tokens), then anonymous where allowed (by default only
+//! probes of health and version); a credential that is presented but not accepted is a 401,
+//! never anonymous.
 
 use svc_core::ApiError;
 use svc_core::user::UserInfo;
