@@ -163,6 +163,7 @@ const GATEWAY_ORDER: &[&str] = &[
     "router",
     "kind",
     "lifecycle",
+    "limits",
     "metrics",
     "pki",
     "config",

@@ -14,6 +14,7 @@ use crate::caches::Caches;
 use crate::config::Options;
 use crate::features::Feature;
 use crate::lifecycle::PostStartHooks;
+use crate::limits::InflightLimit;
 use crate::metrics::Metrics;
 use crate::metrics::store::InstrumentedStore;
 use crate::tokens::Tokens;
@@ -37,6 +38,9 @@ pub struct App {
     pub validator: Validator,
     /// Issues and verifies service-account tokens.
     pub tokens: Tokens,
+    /// `--max-requests-inflight` and `--max-mutating-requests-inflight`.
+    pub readonly_inflight: InflightLimit,
+    pub mutating_inflight: InflightLimit,
     /// Who may do what: `system:masters`, the built-in policy, then configured authorizers;
     /// replaced whole when the configuration changes.
     authorizer: parking_lot::RwLock<Arc<authz::Chain>>,
@@ -55,6 +59,8 @@ impl App {
         metrics.register_collector(caches.collector());
         let store = InstrumentedStore::wrap(store, metrics.store.clone());
         let validator = validator(&opts, &metrics);
+        let readonly_inflight = InflightLimit::new(opts.max_requests_inflight);
+        let mutating_inflight = InflightLimit::new(opts.max_mutating_requests_inflight);
         App {
             opts,
             store,
@@ -68,6 +74,8 @@ impl App {
             validator,
             tokens,
             authorizer: parking_lot::RwLock::new(Arc::new(authz::Chain::default())),
+            readonly_inflight,
+            mutating_inflight,
         }
     }
 }

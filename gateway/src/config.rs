@@ -45,6 +45,15 @@ pub struct Options {
     #[arg(long, default_value_t = 0)]
     pub insecure_port: u16,
 
+    /// Read-only requests in flight at once (watches and `system:masters` not counted); past
+    /// it, 429 with `Retry-After`. 0: no limit.
+    #[arg(long, default_value_t = 400)]
+    pub max_requests_inflight: usize,
+
+    /// Mutating requests (create, update, patch, delete) in flight at once; 0: no limit.
+    #[arg(long, default_value_t = 200)]
+    pub max_mutating_requests_inflight: usize,
+
     /// Unauthenticated requests as `system:anonymous`: `true` everywhere (authorization then
     /// lets them read health and version only), `false` nowhere. Unset, as Kubernetes behaves
     /// by default: only GETs of `/healthz`, `/livez`, `/readyz` (and their checks) and

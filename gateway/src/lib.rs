@@ -19,6 +19,7 @@ pub mod features;
 pub mod health;
 pub mod kind;
 pub mod lifecycle;
+pub mod limits;
 pub mod loopback;
 pub mod metrics;
 pub mod negotiate;

@@ -13,7 +13,7 @@ use svc_core::ApiError;
 
 use crate::app::App;
 use crate::authn::{self, ConnIdentity};
-use crate::authz::Attributes;
+use crate::authz::{Attributes, GROUP_MASTERS};
 use crate::features::Feature;
 use crate::pki;
 use crate::query::Query;
@@ -84,7 +84,23 @@ pub async fn handle(app: Arc<App>, caller: Caller, req: Request<RequestBody>) ->
     let resp = match authenticate_and_authorize(&app, &caller, &req, &route, verb, &path).await {
         Err(e) => respond::error(&e),
         Ok(user) => {
-            if verb == "watch" {
+            let limit = if verb == "watch" || user.in_group(GROUP_MASTERS) {
+                None
+            } else if matches!(
+                *req.method(),
+                Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+            ) {
+                Some(&app.mutating_inflight)
+            } else {
+                Some(&app.readonly_inflight)
+            };
+            let slot = limit.map(|l| l.try_acquire());
+            if let Some(None) = slot {
+                respond::error(&ApiError::TooManyRequests {
+                    message: "Too many requests, please try again later.".into(),
+                    retry_after_seconds: Some(1),
+                })
+            } else if verb == "watch" {
                 dispatch(&app, req, route, query, user).await
             } else {
                 match tokio::time::timeout(

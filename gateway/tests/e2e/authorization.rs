@@ -164,3 +164,49 @@ async fn each_operation_needs_its_own_verbs() {
     let (s, st) = jane.post(token, body).await;
     assert_eq!(s, StatusCode::CREATED, "{st}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_past_the_inflight_limits_get_429_with_retry_after() {
+    let srv = TestServer::start_with(|o| {
+        o.max_requests_inflight = 1;
+        o.max_mutating_requests_inflight = 1;
+    })
+    .await;
+    let admin = srv.admin();
+    create_namespace(&admin, "busy").await;
+    srv.handle().app.set_authorizers(vec![Box::new(Grants {
+        user: "bob",
+        allowed: &["serviceaccounts:get", "serviceaccounts:create"],
+    })]);
+    let bob = srv.user("bob", &[]);
+    let sa = "/api/v1/namespaces/busy/serviceaccounts";
+    // A read for a revision far in the future waits (3 s) before its 504: it holds the one
+    // read-only slot meanwhile.
+    let holder = {
+        let bob = bob.clone();
+        tokio::spawn(async move {
+            bob.get(&format!("{sa}/default?resourceVersion=999999999"))
+                .await
+                .0
+        })
+    };
+    crate::support::client::eventually(
+        std::time::Duration::from_secs(5),
+        "the slow read holds the slot",
+        || async { srv.handle().app.readonly_inflight.in_flight() == 1 },
+    )
+    .await;
+    let r = bob
+        .request(Method::GET, &format!("{sa}/default"), "", &[])
+        .await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{}", r.text());
+    assert_eq!(r.headers["retry-after"], "1");
+    assert_eq!(r.json()["reason"], "TooManyRequests");
+    // Mutating requests have their own limit, and system:masters is never counted.
+    let (s, _) = bob.post(sa, json!({"metadata": {"name": "writer"}})).await;
+    assert_eq!(s, StatusCode::CREATED);
+    assert_eq!(admin.get(&format!("{sa}/default")).await.0, StatusCode::OK);
+    // Once the slow read is over, the slot is free again.
+    assert_eq!(holder.await.unwrap(), StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(bob.get(&format!("{sa}/default")).await.0, StatusCode::OK);
+}
