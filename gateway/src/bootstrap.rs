@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::StatusCode;
-use svc_core::kinds::{FINALIZER_KUBERNETES, Namespace, ServiceAccount};
+use svc_core::kinds::{FINALIZER_KUBERNETES, Namespace, PHASE_TERMINATING, ServiceAccount};
 use svc_core::object;
 use svc_core::watch::Selector;
 use svc_core::{ApiError, Resource, registry};
@@ -151,15 +151,21 @@ async fn ensure_default_accounts(app: &App, client: &Loopback) -> Result<(), Api
         &Selector::everything(),
     );
     for ns in &all.items {
-        let obj: Namespace = serde_json::from_slice(&ns.json).map_err(ApiError::internal)?;
-        if obj.metadata.deletion_timestamp.is_some() {
+        // A terminating namespace (its phase is cached with it, no decoding) gets no new
+        // account; the write would be refused anyway.
+        let terminating = ns
+            .fields
+            .iter()
+            .any(|(f, v)| *f == "status.phase" && v == PHASE_TERMINATING);
+        if terminating {
             continue;
         }
-        let key = ServiceAccount::INFO.key(&obj.metadata.name, DEFAULT_SERVICE_ACCOUNT);
+        let name = &*ns.name;
+        let key = ServiceAccount::INFO.key(name, DEFAULT_SERVICE_ACCOUNT);
         if accounts.get(&key)?.0.is_some() {
             continue;
         }
-        let path = format!("/api/v1/namespaces/{}/serviceaccounts", obj.metadata.name);
+        let path = format!("/api/v1/namespaces/{name}/serviceaccounts");
         let body = serde_json::json!({
             "apiVersion": "v1",
             "kind": "ServiceAccount",
@@ -169,13 +175,13 @@ async fn ensure_default_accounts(app: &App, client: &Loopback) -> Result<(), Api
         match reply.status {
             // Created, raced by another gateway, or the namespace began terminating.
             s if s.is_success() => {
-                tracing::debug!(namespace = %obj.metadata.name, "default service account created");
+                tracing::debug!(namespace = %name, "default service account created");
             }
             StatusCode::CONFLICT | StatusCode::FORBIDDEN | StatusCode::NOT_FOUND => {}
             other => {
                 return Err(ApiError::internal(format!(
                     "creating the default service account in {}: {other}: {}",
-                    obj.metadata.name, reply.body
+                    name, reply.body
                 )));
             }
         }
