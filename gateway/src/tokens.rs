@@ -244,20 +244,6 @@ impl Tokens {
         })
     }
 
-    /// Whether `token` looks like one of ours (a JWT whose issuer is this server's), so other
-    /// token authenticators can be tried when it is not.
-    pub fn is_ours(&self, token: &str) -> bool {
-        use base64::Engine;
-        let Some(payload) = token.split('.').nth(1) else {
-            return false;
-        };
-        base64::engine::general_purpose::URL_SAFE_NO_PAD
-            .decode(payload.trim_end_matches('='))
-            .ok()
-            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-            .is_some_and(|c| c.get("iss").and_then(|i| i.as_str()) == Some(self.issuer.as_str()))
-    }
-
     /// Checks signature, issuer and validity period, through the cache.
     fn verified_claims(&self, token: &str) -> Result<Arc<Claims>, Rejected> {
         let hash: [u8; 32] = ring::digest::digest(&ring::digest::SHA256, token.as_bytes())
@@ -451,7 +437,6 @@ mod tests {
         assert_eq!(claims.aud, ["a", "b"]);
         assert_eq!(claims.exp - claims.iat, 3600);
         assert_eq!(claims.private.serviceaccount.uid, "u-1");
-        assert!(t.is_ours(&issued.token));
         let header = jsonwebtoken::decode_header(&issued.token).unwrap();
         assert_eq!(header.alg, Algorithm::ES256);
         assert_eq!(header.kid.as_deref(), Some(t.signing_kid.as_str()));
