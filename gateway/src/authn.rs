@@ -7,7 +7,9 @@ use svc_core::ApiError;
 use svc_core::user::UserInfo;
 
 use crate::app::App;
-use crate::authz::{GROUP_AUTHENTICATED, GROUP_MASTERS, GROUP_UNAUTHENTICATED, USER_ANONYMOUS};
+use crate::authz::{
+    GROUP_AUTHENTICATED, GROUP_MASTERS, GROUP_UNAUTHENTICATED, USER_ANONYMOUS, public_path,
+};
 
 /// What the connection established about the caller before any request arrived.
 #[derive(Clone, Debug)]
@@ -60,13 +62,7 @@ pub fn bearer_token(headers: &http::HeaderMap) -> Option<Result<&str, ()>> {
 fn anonymous_allowed(setting: Option<bool>, method: &http::Method, path: &str) -> bool {
     match setting {
         Some(allowed) => allowed,
-        None => {
-            (method == http::Method::GET || method == http::Method::HEAD)
-                && (matches!(path, "/healthz" | "/livez" | "/readyz" | "/version")
-                    || ["/healthz/", "/livez/", "/readyz/"]
-                        .iter()
-                        .any(|p| path.starts_with(p)))
-        }
+        None => (method == http::Method::GET || method == http::Method::HEAD) && public_path(path),
     }
 }
 

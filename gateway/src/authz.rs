@@ -52,14 +52,6 @@ impl<'a> Attributes<'a> {
             path: "",
         }
     }
-
-    /// The same request with another verb (apply that creates, force deletion).
-    pub fn with_verb(&self, verb: &'a str) -> Attributes<'a> {
-        Attributes {
-            verb,
-            ..self.clone()
-        }
-    }
 }
 
 /// What one authorizer says.
@@ -104,8 +96,8 @@ impl Authorizer for Masters {
 /// OpenAPI (`system:discovery`).
 struct DefaultPolicy;
 
-/// Paths anyone may read.
-fn public_path(path: &str) -> bool {
+/// Paths anyone may read (health and version).
+pub fn public_path(path: &str) -> bool {
     matches!(path, "/healthz" | "/livez" | "/readyz" | "/version")
         || ["/healthz/", "/livez/", "/readyz/"]
             .iter()
@@ -286,7 +278,10 @@ mod tests {
             ..discovery.clone()
         };
         assert!(chain.authorize(&anon, &health).await.is_ok());
-        let post = health.with_verb("create");
+        let post = Attributes {
+            verb: "create",
+            ..health.clone()
+        };
         assert!(chain.authorize(&anon, &post).await.is_err());
     }
 
