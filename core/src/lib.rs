@@ -7,6 +7,7 @@
 //! contract types.
 
 pub mod codec;
+pub mod config;
 pub mod kinds;
 pub mod meta;
 pub mod object;
