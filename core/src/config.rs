@@ -17,6 +17,13 @@ use serde_json::Value;
 
 use crate::validation::ErrorList;
 
+pub mod component;
+pub mod controller_manager;
+pub mod proxy;
+pub mod registry;
+pub mod scheduler;
+pub mod tracing;
+
 /// A configuration kind: its versions, its name, its rules and its defaults.
 pub trait ConfigKind: DeserializeOwned + Serialize {
     /// The `apiVersion` values this type decodes, the preferred first.
