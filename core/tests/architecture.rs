@@ -166,6 +166,7 @@ const GATEWAY_ORDER: &[&str] = &[
     "limits",
     "metrics",
     "pki",
+    "validate",
     "config",
     "negotiate",
     "authz",
