@@ -4,7 +4,8 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::net::IpAddr;
+// Addresses are parsed, never bound: `core::net` holds the types without the sockets.
+use core::net::IpAddr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 

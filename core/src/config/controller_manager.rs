@@ -213,7 +213,7 @@ impl CloudControllerManagerConfiguration {
                 "must be between 0 and 65535, inclusive",
             );
         }
-        if g.address.parse::<std::net::IpAddr>().is_err() {
+        if g.address.parse::<core::net::IpAddr>().is_err() {
             invalid(
                 e,
                 &gp.child("Address"),

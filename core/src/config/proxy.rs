@@ -6,7 +6,8 @@
 //! change" as the spec says, and `syncPeriod: 0s` is refused.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
+// Addresses are parsed, never bound: `core::net` holds the types without the sockets.
+use core::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
@@ -304,15 +305,13 @@ impl SvcProxyConfiguration {
                 "must be a previous minor version, for example 1.29",
             );
         }
-        if let Some(adj) = self.oom_score_adj {
-            if !(-1000..=1000).contains(&adj) {
-                invalid(
-                    e,
-                    &root.child("oomScoreAdj"),
-                    adj,
-                    "must be within the range [-1000, 1000]",
-                );
-            }
+        if let Some(adj) = self.oom_score_adj.filter(|a| !(-1000..=1000).contains(a)) {
+            invalid(
+                e,
+                &root.child("oomScoreAdj"),
+                adj,
+                "must be within the range [-1000, 1000]",
+            );
         }
         let detect = root.child("detectLocal");
         match self.detect_local_mode.as_str() {
@@ -464,18 +463,19 @@ fn masquerade_bit(e: &mut ErrorList, p: &Path, bit: Option<i32>) {
 fn sync_periods(e: &mut ErrorList, p: &Path, sync: Option<Duration>, min: Option<Duration>) {
     positive(e, &p.child("syncPeriod"), sync);
     non_negative(e, &p.child("minSyncPeriod"), min);
-    if let (Some(sync), Some(min)) = (sync, min) {
-        if sync > Duration::default() && min > sync {
-            invalid(
-                e,
-                &p.child("syncPeriod"),
-                sync,
-                &format!(
-                    "must be greater than or equal to {}",
-                    p.child("minSyncPeriod")
-                ),
-            );
-        }
+    if let (Some(sync), Some(min)) = (sync, min)
+        && sync > Duration::default()
+        && min > sync
+    {
+        invalid(
+            e,
+            &p.child("syncPeriod"),
+            sync,
+            &format!(
+                "must be greater than or equal to {}",
+                p.child("minSyncPeriod")
+            ),
+        );
     }
 }
 

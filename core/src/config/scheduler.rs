@@ -488,10 +488,10 @@ fn validate_profile(path: &Path, profile: &Profile, e: &mut ErrorList) {
             e.duplicate(p.as_str(), &config.name);
         }
         // Arguments that failed to decode were reported while defaulting.
-        if let (Some(kind), Some(args)) = (args::kind_for_plugin(&config.name), &config.args) {
-            if let Ok(errors) = args::validate_value(kind, args.clone(), &p.child("args")) {
-                e.extend(errors);
-            }
+        if let (Some(kind), Some(args)) = (args::kind_for_plugin(&config.name), &config.args)
+            && let Ok(errors) = args::validate_value(kind, args.clone(), &p.child("args"))
+        {
+            e.extend(errors);
         }
     }
 }

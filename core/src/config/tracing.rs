@@ -50,10 +50,10 @@ impl ConfigKind for TracingConfiguration {
                 );
             }
         }
-        if let Some(endpoint) = &self.endpoint {
-            if let Err(e) = check_endpoint(endpoint) {
-                errors.invalid("endpoint", endpoint, &e);
-            }
+        if let Some(endpoint) = &self.endpoint
+            && let Err(e) = check_endpoint(endpoint)
+        {
+            errors.invalid("endpoint", endpoint, &e);
         }
         errors
     }
@@ -94,10 +94,8 @@ fn check_endpoint(endpoint: &str) -> Result<(), String> {
         None => endpoint,
     };
     let authority = rest.split('/').next().unwrap_or_default();
-    if let Some(v6) = authority.strip_prefix('[') {
-        if !v6.contains(']') {
-            return Err("missing ']' in host".into());
-        }
+    if authority.starts_with('[') && !authority.contains(']') {
+        return Err("missing ']' in host".into());
     }
     Ok(())
 }
