@@ -96,41 +96,41 @@ pub async fn handle(app: Arc<App>, caller: Caller, req: Request<RequestBody>) ->
             Err(e) => Err(e),
         };
         match user {
-        Err(e) => respond::error(&e),
-        Ok(user) => {
-            let limit = if verb == "watch" || user.in_group(GROUP_MASTERS) {
-                None
-            } else if matches!(
-                *req.method(),
-                Method::POST | Method::PUT | Method::PATCH | Method::DELETE
-            ) {
-                Some(&app.mutating_inflight)
-            } else {
-                Some(&app.readonly_inflight)
-            };
-            let slot = limit.map(|l| l.try_acquire());
-            if let Some(None) = slot {
-                respond::error(&ApiError::TooManyRequests {
-                    message: "Too many requests, please try again later.".into(),
-                    retry_after_seconds: Some(1),
-                })
-            } else if verb == "watch" {
-                dispatch(&app, req, route, query, user).await
-            } else {
-                match tokio::time::timeout(
-                    app.opts.request_timeout,
-                    dispatch(&app, req, route, query, user),
-                )
-                .await
-                {
-                    Ok(r) => r,
-                    Err(_) => respond::error(&ApiError::Timeout {
-                        message: "request did not complete within the allowed duration".into(),
-                        retry_after_seconds: None,
-                    }),
+            Err(e) => respond::error(&e),
+            Ok(user) => {
+                let limit = if verb == "watch" || user.in_group(GROUP_MASTERS) {
+                    None
+                } else if matches!(
+                    *req.method(),
+                    Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+                ) {
+                    Some(&app.mutating_inflight)
+                } else {
+                    Some(&app.readonly_inflight)
+                };
+                let slot = limit.map(|l| l.try_acquire());
+                if let Some(None) = slot {
+                    respond::error(&ApiError::TooManyRequests {
+                        message: "Too many requests, please try again later.".into(),
+                        retry_after_seconds: Some(1),
+                    })
+                } else if verb == "watch" {
+                    dispatch(&app, req, route, query, user).await
+                } else {
+                    match tokio::time::timeout(
+                        app.opts.request_timeout,
+                        dispatch(&app, req, route, query, user),
+                    )
+                    .await
+                    {
+                        Ok(r) => r,
+                        Err(_) => respond::error(&ApiError::Timeout {
+                            message: "request did not complete within the allowed duration".into(),
+                            retry_after_seconds: None,
+                        }),
+                    }
                 }
             }
-        }
         }
     };
     let resp = match &trace_cx {

@@ -157,7 +157,11 @@ impl InstrumentedStore {
                 ]
             },
             fut,
-            |r| failed(r).then(|| r.as_ref().err().map(ToString::to_string)).flatten(),
+            |r| {
+                failed(r)
+                    .then(|| r.as_ref().err().map(ToString::to_string))
+                    .flatten()
+            },
         )
         .await;
         self.done(labels, start, r)
@@ -197,7 +201,8 @@ impl Store for InstrumentedStore {
         expected: Revision,
     ) -> Result<KeyValue, StoreError> {
         let k = key.clone();
-        self.call("update", &k, self.inner.update(key, value, expected)).await
+        self.call("update", &k, self.inner.update(key, value, expected))
+            .await
     }
 
     /// Timed as `create` (kube-apiserver names a create with a TTL the same).
@@ -208,7 +213,8 @@ impl Store for InstrumentedStore {
         ttl: Duration,
     ) -> Result<KeyValue, StoreError> {
         let k = key.clone();
-        self.call("create", &k, self.inner.create_with_ttl(key, value, ttl)).await
+        self.call("create", &k, self.inner.create_with_ttl(key, value, ttl))
+            .await
     }
 
     /// Timed as `update`.
@@ -220,7 +226,12 @@ impl Store for InstrumentedStore {
         ttl: Duration,
     ) -> Result<KeyValue, StoreError> {
         let k = key.clone();
-        self.call("update", &k, self.inner.update_with_ttl(key, value, expected, ttl)).await
+        self.call(
+            "update",
+            &k,
+            self.inner.update_with_ttl(key, value, expected, ttl),
+        )
+        .await
     }
 
     async fn delete(
@@ -229,7 +240,8 @@ impl Store for InstrumentedStore {
         expected: Option<Revision>,
     ) -> Result<(KeyValue, Revision), StoreError> {
         let k = key.clone();
-        self.call("delete", &k, self.inner.delete(key, expected)).await
+        self.call("delete", &k, self.inner.delete(key, expected))
+            .await
     }
 
     async fn get(
@@ -248,12 +260,17 @@ impl Store for InstrumentedStore {
         limit: usize,
     ) -> Result<RangeResult, StoreError> {
         let k = range.start.clone();
-        self.call("list", &k, self.inner.range(range, at, limit)).await
+        self.call("list", &k, self.inner.range(range, at, limit))
+            .await
     }
 
     async fn current_revision(&self) -> Result<Revision, StoreError> {
-        self.call("getCurrentResourceVersion", b"", self.inner.current_revision())
-            .await
+        self.call(
+            "getCurrentResourceVersion",
+            b"",
+            self.inner.current_revision(),
+        )
+        .await
     }
 
     async fn compacted_revision(&self) -> Result<Revision, StoreError> {
@@ -262,7 +279,8 @@ impl Store for InstrumentedStore {
     }
 
     async fn compact(&self, revision: Revision) -> Result<(), StoreError> {
-        self.call("compact", b"", self.inner.compact(revision)).await
+        self.call("compact", b"", self.inner.compact(revision))
+            .await
     }
 
     /// Feeds are long-lived streams, not requests: passed through untimed.

@@ -54,8 +54,7 @@ impl ConfigKind for TracingConfiguration {
 
 /// Reads and checks the file of `--tracing-config-file`; the error names the file.
 pub fn read(path: &std::path::Path) -> Result<TracingConfiguration, String> {
-    let bytes =
-        std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let bytes = std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
     svc_core::config::load::<TracingConfiguration>(&bytes).map_err(|mut e| {
         e.subject = path.display().to_string();
         e.to_string()

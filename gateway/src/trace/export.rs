@@ -34,8 +34,16 @@ pub struct DropLabels {
 /// Spans that never reached the collector, by reason.
 pub type DroppedSpans = Family<DropLabels, Counter>;
 
+impl DropLabels {
+    pub fn new(reason: &'static str) -> Self {
+        DropLabels { reason }
+    }
+}
+
 fn count(dropped: &DroppedSpans, reason: &'static str, n: usize) {
-    dropped.get_or_create(&DropLabels { reason }).inc_by(n as u64);
+    dropped
+        .get_or_create(&DropLabels { reason })
+        .inc_by(n as u64);
 }
 
 /// The span processor: a bounded queue in front of one export task.

@@ -147,3 +147,44 @@ fn request_spans_are_named_as_kubernetes_names_them() {
     );
     assert_eq!(request_span_name(&http::Method::GET, None), "GET");
 }
+
+/// An exporter whose exports never finish: a collector that accepts and never answers.
+#[derive(Debug)]
+struct Stuck;
+
+impl opentelemetry_sdk::trace::SpanExporter for Stuck {
+    async fn export(
+        &self,
+        _batch: Vec<opentelemetry_sdk::trace::SpanData>,
+    ) -> opentelemetry_sdk::error::OTelSdkResult {
+        std::future::pending().await
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_full_export_queue_drops_and_counts_instead_of_waiting() {
+    let dropped = DroppedSpans::default();
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(export::BoundedBatch::start(Stuck, dropped.clone()))
+        .build();
+    let tracer = provider.tracer("test");
+    let extra = 100;
+    // The export task cannot run before this test yields: the queue takes its capacity and
+    // every span past it is dropped at once.
+    for _ in 0..export::QUEUE_CAPACITY + extra {
+        tracer.start("s").end();
+    }
+    let count = |reason| {
+        dropped
+            .get_or_create(&export::DropLabels::new(reason))
+            .get()
+    };
+    assert_eq!(count("queue_full"), extra as u64);
+    // The task takes a batch and hangs on it; the queue has room again, and no more.
+    tokio::task::yield_now().await;
+    for _ in 0..export::MAX_BATCH + extra {
+        tracer.start("s").end();
+    }
+    assert!(count("queue_full") >= 2 * extra as u64);
+    assert!(count("queue_full") <= (2 * extra + export::MAX_BATCH) as u64);
+}
