@@ -14,8 +14,10 @@
 //! `samplingRatePerMillion` (unset or 0: never).
 //!
 //! The current span travels with the request's future (`FutureExt::with_context`), so the
-//! store wrapper (`metrics/store.rs`) and webhook clients find their parent without it being
-//! passed down; spawned tasks and watch streams, polled outside it, make no spans.
+//! store wrapper (`metrics/store.rs`) finds its parent without it being passed down; spawned
+//! tasks and watch streams, polled outside it, make no spans. A webhook call (authorization,
+//! admission) is traced the same way: wrapped in [`in_span`] (`webhook` spans, `SpanKind`
+//! aside), with [`outgoing_traceparent`] on its request so the webhook can join the trace.
 
 pub mod config;
 pub mod export;
@@ -81,7 +83,7 @@ impl Tracer {
     /// Starts the OTLP exporter (lazily connected: an absent collector costs nothing here) and
     /// the batch task; needs a Tokio runtime. `dropped` counts spans that never left.
     pub fn start(config: &TracingConfiguration, dropped: DroppedSpans) -> Result<Self, TraceError> {
-        let uri = config.collector_uri().map_err(TraceError::Config)?;
+        let uri = config::collector_uri(config).map_err(TraceError::Config)?;
         let mut exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_tonic()
             .with_endpoint(uri)
@@ -209,6 +211,25 @@ pub fn end_request(cx: &Context, code: u16) {
         span.set_status(Status::error(""));
     }
     span.end();
+}
+
+/// The `traceparent` header of the current span, for a request this server sends (a webhook
+/// call) while serving one with tracing on; its flag says whether the request is sampled, so
+/// the webhook follows the same decision.
+pub fn outgoing_traceparent() -> Option<http::HeaderValue> {
+    let cx = Context::current();
+    let span = cx.span();
+    let sc = span.span_context();
+    if !sc.is_valid() {
+        return None;
+    }
+    http::HeaderValue::from_str(&format!(
+        "00-{}-{}-{:02x}",
+        sc.trace_id(),
+        sc.span_id(),
+        sc.trace_flags().to_u8()
+    ))
+    .ok()
 }
 
 /// The W3C `traceparent` of a request, if it has a valid one (`tracestate` kept when it

@@ -92,6 +92,25 @@ fn a_valid_traceparent_is_read() {
 }
 
 #[test]
+fn the_current_span_is_passed_on_to_outgoing_requests() {
+    assert!(outgoing_traceparent().is_none(), "no span, no header");
+    let cx = Context::new().with_remote_span_context(parent(true));
+    let _guard = cx.attach();
+    assert_eq!(
+        outgoing_traceparent().unwrap(),
+        format!("00-{TRACE}-{SPAN}-01").as_str()
+    );
+    drop(_guard);
+    let cx = Context::new().with_remote_span_context(parent(false));
+    let _guard = cx.attach();
+    assert_eq!(
+        outgoing_traceparent().unwrap(),
+        format!("00-{TRACE}-{SPAN}-00").as_str(),
+        "not sampled here, so not downstream either"
+    );
+}
+
+#[test]
 fn malformed_traceparents_are_ignored() {
     let zeros32 = "0".repeat(32);
     let zeros16 = "0".repeat(16);
