@@ -531,8 +531,9 @@ fn tracing_configuration() {
     }
     accepted(&with(
         TRACING,
-        "endpoint: \"dns:///collector:4317\"\nsamplingRatePerMillion: 0\n",
+        "endpoint: \"http://collector:4317\"\nsamplingRatePerMillion: 0\n",
     ));
+    accepted(&with(TRACING, "endpoint: \"[::1]:4317\"\n"));
     for (body, fields) in [
         (
             "samplingRatePerMillion: 1000001\n",
@@ -542,6 +543,10 @@ fn tracing_configuration() {
         ("endpoint: \"\"\n", &["endpoint"]),
         ("endpoint: \"[::1:4317\"\n", &["endpoint"]),
         ("endpoint: \"a b:1\"\n", &["endpoint"]),
+        // The collector is dialled without TLS, at a named host.
+        ("endpoint: \"https://collector:4317\"\n", &["endpoint"]),
+        ("endpoint: \"dns:///collector:4317\"\n", &["endpoint"]),
+        ("endpoint: \":4317\"\n", &["endpoint"]),
         (
             "samplingRatePerMillion: 3000000000\n",
             &["samplingRatePerMillion"],

@@ -11,14 +11,14 @@ pub const DEFAULT_ENDPOINT: &str = "localhost:4317";
 /// The largest `samplingRatePerMillion`: every span.
 pub const MAX_SAMPLING_RATE_PER_MILLION: i32 = 1_000_000;
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TracingConfiguration {
-    /// Collector address (insecure, no TLS).
+    /// The collector's address, OTLP over gRPC without TLS: `host:port` (or `http://host:port`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
-    /// Spans sampled per million; unset follows the parent span's decision, otherwise never
-    /// samples, which no value expresses, so it has no default.
+    /// Samples per million of the traces started here; unset or 0: only requests whose
+    /// incoming parent is sampled are traced. Unset has no value to default to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampling_rate_per_million: Option<i32>,
 }
@@ -31,29 +31,28 @@ impl ConfigKind for TracingConfiguration {
     ];
     const KIND: &'static str = "TracingConfiguration";
 
-    /// component-base's `ValidateTracingConfiguration`.
+    /// component-base's `ValidateTracingConfiguration`, and an endpoint the server can dial.
     fn validate(&self) -> ErrorList {
         let mut errors = ErrorList::default();
         if let Some(rate) = self.sampling_rate_per_million {
-            let path = Path::root("samplingRatePerMillion");
-            if rate < 0 {
-                errors.invalid(
-                    path.as_str(),
-                    &rate.to_string(),
-                    "sampling rate must be positive",
-                );
-            } else if rate > MAX_SAMPLING_RATE_PER_MILLION {
-                errors.invalid(
-                    path.as_str(),
-                    &rate.to_string(),
-                    "sampling rate per million must be less than or equal to one million",
+            let detail = if rate < 0 {
+                "sampling rate must be positive"
+            } else {
+                "sampling rate per million must be less than or equal to one million"
+            };
+            if !(0..=MAX_SAMPLING_RATE_PER_MILLION).contains(&rate) {
+                // A number, so unquoted, as Kubernetes prints it.
+                errors.push(
+                    Path::root("samplingRatePerMillion").as_str(),
+                    "FieldValueInvalid",
+                    format!("Invalid value: {rate}: {detail}"),
                 );
             }
         }
         if let Some(endpoint) = &self.endpoint
             && let Err(e) = check_endpoint(endpoint)
         {
-            errors.invalid("endpoint", endpoint, &e);
+            errors.invalid(Path::root("endpoint").as_str(), endpoint, &e);
         }
         errors
     }
@@ -64,38 +63,31 @@ impl ConfigKind for TracingConfiguration {
     }
 }
 
-/// A gRPC target: `host:port`, `[v6]:port`, or `scheme://authority[/path]`. Kubernetes
-/// parses it as a URL after prefixing `dns://` when it has no `//`.
+/// `host:port`, `[v6]:port`, or the same after `http://`: the collector is dialled without
+/// TLS, so any other scheme is refused.
 fn check_endpoint(endpoint: &str) -> Result<(), String> {
-    if endpoint.is_empty() {
-        return Err("must not be empty when set".into());
-    }
     if endpoint
         .chars()
         .any(|c| c.is_whitespace() || c.is_control())
     {
         return Err("must not contain spaces or control characters".into());
     }
-    let rest = match endpoint.split_once("//") {
-        Some((scheme, rest)) => {
-            let scheme = scheme.strip_suffix(':').unwrap_or(scheme);
-            let valid = scheme.is_empty()
-                || (scheme.starts_with(|c: char| c.is_ascii_alphabetic())
-                    && scheme
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')));
-            if !valid {
-                return Err(format!(
-                    "first path segment in URL cannot contain colon: {scheme:?}"
-                ));
-            }
-            rest
-        }
+    let rest = match endpoint.split_once("://") {
+        Some(("http", rest)) => rest,
+        Some(_) => return Err("the collector is reached without TLS: give host:port".into()),
         None => endpoint,
     };
     let authority = rest.split('/').next().unwrap_or_default();
-    if authority.starts_with('[') && !authority.contains(']') {
-        return Err("missing ']' in host".into());
+    let host = if let Some(v6) = authority.strip_prefix('[') {
+        let Some((host, _)) = v6.split_once(']') else {
+            return Err("missing ']' in host".into());
+        };
+        host
+    } else {
+        authority.split(':').next().unwrap_or_default()
+    };
+    if host.is_empty() {
+        return Err("must name a host".into());
     }
     Ok(())
 }

@@ -19,5 +19,6 @@ mod list_watch;
 mod media;
 mod metrics;
 mod patch;
+mod tracing;
 mod validate_config;
 mod writes;
