@@ -576,3 +576,37 @@ fn unknown_kinds_and_versions_name_the_field() {
         }
     }
 }
+
+#[test]
+fn messages_read_as_kubernetes_prints_them() {
+    let lines = |doc: String| load(&doc).unwrap_err().lines();
+    assert_eq!(
+        lines(with(
+            PROXY,
+            "iptables:\n  masqueradeBit: 32\n  syncPeriod: 0s\nmode: userspace\n"
+        )),
+        [
+            "iptables.masqueradeBit: Invalid value: 32: must be within the range [0, 31]",
+            "iptables.syncPeriod: Invalid value: \"0s\": must be greater than 0",
+            "mode: Unsupported value: \"userspace\": supported values: \"iptables\", \"ipvs\", \
+             \"nftables\", \"kernelspace\"",
+        ]
+    );
+    assert_eq!(
+        lines(with(
+            SCHEDULER,
+            "profiles:\n- schedulerName: a\n- schedulerName: a\n"
+        )),
+        ["profiles[1].schedulerName: Duplicate value: \"profiles[0].schedulerName\""]
+    );
+    assert_eq!(
+        lines(with(
+            CCM,
+            "Generic:\n  LeaderElection:\n    leaderElect: true\n    leaseDuration: 1s\n"
+        )),
+        [
+            "Generic.LeaderElection.renewDeadline: Invalid value: \"10s\": must be less than or equal \
+          to leaseDuration"
+        ]
+    );
+}

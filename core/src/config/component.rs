@@ -3,7 +3,6 @@
 //! defaults and component-base's rules; plus the small checks they share (CIDRs, host:port).
 
 use std::collections::BTreeMap;
-use std::fmt;
 // Addresses are parsed, never bound: `core::net` holds the types without the sockets.
 use core::net::IpAddr;
 
@@ -51,18 +50,15 @@ impl ClientConnectionConfiguration {
     /// `qps`.
     pub fn validate(&self, path: &Path, errors: &mut ErrorList) {
         if self.burst < 0 {
-            errors.invalid(
-                path.child("burst").as_str(),
-                &self.burst.to_string(),
+            invalid(
+                errors,
+                &path.child("burst"),
+                self.burst,
                 "must be non-negative",
             );
         }
         if !self.qps.is_finite() || self.qps < 0.0 {
-            errors.invalid(
-                path.child("qps").as_str(),
-                &self.qps.to_string(),
-                "must be non-negative",
-            );
+            invalid(errors, &path.child("qps"), self.qps, "must be non-negative");
         }
     }
 }
@@ -324,9 +320,10 @@ impl LoggingConfiguration {
         }
         let max = i32::MAX as u32;
         if self.verbosity > max {
-            errors.invalid(
-                path.child("verbosity").as_str(),
-                &self.verbosity.to_string(),
+            invalid(
+                errors,
+                &path.child("verbosity"),
+                self.verbosity,
                 &format!("Must be <= {max}"),
             );
         }
@@ -347,11 +344,7 @@ impl LoggingConfiguration {
                 );
             }
             if item.verbosity > max {
-                errors.invalid(
-                    p.as_str(),
-                    &item.verbosity.to_string(),
-                    &format!("Must be <= {max}"),
-                );
+                invalid(errors, &p, item.verbosity, &format!("Must be <= {max}"));
             }
         }
         let options = path.child("options");
@@ -399,9 +392,59 @@ impl LoggingConfiguration {
     }
 }
 
-/// `value` as Kubernetes writes it in an `Invalid value` error.
-pub fn invalid(errors: &mut ErrorList, path: &Path, value: impl fmt::Display, detail: &str) {
-    errors.invalid(path.as_str(), &value.to_string(), detail);
+/// A value as Kubernetes writes it in an `Invalid value` error: numbers bare, strings and
+/// durations quoted.
+pub trait FieldValue {
+    fn render(&self) -> String;
+}
+
+macro_rules! bare_field_values {
+    ($($t:ty),*) => {$(
+        impl FieldValue for $t {
+            fn render(&self) -> String {
+                self.to_string()
+            }
+        }
+    )*};
+}
+bare_field_values!(i32, i64, u32, usize, f64, bool);
+
+impl FieldValue for str {
+    fn render(&self) -> String {
+        format!("{self:?}")
+    }
+}
+
+impl FieldValue for String {
+    fn render(&self) -> String {
+        self.as_str().render()
+    }
+}
+
+impl FieldValue for Duration {
+    fn render(&self) -> String {
+        self.to_string().render()
+    }
+}
+
+impl<T: FieldValue + ?Sized> FieldValue for &T {
+    fn render(&self) -> String {
+        (**self).render()
+    }
+}
+
+/// An `Invalid value` error at `path`.
+pub fn invalid(errors: &mut ErrorList, path: &Path, value: impl FieldValue, detail: &str) {
+    let detail = if detail.is_empty() {
+        String::new()
+    } else {
+        format!(": {detail}")
+    };
+    errors.push(
+        path.as_str(),
+        "FieldValueInvalid",
+        format!("Invalid value: {}{detail}", value.render()),
+    );
 }
 
 /// A duration that must be set and greater than zero once defaulted.

@@ -60,7 +60,7 @@ fn invalid_files_print_every_error_with_its_path_and_exit_one() {
     assert_eq!(
         stdout(&out),
         "valid.json: VolumeBindingArgs: valid\n\
-         invalid.json: InterPodAffinityArgs: hardPodAffinityWeight: Invalid value: \"101\": \
+         invalid.json: InterPodAffinityArgs: hardPodAffinityWeight: Invalid value: 101: \
          not in valid range [0, 100]\n"
     );
 }
