@@ -514,3 +514,73 @@ pub fn prefixed(errors: ErrorList, path: &Path) -> ErrorList {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cidrs_parse_as_go_parses_them() {
+        assert_eq!(
+            parse_cidr("10.0.0.0/8"),
+            Some((IpAddr::from([10, 0, 0, 0]), 8))
+        );
+        assert!(parse_cidr("fd00::/128").is_some());
+        for bad in [
+            "10.0.0.0",
+            "10.0.0.0/33",
+            "fd00::/129",
+            "10.0.0.0/",
+            "10.0.0.0/+8",
+            "x/8",
+            "/8",
+        ] {
+            assert_eq!(parse_cidr(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn host_ports_need_an_ip_and_a_port() {
+        let check = |text: &str| {
+            let mut e = ErrorList::default();
+            validate_host_port(&mut e, &Path::root("addr"), text);
+            e.0.len()
+        };
+        assert_eq!(check("0.0.0.0:10256"), 0);
+        assert_eq!(check("[::1]:1"), 0);
+        assert_eq!(check("127.0.0.1"), 1);
+        assert_eq!(check("localhost:80"), 1);
+        assert_eq!(check("1.2.3.4:0"), 1);
+        assert_eq!(check("1.2.3.4:65536"), 1);
+        assert_eq!(check("nohost:"), 2);
+    }
+
+    #[test]
+    fn quantities_and_flush_frequencies_keep_how_they_were_written() {
+        assert!(Quantity("0".into()).is_zero());
+        assert!(Quantity("0Ki".into()).is_zero());
+        assert!(!Quantity("5Mi".into()).is_zero());
+        assert_eq!(Quantity("lots".into()).number(), None);
+        let q: Quantity = serde_json::from_value(serde_json::json!(1024)).unwrap();
+        assert_eq!(q.0, "1024");
+        let f: TimeOrMetaDuration = serde_json::from_value(serde_json::json!("2s")).unwrap();
+        assert_eq!(serde_json::to_value(f).unwrap(), "2s");
+        let f: TimeOrMetaDuration = serde_json::from_value(serde_json::json!(5)).unwrap();
+        assert_eq!(serde_json::to_value(f).unwrap(), 5);
+        assert!(serde_json::from_value::<TimeOrMetaDuration>(serde_json::json!(1.5)).is_err());
+    }
+
+    #[test]
+    fn field_paths_nest_under_a_prefix() {
+        let mut e = ErrorList::default();
+        e.required("weight", "");
+        e.required("[0].name", "");
+        e.required("", "");
+        let fields: Vec<String> = prefixed(e, &Path::root("args"))
+            .0
+            .into_iter()
+            .map(|c| c.field)
+            .collect();
+        assert_eq!(fields, ["args.weight", "args[0].name", "args"]);
+    }
+}
