@@ -9,6 +9,10 @@
 //! The server runs the same code on its own files at start as `svc-gateway validate-config`
 //! does on any file.
 
+pub mod egress;
+pub mod exec_credential;
+pub mod kubeconfig;
+
 use std::fmt;
 
 use serde::de::DeserializeOwned;
