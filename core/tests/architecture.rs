@@ -166,6 +166,8 @@ const GATEWAY_ORDER: &[&str] = &[
     "limits",
     "metrics",
     "pki",
+    "egress",
+    "client",
     "config",
     "negotiate",
     "authz",

@@ -12,6 +12,7 @@ use tokio::sync::{Notify, watch};
 use crate::authz;
 use crate::caches::Caches;
 use crate::config::Options;
+use crate::egress::Egress;
 use crate::features::Feature;
 use crate::lifecycle::PostStartHooks;
 use crate::limits::InflightLimit;
@@ -41,6 +42,8 @@ pub struct App {
     /// `--max-requests-inflight` and `--max-mutating-requests-inflight`.
     pub readonly_inflight: InflightLimit,
     pub mutating_inflight: InflightLimit,
+    /// How webhook clients (`controlplane`) dial out: `--egress-selector-config-file`.
+    pub egress: Egress,
     /// Who may do what: `system:masters`, the built-in policy, then configured authorizers;
     /// replaced whole when the configuration changes.
     authorizer: parking_lot::RwLock<Arc<authz::Chain>>,
@@ -76,6 +79,7 @@ impl App {
             authorizer: parking_lot::RwLock::new(Arc::new(authz::Chain::default())),
             readonly_inflight,
             mutating_inflight,
+            egress: Egress::direct(),
         }
     }
 }

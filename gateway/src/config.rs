@@ -161,6 +161,11 @@ pub struct Options {
     #[arg(long)]
     pub etcd_keyfile: Option<PathBuf>,
 
+    /// EgressSelectorConfiguration file: how the server dials webhooks (`controlplane`) and
+    /// etcd (`etcd`), directly or through an HTTP CONNECT tunnel server.
+    #[arg(long)]
+    pub egress_selector_config_file: Option<PathBuf>,
+
     /// The `iss` of service-account tokens, and the issuer they must name to be accepted.
     #[arg(long, default_value = "https://kubernetes.default.svc.cluster.local")]
     pub service_account_issuer: String,
@@ -276,6 +281,14 @@ impl Options {
             compaction_check_interval: (retention / 2)
                 .clamp(Duration::from_millis(100), Duration::from_secs(10)),
             ..Default::default()
+        }
+    }
+
+    /// The dialers of `--egress-selector-config-file` (every connection direct without it).
+    pub fn egress(&self) -> Result<crate::egress::Egress, crate::egress::EgressError> {
+        match &self.egress_selector_config_file {
+            Some(path) => crate::egress::Egress::from_file(path),
+            None => Ok(crate::egress::Egress::direct()),
         }
     }
 

@@ -11,6 +11,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
+use svc_core::config::egress::Selection;
 use svc_storage::Store;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -62,7 +63,21 @@ impl ServerHandle {
 pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
     if opts.storage_backend == crate::config::StorageBackend::Etcd {
         // Connections are lazy: an unreachable etcd shows in /readyz and 503s, not here.
-        let store = svc_storage::etcd::EtcdStore::connect(opts.etcd_config())
+        let mut etcd = opts.etcd_config();
+        let dialer = opts.egress()?.dialer(Selection::Etcd);
+        if !dialer.is_direct() {
+            tracing::info!(route = %dialer.describe(), "etcd connections use the egress selector");
+            etcd.dialer = Some(svc_storage::etcd::EtcdDialer(Arc::new(
+                move |host, port| {
+                    let dialer = dialer.clone();
+                    Box::pin(async move {
+                        let stream = dialer.dial(&host, port).await?;
+                        Ok(Box::new(stream) as Box<dyn svc_storage::etcd::EtcdIo>)
+                    })
+                },
+            )));
+        }
+        let store = svc_storage::etcd::EtcdStore::connect(etcd)
             .await
             .with_context(|| format!("connecting to etcd at {:?}", opts.etcd_servers))?;
         return start_with_store(opts, store).await;
@@ -116,7 +131,9 @@ pub async fn start_with_store(
     let tokens =
         crate::tokens::Tokens::new(&opts, pki.sa_signing_key_pem(), pki.sa_public_key_pem())
             .map_err(|e| anyhow::anyhow!("service-account tokens: {e}"))?;
-    let app = Arc::new(App::new(opts.clone(), store, stop_watches_rx, tokens));
+    let mut app = App::new(opts.clone(), store, stop_watches_rx, tokens);
+    app.egress = opts.egress()?;
+    let app = Arc::new(app);
 
     let mut tasks = vec![tokio::spawn(accept_loop(
         listener,
