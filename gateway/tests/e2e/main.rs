@@ -9,6 +9,7 @@ mod authorization;
 mod certificates;
 mod clients;
 mod crash;
+mod egress;
 mod etcd_gateways;
 mod events;
 mod fanout;
