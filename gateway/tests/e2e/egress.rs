@@ -614,3 +614,47 @@ async fn a_failing_plugin_is_an_error_naming_it_and_nothing_is_sent() {
     );
     assert_eq!(hook.seen.calls.load(Ordering::SeqCst), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_etcd_store_is_reached_through_tinyproxy_when_the_etcd_selection_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = svc_storage::etcd::testing::EtcdCluster::start(dir.path(), 1).await;
+    let etcd_port = cluster.members[0].client_port;
+    let proxy = Tinyproxy::start(dir.path(), &[etcd_port]);
+    let egress = dir.path().join("egress.yaml");
+    std::fs::write(
+        &egress,
+        format!(
+            "apiVersion: apiserver.svc.io/v1\nkind: EgressSelectorConfiguration\n\
+             egressSelections:\n- name: etcd\n  connection:\n    proxyProtocol: HTTPConnect\n    \
+             transport:\n      tcp:\n        url: http://127.0.0.1:{}\n",
+            proxy.port
+        ),
+    )
+    .unwrap();
+    let endpoints = cluster.endpoints();
+    let srv = crate::support::client::TestServer::start_with(move |o| {
+        o.storage_backend = svc_gateway::config::StorageBackend::Etcd;
+        o.etcd_servers = endpoints;
+        o.egress_selector_config_file = Some(egress);
+    })
+    .await;
+    let admin = srv.admin();
+    let (s, body) = admin
+        .post(
+            "/api/v1/namespaces",
+            serde_json::json!({"metadata": {"name": "tunnelled"}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{body}");
+    let (s, got) = admin.get("/api/v1/namespaces/tunnelled").await;
+    assert_eq!(s, StatusCode::OK, "{got}");
+    assert_eq!(got["metadata"]["uid"], body["metadata"]["uid"]);
+    proxy.wait_for(1);
+    let want = format!("CONNECT 127.0.0.1:{etcd_port} HTTP/1.1");
+    assert!(
+        proxy.connects().iter().all(|c| *c == want),
+        "{:?}",
+        proxy.connects()
+    );
+}
