@@ -210,6 +210,12 @@ impl WebhookClient {
         };
         let base_pool = pool(&uri, &base, identity, dialer.clone())?;
         let auth = if let Some(e) = &user.exec {
+            if e.interactive_mode == "Always" {
+                return Err(
+                    "user exec interactiveMode Always: the server has no terminal for the plugin"
+                        .to_string(),
+                );
+            }
             let cfg = exec::ExecConfig::new(e, cluster, dir);
             let (uri2, base2, dialer2) = (uri.clone(), base.clone(), dialer.clone());
             Auth::Exec(exec::Source::new(

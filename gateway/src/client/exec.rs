@@ -36,6 +36,8 @@ pub struct ExecConfig {
     pub api_version: String,
     /// The `ExecCredential` given to the plugin, as JSON.
     pub input: String,
+    /// Shown when the plugin cannot be started.
+    pub install_hint: String,
 }
 
 impl ExecConfig {
@@ -60,6 +62,7 @@ impl ExecConfig {
                 .collect(),
             api_version: exec.api_version.clone(),
             input,
+            install_hint: exec.install_hint.clone(),
         }
     }
 }
@@ -188,7 +191,13 @@ async fn run_plugin(cfg: &ExecConfig) -> Result<Vec<u8>, String> {
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| format!("cannot start it: {e}"))?;
+        .map_err(|e| {
+            if cfg.install_hint.is_empty() {
+                format!("cannot start it: {e}")
+            } else {
+                format!("cannot start it: {e}\n{}", cfg.install_hint)
+            }
+        })?;
     let (Some(mut stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
         return Err("no pipes".to_string());
     };
@@ -325,6 +334,19 @@ mod tests {
         let e = src.get().await.err().unwrap().to_string();
         assert!(
             e.contains("status.clientCertificateData: Required value"),
+            "{e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_missing_plugin_shows_its_install_hint() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = config(dir.path(), "#!/bin/sh\n", false);
+        cfg.command = dir.path().join("absent").display().to_string();
+        cfg.install_hint = "install it with: apt-get install svc-plugin".into();
+        let e = run_plugin(&cfg).await.unwrap_err();
+        assert!(
+            e.contains("cannot start it") && e.contains("apt-get install svc-plugin"),
             "{e}"
         );
     }

@@ -252,6 +252,13 @@ async fn bad_files_are_refused_with_the_field_named() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("proxy-url"), "{e}");
+    let user = "    exec:\n      apiVersion: client.authentication.svc.io/v1\n      command: p\n      \
+                interactiveMode: Always\n";
+    let path = kubeconfig(dir.path(), &pki, &hook, user, "");
+    let e = WebhookClient::from_kubeconfig_file(&path, &Egress::direct())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("interactiveMode Always"), "{e}");
 }
 
 /// tinyproxy on a free loopback port, allowing CONNECT to `ports` only, logging requests.
@@ -388,36 +395,156 @@ fn uds_proxy(path: &Path) -> Arc<AtomicUsize> {
     let count = tunnels.clone();
     tokio::spawn(async move {
         while let Ok((conn, _)) = listener.accept().await {
-            let count = count.clone();
-            tokio::spawn(async move {
-                let mut conn = BufReader::new(conn);
-                let mut line = String::new();
-                conn.read_line(&mut line).await.unwrap();
-                let target = line.split_whitespace().nth(1).unwrap().to_string();
-                loop {
-                    let mut header = String::new();
-                    conn.read_line(&mut header).await.unwrap();
-                    if header == "\r\n" || header.is_empty() {
-                        break;
-                    }
-                }
-                let Ok(mut upstream) = TcpStream::connect(&target).await else {
-                    let _ = conn
-                        .get_mut()
-                        .write_all(b"HTTP/1.1 502 Bad Gateway\r\n\r\n")
-                        .await;
-                    return;
-                };
-                count.fetch_add(1, Ordering::SeqCst);
-                conn.get_mut()
-                    .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                    .await
-                    .unwrap();
-                let _ = tokio::io::copy_bidirectional(&mut conn, &mut upstream).await;
-            });
+            tokio::spawn(serve_connect(conn, count.clone()));
         }
     });
     tunnels
+}
+
+/// A CONNECT proxy over TLS that requires a client certificate from `pki`'s CA.
+async fn tls_proxy(pki: &TestPki) -> (u16, Arc<AtomicUsize>) {
+    let certs = svc_gateway::egress::certs_from_pem(pki.server.0.as_bytes()).unwrap();
+    let key =
+        <rustls::pki_types::PrivateKeyDer as rustls::pki_types::pem::PemObject>::from_pem_slice(
+            pki.server.1.as_bytes(),
+        )
+        .unwrap();
+    let roots = svc_gateway::egress::roots_from_pem(pki.ca_pem.as_bytes()).unwrap();
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+        .build()
+        .unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(certs, key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let tunnels = Arc::new(AtomicUsize::new(0));
+    let count = tunnels.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, count) = (acceptor.clone(), count.clone());
+            tokio::spawn(async move {
+                if let Ok(tls) = acceptor.accept(tcp).await {
+                    serve_connect(tls, count).await;
+                }
+            });
+        }
+    });
+    (port, tunnels)
+}
+
+async fn serve_connect(
+    conn: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    count: Arc<AtomicUsize>,
+) {
+    let mut conn = BufReader::new(conn);
+    let mut line = String::new();
+    if conn.read_line(&mut line).await.is_err() {
+        return;
+    }
+    let Some(target) = line.split_whitespace().nth(1).map(str::to_string) else {
+        return;
+    };
+    loop {
+        let mut header = String::new();
+        match conn.read_line(&mut header).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) if header == "\r\n" => break,
+            Ok(_) => {}
+        }
+    }
+    let Ok(mut upstream) = TcpStream::connect(&target).await else {
+        let _ = conn
+            .get_mut()
+            .write_all(b"HTTP/1.1 502 Bad Gateway\r\n\r\n")
+            .await;
+        return;
+    };
+    count.fetch_add(1, Ordering::SeqCst);
+    if conn
+        .get_mut()
+        .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let _ = tokio::io::copy_bidirectional(&mut conn, &mut upstream).await;
+}
+
+#[tokio::test]
+async fn webhook_traffic_goes_through_a_tls_tunnel_server_with_our_client_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki();
+    let hook = hook(&pki, false).await;
+    let (port, tunnels) = tls_proxy(&pki).await;
+    for (name, pem) in [
+        ("proxy-ca.pem", &pki.ca_pem),
+        ("proxy-client.pem", &pki.client.0),
+        ("proxy-client.key", &pki.client.1),
+    ] {
+        std::fs::write(dir.path().join(name), pem).unwrap();
+    }
+    let d = dir.path().display();
+    let egress = egress_file(
+        dir.path(),
+        "controlplane",
+        &format!(
+            "      tcp:\n        url: https://127.0.0.1:{port}\n        tlsConfig:\n          \
+             caBundle: {d}/proxy-ca.pem\n          clientCert: {d}/proxy-client.pem\n          \
+             clientKey: {d}/proxy-client.key\n"
+        ),
+    );
+    let url = format!("https://127.0.0.1:{}/admit", hook.addr.port());
+    let client = WebhookClient::from_url(&url, Some(pki.ca_pem.as_bytes()), &egress).unwrap();
+    assert_eq!(post(&client, "{}").await.unwrap().0, StatusCode::OK);
+    assert_eq!(tunnels.load(Ordering::SeqCst), 1);
+    // The tunnel server's certificate checked against another CA: refused, nothing sent.
+    let other = self::pki();
+    std::fs::write(dir.path().join("proxy-ca.pem"), &other.ca_pem).unwrap();
+    let egress = Egress::from_file(&dir.path().join("egress.yaml")).unwrap();
+    let client = WebhookClient::from_url(&url, Some(pki.ca_pem.as_bytes()), &egress).unwrap();
+    let e = post(&client, "{}").await.unwrap_err().to_string();
+    assert!(e.contains(&format!("https://127.0.0.1:{port}")), "{e}");
+    assert_eq!(hook.seen.calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn answers_are_bounded_in_size_and_time() {
+    let pki = pki();
+    let hook = hook(&pki, false).await;
+    let url = format!("https://127.0.0.1:{}/admit", hook.addr.port());
+    let client =
+        WebhookClient::from_url(&url, Some(pki.ca_pem.as_bytes()), &Egress::direct()).unwrap();
+    // The hook echoes the body: an answer over 3 MiB.
+    let big = "x".repeat(svc_gateway::client::MAX_RESPONSE_BODY + 1);
+    let e = client.post(Bytes::from(big), JSON, T).await.unwrap_err();
+    assert!(matches!(e, ClientError::TooLarge { .. }), "{e}");
+    // A server that accepts and never answers: the call ends at its timeout.
+    let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "https://127.0.0.1:{}/x",
+        silent.local_addr().unwrap().port()
+    );
+    let _keep = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            held.push(s);
+        }
+    });
+    let client =
+        WebhookClient::from_url(&url, Some(pki.ca_pem.as_bytes()), &Egress::direct()).unwrap();
+    let started = Instant::now();
+    let e = client
+        .post(Bytes::from_static(b"{}"), JSON, Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ClientError::Timeout { .. }), "{e}");
+    assert!(started.elapsed() < T, "{:?}", started.elapsed());
 }
 
 #[tokio::test]
