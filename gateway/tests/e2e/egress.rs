@@ -785,3 +785,34 @@ async fn the_etcd_store_is_reached_through_tinyproxy_when_the_etcd_selection_say
         proxy.connects()
     );
 }
+
+#[tokio::test]
+async fn the_admin_kubeconfig_the_server_writes_is_a_usable_client_file() {
+    let srv = crate::support::client::TestServer::start().await;
+    let written = std::fs::read_to_string(srv.handle().pki.admin_kubeconfig_path()).unwrap();
+    let server = format!("https://127.0.0.1:{}", srv.handle().addr.port());
+    assert!(
+        written.contains(&format!("server: \"{server}\"")),
+        "{written}"
+    );
+    // The same file, its server URL given the path of the TokenReview collection.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("admin.kubeconfig");
+    std::fs::write(
+        &path,
+        written.replace(
+            &format!("server: \"{server}\""),
+            &format!("server: \"{server}/apis/authentication.svc.io/v1/tokenreviews\""),
+        ),
+    )
+    .unwrap();
+    let client = WebhookClient::from_kubeconfig_file(&path, &Egress::direct()).unwrap();
+    let review = serde_json::json!({"apiVersion": "authentication.svc.io/v1",
+        "kind": "TokenReview", "spec": {"token": "not-a-token"}});
+    let (status, answer) = post(&client, &review.to_string()).await.unwrap();
+    // Created by the admin's client certificate (anonymous would be 401 or 403).
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    assert_eq!(answer["kind"], "TokenReview", "{answer}");
+    assert!(answer["status"]["authenticated"] != true, "{answer}");
+    assert!(answer["status"]["error"].is_string(), "{answer}");
+}
