@@ -183,7 +183,8 @@ pub struct Subject<'a> {
 /// An event refused by one or more limits.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refusal {
-    /// `limit reached on type Namespace for key team-a`, one clause per refusing limit.
+    /// `limit reached on type Namespace for key team-a`; several refusing limits read
+    /// `[clause, clause]`.
     pub message: String,
     /// The longest wait until every refusing bucket has allowance again.
     pub retry_after: Duration,
@@ -284,6 +285,7 @@ impl EventRateLimiter {
     /// Charges one event to every limit at `now`; refused if any limit has no allowance left.
     pub fn check(&self, subject: &Subject<'_>, now: u64) -> Result<(), Refusal> {
         let mut refusal: Option<Refusal> = None;
+        let mut several = false;
         for enforcer in &self.enforcers {
             let key = key_of(enforcer.type_, subject);
             if let Err(wait) = enforcer.accept(&key, now) {
@@ -302,11 +304,20 @@ impl EventRateLimiter {
                     Some(r) => {
                         r.message = format!("{}, {clause}", r.message);
                         r.retry_after = r.retry_after.max(wait);
+                        several = true;
                     }
                 }
             }
         }
-        refusal.map_or(Ok(()), Err)
+        match refusal {
+            None => Ok(()),
+            // Several refusals read as Go prints an aggregate error.
+            Some(mut r) if several => {
+                r.message = format!("[{}]", r.message);
+                Err(r)
+            }
+            Some(r) => Err(r),
+        }
     }
 
     /// How many buckets limit `type_` holds now (tests: LRU bounds).

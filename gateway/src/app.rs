@@ -9,6 +9,7 @@ use svc_core::validation::declarative::{Mismatch, Mode, Validator};
 use svc_storage::Store;
 use tokio::sync::{Notify, watch};
 
+use crate::admission;
 use crate::authz;
 use crate::caches::Caches;
 use crate::config::Options;
@@ -41,6 +42,8 @@ pub struct App {
     /// `--max-requests-inflight` and `--max-mutating-requests-inflight`.
     pub readonly_inflight: InflightLimit,
     pub mutating_inflight: InflightLimit,
+    /// The admission plugins every write goes through (empty unless flags enable some).
+    pub admission: admission::Chain,
     /// Who may do what: `system:masters`, the built-in policy, then configured authorizers;
     /// replaced whole when the configuration changes.
     authorizer: parking_lot::RwLock<Arc<authz::Chain>>,
@@ -74,6 +77,7 @@ impl App {
             validator,
             tokens,
             authorizer: parking_lot::RwLock::new(Arc::new(authz::Chain::default())),
+            admission: admission::Chain::default(),
             readonly_inflight,
             mutating_inflight,
         }

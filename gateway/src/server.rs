@@ -80,6 +80,8 @@ pub async fn start_with_store(
     opts: Options,
     store: Arc<dyn Store>,
 ) -> anyhow::Result<ServerHandle> {
+    // A bad admission configuration stops the start before anything listens.
+    let admission = crate::admission::Chain::from_options(&opts).map_err(anyhow::Error::msg)?;
     let listener = TcpListener::bind((opts.bind_address, opts.secure_port))
         .await
         .with_context(|| format!("binding {}:{}", opts.bind_address, opts.secure_port))?;
@@ -116,7 +118,9 @@ pub async fn start_with_store(
     let tokens =
         crate::tokens::Tokens::new(&opts, pki.sa_signing_key_pem(), pki.sa_public_key_pem())
             .map_err(|e| anyhow::anyhow!("service-account tokens: {e}"))?;
-    let app = Arc::new(App::new(opts.clone(), store, stop_watches_rx, tokens));
+    let mut app = App::new(opts.clone(), store, stop_watches_rx, tokens);
+    app.admission = admission;
+    let app = Arc::new(app);
 
     let mut tasks = vec![tokio::spawn(accept_loop(
         listener,

@@ -154,7 +154,7 @@ fn every_limit_is_charged_and_the_refusal_names_each() {
     let r = l.check(&subject("a", "u", &e), 0).unwrap_err();
     assert_eq!(
         r.message,
-        "limit reached on type Namespace for key a, limit reached on type User for key u"
+        "[limit reached on type Namespace for key a, limit reached on type User for key u]"
     );
     assert_eq!(r.retry_after, Duration::from_secs(1));
 }
