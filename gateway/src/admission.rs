@@ -223,12 +223,15 @@ impl Chain {
         };
         let mut plugins = Vec::new();
         for reg in REGISTRY.iter().filter(|r| names.contains(&r.name)) {
-            let config = match &file {
-                Some((path, cfg)) => plugin_configuration(path, cfg, reg.name)?,
-                None => None,
+            let (config, source) = match &file {
+                Some((path, cfg)) => match plugin_configuration(path, cfg, reg.name)? {
+                    Some((config, source)) => (Some(config), format!("{source}: ")),
+                    None => (None, String::new()),
+                },
+                None => (None, String::new()),
             };
-            let plugin =
-                (reg.build)(config).map_err(|e| format!("admission plugin {}: {e}", reg.name))?;
+            let plugin = (reg.build)(config)
+                .map_err(|e| format!("admission plugin {}: {source}{e}", reg.name))?;
             plugins.push((reg.name, plugin));
         }
         if let Some((path, cfg)) = &file {
@@ -354,16 +357,17 @@ fn read_admission_configuration(path: &Path) -> Result<AdmissionConfiguration, S
     config::load::<AdmissionConfiguration>(&bytes).map_err(|e| in_file(path, e))
 }
 
-/// Plugin `name`'s configuration document from the AdmissionConfiguration at `path`: inline,
-/// or read from its own file (relative to `path`'s directory).
+/// Plugin `name`'s configuration document from the AdmissionConfiguration at `path`, and
+/// where it was found (for errors): inline, or read from its own file (relative to `path`'s
+/// directory).
 fn plugin_configuration(
     path: &Path,
     cfg: &AdmissionConfiguration,
     name: &str,
-) -> Result<Option<Value>, String> {
+) -> Result<Option<(Value, String)>, String> {
     match cfg.plugin(name) {
         None => Ok(None),
-        Some(PluginSource::Inline(v)) => Ok(Some(v.clone())),
+        Some(PluginSource::Inline(v)) => Ok(Some((v.clone(), path.display().to_string()))),
         Some(PluginSource::File(file)) => {
             let file = Path::new(file);
             let resolved = if file.is_absolute() {
@@ -375,7 +379,7 @@ fn plugin_configuration(
                 format!("admission plugin {name}: {}: {e}", resolved.display())
             })?;
             config::parse_document(&bytes)
-                .map(Some)
+                .map(|v| Some((v, resolved.display().to_string())))
                 .map_err(|e| format!("admission plugin {name}: {}", in_file(&resolved, e)))
         }
     }

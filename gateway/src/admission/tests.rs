@@ -95,7 +95,7 @@ fn bad_configurations_stop_the_start_naming_the_field() {
         "apiVersion: apiserver.svc.io/v1\nkind: AdmissionConfiguration\nplugin: []\n",
     );
     for (file, expected) in [
-        ("a.yaml", r#"limits[0].qps: Invalid value: "0": must be positive"#),
+        ("a.yaml", r#"bad-limits.yaml: Configuration: limits[0].qps: Invalid value: "0": must be positive"#),
         ("missing.yaml", "nowhere.yaml"),
         ("typo.yaml", r#"plugin: unknown field "plugin""#),
         ("absent.yaml", "--admission-control-config-file"),
