@@ -60,7 +60,9 @@ impl TokenBucket {
         let missing = UNIT - self.units;
         let qps = u128::from(self.qps.max(1));
         let nanos = missing.div_ceil(qps);
-        Err(Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX)))
+        Err(Duration::from_nanos(
+            u64::try_from(nanos).unwrap_or(u64::MAX),
+        ))
     }
 
     /// Whole requests' allowance at `now` (for tests and metrics).

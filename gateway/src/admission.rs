@@ -194,7 +194,9 @@ pub struct Chain {
 
 impl std::fmt::Debug for Chain {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Chain").field("plugins", &self.names).finish()
+        f.debug_struct("Chain")
+            .field("plugins", &self.names)
+            .finish()
     }
 }
 
@@ -324,7 +326,11 @@ pub fn enabled_plugins(enable: &[String], disable: &[String]) -> Result<Vec<&'st
         for n in names.iter().filter(|n| !n.is_empty() && !known(n)) {
             errors.push(format!(
                 "--{flag}: unknown admission plugin {n:?} (known: {})",
-                REGISTRY.iter().map(|r| r.name).collect::<Vec<_>>().join(", ")
+                REGISTRY
+                    .iter()
+                    .map(|r| r.name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ));
         }
     }
@@ -375,9 +381,8 @@ fn plugin_configuration(
             } else {
                 path.parent().unwrap_or(Path::new(".")).join(file)
             };
-            let bytes = std::fs::read(&resolved).map_err(|e| {
-                format!("admission plugin {name}: {}: {e}", resolved.display())
-            })?;
+            let bytes = std::fs::read(&resolved)
+                .map_err(|e| format!("admission plugin {name}: {}: {e}", resolved.display()))?;
             config::parse_document(&bytes)
                 .map(|v| Some((v, resolved.display().to_string())))
                 .map_err(|e| format!("admission plugin {name}: {}", in_file(&resolved, e)))

@@ -56,7 +56,8 @@ impl AdmissionConfiguration {
 }
 
 impl ConfigKind for AdmissionConfiguration {
-    const API_VERSIONS: &'static [&'static str] = &["apiserver.svc.io/v1", "apiserver.svc.io/v1alpha1"];
+    const API_VERSIONS: &'static [&'static str] =
+        &["apiserver.svc.io/v1", "apiserver.svc.io/v1alpha1"];
     const KIND: &'static str = "AdmissionConfiguration";
 
     fn validate(&self) -> ErrorList {
@@ -74,9 +75,7 @@ impl ConfigKind for AdmissionConfiguration {
                     at.child("configuration").as_str(),
                     "may not be set together with path",
                 ),
-                (None, true) => {
-                    errors.required(at.as_str(), "one of path or configuration")
-                }
+                (None, true) => errors.required(at.as_str(), "one of path or configuration"),
                 (Some(v), true) if !v.is_object() => errors.invalid(
                     at.child("configuration").as_str(),
                     &v.to_string(),
@@ -131,15 +130,22 @@ plugins:
                 "- name: A\n  path: a.yaml\n  configuration: {kind: X}\n",
                 vec!["plugins[0].configuration"],
             ),
-            ("- name: A\n  configuration: 3\n", vec!["plugins[0].configuration"]),
+            (
+                "- name: A\n  configuration: 3\n",
+                vec!["plugins[0].configuration"],
+            ),
             (
                 "- name: A\n  path: a.yaml\n- name: A\n  path: b.yaml\n",
                 vec!["plugins[1].name"],
             ),
-            ("- name: A\n  path: a.yaml\n  paths: []\n", vec!["plugins[0].paths"]),
+            (
+                "- name: A\n  path: a.yaml\n  paths: []\n",
+                vec!["plugins[0].paths"],
+            ),
         ] {
-            let doc =
-                format!("apiVersion: apiserver.svc.io/v1\nkind: AdmissionConfiguration\nplugins:\n{plugins}");
+            let doc = format!(
+                "apiVersion: apiserver.svc.io/v1\nkind: AdmissionConfiguration\nplugins:\n{plugins}"
+            );
             let err = load::<AdmissionConfiguration>(doc.as_bytes()).unwrap_err();
             let fields: Vec<&str> = err.errors.0.iter().map(|c| c.field.as_str()).collect();
             assert_eq!(fields, expected, "{plugins}");

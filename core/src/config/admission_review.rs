@@ -170,7 +170,8 @@ impl AdmissionRequest {
             errors.required(op.as_str(), "");
         } else if !OPERATIONS.contains(&self.operation.as_str()) {
             errors.not_supported(op.as_str(), &self.operation, OPERATIONS);
-        } else if self.old_object.is_some() && !matches!(self.operation.as_str(), "UPDATE" | "DELETE")
+        } else if self.old_object.is_some()
+            && !matches!(self.operation.as_str(), "UPDATE" | "DELETE")
         {
             errors.forbidden(
                 at.child("oldObject").as_str(),
@@ -238,7 +239,10 @@ impl AdmissionResponse {
             );
         }
         if !mutating && self.patch.as_deref().is_some_and(|p| !p.is_empty()) {
-            errors.forbidden(at.child("patch").as_str(), "a validating webhook may not patch");
+            errors.forbidden(
+                at.child("patch").as_str(),
+                "a validating webhook may not patch",
+            );
         }
         errors
     }
@@ -327,13 +331,20 @@ mod tests {
             (REQUEST.to_string(), vec![]),
             ("response: {uid: 7f0b, allowed: true}\n".into(), vec![]),
             (
-                format!("response: {{uid: 7f0b, allowed: true, patchType: JSONPatch, patch: {patch}}}\n"),
+                format!(
+                    "response: {{uid: 7f0b, allowed: true, patchType: JSONPatch, patch: {patch}}}\n"
+                ),
                 vec![],
             ),
             ("".into(), vec!["request"]),
             (
                 "request: {operation: CREATE}\n".into(),
-                vec!["request.uid", "request.kind", "request.resource", "request.userInfo"],
+                vec![
+                    "request.uid",
+                    "request.kind",
+                    "request.resource",
+                    "request.userInfo",
+                ],
             ),
             (
                 REQUEST.replace("CREATE", "PATCH"),
@@ -354,7 +365,9 @@ mod tests {
                 vec!["response.patchType"],
             ),
             (
-                format!("response: {{uid: a, allowed: true, patchType: MergePatch, patch: {patch}}}\n"),
+                format!(
+                    "response: {{uid: a, allowed: true, patchType: MergePatch, patch: {patch}}}\n"
+                ),
                 vec!["response.patchType"],
             ),
             (
@@ -375,7 +388,10 @@ mod tests {
                     .into(),
                 vec![],
             ),
-            ("response: {uid: a, allowed: true, reason: x}\n".into(), vec!["response.reason"]),
+            (
+                "response: {uid: a, allowed: true, reason: x}\n".into(),
+                vec!["response.reason"],
+            ),
         ] {
             assert_eq!(fields(&body), expected, "{body}");
         }
@@ -383,7 +399,8 @@ mod tests {
 
     #[test]
     fn a_webhook_response_is_verified_against_its_request() {
-        let patch = base64::engine::general_purpose::STANDARD.encode(br#"[{"op":"remove","path":"/a"}]"#);
+        let patch =
+            base64::engine::general_purpose::STANDARD.encode(br#"[{"op":"remove","path":"/a"}]"#);
         let ok = AdmissionResponse {
             uid: "u1".into(),
             allowed: Some(true),
@@ -402,7 +419,10 @@ mod tests {
         );
         assert_eq!(
             reasons(ok.verify("u1", false)),
-            [("response.patch".to_string(), "FieldValueForbidden".to_string())]
+            [(
+                "response.patch".to_string(),
+                "FieldValueForbidden".to_string()
+            )]
         );
         let none = AdmissionResponse {
             uid: "u1".into(),

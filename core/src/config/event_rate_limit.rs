@@ -129,7 +129,9 @@ mod tests {
     use crate::config::load;
 
     fn doc(limits: &str) -> String {
-        format!("apiVersion: eventratelimit.admission.svc.io/v1alpha1\nkind: Configuration\n{limits}")
+        format!(
+            "apiVersion: eventratelimit.admission.svc.io/v1alpha1\nkind: Configuration\n{limits}"
+        )
     }
 
     #[test]
@@ -145,7 +147,8 @@ mod tests {
         assert_eq!(c.limits[2].cache_size, Some(7));
         assert_eq!(c.limits[2].effective_cache_size(), 7);
         let c: Configuration = load(
-            doc("limits:\n- type: SourceAndObject\n  qps: 1\n  burst: 2\n  cacheSize: 0\n").as_bytes(),
+            doc("limits:\n- type: SourceAndObject\n  qps: 1\n  burst: 2\n  cacheSize: 0\n")
+                .as_bytes(),
         )
         .unwrap();
         assert_eq!(c.limits[0].cache_size, Some(4096));
@@ -198,8 +201,9 @@ mod tests {
             doc("limits:\n- type: Server\n  qps: 1\n  burst: 1\n  cacheSize: -1\n").as_bytes(),
         )
         .unwrap();
-        let err = load::<Configuration>(doc("limits:\n- type: User\n  qps: 1\n  burst: 0\n").as_bytes())
-            .unwrap_err();
+        let err =
+            load::<Configuration>(doc("limits:\n- type: User\n  qps: 1\n  burst: 0\n").as_bytes())
+                .unwrap_err();
         assert_eq!(
             err.lines(),
             [r#"limits[0].burst: Invalid value: "0": must be positive"#]

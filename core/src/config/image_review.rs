@@ -160,15 +160,24 @@ mod tests {
     fn invalid_reviews_name_their_fields() {
         for (body, expected) in [
             ("metadata: {}\n", vec!["spec"]),
-            ("spec:\n  containers:\n  - {}\n", vec!["spec.containers[0].image"]),
+            (
+                "spec:\n  containers:\n  - {}\n",
+                vec!["spec.containers[0].image"],
+            ),
             (
                 "spec:\n  containers:\n  - image: nginx\n  - image: \"a b\"\n",
                 vec!["spec.containers[1].image"],
             ),
-            ("spec:\n  containers:\n  - image: app@sha256\n", vec!["spec.containers[0].image"]),
+            (
+                "spec:\n  containers:\n  - image: app@sha256\n",
+                vec!["spec.containers[0].image"],
+            ),
             ("spec:\n  namespace: Team_A\n", vec!["spec.namespace"]),
             ("spec: {}\nstatus:\n  reason: x\n", vec!["status.allowed"]),
-            ("spec: {}\nstatus:\n  allowed: true\n  reason: x\n", vec!["status.reason"]),
+            (
+                "spec: {}\nstatus:\n  allowed: true\n  reason: x\n",
+                vec!["status.reason"],
+            ),
             (
                 "spec: {}\nstatus:\n  allowed: true\n  auditAnnotations:\n    a/b: c\n",
                 vec!["status.auditAnnotations[a/b]"],

@@ -46,7 +46,9 @@ fn subject<'a>(namespace: &'a str, user: &'a str, event: &'a Event) -> Subject<'
 
 /// Accepts at `now` until refused; returns how many were accepted (bounded).
 fn drain(limiter: &EventRateLimiter, s: &Subject<'_>, now: u64) -> usize {
-    (0..1000).take_while(|_| limiter.check(s, now).is_ok()).count()
+    (0..1000)
+        .take_while(|_| limiter.check(s, now).is_ok())
+        .count()
 }
 
 #[test]
@@ -123,7 +125,10 @@ fn each_type_keys_its_buckets() {
         assert!(l.check(&b, 0).is_ok(), "{type_}");
         assert!(l.check(&a, 0).is_err(), "{type_}: a and b share a bucket");
         if type_ != SERVER {
-            assert!(l.check(&different, 0).is_ok(), "{type_}: another key, another bucket");
+            assert!(
+                l.check(&different, 0).is_ok(),
+                "{type_}: another key, another bucket"
+            );
         }
     }
     let e = event("scheduler", "p1");
@@ -140,10 +145,7 @@ fn each_type_keys_its_buckets() {
 
 #[test]
 fn every_limit_is_charged_and_the_refusal_names_each() {
-    let l = EventRateLimiter::new(
-        &config(&[(NAMESPACE, 1, 1, None), (USER, 1, 2, None)]),
-        0,
-    );
+    let l = EventRateLimiter::new(&config(&[(NAMESPACE, 1, 1, None), (USER, 1, 2, None)]), 0);
     let e = event("c", "o");
     assert!(l.check(&subject("a", "u", &e), 0).is_ok());
     // The namespace bucket refuses, and the user bucket is charged anyway (as Kubernetes).
@@ -186,7 +188,11 @@ fn the_lru_holds_at_most_its_capacity() {
     }
     // d evicted a, a's return evicted b, e evicted c.
     assert!(!lru.contains("b") && !lru.contains("c"));
-    assert_eq!(*lru.get_or_insert_with("a", || 99), 4, "a restarted at its return");
+    assert_eq!(
+        *lru.get_or_insert_with("a", || 99),
+        4,
+        "a restarted at its return"
+    );
     assert_eq!(*lru.get_or_insert_with("d", || 99), 3);
     assert_eq!(*lru.get_or_insert_with("e", || 99), 5);
     let mut one: Lru<u8> = Lru::new(0);

@@ -39,7 +39,8 @@ impl EventRateLimit {
 /// Builds the plugin from its `Configuration` document; it has no default configuration.
 pub fn build(config: Option<Value>) -> Result<Plugin, String> {
     let doc = config.ok_or_else(|| {
-        "a configuration is required: name the plugin in --admission-control-config-file".to_string()
+        "a configuration is required: name the plugin in --admission-control-config-file"
+            .to_string()
     })?;
     let config: Configuration = config::load_value(doc).map_err(|e| e.to_string())?;
     Ok(Plugin {

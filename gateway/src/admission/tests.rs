@@ -23,11 +23,14 @@ fn flags_name_known_plugins_and_never_both_ways() {
         ["EventRateLimit"]
     );
     let err = enabled_plugins(&strings(&["NoSuchPlugin"]), &[]).unwrap_err();
-    assert!(err.contains(r#"--enable-admission-plugins: unknown admission plugin "NoSuchPlugin""#), "{err}");
+    assert!(
+        err.contains(r#"--enable-admission-plugins: unknown admission plugin "NoSuchPlugin""#),
+        "{err}"
+    );
     let err = enabled_plugins(&[], &strings(&["Nope"])).unwrap_err();
     assert!(err.contains("--disable-admission-plugins"), "{err}");
-    let err = enabled_plugins(&strings(&["EventRateLimit"]), &strings(&["EventRateLimit"]))
-        .unwrap_err();
+    let err =
+        enabled_plugins(&strings(&["EventRateLimit"]), &strings(&["EventRateLimit"])).unwrap_err();
     assert!(err.contains(r#"["EventRateLimit"] in both"#), "{err}");
     assert_eq!(
         enabled_plugins(&[], &strings(&["EventRateLimit"])).unwrap(),
@@ -56,19 +59,29 @@ fn plugins_are_configured_inline_or_by_a_path_relative_to_the_file() {
          - name: EventRateLimit\n  path: limits.yaml\n",
     )
     .unwrap();
-    let chain =
-        Chain::from_options(&options(dir.path(), &["EventRateLimit"], Some("conf/admission.yaml")))
-            .unwrap();
+    let chain = Chain::from_options(&options(
+        dir.path(),
+        &["EventRateLimit"],
+        Some("conf/admission.yaml"),
+    ))
+    .unwrap();
     assert_eq!(chain.names(), ["EventRateLimit"]);
 
     let inline = format!(
         "apiVersion: apiserver.svc.io/v1alpha1\nkind: AdmissionConfiguration\nplugins:\n\
          - name: EventRateLimit\n  configuration:\n{}",
-        LIMITS.lines().map(|l| format!("    {l}\n")).collect::<String>()
+        LIMITS
+            .lines()
+            .map(|l| format!("    {l}\n"))
+            .collect::<String>()
     );
     std::fs::write(dir.path().join("inline.yaml"), inline).unwrap();
-    let chain =
-        Chain::from_options(&options(dir.path(), &["EventRateLimit"], Some("inline.yaml"))).unwrap();
+    let chain = Chain::from_options(&options(
+        dir.path(),
+        &["EventRateLimit"],
+        Some("inline.yaml"),
+    ))
+    .unwrap();
     assert_eq!(chain.names(), ["EventRateLimit"]);
     // Configured but not enabled: nothing runs.
     let chain = Chain::from_options(&options(dir.path(), &[], Some("inline.yaml"))).unwrap();
@@ -95,7 +108,10 @@ fn bad_configurations_stop_the_start_naming_the_field() {
         "apiVersion: apiserver.svc.io/v1\nkind: AdmissionConfiguration\nplugin: []\n",
     );
     for (file, expected) in [
-        ("a.yaml", r#"bad-limits.yaml: Configuration: limits[0].qps: Invalid value: "0": must be positive"#),
+        (
+            "a.yaml",
+            r#"bad-limits.yaml: Configuration: limits[0].qps: Invalid value: "0": must be positive"#,
+        ),
         ("missing.yaml", "nowhere.yaml"),
         ("typo.yaml", r#"plugin: unknown field "plugin""#),
         ("absent.yaml", "--admission-control-config-file"),
@@ -105,7 +121,10 @@ fn bad_configurations_stop_the_start_naming_the_field() {
         assert!(err.contains(expected), "{file}: {err}");
     }
     let err = Chain::from_options(&options(dir.path(), &["EventRateLimit"], None)).unwrap_err();
-    assert!(err.contains("EventRateLimit: a configuration is required"), "{err}");
+    assert!(
+        err.contains("EventRateLimit: a configuration is required"),
+        "{err}"
+    );
 }
 
 /// Adds a label when the object has none; counts the requests it saw.
@@ -149,11 +168,17 @@ impl Validating for Arc<Recorder> {
         let seen = match object {
             Some(o) => {
                 let ns = o.as_any().downcast_ref::<Namespace>().expect("a Namespace");
-                ns.metadata.labels.get("admitted").cloned().unwrap_or_default()
+                ns.metadata
+                    .labels
+                    .get("admitted")
+                    .cloned()
+                    .unwrap_or_default()
             }
             None => format!("old={}", old.is_some()),
         };
-        self.0.lock().push(format!("{} {seen}", attrs.operation.as_str()));
+        self.0
+            .lock()
+            .push(format!("{} {seen}", attrs.operation.as_str()));
         if attrs.name == "refuse" {
             return Err(ApiError::Forbidden("refused by the recorder".into()));
         }
@@ -198,12 +223,21 @@ async fn validating_plugins_see_what_mutating_ones_made() {
     let a = attrs(Operation::Create, "a", &user);
     chain.mutate(&a, &mut ns, None, &mut out).await.unwrap();
     assert_eq!(ns.metadata.labels["admitted"], "yes");
-    assert_eq!((ns.kind.as_str(), ns.api_version.as_str()), ("Namespace", "v1"));
+    assert_eq!(
+        (ns.kind.as_str(), ns.api_version.as_str()),
+        ("Namespace", "v1")
+    );
     chain.validate(&a, Some(&ns), None, &mut out).await.unwrap();
     let old = ns.clone();
     let u = attrs(Operation::Update, "a", &user);
-    chain.mutate(&u, &mut ns, Some(&old), &mut out).await.unwrap();
-    chain.validate(&u, Some(&ns), Some(&old), &mut out).await.unwrap();
+    chain
+        .mutate(&u, &mut ns, Some(&old), &mut out)
+        .await
+        .unwrap();
+    chain
+        .validate(&u, Some(&ns), Some(&old), &mut out)
+        .await
+        .unwrap();
     let d = attrs(Operation::Delete, "refuse", &user);
     let err = chain
         .validate::<Namespace>(&d, None, Some(&old), &mut out)
@@ -215,7 +249,10 @@ async fn validating_plugins_see_what_mutating_ones_made() {
         ["CREATE yes", "UPDATE yes", "DELETE old=true"]
     );
     assert_eq!(out.warnings, ["labelled on CREATE", "labelled on UPDATE"]);
-    assert_eq!(out.audit_annotations["labeller/old"], "false", "the first value stays");
+    assert_eq!(
+        out.audit_annotations["labeller/old"], "false",
+        "the first value stays"
+    );
 }
 
 #[tokio::test]
@@ -234,8 +271,10 @@ async fn an_empty_chain_changes_nothing() {
 #[tokio::test]
 async fn event_rate_limit_charges_event_creates_and_updates_but_not_dry_runs() {
     let config = LIMITS.replace("Namespace", "Server");
-    let plugin = event_rate_limit::build(Some(svc_core::config::parse_document(config.as_bytes()).unwrap()))
-        .unwrap();
+    let plugin = event_rate_limit::build(Some(
+        svc_core::config::parse_document(config.as_bytes()).unwrap(),
+    ))
+    .unwrap();
     let chain = Chain::new(vec![("EventRateLimit", plugin)]);
     let user = UserInfo::default();
     let event = Event::default();
@@ -275,7 +314,12 @@ async fn event_rate_limit_charges_event_creates_and_updates_but_not_dry_runs() {
     let user2 = UserInfo::default();
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "a"}})).unwrap();
     chain
-        .validate(&attrs(Operation::Create, "a", &user2), Some(&ns), None, &mut out)
+        .validate(
+            &attrs(Operation::Create, "a", &user2),
+            Some(&ns),
+            None,
+            &mut out,
+        )
         .await
         .unwrap();
 }
@@ -292,7 +336,12 @@ fn warnings_and_annotations_are_bounded() {
     }
     let total: usize = out.warnings.iter().map(|w| w.chars().count()).sum();
     assert!(total <= 2 * WARNINGS_TOTAL_CHARS, "{total}");
-    assert!(out.warnings.iter().skip(5).all(|w| w.chars().count() <= WARNING_ITEM_CHARS));
+    assert!(
+        out.warnings
+            .iter()
+            .skip(5)
+            .all(|w| w.chars().count() <= WARNING_ITEM_CHARS)
+    );
     for i in 0..1000 {
         out.annotate(format!("k{i}"), "v");
     }

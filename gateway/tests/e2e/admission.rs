@@ -130,7 +130,11 @@ async fn event_rate_limit_refuses_the_create_past_the_burst_per_namespace() {
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
     let (s, list) = c.get(&events("team-a")).await;
     assert_eq!(s, StatusCode::OK);
-    assert_eq!(list["items"].as_array().unwrap().len(), accepted, "dry runs stored nothing");
+    assert_eq!(
+        list["items"].as_array().unwrap().len(),
+        accepted,
+        "dry runs stored nothing"
+    );
 
     // Updates are charged too (a patch is an update): patching an event soon meets a 429.
     let path = format!("{}/e-0", events("team-b"));
@@ -176,5 +180,8 @@ async fn a_bad_admission_configuration_stops_the_start_naming_the_field() {
         Ok(_) => panic!("started with an unknown plugin"),
         Err(e) => e.to_string(),
     };
-    assert!(err.contains(r#"unknown admission plugin "NoSuchPlugin""#), "{err}");
+    assert!(
+        err.contains(r#"unknown admission plugin "NoSuchPlugin""#),
+        "{err}"
+    );
 }
