@@ -54,7 +54,9 @@ impl Operation {
 #[derive(Clone, Copy, Debug)]
 pub struct Attributes<'a> {
     pub operation: Operation,
-    /// The kind written (group, version, kind, resource).
+    /// The resource written to (group, version, resource). The object is of its kind, except
+    /// through a subresource that takes another (`serviceaccounts/token` takes a
+    /// TokenRequest): plugins downcast the object to the type they expect.
     pub info: &'static ResourceInfo,
     pub subresource: Option<&'a str>,
     pub namespace: &'a str,

@@ -137,19 +137,21 @@ pub async fn create<T: Kind>(app: &Arc<App>, call: &Call) -> Result<Response<Bod
     let (mut obj, warnings): (T, _) = decode_body(app, call)?;
     object::apply_request_namespace(&mut obj, &call.route.namespace)?;
     let mut outcome = Outcome::default();
-    let name = obj.meta().name.clone();
-    let attrs = admission_attributes::<T>(
-        call,
-        Operation::Create,
-        &call.route.namespace,
-        &name,
-        dry_run,
-    );
-    app.admission
-        .mutate(&attrs, &mut obj, None, &mut outcome)
-        .await?;
-    // A plugin may not move the object to another namespace than the path's.
-    object::apply_request_namespace(&mut obj, &call.route.namespace)?;
+    if !app.admission.is_empty() {
+        let name = obj.meta().name.clone();
+        let attrs = admission_attributes::<T>(
+            call,
+            Operation::Create,
+            &call.route.namespace,
+            &name,
+            dry_run,
+        );
+        app.admission
+            .mutate(&attrs, &mut obj, None, &mut outcome)
+            .await?;
+        // A plugin may not move the object to another namespace than the path's.
+        object::apply_request_namespace(&mut obj, &call.route.namespace)?;
+    }
     let ns = obj.meta().namespace.clone();
     let generated = obj.meta().name.is_empty() && !obj.meta().generate_name.is_empty();
     let requester = &call.user;

@@ -2,7 +2,7 @@
 //! and `--admission-control-config-file` (a per-namespace limit with a small burst) refuses the
 //! event create past the burst with 429, `Retry-After` and a Status; other namespaces keep
 //! their own buckets; dry runs are admitted and never charged (as Kubernetes' plugin skips
-//! them); patches of events are charged; a bad configuration stops the start naming its field.
+//! them); patches and applies of events are charged; a bad configuration stops the start naming its field.
 
 use std::time::Instant;
 
@@ -153,6 +153,26 @@ async fn event_rate_limit_refuses_the_create_past_the_burst_per_namespace() {
         }
         patched += 1;
         assert!(patched <= BURST + 30, "patches never refused");
+    };
+    assert_too_many(&refused, "team-b");
+
+    // Server-side apply that creates is a create: charged the same way.
+    let mut applied = 0;
+    let refused = loop {
+        let name = format!("applied-{applied}");
+        let r = c
+            .request(
+                Method::PATCH,
+                &format!("{}/{name}?fieldManager=test", events("team-b")),
+                &event("team-b", &name).to_string(),
+                &[("content-type", "application/apply-patch+yaml")],
+            )
+            .await;
+        if r.status != StatusCode::CREATED {
+            break r;
+        }
+        applied += 1;
+        assert!(applied <= BURST + 30, "applies never refused");
     };
     assert_too_many(&refused, "team-b");
 }
