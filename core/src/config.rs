@@ -21,6 +21,11 @@ use serde_json::Value;
 
 use crate::validation::ErrorList;
 
+pub mod admission;
+pub mod admission_review;
+pub mod event_rate_limit;
+pub mod image_review;
+
 /// A configuration kind: its versions, its name, its rules and its defaults.
 pub trait ConfigKind: DeserializeOwned + Serialize {
     /// The `apiVersion` values this type decodes, the preferred first.

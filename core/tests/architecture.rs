@@ -178,6 +178,8 @@ const GATEWAY_ORDER: &[&str] = &[
     "tokens",
     "discovery",
     "openapi",
+    "admission::event_rate_limit",
+    "admission",
     "app",
     "authn",
     "health",

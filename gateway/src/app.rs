@@ -9,6 +9,7 @@ use svc_core::validation::declarative::{Mismatch, Mode, Validator};
 use svc_storage::Store;
 use tokio::sync::{Notify, watch};
 
+use crate::admission;
 use crate::authz;
 use crate::caches::Caches;
 use crate::config::Options;
@@ -43,6 +44,8 @@ pub struct App {
     /// `--max-requests-inflight` and `--max-mutating-requests-inflight`.
     pub readonly_inflight: InflightLimit,
     pub mutating_inflight: InflightLimit,
+    /// The admission plugins every write goes through (empty unless flags enable some).
+    pub admission: admission::Chain,
     /// Spans of requests (`--tracing-config-file`); `None`, the default, costs one branch
     /// per request.
     pub tracer: Option<Tracer>,
@@ -96,6 +99,7 @@ impl App {
             validator,
             tokens,
             authorizer: parking_lot::RwLock::new(Arc::new(authz::Chain::default())),
+            admission: admission::Chain::default(),
             readonly_inflight,
             mutating_inflight,
             tracer,

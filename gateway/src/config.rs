@@ -203,6 +203,21 @@ pub struct Options {
     #[arg(long, default_value = "8760h", value_parser = parse_duration)]
     pub cluster_signing_duration: Duration,
 
+    /// Admission plugins to run besides those on by default, comma-separated
+    /// (`EventRateLimit`); an unknown name is an error.
+    #[arg(long, value_delimiter = ',')]
+    pub enable_admission_plugins: Vec<String>,
+
+    /// Admission plugins not to run, even those on by default; naming one also enabled is an
+    /// error.
+    #[arg(long, value_delimiter = ',')]
+    pub disable_admission_plugins: Vec<String>,
+
+    /// An AdmissionConfiguration (`apiserver.svc.io/v1`) giving admission plugins their
+    /// configuration, inline or by path (relative to this file).
+    #[arg(long)]
+    pub admission_control_config_file: Option<PathBuf>,
+
     /// Feature gates: `Name=true,Other=false` (see `features.rs` for the known gates).
     #[arg(long, default_value = "", value_parser = crate::features::FeatureGates::parse)]
     pub feature_gates: crate::features::FeatureGates,

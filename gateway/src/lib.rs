@@ -7,6 +7,7 @@
 //!
 //! **Invariant:** the gateway reaches storage only through the `svc_storage::Store` contract.
 
+pub mod admission;
 pub mod app;
 pub mod authn;
 pub mod authz;

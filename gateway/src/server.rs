@@ -98,6 +98,8 @@ pub async fn start_with_store(
     opts: Options,
     store: Arc<dyn Store>,
 ) -> anyhow::Result<ServerHandle> {
+    // A bad admission configuration stops the start before anything listens.
+    let admission = crate::admission::Chain::from_options(&opts).map_err(anyhow::Error::msg)?;
     let listener = TcpListener::bind((opts.bind_address, opts.secure_port))
         .await
         .with_context(|| format!("binding {}:{}", opts.bind_address, opts.secure_port))?;
@@ -147,6 +149,7 @@ pub async fn start_with_store(
     )
     .context("starting traces")?;
     app.egress = opts.egress()?;
+    app.admission = admission;
     let app = Arc::new(app);
 
     let mut tasks = vec![tokio::spawn(accept_loop(

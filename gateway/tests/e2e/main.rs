@@ -4,6 +4,7 @@
 
 mod support;
 
+mod admission;
 mod api;
 mod authorization;
 mod certificates;
