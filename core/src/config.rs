@@ -17,8 +17,15 @@ use serde_json::Value;
 
 use crate::validation::ErrorList;
 
+pub mod admission;
+pub mod admission_review;
 pub mod component;
 pub mod controller_manager;
+pub mod egress;
+pub mod event_rate_limit;
+pub mod exec_credential;
+pub mod image_review;
+pub mod kubeconfig;
 pub mod proxy;
 pub mod registry;
 pub mod scheduler;

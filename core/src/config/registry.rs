@@ -36,7 +36,14 @@ pub const fn entry<T: ConfigKind>() -> Entry {
 
 /// Every kind this build knows.
 pub const KINDS: &[Entry] = &[
+    entry::<super::egress::EgressSelectorConfiguration>(),
     entry::<super::tracing::TracingConfiguration>(),
+    entry::<super::admission::AdmissionConfiguration>(),
+    entry::<super::exec_credential::ExecCredential>(),
+    entry::<super::kubeconfig::Config>(),
+    entry::<super::event_rate_limit::Configuration>(),
+    entry::<super::image_review::ImageReview>(),
+    entry::<super::admission_review::AdmissionReview>(),
     entry::<super::proxy::SvcProxyConfiguration>(),
     entry::<super::scheduler::SvcSchedulerConfiguration>(),
     entry::<super::scheduler::args::DefaultPreemptionArgs>(),
