@@ -641,3 +641,24 @@ fn messages_read_as_kubernetes_prints_them() {
         ]
     );
 }
+
+#[test]
+fn null_reads_as_left_out() {
+    let ok = accepted(&with(
+        PROXY,
+        "iptables: null\nmode: null\nnodePortAddresses: null\nlogging:\n  options: {text: null}\n",
+    ));
+    assert_eq!(ok["iptables"]["syncPeriod"], "30s");
+    assert_eq!(ok["logging"]["options"]["text"]["infoBufferSize"], "0");
+    let ok = accepted(&with(SCHEDULER, "profiles: null\nleaderElection: null\n"));
+    assert_eq!(ok["profiles"][0]["schedulerName"], "default-scheduler");
+    accepted(&with(CCM, "Generic: null\nWebhook: {Webhooks: null}\n"));
+    // A null where a value is required is still refused where the rule says so.
+    refused(
+        &with(
+            SCHEDULER,
+            "profiles:\n- schedulerName: a\n- schedulerName: null\n",
+        ),
+        &["profiles[1].schedulerName"],
+    );
+}

@@ -11,6 +11,16 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use super::{Duration, Path};
 use crate::validation::ErrorList;
 
+/// A written `null` read as the field's zero value, as Go's JSON decoding reads it into a
+/// non-pointer field (so `iptables: null` is the same as leaving `iptables` out).
+pub fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
 /// Our protobuf media type, Kubernetes' `application/vnd.kubernetes.protobuf`.
 pub const PROTOBUF_CONTENT_TYPE: &str = "application/vnd.svc.protobuf";
 
@@ -19,15 +29,15 @@ pub const PROTOBUF_CONTENT_TYPE: &str = "application/vnd.svc.protobuf";
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ClientConnectionConfiguration {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub svcconfig: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub accept_content_types: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub content_type: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub qps: f64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub burst: i32,
 }
 
@@ -75,11 +85,11 @@ pub struct LeaderElectionConfiguration {
     pub renew_deadline: Option<Duration>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_period: Option<Duration>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub resource_lock: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub resource_name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub resource_namespace: String,
 }
 
@@ -241,18 +251,22 @@ impl<'de> Deserialize<'de> for TimeOrMetaDuration {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct OutputRoutingOptions {
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "std::ops::Not::not"
+    )]
     pub split_stream: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub info_buffer_size: Quantity,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct FormatOptions {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub text: OutputRoutingOptions,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub json: OutputRoutingOptions,
 }
 
@@ -260,9 +274,9 @@ pub struct FormatOptions {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct VModuleItem {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub file_pattern: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub verbosity: u32,
 }
 
@@ -270,15 +284,23 @@ pub struct VModuleItem {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LoggingConfiguration {
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub format: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flush_frequency: Option<TimeOrMetaDuration>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub verbosity: u32,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub vmodule: Vec<VModuleItem>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub options: FormatOptions,
 }
 

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::component::{
     ClientConnectionConfiguration, DebuggingConfiguration, LeaderElectionConfiguration, invalid,
-    non_negative, parse_cidr, positive,
+    non_negative, null_as_default, parse_cidr, positive,
 };
 use super::{ConfigKind, Duration, Path};
 use crate::validation::ErrorList;
@@ -24,42 +24,42 @@ pub const CLUSTER_NAME: &str = "svc";
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct CloudControllerManagerConfiguration {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub generic: GenericControllerManagerConfiguration,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub kube_cloud_shared: KubeCloudSharedConfiguration,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub node_controller: NodeControllerConfiguration,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub service_controller: ServiceControllerConfiguration,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_status_update_frequency: Option<Duration>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub webhook: WebhookConfiguration,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct GenericControllerManagerConfiguration {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub port: i32,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub address: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_resync_period: Option<Duration>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub client_connection: ClientConnectionConfiguration,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub controller_start_interval: Option<Duration>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub leader_election: LeaderElectionConfiguration,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub controllers: Vec<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub debugging: DebuggingConfiguration,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub leader_migration_enabled: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub leader_migration: LeaderMigrationConfiguration,
 }
 
@@ -67,45 +67,53 @@ pub struct GenericControllerManagerConfiguration {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LeaderMigrationConfiguration {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub leader_name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub resource_lock: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub controller_leaders: Vec<ControllerLeaderConfiguration>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ControllerLeaderConfiguration {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub component: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct KubeCloudSharedConfiguration {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub cloud_provider: CloudProviderConfiguration,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub external_cloud_volume_plugin: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub use_service_account_credentials: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub allow_untagged_cloud: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub route_reconciliation_period: Option<Duration>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_monitor_period: Option<Duration>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub cluster_name: String,
-    #[serde(default, rename = "ClusterCIDR")]
+    #[serde(default, deserialize_with = "null_as_default", rename = "ClusterCIDR")]
     pub cluster_cidr: String,
-    #[serde(default, rename = "AllocateNodeCIDRs")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        rename = "AllocateNodeCIDRs"
+    )]
     pub allocate_node_cidrs: bool,
-    #[serde(default, rename = "CIDRAllocatorType")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        rename = "CIDRAllocatorType"
+    )]
     pub cidr_allocator_type: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub configure_cloud_routes: Option<bool>,
@@ -116,23 +124,23 @@ pub struct KubeCloudSharedConfiguration {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct CloudProviderConfiguration {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub cloud_config_file: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct NodeControllerConfiguration {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub concurrent_node_syncs: i32,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct ServiceControllerConfiguration {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub concurrent_service_syncs: i32,
 }
 
@@ -141,7 +149,7 @@ pub struct ServiceControllerConfiguration {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct WebhookConfiguration {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub webhooks: Vec<String>,
 }
 

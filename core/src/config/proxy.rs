@@ -12,8 +12,8 @@ use core::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 use super::component::{
-    ClientConnectionConfiguration, LoggingConfiguration, invalid, non_negative, parse_cidr,
-    positive, validate_host_port,
+    ClientConnectionConfiguration, LoggingConfiguration, invalid, non_negative, null_as_default,
+    parse_cidr, positive, validate_host_port,
 };
 use super::{ConfigKind, Duration, Path};
 use crate::validation::ErrorList;
@@ -38,53 +38,53 @@ const LOCAL_MODES: &[&str] = &[
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SvcProxyConfiguration {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub feature_gates: BTreeMap<String, bool>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub client_connection: ClientConnectionConfiguration,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub logging: LoggingConfiguration,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub hostname_override: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub bind_address: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub healthz_bind_address: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub metrics_bind_address: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub bind_address_hard_fail: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub enable_profiling: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub show_hidden_metrics_for_version: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub mode: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub iptables: IptablesConfiguration,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub ipvs: IpvsConfiguration,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub nftables: NftablesConfiguration,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub winkernel: WinkernelConfiguration,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub detect_local_mode: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub detect_local: DetectLocalConfiguration,
-    #[serde(default, rename = "clusterCIDR")]
+    #[serde(default, deserialize_with = "null_as_default", rename = "clusterCIDR")]
     pub cluster_cidr: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub node_port_addresses: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oom_score_adj: Option<i32>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub conntrack: ConntrackConfiguration,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_sync_period: Option<Duration>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub port_range: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub windows_run_as_service: bool,
 }
 
@@ -93,7 +93,7 @@ pub struct SvcProxyConfiguration {
 pub struct IptablesConfiguration {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub masquerade_bit: Option<i32>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub masquerade_all: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub localhost_node_ports: Option<bool>,
@@ -110,11 +110,11 @@ pub struct IpvsConfiguration {
     pub sync_period: Option<Duration>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_sync_period: Option<Duration>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub scheduler: String,
-    #[serde(default, rename = "excludeCIDRs")]
+    #[serde(default, deserialize_with = "null_as_default", rename = "excludeCIDRs")]
     pub exclude_cidrs: Vec<String>,
-    #[serde(default, rename = "strictARP")]
+    #[serde(default, deserialize_with = "null_as_default", rename = "strictARP")]
     pub strict_arp: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tcp_timeout: Option<Duration>,
@@ -129,7 +129,7 @@ pub struct IpvsConfiguration {
 pub struct NftablesConfiguration {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub masquerade_bit: Option<i32>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub masquerade_all: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sync_period: Option<Duration>,
@@ -140,24 +140,24 @@ pub struct NftablesConfiguration {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WinkernelConfiguration {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub network_name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub source_vip: String,
-    #[serde(default, rename = "enableDSR")]
+    #[serde(default, deserialize_with = "null_as_default", rename = "enableDSR")]
     pub enable_dsr: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub root_hns_endpoint_name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub forward_health_check_vip: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DetectLocalConfiguration {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub bridge_interface: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub interface_name_prefix: String,
 }
 
@@ -176,7 +176,7 @@ pub struct ConntrackConfiguration {
     pub udp_timeout: Option<Duration>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub udp_stream_timeout: Option<Duration>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub tcp_be_liberal: bool,
 }
 

@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use super::component::{
     ClientConnectionConfiguration, LeaderElectionConfiguration, invalid, non_negative,
+    null_as_default,
 };
 use super::{ConfigKind, Duration, Path};
 use crate::validation::{ErrorList, qualified_name};
@@ -29,9 +30,9 @@ pub const LOCK_NAME: &str = "svc-scheduler";
 pub struct SvcSchedulerConfiguration {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parallelism: Option<i32>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub leader_election: LeaderElectionConfiguration,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub client_connection: ClientConnectionConfiguration,
     /// From the embedded `DebuggingConfiguration`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -45,11 +46,19 @@ pub struct SvcSchedulerConfiguration {
     pub pod_initial_backoff_seconds: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_max_backoff_seconds: Option<i64>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub profiles: Vec<Profile>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub extenders: Vec<Extender>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub delay_cache_until_active: bool,
 }
 
@@ -63,7 +72,11 @@ pub struct Profile {
     pub percentage_of_nodes_to_score: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plugins: Option<Plugins>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub plugin_config: Vec<PluginConfig>,
 }
 
@@ -72,31 +85,83 @@ pub struct Profile {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Plugins {
-    #[serde(default, skip_serializing_if = "PluginSet::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "PluginSet::is_empty"
+    )]
     pub pre_enqueue: PluginSet,
-    #[serde(default, skip_serializing_if = "PluginSet::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "PluginSet::is_empty"
+    )]
     pub queue_sort: PluginSet,
-    #[serde(default, skip_serializing_if = "PluginSet::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "PluginSet::is_empty"
+    )]
     pub pre_filter: PluginSet,
-    #[serde(default, skip_serializing_if = "PluginSet::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "PluginSet::is_empty"
+    )]
     pub filter: PluginSet,
-    #[serde(default, skip_serializing_if = "PluginSet::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "PluginSet::is_empty"
+    )]
     pub post_filter: PluginSet,
-    #[serde(default, skip_serializing_if = "PluginSet::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "PluginSet::is_empty"
+    )]
     pub pre_score: PluginSet,
-    #[serde(default, skip_serializing_if = "PluginSet::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "PluginSet::is_empty"
+    )]
     pub score: PluginSet,
-    #[serde(default, skip_serializing_if = "PluginSet::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "PluginSet::is_empty"
+    )]
     pub reserve: PluginSet,
-    #[serde(default, skip_serializing_if = "PluginSet::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "PluginSet::is_empty"
+    )]
     pub permit: PluginSet,
-    #[serde(default, skip_serializing_if = "PluginSet::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "PluginSet::is_empty"
+    )]
     pub pre_bind: PluginSet,
-    #[serde(default, skip_serializing_if = "PluginSet::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "PluginSet::is_empty"
+    )]
     pub bind: PluginSet,
-    #[serde(default, skip_serializing_if = "PluginSet::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "PluginSet::is_empty"
+    )]
     pub post_bind: PluginSet,
-    #[serde(default, skip_serializing_if = "PluginSet::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "PluginSet::is_empty"
+    )]
     pub multi_point: PluginSet,
 }
 
@@ -131,9 +196,17 @@ impl Plugins {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PluginSet {
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub enabled: Vec<Plugin>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub disabled: Vec<Plugin>,
 }
 
@@ -183,7 +256,7 @@ impl PluginSet {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Plugin {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<i32>,
@@ -194,7 +267,7 @@ pub struct Plugin {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PluginConfig {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub args: Option<Value>,
@@ -204,59 +277,109 @@ pub struct PluginConfig {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Extender {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub url_prefix: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub filter_verb: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub preempt_verb: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub prioritize_verb: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub weight: i64,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub bind_verb: String,
-    #[serde(default, rename = "enableHTTPS")]
+    #[serde(default, deserialize_with = "null_as_default", rename = "enableHTTPS")]
     pub enable_https: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls_config: Option<ExtenderTlsConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http_timeout: Option<Duration>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub node_cache_capable: bool,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub managed_resources: Vec<ExtenderManagedResource>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub ignorable: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ExtenderTlsConfig {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub insecure: bool,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub server_name: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub cert_file: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub key_file: String,
-    #[serde(default, rename = "caFile", skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        rename = "caFile",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub ca_file: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub cert_data: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub key_data: String,
-    #[serde(default, rename = "caData", skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        rename = "caData",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub ca_data: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ExtenderManagedResource {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub ignored_by_scheduler: bool,
 }
 

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::API_VERSION;
-use crate::config::component::{invalid, prefixed};
+use crate::config::component::{invalid, null_as_default, prefixed};
 use crate::config::{ConfigKind, Path, decode_strict};
 use crate::validation::{ErrorList, qualified_name};
 
@@ -164,7 +164,7 @@ impl ConfigKind for DefaultPreemptionArgs {
 pub struct InterPodAffinityArgs {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hard_pod_affinity_weight: Option<i32>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub ignore_preferred_terms_of_existing_pods: bool,
 }
 
@@ -220,34 +220,46 @@ pub struct NodeAffinity {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeSelector {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub node_selector_terms: Vec<NodeSelectorTerm>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeSelectorTerm {
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub match_expressions: Vec<NodeSelectorRequirement>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub match_fields: Vec<NodeSelectorRequirement>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct NodeSelectorRequirement {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub key: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub operator: String,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub values: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PreferredSchedulingTerm {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub weight: i32,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub preference: NodeSelectorTerm,
 }
 
@@ -347,9 +359,9 @@ impl ConfigKind for NodeAffinityArgs {
 /// A resource and its weight in scoring.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ResourceSpec {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub weight: i64,
 }
 
@@ -374,7 +386,11 @@ fn default_weights(resources: &mut Vec<ResourceSpec>) {
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct NodeResourcesBalancedAllocationArgs {
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub resources: Vec<ResourceSpec>,
 }
 
@@ -406,9 +422,17 @@ impl ConfigKind for NodeResourcesBalancedAllocationArgs {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeResourcesFitArgs {
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub ignored_resources: Vec<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub ignored_resource_groups: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scoring_strategy: Option<ScoringStrategy>,
@@ -417,9 +441,13 @@ pub struct NodeResourcesFitArgs {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ScoringStrategy {
-    #[serde(default, rename = "type")]
+    #[serde(default, deserialize_with = "null_as_default", rename = "type")]
     pub kind: String,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub resources: Vec<ResourceSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_to_capacity_ratio: Option<RequestedToCapacityRatioParam>,
@@ -427,15 +455,15 @@ pub struct ScoringStrategy {
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RequestedToCapacityRatioParam {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub shape: Vec<UtilizationShapePoint>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct UtilizationShapePoint {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub utilization: i32,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub score: i32,
 }
 
@@ -546,9 +574,17 @@ impl ConfigKind for NodeResourcesFitArgs {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PodTopologySpreadArgs {
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub default_constraints: Vec<TopologySpreadConstraint>,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub defaulting_type: String,
 }
 
@@ -556,11 +592,11 @@ pub struct PodTopologySpreadArgs {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TopologySpreadConstraint {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub max_skew: i32,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub topology_key: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub when_unsatisfiable: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label_selector: Option<Value>,
@@ -570,7 +606,11 @@ pub struct TopologySpreadConstraint {
     pub node_affinity_policy: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_taints_policy: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub match_label_keys: Vec<String>,
 }
 
