@@ -1,0 +1,1027 @@
+//! CEL functions: their overloads (for the checker) and their implementations with their
+//! costs (for the evaluator), one place per function.
+
+use std::sync::Arc;
+
+use regex::Regex;
+
+use super::eval::Meter;
+use super::value::{Key, Value, compare, map_get};
+use super::{EvalError, MAX_LIST_LEN, MAX_STRING_BYTES, Type};
+
+/// A resolved function or operator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Func {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Mod,
+    Neg,
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    In,
+    Index,
+    OptIndex,
+    Size,
+    Contains,
+    StartsWith,
+    EndsWith,
+    Matches,
+    LowerAscii,
+    UpperAscii,
+    Trim,
+    Split,
+    Join,
+    Replace,
+    IndexOf,
+    LastIndexOf,
+    Substring,
+    ToInt,
+    ToUint,
+    ToDouble,
+    ToString,
+    ToBool,
+    ToBytes,
+    TypeOf,
+    Dyn,
+    ToDuration,
+    ToTimestamp,
+    SetsContains,
+    SetsEquivalent,
+    SetsIntersects,
+    OptionalOf,
+    OptionalNone,
+    OrValue,
+    HasValue,
+    OptValue,
+}
+
+/// One overload: whether it is called on a receiver, parameter types (receiver first), result.
+struct Sig(bool, Vec<Type>, Type);
+
+fn sig(receiver: bool, params: &[Type], result: Type) -> Sig {
+    Sig(receiver, params.to_vec(), result)
+}
+
+fn both(out: &mut Vec<Sig>, params: &[Type], result: Type) {
+    out.push(sig(true, params, result.clone()));
+    out.push(sig(false, params, result));
+}
+
+/// The named (non-operator) functions: `sets.*` and `optional.*` are spelt with their
+/// namespace, as `sets.contains`.
+fn named(name: &str) -> Option<(Func, Vec<Sig>)> {
+    use Type as T;
+    let s = T::String;
+    let i = T::Int;
+    let dl = T::list(T::Dyn);
+    let mut o = Vec::new();
+    let f = match name {
+        "size" => {
+            for t in [T::String, T::Bytes, dl.clone(), T::map(T::Dyn, T::Dyn)] {
+                both(&mut o, &[t], T::Int);
+            }
+            Func::Size
+        }
+        "contains" | "startsWith" | "endsWith" => {
+            o.push(sig(true, &[s.clone(), s.clone()], T::Bool));
+            match name {
+                "contains" => Func::Contains,
+                "startsWith" => Func::StartsWith,
+                _ => Func::EndsWith,
+            }
+        }
+        "matches" => {
+            both(&mut o, &[s.clone(), s.clone()], T::Bool);
+            Func::Matches
+        }
+        "lowerAscii" | "upperAscii" | "trim" => {
+            o.push(sig(true, std::slice::from_ref(&s), s.clone()));
+            match name {
+                "lowerAscii" => Func::LowerAscii,
+                "upperAscii" => Func::UpperAscii,
+                _ => Func::Trim,
+            }
+        }
+        "split" => {
+            o.push(sig(true, &[s.clone(), s.clone()], T::list(s.clone())));
+            o.push(sig(
+                true,
+                &[s.clone(), s.clone(), i.clone()],
+                T::list(s.clone()),
+            ));
+            Func::Split
+        }
+        "join" => {
+            o.push(sig(true, &[T::list(s.clone())], s.clone()));
+            o.push(sig(true, &[T::list(s.clone()), s.clone()], s.clone()));
+            Func::Join
+        }
+        "replace" => {
+            o.push(sig(true, &[s.clone(), s.clone(), s.clone()], s.clone()));
+            o.push(sig(
+                true,
+                &[s.clone(), s.clone(), s.clone(), i.clone()],
+                s.clone(),
+            ));
+            Func::Replace
+        }
+        "indexOf" | "lastIndexOf" => {
+            o.push(sig(true, &[s.clone(), s.clone()], i.clone()));
+            o.push(sig(true, &[s.clone(), s.clone(), i.clone()], i.clone()));
+            if name == "indexOf" {
+                Func::IndexOf
+            } else {
+                Func::LastIndexOf
+            }
+        }
+        "substring" => {
+            o.push(sig(true, &[s.clone(), i.clone()], s.clone()));
+            o.push(sig(true, &[s.clone(), i.clone(), i.clone()], s.clone()));
+            Func::Substring
+        }
+        "int" => {
+            for t in [
+                T::Int,
+                T::Uint,
+                T::Double,
+                T::String,
+                T::Timestamp,
+                T::Duration,
+            ] {
+                o.push(sig(false, &[t], T::Int));
+            }
+            Func::ToInt
+        }
+        "uint" => {
+            for t in [T::Int, T::Uint, T::Double, T::String] {
+                o.push(sig(false, &[t], T::Uint));
+            }
+            Func::ToUint
+        }
+        "double" => {
+            for t in [T::Int, T::Uint, T::Double, T::String] {
+                o.push(sig(false, &[t], T::Double));
+            }
+            Func::ToDouble
+        }
+        "string" => {
+            for t in [
+                T::Int,
+                T::Uint,
+                T::Double,
+                T::String,
+                T::Bool,
+                T::Bytes,
+                T::Timestamp,
+                T::Duration,
+            ] {
+                o.push(sig(false, &[t], T::String));
+            }
+            Func::ToString
+        }
+        "bool" => {
+            for t in [T::Bool, T::String] {
+                o.push(sig(false, &[t], T::Bool));
+            }
+            Func::ToBool
+        }
+        "bytes" => {
+            for t in [T::Bytes, T::String] {
+                o.push(sig(false, &[t], T::Bytes));
+            }
+            Func::ToBytes
+        }
+        "type" => {
+            o.push(sig(false, &[T::Dyn], T::Type));
+            Func::TypeOf
+        }
+        "dyn" => {
+            o.push(sig(false, &[T::Dyn], T::Dyn));
+            Func::Dyn
+        }
+        "duration" => {
+            for t in [T::String, T::Duration] {
+                o.push(sig(false, &[t], T::Duration));
+            }
+            Func::ToDuration
+        }
+        "timestamp" => {
+            for t in [T::String, T::Timestamp, T::Int] {
+                o.push(sig(false, &[t], T::Timestamp));
+            }
+            Func::ToTimestamp
+        }
+        "sets.contains" | "sets.equivalent" | "sets.intersects" => {
+            o.push(sig(false, &[dl.clone(), dl.clone()], T::Bool));
+            match name {
+                "sets.contains" => Func::SetsContains,
+                "sets.equivalent" => Func::SetsEquivalent,
+                _ => Func::SetsIntersects,
+            }
+        }
+        "optional.of" => {
+            o.push(sig(false, &[T::Dyn], T::Optional(Box::new(T::Dyn))));
+            Func::OptionalOf
+        }
+        "optional.none" => {
+            o.push(sig(false, &[], T::Optional(Box::new(T::Dyn))));
+            Func::OptionalNone
+        }
+        "orValue" => {
+            o.push(sig(true, &[T::Optional(Box::new(T::Dyn)), T::Dyn], T::Dyn));
+            Func::OrValue
+        }
+        "hasValue" => {
+            o.push(sig(true, &[T::Optional(Box::new(T::Dyn))], T::Bool));
+            Func::HasValue
+        }
+        "value" => {
+            o.push(sig(true, &[T::Optional(Box::new(T::Dyn))], T::Dyn));
+            Func::OptValue
+        }
+        _ => return None,
+    };
+    Some((f, o))
+}
+
+/// Whether `name` is a function we know (for "undeclared reference" versus "no overload").
+pub(crate) fn is_known(name: &str) -> bool {
+    named(name).is_some()
+}
+
+fn arg_list(args: &[Type]) -> String {
+    let names: Vec<String> = args.iter().map(Type::name).collect();
+    format!("({})", names.join(", "))
+}
+
+fn no_overload(name: &str, args: &[Type]) -> String {
+    format!(
+        "found no matching overload for '{name}' applied to '{}'",
+        arg_list(args)
+    )
+}
+
+/// Resolves a named function call to its implementation and result type.
+pub(crate) fn resolve_named(
+    name: &str,
+    receiver: bool,
+    args: &[Type],
+) -> Result<(Func, Type), String> {
+    let Some((func, sigs)) = named(name) else {
+        return Err(format!("undeclared reference to '{name}'"));
+    };
+    let mut result: Option<Type> = None;
+    for Sig(recv, params, out) in &sigs {
+        if *recv != receiver || params.len() != args.len() {
+            continue;
+        }
+        if args.iter().zip(params).all(|(a, p)| a.assignable_to(p)) {
+            let out = refine(func, args, out.clone());
+            result = Some(match result {
+                None => out,
+                Some(prev) if prev == out => prev,
+                Some(_) => Type::Dyn,
+            });
+        }
+    }
+    match result {
+        Some(t) => Ok((func, t)),
+        None => Err(no_overload(name, args)),
+    }
+}
+
+/// Result types that depend on the argument types.
+fn refine(func: Func, args: &[Type], out: Type) -> Type {
+    match (func, args) {
+        (Func::OptionalOf, [t]) => Type::Optional(Box::new(t.clone())),
+        (Func::OrValue | Func::OptValue, [Type::Optional(t), ..]) => (**t).clone(),
+        _ => out,
+    }
+}
+
+fn numeric(t: &Type) -> bool {
+    matches!(t, Type::Int | Type::Uint | Type::Double | Type::Dyn)
+}
+
+/// Resolves an operator (`_+_`, `_==_`, `@in`, `_[_]`, ...) by the types of its operands.
+pub(crate) fn resolve_operator(op: &str, args: &[Type]) -> Result<(Func, Type), String> {
+    use Type as T;
+    let display = match op {
+        "_+_" => "+",
+        "_-_" | "-_" => "-",
+        "_*_" => "*",
+        "_/_" => "/",
+        "_%_" => "%",
+        "_==_" => "==",
+        "_!=_" => "!=",
+        "_<_" => "<",
+        "_<=_" => "<=",
+        "_>_" => ">",
+        "_>=_" => ">=",
+        "@in" => "in",
+        "_[_]" | "_[?_]" => "[]",
+        other => other,
+    };
+    let fail = || no_overload(display, args);
+    let same = |a: &T, b: &T| -> Option<T> {
+        match (a, b) {
+            (T::Dyn, x) | (x, T::Dyn) => Some(x.clone()),
+            (x, y) if x == y => Some(x.clone()),
+            (x, y) if x.assignable_to(y) => Some(T::Dyn),
+            _ => None,
+        }
+    };
+    match (op, args) {
+        ("_+_", [a, b]) => {
+            match (a, b) {
+                (T::Timestamp, T::Duration) | (T::Duration, T::Timestamp) => {
+                    return Ok((Func::Add, T::Timestamp));
+                }
+                _ => {}
+            }
+            let t = same(a, b).ok_or_else(fail)?;
+            let ok = matches!(
+                &t,
+                T::Int
+                    | T::Uint
+                    | T::Double
+                    | T::String
+                    | T::Bytes
+                    | T::List(_)
+                    | T::Dyn
+                    | T::Duration
+            );
+            if ok { Ok((Func::Add, t)) } else { Err(fail()) }
+        }
+        ("_-_", [a, b]) => match (a, b) {
+            (T::Timestamp, T::Timestamp) => Ok((Func::Sub, T::Duration)),
+            (T::Timestamp, T::Duration) => Ok((Func::Sub, T::Timestamp)),
+            _ => match same(a, b) {
+                Some(t @ (T::Int | T::Uint | T::Double | T::Duration | T::Dyn)) => {
+                    Ok((Func::Sub, t))
+                }
+                _ => Err(fail()),
+            },
+        },
+        ("_*_" | "_/_", [a, b]) => match same(a, b) {
+            Some(t @ (T::Int | T::Uint | T::Double | T::Dyn)) => {
+                Ok((if op == "_*_" { Func::Mul } else { Func::Div }, t))
+            }
+            _ => Err(fail()),
+        },
+        ("_%_", [a, b]) => match same(a, b) {
+            Some(t @ (T::Int | T::Uint | T::Dyn)) => Ok((Func::Mod, t)),
+            _ => Err(fail()),
+        },
+        ("-_", [a]) => match a {
+            T::Int | T::Double | T::Duration | T::Dyn => Ok((Func::Neg, a.clone())),
+            _ => Err(fail()),
+        },
+        ("_==_" | "_!=_", [a, b]) => {
+            if a.assignable_to(b)
+                || b.assignable_to(a)
+                || (numeric(a) && numeric(b))
+                || *a == T::Null
+                || *b == T::Null
+            {
+                Ok((if op == "_==_" { Func::Eq } else { Func::Ne }, T::Bool))
+            } else {
+                Err(fail())
+            }
+        }
+        ("_<_" | "_<=_" | "_>_" | "_>=_", [a, b]) => {
+            let ok = (numeric(a) && numeric(b))
+                || matches!(
+                    same(a, b),
+                    Some(T::String | T::Bytes | T::Bool | T::Timestamp | T::Duration | T::Dyn)
+                );
+            if !ok {
+                return Err(fail());
+            }
+            let f = match op {
+                "_<_" => Func::Lt,
+                "_<=_" => Func::Le,
+                "_>_" => Func::Gt,
+                _ => Func::Ge,
+            };
+            Ok((f, T::Bool))
+        }
+        ("@in", [a, c]) => match c {
+            T::List(e) if a.assignable_to(e) || (numeric(a) && numeric(e)) => {
+                Ok((Func::In, T::Bool))
+            }
+            T::Map(k, _) if a.assignable_to(k) || (numeric(a) && numeric(k)) => {
+                Ok((Func::In, T::Bool))
+            }
+            T::Dyn => Ok((Func::In, T::Bool)),
+            _ => Err(fail()),
+        },
+        ("_[_]" | "_[?_]", [c, i]) => {
+            let elem = match c {
+                T::List(e) if matches!(i, T::Int | T::Uint | T::Dyn) => (**e).clone(),
+                T::Map(k, v) if i.assignable_to(k) || (numeric(i) && numeric(k)) => (**v).clone(),
+                T::Dyn => T::Dyn,
+                T::Optional(_) if op == "_[?_]" => T::Dyn,
+                _ => return Err(fail()),
+            };
+            if op == "_[_]" {
+                Ok((Func::Index, elem))
+            } else {
+                Ok((Func::OptIndex, T::Optional(Box::new(elem))))
+            }
+        }
+        _ => Err(format!("undeclared reference to '{op}'")),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Run time.
+
+fn overload(func: Func, args: &[Value]) -> EvalError {
+    let types: Vec<Type> = args.iter().map(Value::type_of).collect();
+    EvalError::runtime(format!("no such overload: {func:?}{}", arg_list(&types)))
+}
+
+/// Cost of traversing `n` bytes: a tenth of them, at least 1.
+pub(crate) fn traversal(n: usize) -> u64 {
+    1 + (n as u64) / 10
+}
+
+fn string(s: String) -> Result<Value, EvalError> {
+    if s.len() > MAX_STRING_BYTES {
+        return Err(EvalError::runtime(format!(
+            "string of {} bytes exceeds the limit of {MAX_STRING_BYTES}",
+            s.len()
+        )));
+    }
+    Ok(Value::String(s.into()))
+}
+
+fn check_list_len(n: usize) -> Result<(), EvalError> {
+    if n > MAX_LIST_LEN {
+        return Err(EvalError::runtime(format!(
+            "list of {n} elements exceeds the limit of {MAX_LIST_LEN}"
+        )));
+    }
+    Ok(())
+}
+
+fn overflow() -> EvalError {
+    EvalError::runtime("integer overflow")
+}
+
+fn int_arg(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(*i),
+        Value::Uint(u) => i64::try_from(*u).ok(),
+        _ => None,
+    }
+}
+
+/// Compiles a regex with bounded size (the `regex` crate matches in linear time).
+pub(crate) fn compile_regex(pattern: &str) -> Result<Regex, String> {
+    regex::RegexBuilder::new(pattern)
+        .size_limit(1 << 20)
+        .dfa_size_limit(1 << 20)
+        .nest_limit(100)
+        .build()
+        .map_err(|e| format!("invalid regular expression '{pattern}': {e}"))
+}
+
+/// Cost of a `matches` call: length of the regex times length of the input.
+pub(crate) fn regex_cost(pattern_len: usize, input_len: usize) -> u64 {
+    (pattern_len.max(1) as u64).saturating_mul(input_len.max(1) as u64)
+}
+
+/// Calls `func` on evaluated `args` (receiver first), charging its cost to `meter`.
+pub(crate) fn call(func: Func, args: &[Value], meter: &mut Meter) -> Result<Value, EvalError> {
+    use Value as V;
+    meter.charge(1)?;
+    let bad = || overload(func, args);
+    match (func, args) {
+        (Func::Add, [a, b]) => add(a, b, meter),
+        (Func::Sub, [a, b]) => match (a, b) {
+            (V::Int(x), V::Int(y)) => x.checked_sub(*y).map(V::Int).ok_or_else(overflow),
+            (V::Uint(x), V::Uint(y)) => x.checked_sub(*y).map(V::Uint).ok_or_else(overflow),
+            (V::Double(x), V::Double(y)) => Ok(V::Double(x - y)),
+            (V::Timestamp(x), V::Timestamp(y)) => duration(x - y),
+            (V::Timestamp(x), V::Duration(y)) => timestamp(x - y),
+            (V::Duration(x), V::Duration(y)) => duration(x - y),
+            _ => Err(bad()),
+        },
+        (Func::Mul, [a, b]) => match (a, b) {
+            (V::Int(x), V::Int(y)) => x.checked_mul(*y).map(V::Int).ok_or_else(overflow),
+            (V::Uint(x), V::Uint(y)) => x.checked_mul(*y).map(V::Uint).ok_or_else(overflow),
+            (V::Double(x), V::Double(y)) => Ok(V::Double(x * y)),
+            _ => Err(bad()),
+        },
+        (Func::Div, [a, b]) => match (a, b) {
+            (V::Int(_), V::Int(0)) | (V::Uint(_), V::Uint(0)) => {
+                Err(EvalError::runtime("division by zero"))
+            }
+            (V::Int(x), V::Int(y)) => x.checked_div(*y).map(V::Int).ok_or_else(overflow),
+            (V::Uint(x), V::Uint(y)) => Ok(V::Uint(x / y)),
+            (V::Double(x), V::Double(y)) => Ok(V::Double(x / y)),
+            _ => Err(bad()),
+        },
+        (Func::Mod, [a, b]) => match (a, b) {
+            (V::Int(_), V::Int(0)) | (V::Uint(_), V::Uint(0)) => {
+                Err(EvalError::runtime("modulus by zero"))
+            }
+            (V::Int(x), V::Int(y)) => x.checked_rem(*y).map(V::Int).ok_or_else(overflow),
+            (V::Uint(x), V::Uint(y)) => Ok(V::Uint(x % y)),
+            _ => Err(bad()),
+        },
+        (Func::Neg, [a]) => match a {
+            V::Int(x) => x.checked_neg().map(V::Int).ok_or_else(overflow),
+            V::Double(x) => Ok(V::Double(-x)),
+            V::Duration(x) => duration(-x),
+            _ => Err(bad()),
+        },
+        (Func::Eq | Func::Ne, [a, b]) => {
+            meter.charge(equality_cost(a, b))?;
+            let eq = a == b;
+            Ok(V::Bool(if func == Func::Eq { eq } else { !eq }))
+        }
+        (Func::Lt | Func::Le | Func::Gt | Func::Ge, [a, b]) => {
+            if !super::value::orderable(a, b) {
+                return Err(bad());
+            }
+            if let (V::String(x), V::String(y)) = (a, b) {
+                meter.charge(traversal(x.len().min(y.len())))?;
+            }
+            let Some(o) = compare(a, b) else {
+                return Ok(V::Bool(false)); // NaN compares false
+            };
+            Ok(V::Bool(match func {
+                Func::Lt => o.is_lt(),
+                Func::Le => o.is_le(),
+                Func::Gt => o.is_gt(),
+                _ => o.is_ge(),
+            }))
+        }
+        (Func::In, [a, c]) => match c {
+            V::List(l) => {
+                for x in l.iter() {
+                    meter.charge(equality_cost(a, x))?;
+                    if a == x {
+                        return Ok(V::Bool(true));
+                    }
+                }
+                Ok(V::Bool(false))
+            }
+            V::Map(m) => Ok(V::Bool(map_get(m, a).is_some())),
+            _ => Err(bad()),
+        },
+        (Func::Index, [c, i]) => index(c, i).and_then(|v| v.ok_or_else(|| no_such_key(i))),
+        (Func::OptIndex, [c, i]) => match c {
+            V::Optional(None) => Ok(V::Optional(None)),
+            V::Optional(Some(inner)) => Ok(V::Optional(index(inner, i)?.map(Box::new))),
+            _ => Ok(V::Optional(index(c, i)?.map(Box::new))),
+        },
+        (Func::Size, [a]) => match a {
+            V::String(s) => {
+                meter.charge(traversal(s.len()))?;
+                Ok(V::Int(s.chars().count() as i64))
+            }
+            V::Bytes(b) => Ok(V::Int(b.len() as i64)),
+            V::List(l) => Ok(V::Int(l.len() as i64)),
+            V::Map(m) => Ok(V::Int(m.len() as i64)),
+            _ => Err(bad()),
+        },
+        (Func::Contains | Func::StartsWith | Func::EndsWith, [V::String(s), V::String(p)]) => {
+            meter.charge(traversal(s.len() + p.len()))?;
+            Ok(V::Bool(match func {
+                Func::Contains => s.contains(&**p),
+                Func::StartsWith => s.starts_with(&**p),
+                _ => s.ends_with(&**p),
+            }))
+        }
+        (Func::Matches, [V::String(s), V::String(p)]) => {
+            meter.charge(regex_cost(p.len(), s.len()))?;
+            let re = compile_regex(p).map_err(EvalError::Runtime)?;
+            Ok(V::Bool(re.is_match(s)))
+        }
+        (Func::LowerAscii | Func::UpperAscii | Func::Trim, [V::String(s)]) => {
+            meter.charge(traversal(s.len()))?;
+            Ok(V::String(match func {
+                Func::LowerAscii => s.to_ascii_lowercase().into(),
+                Func::UpperAscii => s.to_ascii_uppercase().into(),
+                _ => s.trim().into(),
+            }))
+        }
+        (Func::Split, [V::String(s), V::String(sep), rest @ ..]) => {
+            meter.charge(traversal(s.len()))?;
+            let limit = match rest {
+                [] => -1,
+                [n] => int_arg(n).ok_or_else(bad)?,
+                _ => return Err(bad()),
+            };
+            let parts: Vec<Value> = match limit {
+                0 => Vec::new(),
+                n if n < 0 => {
+                    if sep.is_empty() {
+                        s.chars().map(|c| V::String(c.to_string().into())).collect()
+                    } else {
+                        s.split(&**sep).map(V::from).collect()
+                    }
+                }
+                n => {
+                    let n = usize::try_from(n).unwrap_or(usize::MAX);
+                    if sep.is_empty() {
+                        let mut out: Vec<Value> = Vec::new();
+                        let mut rest_str = &**s;
+                        while out.len() + 1 < n {
+                            let Some(c) = rest_str.chars().next() else {
+                                break;
+                            };
+                            out.push(V::String(c.to_string().into()));
+                            rest_str = &rest_str[c.len_utf8()..];
+                        }
+                        if !rest_str.is_empty() {
+                            out.push(V::from(rest_str));
+                        }
+                        out
+                    } else {
+                        s.splitn(n, &**sep).map(V::from).collect()
+                    }
+                }
+            };
+            check_list_len(parts.len())?;
+            meter.charge(parts.len() as u64)?;
+            Ok(V::List(parts.into()))
+        }
+        (Func::Join, [V::List(l), rest @ ..]) => {
+            let sep = match rest {
+                [] => "",
+                [V::String(sep)] => sep,
+                _ => return Err(bad()),
+            };
+            let mut out = String::new();
+            for (i, v) in l.iter().enumerate() {
+                let V::String(part) = v else {
+                    return Err(bad());
+                };
+                if i > 0 {
+                    out.push_str(sep);
+                }
+                out.push_str(part);
+                if out.len() > MAX_STRING_BYTES {
+                    return string(out);
+                }
+            }
+            meter.charge(traversal(out.len()))?;
+            string(out)
+        }
+        (Func::Replace, [V::String(s), V::String(from), V::String(to), rest @ ..]) => {
+            let n = match rest {
+                [] => -1,
+                [n] => int_arg(n).ok_or_else(bad)?,
+                _ => return Err(bad()),
+            };
+            // Bound the output before building it.
+            let count = if from.is_empty() {
+                s.chars().count() + 1
+            } else {
+                s.matches(&**from).count()
+            };
+            let count = if n < 0 {
+                count
+            } else {
+                count.min(usize::try_from(n).unwrap_or(usize::MAX))
+            };
+            let size = (s.len() as u128) + (count as u128) * (to.len() as u128);
+            if size > MAX_STRING_BYTES as u128 {
+                return Err(EvalError::runtime(format!(
+                    "string of {size} bytes exceeds the limit of {MAX_STRING_BYTES}"
+                )));
+            }
+            meter.charge(traversal(size as usize))?;
+            string(if n < 0 {
+                s.replace(&**from, to)
+            } else {
+                s.replacen(&**from, to, count)
+            })
+        }
+        (Func::IndexOf | Func::LastIndexOf, [V::String(s), V::String(sub), rest @ ..]) => {
+            meter.charge(traversal(s.len() + sub.len()))?;
+            let chars: Vec<char> = s.chars().collect();
+            let needle: Vec<char> = sub.chars().collect();
+            let start = match rest {
+                [] => None,
+                [n] => Some(int_arg(n).ok_or_else(bad)?),
+                _ => return Err(bad()),
+            };
+            if let Some(st) = start
+                && (st < 0 || st as usize > chars.len())
+            {
+                return Err(EvalError::runtime(format!("index out of range: {st}")));
+            }
+            let fits = |i: usize| {
+                i + needle.len() <= chars.len() && chars[i..i + needle.len()] == needle[..]
+            };
+            let found = if func == Func::IndexOf {
+                let from = start.unwrap_or(0) as usize;
+                (from..=chars.len()).find(|&i| fits(i))
+            } else {
+                let to = start.map_or(chars.len(), |s| s as usize);
+                (0..=to).rev().find(|&i| fits(i))
+            };
+            Ok(V::Int(found.map_or(-1, |i| i as i64)))
+        }
+        (Func::Substring, [V::String(s), rest @ ..]) => {
+            meter.charge(traversal(s.len()))?;
+            let chars: Vec<char> = s.chars().collect();
+            let (start, end) = match rest {
+                [a] => (int_arg(a).ok_or_else(bad)?, chars.len() as i64),
+                [a, b] => (int_arg(a).ok_or_else(bad)?, int_arg(b).ok_or_else(bad)?),
+                _ => return Err(bad()),
+            };
+            if start < 0 || end < start || end as usize > chars.len() {
+                return Err(EvalError::runtime(format!(
+                    "substring out of range: [{start}:{end}]"
+                )));
+            }
+            Ok(V::String(
+                chars[start as usize..end as usize]
+                    .iter()
+                    .collect::<String>()
+                    .into(),
+            ))
+        }
+        (Func::ToInt, [a]) => match a {
+            V::Int(i) => Ok(V::Int(*i)),
+            V::Uint(u) => i64::try_from(*u).map(V::Int).map_err(|_| range()),
+            V::Double(d)
+                if d.is_finite() && *d > -9223372036854775809.0 && *d < 9223372036854775808.0 =>
+            {
+                Ok(V::Int(*d as i64))
+            }
+            V::Double(_) => Err(range()),
+            V::String(s) => s
+                .parse()
+                .map(V::Int)
+                .map_err(|_| EvalError::runtime(format!("cannot convert {s:?} to int"))),
+            V::Timestamp(ns) => Ok(V::Int(ns.div_euclid(1_000_000_000) as i64)),
+            V::Duration(ns) => Ok(V::Int((ns / 1_000_000_000) as i64)),
+            _ => Err(bad()),
+        },
+        (Func::ToUint, [a]) => match a {
+            V::Uint(u) => Ok(V::Uint(*u)),
+            V::Int(i) => u64::try_from(*i).map(V::Uint).map_err(|_| range()),
+            V::Double(d) if d.is_finite() && *d > -1.0 && *d < 18446744073709551616.0 => {
+                Ok(V::Uint(*d as u64))
+            }
+            V::Double(_) => Err(range()),
+            V::String(s) => s
+                .parse()
+                .map(V::Uint)
+                .map_err(|_| EvalError::runtime(format!("cannot convert {s:?} to uint"))),
+            _ => Err(bad()),
+        },
+        (Func::ToDouble, [a]) => match a {
+            V::Double(d) => Ok(V::Double(*d)),
+            V::Int(i) => Ok(V::Double(*i as f64)),
+            V::Uint(u) => Ok(V::Double(*u as f64)),
+            V::String(s) => s
+                .parse()
+                .map(V::Double)
+                .map_err(|_| EvalError::runtime(format!("cannot convert {s:?} to double"))),
+            _ => Err(bad()),
+        },
+        (Func::ToString, [a]) => match a {
+            V::String(_) => Ok(a.clone()),
+            V::Int(i) => Ok(V::from(i.to_string())),
+            V::Uint(u) => Ok(V::from(u.to_string())),
+            V::Double(d) => Ok(V::from(d.to_string())),
+            V::Bool(b) => Ok(V::from(b.to_string())),
+            V::Bytes(b) => {
+                meter.charge(traversal(b.len()))?;
+                std::str::from_utf8(b)
+                    .map(V::from)
+                    .map_err(|_| EvalError::runtime("invalid UTF-8 in bytes"))
+            }
+            V::Timestamp(ns) => Ok(V::from(format_timestamp(*ns))),
+            V::Duration(ns) => Ok(V::from(format_duration(*ns))),
+            _ => Err(bad()),
+        },
+        (Func::ToBool, [a]) => match a {
+            V::Bool(b) => Ok(V::Bool(*b)),
+            V::String(s) => match &**s {
+                "true" | "True" | "TRUE" | "t" | "1" => Ok(V::Bool(true)),
+                "false" | "False" | "FALSE" | "f" | "0" => Ok(V::Bool(false)),
+                _ => Err(EvalError::runtime(format!("cannot convert {s:?} to bool"))),
+            },
+            _ => Err(bad()),
+        },
+        (Func::ToBytes, [a]) => match a {
+            V::Bytes(_) => Ok(a.clone()),
+            V::String(s) => Ok(V::Bytes(s.as_bytes().into())),
+            _ => Err(bad()),
+        },
+        (Func::TypeOf, [a]) => Ok(V::Type(a.type_of())),
+        (Func::Dyn, [a]) => Ok(a.clone()),
+        (Func::ToDuration, [a]) => match a {
+            V::Duration(_) => Ok(a.clone()),
+            V::String(s) => crate::config::Duration::parse(s)
+                .map(|d| V::Duration(i128::from(d.nanos())))
+                .map_err(|e| EvalError::runtime(format!("invalid duration {s:?}: {e}"))),
+            _ => Err(bad()),
+        },
+        (Func::ToTimestamp, [a]) => match a {
+            V::Timestamp(_) => Ok(a.clone()),
+            V::Int(secs) => timestamp(i128::from(*secs) * 1_000_000_000),
+            V::String(s) => {
+                let t =
+                    time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
+                        .map_err(|e| EvalError::runtime(format!("invalid timestamp {s:?}: {e}")))?;
+                timestamp(t.unix_timestamp_nanos())
+            }
+            _ => Err(bad()),
+        },
+        (
+            Func::SetsContains | Func::SetsEquivalent | Func::SetsIntersects,
+            [V::List(a), V::List(b)],
+        ) => {
+            meter.charge((a.len() as u64).saturating_mul(b.len() as u64))?;
+            let within = |x: &[Value], y: &[Value]| x.iter().all(|v| y.contains(v));
+            Ok(V::Bool(match func {
+                Func::SetsContains => within(b, a),
+                Func::SetsEquivalent => within(a, b) && within(b, a),
+                _ => a.iter().any(|v| b.contains(v)),
+            }))
+        }
+        (Func::OptionalOf, [a]) => Ok(V::Optional(Some(Box::new(a.clone())))),
+        (Func::OptionalNone, []) => Ok(V::Optional(None)),
+        (Func::OrValue, [V::Optional(o), other]) => Ok(o.as_deref().unwrap_or(other).clone()),
+        (Func::HasValue, [V::Optional(o)]) => Ok(V::Bool(o.is_some())),
+        (Func::OptValue, [V::Optional(o)]) => o
+            .as_deref()
+            .cloned()
+            .ok_or_else(|| EvalError::runtime("optional.none() dereference")),
+        _ => Err(bad()),
+    }
+}
+
+fn range() -> EvalError {
+    EvalError::runtime("range error converting value")
+}
+
+fn no_such_key(k: &Value) -> EvalError {
+    match k {
+        Value::String(s) => EvalError::runtime(format!("no such key: {s}")),
+        other => EvalError::runtime(format!("no such key: {other}")),
+    }
+}
+
+/// `c[i]`: `Ok(None)` when the key or index is absent.
+fn index(c: &Value, i: &Value) -> Result<Option<Value>, EvalError> {
+    match c {
+        Value::List(l) => {
+            let idx = match i {
+                Value::Int(x) => *x,
+                Value::Uint(x) => i64::try_from(*x).unwrap_or(i64::MAX),
+                Value::Double(d) if d.fract() == 0.0 && d.is_finite() => *d as i64,
+                _ => return Err(overload(Func::Index, &[c.clone(), i.clone()])),
+            };
+            if idx < 0 || idx as u64 >= l.len() as u64 {
+                return Err(EvalError::runtime(format!(
+                    "index out of bounds: {idx}, list of size {}",
+                    l.len()
+                )));
+            }
+            Ok(Some(l[idx as usize].clone()))
+        }
+        Value::Map(m) => {
+            if Key::from_value(i).is_none() && !matches!(i, Value::Double(_)) {
+                return Err(EvalError::runtime(format!(
+                    "unsupported key type: {}",
+                    i.type_of()
+                )));
+            }
+            Ok(map_get(m, i).cloned())
+        }
+        _ => Err(overload(Func::Index, &[c.clone(), i.clone()])),
+    }
+}
+
+pub(crate) fn no_such_key_error(field: &str) -> EvalError {
+    EvalError::runtime(format!("no such key: {field}"))
+}
+
+/// Equality of large strings and lists costs in proportion to their size.
+fn equality_cost(a: &Value, b: &Value) -> u64 {
+    match (a, b) {
+        (Value::String(x), Value::String(y)) => traversal(x.len().min(y.len())) - 1,
+        (Value::Bytes(x), Value::Bytes(y)) => traversal(x.len().min(y.len())) - 1,
+        (Value::List(x), Value::List(y)) => x.len().min(y.len()) as u64,
+        (Value::Map(x), Value::Map(y)) => x.len().min(y.len()) as u64,
+        _ => 0,
+    }
+}
+
+fn add(a: &Value, b: &Value, meter: &mut Meter) -> Result<Value, EvalError> {
+    use Value as V;
+    match (a, b) {
+        (V::Int(x), V::Int(y)) => x.checked_add(*y).map(V::Int).ok_or_else(overflow),
+        (V::Uint(x), V::Uint(y)) => x.checked_add(*y).map(V::Uint).ok_or_else(overflow),
+        (V::Double(x), V::Double(y)) => Ok(V::Double(x + y)),
+        (V::String(x), V::String(y)) => {
+            let n = x.len() + y.len();
+            if n > MAX_STRING_BYTES {
+                return Err(EvalError::runtime(format!(
+                    "string of {n} bytes exceeds the limit of {MAX_STRING_BYTES}"
+                )));
+            }
+            meter.charge(traversal(n))?;
+            let mut s = String::with_capacity(n);
+            s.push_str(x);
+            s.push_str(y);
+            Ok(V::String(s.into()))
+        }
+        (V::Bytes(x), V::Bytes(y)) => {
+            let n = x.len() + y.len();
+            if n > MAX_STRING_BYTES {
+                return Err(EvalError::runtime(format!(
+                    "bytes of {n} exceed the limit of {MAX_STRING_BYTES}"
+                )));
+            }
+            meter.charge(traversal(n))?;
+            Ok(V::Bytes(x.iter().chain(y.iter()).copied().collect()))
+        }
+        (V::List(x), V::List(y)) => {
+            let n = x.len() + y.len();
+            check_list_len(n)?;
+            meter.charge(traversal(n))?;
+            Ok(V::List(x.iter().chain(y.iter()).cloned().collect()))
+        }
+        (V::Duration(x), V::Duration(y)) => duration(x + y),
+        (V::Timestamp(x), V::Duration(y)) | (V::Duration(y), V::Timestamp(x)) => timestamp(x + y),
+        _ => Err(overload(Func::Add, &[a.clone(), b.clone()])),
+    }
+}
+
+/// CEL durations span about ±10000 years; timestamps years 1 to 9999.
+const MAX_DURATION_NANOS: i128 = 315_576_000_000 * 1_000_000_000;
+const MIN_TIMESTAMP_NANOS: i128 = -62_135_596_800 * 1_000_000_000;
+const MAX_TIMESTAMP_NANOS: i128 = 253_402_300_799 * 1_000_000_000 + 999_999_999;
+
+fn duration(ns: i128) -> Result<Value, EvalError> {
+    if ns.abs() > MAX_DURATION_NANOS {
+        return Err(EvalError::runtime("duration out of range"));
+    }
+    Ok(Value::Duration(ns))
+}
+
+fn timestamp(ns: i128) -> Result<Value, EvalError> {
+    if !(MIN_TIMESTAMP_NANOS..=MAX_TIMESTAMP_NANOS).contains(&ns) {
+        return Err(EvalError::runtime("timestamp out of range"));
+    }
+    Ok(Value::Timestamp(ns))
+}
+
+/// RFC 3339 in UTC, as `string(timestamp)` prints it.
+pub(crate) fn format_timestamp(ns: i128) -> String {
+    time::OffsetDateTime::from_unix_timestamp_nanos(ns)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| format!("timestamp({ns}ns)"))
+}
+
+/// Seconds with a fraction, as `string(duration)` prints it: `90s`, `1.5s`.
+pub(crate) fn format_duration(ns: i128) -> String {
+    let secs = ns / 1_000_000_000;
+    let frac = (ns % 1_000_000_000).abs();
+    let sign = if ns < 0 && secs == 0 { "-" } else { "" };
+    if frac == 0 {
+        format!("{sign}{secs}s")
+    } else {
+        let f = format!("{frac:09}");
+        format!("{sign}{secs}.{}s", f.trim_end_matches('0'))
+    }
+}
+
+/// A regex literal compiled once at load, with its length for the cost model.
+#[derive(Debug)]
+pub(crate) struct CompiledRegex {
+    pub regex: Regex,
+    pub len: usize,
+}
+
+impl CompiledRegex {
+    pub fn new(pattern: &str) -> Result<Arc<Self>, String> {
+        Ok(Arc::new(Self {
+            regex: compile_regex(pattern)?,
+            len: pattern.len(),
+        }))
+    }
+}
