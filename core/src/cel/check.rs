@@ -72,6 +72,14 @@ pub(crate) fn compile(expr: &str, env: &Env) -> Result<Checked, CompileError> {
             "ERROR: <input>:1:1: expression of {len} code points exceeds the limit of {MAX_EXPRESSION_LENGTH}"
         )));
     }
+    // The parser recurses once per chained operator (`1 + 1 + ...`), which its nesting limit
+    // does not see: bound the operators before parsing.
+    let operators = expr.chars().filter(|c| OPERATOR_CHARS.contains(*c)).count();
+    if operators > MAX_OPERATOR_CHARS {
+        return Err(CompileError::new(format!(
+            "ERROR: <input>:1:1: expression has {operators} operator characters, more than the limit of {MAX_OPERATOR_CHARS}"
+        )));
+    }
     let parsed = cel::parser::Parser::new()
         .max_recursion_depth(MAX_NESTING_DEPTH)
         .enable_optional_syntax(true)
@@ -94,6 +102,12 @@ pub(crate) fn compile(expr: &str, env: &Env) -> Result<Checked, CompileError> {
             return Err(CompileError { errors });
         }
     };
+    let depth = ast_depth(&ast);
+    if depth > MAX_NESTING_DEPTH as usize {
+        return Err(CompileError::new(format!(
+            "ERROR: <input>:1:1: expression nested {depth} levels deep, more than the limit of {MAX_NESTING_DEPTH}"
+        )));
+    }
     let mut checker = Checker {
         env,
         info: &info,
@@ -117,8 +131,64 @@ struct Checker<'a> {
     depth: usize,
 }
 
-/// Deepest tree the checker walks; macro expansion adds a few levels per parsed level.
-const MAX_TREE_DEPTH: usize = 8 * MAX_NESTING_DEPTH as usize;
+/// Characters that may start an operator, a selection, an index or a call.
+const OPERATOR_CHARS: &str = "+-*/%<>=!&|.[(?";
+
+/// Most operator characters an expression may hold: the parser handles twice as many
+/// chained operators on a 2 MiB stack.
+const MAX_OPERATOR_CHARS: usize = 1000;
+
+/// Deepest tree the checker walks (defence in depth: [`ast_depth`] is checked first).
+const MAX_TREE_DEPTH: usize = 2 * MAX_NESTING_DEPTH as usize;
+
+/// The depth of the parsed tree, macro expansions included, found without recursion. Chains
+/// count: `1 + 1 + 1` is three levels deep, as cel-go's parser counts them.
+fn ast_depth<'a>(root: &'a IdedExpr) -> usize {
+    let mut deepest = 0;
+    let mut stack: Vec<(&'a IdedExpr, usize)> = vec![(root, 1)];
+    while let Some((e, d)) = stack.pop() {
+        deepest = deepest.max(d);
+        let mut push = |c: &'a IdedExpr| stack.push((c, d + 1));
+        match &e.expr {
+            Expr::Call(c) => {
+                if let Some(t) = &c.target {
+                    push(t);
+                }
+                c.args.iter().for_each(&mut push);
+            }
+            Expr::Comprehension(c) => {
+                for x in [
+                    &c.iter_range,
+                    &c.accu_init,
+                    &c.loop_cond,
+                    &c.loop_step,
+                    &c.result,
+                ] {
+                    push(x);
+                }
+            }
+            Expr::List(l) => l.elements.iter().for_each(&mut push),
+            Expr::Map(m) => {
+                for entry in &m.entries {
+                    if let EntryExpr::MapEntry(me) = &entry.expr {
+                        push(&me.key);
+                        push(&me.value);
+                    }
+                }
+            }
+            Expr::Struct(s) => {
+                for entry in &s.entries {
+                    if let EntryExpr::StructField(f) = &entry.expr {
+                        push(&f.value);
+                    }
+                }
+            }
+            Expr::Select(sel) => push(&sel.operand),
+            Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => {}
+        }
+    }
+    deepest
+}
 
 impl Checker<'_> {
     fn error(&self, id: u64, msg: impl std::fmt::Display) -> CompileError {

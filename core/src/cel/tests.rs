@@ -583,3 +583,55 @@ mod fuzz {
         }
     }
 }
+
+/// Long flat chains and deep nesting are refused or evaluated, never a stack overflow, in a
+/// thread with a 2 MiB stack (a Tokio worker's).
+#[test]
+fn long_chains_and_deep_nesting_do_not_overflow_the_stack() {
+    let cases: Vec<(String, bool)> = vec![
+        (vec!["1"; 5000].join(" + "), false),
+        (vec!["1"; 100].join(" + "), true),
+        (vec!["1"; 102].join(" + "), false),
+        // `&&` and `||` chains are balanced by the parser.
+        (vec!["true"; 400].join(" && "), true),
+        (format!("claims{}", ".a".repeat(5000)), false),
+        (format!("xs{}", "[0]".repeat(5000)), false),
+        (format!("{}true", "!".repeat(5000)), false),
+        (format!("{}1", "-".repeat(5000)), false),
+        (format!("{}1{}", "[".repeat(5000), "]".repeat(5000)), false),
+        (format!("{}1{}", "(".repeat(99), ")".repeat(99)), true),
+        (format!("{}1{}", "[".repeat(99), "]".repeat(99)), true),
+        (format!("{}true", "!".repeat(99)), true),
+        (format!("s{}", ".trim()".repeat(5000)), false),
+        (format!("s{}", ".trim()".repeat(90)), true),
+        (format!("xs{}", ".map(x, x)".repeat(200)), false),
+        (format!("xs{}", ".map(x, x)".repeat(30)), true),
+    ];
+    let handle = std::thread::Builder::new()
+        .stack_size(2 << 20)
+        .spawn(move || {
+            let e = env();
+            for (x, evaluates) in &cases {
+                let outcome = match compile(x, &e) {
+                    Ok(p) => p
+                        .eval(&vars(), DEFAULT_BUDGET)
+                        .map(|_| ())
+                        .map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
+                assert_eq!(
+                    outcome.is_ok(),
+                    *evaluates,
+                    "{}: {outcome:?}",
+                    &x[..x.len().min(60)]
+                );
+                if let Err(msg) = outcome {
+                    assert!(msg.contains("limit"), "{msg}");
+                }
+            }
+        })
+        .unwrap();
+    handle
+        .join()
+        .expect("no stack overflow, every case as expected");
+}
