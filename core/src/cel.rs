@@ -17,6 +17,7 @@
 mod check;
 mod eval;
 mod functions;
+mod overloads;
 mod value;
 
 #[cfg(test)]

@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use cel::common::ast::{EntryExpr, Expr, IdedExpr, LiteralValue, SourceInfo};
 
-use super::functions::{self, CompiledRegex, Func};
+use super::functions::CompiledRegex;
+use super::overloads::{self, Func};
 use super::{CompileError, Env, MAX_EXPRESSION_LENGTH, MAX_NESTING_DEPTH, Type, Value};
 
 /// A compiled expression: the tree to evaluate, its output type and its source.
@@ -406,7 +407,7 @@ impl Checker<'_> {
             let q = format!("{ns}.{name}");
             if self.env.lookup(ns).is_none()
                 && !self.locals.iter().any(|(n, _)| n == ns)
-                && functions::is_known(&q)
+                && overloads::is_known(&q)
             {
                 qualified = Some(q);
             }
@@ -425,9 +426,9 @@ impl Checker<'_> {
             types.push(ty);
         }
         let resolved = if name.starts_with('_') || name.starts_with('@') || name == "-_" {
-            functions::resolve_operator(name, &types)
+            overloads::resolve_operator(name, &types)
         } else {
-            functions::resolve_named(qualified.as_deref().unwrap_or(name), receiver, &types)
+            overloads::resolve_named(qualified.as_deref().unwrap_or(name), receiver, &types)
         };
         let (func, out) = resolved.map_err(|m| self.error(id, m))?;
         // A literal pattern is compiled once, here, and a bad one is a compile error.

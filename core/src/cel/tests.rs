@@ -511,6 +511,9 @@ fn built_strings_and_lists_are_capped() {
     let p = compile("s.replace('a', 'aaaaaaaaaa')", &e).unwrap();
     let err = p.eval(&v, u64::MAX).unwrap_err();
     assert!(err.to_string().contains("exceeds the limit"), "{err}");
+    let p = compile("s.split('')", &e).unwrap();
+    let err = p.eval(&v, u64::MAX).unwrap_err();
+    assert!(err.to_string().contains("exceeds the limit"), "{err}");
     let p = compile("s + s + s + s", &e).unwrap();
     let err = p.eval(&v, u64::MAX).unwrap_err();
     assert!(err.to_string().contains("exceeds the limit"), "{err}");
