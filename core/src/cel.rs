@@ -10,6 +10,17 @@
 //! input, every macro iteration 1 plus its body. Running out stops evaluation at once with
 //! [`EvalError::CostLimitExceeded`].
 //!
+//! ```
+//! use svc_core::cel::{Activation, DEFAULT_BUDGET, Env, Type, compile};
+//!
+//! let env = Env::new().var("claims", Type::map(Type::String, Type::Dyn));
+//! let program = compile("claims.groups.map(g, 'oidc:' + g)", &env).unwrap();
+//! program.expect(&[Type::String, Type::list(Type::String)]).unwrap();
+//! let claims = serde_json::json!({"groups": ["dev"]});
+//! let out = program.eval(&Activation::new().bind("claims", claims), DEFAULT_BUDGET).unwrap();
+//! assert_eq!(out.to_json(), serde_json::json!(["oidc:dev"]));
+//! ```
+//!
 //! Nothing here loops or allocates without bound: expressions longer than
 //! [`MAX_EXPRESSION_LENGTH`] or nested deeper than [`MAX_NESTING_DEPTH`] do not compile, and
 //! strings and lists built at run time are capped ([`MAX_STRING_BYTES`], [`MAX_LIST_LEN`]).
@@ -202,6 +213,13 @@ impl Program {
             names.join(" or "),
             out.name()
         )))
+    }
+
+    /// Whether the expression reads `field` of variable `var` (`claims.email`,
+    /// `has(claims.email)`, `claims.?email`, `claims['email']`), as Kubernetes checks that an
+    /// expression using `claims.email` also uses `claims.email_verified`.
+    pub fn selects(&self, var: &str, field: &str) -> bool {
+        self.inner.root.selects(var, field)
     }
 
     /// The expression as written.

@@ -42,6 +42,52 @@ pub(crate) enum Node {
     Comprehension(Box<Comprehension>),
 }
 
+impl Node {
+    /// Whether this tree reads `field` of variable `var`: `var.field`, `has(var.field)`,
+    /// `var.?field` or `var['field']`. A comprehension variable of the same name shadows it.
+    pub fn selects(&self, var: &str, field: &str) -> bool {
+        let is_var = |n: &Node| matches!(n, Node::Var(v) if &**v == var);
+        match self {
+            Node::Select(o, f) | Node::Has(o, f) | Node::OptSelect(o, f) => {
+                (is_var(o) && &**f == field) || o.selects(var, field)
+            }
+            Node::Call(func, args) => {
+                let indexed = matches!(func, Func::Index | Func::OptIndex)
+                    && matches!(&args[..], [c, Node::Const(Value::String(k))] if is_var(c) && &**k == field);
+                indexed || args.iter().any(|a| a.selects(var, field))
+            }
+            Node::Const(_) | Node::Var(_) => false,
+            Node::List(items) => items.iter().any(|a| a.selects(var, field)),
+            Node::Map(entries) => entries
+                .iter()
+                .any(|(k, v)| k.selects(var, field) || v.selects(var, field)),
+            Node::And(a, b) | Node::Or(a, b) => a.selects(var, field) || b.selects(var, field),
+            Node::Not(a) | Node::NotStrictlyFalse(a) | Node::MatchesLiteral(a, _) => {
+                a.selects(var, field)
+            }
+            Node::Cond(a, b, c) => {
+                a.selects(var, field) || b.selects(var, field) || c.selects(var, field)
+            }
+            Node::Comprehension(c) => {
+                let shadowed = &*c.iter_var == var
+                    || c.iter_var2.as_deref() == Some(var)
+                    || &*c.accu_var == var;
+                let body = match &c.step {
+                    Step::Generic(n) => n.selects(var, field),
+                    Step::Append { cond, elem } => {
+                        elem.selects(var, field)
+                            || cond.as_ref().is_some_and(|n| n.selects(var, field))
+                    }
+                };
+                c.range.selects(var, field)
+                    || c.init.selects(var, field)
+                    || (!shadowed
+                        && (body || c.cond.selects(var, field) || c.result.selects(var, field)))
+            }
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Comprehension {
     pub range: Node,

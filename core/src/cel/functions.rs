@@ -335,7 +335,7 @@ pub(crate) fn call(func: Func, args: &[Value], meter: &mut Meter) -> Result<Valu
             V::Int(i) => Ok(V::Int(*i)),
             V::Uint(u) => i64::try_from(*u).map(V::Int).map_err(|_| range()),
             V::Double(d)
-                if d.is_finite() && *d > -9223372036854775809.0 && *d < 9223372036854775808.0 =>
+                if d.is_finite() && *d >= -9223372036854775808.0 && *d < 9223372036854775808.0 =>
             {
                 Ok(V::Int(*d as i64))
             }

@@ -210,6 +210,7 @@ fn conversions() {
     check_values(&[
         ("int('42')", json!(42)),
         ("int(3.9)", json!(3)),
+        ("int(-9223372036854775808.0)", json!(i64::MIN)),
         ("uint(3)", json!(3)),
         ("double(2)", json!(2.0)),
         ("string(12)", json!("12")),
@@ -415,6 +416,27 @@ fn limits_on_the_expression_itself() {
     assert!(err.contains("exceeds the limit"), "{err}");
     let chain = vec!["1"; 90].join(" + ");
     assert_eq!(eval(&chain).unwrap().to_json(), json!(90));
+}
+
+#[test]
+fn selects_finds_field_reads_of_a_variable() {
+    let e = env();
+    let cases: &[(&str, bool)] = &[
+        ("claims.email", true),
+        ("has(claims.email)", true),
+        ("claims.?email.orValue('')", true),
+        ("claims['email'] == 'x'", true),
+        ("claims.sub + claims.email", true),
+        ("[1].map(x, claims.email)", true),
+        ("claims.email_verified", false),
+        ("claims.nested.email", false),
+        ("'email' in claims", false),
+        ("[claims].map(claims, claims.email)", false),
+    ];
+    for (expr, want) in cases {
+        let p = compile(expr, &e).unwrap();
+        assert_eq!(p.selects("claims", "email"), *want, "{expr}");
+    }
 }
 
 fn cost_of(expr: &str, vars: &Activation) -> Result<u64, EvalError> {
