@@ -110,8 +110,7 @@ pub(crate) fn call(func: Func, args: &[Value], meter: &mut Meter) -> Result<Valu
             _ => Err(bad()),
         },
         (Func::Eq | Func::Ne, [a, b]) => {
-            meter.charge(equality_cost(a, b))?;
-            let eq = a == b;
+            let eq = equal(a, b, meter)?;
             Ok(V::Bool(if func == Func::Eq { eq } else { !eq }))
         }
         (Func::Lt | Func::Le | Func::Gt | Func::Ge, [a, b]) => {
@@ -134,8 +133,8 @@ pub(crate) fn call(func: Func, args: &[Value], meter: &mut Meter) -> Result<Valu
         (Func::In, [a, c]) => match c {
             V::List(l) => {
                 for x in l.iter() {
-                    meter.charge(equality_cost(a, x))?;
-                    if a == x {
+                    meter.charge(1)?;
+                    if equal(a, x, meter)? {
                         return Ok(V::Bool(true));
                     }
                 }
@@ -425,13 +424,41 @@ pub(crate) fn call(func: Func, args: &[Value], meter: &mut Meter) -> Result<Valu
             Func::SetsContains | Func::SetsEquivalent | Func::SetsIntersects,
             [V::List(a), V::List(b)],
         ) => {
-            meter.charge((a.len() as u64).saturating_mul(b.len() as u64))?;
-            let within = |x: &[Value], y: &[Value]| x.iter().all(|v| y.contains(v));
-            Ok(V::Bool(match func {
-                Func::SetsContains => within(b, a),
-                Func::SetsEquivalent => within(a, b) && within(b, a),
-                _ => a.iter().any(|v| b.contains(v)),
-            }))
+            // Every pair compared costs 1, plus what comparing it costs.
+            let mut member =
+                |v: &Value, set: &[Value], meter: &mut Meter| -> Result<bool, EvalError> {
+                    for w in set {
+                        meter.charge(1)?;
+                        if equal(v, w, meter)? {
+                            return Ok(true);
+                        }
+                    }
+                    Ok(false)
+                };
+            let mut all_in =
+                |x: &[Value], y: &[Value], meter: &mut Meter| -> Result<bool, EvalError> {
+                    for v in x {
+                        if !member(v, y, meter)? {
+                            return Ok(false);
+                        }
+                    }
+                    Ok(true)
+                };
+            let out = match func {
+                Func::SetsContains => all_in(b, a, meter)?,
+                Func::SetsEquivalent => all_in(a, b, meter)? && all_in(b, a, meter)?,
+                _ => {
+                    let mut any = false;
+                    for v in a.iter() {
+                        if member(v, b, meter)? {
+                            any = true;
+                            break;
+                        }
+                    }
+                    any
+                }
+            };
+            Ok(V::Bool(out))
         }
         (Func::OptionalOf, [a]) => Ok(V::Optional(Some(Box::new(a.clone())))),
         (Func::OptionalNone, []) => Ok(V::Optional(None)),
@@ -491,14 +518,45 @@ pub(crate) fn no_such_key_error(field: &str) -> EvalError {
     EvalError::runtime(format!("no such key: {field}"))
 }
 
-/// Equality of large strings and lists costs in proportion to their size.
-fn equality_cost(a: &Value, b: &Value) -> u64 {
+/// CEL equality, charging 1 per element or entry compared and a tenth of the bytes of each
+/// string compared, so comparing large aggregates costs what it does.
+pub(crate) fn equal(a: &Value, b: &Value, meter: &mut Meter) -> Result<bool, EvalError> {
     match (a, b) {
-        (Value::String(x), Value::String(y)) => traversal(x.len().min(y.len())) - 1,
-        (Value::Bytes(x), Value::Bytes(y)) => traversal(x.len().min(y.len())) - 1,
-        (Value::List(x), Value::List(y)) => x.len().min(y.len()) as u64,
-        (Value::Map(x), Value::Map(y)) => x.len().min(y.len()) as u64,
-        _ => 0,
+        (Value::String(x), Value::String(y)) => {
+            meter.charge(traversal(x.len().min(y.len())) - 1)?;
+            Ok(x == y)
+        }
+        (Value::Bytes(x), Value::Bytes(y)) => {
+            meter.charge(traversal(x.len().min(y.len())) - 1)?;
+            Ok(x == y)
+        }
+        (Value::List(x), Value::List(y)) => {
+            if x.len() != y.len() {
+                return Ok(false);
+            }
+            for (p, q) in x.iter().zip(y.iter()) {
+                meter.charge(1)?;
+                if !equal(p, q, meter)? {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        }
+        (Value::Map(x), Value::Map(y)) => {
+            if x.len() != y.len() {
+                return Ok(false);
+            }
+            for (k, v) in x.iter() {
+                meter.charge(1)?;
+                match map_get(y, &k.to_value()) {
+                    Some(w) if equal(v, w, meter)? => {}
+                    _ => return Ok(false),
+                }
+            }
+            Ok(true)
+        }
+        (Value::Optional(Some(x)), Value::Optional(Some(y))) => equal(x, y, meter),
+        _ => Ok(a == b),
     }
 }
 

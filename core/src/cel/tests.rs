@@ -467,6 +467,9 @@ fn costs_follow_the_model() {
     for (expr, want) in cases {
         assert_eq!(cost_of(expr, &v).unwrap(), *want, "{expr}");
     }
+    // Comparing aggregates costs per element, nested ones included.
+    let nested = Activation::new().bind("d", json!([[1, 2, 3], [4, 5, 6]]));
+    assert_eq!(cost_of("d == d", &nested).unwrap(), 1 + 1 + 1 + 2 + 2 * 3);
     // Cost grows with the data, not just with the expression.
     let small = Activation::new().bind("s", "x".repeat(100));
     let big = Activation::new().bind("s", "x".repeat(100_000));
