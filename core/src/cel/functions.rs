@@ -425,25 +425,23 @@ pub(crate) fn call(func: Func, args: &[Value], meter: &mut Meter) -> Result<Valu
             [V::List(a), V::List(b)],
         ) => {
             // Every pair compared costs 1, plus what comparing it costs.
-            let mut member =
-                |v: &Value, set: &[Value], meter: &mut Meter| -> Result<bool, EvalError> {
-                    for w in set {
-                        meter.charge(1)?;
-                        if equal(v, w, meter)? {
-                            return Ok(true);
-                        }
+            let member = |v: &Value, set: &[Value], meter: &mut Meter| -> Result<bool, EvalError> {
+                for w in set {
+                    meter.charge(1)?;
+                    if equal(v, w, meter)? {
+                        return Ok(true);
                     }
-                    Ok(false)
-                };
-            let mut all_in =
-                |x: &[Value], y: &[Value], meter: &mut Meter| -> Result<bool, EvalError> {
-                    for v in x {
-                        if !member(v, y, meter)? {
-                            return Ok(false);
-                        }
+                }
+                Ok(false)
+            };
+            let all_in = |x: &[Value], y: &[Value], meter: &mut Meter| -> Result<bool, EvalError> {
+                for v in x {
+                    if !member(v, y, meter)? {
+                        return Ok(false);
                     }
-                    Ok(true)
-                };
+                }
+                Ok(true)
+            };
             let out = match func {
                 Func::SetsContains => all_in(b, a, meter)?,
                 Func::SetsEquivalent => all_in(a, b, meter)? && all_in(b, a, meter)?,
