@@ -56,7 +56,7 @@ pub const MAX_STRING_BYTES: usize = 3 * 1024 * 1024;
 pub const MAX_LIST_LEN: usize = 100_000;
 
 /// A CEL type, as the checker knows it. `Dyn` is checked at run time.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Type {
     Bool,
     Int,
@@ -230,6 +230,18 @@ impl Program {
     /// Evaluates the program with `vars` bound, spending at most `budget` cost units.
     pub fn eval(&self, vars: &Activation, budget: u64) -> Result<Value, EvalError> {
         self.eval_with_cost(vars, budget).map(|(v, _)| v)
+    }
+
+    /// Evaluates a program that must produce a bool (claim validation rules, match
+    /// conditions): any other value, possible when the output type is `Dyn`, is an error.
+    pub fn eval_bool(&self, vars: &Activation, budget: u64) -> Result<bool, EvalError> {
+        match self.eval(vars, budget)? {
+            Value::Bool(b) => Ok(b),
+            other => Err(EvalError::runtime(format!(
+                "expression must evaluate to bool, got {}",
+                other.type_of()
+            ))),
+        }
     }
 
     /// As [`eval`](Self::eval), also returning the cost spent.

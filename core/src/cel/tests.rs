@@ -401,6 +401,21 @@ fn expect_checks_the_output_type() {
         compile("size(s) > 1", &e).unwrap().output_type(),
         &Type::Bool
     );
+    let v = vars();
+    assert_eq!(
+        compile("claims.email_verified", &e)
+            .unwrap()
+            .eval_bool(&v, DEFAULT_BUDGET),
+        Ok(true)
+    );
+    let err = compile("claims.sub", &e)
+        .unwrap()
+        .eval_bool(&v, DEFAULT_BUDGET)
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "expression must evaluate to bool, got string"
+    );
 }
 
 #[test]
