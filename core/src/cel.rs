@@ -7,8 +7,9 @@
 //! cost limit does: comparisons and arithmetic cost 1, each variable or field access 1, a
 //! list literal 40 and a map literal 30 plus their elements, string functions about a tenth
 //! of the bytes they traverse, `matches` the length of the regex times the length of the
-//! input, every macro iteration 1 plus its body. Running out stops evaluation at once with
-//! [`EvalError::CostLimitExceeded`].
+//! input, every macro iteration 1 plus its body, and the result its flattened size (values
+//! are shared, so a list of many references to one large string is cheap to build but not
+//! to use). Running out stops evaluation at once with [`EvalError::CostLimitExceeded`].
 //!
 //! ```
 //! use svc_core::cel::{Activation, DEFAULT_BUDGET, Env, Type, compile};

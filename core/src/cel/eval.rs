@@ -38,7 +38,29 @@ pub(crate) fn run(root: &Node, vars: &Activation, budget: u64) -> Result<(Value,
         meter: Meter { used: 0, budget },
     };
     let v = ev.eval(root)?;
+    charge_output(&v, &mut ev.meter)?;
     Ok((v, ev.meter.used))
+}
+
+/// Charges for the size of the result once flattened: values are shared, so a list of a
+/// thousand references to one large string is cheap to build but not to use (as JSON, as
+/// user names). Each element or entry costs 1, each string a tenth of its bytes.
+fn charge_output(v: &Value, meter: &mut Meter) -> Result<(), EvalError> {
+    match v {
+        Value::String(s) => meter.charge(s.len() as u64 / 10),
+        Value::Bytes(b) => meter.charge(b.len() as u64 / 10),
+        Value::List(l) => l.iter().try_for_each(|x| {
+            meter.charge(1)?;
+            charge_output(x, meter)
+        }),
+        Value::Map(m) => m.iter().try_for_each(|(k, x)| {
+            meter.charge(1)?;
+            charge_output(&k.to_value(), meter)?;
+            charge_output(x, meter)
+        }),
+        Value::Optional(Some(x)) => charge_output(x, meter),
+        _ => Ok(()),
+    }
 }
 
 struct Evaluator<'a> {

@@ -468,10 +468,12 @@ fn costs_follow_the_model() {
         ("1", 0),
         ("1 == 1", 1),
         ("1 < 2 && 2 < 3", 3),
-        ("s", 1),
+        // 1 for the access, a tenth of the 11 bytes of the result.
+        ("s", 1 + 1),
         ("claims.sub", 2),
         ("[]", 40),
-        ("[1, 2, 3]", 40),
+        // The literal 40, plus 1 per element of the result.
+        ("[1, 2, 3]", 43),
         ("{}", 30),
         // matches: the regex's length times the input's.
         ("s.matches('^h')", 2 * 11 + 1),
@@ -482,6 +484,18 @@ fn costs_follow_the_model() {
     for (expr, want) in cases {
         assert_eq!(cost_of(expr, &v).unwrap(), *want, "{expr}");
     }
+    // A result of shared references costs its flattened size.
+    let big = Activation::new().bind("s", "x".repeat(100_000));
+    assert_eq!(cost_of("[s, s]", &big).unwrap(), 40 + 2 + 2 + 2 * 10_000);
+    let p = compile(
+        "[1, 2, 3, 4, 5, 6, 7, 8, 9, 10].map(a, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10].map(b, s))",
+        &env(),
+    )
+    .unwrap();
+    assert!(matches!(
+        p.eval(&big, DEFAULT_BUDGET),
+        Err(EvalError::CostLimitExceeded)
+    ));
     // Comparing aggregates costs per element, nested ones included.
     let nested = Activation::new().bind("d", json!([[1, 2, 3], [4, 5, 6]]));
     assert_eq!(cost_of("d == d", &nested).unwrap(), 1 + 1 + 1 + 2 + 2 * 3);
