@@ -17,6 +17,8 @@ use serde_json::Value;
 
 use crate::validation::ErrorList;
 
+pub mod authentication;
+
 /// A configuration kind: its versions, its name, its rules and its defaults.
 pub trait ConfigKind: DeserializeOwned + Serialize {
     /// The `apiVersion` values this type decodes, the preferred first.
