@@ -10,10 +10,10 @@ use svc_core::user::UserInfo;
 use svc_core::config::authentication::AnonymousAuthConfig;
 
 use crate::app::App;
-use crate::jwt::{self, Outcome};
 use crate::authz::{
     GROUP_AUTHENTICATED, GROUP_MASTERS, GROUP_UNAUTHENTICATED, USER_ANONYMOUS, public_path,
 };
+use crate::jwt::{self, Outcome};
 
 /// What the connection established about the caller before any request arrived.
 #[derive(Clone, Debug)]
@@ -143,7 +143,10 @@ mod tests {
         use http::Method;
         for path in ["/healthz", "/livez", "/readyz", "/readyz/etcd", "/version"] {
             assert!(anonymous_allowed(None, None, &Method::GET, path), "{path}");
-            assert!(!anonymous_allowed(None, None, &Method::POST, path), "{path}");
+            assert!(
+                !anonymous_allowed(None, None, &Method::POST, path),
+                "{path}"
+            );
             assert!(
                 !anonymous_allowed(Some(false), None, &Method::GET, path),
                 "{path}"
@@ -157,7 +160,10 @@ mod tests {
             "/versions",
         ] {
             assert!(!anonymous_allowed(None, None, &Method::GET, path), "{path}");
-            assert!(anonymous_allowed(Some(true), None, &Method::GET, path), "{path}");
+            assert!(
+                anonymous_allowed(Some(true), None, &Method::GET, path),
+                "{path}"
+            );
         }
     }
 
@@ -169,16 +175,43 @@ mod tests {
             enabled: true,
             conditions: paths
                 .iter()
-                .map(|p| AnonymousAuthCondition { path: p.to_string() })
+                .map(|p| AnonymousAuthCondition {
+                    path: p.to_string(),
+                })
                 .collect(),
         };
         let livez = only(&["/livez"]);
-        assert!(anonymous_allowed(None, Some(&livez), &Method::GET, "/livez"));
-        assert!(anonymous_allowed(None, Some(&livez), &Method::POST, "/livez"));
-        assert!(!anonymous_allowed(None, Some(&livez), &Method::GET, "/readyz"));
-        assert!(anonymous_allowed(None, Some(&only(&[])), &Method::GET, "/api"));
+        assert!(anonymous_allowed(
+            None,
+            Some(&livez),
+            &Method::GET,
+            "/livez"
+        ));
+        assert!(anonymous_allowed(
+            None,
+            Some(&livez),
+            &Method::POST,
+            "/livez"
+        ));
+        assert!(!anonymous_allowed(
+            None,
+            Some(&livez),
+            &Method::GET,
+            "/readyz"
+        ));
+        assert!(anonymous_allowed(
+            None,
+            Some(&only(&[])),
+            &Method::GET,
+            "/api"
+        ));
         let off = AnonymousAuthConfig::default();
-        assert!(!anonymous_allowed(None, Some(&off), &Method::GET, "/readyz"));
+        assert!(!anonymous_allowed(
+            None,
+            Some(&off),
+            &Method::GET,
+            "/readyz"
+        ));
     }
 
     #[test]

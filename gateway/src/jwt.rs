@@ -86,7 +86,10 @@ impl Shared {
     }
 
     /// The running key source for `issuer`, or a new one (fetching in the background).
-    fn source(&self, issuer: &svc_core::config::authentication::Issuer) -> Result<Arc<KeySource>, String> {
+    fn source(
+        &self,
+        issuer: &svc_core::config::authentication::Issuer,
+    ) -> Result<Arc<KeySource>, String> {
         let id = SourceId::of(issuer);
         let mut sources = self.sources.lock();
         sources.retain(|_, s| s.strong_count() > 0);
@@ -310,8 +313,8 @@ fn unverified_issuer(token: &str) -> Option<String> {
 impl Authenticator {
     /// The user of a token whose `iss` is this issuer, and the token's `exp`.
     async fn verify(&self, token: &str) -> Result<(UserInfo, i64), String> {
-        let header = jsonwebtoken::decode_header(token)
-            .map_err(|e| format!("oidc: malformed jwt: {e}"))?;
+        let header =
+            jsonwebtoken::decode_header(token).map_err(|e| format!("oidc: malformed jwt: {e}"))?;
         if !ALGORITHMS.contains(&header.alg) {
             return Err(format!(
                 "oidc: malformed jwt: unsupported signing algorithm {:?}",
@@ -373,7 +376,11 @@ impl Authenticator {
             _ => Vec::new(),
         };
         // MatchAny, the only policy (and the meaning of an unset one with one audience).
-        if !self.audiences.iter().any(|want| aud.contains(&want.as_str())) {
+        if !self
+            .audiences
+            .iter()
+            .any(|want| aud.contains(&want.as_str()))
+        {
             return Err(format!(
                 "oidc: verify token: expected audience in {:?} got {:?}",
                 self.audiences, aud

@@ -69,8 +69,7 @@ impl ReloadMetrics {
 
 /// Reads a configuration file, refusing one over [`MAX_FILE_BYTES`].
 pub fn read_file(path: &std::path::Path) -> Result<Vec<u8>, String> {
-    let file =
-        std::fs::File::open(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let file = std::fs::File::open(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
     let mut bytes = Vec::new();
     file.take(MAX_FILE_BYTES + 1)
         .read_to_end(&mut bytes)
@@ -169,7 +168,11 @@ mod tests {
             move |b| {
                 let text = String::from_utf8_lossy(b).into_owned();
                 seen.lock().push(text.clone());
-                if text == "bad" { Err("bad".into()) } else { Ok(()) }
+                if text == "bad" {
+                    Err("bad".into())
+                } else {
+                    Ok(())
+                }
             },
         );
         let calls = Arc::new(AtomicUsize::new(0));
@@ -188,7 +191,10 @@ mod tests {
             }
         };
         tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(applied.lock().is_empty(), "the loaded version is not applied again");
+        assert!(
+            applied.lock().is_empty(),
+            "the loaded version is not applied again"
+        );
         std::fs::write(&path, "two").unwrap();
         wait(1).await;
         std::fs::write(&path, "bad").unwrap();
@@ -199,9 +205,20 @@ mod tests {
         assert_eq!(metrics.count("failure"), 1);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
-        assert!(text.contains("test_config_controller_automatic_reloads_total{status=\"failure\"} 1"), "{text}");
-        assert!(text.contains("test_config_controller_automatic_reload_last_timestamp_seconds{status=\"success\"}"), "{text}");
+        assert!(
+            text.contains("test_config_controller_automatic_reloads_total{status=\"failure\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "test_config_controller_automatic_reload_last_timestamp_seconds{status=\"success\"}"
+            ),
+            "{text}"
+        );
         stop_tx.send(true).unwrap();
-        tokio::time::timeout(Duration::from_secs(2), task).await.unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(2), task)
+            .await
+            .unwrap()
+            .unwrap();
     }
 }

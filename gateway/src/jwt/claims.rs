@@ -38,7 +38,10 @@ impl Expr {
     /// Evaluates over `value` within the cost budget, as JSON.
     pub fn eval(&self, value: &Value) -> Result<Value, String> {
         let _ = value;
-        Err(format!("expression {:?}: CEL is not available yet", self.text))
+        Err(format!(
+            "expression {:?}: CEL is not available yet",
+            self.text
+        ))
     }
 }
 
@@ -85,8 +88,14 @@ fn field(
     produces: Produces,
 ) -> Option<Field> {
     if !m.expression.is_empty() {
-        return compile(errors, &path.child("expression"), &m.expression, "claims", produces)
-            .map(Field::Expr);
+        return compile(
+            errors,
+            &path.child("expression"),
+            &m.expression,
+            "claims",
+            produces,
+        )
+        .map(Field::Expr);
     }
     (!m.claim.is_empty()).then(|| Field::Claim {
         claim: m.claim.clone(),
@@ -121,11 +130,28 @@ impl Mapper {
             .collect();
         let m: &ClaimMappings = &a.claim_mappings;
         let mp = path.child("claimMappings");
-        let username = field(&mut errors, &mp.child("username"), &m.username, Produces::String);
-        let groups = field(&mut errors, &mp.child("groups"), &m.groups, Produces::StringOrList);
+        let username = field(
+            &mut errors,
+            &mp.child("username"),
+            &m.username,
+            Produces::String,
+        );
+        let groups = field(
+            &mut errors,
+            &mp.child("groups"),
+            &m.groups,
+            Produces::StringOrList,
+        );
         let uid = if !m.uid.expression.is_empty() {
             let p = mp.child("uid").child("expression");
-            compile(&mut errors, &p, &m.uid.expression, "claims", Produces::String).map(Field::Expr)
+            compile(
+                &mut errors,
+                &p,
+                &m.uid.expression,
+                "claims",
+                Produces::String,
+            )
+            .map(Field::Expr)
         } else {
             (!m.uid.claim.is_empty()).then(|| Field::Claim {
                 claim: m.uid.claim.clone(),
@@ -138,8 +164,14 @@ impl Mapper {
             .enumerate()
             .filter_map(|(i, x)| {
                 let p = mp.child("extra").index(i).child("valueExpression");
-                compile(&mut errors, &p, &x.value_expression, "claims", Produces::StringOrList)
-                    .map(|e| (x.key.clone(), e))
+                compile(
+                    &mut errors,
+                    &p,
+                    &x.value_expression,
+                    "claims",
+                    Produces::StringOrList,
+                )
+                .map(|e| (x.key.clone(), e))
             })
             .collect();
         let user_path = path.child("userValidationRules");
@@ -196,7 +228,10 @@ impl Mapper {
                 ClaimRule::Expr { expr, message } => {
                     if expr.eval(claims)? != Value::Bool(true) {
                         return Err(if message.is_empty() {
-                            format!("oidc: error evaluating claim validation expression: {:?}", expr.text)
+                            format!(
+                                "oidc: error evaluating claim validation expression: {:?}",
+                                expr.text
+                            )
                         } else {
                             message.clone()
                         });
@@ -259,7 +294,10 @@ impl Mapper {
             for (expr, message) in &self.user_rules {
                 if expr.eval(&value)? != Value::Bool(true) {
                     return Err(if message.is_empty() {
-                        format!("oidc: error evaluating user info validation rule: {:?}", expr.text)
+                        format!(
+                            "oidc: error evaluating user info validation rule: {:?}",
+                            expr.text
+                        )
                     } else {
                         message.clone()
                     });
@@ -273,9 +311,13 @@ impl Mapper {
 fn string_claim(claims: &Value, claim: &str, what: &str) -> Result<String, String> {
     match claims.get(claim) {
         Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
-        Some(Value::String(_)) => Err(format!("oidc: empty {what} via claim {claim:?} is not allowed")),
+        Some(Value::String(_)) => Err(format!(
+            "oidc: empty {what} via claim {claim:?} is not allowed"
+        )),
         Some(_) => Err(format!("oidc: parse {what} claim {claim:?}: not a string")),
-        None => Err(format!("oidc: parse {what} claim {claim:?}: claim not present")),
+        None => Err(format!(
+            "oidc: parse {what} claim {claim:?}: claim not present"
+        )),
     }
 }
 

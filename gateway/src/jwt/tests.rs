@@ -10,7 +10,11 @@ use super::*;
 
 fn token_with(payload: serde_json::Value) -> String {
     let b64 = |v: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
-    format!("{}.{}.sig", b64(br#"{"alg":"ES256"}"#), b64(payload.to_string().as_bytes()))
+    format!(
+        "{}.{}.sig",
+        b64(br#"{"alg":"ES256"}"#),
+        b64(payload.to_string().as_bytes())
+    )
 }
 
 #[test]
@@ -22,7 +26,10 @@ fn the_issuer_is_read_before_anything_is_verified() {
     assert_eq!(unverified_issuer(&token_with(json!({"sub": "x"}))), None);
     assert_eq!(unverified_issuer("a.b"), None);
     assert_eq!(unverified_issuer("a.!!.c"), None);
-    assert_eq!(unverified_issuer(&format!("{}.d", token_with(json!({"iss": "x"})))), None);
+    assert_eq!(
+        unverified_issuer(&format!("{}.d", token_with(json!({"iss": "x"})))),
+        None
+    );
 }
 
 #[test]
@@ -89,8 +96,16 @@ fn claims_map_to_a_user_as_kubernetes_maps_them() {
         c[k] = v;
         c
     };
-    assert_eq!(m.user(&with("groups", json!("one"))).unwrap().groups, ["g:one"]);
-    assert!(m.user(&with("groups", json!(null))).unwrap().groups.is_empty());
+    assert_eq!(
+        m.user(&with("groups", json!("one"))).unwrap().groups,
+        ["g:one"]
+    );
+    assert!(
+        m.user(&with("groups", json!(null)))
+            .unwrap()
+            .groups
+            .is_empty()
+    );
     assert!(m.user(&with("groups", json!(5))).is_err());
     let e = m.user(&with("hd", json!("other.com"))).unwrap_err();
     assert!(e.contains("required claim hd value does not match"), "{e}");
