@@ -333,3 +333,60 @@ async fn get_unbounded_in_time(url: &str, tls: &Arc<ClientConfig>) -> Result<Byt
     }
     Ok(body)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(keys: serde_json::Value) -> Result<KeySet, String> {
+        KeySet::from_jwks(serde_json::from_value(serde_json::json!({ "keys": keys })).unwrap())
+    }
+
+    #[test]
+    fn key_sets_keep_signing_keys_by_id_and_skip_the_rest() {
+        let ec = |kid: &str| {
+            serde_json::json!({"kty": "EC", "crv": "P-256", "kid": kid,
+                "x": "f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU",
+                "y": "x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0"})
+        };
+        let mut enc = ec("enc");
+        enc["use"] = "enc".into();
+        let mut wrong_alg = ec("wrong");
+        wrong_alg["alg"] = "RS256".into();
+        let mut es256 = ec("named");
+        es256["alg"] = "ES256".into();
+        let rsa = serde_json::json!({"kty": "RSA", "kid": "r", "n": "sXchDaQebHnPiGvyDOAT4saGEUetSyo9MKLOoWFsueri23bOdgWp4Dy1WlUzewbgBHod5pcM9H95GQRV3JDXboIRROSBigeC5yjU1hGzHHyXss8UDprecbAYxknTcQkhslANGRUZmdTOQ5qTRsLAt6BTYuyvVRdhS8exSZEy_c4gs_7svlJJQ4H9_NxsiIoLwAEk7-Q3UXERGYw_75IDrGA84-lA_-Ct4eTlXHBIY2EaV7t7LjJaynVJCpkv4LKjTTAumiGUIuQhrNhZLuF_RJLqHpM2kgWFLU7-VTdL1VbC2tejvcI2BlMkEpk1BzBZI0KQB0GaDWFLN-aEAw3vRw", "e": "AQAB"});
+        let oct = serde_json::json!({"kty": "oct", "kid": "secret", "k": "c2VjcmV0"});
+        let keys = set(serde_json::json!([
+            ec("a"),
+            enc,
+            wrong_alg,
+            es256,
+            rsa,
+            oct
+        ]))
+        .unwrap();
+        let mut kids: Vec<&str> = keys.by_kid.keys().map(String::as_str).collect();
+        kids.sort();
+        assert_eq!(kids, ["a", "named", "r"]);
+        assert_eq!(keys.by_kid["named"].algorithms, [Algorithm::ES256]);
+        assert_eq!(keys.by_kid["r"].algorithms.len(), 6);
+        assert_eq!(keys.candidates(Some("a")).len(), 1);
+        assert!(keys.candidates(Some("secret")).is_empty());
+        assert_eq!(keys.candidates(None).len(), 3);
+        assert!(set(serde_json::json!([oct_only()])).is_err());
+    }
+
+    fn oct_only() -> serde_json::Value {
+        serde_json::json!({"kty": "oct", "k": "c2VjcmV0"})
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_or_plain_http_issuer_is_an_error_not_a_hang() {
+        let tls = client_config("").unwrap();
+        let e = get("http://127.0.0.1:1/x", &tls).await.unwrap_err();
+        assert!(e.contains("only https"), "{e}");
+        let e = get("https://127.0.0.1:1/x", &tls).await.unwrap_err();
+        assert!(e.starts_with("GET https://127.0.0.1:1/x: "), "{e}");
+    }
+}
