@@ -9,6 +9,10 @@
 //! The server runs the same code on its own files at start as `svc-gateway validate-config`
 //! does on any file.
 
+pub mod egress;
+pub mod exec_credential;
+pub mod kubeconfig;
+
 use std::fmt;
 
 use serde::de::DeserializeOwned;
@@ -18,6 +22,10 @@ use serde_json::Value;
 use crate::validation::ErrorList;
 
 pub mod authentication;
+pub mod admission;
+pub mod admission_review;
+pub mod event_rate_limit;
+pub mod image_review;
 
 /// A configuration kind: its versions, its name, its rules and its defaults.
 pub trait ConfigKind: DeserializeOwned + Serialize {
