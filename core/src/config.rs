@@ -21,9 +21,9 @@ use serde_json::Value;
 
 use crate::validation::ErrorList;
 
-pub mod authentication;
 pub mod admission;
 pub mod admission_review;
+pub mod authentication;
 pub mod event_rate_limit;
 pub mod image_review;
 

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
+use svc_core::cel::{self, Activation, Env, EvalError, Program, Type};
 use svc_core::config::Path;
 use svc_core::config::authentication::{
     ClaimMappings, ClaimValidationRule, JwtAuthenticator, PrefixedClaimOrExpression,
@@ -25,23 +26,42 @@ pub enum Produces {
 
 /// A CEL expression, compiled and type-checked, over `claims` or `user`.
 pub struct Expr {
-    text: String,
+    program: Program,
 }
 
 impl Expr {
-    /// Compiles `text` over the variable `input` (`claims` or `user`).
+    /// Compiles `text` over the variable `input` (`claims` or `user`, each a map from string
+    /// keys) and checks that it can produce what is asked for.
     pub fn compile(text: &str, input: &'static str, produces: Produces) -> Result<Self, String> {
-        let _ = (input, produces);
-        Err(format!("CEL is not available yet: {text:?}"))
+        let env = Env::new().var(input, Type::map(Type::String, Type::Dyn));
+        let program = cel::compile(text, &env).map_err(|e| e.to_string())?;
+        let allowed = match produces {
+            Produces::Bool => vec![Type::Bool],
+            Produces::String => vec![Type::String],
+            Produces::StringOrList => vec![Type::String, Type::list(Type::String)],
+        };
+        program.expect(&allowed).map_err(|e| e.to_string())?;
+        Ok(Expr { program })
     }
 
-    /// Evaluates over `value` within the cost budget, as JSON.
-    pub fn eval(&self, value: &Value) -> Result<Value, String> {
-        let _ = value;
-        Err(format!(
-            "expression {:?}: CEL is not available yet",
-            self.text
-        ))
+    fn text(&self) -> &str {
+        self.program.source()
+    }
+
+    /// Evaluates with `vars` bound, within the cost budget, as JSON. An evaluation that runs
+    /// out of budget is logged: it is a token built to be expensive, or a rule to rewrite.
+    pub fn eval(&self, vars: &Activation) -> Result<Value, String> {
+        match self.program.eval(vars, cel::DEFAULT_BUDGET) {
+            Ok(v) => Ok(v.to_json()),
+            Err(e @ EvalError::CostLimitExceeded) => {
+                tracing::warn!(
+                    expression = self.text(),
+                    "a JWT expression ran out of its cost budget; the token is refused"
+                );
+                Err(format!("oidc: expression {:?}: {e}", self.text()))
+            }
+            Err(e) => Err(format!("oidc: expression {:?}: {e}", self.text())),
+        }
     }
 }
 
@@ -75,7 +95,7 @@ fn compile(
     match Expr::compile(text, input, produces) {
         Ok(e) => Some(e),
         Err(e) => {
-            errors.invalid(path.as_str(), text, &format!("compilation failed: {e}"));
+            errors.invalid(path.as_str(), text, &e);
             None
         }
     }
@@ -209,6 +229,9 @@ impl Mapper {
     /// The user the verified `claims` map to, or why the token is refused. The caller adds
     /// `system:authenticated`.
     pub fn user(&self, claims: &Value) -> Result<UserInfo, String> {
+        // Claims are converted for CEL once per token, and only when an expression needs them.
+        let vars = std::cell::OnceCell::new();
+        let vars = || vars.get_or_init(|| Activation::new().bind("claims", claims.clone()));
         for rule in &self.claim_rules {
             match rule {
                 ClaimRule::Required { claim, value } => {
@@ -226,11 +249,11 @@ impl Mapper {
                     }
                 }
                 ClaimRule::Expr { expr, message } => {
-                    if expr.eval(claims)? != Value::Bool(true) {
+                    if expr.eval(vars())? != Value::Bool(true) {
                         return Err(if message.is_empty() {
                             format!(
                                 "oidc: error evaluating claim validation expression: {:?}",
-                                expr.text
+                                expr.text()
                             )
                         } else {
                             message.clone()
@@ -247,7 +270,7 @@ impl Mapper {
                 }
                 format!("{prefix}{name}")
             }
-            Field::Expr(e) => match e.eval(claims)? {
+            Field::Expr(e) => match e.eval(vars())? {
                 Value::String(s) if !s.is_empty() => s,
                 Value::String(_) => {
                     return Err("oidc: empty username via CEL expression is not allowed".into());
@@ -261,19 +284,19 @@ impl Mapper {
                 .into_iter()
                 .map(|g| format!("{prefix}{g}"))
                 .collect(),
-            Some(Field::Expr(e)) => strings(Some(&e.eval(claims)?), "groups expression")?,
+            Some(Field::Expr(e)) => strings(Some(&e.eval(vars())?), "groups expression")?,
         };
         let uid = match &self.uid {
             None => String::new(),
             Some(Field::Claim { claim, .. }) => string_claim(claims, claim, "uid")?,
-            Some(Field::Expr(e)) => match e.eval(claims)? {
+            Some(Field::Expr(e)) => match e.eval(vars())? {
                 Value::String(s) => s,
                 other => return Err(format!("oidc: uid expression produced {other}")),
             },
         };
         let mut extra = BTreeMap::new();
         for (key, e) in &self.extra {
-            let values = strings(Some(&e.eval(claims)?), key)?;
+            let values = strings(Some(&e.eval(vars())?), key)?;
             if !values.is_empty() {
                 extra.insert(key.clone(), values);
             }
@@ -291,12 +314,13 @@ impl Mapper {
                 "groups": user.groups,
                 "extra": user.extra,
             });
+            let user_vars = Activation::new().bind("user", value);
             for (expr, message) in &self.user_rules {
-                if expr.eval(&value)? != Value::Bool(true) {
+                if expr.eval(&user_vars)? != Value::Bool(true) {
                     return Err(if message.is_empty() {
                         format!(
                             "oidc: error evaluating user info validation rule: {:?}",
-                            expr.text
+                            expr.text()
                         )
                     } else {
                         message.clone()

@@ -134,3 +134,56 @@ fn anonymous_conditions_are_exact_paths() {
     assert!(!anonymous_allowed_by(&c, "/livez/ping"));
     assert_eq!(issuer_hash("https://a").len(), 7 + 64);
 }
+
+#[test]
+fn expressions_map_claims_and_stop_at_their_budget() {
+    let mut a = authenticator(
+        ClaimMappings {
+            username: PrefixedClaimOrExpression {
+                expression: "'x:' + claims.sub".into(),
+                ..Default::default()
+            },
+            groups: PrefixedClaimOrExpression {
+                expression: "claims.groups".into(),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+        vec![ClaimValidationRule {
+            expression:
+                "!has(claims.items) || claims.items.all(x, claims.items.all(y, x == y || x != y))"
+                    .into(),
+            ..Default::default()
+        }],
+    );
+    a.user_validation_rules = vec![svc_core::config::authentication::UserValidationRule {
+        expression: "user.groups.all(g, g != 'banned')".into(),
+        message: "banned".into(),
+    }];
+    let m = Mapper::compile(&a, &Path::root("jwt").index(0)).unwrap();
+    let u = m
+        .user(&json!({"sub": "s", "groups": ["a", "", "b"]}))
+        .unwrap();
+    assert_eq!(u.username, "x:s");
+    assert_eq!(u.groups, ["a", "b"]);
+    assert_eq!(
+        m.user(&json!({"sub": "s", "groups": ["banned"]}))
+            .unwrap_err(),
+        "banned"
+    );
+    let items: Vec<u32> = (0..1500).collect();
+    let e = m
+        .user(&json!({"sub": "s", "groups": [], "items": items}))
+        .unwrap_err();
+    assert!(e.contains("cost limit exceeded"), "{e}");
+
+    // Types are checked at load where they are known.
+    a.claim_mappings.username.expression = "1 + 2".into();
+    let errors = Mapper::compile(&a, &Path::root("jwt").index(0))
+        .err()
+        .unwrap();
+    assert_eq!(
+        errors.0[0].field,
+        "jwt[0].claimMappings.username.expression"
+    );
+}

@@ -465,3 +465,111 @@ async fn kubectl_and_curl_with_a_token_from_the_issuer() {
     assert_eq!(readyz, "200");
     assert_eq!(api, "401");
 }
+
+const EXPRESSIONS: &str = "  claimValidationRules:
+  - expression: \"claims.hd == 'example.com'\"
+    message: the token is not from example.com
+  - expression: \"!has(claims.items) || claims.items.all(x, claims.items.all(y, x == y || x != y))\"
+  claimMappings:
+    username:
+      expression: \"claims.email_verified ? 'cel:' + claims.email : ''\"
+    groups:
+      expression: \"claims.groups.map(g, 'team:' + g)\"
+    uid:
+      expression: \"'id-' + claims.uid\"
+    extra:
+    - key: example.com/tenant
+      valueExpression: claims.tenant
+    - key: example.com/empty
+      valueExpression: \"''\"
+  userValidationRules:
+  - expression: \"!user.username.startsWith('cel:system:')\"
+    message: system users are not for tokens
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expressions_map_claims_and_rules_refuse_tokens() {
+    let key = SigningKey::generate("k1", Algorithm::ES256);
+    let issuer = TestIssuer::start(vec![key.clone()]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (srv, rec) = start(
+        &dir.path().join("authn.yaml"),
+        &config(&issuer, EXPRESSIONS),
+    )
+    .await;
+    let c = srv.anonymous();
+    let claims = |extra: Value| {
+        good(
+            &issuer,
+            json!({"email": "dana@example.com", "email_verified": true, "tenant": "blue"})
+                .as_object()
+                .unwrap()
+                .clone()
+                .into_iter()
+                .chain(extra.as_object().cloned().unwrap_or_default())
+                .collect::<serde_json::Map<String, Value>>()
+                .into(),
+        )
+    };
+    until_accepted(&c, &key.sign(&claims(json!({})))).await;
+    let u = rec.last();
+    assert_eq!(u.username, "cel:dana@example.com");
+    assert_eq!(u.uid, "id-u-1");
+    assert_eq!(u.groups, ["team:dev", "team:ops", "system:authenticated"]);
+    assert_eq!(u.extra.get("example.com/tenant").unwrap(), &["blue"]);
+    assert!(
+        !u.extra.contains_key("example.com/empty"),
+        "an empty value is no value"
+    );
+
+    for (why, extra) in [
+        ("failed claim rule", json!({"hd": "evil.com"})),
+        ("empty username", json!({"email_verified": false})),
+        ("failed user rule", json!({"email": "system:admin"})),
+        ("wrong type for the username", json!({"email": 5})),
+    ] {
+        let token = key.sign(&claims(extra));
+        assert_eq!(
+            get_with(&c, NS, &token).await,
+            StatusCode::UNAUTHORIZED,
+            "{why}"
+        );
+    }
+
+    // An expression that would cost more than its budget is stopped and refuses the token;
+    // the server goes on serving.
+    let items: Vec<u32> = (0..1500).collect();
+    let costly = key.sign(&claims(json!({"items": items})));
+    assert_eq!(get_with(&c, NS, &costly).await, StatusCode::UNAUTHORIZED);
+    assert_eq!(srv.admin().get("/readyz").await.0, StatusCode::OK);
+    let small = key.sign(&claims(json!({"items": [1, 2, 3]})));
+    assert_eq!(get_with(&c, NS, &small).await, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expressions_that_do_not_compile_stop_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("authn.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: apiserver.svc.io/v1beta1\nkind: AuthenticationConfiguration\njwt:\n\
+         - issuer:\n    url: https://issuer.example\n    audiences: [a]\n  claimMappings:\n    \
+         username: {expression: 'claims.sub +'}\n    uid: {expression: '1 + 2'}\n  \
+         userValidationRules:\n  - expression: nobody.username\n",
+    )
+    .unwrap();
+    let mut opts = svc_gateway::Options::for_tests(dir.path().join("data"));
+    opts.authentication_config = Some(file);
+    let err = svc_gateway::start(opts)
+        .await
+        .err()
+        .expect("refused")
+        .to_string();
+    for want in [
+        "jwt[0].claimMappings.username.expression: Invalid value: \"claims.sub +\": compilation failed",
+        "jwt[0].claimMappings.uid.expression: Invalid value: \"1 + 2\": compilation failed",
+        "jwt[0].userValidationRules[0].expression: Invalid value: \"nobody.username\": compilation failed",
+    ] {
+        assert!(err.contains(want), "{want} missing from {err}");
+    }
+}
