@@ -190,6 +190,37 @@ async fn tokens_map_to_users_and_every_bad_one_is_refused() {
         assert_eq!(r.json()["reason"], "Unauthorized", "{why}");
     }
 
+    // TokenReview asks the JWT authenticators too, for this server's audiences.
+    let review = |token: String, audiences: Value| {
+        let admin = srv.admin();
+        async move {
+            let (s, v) = admin
+                .post(
+                    "/apis/authentication.svc.io/v1/tokenreviews",
+                    json!({"apiVersion": "authentication.svc.io/v1", "kind": "TokenReview",
+                           "spec": {"token": token, "audiences": audiences}}),
+                )
+                .await;
+            assert_eq!(s, StatusCode::CREATED, "{v}");
+            v["status"].clone()
+        }
+    };
+    let st = review(token.clone(), json!([])).await;
+    assert_eq!(st["authenticated"], true, "{st}");
+    assert_eq!(st["user"]["username"], "oidc:alice");
+    assert_eq!(st["user"]["uid"], "u-1");
+    assert_eq!(
+        st["audiences"],
+        json!(["https://kubernetes.default.svc.cluster.local"])
+    );
+    let st = review(token.clone(), json!(["elsewhere"])).await;
+    assert_eq!(st["authenticated"], Value::Null, "{st}");
+    let st = review(refused[0].1.clone(), json!([])).await;
+    assert!(
+        st["error"].as_str().unwrap().contains("expected audience"),
+        "{st}"
+    );
+
     // Without a credential: probes stay anonymous, the API is 401.
     assert_eq!(c.get("/readyz").await.0, StatusCode::OK);
     assert_eq!(c.get("/api").await.0, StatusCode::UNAUTHORIZED);
