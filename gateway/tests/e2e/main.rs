@@ -14,6 +14,7 @@ mod egress;
 mod etcd_gateways;
 mod events;
 mod fanout;
+mod fuzz_api;
 mod health;
 mod identity;
 mod kubectl_writes;
