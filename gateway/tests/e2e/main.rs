@@ -22,5 +22,6 @@ mod list_watch;
 mod media;
 mod metrics;
 mod patch;
+mod props;
 mod tracing;
 mod writes;
