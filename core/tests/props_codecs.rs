@@ -33,15 +33,18 @@ fn string_map() -> impl Strategy<Value = BTreeMap<String, String>> {
 
 fn time() -> impl Strategy<Value = Time> {
     // 1970 to 2100, whole seconds (the wire keeps seconds).
-    (0i64..4_102_444_800)
-        .prop_map(|s| Time(time::OffsetDateTime::from_unix_timestamp(s).unwrap()))
+    (0i64..4_102_444_800).prop_map(|s| Time(time::OffsetDateTime::from_unix_timestamp(s).unwrap()))
 }
 
 fn meta() -> impl Strategy<Value = ObjectMeta> {
     (
         (text(), text(), text(), text()),
         (prop::option::of(any::<i64>()), prop::option::of(time())),
-        (string_map(), string_map(), prop::collection::vec(text(), 0..3)),
+        (
+            string_map(),
+            string_map(),
+            prop::collection::vec(text(), 0..3),
+        ),
     )
         .prop_map(
             |(
@@ -146,9 +149,8 @@ fn body() -> impl Strategy<Value = Vec<u8>> {
             b.extend(raw);
             b
         }),
-        (text(), prop::collection::vec(any::<u8>(), 0..200)).prop_map(|(kind, raw)| {
-            svc_core::codec::encode_envelope("v1", &kind, &raw)
-        }),
+        (text(), prop::collection::vec(any::<u8>(), 0..200))
+            .prop_map(|(kind, raw)| { svc_core::codec::encode_envelope("v1", &kind, &raw) }),
         "[\\{\\}\\[\\]\":,a-z0-9 \n-]{0,200}".prop_map(String::into_bytes),
     ]
 }
@@ -218,4 +220,74 @@ proptest! {
         prop_assert_eq!(&cbor::decode::<Secret>(&cbor::encode(&s).unwrap()).unwrap(), &s);
         prop_assert_eq!(&decode_protobuf::<Secret>(&encode_protobuf(&s)).unwrap(), &s);
     }
+}
+
+/// Nesting far deeper than any object: each decoder refuses it (or reads it) without
+/// overflowing the stack, which would abort the whole server.
+#[test]
+fn deeply_nested_bodies_are_refused_not_a_stack_overflow() {
+    const DEPTH: usize = 100_000;
+    let json = format!("{}{}", "[".repeat(DEPTH), "]".repeat(DEPTH));
+    let json_obj = format!(
+        "{{\"metadata\":{{\"labels\":{}{}}}}}",
+        "{\"a\":".repeat(DEPTH),
+        "}".repeat(DEPTH)
+    );
+    let yaml_flow = json.clone();
+    let yaml_block: String = (0..2_000)
+        .map(|i| format!("{}- \n", " ".repeat(i * 2)))
+        .collect();
+    let mut cbor_bytes = vec![0x81u8; DEPTH];
+    cbor_bytes.push(0x00);
+    let mut cbor_maps = Vec::new();
+    for _ in 0..DEPTH {
+        cbor_maps.extend_from_slice(&[0xa1, 0x61, b'a']);
+    }
+    cbor_maps.push(0x00);
+    // Protobuf: an unknown length-delimited field nested in itself, and the envelope.
+    let mut proto = Vec::new();
+    for _ in 0..1_000 {
+        let mut outer = vec![0x0a];
+        let mut len = proto.len();
+        loop {
+            let b = (len & 0x7f) as u8;
+            len >>= 7;
+            if len == 0 {
+                outer.push(b);
+                break;
+            }
+            outer.push(b | 0x80);
+        }
+        outer.extend_from_slice(&proto);
+        proto = outer;
+    }
+    let groups: Vec<u8> = [vec![0x0bu8; DEPTH], vec![0x0c; DEPTH]].concat();
+    for bytes in [
+        json.as_bytes(),
+        json_obj.as_bytes(),
+        yaml_flow.as_bytes(),
+        yaml_block.as_bytes(),
+        &cbor_bytes,
+        &cbor_maps,
+        &svc_core::codec::encode_envelope("v1", "ServiceAccount", &proto),
+        &svc_core::codec::encode_envelope("v1", "ServiceAccount", &groups),
+    ] {
+        decode_every_kind(bytes);
+    }
+}
+
+/// YAML aliases that expand exponentially (a "billion laughs" document) are refused or read
+/// within bounds.
+#[test]
+fn yaml_alias_bombs_are_bounded() {
+    let mut doc = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+    for i in 1..12 {
+        let p = i - 1;
+        doc.push_str(&format!(
+            "a{i}: &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n"
+        ));
+    }
+    doc.push_str("metadata: {labels: {x: y}}\nz: *a11\n");
+    let _ = yaml::decode::<ServiceAccount>(doc.as_bytes());
+    let _ = yaml::decode::<serde_json::Value>(doc.as_bytes());
 }
