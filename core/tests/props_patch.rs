@@ -44,8 +44,10 @@ fn leaf() -> impl Strategy<Value = Value> {
         any::<i64>().prop_map(Value::from),
         // Floats with short decimal forms: serde_json reads long ones to within one ulp only.
         (any::<i32>(), 0u32..4).prop_map(|(m, e)| Value::from(f64::from(m) / f64::from(1 << e))),
-        prop::sample::select(vec!["a", "x", "replace", "delete", "merge", "", "Approved", "name"])
-            .prop_map(Value::from),
+        prop::sample::select(vec![
+            "a", "x", "replace", "delete", "merge", "", "Approved", "name"
+        ])
+        .prop_map(Value::from),
         ".{0,8}".prop_map(Value::String),
     ]
 }
@@ -62,30 +64,52 @@ fn value() -> impl Strategy<Value = Value> {
 
 /// An object shaped like a stored one, with arbitrary content underneath.
 fn object() -> impl Strategy<Value = Value> {
-    (value(), value(), prop::collection::vec((key(), value()), 0..4)).prop_map(|(meta, spec, extra)| {
-        let mut o = Map::new();
-        o.insert("metadata".into(), meta);
-        o.insert("spec".into(), spec);
-        o.extend(extra);
-        Value::Object(o)
-    })
+    (
+        value(),
+        value(),
+        prop::collection::vec((key(), value()), 0..4),
+    )
+        .prop_map(|(meta, spec, extra)| {
+            let mut o = Map::new();
+            o.insert("metadata".into(), meta);
+            o.insert("spec".into(), spec);
+            o.extend(extra);
+            Value::Object(o)
+        })
 }
 
 fn pointer() -> impl Strategy<Value = String> {
     prop_oneof![
         prop::sample::select(vec![
-            "", "/", "/metadata", "/metadata/labels", "/metadata/labels/a", "/secrets/0",
-            "/secrets/-", "/secrets/1/name", "/a~1b", "/a~0b", "/~2", "/~", "/0", "/-1",
-            "/18446744073709551616", "metadata", "/spec/usages/00",
+            "",
+            "/",
+            "/metadata",
+            "/metadata/labels",
+            "/metadata/labels/a",
+            "/secrets/0",
+            "/secrets/-",
+            "/secrets/1/name",
+            "/a~1b",
+            "/a~0b",
+            "/~2",
+            "/~",
+            "/0",
+            "/-1",
+            "/18446744073709551616",
+            "metadata",
+            "/spec/usages/00",
         ])
         .prop_map(String::from),
-        prop::collection::vec(key(), 0..4).prop_map(|ks| ks.iter().map(|k| format!("/{k}")).collect()),
+        prop::collection::vec(key(), 0..4)
+            .prop_map(|ks| ks.iter().map(|k| format!("/{k}")).collect()),
     ]
 }
 
 fn json_patch() -> impl Strategy<Value = Value> {
     let op = (
-        prop::sample::select(vec!["add", "remove", "replace", "move", "copy", "test", "nope"]),
+        prop::sample::select(vec![
+            "add", "remove", "replace", "move", "copy", "test", "nope",
+        ]),
         pointer(),
         prop::option::of(pointer()),
         prop::option::of(value()),
@@ -129,14 +153,16 @@ fn entries() -> impl Strategy<Value = Vec<ManagedFieldsEntry>> {
             prop::option::of(value()),
             prop::sample::select(vec!["", "status"]),
         )
-            .prop_map(|(manager, operation, fields_type, fields_v1, sub)| ManagedFieldsEntry {
-                manager: manager.into(),
-                operation: operation.into(),
-                api_version: "v1".into(),
-                fields_type: fields_type.into(),
-                fields_v1,
-                subresource: sub.into(),
-                ..Default::default()
+            .prop_map(|(manager, operation, fields_type, fields_v1, sub)| {
+                ManagedFieldsEntry {
+                    manager: manager.into(),
+                    operation: operation.into(),
+                    api_version: "v1".into(),
+                    fields_type: fields_type.into(),
+                    fields_v1,
+                    subresource: sub.into(),
+                    ..Default::default()
+                }
             }),
         0..3,
     )
@@ -211,4 +237,107 @@ proptest! {
         let once = merge::apply(&original, &patch);
         prop_assert_eq!(&merge::apply(&once, &patch), &once);
     }
+}
+
+/// `copy` operations that copy the document into itself double it each time: their total is
+/// bounded (Kubernetes' 3 MiB), so the patch is refused with 422 long before memory runs out.
+#[test]
+fn self_doubling_copies_are_refused_not_an_exhausted_memory() {
+    let doc = json!({"metadata": {"name": "a", "labels": {"x": "0123456789"}}, "spec": {}});
+    let ops: Vec<Value> = (0..64)
+        .map(|i| json!({"op": "copy", "from": "", "path": format!("/spec/c{i}")}))
+        .collect();
+    let err = apply_patch(
+        "ServiceAccount",
+        PatchType::Json,
+        &doc,
+        &serde_json::to_vec(&ops).unwrap(),
+    )
+    .unwrap_err();
+    assert_eq!(err.code(), 422, "{err}");
+    assert!(
+        err.to_string()
+            .contains("the accumulated size increase of copy is"),
+        "{err}"
+    );
+    // Copies within the bound still apply: eight doublings.
+    let few: Vec<Value> = (0..8)
+        .map(|i| json!({"op": "copy", "from": "", "path": format!("/spec/c{i}")}))
+        .collect();
+    let out = apply_patch(
+        "ServiceAccount",
+        PatchType::Json,
+        &doc,
+        &serde_json::to_vec(&few).unwrap(),
+    )
+    .unwrap();
+    fn names(v: &Value) -> usize {
+        match v {
+            Value::Object(m) => {
+                usize::from(m.contains_key("name")) + m.values().map(names).sum::<usize>()
+            }
+            _ => 0,
+        }
+    }
+    assert_eq!(names(&out), 1 << 8);
+}
+
+/// `move`s that wrap a subtree in a new level each (and `add`s at long paths) nest the
+/// document deeper than any request body may; the patch is refused with 422 before the
+/// document is deep enough to overflow the stack of the code that reads, encodes or drops it.
+#[test]
+fn patches_that_nest_deeper_than_a_body_may_are_refused() {
+    let doc = json!({"metadata": {"name": "a"}, "spec": {}});
+    // Each round: spec becomes {"a": spec}.
+    let mut ops = Vec::new();
+    for _ in 0..3_000 {
+        ops.push(json!({"op": "add", "path": "/t", "value": {}}));
+        ops.push(json!({"op": "move", "from": "/spec", "path": "/t/a"}));
+        ops.push(json!({"op": "move", "from": "/t", "path": "/spec"}));
+    }
+    let err = apply_patch(
+        "ServiceAccount",
+        PatchType::Json,
+        &doc,
+        &serde_json::to_vec(&ops).unwrap(),
+    )
+    .unwrap_err();
+    assert_eq!(err.code(), 422, "{err}");
+    assert!(err.to_string().contains("deeper than 128 levels"), "{err}");
+
+    // An add of a nested value at a long path.
+    let mut nested = json!({});
+    for _ in 0..100 {
+        nested = json!({"a": nested});
+    }
+    let path = format!("/spec{}", "/a".repeat(50));
+    let mut spec = json!({});
+    for _ in 0..50 {
+        spec = json!({"a": spec});
+    }
+    let deep_doc = json!({"metadata": {"name": "a"}, "spec": spec});
+    let add = json!([{"op": "add", "path": path, "value": nested}]);
+    let err = apply_patch(
+        "ServiceAccount",
+        PatchType::Json,
+        &deep_doc,
+        &serde_json::to_vec(&add).unwrap(),
+    )
+    .unwrap_err();
+    assert_eq!(err.code(), 422, "{err}");
+    // Within the bound it applies: 20 rounds nest spec 20 levels.
+    let out = apply_patch(
+        "ServiceAccount",
+        PatchType::Json,
+        &doc,
+        &serde_json::to_vec(&ops[..60]).unwrap(),
+    )
+    .unwrap();
+    let mut at = &out["spec"];
+    let mut levels = 0;
+    while let Some(inner) = at.get("a") {
+        levels += 1;
+        at = inner;
+    }
+    assert_eq!(levels, 20);
 }
