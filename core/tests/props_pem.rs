@@ -74,14 +74,30 @@ fn pem_noise() -> impl Strategy<Value = Vec<u8>> {
         prop::collection::vec(any::<u8>(), 0..400),
         prop::collection::vec(
             prop::sample::select(vec![
-                "-----BEGIN ", "-----END ", "-----", "CERTIFICATE", "CERTIFICATE REQUEST",
-                "\n", "\r\n", " ", "Proc-Type: 4,ENCRYPTED", ":", "MIIB", "AAAA", "=", "==",
-                "\u{0}", "é",
+                "-----BEGIN ",
+                "-----END ",
+                "-----",
+                "CERTIFICATE",
+                "CERTIFICATE REQUEST",
+                "\n",
+                "\r\n",
+                " ",
+                "Proc-Type: 4,ENCRYPTED",
+                ":",
+                "MIIB",
+                "AAAA",
+                "=",
+                "==",
+                "\u{0}",
+                "é",
             ]),
             0..30,
         )
         .prop_map(|parts| parts.concat().into_bytes()),
-        (prop::collection::vec(any::<u8>(), 0..200), prop::sample::select(vec!["CERTIFICATE", "CERTIFICATE REQUEST"]))
+        (
+            prop::collection::vec(any::<u8>(), 0..200),
+            prop::sample::select(vec!["CERTIFICATE", "CERTIFICATE REQUEST"])
+        )
             .prop_map(|(der, label)| pem(label, &der).into_bytes()),
     ]
 }
@@ -155,8 +171,11 @@ fn the_valid_request_and_certificate_are_accepted() {
     csr.status.certificate = CERT.as_bytes().to_vec();
     let errs = csr.validate();
     assert!(
-        !errs.0.iter().any(|c| c.field.starts_with("status.certificate")
-            || c.field.starts_with("spec.request")),
+        !errs
+            .0
+            .iter()
+            .any(|c| c.field.starts_with("status.certificate")
+                || c.field.starts_with("spec.request")),
         "{errs:?}"
     );
 }

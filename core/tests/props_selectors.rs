@@ -48,8 +48,12 @@ impl Req {
             Req::NotIn(_, xs) => v.is_none_or(|v| !xs.contains(v)),
             Req::Exists(_) => v.is_some(),
             Req::Absent(_) => v.is_none(),
-            Req::Gt(_, n) => v.and_then(|v| v.parse::<i64>().ok()).is_some_and(|v| v > *n),
-            Req::Lt(_, n) => v.and_then(|v| v.parse::<i64>().ok()).is_some_and(|v| v < *n),
+            Req::Gt(_, n) => v
+                .and_then(|v| v.parse::<i64>().ok())
+                .is_some_and(|v| v > *n),
+            Req::Lt(_, n) => v
+                .and_then(|v| v.parse::<i64>().ok())
+                .is_some_and(|v| v < *n),
         }
     }
 
@@ -92,9 +96,11 @@ fn value() -> impl Strategy<Value = String> {
 }
 
 fn req() -> impl Strategy<Value = Req> {
-    let values = || prop::collection::vec(value().prop_filter("non-empty", |v| !v.is_empty()), 1..4);
+    let values =
+        || prop::collection::vec(value().prop_filter("non-empty", |v| !v.is_empty()), 1..4);
     prop_oneof![
-        (key(), value(), prop::sample::select(vec!["=", "=="])).prop_map(|(k, v, o)| Req::Eq(k, v, o)),
+        (key(), value(), prop::sample::select(vec!["=", "=="]))
+            .prop_map(|(k, v, o)| Req::Eq(k, v, o)),
         (key(), value()).prop_map(|(k, v)| Req::Ne(k, v)),
         (key(), values()).prop_map(|(k, v)| Req::In(k, v)),
         (key(), values()).prop_map(|(k, v)| Req::NotIn(k, v)),

@@ -66,8 +66,8 @@ fn schemathesis_finds_no_server_errors_and_only_status_errors() {
     let d = dir.path();
     let port = free_port();
     let mut server = spawn_ready(d, port);
-    let hooks = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/e2e/clients/schemathesis_hooks.py");
+    let hooks =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/clients/schemathesis_hooks.py");
     let pki = d.join("pki");
     let mut failures = Vec::new();
     for group in GROUPS {
@@ -81,7 +81,11 @@ fn schemathesis_finds_no_server_errors_and_only_status_errors() {
         std::fs::write(&doc_path, &doc.stdout).unwrap();
         // `timeout` bounds the whole run in case schemathesis itself hangs.
         let out = Command::new("timeout")
-            .args(["--kill-after=10", &(seconds + 120).to_string(), "schemathesis"])
+            .args([
+                "--kill-after=10",
+                &(seconds + 120).to_string(),
+                "schemathesis",
+            ])
             .env("SCHEMATHESIS_HOOKS", &hooks)
             .env("NO_COLOR", "1")
             .arg("run")

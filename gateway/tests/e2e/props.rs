@@ -34,12 +34,7 @@ fn runtime() -> tokio::runtime::Runtime {
 
 /// An error answer is a `Status` naming its own code; nothing is a server error.
 fn check_answer(what: &str, r: &Resp) -> Result<(), TestCaseError> {
-    prop_assert!(
-        r.status.as_u16() < 500,
-        "{what}: {} {}",
-        r.status,
-        r.text()
-    );
+    prop_assert!(r.status.as_u16() < 500, "{what}: {} {}", r.status, r.text());
     if r.status.as_u16() >= 400 {
         let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
         prop_assert!(
@@ -66,10 +61,35 @@ fn list_query() -> impl Strategy<Value = String> {
     ];
     let value = prop_oneof![
         prop::sample::select(vec![
-            "", "0", "1", "-1", "2", "500", "9223372036854775807", "9223372036854775808",
-            "1e3", "Exact", "NotOlderThan", "exact", "true", "false", "T", "yes",
-            "app=web", "app in (a,b)", "!app", "app>1", "metadata.name=a", "metadata.name!=a",
-            "metadata.namespace==default", "spec.x=y", "a,b", "=", "%", "%zz", "\u{0}",
+            "",
+            "0",
+            "1",
+            "-1",
+            "2",
+            "500",
+            "9223372036854775807",
+            "9223372036854775808",
+            "1e3",
+            "Exact",
+            "NotOlderThan",
+            "exact",
+            "true",
+            "false",
+            "T",
+            "yes",
+            "app=web",
+            "app in (a,b)",
+            "!app",
+            "app>1",
+            "metadata.name=a",
+            "metadata.name!=a",
+            "metadata.namespace==default",
+            "spec.x=y",
+            "a,b",
+            "=",
+            "%",
+            "%zz",
+            "\u{0}",
         ])
         .prop_map(String::from),
         ".{0,12}",
@@ -140,8 +160,16 @@ fn token_change() -> impl Strategy<Value = TokenChange> {
     let json_value = prop_oneof![
         any::<i64>().prop_map(Value::from),
         prop::sample::select(vec![
-            "", "/", "..", "../secrets/x", "/registry/secrets/", "a", "default/", "\u{0}",
-            "meta.svc.io/v1", "props/b",
+            "",
+            "/",
+            "..",
+            "../secrets/x",
+            "/registry/secrets/",
+            "a",
+            "default/",
+            "\u{0}",
+            "meta.svc.io/v1",
+            "props/b",
         ])
         .prop_map(Value::from),
         ".{0,10}".prop_map(Value::from),
@@ -151,7 +179,10 @@ fn token_change() -> impl Strategy<Value = TokenChange> {
     prop_oneof![
         prop::collection::vec((any::<prop::sample::Index>(), any::<char>()), 1..3)
             .prop_map(TokenChange::Text),
-        (prop::sample::select(vec!["v", "rv", "start", "t", "extra"]), json_value)
+        (
+            prop::sample::select(vec!["v", "rv", "start", "t", "extra"]),
+            json_value
+        )
             .prop_map(|(f, v)| TokenChange::Field(f, v)),
         ".{0,40}".prop_map(TokenChange::Arbitrary),
     ]
@@ -190,7 +221,12 @@ fn changed_continue_tokens_never_fail_the_server_or_leave_their_collection() {
     let token = rt.block_on(async {
         create_namespace(&admin, "props").await;
         create_namespace(&admin, "other").await;
-        for (ns, name) in [("props", "a"), ("props", "b"), ("props", "c"), ("other", "z")] {
+        for (ns, name) in [
+            ("props", "a"),
+            ("props", "b"),
+            ("props", "c"),
+            ("other", "z"),
+        ] {
             let (s, v) = admin
                 .post(
                     &format!("/api/v1/namespaces/{ns}/serviceaccounts"),
@@ -253,8 +289,18 @@ fn changed_continue_tokens_never_fail_the_server_or_leave_their_collection() {
 fn resource_version() -> impl Strategy<Value = String> {
     prop_oneof![
         prop::sample::select(vec![
-            "0", "1", "-1", "+1", "01", "9223372036854775807", "9223372036854775808",
-            "18446744073709551616", " 1", "1.0", "0x10", "",
+            "0",
+            "1",
+            "-1",
+            "+1",
+            "01",
+            "9223372036854775807",
+            "9223372036854775808",
+            "18446744073709551616",
+            " 1",
+            "1.0",
+            "0x10",
+            "",
         ])
         .prop_map(String::from),
         any::<i64>().prop_map(|n| n.to_string()),
@@ -346,19 +392,24 @@ fn bearer(issued: String) -> impl Strategy<Value = String> {
             }
         ),
         // Its header, claims or signature replaced by arbitrary JSON or bytes.
-        (0..3usize, prop_oneof![
-            Just(json!({"alg": "none"})),
-            Just(json!({"alg": "HS256", "typ": "JWT"})),
-            Just(json!({"alg": "ES256", "kid": "x"})),
-            Just(json!({"iss": "svc", "sub": "system:serviceaccount:props:a", "exp": 1})),
-            ".{0,20}".prop_map(Value::from),
-        ]).prop_map(move |(i, v)| {
-            let mut p = parts.clone();
-            p[i] = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&v).unwrap());
-            p.join(".")
-        }),
+        (
+            0..3usize,
+            prop_oneof![
+                Just(json!({"alg": "none"})),
+                Just(json!({"alg": "HS256", "typ": "JWT"})),
+                Just(json!({"alg": "ES256", "kid": "x"})),
+                Just(json!({"iss": "svc", "sub": "system:serviceaccount:props:a", "exp": 1})),
+                ".{0,20}".prop_map(Value::from),
+            ]
+        )
+            .prop_map(move |(i, v)| {
+                let mut p = parts.clone();
+                p[i] = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&v).unwrap());
+                p.join(".")
+            }),
         // Truncated.
-        any::<prop::sample::Index>().prop_map(move |i| issued2[..i.index(issued2.len())].to_string()),
+        any::<prop::sample::Index>()
+            .prop_map(move |i| issued2[..i.index(issued2.len())].to_string()),
         ".{0,60}",
         "[A-Za-z0-9_-]{0,20}\\.[A-Za-z0-9_-]{0,20}\\.[A-Za-z0-9_-]{0,20}",
     ]
@@ -433,10 +484,76 @@ fn changed_and_arbitrary_bearer_tokens_are_refused() {
                 &[("authorization", auth.as_str())],
             ));
             check_answer("bearer", &r)?;
-            prop_assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{:?}: {}", token, r.text());
+            prop_assert_eq!(
+                r.status,
+                StatusCode::UNAUTHORIZED,
+                "{:?}: {}",
+                token,
+                r.text()
+            );
         }
         Ok(())
     });
     rt.block_on(async move { drop(server) });
     result.unwrap();
+}
+
+/// JSON patches that would grow a document without bound: copies of the document into itself
+/// (each doubles it) and moves that wrap it one level deeper each. Both are refused with 422
+/// and the server goes on serving (before the bounds, the first exhausted memory and the
+/// second overflowed a stack, which aborts the process).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_patches_that_grow_without_bound_are_refused() {
+    let server = TestServer::start().await;
+    let admin = server.admin();
+    create_namespace(&admin, "props").await;
+    let one = "/api/v1/namespaces/props/serviceaccounts/a";
+    let (s, v) = admin
+        .post(
+            "/api/v1/namespaces/props/serviceaccounts",
+            json!({"metadata": {"name": "a", "labels": {"x": "y"}, "annotations": {"n": "v"}}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let doubling: Vec<Value> = (0..64)
+        .map(|i| json!({"op": "copy", "from": "/metadata", "path": format!("/metadata/annotations/c{i}")}))
+        .collect();
+    let mut nesting = vec![json!({"op": "add", "path": "/metadata/annotations", "value": {}})];
+    for _ in 0..3_000 {
+        nesting.push(json!({"op": "add", "path": "/t", "value": {}}));
+        nesting.push(json!({"op": "move", "from": "/metadata/annotations", "path": "/t/a"}));
+        nesting.push(json!({"op": "move", "from": "/t", "path": "/metadata/annotations"}));
+    }
+    for (what, ops, message) in [
+        (
+            "doubling copies",
+            doubling,
+            "accumulated size increase of copy",
+        ),
+        ("nesting moves", nesting, "deeper than 128 levels"),
+    ] {
+        let r = admin
+            .request(
+                Method::PATCH,
+                one,
+                &serde_json::to_string(&ops).unwrap(),
+                &[("content-type", "application/json-patch+json")],
+            )
+            .await;
+        assert_eq!(
+            r.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{what}: {}",
+            r.text()
+        );
+        let v = r.json();
+        assert_eq!(v["kind"], "Status", "{what}: {v}");
+        assert!(
+            v["message"].as_str().unwrap().contains(message),
+            "{what}: {v}"
+        );
+    }
+    let (s, v) = admin.get(one).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["metadata"]["labels"], json!({"x": "y"}));
 }
