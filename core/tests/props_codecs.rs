@@ -16,7 +16,10 @@ use svc_core::object::decode_json;
 use svc_core::{ObjectMeta, Resource};
 
 fn config() -> ProptestConfig {
-    ProptestConfig::with_cases(256)
+    ProptestConfig {
+        failure_persistence: None,
+        ..ProptestConfig::with_cases(256)
+    }
 }
 
 /// Strings as clients send them: mostly plain, sometimes any Unicode.
@@ -290,4 +293,31 @@ fn yaml_alias_bombs_are_bounded() {
     doc.push_str("metadata: {labels: {x: y}}\nz: *a11\n");
     let _ = yaml::decode::<ServiceAccount>(doc.as_bytes());
     let _ = yaml::decode::<serde_json::Value>(doc.as_bytes());
+}
+
+/// Strings ending in spaces keep them through YAML (the writer's plain scalars would lose
+/// them; such documents are written as JSON, which is YAML too).
+#[test]
+fn yaml_keeps_trailing_spaces() {
+    let mut sa = ServiceAccount::default();
+    sa.metadata.name = "a".into();
+    sa.metadata.annotations = BTreeMap::from([("note".into(), "ends in a space ".into())]);
+    sa.metadata.finalizers = vec!["in a list ".into()];
+    sa.metadata.labels = BTreeMap::from([("k".into(), "v".into())]);
+    sa.set_type_meta();
+    let bytes = yaml::encode(&sa).unwrap();
+    assert_eq!(yaml::decode::<ServiceAccount>(&bytes).unwrap(), sa);
+    sa.metadata.annotations = BTreeMap::from([("key ends in a space ".into(), "v".into())]);
+    let bytes = yaml::encode(&sa).unwrap();
+    assert_eq!(yaml::decode::<ServiceAccount>(&bytes).unwrap(), sa);
+    // Documents without such strings stay block YAML.
+    sa.metadata.annotations.clear();
+    sa.metadata.finalizers.clear();
+    let bytes = yaml::encode(&sa).unwrap();
+    assert!(
+        String::from_utf8(bytes.clone())
+            .unwrap()
+            .contains("name: a\n")
+    );
+    assert_eq!(yaml::decode::<ServiceAccount>(&bytes).unwrap(), sa);
 }

@@ -10,7 +10,10 @@ use svc_core::patch::managed::{self, Writer};
 use svc_core::patch::{PatchType, apply_patch, merge};
 
 fn config() -> ProptestConfig {
-    ProptestConfig::with_cases(256)
+    ProptestConfig {
+        failure_persistence: None,
+        ..ProptestConfig::with_cases(256)
+    }
 }
 
 const KINDS: &[&str] = &[

@@ -9,7 +9,10 @@ use svc_core::kinds::CertificateSigningRequest;
 use svc_core::kinds::certificate_signing_request::{decode_pem, parse_request};
 
 fn config() -> ProptestConfig {
-    ProptestConfig::with_cases(256)
+    ProptestConfig {
+        failure_persistence: None,
+        ..ProptestConfig::with_cases(256)
+    }
 }
 
 /// A P-256 request for CN=jane, O=dev (made with `openssl req -new`).

@@ -9,7 +9,10 @@ use proptest::prelude::*;
 use svc_core::selector::{FieldSelector, FieldTerm, LabelSelector};
 
 fn config() -> ProptestConfig {
-    ProptestConfig::with_cases(256)
+    ProptestConfig {
+        failure_persistence: None,
+        ..ProptestConfig::with_cases(256)
+    }
 }
 
 /// A requirement as a model: what it says, independent of the parser.
@@ -203,4 +206,16 @@ proptest! {
         prop_assert_eq!(sel.map(|s| s.terms), Ok(want), "{:?}", text);
         prop_assert!(FieldSelector::parse(&text, |f| f == "other").is_ok() == terms.is_empty());
     }
+}
+
+/// Spaces around field selector terms are tolerated, but a value of other white space is a
+/// value (it was trimmed away, so `metadata.name=\u{a0}` matched the empty name).
+#[test]
+fn field_selector_values_keep_non_ascii_white_space() {
+    let sel = FieldSelector::parse("metadata.name=\u{a0}", |_| true).unwrap();
+    assert_eq!(sel.exact("metadata.name"), Some("\u{a0}"));
+    let sel =
+        FieldSelector::parse(" metadata.name = a , type=\u{2003}x\u{2003} ", |_| true).unwrap();
+    assert_eq!(sel.exact("metadata.name"), Some("a"));
+    assert_eq!(sel.exact("type"), Some("\u{2003}x\u{2003}"));
 }
