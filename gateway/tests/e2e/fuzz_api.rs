@@ -113,7 +113,12 @@ fn schemathesis_finds_no_server_errors_and_only_status_errors() {
             .rev()
             .find(|l| l.contains(" in ") && l.starts_with('='))
             .unwrap_or("(no summary)");
-        eprintln!("schemathesis {group}: {summary}");
+        let cases = stdout
+            .lines()
+            .find(|l| l.contains(" generated"))
+            .unwrap_or("")
+            .trim();
+        eprintln!("schemathesis {group}: {cases} {summary}");
         if !out.status.success() {
             failures.push(format!(
                 "schemathesis against /openapi/v3/{group} failed ({}):\n{stdout}\n{}",
