@@ -115,7 +115,8 @@ fn schemathesis_finds_no_server_errors_and_only_status_errors() {
             .unwrap_or("(no summary)");
         let cases = stdout
             .lines()
-            .find(|l| l.contains(" generated"))
+            .map(str::trim)
+            .find(|l| l.starts_with(|c: char| c.is_ascii_digit()) && l.contains(" generated"))
             .unwrap_or("")
             .trim();
         eprintln!("schemathesis {group}: {cases} {summary}");
