@@ -8,9 +8,7 @@ mod namespace;
 mod secret;
 mod service_account;
 
-pub use admission_registration::{
-    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
-};
+pub use admission_registration::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration};
 pub use certificate_signing_request::{
     CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestSpec,
     CertificateSigningRequestStatus,

@@ -134,6 +134,26 @@ pub struct MatchCondition {
     pub expression: String,
 }
 
+/// The CEL environment of `matchConditions`: `object`, `oldObject` and `request` (the
+/// AdmissionRequest without its objects). Kubernetes' `authorizer` variable is not offered:
+/// an expression using it does not compile.
+pub fn match_condition_env() -> crate::cel::Env {
+    use crate::cel::{Env, Type};
+    Env::new()
+        .var("object", Type::Dyn)
+        .var("oldObject", Type::Dyn)
+        .var("request", Type::Dyn)
+}
+
+/// Compiles a match condition, which must produce a bool.
+pub fn compile_match_condition(
+    expression: &str,
+) -> Result<crate::cel::Program, crate::cel::CompileError> {
+    let program = crate::cel::compile(expression, &match_condition_env())?;
+    program.expect(&[crate::cel::Type::Bool])?;
+    Ok(program)
+}
+
 /// The fields both webhook types share, declared once for each struct (so that each accepts
 /// exactly its own fields when decoded strictly).
 macro_rules! webhook_struct {

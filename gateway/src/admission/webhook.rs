@@ -12,8 +12,11 @@
 //! that cannot be reached, times out or answers wrongly fails the request (`failurePolicy:
 //! Fail`, 500) or is skipped (`Ignore`). Requests to the webhook configurations themselves
 //! never reach webhooks, so a broken webhook can always be removed. Deletes reach validating
-//! webhooks only (the chain has no mutating phase for deletes). `matchConditions` are
-//! validated for shape; the `authorizer` CEL variable is not offered.
+//! webhooks only (the chain has no mutating phase for deletes). `matchConditions` are CEL
+//! over `object`, `oldObject` and `request` (the AdmissionRequest without its objects),
+//! each evaluated under Kubernetes' per-call cost budget: any false skips the webhook, an
+//! error (with none false) fails the request under `failurePolicy: Fail` and skips the
+//! webhook under `Ignore`. Kubernetes' `authorizer` variable is not offered.
 
 pub mod call;
 pub mod rules;
@@ -25,6 +28,7 @@ use async_trait::async_trait;
 use base64::Engine;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+use svc_core::cel::{Activation, DEFAULT_BUDGET, Program};
 use svc_core::config::admission_review::{
     AdmissionRequest, AdmissionResponse, GroupVersionKind, GroupVersionResource,
 };
@@ -87,6 +91,8 @@ pub struct Hook<W> {
     pub configuration: String,
     pub webhook: W,
     client: Result<WebhookClient, String>,
+    /// The compiled match conditions, by name, or why one does not compile.
+    conditions: Result<Vec<(String, Program)>, String>,
     url: String,
     ca_bundle: Option<String>,
 }
@@ -149,10 +155,20 @@ impl<C: Configuration> Source<C> {
                     .map(|h| h.client.clone());
                 let client =
                     reused.unwrap_or_else(|| client_for(&url, ca_bundle.as_deref(), egress));
+                let conditions = webhook
+                    .match_conditions()
+                    .iter()
+                    .map(|c| {
+                        reg::compile_match_condition(&c.expression)
+                            .map(|p| (c.name.clone(), p))
+                            .map_err(|e| format!("match condition {:?}: {e}", c.name))
+                    })
+                    .collect();
                 out.push(Arc::new(Hook {
                     configuration: configuration.clone(),
                     webhook,
                     client,
+                    conditions,
                     url,
                     ca_bundle,
                 }));
@@ -391,6 +407,75 @@ impl Webhooks {
     }
 }
 
+/// Whether the webhook's match conditions hold for `request`: false as soon as one is false;
+/// an error when one fails to evaluate and none is false.
+pub fn conditions_hold(
+    conditions: &Result<Vec<(String, Program)>, String>,
+    request: &AdmissionRequest,
+) -> Result<bool, String> {
+    let programs = conditions.as_ref().map_err(Clone::clone)?;
+    if programs.is_empty() {
+        return Ok(true);
+    }
+    let vars = Activation::new()
+        .bind("object", request.object.clone().unwrap_or(Value::Null))
+        .bind(
+            "oldObject",
+            request.old_object.clone().unwrap_or(Value::Null),
+        )
+        .bind("request", request_variable(request));
+    let mut error = None;
+    for (name, program) in programs {
+        match program.eval_bool(&vars, DEFAULT_BUDGET) {
+            Ok(false) => return Ok(false),
+            Ok(true) => {}
+            Err(e) => {
+                error.get_or_insert_with(|| format!("match condition {name:?}: {e}"));
+            }
+        }
+    }
+    error.map_or(Ok(true), Err)
+}
+
+/// The `request` variable: the AdmissionRequest without its objects, every field present
+/// (empty strings and lists where unset), as Kubernetes' typed variable has them.
+fn request_variable(r: &AdmissionRequest) -> Value {
+    let user = r.user_info.clone().unwrap_or_default();
+    json!({
+        "uid": r.uid,
+        "kind": r.kind,
+        "resource": r.resource,
+        "subResource": r.sub_resource,
+        "requestKind": r.request_kind,
+        "requestResource": r.request_resource,
+        "requestSubResource": r.request_sub_resource,
+        "name": r.name,
+        "namespace": r.namespace,
+        "operation": r.operation,
+        "userInfo": {"username": user.username, "uid": user.uid, "groups": user.groups,
+            "extra": user.extra},
+        "dryRun": r.dry_run.unwrap_or(false),
+        "options": r.options,
+    })
+}
+
+/// Whether a matched webhook is to be called after its match conditions: skipped when one
+/// is false, or when one fails under `failurePolicy: Ignore`; the request fails (500) when
+/// one fails under `Fail`.
+fn should_call<W: Webhook>(hook: &Hook<W>, request: &AdmissionRequest) -> Result<bool, ApiError> {
+    match conditions_hold(&hook.conditions, request) {
+        Ok(call) => Ok(call),
+        Err(e) if hook.webhook.failure_policy() == Some(reg::FAILURE_POLICY_IGNORE) => {
+            tracing::warn!(webhook = %hook.webhook.name(), error = %e, "skipping webhook");
+            Ok(false)
+        }
+        Err(e) => Err(ApiError::Internal(format!(
+            "failed calling webhook {:?}: {e}",
+            hook.webhook.name()
+        ))),
+    }
+}
+
 /// The operation as a static label value.
 fn operation_label(op: &str) -> &'static str {
     match op {
@@ -542,8 +627,11 @@ impl Mutating for MutatingWebhooks {
             if !w.matches(&hook.webhook, attrs, Some(object), old.as_ref())? {
                 continue;
             }
-            refuse_dry_run(&hook.webhook, attrs)?;
             let request = admission_request(attrs, Some(object), old.as_ref());
+            if !should_call(hook, &request)? {
+                continue;
+            }
+            refuse_dry_run(&hook.webhook, attrs)?;
             if let Some(resp) = w.invoke(hook, &request, true, out).await? {
                 changed |= apply_patch(hook.webhook.name(), &resp, object)?;
             }
@@ -557,6 +645,9 @@ impl Mutating for MutatingWebhooks {
                 continue;
             }
             let request = admission_request(attrs, Some(object), old.as_ref());
+            if !should_call(hook, &request)? {
+                continue;
+            }
             if let Some(resp) = w.invoke(hook, &request, true, out).await? {
                 changed |= apply_patch(hook.webhook.name(), &resp, object)?;
             }
@@ -594,8 +685,11 @@ impl Validating for ValidatingWebhooks {
             if !w.matches(&hook.webhook, attrs, object.as_ref(), old.as_ref())? {
                 continue;
             }
-            refuse_dry_run(&hook.webhook, attrs)?;
             let request = admission_request(attrs, object.as_ref(), old.as_ref());
+            if !should_call(hook, &request)? {
+                continue;
+            }
+            refuse_dry_run(&hook.webhook, attrs)?;
             calls.push(async move {
                 let (result, started) = w.send(hook, &request, false).await;
                 (hook, request, result, started)

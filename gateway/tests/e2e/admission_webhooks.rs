@@ -448,6 +448,27 @@ async fn failure_policy_decides_when_the_webhook_is_down_or_slow() {
                 "namespaceSelector": {"matchLabels": {"case": case}}}),
         ));
     }
+    // Match conditions: a false one skips the webhook (here one that is down), an error
+    // fails the request under Fail and skips the webhook under Ignore.
+    for (case, policy, expression) in [
+        (
+            "cond",
+            "Fail",
+            "object.metadata.name != 'skip-me' && request.operation == 'CREATE'",
+        ),
+        ("cond-error-fail", "Fail", "object.spec.missing == 1"),
+        ("cond-error-ignore", "Ignore", "object.spec.missing == 1"),
+    ] {
+        labelled_namespace(&c, case, json!({"case": case})).await;
+        hooks.push(hook_entry(
+            &format!("{case}.example.com"),
+            &down,
+            &hook.ca_bundle,
+            json!({"failurePolicy": policy, "timeoutSeconds": 1,
+                "namespaceSelector": {"matchLabels": {"case": case}},
+                "matchConditions": [{"name": "check", "expression": expression}]}),
+        ));
+    }
     create_config(&c, "validatingwebhookconfigurations", "failures", hooks).await;
     let mut n = 0;
     eventually(LIMIT, "the configuration takes effect", || {
@@ -478,6 +499,17 @@ async fn failure_policy_decides_when_the_webhook_is_down_or_slow() {
             "response.uid",
         ),
         ("uid-ignore", StatusCode::CREATED, ""),
+        (
+            "cond",
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "failed calling webhook \"cond.example.com\"",
+        ),
+        (
+            "cond-error-fail",
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "match condition \"check\": no such key",
+        ),
+        ("cond-error-ignore", StatusCode::CREATED, ""),
     ] {
         let started = std::time::Instant::now();
         let (s, body, _) = create_secret(&c, ns, "s", "").await;
@@ -496,6 +528,12 @@ async fn failure_policy_decides_when_the_webhook_is_down_or_slow() {
             );
         }
     }
+    let (s, body, _) = create_secret(&c, "cond", "skip-me", "").await;
+    assert_eq!(
+        s,
+        StatusCode::CREATED,
+        "a false condition skips the webhook: {body}"
+    );
     let metrics = c.request(Method::GET, "/metrics", "", &[]).await.text();
     let line = r#"apiserver_admission_webhook_rejection_count_total{name="down-fail.example.com",type="validating",operation="CREATE",error_type="calling_webhook_error",rejection_code="0"}"#;
     assert!(metrics.contains(line), "{line} missing from\n{metrics}");

@@ -3,7 +3,7 @@
 //! rules without overlapping wildcards, the enumerations, `sideEffects` and
 //! `admissionReviewVersions` required, timeouts of 1 to 30 seconds, an `https` URL (a
 //! Service reference is refused: this server serves no Services), valid label selectors and
-//! at most 64 named match conditions.
+//! at most 64 named match conditions whose CEL compiles to a bool.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -53,13 +53,23 @@ fn validate_webhook<W: Webhook>(hook: &W, at: &Path, mutating: bool) -> ErrorLis
     }
     for (i, rule) in hook.rules().iter().enumerate() {
         let at = at.child("rules").index(i);
-        one_wildcard_list(&mut errors, &at.child("operations"), &rule.operations, "operations");
+        one_wildcard_list(
+            &mut errors,
+            &at.child("operations"),
+            &rule.operations,
+            "operations",
+        );
         for (j, op) in rule.operations.iter().enumerate() {
             if !OPERATIONS.contains(&op.as_str()) {
                 errors.not_supported(at.child("operations").index(j).as_str(), op, OPERATIONS);
             }
         }
-        one_wildcard_list(&mut errors, &at.child("apiGroups"), &rule.api_groups, "API groups");
+        one_wildcard_list(
+            &mut errors,
+            &at.child("apiGroups"),
+            &rule.api_groups,
+            "API groups",
+        );
         one_wildcard_list(
             &mut errors,
             &at.child("apiVersions"),
@@ -92,7 +102,11 @@ fn validate_webhook<W: Webhook>(hook: &W, at: &Path, mutating: bool) -> ErrorLis
         && p != "Exact"
         && p != "Equivalent"
     {
-        errors.not_supported(at.child("matchPolicy").as_str(), p, &["Equivalent", "Exact"]);
+        errors.not_supported(
+            at.child("matchPolicy").as_str(),
+            p,
+            &["Equivalent", "Exact"],
+        );
     }
     let side = at.child("sideEffects");
     match hook.side_effects() {
@@ -157,6 +171,12 @@ fn validate_webhook<W: Webhook>(hook: &W, at: &Path, mutating: bool) -> ErrorLis
         }
         if c.expression.trim().is_empty() {
             errors.required(at.child("expression").as_str(), "");
+        } else if let Err(e) = super::compile_match_condition(&c.expression) {
+            errors.invalid(
+                at.child("expression").as_str(),
+                &c.expression,
+                &e.to_string(),
+            );
         }
     }
     errors
@@ -247,7 +267,10 @@ fn validate_review_versions(errors: &mut ErrorList, at: &Path, versions: &[Strin
             errors.invalid(at.index(i).as_str(), v, "duplicate version");
         }
     }
-    if !versions.iter().any(|v| REVIEW_VERSIONS.contains(&v.as_str())) {
+    if !versions
+        .iter()
+        .any(|v| REVIEW_VERSIONS.contains(&v.as_str()))
+    {
         errors.invalid(
             at.as_str(),
             &format!("{versions:?}"),
@@ -374,55 +397,153 @@ mod tests {
     fn webhooks_are_validated_as_kubernetes_validates_them() {
         for (body, expected) in [
             (OK.to_string(), vec![]),
-            (OK.replace("a.example.com", "example.com"), vec!["webhooks[0].name"]),
+            (
+                OK.replace("a.example.com", "example.com"),
+                vec!["webhooks[0].name"],
+            ),
             (
                 format!("{OK}{}", &OK[OK.find("- name").unwrap()..]),
                 vec!["webhooks[1].name"],
             ),
-            (OK.replace("[CREATE]", "[CREATE, \"*\"]"), vec!["webhooks[0].rules[0].operations"]),
-            (OK.replace("[CREATE]", "[PATCH]"), vec!["webhooks[0].rules[0].operations[0]"]),
-            (OK.replace("apiGroups: [\"\"]", "apiGroups: []"), vec!["webhooks[0].rules[0].apiGroups"]),
-            (OK.replace("[namespaces]", "[\"*\", pods]"), vec!["webhooks[0].rules[0].resources"]),
-            (OK.replace("[namespaces]", "[\"pods/*\", pods/status]"), vec!["webhooks[0].rules[0].resources[1]"]),
-            (OK.replace("[namespaces]", "[\"*/*\", pods]"), vec!["webhooks[0].rules[0].resources"]),
-            (OK.replace("[namespaces]", "[\"*/status\", pods/status]"), vec!["webhooks[0].rules[0].resources[1]"]),
-            (OK.replace("[namespaces]", "[\"*\", \"*/status\"]"), vec![]),
-            (OK.replace("resources: [namespaces]", "resources: [pods], scope: Global"), vec!["webhooks[0].rules[0].scope"]),
-            (OK.replace("sideEffects: None", "sideEffects: Some"), vec!["webhooks[0].sideEffects"]),
-            (OK.replace("  sideEffects: None\n", ""), vec!["webhooks[0].sideEffects"]),
-            (format!("{OK}  timeoutSeconds: 31\n"), vec!["webhooks[0].timeoutSeconds"]),
-            (format!("{OK}  timeoutSeconds: 0\n"), vec!["webhooks[0].timeoutSeconds"]),
-            (format!("{OK}  failurePolicy: Maybe\n"), vec!["webhooks[0].failurePolicy"]),
-            (OK.replace("[v1]", "[v1beta1]"), vec!["webhooks[0].admissionReviewVersions"]),
-            (OK.replace("[v1]", "[v1, v1]"), vec!["webhooks[0].admissionReviewVersions[1]"]),
-            (OK.replace("https://", "http://"), vec!["webhooks[0].clientConfig.url"]),
-            (OK.replace("8443/v", "8443/v?x=1"), vec!["webhooks[0].clientConfig.url"]),
-            (OK.replace("https://", "https://u@"), vec!["webhooks[0].clientConfig.url"]),
             (
-                OK.replace("{url: \"https://127.0.0.1:8443/v\"}", "{service: {namespace: a, name: b}}"),
+                OK.replace("[CREATE]", "[CREATE, \"*\"]"),
+                vec!["webhooks[0].rules[0].operations"],
+            ),
+            (
+                OK.replace("[CREATE]", "[PATCH]"),
+                vec!["webhooks[0].rules[0].operations[0]"],
+            ),
+            (
+                OK.replace("apiGroups: [\"\"]", "apiGroups: []"),
+                vec!["webhooks[0].rules[0].apiGroups"],
+            ),
+            (
+                OK.replace("[namespaces]", "[\"*\", pods]"),
+                vec!["webhooks[0].rules[0].resources"],
+            ),
+            (
+                OK.replace("[namespaces]", "[\"pods/*\", pods/status]"),
+                vec!["webhooks[0].rules[0].resources[1]"],
+            ),
+            (
+                OK.replace("[namespaces]", "[\"*/*\", pods]"),
+                vec!["webhooks[0].rules[0].resources"],
+            ),
+            (
+                OK.replace("[namespaces]", "[\"*/status\", pods/status]"),
+                vec!["webhooks[0].rules[0].resources[1]"],
+            ),
+            (OK.replace("[namespaces]", "[\"*\", \"*/status\"]"), vec![]),
+            (
+                OK.replace(
+                    "resources: [namespaces]",
+                    "resources: [pods], scope: Global",
+                ),
+                vec!["webhooks[0].rules[0].scope"],
+            ),
+            (
+                OK.replace("sideEffects: None", "sideEffects: Some"),
+                vec!["webhooks[0].sideEffects"],
+            ),
+            (
+                OK.replace("  sideEffects: None\n", ""),
+                vec!["webhooks[0].sideEffects"],
+            ),
+            (
+                format!("{OK}  timeoutSeconds: 31\n"),
+                vec!["webhooks[0].timeoutSeconds"],
+            ),
+            (
+                format!("{OK}  timeoutSeconds: 0\n"),
+                vec!["webhooks[0].timeoutSeconds"],
+            ),
+            (
+                format!("{OK}  failurePolicy: Maybe\n"),
+                vec!["webhooks[0].failurePolicy"],
+            ),
+            (
+                OK.replace("[v1]", "[v1beta1]"),
+                vec!["webhooks[0].admissionReviewVersions"],
+            ),
+            (
+                OK.replace("[v1]", "[v1, v1]"),
+                vec!["webhooks[0].admissionReviewVersions[1]"],
+            ),
+            (
+                OK.replace("https://", "http://"),
+                vec!["webhooks[0].clientConfig.url"],
+            ),
+            (
+                OK.replace("8443/v", "8443/v?x=1"),
+                vec!["webhooks[0].clientConfig.url"],
+            ),
+            (
+                OK.replace("https://", "https://u@"),
+                vec!["webhooks[0].clientConfig.url"],
+            ),
+            (
+                OK.replace(
+                    "{url: \"https://127.0.0.1:8443/v\"}",
+                    "{service: {namespace: a, name: b}}",
+                ),
                 vec!["webhooks[0].clientConfig.service"],
             ),
-            (OK.replace("{url: \"https://127.0.0.1:8443/v\"}", "{}"), vec!["webhooks[0].clientConfig"]),
             (
-                format!("{OK}  namespaceSelector: {{matchExpressions: [{{key: a, operator: In}}]}}\n"),
+                OK.replace("{url: \"https://127.0.0.1:8443/v\"}", "{}"),
+                vec!["webhooks[0].clientConfig"],
+            ),
+            (
+                format!(
+                    "{OK}  namespaceSelector: {{matchExpressions: [{{key: a, operator: In}}]}}\n"
+                ),
                 vec!["webhooks[0].namespaceSelector.matchExpressions[0].values"],
             ),
             (
-                format!("{OK}  objectSelector: {{matchExpressions: [{{key: a, operator: Has}}]}}\n"),
+                format!(
+                    "{OK}  objectSelector: {{matchExpressions: [{{key: a, operator: Has}}]}}\n"
+                ),
                 vec!["webhooks[0].objectSelector.matchExpressions[0].operator"],
             ),
             (
-                format!("{OK}  matchConditions: [{{name: a, expression: 'true'}}, {{name: a, expression: ''}}]\n"),
-                vec!["webhooks[0].matchConditions[1].name", "webhooks[0].matchConditions[1].expression"],
+                format!(
+                    "{OK}  matchConditions: [{{name: a, expression: 'true'}}, {{name: a, expression: ''}}]\n"
+                ),
+                vec![
+                    "webhooks[0].matchConditions[1].name",
+                    "webhooks[0].matchConditions[1].expression",
+                ],
+            ),
+            (
+                format!(
+                    "{OK}  matchConditions: [{{name: a, expression: 'object.metadata.name'}}, \
+                     {{name: b, expression: 'authorizer.allowed()'}}, \
+                     {{name: c, expression: \"request.operation == 'CREATE' || has(oldObject.x)\"}}, \
+                     {{name: d, expression: '1 + 1'}}]\n"
+                ),
+                vec![
+                    "webhooks[0].matchConditions[1].expression",
+                    "webhooks[0].matchConditions[3].expression",
+                ],
             ),
         ] {
-            assert_eq!(fields_of::<ValidatingWebhookConfiguration>(&body), expected, "{body}");
+            assert_eq!(
+                fields_of::<ValidatingWebhookConfiguration>(&body),
+                expected,
+                "{body}"
+            );
         }
         assert_eq!(
-            fields_of::<MutatingWebhookConfiguration>(&format!("{OK}  reinvocationPolicy: Always\n")),
+            fields_of::<MutatingWebhookConfiguration>(&format!(
+                "{OK}  reinvocationPolicy: Always\n"
+            )),
             ["webhooks[0].reinvocationPolicy"]
         );
-        assert!(fields_of::<MutatingWebhookConfiguration>(&format!("{OK}  reinvocationPolicy: IfNeeded\n")).is_empty());
+        assert!(
+            fields_of::<MutatingWebhookConfiguration>(&format!(
+                "{OK}  reinvocationPolicy: IfNeeded\n"
+            ))
+            .is_empty()
+        );
     }
 
     #[test]

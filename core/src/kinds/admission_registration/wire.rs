@@ -214,10 +214,11 @@ fn client_to(c: &WebhookClientConfig) -> WebhookClientConfigPb {
             port: s.port,
         }),
         // Validation keeps the bundle base64; anything else was never stored.
-        ca_bundle: c
-            .ca_bundle
-            .as_ref()
-            .map(|b| base64::engine::general_purpose::STANDARD.decode(b).unwrap_or_default()),
+        ca_bundle: c.ca_bundle.as_ref().map(|b| {
+            base64::engine::general_purpose::STANDARD
+                .decode(b)
+                .unwrap_or_default()
+        }),
         url: c.url.clone(),
     }
 }
@@ -384,7 +385,10 @@ mod tests {
         let back = MutatingWebhookConfiguration::from_proto_bytes(&m.to_proto_bytes()).unwrap();
         assert_eq!(back, m);
         let mut v = json;
-        v["webhooks"][0].as_object_mut().unwrap().remove("reinvocationPolicy");
+        v["webhooks"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("reinvocationPolicy");
         let m: ValidatingWebhookConfiguration = serde_json::from_value(v).unwrap();
         let back = ValidatingWebhookConfiguration::from_proto_bytes(&m.to_proto_bytes()).unwrap();
         assert_eq!(back, m);

@@ -263,3 +263,47 @@ fn webhook_configurations_are_exempt() {
     a.info = Namespace::INFO;
     assert!(!exempt(&a));
 }
+
+#[test]
+fn match_conditions_skip_call_or_fail() {
+    let user = UserInfo::default();
+    let obj = json!({"apiVersion": "events.svc.io/v1", "kind": "Event",
+        "metadata": {"name": "e", "labels": {"team": "a"}}});
+    let request = admission_request(&attrs(Operation::Create, &user, false), Some(&obj), None);
+    let compiled = |exprs: &[&str]| -> Result<Vec<(String, Program)>, String> {
+        Ok(exprs
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (format!("c{i}"), reg::compile_match_condition(e).unwrap()))
+            .collect())
+    };
+    let hold = |exprs: &[&str]| conditions_hold(&compiled(exprs), &request);
+    assert_eq!(hold(&[]), Ok(true));
+    assert_eq!(hold(&["object.metadata.labels.team == 'a'"]), Ok(true));
+    assert_eq!(
+        hold(&[
+            "request.operation == 'CREATE'",
+            "request.namespace == 'team-a'"
+        ]),
+        Ok(true)
+    );
+    assert_eq!(hold(&["request.userInfo.username == 'bob'"]), Ok(false));
+    assert_eq!(
+        hold(&["oldObject == null", "!has(request.object)"]),
+        Ok(true)
+    );
+    // An error fails unless another condition is false.
+    let err = hold(&["object.spec.missing == 1"]).unwrap_err();
+    assert!(err.starts_with("match condition \"c0\": "), "{err}");
+    assert_eq!(hold(&["object.spec.missing == 1", "false"]), Ok(false));
+    assert_eq!(
+        hold(&["object.metadata.name"])
+            .unwrap_err()
+            .contains("bool"),
+        true
+    );
+    assert_eq!(
+        conditions_hold(&Err("does not compile".into()), &request),
+        Err("does not compile".to_string())
+    );
+}
