@@ -42,7 +42,7 @@ use svc_core::{ApiError, Resource, patch};
 
 use self::call::{CallError, Verdict, WebhookMetrics};
 use self::rules::Target;
-use super::{AdmissionObject, Attributes, Mutating, Outcome, Plugin, Validating};
+use super::{AdmissionObject, Attributes, Mutating, Operation, Outcome, Plugin, Validating};
 use crate::caches::Caches;
 use crate::client::WebhookClient;
 use crate::egress::Egress;
@@ -527,10 +527,10 @@ pub fn admission_request(
         resource: info.plural.into(),
     };
     let (options_kind, carries_old) = match attrs.operation {
-        super::Operation::Create => ("CreateOptions", false),
-        super::Operation::Update => ("UpdateOptions", true),
-        super::Operation::Delete => ("DeleteOptions", true),
-        super::Operation::Connect => ("", false),
+        Operation::Create => ("CreateOptions", false),
+        Operation::Update => ("UpdateOptions", true),
+        Operation::Delete => ("DeleteOptions", true),
+        Operation::Connect => ("", false),
     };
     let options = (!options_kind.is_empty()).then(|| {
         let mut o = json!({"apiVersion": "meta.svc.io/v1", "kind": options_kind});

@@ -228,7 +228,7 @@ impl WebhookMetrics {
         metrics.register(
             "apiserver_admission_webhook_request",
             "Admission webhook request total, identified by name and broken out for each \
-             admission type (validating or mutating) and operation; code is the HTTP code of \
+             admission type (validating or admit) and operation; code is the HTTP code of \
              the answer (0 without one)",
             requests.clone(),
         );
