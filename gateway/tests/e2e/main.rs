@@ -5,6 +5,7 @@
 mod support;
 
 mod admission;
+mod admission_webhooks;
 mod api;
 mod authorization;
 mod certificates;
