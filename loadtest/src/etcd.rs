@@ -15,8 +15,8 @@ use tokio::task::JoinHandle;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::etcd_pb::etcdserverpb::{
-    DeleteRangeRequest, PutRequest, RangeRequest, WatchCreateRequest, WatchRequest,
-    WatchResponse, kv_client::KvClient, watch_client::WatchClient, watch_request,
+    DeleteRangeRequest, PutRequest, RangeRequest, WatchCreateRequest, WatchRequest, WatchResponse,
+    kv_client::KvClient, watch_client::WatchClient, watch_request,
 };
 use crate::stats::{Live, now_nanos};
 use crate::watch::{WState, digits, on_event};
@@ -235,7 +235,10 @@ async fn receive(
             .and_then(|i| states.get_mut(i))
         else {
             live.watch_errors.fetch_add(1, Relaxed);
-            live.note_error(format!("etcd watch: events for unknown watch {}", m.watch_id));
+            live.note_error(format!(
+                "etcd watch: events for unknown watch {}",
+                m.watch_id
+            ));
             continue;
         };
         let now = now_nanos();

@@ -204,7 +204,13 @@ pub async fn run_group(ctx: GroupCtx, base: usize, streams: Vec<WStream>, n: usi
     Group { states }
 }
 
-pub(crate) fn on_event(st: &mut WState, lat: &mut Vec<u64>, now: u64, rv: Option<u64>, ts: Option<u64>) {
+pub(crate) fn on_event(
+    st: &mut WState,
+    lat: &mut Vec<u64>,
+    now: u64,
+    rv: Option<u64>,
+    ts: Option<u64>,
+) {
     let Some(ts) = ts else {
         // Not written by this run (e.g. a controller's object): not counted.
         st.foreign += 1;

@@ -510,8 +510,14 @@ async fn every_scenario_against_every_target() {
     let md = std::fs::read_to_string(cmp.join("report.md")).unwrap();
     assert!(md.contains("Ratios"), "{md}");
     assert!(md.contains("Against the baselines"), "{md}");
-    assert!(md.contains(&format!("kubernetes ({url}) ÷ etcd ({etcd_url})")), "{md}");
-    assert!(md.contains(&format!("kubernetes ({url}) ÷ raw (127.0.0.1:")), "{md}");
+    assert!(
+        md.contains(&format!("kubernetes ({url}) ÷ etcd ({etcd_url})")),
+        "{md}"
+    );
+    assert!(
+        md.contains(&format!("kubernetes ({url}) ÷ raw (127.0.0.1:")),
+        "{md}"
+    );
     assert!(cmp.join("gateway").join("results.json").exists());
     let v: Value =
         serde_json::from_slice(&std::fs::read(cmp.join("results.json")).unwrap()).unwrap();
@@ -540,7 +546,8 @@ fn loadtest_pid(args: &[&str], out: &Path) -> (u32, Value) {
     let pid = child.id();
     assert!(child.wait().unwrap().success(), "svc-loadtest failed");
     check_report_files(out);
-    let v: Value = serde_json::from_slice(&std::fs::read(out.join("results.json")).unwrap()).unwrap();
+    let v: Value =
+        serde_json::from_slice(&std::fs::read(out.join("results.json")).unwrap()).unwrap();
     (pid, v["runs"][0].clone())
 }
 
@@ -565,8 +572,7 @@ fn etcd_metric(url: &str, series: &str) -> f64 {
 #[test]
 fn etcd_baseline_multiplexes_watches_on_grpc_streams() {
     let (etcd, url) = start_etcd();
-    let watch_streams =
-        r#"grpc_server_started_total{grpc_method="Watch",grpc_service="etcdserverpb.Watch",grpc_type="bidi_stream"}"#;
+    let watch_streams = r#"grpc_server_started_total{grpc_method="Watch",grpc_service="etcdserverpb.Watch",grpc_type="bidi_stream"}"#;
     let streams_before = etcd_metric(&url, watch_streams);
     let out = tempfile::tempdir().unwrap();
     let (_, r) = loadtest_pid(
@@ -599,7 +605,11 @@ fn etcd_baseline_multiplexes_watches_on_grpc_streams() {
     assert_eq!(r["target"]["server_pid"], etcd.0.id(), "{}", r["target"]);
     assert!(c["server_cpu_s"].as_f64().unwrap() >= 0.0, "{c}");
     assert!(c["server_cpu_us_per_event"].is_number(), "{c}");
-    assert!(r["series"][0]["server_cpu_pct"].is_number(), "{}", r["series"]);
+    assert!(
+        r["series"][0]["server_cpu_pct"].is_number(),
+        "{}",
+        r["series"]
+    );
     drop(etcd);
 }
 
@@ -657,9 +667,15 @@ fn raw_server_fans_out_frames() {
     std::io::BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    let addr = line.trim().strip_prefix("listening on ").unwrap().to_string();
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap()
+        .to_string();
     let mut reader = std::net::TcpStream::connect(&addr).unwrap();
-    reader.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    reader
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
     reader.write_all(b"R").unwrap();
     let mut ok = [0u8; 1];
     reader.read_exact(&mut ok).unwrap();
