@@ -58,13 +58,19 @@ async fn check_contents(
     failed: &[Bytes],
 ) -> Result<(), String> {
     for kv in acknowledged {
-        let (got, _) = store.get(kv.key.clone(), None).await.map_err(|e| e.to_string())?;
+        let (got, _) = store
+            .get(kv.key.clone(), None)
+            .await
+            .map_err(|e| e.to_string())?;
         if got.as_ref() != Some(kv) {
             return Err(format!("acknowledged {:?} reads as {got:?}", kv.key));
         }
     }
     for k in failed {
-        let (got, _) = store.get(k.clone(), None).await.map_err(|e| e.to_string())?;
+        let (got, _) = store
+            .get(k.clone(), None)
+            .await
+            .map_err(|e| e.to_string())?;
         if got.is_some() {
             return Err(format!("failed write {k:?} is stored: {got:?}"));
         }
@@ -92,7 +98,10 @@ async fn a_failed_fsync_fails_its_batch_and_the_store_goes_on_after_reopening() 
         match answer {
             Ok(kv) => acknowledged.push(kv),
             Err(StoreError::WriteFailed(detail)) => {
-                assert!(detail.contains("nothing of it was acknowledged"), "{detail}");
+                assert!(
+                    detail.contains("nothing of it was acknowledged"),
+                    "{detail}"
+                );
                 assert!(detail.contains("os error 5"), "names the cause: {detail}");
                 failed.push(k);
             }
@@ -114,9 +123,14 @@ async fn a_failed_fsync_fails_its_batch_and_the_store_goes_on_after_reopening() 
         }
         absent.clear();
     }
-    check_contents(&store, &acknowledged, &absent).await.unwrap();
+    check_contents(&store, &acknowledged, &absent)
+        .await
+        .unwrap();
     // Writes go on, and the first successful commit clears the failure.
-    let after = ok("create after", store.create(key("/after"), value.clone()).await);
+    let after = ok(
+        "create after",
+        store.create(key("/after"), value.clone()).await,
+    );
     acknowledged.push(after.clone());
     ok("ready", store.ready().await);
 
@@ -138,7 +152,9 @@ async fn a_failed_fsync_fails_its_batch_and_the_store_goes_on_after_reopening() 
     store.close();
     drop(store);
     let store = EmbeddedStore::open(dir.path(), config()).unwrap();
-    check_contents(&store, &acknowledged, &absent).await.unwrap();
+    check_contents(&store, &acknowledged, &absent)
+        .await
+        .unwrap();
     assert_eq!(
         ok("revision", store.current_revision().await),
         after.mod_revision
@@ -166,7 +182,9 @@ async fn a_failing_disk_is_reported_until_it_works_again() {
     }
     let err = store.create(key("/c"), key("3")).await.unwrap_err();
     match err {
-        StoreError::WriteFailed(detail) => assert!(detail.contains("cannot be reopened"), "{detail}"),
+        StoreError::WriteFailed(detail) => {
+            assert!(detail.contains("cannot be reopened"), "{detail}")
+        }
         other => panic!("{other:?}"),
     }
     // The disk heals; no client write is needed for the store to notice.
@@ -220,7 +238,10 @@ impl Drop for Tmpfs {
         let status = Command::new("umount").arg(self.dir.path()).status();
         if !status.is_ok_and(|s| s.success()) {
             // Busy (a handle still open): detach it so the directory can go.
-            let _ = Command::new("umount").arg("-l").arg(self.dir.path()).status();
+            let _ = Command::new("umount")
+                .arg("-l")
+                .arg(self.dir.path())
+                .status();
         }
     }
 }
@@ -286,11 +307,10 @@ async fn a_full_disk_fails_writes_keeps_reads_and_recovers_when_space_returns() 
     ));
     // Reads, lists and watches go on.
     ok("health", store.health().await);
-    check_contents(&store, &acknowledged, &failed).await.unwrap();
-    let listed = ok(
-        "range",
-        store.range(KeyRange::prefix("/"), None, 0).await,
-    );
+    check_contents(&store, &acknowledged, &failed)
+        .await
+        .unwrap();
+    let listed = ok("range", store.range(KeyRange::prefix("/"), None, 0).await);
     assert_eq!(listed.kvs.len(), acknowledged.len());
     let last = acknowledged.last().unwrap().mod_revision;
     if last > start {

@@ -123,7 +123,8 @@ async fn a_full_disk_fails_writes_with_500_and_readyz_until_space_returns() {
     assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR);
     let text = body.as_str().unwrap();
     assert!(
-        text.lines().any(|l| l == "[-]etcd-readiness failed: reason withheld"),
+        text.lines()
+            .any(|l| l == "[-]etcd-readiness failed: reason withheld"),
         "{text}"
     );
     assert!(text.lines().any(|l| l == "[+]etcd ok"), "{text}");
@@ -254,7 +255,10 @@ async fn a_corrupt_data_file_stops_the_binary_from_starting() {
     assert!(wait_exit(&mut first.0, Duration::from_secs(20)).is_some());
 
     // Damage every page past the header, as a bad disk would.
-    let path = dir.path().join("store").join(svc_storage::embedded::DATA_FILE);
+    let path = dir
+        .path()
+        .join("store")
+        .join(svc_storage::embedded::DATA_FILE);
     let mut bytes = std::fs::read(&path).unwrap();
     let mut offset = 4096;
     while offset + 164 < bytes.len() {
@@ -293,7 +297,10 @@ async fn key_files_are_0600_and_data_directories_0700() {
             assert_eq!(mode(&path), 0o600, "{}", path.display());
         }
     }
-    assert!(keys >= 3, "expected the CA, serving, admin and service-account keys");
+    assert!(
+        keys >= 3,
+        "expected the CA, serving, admin and service-account keys"
+    );
     assert_eq!(mode(&data.join("admin.kubeconfig")), 0o600);
     drop(srv);
 }
@@ -439,7 +446,10 @@ async fn a_trace_log_holds_no_token_and_no_key() {
         }
     }
     for (what, secret) in &secrets {
-        assert!(!text.contains(secret.as_str()), "the log holds a {what}: {secret}");
+        assert!(
+            !text.contains(secret.as_str()),
+            "the log holds a {what}: {secret}"
+        );
     }
     for marker in ["PRIVATE KEY", "Bearer "] {
         assert!(!text.contains(marker), "the log holds {marker:?}");

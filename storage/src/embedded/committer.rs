@@ -323,7 +323,9 @@ impl Committer {
     fn commit(&mut self, writes: Vec<Request>) -> bool {
         if let Err(detail) = self.writable() {
             for request in writes {
-                let _ = request.reply.send(Err(StoreError::WriteFailed(detail.clone())));
+                let _ = request
+                    .reply
+                    .send(Err(StoreError::WriteFailed(detail.clone())));
             }
             return false;
         }
@@ -355,7 +357,9 @@ impl Committer {
                 // Answer first: reopening may take a while, and the outcome is settled.
                 let bytes = writes.iter().map(|w| w.op.size()).sum();
                 for request in writes {
-                    let _ = request.reply.send(Err(StoreError::WriteFailed(detail.clone())));
+                    let _ = request
+                        .reply
+                        .send(Err(StoreError::WriteFailed(detail.clone())));
                 }
                 self.fail(detail, bytes);
                 false
@@ -465,7 +469,10 @@ impl Committer {
         }
         let published = shared.published.compacted.load(Ordering::Acquire);
         if compacted > published {
-            shared.published.compacted.store(compacted, Ordering::Release);
+            shared
+                .published
+                .compacted
+                .store(compacted, Ordering::Release);
         }
         self.next_expiry = earliest_deadline(&shared).unwrap_or(Some(unix_millis()));
         tracing::info!(revision, "data file reopened and verified");

@@ -76,7 +76,10 @@ fn create_private_dir(dir: &Path) -> Result<(), StoreError> {
             .mode(0o700)
             .create(dir)
             .map_err(StoreError::Io)?;
-        let mode = fs::metadata(dir).map_err(StoreError::Io)?.permissions().mode();
+        let mode = fs::metadata(dir)
+            .map_err(StoreError::Io)?
+            .permissions()
+            .mode();
         if mode & 0o077 != 0 {
             fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(StoreError::Io)?;
         }
