@@ -248,8 +248,9 @@ impl Committer {
     /// Waits for the next request. `None` = shut down; `Some(None)` = woke up with nothing
     /// (time to run background compaction).
     fn next_request(&mut self, runtime: &tokio::runtime::Runtime) -> Option<Option<Request>> {
-        if self.compactor.busy() {
-            // Compaction proceeds a chunk at a time, between batches of writes.
+        if self.compactor.busy() && self.failed.is_none() {
+            // Compaction proceeds a chunk at a time, between batches of writes (not while
+            // commits fail: then only the probe's timer wakes the committer).
             return match self.requests.try_recv() {
                 Ok(request) => Some(Some(request)),
                 Err(mpsc::error::TryRecvError::Empty) => {
@@ -345,23 +346,26 @@ impl Committer {
                     let _ = self.feed.send(Arc::new(events));
                 }
                 published.revision.store(revision, Ordering::Release);
+                // Before the answers, so a caller told "done" finds the store ready.
+                self.recovered();
                 for (request, outcome) in writes.into_iter().zip(outcomes) {
                     let _ = request.reply.send(outcome);
                 }
-                self.recovered();
                 true
             }
             Err(err) => {
                 tracing::error!(%err, writes = writes.len(), "storage commit failed");
                 let detail = format!("commit failed, nothing of it was acknowledged: {err}");
-                // Answer first: reopening may take a while, and the outcome is settled.
+                // Record the failure before anyone hears of it, so that `ready` already
+                // reports it to a caller who just got the error; reopen after answering.
                 let bytes = writes.iter().map(|w| w.op.size()).sum();
+                self.record_failure(detail.clone(), bytes);
                 for request in writes {
                     let _ = request
                         .reply
                         .send(Err(StoreError::WriteFailed(detail.clone())));
                 }
-                self.fail(detail, bytes);
+                self.reopen_after_failure();
                 false
             }
         }
@@ -369,6 +373,17 @@ impl Committer {
 
     /// Records a failed transaction and reopens the data file at once, so reads go on.
     fn fail(&mut self, detail: String, bytes: usize) {
+        self.record_failure(detail, bytes);
+        self.reopen_after_failure();
+    }
+
+    fn reopen_after_failure(&mut self) {
+        if let Err(err) = self.reopen() {
+            tracing::error!(%err, "reopening the data file failed; retrying");
+        }
+    }
+
+    fn record_failure(&mut self, detail: String, bytes: usize) {
         *self.shared.published.write_failure.lock() = Some(detail);
         let lost = self.failed.as_ref().is_some_and(|f| f.lost);
         self.failed = Some(Failed {
@@ -377,9 +392,6 @@ impl Committer {
             next_probe: Instant::now() + PROBE_INTERVAL,
             lost,
         });
-        if let Err(err) = self.reopen() {
-            tracing::error!(%err, "reopening the data file failed; retrying");
-        }
     }
 
     fn recovered(&mut self) {
