@@ -2,6 +2,7 @@
 //! handed to the pipeline (`pipeline.rs`).
 
 use std::net::SocketAddr;
+use std::os::unix::fs::DirBuilderExt as _;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -86,7 +87,11 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
         return start_with_store(opts, store).await;
     }
     let store_dir = opts.store_dir();
-    std::fs::create_dir_all(&store_dir)
+    // Readable by the owner only: the store holds every Secret in clear.
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&store_dir)
         .with_context(|| format!("creating data directory {}", store_dir.display()))?;
     let store =
         svc_storage::embedded::EmbeddedStore::open(&store_dir, opts.embedded_store_config())

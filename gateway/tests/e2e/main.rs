@@ -15,6 +15,7 @@ mod egress;
 mod etcd_gateways;
 mod events;
 mod fanout;
+mod faults;
 mod fuzz_api;
 mod health;
 mod identity;
