@@ -9,6 +9,9 @@
 //! The server runs the same code on its own files at start as `svc-gateway validate-config`
 //! does on any file.
 
+pub mod authorization;
+pub mod subject_access_review;
+
 use std::fmt;
 
 use serde::de::DeserializeOwned;
