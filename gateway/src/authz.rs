@@ -3,7 +3,11 @@
 //! authorizers. `system:masters` may do anything; the built-in policy lets anyone read
 //! health and version and any authenticated user read discovery; configured authorizers
 //! (webhooks) come next. The first that allows or denies decides; when none has an opinion
-//! the answer is 403, worded as Kubernetes words it.
+//! the answer is 403, worded as Kubernetes words it. `webhook` asks a remote authorizer;
+//! `load` builds the configured part of the chain from `--authorization-config`.
+
+pub mod load;
+pub mod webhook;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -31,6 +35,7 @@ pub struct Attributes<'a> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResourceAttributes<'a> {
     pub group: &'a str,
+    pub version: &'a str,
     pub resource: &'a str,
     pub subresource: Option<&'a str>,
     pub namespace: &'a str,
@@ -44,6 +49,7 @@ impl<'a> Attributes<'a> {
             verb,
             resource: Some(ResourceAttributes {
                 group: route.info.group,
+                version: route.info.version,
                 resource: route.info.plural,
                 subresource: route.subresource.as_deref(),
                 namespace: &route.namespace,
@@ -135,6 +141,41 @@ impl Authorizer for DefaultPolicy {
             Decision::NoOpinion(String::new())
         };
         Box::pin(std::future::ready(d))
+    }
+}
+
+/// `type: AlwaysAllow` in the configuration file: allows every request.
+pub struct AlwaysAllow {
+    pub name: String,
+}
+
+impl Authorizer for AlwaysAllow {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn authorize<'a>(&'a self, _: &'a UserInfo, _: &'a Attributes<'a>) -> DecisionFuture<'a> {
+        Box::pin(std::future::ready(Decision::Allow))
+    }
+}
+
+/// `type: AlwaysDeny` in the configuration file. As in Kubernetes it has no opinion (with
+/// the reason "Everything is forbidden."), so an authorizer after it may still allow; at the
+/// end of the chain it is a 403.
+pub struct AlwaysDeny {
+    pub name: String,
+}
+
+/// The reason Kubernetes' AlwaysDeny authorizer gives.
+pub const ALWAYS_DENY_REASON: &str = "Everything is forbidden.";
+
+impl Authorizer for AlwaysDeny {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn authorize<'a>(&'a self, _: &'a UserInfo, _: &'a Attributes<'a>) -> DecisionFuture<'a> {
+        Box::pin(std::future::ready(Decision::NoOpinion(
+            ALWAYS_DENY_REASON.to_string(),
+        )))
     }
 }
 
@@ -234,6 +275,7 @@ mod tests {
             verb: "get",
             resource: Some(ResourceAttributes {
                 group: "",
+                version: "v1",
                 resource: "serviceaccounts",
                 subresource: Some("token"),
                 namespace: "demo",

@@ -62,6 +62,12 @@ pub struct Options {
     #[arg(long, action = clap::ArgAction::Set)]
     pub anonymous_auth: Option<bool>,
 
+    /// AuthorizationConfiguration file (`apiserver.svc.io/v1beta1`, `v1`, `v1alpha1`): the
+    /// authorizers asked after `system:masters` and the built-in policy, in order. Re-read
+    /// when it changes; a version that does not load leaves the previous one in force.
+    #[arg(long)]
+    pub authorization_config: Option<PathBuf>,
+
     /// Time to keep serving after SIGTERM while /readyz reports failure, so load balancers
     /// stop sending new requests first.
     #[arg(long, default_value = "0s", value_parser = parse_duration)]
