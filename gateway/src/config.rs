@@ -68,6 +68,10 @@ pub struct Options {
     #[arg(long)]
     pub authorization_config: Option<PathBuf>,
 
+    /// How often `--authorization-config` is checked for changes (Kubernetes: a minute).
+    #[arg(long, default_value = "1m", value_parser = parse_duration, hide = true)]
+    pub authorization_config_reload_interval: Duration,
+
     /// Time to keep serving after SIGTERM while /readyz reports failure, so load balancers
     /// stop sending new requests first.
     #[arg(long, default_value = "0s", value_parser = parse_duration)]

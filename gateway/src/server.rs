@@ -117,6 +117,12 @@ pub async fn start_with_store(
         crate::tokens::Tokens::new(&opts, pki.sa_signing_key_pem(), pki.sa_public_key_pem())
             .map_err(|e| anyhow::anyhow!("service-account tokens: {e}"))?;
     let app = Arc::new(App::new(opts.clone(), store, stop_watches_rx, tokens));
+    crate::authz::load::start(
+        &app,
+        Box::new(crate::authz::load::connect),
+        Box::new(crate::authz::load::compile_conditions),
+    )
+    .map_err(|e| anyhow::anyhow!("--authorization-config: {e}"))?;
 
     let mut tasks = vec![tokio::spawn(accept_loop(
         listener,

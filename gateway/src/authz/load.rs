@@ -28,6 +28,23 @@ pub type Connect =
 pub type CompileConditions =
     dyn Fn(&WebhookConfiguration) -> Result<Vec<Box<dyn MatchCondition>>, String> + Send + Sync;
 
+/// The transport of a webhook: an HTTPS client from its `svcConfigFile`.
+pub fn connect(w: &WebhookConfiguration) -> Result<Arc<dyn Transport>, String> {
+    let _ = w;
+    Err("webhook transport not available yet".into())
+}
+
+/// A webhook's match conditions, compiled as CEL over the v1 review (`request`).
+pub fn compile_conditions(
+    w: &WebhookConfiguration,
+) -> Result<Vec<Box<dyn MatchCondition>>, String> {
+    if w.match_conditions.is_empty() {
+        Ok(Vec::new())
+    } else {
+        Err("match conditions not available yet".into())
+    }
+}
+
 /// Reads and validates the file at `path`; errors name the file and each field.
 pub fn read(path: &Path) -> Result<(Vec<u8>, AuthorizationConfiguration), String> {
     let bytes = std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
@@ -190,9 +207,35 @@ impl ConfigFile {
     }
 }
 
-/// How often the file is checked for changes when no other interval is given (Kubernetes
-/// checks once a minute).
-pub const DEFAULT_RELOAD_INTERVAL: Duration = Duration::from_secs(60);
+/// Loads `--authorization-config` when given (an error stops the start) and re-reads it
+/// every `--authorization-config-reload-interval` until shutdown.
+pub fn start(
+    app: &Arc<App>,
+    connect: Box<Connect>,
+    compile: Box<CompileConditions>,
+) -> Result<(), String> {
+    let Some(path) = app.opts.authorization_config.clone() else {
+        return Ok(());
+    };
+    let file = ConfigFile::install(app, path, connect, compile)?;
+    let app = app.clone();
+    let interval = app
+        .opts
+        .authorization_config_reload_interval
+        .max(Duration::from_millis(10));
+    tokio::spawn(async move {
+        let mut stop = app.stop_watches.clone();
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {
+                    file.reload(&app);
+                }
+                _ = crate::lifecycle::until_set(&mut stop) => return,
+            }
+        }
+    });
+    Ok(())
+}
 
 #[cfg(test)]
 mod tests {
