@@ -1,14 +1,16 @@
 //! The pipeline every request takes, whether it came from a socket or from a controller
 //! inside the server: route, authenticate, authorize, read the body, dispatch (resources,
-//! health, metrics, discovery, OpenAPI), compress, account.
+//! health, metrics, discovery, OpenAPI), compress, account; with tracing on, each request is
+//! a span (`trace.rs`) and everything it does runs in that span's context.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use opentelemetry::context::FutureExt as _;
 use svc_core::ApiError;
 
 use crate::app::App;
@@ -19,7 +21,7 @@ use crate::pki;
 use crate::query::Query;
 use crate::respond::{self, Body};
 use crate::router::{self, Route};
-use crate::{discovery, health, metrics, openapi, rest};
+use crate::{discovery, health, metrics, openapi, rest, trace};
 
 /// Who sent a request, before authentication has looked at it.
 pub enum Caller {
@@ -72,6 +74,8 @@ fn verb_of(method: &Method, route: &Route, watch: bool) -> &'static str {
 /// Every request enters here: route, authenticate, authorize, dispatch, account.
 pub async fn handle(app: Arc<App>, caller: Caller, req: Request<RequestBody>) -> Response<Body> {
     let start = Instant::now();
+    // The one branch tracing costs when it is off.
+    let traced_since = app.tracer.as_ref().map(|_| SystemTime::now());
     let path = req.uri().path().to_string();
     let query = Query::parse(req.uri().query());
     let route = router::route(&path);
@@ -81,42 +85,57 @@ pub async fn handle(app: Arc<App>, caller: Caller, req: Request<RequestBody>) ->
     let info = metrics::RequestInfo::new(req.method(), &route, &query, req.headers(), watch);
     let inflight = app.metrics.start(&info);
 
-    let resp = match authenticate_and_authorize(&app, &caller, &req, &route, verb, &path).await {
-        Err(e) => respond::error(&e),
-        Ok(user) => {
-            let limit = if verb == "watch" || user.in_group(GROUP_MASTERS) {
-                None
-            } else if matches!(
-                *req.method(),
-                Method::POST | Method::PUT | Method::PATCH | Method::DELETE
-            ) {
-                Some(&app.mutating_inflight)
-            } else {
-                Some(&app.readonly_inflight)
-            };
-            let slot = limit.map(|l| l.try_acquire());
-            if let Some(None) = slot {
-                respond::error(&ApiError::TooManyRequests {
-                    message: "Too many requests, please try again later.".into(),
-                    retry_after_seconds: Some(1),
-                })
-            } else if verb == "watch" {
-                dispatch(&app, req, route, query, user).await
-            } else {
-                match tokio::time::timeout(
-                    app.opts.request_timeout,
-                    dispatch(&app, req, route, query, user),
-                )
-                .await
-                {
-                    Ok(r) => r,
-                    Err(_) => respond::error(&ApiError::Timeout {
-                        message: "request did not complete within the allowed duration".into(),
-                        retry_after_seconds: None,
-                    }),
+    let user = authenticate(&app, &caller, &req, &path).await;
+    let trace_cx = match (&app.tracer, traced_since) {
+        (Some(tracer), Some(since)) => Some(request_span(tracer, &req, &route, &user, since)),
+        _ => None,
+    };
+    let work = async {
+        let user = match user {
+            Ok(user) => authorize(&app, user, &route, verb, &path).await,
+            Err(e) => Err(e),
+        };
+        match user {
+            Err(e) => respond::error(&e),
+            Ok(user) => {
+                let limit = if verb == "watch" || user.in_group(GROUP_MASTERS) {
+                    None
+                } else if matches!(
+                    *req.method(),
+                    Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+                ) {
+                    Some(&app.mutating_inflight)
+                } else {
+                    Some(&app.readonly_inflight)
+                };
+                let slot = limit.map(|l| l.try_acquire());
+                if let Some(None) = slot {
+                    respond::error(&ApiError::TooManyRequests {
+                        message: "Too many requests, please try again later.".into(),
+                        retry_after_seconds: Some(1),
+                    })
+                } else if verb == "watch" {
+                    dispatch(&app, req, route, query, user).await
+                } else {
+                    match tokio::time::timeout(
+                        app.opts.request_timeout,
+                        dispatch(&app, req, route, query, user),
+                    )
+                    .await
+                    {
+                        Ok(r) => r,
+                        Err(_) => respond::error(&ApiError::Timeout {
+                            message: "request did not complete within the allowed duration".into(),
+                            retry_after_seconds: None,
+                        }),
+                    }
                 }
             }
         }
+    };
+    let resp = match &trace_cx {
+        None => work.await,
+        Some(cx) => work.with_context(cx.clone()).await,
     };
     let resp = if (verb == "get" || verb == "list")
         && accepts_gzip(&gzip_header)
@@ -130,26 +149,98 @@ pub async fn handle(app: Arc<App>, caller: Caller, req: Request<RequestBody>) ->
         resp
     };
     let code = resp.status().as_u16();
+    if let Some(cx) = &trace_cx {
+        trace::end_request(cx, code);
+    }
     drop(inflight);
     app.metrics.observe(&info, code, start.elapsed());
     tracing::debug!(verb, %path, code, elapsed_ms = start.elapsed().as_secs_f64() * 1e3, "request");
     resp
 }
 
-async fn authenticate_and_authorize(
+async fn authenticate(
     app: &App,
     caller: &Caller,
     req: &Request<RequestBody>,
+    path: &str,
+) -> Result<pki::UserInfo, ApiError> {
+    match caller {
+        Caller::Connection(ident) => {
+            authn::authenticate(app, ident, req.method(), path, req.headers()).await
+        }
+        Caller::Internal(user) => Ok(user.clone()),
+    }
+}
+
+/// The request's span, begun when the request arrived: a child of the incoming `traceparent`
+/// when the authenticated user may set it, and the parent of a span recording the
+/// authentication just done.
+fn request_span(
+    tracer: &trace::Tracer,
+    req: &Request<RequestBody>,
+    route: &Route,
+    user: &Result<pki::UserInfo, ApiError>,
+    since: SystemTime,
+) -> opentelemetry::Context {
+    use opentelemetry::KeyValue;
+    let resource = match route {
+        Route::Resource(r) => Some((
+            r.info,
+            !r.namespace.is_empty(),
+            r.name.is_some(),
+            r.subresource.as_deref(),
+        )),
+        _ => None,
+    };
+    let name = trace::request_span_name(req.method(), resource);
+    let mut attributes = vec![
+        KeyValue::new("http.method", req.method().as_str().to_string()),
+        KeyValue::new(
+            "http.target",
+            req.uri()
+                .path_and_query()
+                .map_or_else(|| req.uri().path().to_string(), ToString::to_string),
+        ),
+        KeyValue::new(
+            "http.flavor",
+            match req.version() {
+                http::Version::HTTP_2 => "2",
+                http::Version::HTTP_10 => "1.0",
+                _ => "1.1",
+            },
+        ),
+    ];
+    if let Some(agent) = req
+        .headers()
+        .get(http::header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+    {
+        attributes.push(KeyValue::new("http.user_agent", agent.to_string()));
+    }
+    let cx = tracer.request_span(
+        name,
+        attributes,
+        trace::incoming(req.headers()),
+        user.as_ref().ok(),
+        since,
+    );
+    tracer.record_child(
+        &cx,
+        "authentication",
+        since,
+        SystemTime::now(),
+        user.as_ref().err().map(ToString::to_string),
+    );
+    cx
+}
+
+async fn authorize(
+    app: &App,
+    user: pki::UserInfo,
     route: &Route,
     verb: &str,
     path: &str,
 ) -> Result<pki::UserInfo, ApiError> {
-    let user = match caller {
-        Caller::Connection(ident) => {
-            authn::authenticate(app, ident, req.method(), path, req.headers()).await?
-        }
-        Caller::Internal(user) => user.clone(),
-    };
     let attrs = match route {
         Route::Resource(r) => Attributes::for_resource(r, verb),
         _ => Attributes {
@@ -158,7 +249,15 @@ async fn authenticate_and_authorize(
             path,
         },
     };
-    app.authorizer().authorize(&user, &attrs).await?;
+    let chain = app.authorizer();
+    trace::in_span(
+        app.tracer.as_ref(),
+        "authorization",
+        || vec![opentelemetry::KeyValue::new("verb", verb.to_string())],
+        chain.authorize(&user, &attrs),
+        |r| r.as_ref().err().map(ToString::to_string),
+    )
+    .await?;
     Ok(user)
 }
 

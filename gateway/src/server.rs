@@ -53,6 +53,9 @@ impl ServerHandle {
         for t in self.tasks {
             let _ = t.await;
         }
+        if let Some(tracer) = &self.app.tracer {
+            tracer.flush().await;
+        }
         tracing::info!("shutdown complete");
     }
 }
@@ -116,7 +119,20 @@ pub async fn start_with_store(
     let tokens =
         crate::tokens::Tokens::new(&opts, pki.sa_signing_key_pem(), pki.sa_public_key_pem())
             .map_err(|e| anyhow::anyhow!("service-account tokens: {e}"))?;
-    let app = Arc::new(App::new(opts.clone(), store, stop_watches_rx, tokens));
+    let tracing = match &opts.tracing_config_file {
+        None => None,
+        Some(path) => Some(crate::trace::config::read(path).map_err(anyhow::Error::msg)?),
+    };
+    let app = Arc::new(
+        App::new(
+            opts.clone(),
+            store,
+            stop_watches_rx,
+            tokens,
+            tracing.as_ref(),
+        )
+        .context("starting traces")?,
+    );
     crate::authz::load::start(
         &app,
         Box::new(crate::authz::load::connect),

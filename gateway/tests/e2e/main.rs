@@ -19,4 +19,5 @@ mod list_watch;
 mod media;
 mod metrics;
 mod patch;
+mod tracing;
 mod writes;
