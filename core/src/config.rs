@@ -10,6 +10,9 @@
 //! does on any file.
 
 pub mod authorization;
+pub mod egress;
+pub mod exec_credential;
+pub mod kubeconfig;
 pub mod subject_access_review;
 
 use std::fmt;
@@ -19,6 +22,11 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
 use crate::validation::ErrorList;
+
+pub mod admission;
+pub mod admission_review;
+pub mod event_rate_limit;
+pub mod image_review;
 
 /// A configuration kind: its versions, its name, its rules and its defaults.
 pub trait ConfigKind: DeserializeOwned + Serialize {

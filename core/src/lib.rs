@@ -6,12 +6,14 @@
 //! **Invariant:** core knows no HTTP and no disks; it depends only on the `svc-storage`
 //! contract types.
 
+pub mod cel;
 pub mod codec;
 pub mod config;
 pub mod kinds;
 pub mod meta;
 pub mod object;
 pub mod patch;
+pub mod rate_limit;
 pub mod registry;
 pub mod resource;
 pub mod selector;

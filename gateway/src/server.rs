@@ -11,6 +11,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
+use svc_core::config::egress::Selection;
 use svc_storage::Store;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -65,7 +66,21 @@ impl ServerHandle {
 pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
     if opts.storage_backend == crate::config::StorageBackend::Etcd {
         // Connections are lazy: an unreachable etcd shows in /readyz and 503s, not here.
-        let store = svc_storage::etcd::EtcdStore::connect(opts.etcd_config())
+        let mut etcd = opts.etcd_config();
+        let dialer = opts.egress()?.dialer(Selection::Etcd);
+        if !dialer.is_direct() {
+            tracing::info!(route = %dialer.describe(), "etcd connections use the egress selector");
+            etcd.dialer = Some(svc_storage::etcd::EtcdDialer(Arc::new(
+                move |host, port| {
+                    let dialer = dialer.clone();
+                    Box::pin(async move {
+                        let stream = dialer.dial(&host, port).await?;
+                        Ok(Box::new(stream) as Box<dyn svc_storage::etcd::EtcdIo>)
+                    })
+                },
+            )));
+        }
+        let store = svc_storage::etcd::EtcdStore::connect(etcd)
             .await
             .with_context(|| format!("connecting to etcd at {:?}", opts.etcd_servers))?;
         return start_with_store(opts, store).await;
@@ -83,6 +98,8 @@ pub async fn start_with_store(
     opts: Options,
     store: Arc<dyn Store>,
 ) -> anyhow::Result<ServerHandle> {
+    // A bad admission configuration stops the start before anything listens.
+    let admission = crate::admission::Chain::from_options(&opts).map_err(anyhow::Error::msg)?;
     let listener = TcpListener::bind((opts.bind_address, opts.secure_port))
         .await
         .with_context(|| format!("binding {}:{}", opts.bind_address, opts.secure_port))?;
@@ -123,22 +140,19 @@ pub async fn start_with_store(
         None => None,
         Some(path) => Some(crate::trace::config::read(path).map_err(anyhow::Error::msg)?),
     };
-    let app = Arc::new(
-        App::new(
-            opts.clone(),
-            store,
-            stop_watches_rx,
-            tokens,
-            tracing.as_ref(),
-        )
-        .context("starting traces")?,
-    );
-    crate::authz::load::start(
-        &app,
-        Box::new(crate::authz::load::connect),
-        Box::new(crate::authz::load::compile_conditions),
+    let mut app = App::new(
+        opts.clone(),
+        store,
+        stop_watches_rx,
+        tokens,
+        tracing.as_ref(),
     )
-    .map_err(|e| anyhow::anyhow!("--authorization-config: {e}"))?;
+    .context("starting traces")?;
+    app.egress = opts.egress()?;
+    app.admission = admission;
+    let app = Arc::new(app);
+    crate::authz::load::start(&app, crate::authz::load::connect_with(app.egress.clone()))
+        .map_err(|e| anyhow::anyhow!("--authorization-config: {e}"))?;
 
     let mut tasks = vec![tokio::spawn(accept_loop(
         listener,

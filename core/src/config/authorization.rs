@@ -9,6 +9,7 @@ use std::collections::HashSet;
 use serde::{Deserialize, Serialize};
 
 use super::{ConfigKind, Duration, Path};
+use crate::cel;
 use crate::validation::{ErrorList, dns1123_label};
 
 pub const TYPE_WEBHOOK: &str = "Webhook";
@@ -272,10 +273,20 @@ fn quoted(values: &[&str]) -> String {
     q.join(", ")
 }
 
-/// Compiles one match condition over the v1 SubjectAccessReview (`request`) and checks it
+fn check_match_condition(expression: &str) -> Result<(), String> {
+    compile_match_condition(expression)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// Compiles one match condition over the v1 SubjectAccessReview spec (the variable
+/// `request`: `request.user`, `request.resourceAttributes.namespace`, ...) and checks it
 /// yields a bool.
-fn check_match_condition(_expression: &str) -> Result<(), String> {
-    Ok(())
+pub fn compile_match_condition(expression: &str) -> Result<cel::Program, cel::CompileError> {
+    let env = cel::Env::new().var("request", cel::Type::Dyn);
+    let program = cel::compile(expression, &env)?;
+    program.expect(&[cel::Type::Bool])?;
+    Ok(program)
 }
 
 #[cfg(test)]

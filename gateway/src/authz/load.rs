@@ -10,39 +10,46 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use svc_core::cel;
 use svc_core::config::authorization::{
     self as cfg, AuthorizationConfiguration, FAILURE_POLICY_DENY, WebhookConfiguration,
+    compile_match_condition,
 };
 use svc_core::user::UserInfo;
 
-use super::webhook::{FailurePolicy, MatchCondition, Settings, Transport, WebhookAuthorizer};
+use super::webhook::{FailurePolicy, Settings, Transport, WebhookAuthorizer};
 use super::{AlwaysAllow, AlwaysDeny, Attributes, Authorizer, Decision, DecisionFuture};
 use crate::app::App;
+use crate::client::WebhookClient;
+use crate::egress::Egress;
 use crate::metrics::authz::AuthzMetrics;
 
 /// Makes the transport of a webhook from its `connectionInfo`.
 pub type Connect =
     dyn Fn(&WebhookConfiguration) -> Result<Arc<dyn Transport>, String> + Send + Sync;
 
-/// Compiles a webhook's match conditions.
-pub type CompileConditions =
-    dyn Fn(&WebhookConfiguration) -> Result<Vec<Box<dyn MatchCondition>>, String> + Send + Sync;
-
-/// The transport of a webhook: an HTTPS client from its `svcConfigFile`.
-pub fn connect(w: &WebhookConfiguration) -> Result<Arc<dyn Transport>, String> {
-    let _ = w;
-    Err("webhook transport not available yet".into())
+/// The real transports: an HTTPS client from each webhook's `svcConfigFile`, dialling
+/// through the `controlplane` egress selection.
+pub fn connect_with(egress: Egress) -> Box<Connect> {
+    Box::new(move |w: &WebhookConfiguration| {
+        let path = w
+            .connection_info
+            .svc_config_file
+            .as_deref()
+            .unwrap_or_default();
+        let client = WebhookClient::from_kubeconfig_file(Path::new(path), &egress)
+            .map_err(|e| e.to_string())?;
+        Ok(Arc::new(client) as Arc<dyn Transport>)
+    })
 }
 
-/// A webhook's match conditions, compiled as CEL over the v1 review (`request`).
-pub fn compile_conditions(
-    w: &WebhookConfiguration,
-) -> Result<Vec<Box<dyn MatchCondition>>, String> {
-    if w.match_conditions.is_empty() {
-        Ok(Vec::new())
-    } else {
-        Err("match conditions not available yet".into())
-    }
+/// A webhook's match conditions, compiled (validation compiled them already; this keeps the
+/// programs).
+fn compile_conditions(w: &WebhookConfiguration) -> Result<Vec<cel::Program>, String> {
+    w.match_conditions
+        .iter()
+        .map(|c| compile_match_condition(&c.expression).map_err(|e| e.to_string()))
+        .collect()
 }
 
 /// Reads and validates the file at `path`; errors name the file and each field.
@@ -58,7 +65,6 @@ pub fn build(
     config: &AuthorizationConfiguration,
     metrics: &AuthzMetrics,
     connect: &Connect,
-    compile: &CompileConditions,
 ) -> Result<Vec<Box<dyn Authorizer>>, String> {
     let mut out: Vec<Box<dyn Authorizer>> = Vec::with_capacity(config.authorizers.len());
     for a in &config.authorizers {
@@ -71,7 +77,8 @@ pub fn build(
             }),
             (cfg::TYPE_WEBHOOK, Some(w)) => {
                 let transport = connect(w).map_err(|e| format!("authorizer {:?}: {e}", a.name))?;
-                let conditions = compile(w).map_err(|e| format!("authorizer {:?}: {e}", a.name))?;
+                let conditions =
+                    compile_conditions(w).map_err(|e| format!("authorizer {:?}: {e}", a.name))?;
                 Box::new(WebhookAuthorizer::new(
                     settings(&a.name, w),
                     conditions,
@@ -143,7 +150,6 @@ impl Authorizer for Instrumented {
 pub struct ConfigFile {
     path: PathBuf,
     connect: Box<Connect>,
-    compile: Box<CompileConditions>,
     /// The bytes of the version in force: an unchanged file is not rebuilt.
     current: Mutex<Vec<u8>>,
 }
@@ -151,21 +157,15 @@ pub struct ConfigFile {
 impl ConfigFile {
     /// Loads `path` and installs its authorizers; an error here stops the server from
     /// starting.
-    pub fn install(
-        app: &App,
-        path: PathBuf,
-        connect: Box<Connect>,
-        compile: Box<CompileConditions>,
-    ) -> Result<Self, String> {
+    pub fn install(app: &App, path: PathBuf, connect: Box<Connect>) -> Result<Self, String> {
         let (bytes, config) = read(&path)?;
-        let authorizers = build(&config, &app.metrics.authz, &*connect, &*compile)?;
+        let authorizers = build(&config, &app.metrics.authz, &*connect)?;
         app.set_authorizers(authorizers);
         tracing::info!(path = %path.display(), authorizers = config.authorizers.len(),
             "authorization configuration loaded");
         Ok(ConfigFile {
             path,
             connect,
-            compile,
             current: Mutex::new(bytes),
         })
     }
@@ -188,7 +188,7 @@ impl ConfigFile {
         }
         let built = svc_core::config::load::<AuthorizationConfiguration>(&bytes)
             .map_err(|e| e.to_string())
-            .and_then(|c| build(&c, &app.metrics.authz, &*self.connect, &*self.compile));
+            .and_then(|c| build(&c, &app.metrics.authz, &*self.connect));
         *self.current.lock() = bytes;
         match built {
             Ok(authorizers) => {
@@ -209,15 +209,11 @@ impl ConfigFile {
 
 /// Loads `--authorization-config` when given (an error stops the start) and re-reads it
 /// every `--authorization-config-reload-interval` until shutdown.
-pub fn start(
-    app: &Arc<App>,
-    connect: Box<Connect>,
-    compile: Box<CompileConditions>,
-) -> Result<(), String> {
+pub fn start(app: &Arc<App>, connect: Box<Connect>) -> Result<(), String> {
     let Some(path) = app.opts.authorization_config.clone() else {
         return Ok(());
     };
-    let file = ConfigFile::install(app, path, connect, compile)?;
+    let file = ConfigFile::install(app, path, connect)?;
     let app = app.clone();
     let interval = app
         .opts
@@ -246,10 +242,6 @@ mod tests {
         Err("no transport in this test".into())
     }
 
-    fn no_conditions(_: &WebhookConfiguration) -> Result<Vec<Box<dyn MatchCondition>>, String> {
-        Ok(Vec::new())
-    }
-
     #[tokio::test]
     async fn built_ins_are_built_in_order_and_counted() {
         let config = svc_core::config::load::<AuthorizationConfiguration>(
@@ -258,7 +250,7 @@ mod tests {
         )
         .unwrap();
         let metrics = crate::metrics::Metrics::new();
-        let built = build(&config, &metrics.authz, &no_transport, &no_conditions).unwrap();
+        let built = build(&config, &metrics.authz, &no_transport).unwrap();
         let names: Vec<&str> = built.iter().map(|a| a.name()).collect();
         assert_eq!(names, ["first", "second"]);
         let user = UserInfo::default();
@@ -301,9 +293,7 @@ mod tests {
         )
         .unwrap();
         let metrics = crate::metrics::Metrics::new();
-        let err = build(&config, &metrics.authz, &no_transport, &no_conditions)
-            .err()
-            .unwrap();
+        let err = build(&config, &metrics.authz, &no_transport).err().unwrap();
         assert_eq!(err, "authorizer \"w\": no transport in this test");
     }
 }

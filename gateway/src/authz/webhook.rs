@@ -4,8 +4,9 @@
 //! by the full review spec; on a failed call, a malformed answer or a match condition that
 //! fails to evaluate, `failurePolicy` decides (no opinion, or deny).
 //!
-//! It speaks through a [`Transport`] (the HTTPS client built from `svcConfigFile`) and
-//! evaluates [`MatchCondition`]s (compiled CEL), so both can be replaced in tests.
+//! It speaks through a [`Transport`]: the HTTPS client built from `svcConfigFile`
+//! ([`WebhookClient`]), or a scripted one in tests. Match conditions are CEL programs
+//! compiled at load, run under the default cost budget.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -16,12 +17,14 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use serde_json::Value;
+use svc_core::cel::{self, Activation};
 use svc_core::config::subject_access_review::{
     self as sar, NonResourceAttributes, ResourceAttributes, SubjectAccessReviewSpec,
 };
 use svc_core::user::UserInfo;
 
 use super::{Attributes, Authorizer, Decision, DecisionFuture};
+use crate::client::{ClientError, WebhookClient};
 use crate::metrics::authz::{AuthzMetrics, WebhookResult};
 
 /// Entries kept per webhook, as Kubernetes' webhook authorizer keeps them.
@@ -31,10 +34,15 @@ pub const TYPE: &str = "Webhook";
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// Why a call to the webhook failed (connection, TLS, HTTP status, ...).
+/// Why a call to the webhook failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct TransportError(pub String);
+pub enum TransportError {
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// Connection, TLS, an HTTP status other than 2xx, a body too large, ...
+    #[error("{0}")]
+    Failed(String),
+}
 
 /// Sends a SubjectAccessReview body to the webhook and returns the response body.
 pub trait Transport: Send + Sync {
@@ -45,9 +53,30 @@ pub trait Transport: Send + Sync {
     ) -> BoxFuture<'_, Result<Bytes, TransportError>>;
 }
 
-/// One compiled match condition over the v1 review spec (the CEL variable `request`).
-pub trait MatchCondition: Send + Sync {
-    fn matches(&self, request: &Value) -> Result<bool, String>;
+impl Transport for WebhookClient {
+    fn review(
+        &self,
+        body: Bytes,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<Bytes, TransportError>> {
+        Box::pin(async move {
+            let r = self
+                .post(body, "application/json", timeout)
+                .await
+                .map_err(|e| match e {
+                    ClientError::Timeout { timeout, .. } => TransportError::Timeout(timeout),
+                    other => TransportError::Failed(other.to_string()),
+                })?;
+            if !r.status.is_success() {
+                return Err(TransportError::Failed(format!(
+                    "{}: HTTP {}",
+                    self.url(),
+                    r.status
+                )));
+            }
+            Ok(r.body)
+        })
+    }
 }
 
 /// What to do when the webhook cannot answer.
@@ -84,7 +113,7 @@ pub struct Settings {
 
 pub struct WebhookAuthorizer {
     settings: Settings,
-    conditions: Vec<Box<dyn MatchCondition>>,
+    conditions: Vec<cel::Program>,
     transport: Arc<dyn Transport>,
     cache: DecisionCache,
     metrics: AuthzMetrics,
@@ -93,7 +122,7 @@ pub struct WebhookAuthorizer {
 impl WebhookAuthorizer {
     pub fn new(
         settings: Settings,
-        conditions: Vec<Box<dyn MatchCondition>>,
+        conditions: Vec<cel::Program>,
         transport: Arc<dyn Transport>,
         metrics: AuthzMetrics,
     ) -> Self {
@@ -108,7 +137,7 @@ impl WebhookAuthorizer {
 
     pub fn with_cache(
         settings: Settings,
-        conditions: Vec<Box<dyn MatchCondition>>,
+        conditions: Vec<cel::Program>,
         transport: Arc<dyn Transport>,
         metrics: AuthzMetrics,
         cache: DecisionCache,
@@ -135,9 +164,10 @@ impl WebhookAuthorizer {
         if self.conditions.is_empty() {
             return Some(true);
         }
-        let request = serde_json::to_value(spec).ok()?;
+        let request: Value = serde_json::to_value(spec).ok()?;
+        let vars = Activation::new().bind("request", request);
         for c in &self.conditions {
-            match c.matches(&request) {
+            match c.eval_bool(&vars, cel::DEFAULT_BUDGET) {
                 Ok(true) => {}
                 Ok(false) => return Some(false),
                 Err(e) => {
@@ -177,7 +207,9 @@ impl WebhookAuthorizer {
         .await;
         let elapsed = start.elapsed();
         let failure = match sent {
-            Err(_) => Some((WebhookResult::Timeout, "timed out".to_string())),
+            Err(_) | Ok(Err(TransportError::Timeout(_))) => {
+                Some((WebhookResult::Timeout, "no answer in time".to_string()))
+            }
             Ok(Err(e)) => Some((WebhookResult::Error, e.to_string())),
             Ok(Ok(resp)) => match sar::decode_response(&resp, &self.settings.review_version) {
                 Ok(status) => {

@@ -4,11 +4,13 @@
 
 mod support;
 
+mod admission;
 mod api;
 mod authorization;
 mod certificates;
 mod clients;
 mod crash;
+mod egress;
 mod etcd_gateways;
 mod events;
 mod fanout;

@@ -120,6 +120,31 @@ fn each_broken_field_is_named() {
             "Unsupported value: \"v1beta1\"",
         ),
         (
+            edit(
+                "- expression: has(request.resourceAttributes)",
+                "- expression: size(request.groups) + 1",
+            ),
+            "authorizers[0].webhook.matchConditions[0].expression",
+            "Invalid value: \"size(request.groups) + 1\": compilation failed: ERROR: <input>:1:1: \
+             expression must evaluate to bool, got int",
+        ),
+        (
+            edit(
+                "- expression: has(request.resourceAttributes)",
+                "- expression: request.user ==",
+            ),
+            "authorizers[0].webhook.matchConditions[0].expression",
+            "compilation failed",
+        ),
+        (
+            edit(
+                "- expression: has(request.resourceAttributes)",
+                "- expression: resource.name == 'x'",
+            ),
+            "authorizers[0].webhook.matchConditions[0].expression",
+            "undeclared reference to 'resource'",
+        ),
+        (
             edit("failurePolicy: NoOpinion", "failurePolicy: Allow"),
             "authorizers[0].webhook.failurePolicy",
             "Unsupported value: \"Allow\"",

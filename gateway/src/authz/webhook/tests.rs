@@ -22,7 +22,7 @@ impl Transport for Scripted {
         self.calls.fetch_add(1, Ordering::SeqCst);
         *self.last_body.lock() = body.to_vec();
         let result = if self.down.load(Ordering::SeqCst) {
-            Err(TransportError("connection refused".into()))
+            Err(TransportError::Failed("connection refused".into()))
         } else if self.garbage.load(Ordering::SeqCst) {
             Ok(Bytes::from_static(b"<html>oops</html>"))
         } else {
@@ -67,16 +67,16 @@ impl Clock for FakeClock {
     }
 }
 
-/// Matches when the namespace is not `skip`; fails to evaluate for namespace `broken`.
-struct NotSkipped;
-impl MatchCondition for NotSkipped {
-    fn matches(&self, request: &Value) -> Result<bool, String> {
-        match request["resourceAttributes"]["namespace"].as_str() {
-            Some("broken") => Err("no such key".into()),
-            Some("skip") => Ok(false),
-            _ => Ok(true),
-        }
-    }
+/// Holds when the namespace is not `skip`; fails to evaluate (no such key) in namespace
+/// `broken`.
+fn not_skipped() -> Vec<cel::Program> {
+    [
+        "request.resourceAttributes.namespace != 'broken' || request.noSuchField == 'x'",
+        "request.resourceAttributes.namespace != 'skip'",
+    ]
+    .iter()
+    .map(|e| svc_core::config::authorization::compile_match_condition(e).unwrap())
+    .collect()
 }
 
 fn settings(policy: FailurePolicy) -> Settings {
@@ -103,7 +103,7 @@ fn fixture(policy: FailurePolicy) -> Fixture {
     let metrics = Metrics::new();
     let authz = WebhookAuthorizer::with_cache(
         settings(policy),
-        vec![Box::new(NotSkipped)],
+        not_skipped(),
         transport.clone(),
         metrics.authz.clone(),
         DecisionCache::new(16, clock.clone()),
