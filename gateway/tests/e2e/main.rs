@@ -7,6 +7,7 @@ mod support;
 mod admission;
 mod api;
 mod authorization;
+mod authz_webhook;
 mod certificates;
 mod clients;
 mod crash;
