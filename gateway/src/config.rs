@@ -253,6 +253,17 @@ pub struct Options {
     /// Emit logs as JSON lines.
     #[arg(long, default_value_t = false)]
     pub log_json: bool,
+
+    /// A tool to run instead of the server.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Subcommands; without one, `svc-gateway [flags]` runs the server.
+#[derive(Clone, Debug, clap::Subcommand)]
+pub enum Command {
+    /// Validate configuration files of any known kind (and print them with their defaults).
+    ValidateConfig(crate::validate::ValidateArgs),
 }
 
 impl Options {
