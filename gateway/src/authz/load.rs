@@ -1,21 +1,21 @@
 //! `--authorization-config`: reads the AuthorizationConfiguration, builds its authorizers in
 //! order (webhooks with their client and compiled match conditions, `AlwaysAllow`,
 //! `AlwaysDeny`), each counted in `apiserver_authorization_decisions_total`, and installs
-//! them after `system:masters` and the built-in policy. The file is re-read when it changes;
-//! a version that does not load or build leaves the one in force, and every attempt is
-//! logged and counted in `apiserver_authorization_config_controller_automatic_reloads_total`.
+//! them after `system:masters` and the built-in policy. The file is re-read when it changes
+//! (`reload.rs`); a version that does not load or build leaves the one in force, and every
+//! attempt is logged and counted in
+//! `apiserver_authorization_config_controller_automatic_reloads_total`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
-use parking_lot::Mutex;
 use svc_core::cel;
 use svc_core::config::authorization::{
     self as cfg, AuthorizationConfiguration, FAILURE_POLICY_DENY, WebhookConfiguration,
     compile_match_condition,
 };
 use svc_core::user::UserInfo;
+use tokio::task::JoinHandle;
 
 use super::webhook::{FailurePolicy, Settings, Transport, WebhookAuthorizer};
 use super::{AlwaysAllow, AlwaysDeny, Attributes, Authorizer, Decision, DecisionFuture};
@@ -23,6 +23,7 @@ use crate::app::App;
 use crate::client::WebhookClient;
 use crate::egress::Egress;
 use crate::metrics::authz::AuthzMetrics;
+use crate::reload;
 
 /// Makes the transport of a webhook from its `connectionInfo`.
 pub type Connect =
@@ -50,14 +51,6 @@ fn compile_conditions(w: &WebhookConfiguration) -> Result<Vec<cel::Program>, Str
         .iter()
         .map(|c| compile_match_condition(&c.expression).map_err(|e| e.to_string()))
         .collect()
-}
-
-/// Reads and validates the file at `path`; errors name the file and each field.
-pub fn read(path: &Path) -> Result<(Vec<u8>, AuthorizationConfiguration), String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
-    let config = svc_core::config::load::<AuthorizationConfiguration>(&bytes)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok((bytes, config))
 }
 
 /// The configured authorizers of `config`, in order.
@@ -146,91 +139,36 @@ impl Authorizer for Instrumented {
     }
 }
 
-/// The configuration file in force and how to build from it.
-pub struct ConfigFile {
-    path: PathBuf,
-    connect: Box<Connect>,
-    /// The bytes of the version in force: an unchanged file is not rebuilt.
-    current: Mutex<Vec<u8>>,
-}
-
-impl ConfigFile {
-    /// Loads `path` and installs its authorizers; an error here stops the server from
-    /// starting.
-    pub fn install(app: &App, path: PathBuf, connect: Box<Connect>) -> Result<Self, String> {
-        let (bytes, config) = read(&path)?;
-        let authorizers = build(&config, &app.metrics.authz, &*connect)?;
-        app.set_authorizers(authorizers);
-        tracing::info!(path = %path.display(), authorizers = config.authorizers.len(),
-            "authorization configuration loaded");
-        Ok(ConfigFile {
-            path,
-            connect,
-            current: Mutex::new(bytes),
-        })
-    }
-
-    /// Re-reads the file: when its content changed and loads, its authorizers replace those
-    /// in force. Returns None when nothing changed, else whether the new version was taken.
-    pub fn reload(&self, app: &App) -> Option<bool> {
-        let bytes = match std::fs::read(&self.path) {
-            Ok(b) => b,
-            Err(e) => {
-                // A file being replaced may be briefly absent: keep what is in force.
-                tracing::warn!(path = %self.path.display(), error = %e,
-                    "authorization configuration unreadable; keeping the one in force");
-                app.metrics.authz.reload(false);
-                return Some(false);
-            }
-        };
-        if *self.current.lock() == bytes {
-            return None;
-        }
-        let built = svc_core::config::load::<AuthorizationConfiguration>(&bytes)
-            .map_err(|e| e.to_string())
-            .and_then(|c| build(&c, &app.metrics.authz, &*self.connect));
-        *self.current.lock() = bytes;
-        match built {
-            Ok(authorizers) => {
-                app.set_authorizers(authorizers);
-                app.metrics.authz.reload(true);
-                tracing::info!(path = %self.path.display(), "authorization configuration reloaded");
-                Some(true)
-            }
-            Err(e) => {
-                app.metrics.authz.reload(false);
-                tracing::error!(path = %self.path.display(), error = %e,
-                    "authorization configuration invalid; keeping the one in force");
-                Some(false)
-            }
-        }
-    }
-}
-
 /// Loads `--authorization-config` when given (an error stops the start) and re-reads it
-/// every `--authorization-config-reload-interval` until shutdown.
-pub fn start(app: &Arc<App>, connect: Box<Connect>) -> Result<(), String> {
+/// through `reload.rs` every `--config-reload-interval` until shutdown: a changed file that
+/// loads and builds replaces the configured authorizers, anything else leaves them alone.
+pub fn start(app: &Arc<App>, connect: Box<Connect>) -> Result<Option<JoinHandle<()>>, String> {
     let Some(path) = app.opts.authorization_config.clone() else {
-        return Ok(());
+        return Ok(None);
     };
-    let file = ConfigFile::install(app, path, connect)?;
-    let app = app.clone();
-    let interval = app
-        .opts
-        .authorization_config_reload_interval
-        .max(Duration::from_millis(10));
-    tokio::spawn(async move {
-        let mut stop = app.stop_watches.clone();
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep(interval) => {
-                    file.reload(&app);
-                }
-                _ = crate::lifecycle::until_set(&mut stop) => return,
-            }
-        }
-    });
-    Ok(())
+    let bytes = reload::read_file(&path)?;
+    let config = load(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    app.set_authorizers(build(&config, &app.metrics.authz, &*connect)?);
+    tracing::info!(path = %path.display(), authorizers = config.authorizers.len(),
+        "authorization configuration loaded");
+    let target = app.clone();
+    let apply = move |bytes: &[u8]| {
+        let config = load(bytes)?;
+        target.set_authorizers(build(&config, &target.metrics.authz, &*connect)?);
+        Ok(())
+    };
+    Ok(Some(reload::spawn(
+        "authorization",
+        path,
+        app.opts.config_reload_interval,
+        app.authorization_reloads.clone(),
+        app.stop_watches.clone(),
+        apply,
+    )))
+}
+
+fn load(bytes: &[u8]) -> Result<AuthorizationConfiguration, String> {
+    svc_core::config::load::<AuthorizationConfiguration>(bytes).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

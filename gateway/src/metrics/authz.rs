@@ -1,14 +1,13 @@
 //! Authorization metrics with kube-apiserver's names: decisions per configured authorizer,
 //! webhook evaluations, their latency and the times a failing webhook was passed over
-//! (fail open), match-condition errors and exclusions, and reloads of
-//! `--authorization-config`.
+//! (fail open), match-condition errors and exclusions. Reloads of `--authorization-config`
+//! are counted by `reload.rs`.
 
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -34,11 +33,6 @@ pub struct WebhookLabels {
 pub struct AuthorizerLabels {
     r#type: String,
     name: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReloadLabels {
-    status: &'static str,
 }
 
 /// How one webhook call ended (the `result` label).
@@ -68,8 +62,6 @@ pub struct AuthzMetrics {
     fail_open: Family<WebhookLabels, Counter>,
     match_errors: Family<AuthorizerLabels, Counter>,
     match_exclusions: Family<AuthorizerLabels, Counter>,
-    reloads: Family<ReloadLabels, Counter>,
-    reload_last: Family<ReloadLabels, Gauge>,
 }
 
 impl AuthzMetrics {
@@ -115,19 +107,6 @@ impl AuthzMetrics {
              conditions, split by authorizer type and name.",
             match_exclusions.clone(),
         );
-        let reloads = Family::<ReloadLabels, Counter>::default();
-        registry.register(
-            "apiserver_authorization_config_controller_automatic_reloads",
-            "Total number of automatic reloads of authorization configuration split by status.",
-            reloads.clone(),
-        );
-        let reload_last = Family::<ReloadLabels, Gauge>::default();
-        registry.register(
-            "apiserver_authorization_config_controller_automatic_reload_last_timestamp_seconds",
-            "Timestamp of the last automatic reload of authorization configuration split by \
-             status.",
-            reload_last.clone(),
-        );
         AuthzMetrics {
             decisions,
             evaluations,
@@ -135,8 +114,6 @@ impl AuthzMetrics {
             fail_open,
             match_errors,
             match_exclusions,
-            reloads,
-            reload_last,
         }
     }
 
@@ -189,18 +166,5 @@ impl AuthzMetrics {
                 name: name.to_string(),
             })
             .inc();
-    }
-
-    /// One automatic reload of the configuration file, `success` or `failure`.
-    pub fn reload(&self, success: bool) {
-        let labels = ReloadLabels {
-            status: if success { "success" } else { "failure" },
-        };
-        self.reloads.get_or_create(&labels).inc();
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs() as i64)
-            .unwrap_or_default();
-        self.reload_last.get_or_create(&labels).set(now);
     }
 }

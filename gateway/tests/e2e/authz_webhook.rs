@@ -178,7 +178,7 @@ async fn a_webhook_decides_caches_fails_by_policy_and_reloads() {
     .unwrap();
     let srv = TestServer::start_with(|o| {
         o.authorization_config = Some(file.clone());
-        o.authorization_config_reload_interval = Duration::from_millis(100);
+        o.config_reload_interval = Duration::from_millis(100);
     })
     .await;
     let alice = srv.user("alice", &[]);

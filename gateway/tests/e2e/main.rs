@@ -17,6 +17,7 @@ mod events;
 mod fanout;
 mod health;
 mod identity;
+mod jwt;
 mod kubectl_writes;
 mod list_watch;
 mod media;
