@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Regenerates the etcd gRPC client code kept in the repository (storage/src/etcd/pb/*.rs) from
-# the .proto subset in storage/proto/. A developer tool, not part of the build: it needs
-# `protoc` (Debian `protobuf-compiler`) and builds a throwaway generator on tonic-prost-build.
+# Regenerates the etcd gRPC client code kept in the repository from the .proto subset in
+# storage/proto/: storage/src/etcd/pb/*.rs (the etcd backend) and the same files in
+# loadtest/src/etcd_pb/ (svc-loadtest's native etcd baseline; the harness links no crate of
+# ours, so it keeps its own copy). A developer tool, not part of the build: it needs `protoc`
+# (Debian `protobuf-compiler`) and builds a throwaway generator on tonic-prost-build.
 #
-#   scripts/gen-etcd-proto.sh           rewrite storage/src/etcd/pb/
+#   scripts/gen-etcd-proto.sh           rewrite storage/src/etcd/pb/ and loadtest/src/etcd_pb/
 #   scripts/gen-etcd-proto.sh --check   regenerate into a temporary directory and fail if the
 #                                       committed files differ (what scripts/test.sh runs)
 set -euo pipefail
@@ -85,15 +87,19 @@ mkdir -p "$work/pb"
 { header mvccpb mvccpb/kv.proto; cat "$work/out/mvccpb.rs"; } >"$work/pb/mvccpb.rs"
 rustfmt --config-path "$root/rustfmt.toml" "$work/pb/etcdserverpb.rs" "$work/pb/mvccpb.rs"
 
-target="$root/storage/src/etcd/pb"
+targets=("storage/src/etcd/pb" "loadtest/src/etcd_pb")
 if $check; then
-  if ! diff -ru "$target" "$work/pb"; then
-    echo "gen-etcd-proto: storage/src/etcd/pb/ is not what storage/proto/ generates; run scripts/gen-etcd-proto.sh" >&2
-    exit 1
-  fi
-  echo "gen-etcd-proto: storage/src/etcd/pb/ matches storage/proto/"
+  for t in "${targets[@]}"; do
+    if ! diff -ru "$root/$t" "$work/pb"; then
+      echo "gen-etcd-proto: $t/ is not what storage/proto/ generates; run scripts/gen-etcd-proto.sh" >&2
+      exit 1
+    fi
+    echo "gen-etcd-proto: $t/ matches storage/proto/"
+  done
 else
-  mkdir -p "$target"
-  cp "$work/pb/etcdserverpb.rs" "$work/pb/mvccpb.rs" "$target/"
-  echo "gen-etcd-proto: wrote $target/{etcdserverpb,mvccpb}.rs"
+  for t in "${targets[@]}"; do
+    mkdir -p "$root/$t"
+    cp "$work/pb/etcdserverpb.rs" "$work/pb/mvccpb.rs" "$root/$t/"
+    echo "gen-etcd-proto: wrote $t/{etcdserverpb,mvccpb}.rs"
+  done
 fi

@@ -36,6 +36,13 @@ if ! python3 -c 'import prometheus_client' >/dev/null 2>&1; then
   python3 -m pip install -q --disable-pip-version-check prometheus_client
 fi
 
+# Schemathesis, the API fuzzer gateway/tests/e2e/fuzz_api.rs runs against the server (pinned:
+# its checks and command line change between releases).
+if [ "$(schemathesis --version 2>/dev/null)" != "schemathesis, version 4.32.5" ]; then
+  echo "installing: schemathesis 4.32.5"
+  python3 -m pip install -q --disable-pip-version-check 'schemathesis==4.32.5'
+fi
+
 cargo fmt --all -- --check
 
 # Dependency shape: nothing in the server's build runs a protobuf code generator (they need

@@ -1,5 +1,6 @@
 //! The served kinds, one file each.
 
+pub mod admission_registration;
 mod authentication;
 pub mod certificate_signing_request;
 mod event;
@@ -7,6 +8,7 @@ mod namespace;
 mod secret;
 mod service_account;
 
+pub use admission_registration::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration};
 pub use certificate_signing_request::{
     CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestSpec,
     CertificateSigningRequestStatus,

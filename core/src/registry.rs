@@ -4,7 +4,8 @@
 
 use crate::codec::ProtoKind;
 use crate::kinds::{
-    CertificateSigningRequest, Event, Namespace, Secret, ServiceAccount, TokenReview,
+    CertificateSigningRequest, Event, MutatingWebhookConfiguration, Namespace, Secret,
+    ServiceAccount, TokenReview, ValidatingWebhookConfiguration,
 };
 use crate::resource::{Resource, ResourceInfo};
 
@@ -45,7 +46,9 @@ kinds!(
     Secret,
     Event,
     CertificateSigningRequest,
-    TokenReview
+    TokenReview,
+    ValidatingWebhookConfiguration,
+    MutatingWebhookConfiguration
 );
 
 /// The registered type whose `kind` is `kind` (`ServiceAccount`).

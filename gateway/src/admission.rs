@@ -9,9 +9,13 @@
 //! Plugins are registered by name (`REGISTRY`, in Kubernetes' order); the flags
 //! `--enable-admission-plugins` and `--disable-admission-plugins` pick them and
 //! `--admission-control-config-file` (an `AdmissionConfiguration`) configures them. With no
-//! plugin enabled the chain is empty and a write pays one length check per phase.
+//! plugin enabled the chain is empty and a write pays one length check per phase. The
+//! webhook plugins (`admission/webhook.rs`), on by default as in Kubernetes, get their parts
+//! from [`Chain::with_webhooks`] once the server's caches exist; with no webhook configured
+//! they cost one pointer comparison per phase.
 
 pub mod event_rate_limit;
+pub mod webhook;
 
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -180,11 +184,23 @@ pub struct Registration {
 }
 
 /// Every plugin, in the order they run (Kubernetes' recommended order).
-pub const REGISTRY: &[Registration] = &[Registration {
-    name: event_rate_limit::NAME,
-    enabled_by_default: false,
-    build: event_rate_limit::build,
-}];
+pub const REGISTRY: &[Registration] = &[
+    Registration {
+        name: event_rate_limit::NAME,
+        enabled_by_default: false,
+        build: event_rate_limit::build,
+    },
+    Registration {
+        name: webhook::MUTATING_NAME,
+        enabled_by_default: true,
+        build: webhook::build,
+    },
+    Registration {
+        name: webhook::VALIDATING_NAME,
+        enabled_by_default: true,
+        build: webhook::build,
+    },
+];
 
 /// The enabled plugins, each phase in registry order.
 #[derive(Clone, Default)]
@@ -247,6 +263,19 @@ impl Chain {
             }
         }
         Ok(Chain::new(plugins))
+    }
+
+    /// Attaches the webhook plugins' parts, where the flags enabled them. They run last in
+    /// their phases, as they come last in the registry.
+    pub fn with_webhooks(mut self, webhooks: Arc<webhook::Webhooks>) -> Self {
+        let (mutating, validating) = webhooks.plugins();
+        if self.names.contains(&webhook::MUTATING_NAME) {
+            self.mutating.push(mutating);
+        }
+        if self.names.contains(&webhook::VALIDATING_NAME) {
+            self.validating.push(validating);
+        }
+        self
     }
 
     /// The enabled plugins' names, in order.

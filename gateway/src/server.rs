@@ -149,7 +149,11 @@ pub async fn start_with_store(
     )
     .context("starting traces")?;
     app.egress = opts.egress()?;
-    app.admission = admission;
+    let webhook_metrics =
+        crate::admission::webhook::call::WebhookMetrics::register(&mut app.metrics);
+    let webhooks =
+        crate::admission::webhook::Webhooks::new(&app.caches, app.egress.clone(), webhook_metrics);
+    app.admission = admission.with_webhooks(Arc::new(webhooks));
     let app = Arc::new(app);
     let reload_task = start_authentication_config(&app, stop_watches_rx)?;
     let authorization_reload =

@@ -16,10 +16,10 @@ sleep 3
 SP=$(pgrep -P "$GP" || echo "$GP") # the server itself, not timeout(1), for --server-pid
 L="$BIN/svc-loadtest"
 "$L" compare --scenario "$S/fanout-10k.yaml" --out "$OUT/fanout-10k" > fanout.md 2> fanout.err
+"$L" compare --scenario "$S/baselines-10k.yaml" --out "$OUT/baselines-10k" > baselines.md 2> baselines.err
 "$L" fanout --server http://127.0.0.1:18080 --watchers 10000 --rate 100 --writers 2 --duration 10s --server-pid "$SP" --out "$OUT/fanout-10k-100" > f100.md 2> f100.err
 "$L" slow-watcher --server http://127.0.0.1:18080 --watchers 1000 --stalled 10 --max --writers 4 --duration 10s --server-pid "$SP" --out "$OUT/slow" > slow.md 2> slow.err
 "$L" compare --scenario "$S/churn-64.yaml" --out "$OUT/churn" > churn.md 2> churn.err
 "$L" events --server http://127.0.0.1:18080 --writers 64 --max --duration 20s --server-pid "$SP" --out "$OUT/events-64" > events.md 2> events.err
-"$L" fanout --raw --watchers 9000 --max --duration 10s --drain 15s --out "$OUT/raw-9k" > raw.md 2> raw.err
 kill "$GP" "$EP"
 echo "reports in $OUT"

@@ -1,13 +1,14 @@
 //! The watcher scenarios (`fanout`, `slow-watcher`) and the write-only ones (`churn`,
 //! `events`): set up the target, open watchers, run writers for the duration, drain, and
-//! turn counters and histograms into a `Results`.
+//! turn counters and histograms into a `Results` (with the server process's CPU per delivered
+//! event). etcd is driven over native gRPC (`etcd.rs`), the raw baseline's server runs as a
+//! child process (`raw.rs`).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use base64::Engine;
 use bytes::Bytes;
 use futures::StreamExt;
 use http::{Method, StatusCode};
@@ -19,7 +20,7 @@ use crate::Params;
 use crate::report::{Counts, Percentiles, Results};
 use crate::run::Scenario;
 use crate::setup::{Tgt, ensure_namespace, event_body, resolve_target, sa_body};
-use crate::stats::{self, Live, new_hist, now_nanos};
+use crate::stats::{self, Live, new_hist, now_nanos, proc_cpu_secs};
 use crate::target::{self, Conn, Endpoint};
 use crate::watch::{Format, GroupCtx, Opener, WStream, run_group, tag};
 
@@ -49,7 +50,7 @@ struct Harness {
 }
 
 pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
-    let (tgt, info) = resolve_target(p).await?;
+    let (tgt, mut info) = resolve_target(p).await?;
     let h = Harness {
         live: Live::new(),
         total: Arc::new(parking_lot::Mutex::new(new_hist())),
@@ -74,75 +75,96 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
 
     // Set up the target and open the watchers before any write, so every watcher is
     // expected to see every acknowledged write.
-    let (streams, format, opener, stalled_opener): (Vec<WStream>, Format, Option<Opener>, _) =
+    let (mut streams, format, opener, stalled_opener): (Vec<WStream>, Format, Option<Opener>, _) =
         match &tgt {
             Tgt::Server(ep) => {
                 let (opener, format) = k8s_setup(ep, &run_id, p).await?;
                 let s = open_all(watchers, p.h2_connections, ep, opener.clone()).await?;
                 (s, format, Some(opener), Some(ep.clone()))
             }
-            Tgt::Etcd(ep) => {
-                let opener = etcd_setup(ep, &run_id).await?;
-                let s = open_all(watchers, None, ep, opener.clone()).await?;
-                (s, Format::Etcd, None, None)
-            }
-            Tgt::Raw => (Vec::new(), Format::Raw(p.object_size.max(16)), None, None),
+            Tgt::Etcd(_) | Tgt::Raw => (Vec::new(), Format::Raw(p.object_size.max(16)), None, None),
         };
-    let raw = if matches!(tgt, Tgt::Raw) {
-        let srv = crate::raw::start(h.groups_stop.1.clone()).await?;
-        let mut socks = Vec::with_capacity(watchers);
-        for i in 0..watchers {
-            let s = tokio::net::TcpStream::connect(srv.addr).await?;
-            socks.push(tag(
+    // etcd: watches multiplexed on Watch streams over a few connections, each stream read by
+    // its own task (not by the groups below).
+    let prefix = format!("/loadtest/{run_id}/");
+    let mut etcd = None;
+    let mut etcd_tasks = Vec::new();
+    let mut etcd_opened = 0;
+    if let Tgt::Etcd(ep) = &tgt {
+        let e = crate::etcd::Etcd::connect(&ep.url, p.etcd_connections).await?;
+        let rev = e.revision(prefix.as_bytes()).await?;
+        let w = crate::etcd::open_watchers(
+            &e,
+            prefix.as_bytes(),
+            rev + 1,
+            watchers,
+            p.etcd_watches_per_stream,
+            h.live.clone(),
+            h.groups_stop.1.clone(),
+        )
+        .await?;
+        etcd_tasks = w.tasks;
+        etcd_opened = w.opened;
+        etcd = Some(e);
+    }
+    // raw: the server is a child process; each reader is returned once it is subscribed, so
+    // no frame is sent before every reader can see it.
+    let mut raw_child = None;
+    if matches!(tgt, Tgt::Raw) {
+        let child = crate::raw::RawChild::spawn().await?;
+        let addr = child.addr;
+        info.endpoint = format!("{addr} (raw-server, pid {})", child.pid);
+        info.server_pid = Some(p.server_pid.unwrap_or(child.pid));
+        raw_child = Some(child);
+        let socks: Vec<Result<tokio::net::TcpStream>> = futures::stream::iter(0..watchers)
+            .map(|_| crate::raw::connect_reader(addr))
+            .buffered(OPEN_CONCURRENCY)
+            .collect()
+            .await;
+        for (i, s) in socks.into_iter().enumerate() {
+            streams.push(tag(
                 i,
-                tokio_util::io::ReaderStream::with_capacity(s, crate::raw::MAX_WRITE),
+                tokio_util::io::ReaderStream::with_capacity(s?, crate::raw::MAX_WRITE),
             ));
         }
-        // Wait until the server has subscribed every connection, or early frames are lost.
-        let t0 = Instant::now();
-        while srv.tx.receiver_count() < watchers && t0.elapsed() < Duration::from_secs(30) {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        Some((srv, socks))
-    } else {
-        None
-    };
-    let (raw_tx, streams) = match raw {
-        Some((srv, socks)) => (Some(srv.tx), socks),
-        None => (None, streams),
-    };
-    let opened = streams.len();
+    }
+    let raw_addr = raw_child.as_ref().map(|c| c.addr);
+    let opened = streams.len() + etcd_opened;
     let open_failures = watchers - opened;
 
     // Receivers: a few tasks, each multiplexing a share of the streams.
-    let ngroups = opened.clamp(1, 16);
     let mut groups: Vec<JoinHandle<crate::watch::Group>> = Vec::new();
-    let mut buckets: Vec<Vec<WStream>> = (0..ngroups).map(|_| Vec::new()).collect();
-    // Streams are tagged 0..opened in order; group g gets a contiguous range.
-    let per = opened.div_ceil(ngroups).max(1);
-    for (i, s) in streams.into_iter().enumerate() {
-        buckets[i / per].push(s);
-    }
-    for (g, b) in buckets.into_iter().enumerate() {
-        let ctx = GroupCtx {
-            live: h.live.clone(),
-            format,
-            opener: opener.clone(),
-            stop: h.groups_stop.1.clone(),
-        };
-        let n = b.len();
-        groups.push(tokio::spawn(run_group(ctx, g * per, b, n)));
+    if !streams.is_empty() {
+        let ngroups = streams.len().clamp(1, 16);
+        let mut buckets: Vec<Vec<WStream>> = (0..ngroups).map(|_| Vec::new()).collect();
+        // Streams are tagged 0..len in order; group g gets a contiguous range.
+        let per = streams.len().div_ceil(ngroups).max(1);
+        for (i, s) in streams.into_iter().enumerate() {
+            buckets[i / per].push(s);
+        }
+        for (g, b) in buckets.into_iter().enumerate() {
+            let ctx = GroupCtx {
+                live: h.live.clone(),
+                format,
+                opener: opener.clone(),
+                stop: h.groups_stop.1.clone(),
+            };
+            let n = b.len();
+            groups.push(tokio::spawn(run_group(ctx, g * per, b, n)));
+        }
     }
 
+    let server_pid = info.server_pid.map(|p| p.to_string());
     let sampler = tokio::spawn(stats::sampler(
         h.live.clone(),
-        p.server_pid,
+        info.server_pid,
         h.total.clone(),
         h.series.clone(),
         format!("{} {}", scenario.name(), info.kind),
     ));
 
     // Writers.
+    let cpu_start = server_pid.as_deref().and_then(proc_cpu_secs);
     let started = Instant::now();
     let writers = p.writers.max(1);
     let per_writer_rate = if p.max {
@@ -151,17 +173,19 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
         Some(p.rate / writers as f64)
     };
     let mut wh: Vec<JoinHandle<()>> = Vec::new();
-    match (&tgt, raw_tx) {
-        (Tgt::Raw, Some(tx)) => {
+    match (&tgt, raw_addr, &etcd) {
+        (Tgt::Raw, Some(addr), _) => {
             let live = h.live.clone();
             let stop = h.writers_stop.1.clone();
             let rate = if p.max { None } else { Some(p.rate) };
             let size = p.object_size;
             wh.push(tokio::spawn(async move {
-                crate::raw::produce(tx, size, rate, stop, live).await;
+                if let Err(e) = crate::raw::produce(addr, size, rate, stop, live.clone()).await {
+                    live.write_failed(format!("raw writer: {e:#}"));
+                }
             }));
         }
-        (Tgt::Server(ep), _) => {
+        (Tgt::Server(ep), _, _) => {
             for w in 0..writers {
                 wh.push(tokio::spawn(k8s_writer(
                     ep.clone(),
@@ -175,10 +199,10 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
                 )));
             }
         }
-        (Tgt::Etcd(ep), _) => {
+        (Tgt::Etcd(_), _, Some(etcd)) => {
             for w in 0..writers {
                 wh.push(tokio::spawn(etcd_writer(
-                    ep.clone(),
+                    etcd.clone(),
                     run_id.clone(),
                     w,
                     per_writer_rate,
@@ -230,6 +254,7 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let elapsed = started.elapsed();
+    let cpu_end = server_pid.as_deref().and_then(proc_cpu_secs);
     h.live.stopping.store(true, Relaxed);
     let _ = h.groups_stop.0.send(true);
     let mut states = Vec::new();
@@ -237,6 +262,14 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
         if let Ok(g) = g.await {
             states.extend(g.states);
         }
+    }
+    for t in etcd_tasks {
+        if let Ok(s) = t.await {
+            states.extend(s);
+        }
+    }
+    if let Some(c) = raw_child {
+        c.stop().await;
     }
     let _ = sampler.await;
     drop(stalled_held);
@@ -283,6 +316,12 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
         extra.insert("stalled_watchers".into(), p.stalled.into());
     }
     let series = h.series.lock().clone();
+    let offered_writes_per_s = (!p.max).then_some(p.rate);
+    let server_cpu_s = cpu_start.zip(cpu_end).map(|(a, b)| (b - a).max(0.0));
+    let per = if delivered > 0 { delivered } else { acked };
+    let server_cpu_us_per_event = server_cpu_s
+        .filter(|_| per > 0)
+        .map(|c| c * 1e6 / per as f64);
     Ok(Results {
         schema: crate::report::SCHEMA.into(),
         scenario: scenario.name().into(),
@@ -309,6 +348,10 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
             expired: expired as u64,
             write_errors: h.live.write_errors.load(Relaxed),
             watch_errors: h.live.watch_errors.load(Relaxed) + open_failures as u64,
+            offered_writes_per_s,
+            offered_events_per_s: offered_writes_per_s.map(|r| r * opened as f64),
+            server_cpu_s,
+            server_cpu_us_per_event,
         },
         errors: h.live.error_samples.lock().clone(),
         extra,
@@ -549,75 +592,11 @@ async fn k8s_writer(
     }
 }
 
-fn b64(s: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(s)
-}
-
-/// The key range `[prefix, prefix+1)` of a run, as etcd wants it.
-fn etcd_range(run: &str) -> (String, String) {
-    let prefix = format!("/loadtest/{run}/");
-    let mut end = prefix.clone().into_bytes();
-    if let Some(last) = end.last_mut() {
-        *last += 1;
-    }
-    (b64(prefix.as_bytes()), b64(&end))
-}
-
-async fn etcd_call(c: &mut Conn, path: &str, body: serde_json::Value) -> Result<serde_json::Value> {
-    let (st, b) = c
-        .call(
-            Method::POST,
-            path,
-            body.to_string().into(),
-            "application/json",
-        )
-        .await?;
-    if !st.is_success() {
-        bail!("etcd {path}: {st}: {}", String::from_utf8_lossy(&b));
-    }
-    Ok(serde_json::from_slice(&b)?)
-}
-
-async fn etcd_setup(ep: &Endpoint, run: &str) -> Result<Opener> {
-    let mut c = ep.connect(false).await?;
-    let (key, end) = etcd_range(run);
-    let r = etcd_call(
-        &mut c,
-        "/v3/kv/range",
-        serde_json::json!({"key": key, "range_end": end, "limit": 1}),
-    )
-    .await?;
-    let rev: u64 = r["header"]["revision"]
-        .as_str()
-        .and_then(|s| s.parse().ok())
-        .context("etcd range has no revision")?;
-    let ep = ep.clone();
-    Ok(Arc::new(move |idx, _last| {
-        let ep = ep.clone();
-        let (key, end) = (key.clone(), end.clone());
-        Box::pin(async move {
-            let mut conn = ep.connect(false).await?;
-            let body = serde_json::json!({"create_request": {
-                "key": key, "range_end": end, "start_revision": (rev + 1).to_string()}});
-            let resp = conn
-                .send(target::request(
-                    Method::POST,
-                    "/v3/watch",
-                    body.to_string().into(),
-                    "application/json",
-                ))
-                .await?;
-            if resp.status() != StatusCode::OK {
-                bail!("etcd watch: {}", resp.status());
-            }
-            Ok(tag(idx, resp.into_body().into_data_stream()))
-        })
-    }))
-}
-
+/// One etcd writer: KV Put (and DeleteRange for churn) on connection `w`, each acknowledged
+/// before the next.
 #[allow(clippy::too_many_arguments)]
 async fn etcd_writer(
-    ep: Endpoint,
+    etcd: crate::etcd::Etcd,
     run: String,
     w: usize,
     rate: Option<f64>,
@@ -626,7 +605,7 @@ async fn etcd_writer(
     live: Arc<Live>,
     stop: watch::Receiver<bool>,
 ) {
-    let mut conn: Option<Conn> = None;
+    use crate::etcd::Write;
     let start = Instant::now();
     let mut i: u64 = 0;
     while !*stop.borrow() {
@@ -634,39 +613,28 @@ async fn etcd_writer(
         if *stop.borrow() {
             break;
         }
-        let name = if churn {
+        let key = if churn {
             format!("/loadtest/{run}/c-{w}-{}", i / 3)
         } else {
             format!("/loadtest/{run}/w-{w}-{}", i % POOL)
-        };
-        let (path, body) = if churn && i % 3 == 2 {
-            (
-                "/v3/kv/deleterange",
-                serde_json::json!({"key": b64(name.as_bytes())}),
-            )
+        }
+        .into_bytes();
+        let op = if churn && i % 3 == 2 {
+            Write::Delete(key)
         } else {
             // The value starts with the 19-digit timestamp the watchers decode.
-            let mut v = format!("{:019}:", now_nanos());
-            v.push_str(&"x".repeat(size.saturating_sub(v.len())));
-            (
-                "/v3/kv/put",
-                serde_json::json!({"key": b64(name.as_bytes()), "value": b64(v.as_bytes())}),
-            )
+            let mut v = format!("{:019}:", now_nanos()).into_bytes();
+            v.resize(size.max(v.len()), b'x');
+            Write::Put(key, v)
         };
         i += 1;
-        let Some(c) = writer_conn(&ep, &mut conn, &live, "etcd writer connect").await else {
-            continue;
-        };
         let t0 = Instant::now();
-        match etcd_call(c, path, body).await {
-            Ok(_) => {
+        match crate::etcd::write(&etcd, w, op).await {
+            Ok(()) => {
                 live.writes.fetch_add(1, Relaxed);
                 live.record_write(t0.elapsed().as_micros() as u64);
             }
-            Err(e) => {
-                live.write_failed(format!("{e:#}"));
-                conn = None;
-            }
+            Err(e) => live.write_failed(format!("{e:#}")),
         }
     }
 }

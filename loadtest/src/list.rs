@@ -253,7 +253,7 @@ pub async fn run(p: &Params) -> Result<Results> {
     let live_l = Live::new();
     let sampler = tokio::spawn(stats::sampler(
         live_l.clone(),
-        p.server_pid,
+        info.server_pid,
         total.clone(),
         series.clone(),
         format!("list {}", info.kind),

@@ -357,7 +357,7 @@ pub async fn run(p: &Params) -> Result<Results> {
     let series = Arc::new(Mutex::new(Vec::new()));
     let sampler = tokio::spawn(stats::sampler(
         live.clone(),
-        p.server_pid,
+        info.server_pid,
         total.clone(),
         series.clone(),
         format!("relist-storm {}", info.kind),
@@ -527,6 +527,7 @@ pub async fn run(p: &Params) -> Result<Results> {
             expired: g(&sh.expired_410),
             write_errors: g(&live.write_errors),
             watch_errors: g(&live.watch_errors),
+            ..Default::default()
         },
         errors: live.error_samples.lock().clone(),
         extra,

@@ -45,6 +45,10 @@ pub struct TargetInfo {
     /// `kubernetes`, `etcd` or `raw`.
     pub kind: String,
     pub endpoint: String,
+    /// The server process whose CPU and RSS were sampled (`--server-pid`, the process
+    /// listening on the target's loopback port, or the raw server's child process).
+    #[serde(default)]
+    pub server_pid: Option<u32>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -92,6 +96,19 @@ pub struct Counts {
     pub expired: u64,
     pub write_errors: u64,
     pub watch_errors: u64,
+    /// Writes/s asked for (`--rate`; none with `--max`).
+    #[serde(default)]
+    pub offered_writes_per_s: Option<f64>,
+    /// `offered_writes_per_s × watchers_opened`: events/s if every watcher kept up.
+    #[serde(default)]
+    pub offered_events_per_s: Option<f64>,
+    /// CPU seconds (user + system) the server process used from the first write to the end
+    /// of the drain, from /proc/<pid>/stat.
+    #[serde(default)]
+    pub server_cpu_s: Option<f64>,
+    /// `server_cpu_s` in µs per delivered event (per acknowledged write when nothing watches).
+    #[serde(default)]
+    pub server_cpu_us_per_event: Option<f64>,
 }
 
 /// A compare target that did not produce a run (listed in `results.json` under `failures`).
@@ -305,27 +322,30 @@ pub fn markdown(runs: &[Results]) -> String {
     }
     let _ = writeln!(
         m,
-        "| target | writes/s | events/s | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | write p99 ms | complete watchers | missing | dups | errors | reconnects |"
+        "| target | writes/s (offered) | events/s (offered) | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | write p99 ms | server CPU µs/event | complete watchers | missing | dups | errors | reconnects |"
     );
     let _ = writeln!(
         m,
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for r in runs {
         let c = &r.counts;
         let l = &r.latency_ms;
         let _ = writeln!(
             m,
-            "| {} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {}/{} | {} | {} | {} | {} |",
+            "| {} | {:.0} ({}) | {:.0} ({}) | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {}/{} | {} | {} | {} | {} |",
             label(r),
             c.writes_per_s,
+            opt(c.offered_writes_per_s, 0, "max"),
             c.events_per_s,
+            opt(c.offered_events_per_s, 0, "max"),
             l.p50,
             l.p90,
             l.p99,
             l.p999,
             l.max,
             r.write_latency_ms.p99,
+            opt(c.server_cpu_us_per_event, 2, "–"),
             c.watchers_complete,
             c.watchers_opened,
             c.missing,
@@ -364,6 +384,7 @@ pub fn markdown(runs: &[Results]) -> String {
             let _ = writeln!(m);
         }
     }
+    baselines(&mut m, runs);
     for r in runs {
         if !r.extra.is_empty() {
             let _ = writeln!(
@@ -419,6 +440,70 @@ pub fn markdown(runs: &[Results]) -> String {
         );
     }
     m
+}
+
+/// A figure with `digits` decimals, or `none` when there is none.
+fn opt(v: Option<f64>, digits: usize, none: &str) -> String {
+    v.map_or_else(|| none.to_string(), |v| format!("{v:.digits$}"))
+}
+
+/// Each server run against each baseline run (raw, etcd): events/s delivered (writes/s when
+/// nothing watches), p99 latency, and server CPU per delivered event.
+fn baselines(m: &mut String, runs: &[Results]) {
+    let servers: Vec<&Results> = runs
+        .iter()
+        .filter(|r| r.target.kind == "kubernetes")
+        .collect();
+    let bases: Vec<&Results> = runs
+        .iter()
+        .filter(|r| r.target.kind == "raw" || r.target.kind == "etcd")
+        .collect();
+    if servers.is_empty() || bases.is_empty() {
+        return;
+    }
+    let rate = |r: &Results| {
+        if r.counts.events_delivered > 0 {
+            r.counts.events_per_s
+        } else {
+            r.counts.writes_per_s
+        }
+    };
+    let ratio = |a: f64, b: f64| {
+        if b > 0.0 {
+            format!("{:.2}×", a / b)
+        } else {
+            "–".to_string()
+        }
+    };
+    let _ = writeln!(
+        m,
+        "\nAgainst the baselines (gateway ÷ baseline; events/s: higher is better, p99 and CPU per event: lower is better):\n"
+    );
+    let _ = writeln!(
+        m,
+        "| gateway ÷ | events/s | p99 latency | p99.9 latency | server CPU µs/event |\n|---|---:|---:|---:|---:|"
+    );
+    for s in &servers {
+        for b in &bases {
+            let cpu = match (
+                s.counts.server_cpu_us_per_event,
+                b.counts.server_cpu_us_per_event,
+            ) {
+                (Some(a), Some(c)) => ratio(a, c),
+                _ => "–".into(),
+            };
+            let _ = writeln!(
+                m,
+                "| {} ÷ {} | {} | {} | {} | {} |",
+                label(s),
+                label(b),
+                ratio(rate(s), rate(b)),
+                ratio(s.latency_ms.p99, b.latency_ms.p99),
+                ratio(s.latency_ms.p999, b.latency_ms.p999),
+                cpu
+            );
+        }
+    }
 }
 
 const COLORS: [&str; 6] = [

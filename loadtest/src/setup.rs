@@ -43,7 +43,8 @@ pub(crate) async fn resolve_target(p: &Params) -> Result<(Tgt, TargetInfo)> {
             Tgt::Raw,
             TargetInfo {
                 kind: "raw".into(),
-                endpoint: "127.0.0.1 (built in)".into(),
+                endpoint: "127.0.0.1 (raw-server child process)".into(),
+                server_pid: None,
             },
         ));
     }
@@ -52,6 +53,7 @@ pub(crate) async fn resolve_target(p: &Params) -> Result<(Tgt, TargetInfo)> {
         let info = TargetInfo {
             kind: "kubernetes".into(),
             endpoint: ep.url.clone(),
+            server_pid: server_pid(p, &ep),
         };
         return Ok((Tgt::Server(ep), info));
     }
@@ -63,6 +65,7 @@ pub(crate) async fn resolve_target(p: &Params) -> Result<(Tgt, TargetInfo)> {
         let info = TargetInfo {
             kind: "kubernetes".into(),
             endpoint: ep.url.clone(),
+            server_pid: server_pid(p, &ep),
         };
         return Ok((Tgt::Server(ep), info));
     }
@@ -72,8 +75,21 @@ pub(crate) async fn resolve_target(p: &Params) -> Result<(Tgt, TargetInfo)> {
     let info = TargetInfo {
         kind: "etcd".into(),
         endpoint: ep.url.clone(),
+        server_pid: server_pid(p, &ep),
     };
     Ok((Tgt::Etcd(ep), info))
+}
+
+/// The server process whose CPU and memory the report shows: `--server-pid`, else the
+/// process listening on a loopback target's port (when it can be inspected).
+fn server_pid(p: &Params, ep: &Endpoint) -> Option<u32> {
+    p.server_pid.or_else(|| {
+        ep.addr
+            .ip()
+            .is_loopback()
+            .then(|| crate::stats::pid_listening_on(ep.addr.port()))
+            .flatten()
+    })
 }
 
 /// Creates namespace `ns` unless it exists already (409 is fine: runs reuse namespaces).

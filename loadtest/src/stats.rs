@@ -98,6 +98,55 @@ pub fn proc_rss_bytes(pid: &str) -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// The process listening on TCP `port` (any local address), found through /proc/net/tcp{,6}
+/// and the processes' open sockets; `None` when no process of ours that can be inspected
+/// holds it.
+pub fn pid_listening_on(port: u16) -> Option<u32> {
+    let mut sockets = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(s) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in s.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // local_address is HEXIP:HEXPORT, st 0A is LISTEN, the inode is column 10.
+            let (Some(local), Some(state), Some(inode)) = (f.get(1), f.get(3), f.get(9)) else {
+                continue;
+            };
+            let p = local
+                .rsplit(':')
+                .next()
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            if *state == "0A" && p == Some(port) {
+                sockets.push(format!("socket:[{inode}]"));
+            }
+        }
+    }
+    if sockets.is_empty() {
+        return None;
+    }
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            if let Ok(target) = std::fs::read_link(fd.path())
+                && sockets.iter().any(|s| target.as_os_str() == s.as_str())
+            {
+                return Some(pid);
+            }
+        }
+    }
+    None
+}
+
 /// Samples once a second until `stop` is set; prints a progress line to stderr.
 pub async fn sampler(
     live: Arc<Live>,
@@ -210,5 +259,27 @@ pub fn machine() -> Machine {
             .trim()
             .to_string(),
         cpu_model,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_process_listening_on_a_port() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        assert_eq!(pid_listening_on(port), Some(std::process::id()));
+        drop(l);
+        assert_eq!(pid_listening_on(port), None);
+    }
+
+    #[test]
+    fn reads_this_process_cpu_time() {
+        let pid = std::process::id().to_string();
+        assert!(proc_cpu_secs(&pid).unwrap() >= 0.0);
+        assert!(proc_rss_bytes(&pid).unwrap() > 0);
+        assert_eq!(proc_cpu_secs("0"), None);
     }
 }

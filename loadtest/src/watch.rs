@@ -6,7 +6,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
-use base64::Engine;
 use bytes::{Buf, Bytes, BytesMut};
 use futures::future::BoxFuture;
 use futures::stream::{SelectAll, Stream, StreamExt};
@@ -52,8 +51,6 @@ pub enum Format {
     K8sJson,
     /// Kubernetes watch in protobuf: 4-byte big-endian length, then a WatchEvent.
     K8sProto,
-    /// etcd's JSON gateway: one JSON response per line, each with events.
-    Etcd,
     /// Raw frames of a fixed size: seq (u64 LE), timestamp (u64 LE), padding.
     Raw(usize),
 }
@@ -97,7 +94,7 @@ impl Finders {
     }
 }
 
-fn digits(b: &[u8]) -> Option<u64> {
+pub(crate) fn digits(b: &[u8]) -> Option<u64> {
     let mut v: u64 = 0;
     let mut n = 0;
     for &c in b {
@@ -207,7 +204,13 @@ pub async fn run_group(ctx: GroupCtx, base: usize, streams: Vec<WStream>, n: usi
     Group { states }
 }
 
-fn on_event(st: &mut WState, lat: &mut Vec<u64>, now: u64, rv: Option<u64>, ts: Option<u64>) {
+pub(crate) fn on_event(
+    st: &mut WState,
+    lat: &mut Vec<u64>,
+    now: u64,
+    rv: Option<u64>,
+    ts: Option<u64>,
+) {
     let Some(ts) = ts else {
         // Not written by this run (e.g. a controller's object): not counted.
         st.foreign += 1;
@@ -263,16 +266,12 @@ fn parse(
             }
             st.rem = buf;
         }
-        Format::K8sJson | Format::Etcd => {
+        Format::K8sJson => {
             st.rem.extend_from_slice(&b);
             while let Some(nl) = memchr::memchr(b'\n', &st.rem) {
                 let line = st.rem.split_to(nl + 1).freeze();
                 let line = &line[..nl];
                 if line.iter().all(|c| c.is_ascii_whitespace()) {
-                    continue;
-                }
-                if format == Format::Etcd {
-                    parse_etcd(line, st, lat, now, live);
                     continue;
                 }
                 let ty = after(&f.ty, line).unwrap_or_default();
@@ -317,65 +316,5 @@ fn parse(
                 on_event(st, lat, now, None, ts);
             }
         }
-    }
-}
-
-#[derive(serde::Deserialize)]
-struct EtcdLine {
-    result: Option<EtcdResult>,
-    error: Option<serde_json::Value>,
-}
-
-#[derive(serde::Deserialize)]
-struct EtcdResult {
-    #[serde(default)]
-    events: Vec<EtcdEvent>,
-    #[serde(default)]
-    canceled: bool,
-}
-
-#[derive(serde::Deserialize)]
-struct EtcdEvent {
-    kv: Option<EtcdKv>,
-}
-
-#[derive(serde::Deserialize)]
-struct EtcdKv {
-    mod_revision: Option<String>,
-    value: Option<String>,
-}
-
-fn parse_etcd(line: &[u8], st: &mut WState, lat: &mut Vec<u64>, now: u64, live: &Live) {
-    let parsed: EtcdLine = match serde_json::from_slice(line) {
-        Ok(p) => p,
-        Err(e) => {
-            live.watch_errors.fetch_add(1, Relaxed);
-            live.note_error(format!("etcd watch: bad JSON: {e}"));
-            return;
-        }
-    };
-    if let Some(e) = parsed.error {
-        live.watch_errors.fetch_add(1, Relaxed);
-        live.note_error(format!("etcd watch error: {e}"));
-        return;
-    }
-    let Some(r) = parsed.result else { return };
-    if r.canceled {
-        live.watch_errors.fetch_add(1, Relaxed);
-        live.note_error("etcd watch canceled".into());
-    }
-    for ev in r.events {
-        let Some(kv) = ev.kv else { continue };
-        let rv = kv.mod_revision.and_then(|s| s.parse().ok());
-        // The value starts with the 19-digit timestamp: decode only its first 28 base64
-        // characters (21 bytes) instead of the whole value.
-        let ts = kv.value.and_then(|v| {
-            let head = &v.as_bytes()[..v.len().min(28)];
-            let raw = base64::engine::general_purpose::STANDARD
-                .decode(head)
-                .ok()?;
-            digits(&raw)
-        });
-        on_event(st, lat, now, rv, ts);
     }
 }

@@ -1,7 +1,8 @@
 //! Runs every scenario of `svc-loadtest` for a second or two at small scale against an
-//! in-process svc-gateway (plain-HTTP loopback port), the raw baseline and a real etcd,
-//! and checks the report: the schema, and counts that add up (every watcher saw every
-//! acknowledged write, in order, with no gaps, duplicates or errors).
+//! in-process svc-gateway (plain-HTTP loopback port), the raw baseline (its server a child
+//! process) and a real etcd (native gRPC), and checks the report: the schema, and counts that
+//! add up (every watcher saw every acknowledged write, in order, with no gaps, duplicates or
+//! errors).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -320,7 +321,7 @@ async fn every_scenario_against_every_target() {
     check_schema(r, "fanout", "raw");
     check_fanout(r, 50);
 
-    // etcd's watchers on a key prefix.
+    // etcd's watchers on a key prefix, multiplexed on gRPC Watch streams.
     let mut a = args(&["fanout", "--etcd-endpoints", &etcd_url, "--rate", "100"]);
     a.extend(args(&small));
     let r = &loadtest(a, out("fanout-etcd")).await[0];
@@ -508,6 +509,15 @@ async fn every_scenario_against_every_target() {
     }
     let md = std::fs::read_to_string(cmp.join("report.md")).unwrap();
     assert!(md.contains("Ratios"), "{md}");
+    assert!(md.contains("Against the baselines"), "{md}");
+    assert!(
+        md.contains(&format!("kubernetes ({url}) ÷ etcd ({etcd_url})")),
+        "{md}"
+    );
+    assert!(
+        md.contains(&format!("kubernetes ({url}) ÷ raw (127.0.0.1:")),
+        "{md}"
+    );
     assert!(cmp.join("gateway").join("results.json").exists());
     let v: Value =
         serde_json::from_slice(&std::fs::read(cmp.join("results.json")).unwrap()).unwrap();
@@ -522,6 +532,169 @@ async fn every_scenario_against_every_target() {
 
     drop(etcd);
     server.shutdown().await;
+}
+
+/// Runs the binary (blocking) and returns its pid and results.json's first run.
+fn loadtest_pid(args: &[&str], out: &Path) -> (u32, Value) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .arg("--out")
+        .arg(out)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    assert!(child.wait().unwrap().success(), "svc-loadtest failed");
+    check_report_files(out);
+    let v: Value =
+        serde_json::from_slice(&std::fs::read(out.join("results.json")).unwrap()).unwrap();
+    (pid, v["runs"][0].clone())
+}
+
+/// One Prometheus sample of etcd's /metrics (plain HTTP/1.0 on its client port).
+fn etcd_metric(url: &str, series: &str) -> f64 {
+    use std::io::{Read, Write};
+    let addr = url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    body.lines()
+        .find_map(|l| l.strip_prefix(series))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// The native etcd baseline: 30 watchers as 7 watches per gRPC Watch stream (5 streams over
+/// 2 connections), each seeing every Put, and etcd's CPU found by its port.
+#[test]
+fn etcd_baseline_multiplexes_watches_on_grpc_streams() {
+    let (etcd, url) = start_etcd();
+    let watch_streams = r#"grpc_server_started_total{grpc_method="Watch",grpc_service="etcdserverpb.Watch",grpc_type="bidi_stream"}"#;
+    let streams_before = etcd_metric(&url, watch_streams);
+    let out = tempfile::tempdir().unwrap();
+    let (_, r) = loadtest_pid(
+        &[
+            "fanout",
+            "--etcd-endpoints",
+            &url,
+            "--watchers",
+            "30",
+            "--etcd-connections",
+            "2",
+            "--etcd-watches-per-stream",
+            "7",
+            "--rate",
+            "20",
+            "--duration",
+            "1s",
+            "--drain",
+            "5s",
+        ],
+        out.path(),
+    );
+    check_schema(&r, "fanout", "etcd");
+    check_fanout(&r, 30);
+    let c = &r["counts"];
+    assert_eq!(c["offered_writes_per_s"], 20.0);
+    assert_eq!(c["offered_events_per_s"], 600.0);
+    // 30 watches on ceil(30 / 7) = 5 streams, not one stream (or connection) per watcher.
+    assert_eq!(etcd_metric(&url, watch_streams) - streams_before, 5.0);
+    assert_eq!(r["target"]["server_pid"], etcd.0.id(), "{}", r["target"]);
+    assert!(c["server_cpu_s"].as_f64().unwrap() >= 0.0, "{c}");
+    assert!(c["server_cpu_us_per_event"].is_number(), "{c}");
+    assert!(
+        r["series"][0]["server_cpu_pct"].is_number(),
+        "{}",
+        r["series"]
+    );
+    drop(etcd);
+}
+
+/// The raw baseline's server is a child process of the load generator, measured from /proc
+/// and gone when the run ends; every reader gets every frame.
+#[test]
+fn raw_baseline_server_runs_in_its_own_process() {
+    let out = tempfile::tempdir().unwrap();
+    let (pid, r) = loadtest_pid(
+        &[
+            "fanout",
+            "--raw",
+            "--watchers",
+            "20",
+            "--rate",
+            "500",
+            "--object-size",
+            "100",
+            "--duration",
+            "1s",
+            "--drain",
+            "5s",
+        ],
+        out.path(),
+    );
+    check_schema(&r, "fanout", "raw");
+    check_fanout(&r, 20);
+    let server = r["target"]["server_pid"].as_u64().unwrap() as u32;
+    assert_ne!(server, pid, "the raw server ran in the load generator");
+    assert_ne!(server, std::process::id());
+    assert!(
+        r["target"]["endpoint"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("pid {server}")),
+        "{}",
+        r["target"]
+    );
+    assert!(r["counts"]["server_cpu_s"].is_number(), "{}", r["counts"]);
+    assert_eq!(r["counts"]["offered_writes_per_s"], 500.0);
+    // Killed and reaped by the load generator before it exited.
+    assert!(!Path::new(&format!("/proc/{server}")).exists());
+}
+
+/// `raw-server` on its own: names the port it bound, fans a writer's frames out to a reader.
+#[test]
+fn raw_server_fans_out_frames() {
+    use std::io::{BufRead, Read, Write};
+    let mut child = Command::new(BIN)
+        .args(["raw-server", "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap()
+        .to_string();
+    let mut reader = std::net::TcpStream::connect(&addr).unwrap();
+    reader
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    reader.write_all(b"R").unwrap();
+    let mut ok = [0u8; 1];
+    reader.read_exact(&mut ok).unwrap();
+    assert_eq!(&ok, b"K");
+    let mut writer = std::net::TcpStream::connect(&addr).unwrap();
+    writer.write_all(b"W").unwrap();
+    writer.write_all(&32u32.to_le_bytes()).unwrap();
+    // Two frames and a half: only whole frames go out.
+    let frames: Vec<u8> = (0..80u8).collect();
+    writer.write_all(&frames).unwrap();
+    let mut got = [0u8; 64];
+    reader.read_exact(&mut got).unwrap();
+    assert_eq!(&got[..], &frames[..64]);
+    writer.write_all(&[0u8; 16]).unwrap();
+    let mut third = [0u8; 32];
+    reader.read_exact(&mut third).unwrap();
+    assert_eq!(&third[..16], &frames[64..80]);
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 #[test]

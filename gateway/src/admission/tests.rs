@@ -11,16 +11,24 @@ use svc_core::{ApiError, Resource};
 
 use super::*;
 
+/// The plugins on by default.
+const WEBHOOKS: [&str; 2] = ["MutatingAdmissionWebhook", "ValidatingAdmissionWebhook"];
+
 fn strings(names: &[&str]) -> Vec<String> {
     names.iter().map(|s| s.to_string()).collect()
 }
 
 #[test]
 fn flags_name_known_plugins_and_never_both_ways() {
-    assert_eq!(enabled_plugins(&[], &[]).unwrap(), Vec::<&str>::new());
+    let webhooks = WEBHOOKS;
+    assert_eq!(enabled_plugins(&[], &[]).unwrap(), webhooks);
     assert_eq!(
         enabled_plugins(&strings(&["EventRateLimit"]), &[]).unwrap(),
-        ["EventRateLimit"]
+        ["EventRateLimit", webhooks[0], webhooks[1]]
+    );
+    assert_eq!(
+        enabled_plugins(&[], &strings(&webhooks)).unwrap(),
+        Vec::<&str>::new()
     );
     let err = enabled_plugins(&strings(&["NoSuchPlugin"]), &[]).unwrap_err();
     assert!(
@@ -34,7 +42,7 @@ fn flags_name_known_plugins_and_never_both_ways() {
     assert!(err.contains(r#"["EventRateLimit"] in both"#), "{err}");
     assert_eq!(
         enabled_plugins(&[], &strings(&["EventRateLimit"])).unwrap(),
-        Vec::<&str>::new()
+        webhooks
     );
 }
 
@@ -65,7 +73,7 @@ fn plugins_are_configured_inline_or_by_a_path_relative_to_the_file() {
         Some("conf/admission.yaml"),
     ))
     .unwrap();
-    assert_eq!(chain.names(), ["EventRateLimit"]);
+    assert_eq!(chain.names(), ["EventRateLimit", WEBHOOKS[0], WEBHOOKS[1]]);
 
     let inline = format!(
         "apiVersion: apiserver.svc.io/v1alpha1\nkind: AdmissionConfiguration\nplugins:\n\
@@ -82,10 +90,10 @@ fn plugins_are_configured_inline_or_by_a_path_relative_to_the_file() {
         Some("inline.yaml"),
     ))
     .unwrap();
-    assert_eq!(chain.names(), ["EventRateLimit"]);
-    // Configured but not enabled: nothing runs.
+    assert_eq!(chain.names(), ["EventRateLimit", WEBHOOKS[0], WEBHOOKS[1]]);
+    // Configured but not enabled: only the default plugins run.
     let chain = Chain::from_options(&options(dir.path(), &[], Some("inline.yaml"))).unwrap();
-    assert!(chain.is_empty());
+    assert_eq!(chain.names(), WEBHOOKS);
 }
 
 #[test]

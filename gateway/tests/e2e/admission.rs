@@ -93,7 +93,14 @@ async fn event_rate_limit_refuses_the_create_past_the_burst_per_namespace() {
         o.admission_control_config_file = parsed.admission_control_config_file.clone();
     })
     .await;
-    assert_eq!(server.handle().app.admission.names(), ["EventRateLimit"]);
+    assert_eq!(
+        server.handle().app.admission.names(),
+        [
+            "EventRateLimit",
+            "MutatingAdmissionWebhook",
+            "ValidatingAdmissionWebhook"
+        ]
+    );
     let c = server.admin();
     create_namespace(&c, "team-a").await;
     create_namespace(&c, "team-b").await;

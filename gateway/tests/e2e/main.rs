@@ -5,6 +5,7 @@
 mod support;
 
 mod admission;
+mod admission_webhooks;
 mod api;
 mod authorization;
 mod authz_webhook;
@@ -15,6 +16,7 @@ mod egress;
 mod etcd_gateways;
 mod events;
 mod fanout;
+mod fuzz_api;
 mod health;
 mod identity;
 mod jwt;
@@ -23,6 +25,7 @@ mod list_watch;
 mod media;
 mod metrics;
 mod patch;
+mod props;
 mod tracing;
 mod validate_config;
 mod writes;
