@@ -41,6 +41,13 @@ const MINIMAL: &[(&str, &str)] = &[
          burst: 20000\n",
     ),
     (
+        "AuthorizationConfiguration",
+        "authorizers:\n- type: Webhook\n  name: policy\n  webhook:\n    timeout: 3s\n    \
+         subjectAccessReviewVersion: v1\n    matchConditionSubjectAccessReviewVersion: v1\n    \
+         failurePolicy: Deny\n    connectionInfo:\n      type: SvcConfig\n      \
+         svcConfigFile: /etc/svc/authz.kubeconfig\n- type: AlwaysDeny\n  name: rest\n",
+    ),
+    (
         "ImageReview",
         "spec:\n  containers:\n  - image: registry.example/app:1.0\n",
     ),

@@ -63,6 +63,8 @@ pub struct App {
     pub jwt: jwt::Shared,
     /// `apiserver_authentication_config_controller_automatic_reload*`.
     pub authentication_reloads: ReloadMetrics,
+    /// `apiserver_authorization_config_controller_automatic_reload*`.
+    pub authorization_reloads: ReloadMetrics,
 }
 
 impl App {
@@ -82,6 +84,10 @@ impl App {
         let authentication_reloads = ReloadMetrics::register(
             metrics.registry_mut(),
             "apiserver_authentication_config_controller",
+        );
+        let authorization_reloads = ReloadMetrics::register(
+            metrics.registry_mut(),
+            "apiserver_authorization_config_controller",
         );
         let tracer = match tracing {
             None => None,
@@ -120,6 +126,7 @@ impl App {
             authentication: Default::default(),
             jwt,
             authentication_reloads,
+            authorization_reloads,
             egress: Egress::direct(),
         })
     }

@@ -62,6 +62,12 @@ pub struct Options {
     #[arg(long, action = clap::ArgAction::Set)]
     pub anonymous_auth: Option<bool>,
 
+    /// AuthorizationConfiguration file (`apiserver.svc.io/v1beta1`, `v1`, `v1alpha1`): the
+    /// authorizers asked after `system:masters` and the built-in policy, in order. Re-read
+    /// when it changes; a version that does not load leaves the previous one in force.
+    #[arg(long)]
+    pub authorization_config: Option<PathBuf>,
+
     /// AuthenticationConfiguration file (`apiserver.svc.io/v1beta1`): JWT authenticators
     /// (OIDC issuers) and anonymous access. Re-read when it changes; a version with errors is
     /// refused (logged and counted) and the previous one stays in force.

@@ -4,6 +4,7 @@
 //! (`store`), and declarative validation mismatches. The watch caches add theirs at scrape
 //! time through a collector (`caches.rs`). README.md's "Metrics" section lists every family.
 
+pub mod authz;
 pub mod store;
 
 use std::sync::Arc;
@@ -195,6 +196,8 @@ pub struct Metrics {
     watch_event_sizes: Family<ResourceLabels, SizeHistogram>,
     /// Storage call latency and counts, recorded by [`store::InstrumentedStore`].
     pub store: store::StoreMetrics,
+    /// Authorization decisions, webhook calls and configuration reloads.
+    pub authz: authz::AuthzMetrics,
     validation_mismatches: Counter,
 }
 
@@ -263,6 +266,7 @@ impl Metrics {
             watch_event_sizes.clone(),
         );
         let store = store::StoreMetrics::register(&mut registry);
+        let authz = authz::AuthzMetrics::register(&mut registry);
         let validation_mismatches = Counter::default();
         registry.register(
             "declarative_validation_mismatch",
@@ -280,6 +284,7 @@ impl Metrics {
             watch_events,
             watch_event_sizes,
             store,
+            authz,
             validation_mismatches,
         }
     }

@@ -161,6 +161,9 @@ pub async fn start_with_store(
     app.admission = admission.with_webhooks(Arc::new(webhooks));
     let app = Arc::new(app);
     let reload_task = start_authentication_config(&app, stop_watches_rx)?;
+    let authorization_reload =
+        crate::authz::load::start(&app, crate::authz::load::connect_with(app.egress.clone()))
+            .map_err(|e| anyhow::anyhow!("--authorization-config: {e}"))?;
 
     let mut tasks = vec![tokio::spawn(accept_loop(
         listener,
@@ -180,6 +183,7 @@ pub async fn start_with_store(
         )));
     }
     tasks.extend(reload_task);
+    tasks.extend(authorization_reload);
     bootstrap::start(&app);
     controllers::start(&app, &pki);
     tracing::info!(%addr, ?insecure_addr, kubeconfig = %kubeconfig.display(), "serving");

@@ -40,6 +40,7 @@ pub const KINDS: &[Entry] = &[
     entry::<super::egress::EgressSelectorConfiguration>(),
     entry::<super::tracing::TracingConfiguration>(),
     entry::<super::admission::AdmissionConfiguration>(),
+    entry::<super::authorization::AuthorizationConfiguration>(),
     entry::<super::exec_credential::ExecCredential>(),
     entry::<super::kubeconfig::Config>(),
     entry::<super::event_rate_limit::Configuration>(),

@@ -8,6 +8,7 @@ mod admission;
 mod admission_webhooks;
 mod api;
 mod authorization;
+mod authz_webhook;
 mod certificates;
 mod clients;
 mod crash;
