@@ -9,6 +9,8 @@
 //! The server runs the same code on its own files at start as `svc-gateway validate-config`
 //! does on any file.
 
+pub mod audit;
+
 use std::fmt;
 
 use serde::de::DeserializeOwned;
