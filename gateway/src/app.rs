@@ -9,7 +9,6 @@ use svc_core::validation::declarative::{Mismatch, Mode, Validator};
 use svc_storage::Store;
 use tokio::sync::{Notify, watch};
 
-use crate::authz;
 use crate::caches::Caches;
 use crate::config::Options;
 use crate::features::Feature;
@@ -18,6 +17,7 @@ use crate::limits::InflightLimit;
 use crate::metrics::Metrics;
 use crate::metrics::store::InstrumentedStore;
 use crate::tokens::Tokens;
+use crate::{audit, authz};
 
 pub struct App {
     pub opts: Options,
@@ -44,6 +44,9 @@ pub struct App {
     /// Who may do what: `system:masters`, the built-in policy, then configured authorizers;
     /// replaced whole when the configuration changes.
     authorizer: parking_lot::RwLock<Arc<authz::Chain>>,
+    /// Audit policy and backends; None when `--audit-policy-file` is unset, and then the
+    /// pipeline skips auditing on this one check.
+    pub audit: Option<Arc<audit::Auditor>>,
 }
 
 impl App {
@@ -76,6 +79,7 @@ impl App {
             authorizer: parking_lot::RwLock::new(Arc::new(authz::Chain::default())),
             readonly_inflight,
             mutating_inflight,
+            audit: None,
         }
     }
 }

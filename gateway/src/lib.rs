@@ -8,6 +8,7 @@
 //! **Invariant:** the gateway reaches storage only through the `svc_storage::Store` contract.
 
 pub mod app;
+pub mod audit;
 pub mod authn;
 pub mod authz;
 pub mod bootstrap;

@@ -19,7 +19,7 @@ use crate::pki;
 use crate::query::Query;
 use crate::respond::{self, Body};
 use crate::router::{self, Route};
-use crate::{discovery, health, metrics, openapi, rest};
+use crate::{audit, discovery, health, metrics, openapi, rest};
 
 /// Who sent a request, before authentication has looked at it.
 pub enum Caller {
@@ -70,7 +70,11 @@ fn verb_of(method: &Method, route: &Route, watch: bool) -> &'static str {
 }
 
 /// Every request enters here: route, authenticate, authorize, dispatch, account.
-pub async fn handle(app: Arc<App>, caller: Caller, req: Request<RequestBody>) -> Response<Body> {
+pub async fn handle(
+    app: Arc<App>,
+    caller: Caller,
+    mut req: Request<RequestBody>,
+) -> Response<Body> {
     let start = Instant::now();
     let path = req.uri().path().to_string();
     let query = Query::parse(req.uri().query());
@@ -81,39 +85,40 @@ pub async fn handle(app: Arc<App>, caller: Caller, req: Request<RequestBody>) ->
     let info = metrics::RequestInfo::new(req.method(), &route, &query, req.headers(), watch);
     let inflight = app.metrics.start(&info);
 
-    let resp = match authenticate_and_authorize(&app, &caller, &req, &route, verb, &path).await {
-        Err(e) => respond::error(&e),
+    let mut audit_id = None;
+    let resp = match authenticate(&app, &caller, &req, &path).await {
+        Err(e) => {
+            let resp = respond::error(&e);
+            match &app.audit {
+                None => resp,
+                Some(auditor) => {
+                    let begun = auditor.begin(&req, peer(&caller), &route, verb, None);
+                    audit_id = Some(begun.audit_id);
+                    match begun.record {
+                        Some(r) => r.failed_authentication(resp).await,
+                        None => resp,
+                    }
+                }
+            }
+        }
         Ok(user) => {
-            let limit = if verb == "watch" || user.in_group(GROUP_MASTERS) {
-                None
-            } else if matches!(
-                *req.method(),
-                Method::POST | Method::PUT | Method::PATCH | Method::DELETE
-            ) {
-                Some(&app.mutating_inflight)
-            } else {
-                Some(&app.readonly_inflight)
-            };
-            let slot = limit.map(|l| l.try_acquire());
-            if let Some(None) = slot {
-                respond::error(&ApiError::TooManyRequests {
-                    message: "Too many requests, please try again later.".into(),
-                    retry_after_seconds: Some(1),
-                })
-            } else if verb == "watch" {
-                dispatch(&app, req, route, query, user).await
-            } else {
-                match tokio::time::timeout(
-                    app.opts.request_timeout,
-                    dispatch(&app, req, route, query, user),
-                )
-                .await
-                {
-                    Ok(r) => r,
-                    Err(_) => respond::error(&ApiError::Timeout {
-                        message: "request did not complete within the allowed duration".into(),
-                        retry_after_seconds: None,
-                    }),
+            let mut record = None;
+            if let Some(auditor) = &app.audit {
+                let begun = auditor.begin(&req, peer(&caller), &route, verb, Some(&user));
+                audit_id = Some(begun.audit_id);
+                record = begun.record;
+            }
+            match record {
+                None => serve(&app, req, route, query, verb, &path, user, None).await,
+                Some(r) => {
+                    req.extensions_mut().insert(r.annotations());
+                    match r.received().await {
+                        // blocking-strict: a request that cannot be audited is not served.
+                        Err(e) => respond::error(&e),
+                        Ok(()) => {
+                            serve_audited(&app, req, route, query, verb, &path, user, r).await
+                        }
+                    }
                 }
             }
         }
@@ -129,6 +134,10 @@ pub async fn handle(app: Arc<App>, caller: Caller, req: Request<RequestBody>) ->
     } else {
         resp
     };
+    let mut resp = resp;
+    if let Some(id) = audit_id {
+        resp.headers_mut().insert(audit::AUDIT_ID_HEADER, id);
+    }
     let code = resp.status().as_u16();
     drop(inflight);
     app.metrics.observe(&info, code, start.elapsed());
@@ -136,21 +145,80 @@ pub async fn handle(app: Arc<App>, caller: Caller, req: Request<RequestBody>) ->
     resp
 }
 
-async fn authenticate_and_authorize(
+fn peer(caller: &Caller) -> Option<std::net::SocketAddr> {
+    match caller {
+        Caller::Connection(ident) => ident.peer,
+        Caller::Internal(_) => None,
+    }
+}
+
+async fn authenticate(
     app: &App,
     caller: &Caller,
     req: &Request<RequestBody>,
-    route: &Route,
-    verb: &str,
     path: &str,
 ) -> Result<pki::UserInfo, ApiError> {
-    let user = match caller {
+    match caller {
         Caller::Connection(ident) => {
-            authn::authenticate(app, ident, req.method(), path, req.headers()).await?
+            authn::authenticate(app, ident, req.method(), path, req.headers()).await
         }
-        Caller::Internal(user) => user.clone(),
-    };
-    let attrs = match route {
+        Caller::Internal(user) => Ok(user.clone()),
+    }
+}
+
+/// An audited request: [`serve`], with a `Panic` event (and a 500) if a handler panics,
+/// then the response stages.
+#[allow(clippy::too_many_arguments)]
+async fn serve_audited(
+    app: &Arc<App>,
+    req: Request<RequestBody>,
+    route: Route,
+    query: Query,
+    verb: &'static str,
+    path: &str,
+    user: pki::UserInfo,
+    mut record: audit::Record,
+) -> Response<Body> {
+    use futures::FutureExt as _;
+    let served = std::panic::AssertUnwindSafe(serve(
+        app,
+        req,
+        route,
+        query,
+        verb,
+        path,
+        user,
+        Some(&mut record),
+    ))
+    .catch_unwind()
+    .await;
+    match served {
+        Ok(resp) => record.finish(resp).await,
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            tracing::error!(%path, message, "a request handler panicked");
+            record.panicked(&message).await
+        }
+    }
+}
+
+/// Authorize, apply the in-flight limits, dispatch.
+#[allow(clippy::too_many_arguments)]
+async fn serve(
+    app: &Arc<App>,
+    req: Request<RequestBody>,
+    route: Route,
+    query: Query,
+    verb: &'static str,
+    path: &str,
+    user: pki::UserInfo,
+    mut record: Option<&mut audit::Record>,
+) -> Response<Body> {
+    let attrs = match &route {
         Route::Resource(r) => Attributes::for_resource(r, verb),
         _ => Attributes {
             verb,
@@ -158,8 +226,53 @@ async fn authenticate_and_authorize(
             path,
         },
     };
-    app.authorizer().authorize(&user, &attrs).await?;
-    Ok(user)
+    let decision = app.authorizer().authorize_with_reason(&user, &attrs).await;
+    if let Some(r) = &record {
+        let (d, reason) = match &decision {
+            Ok(reason) => ("allow", reason.as_str()),
+            Err((_, reason)) => ("forbid", reason.as_str()),
+        };
+        r.annotate(audit::DECISION_ANNOTATION, d);
+        r.annotate(audit::REASON_ANNOTATION, reason);
+    }
+    if let Err((e, _)) = decision {
+        return respond::error(&e);
+    }
+    let limit = if verb == "watch" || user.in_group(GROUP_MASTERS) {
+        None
+    } else if matches!(
+        *req.method(),
+        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+    ) {
+        Some(("max-mutating-requests-inflight", &app.mutating_inflight))
+    } else {
+        Some(("max-requests-inflight", &app.readonly_inflight))
+    };
+    let slot = limit.map(|(name, l)| (name, l.try_acquire()));
+    if let Some((name, None)) = slot {
+        if let Some(r) = &record {
+            r.annotate(audit::RATE_LIMIT_ANNOTATION, name);
+        }
+        return respond::error(&ApiError::TooManyRequests {
+            message: "Too many requests, please try again later.".into(),
+            retry_after_seconds: Some(1),
+        });
+    }
+    if verb == "watch" {
+        return dispatch(app, req, route, query, user, record.as_deref_mut()).await;
+    }
+    match tokio::time::timeout(
+        app.opts.request_timeout,
+        dispatch(app, req, route, query, user, record.as_deref_mut()),
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(_) => respond::error(&ApiError::Timeout {
+            message: "request did not complete within the allowed duration".into(),
+            retry_after_seconds: None,
+        }),
+    }
 }
 
 async fn dispatch(
@@ -168,6 +281,7 @@ async fn dispatch(
     route: Route,
     query: Query,
     user: pki::UserInfo,
+    record: Option<&mut audit::Record>,
 ) -> Response<Body> {
     let is_get = req.method() == Method::GET || req.method() == Method::HEAD;
     match route {
@@ -178,7 +292,12 @@ async fn dispatch(
                 Method::POST | Method::PUT | Method::PATCH | Method::DELETE
             ) {
                 match body.read(app.opts.max_request_body_bytes).await {
-                    Ok(b) => b,
+                    Ok(b) => {
+                        if let Some(r) = record {
+                            r.request_body(&b);
+                        }
+                        b
+                    }
                     Err(e) => return respond::error(&e),
                 }
             } else {

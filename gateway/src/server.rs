@@ -53,6 +53,9 @@ impl ServerHandle {
         for t in self.tasks {
             let _ = t.await;
         }
+        if let Some(audit) = &self.app.audit {
+            audit.shutdown().await;
+        }
         tracing::info!("shutdown complete");
     }
 }
@@ -116,7 +119,10 @@ pub async fn start_with_store(
     let tokens =
         crate::tokens::Tokens::new(&opts, pki.sa_signing_key_pem(), pki.sa_public_key_pem())
             .map_err(|e| anyhow::anyhow!("service-account tokens: {e}"))?;
-    let app = Arc::new(App::new(opts.clone(), store, stop_watches_rx, tokens));
+    let mut app = App::new(opts.clone(), store, stop_watches_rx, tokens);
+    app.audit = crate::audit::Auditor::from_options(&opts.audit, &app.metrics.audit, None)
+        .map_err(anyhow::Error::msg)?;
+    let app = Arc::new(app);
 
     let mut tasks = vec![tokio::spawn(accept_loop(
         listener,
@@ -212,6 +218,7 @@ async fn accept_loop(
                     let ident = Arc::new(ConnIdentity {
                         cert_user,
                         insecure: false,
+                        peer: Some(peer),
                     });
                     serve_conn(builder, watcher, TokioIo::new(stream), app, ident).await;
                 }
@@ -219,6 +226,7 @@ async fn accept_loop(
                     let ident = Arc::new(ConnIdentity {
                         cert_user: None,
                         insecure: true,
+                        peer: Some(peer),
                     });
                     serve_conn(builder, watcher, TokioIo::new(tcp), app, ident).await;
                 }
