@@ -5,6 +5,7 @@
 mod support;
 
 mod api;
+mod audit;
 mod authorization;
 mod certificates;
 mod clients;
