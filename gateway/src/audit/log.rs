@@ -36,6 +36,8 @@ enum Out {
         file: Option<File>,
         size: u64,
         rotation: Rotation,
+        /// Only regular files rotate (never `/dev/stdout`, a pipe or a device).
+        regular: bool,
     },
 }
 
@@ -57,13 +59,14 @@ impl LogWriter {
             std::fs::create_dir_all(dir)?;
         }
         let file = OpenOptions::new().create(true).append(true).open(path)?;
-        let size = file.metadata()?.len();
+        let meta = file.metadata()?;
         Ok(LogWriter {
             out: parking_lot::Mutex::new(Out::File {
                 path: path.to_path_buf(),
                 file: Some(file),
-                size,
+                size: meta.len(),
                 rotation,
+                regular: meta.is_file(),
             }),
         })
     }
@@ -78,6 +81,7 @@ impl LogWriter {
                 file,
                 size,
                 rotation,
+                regular,
             } => {
                 let max = if rotation.max_bytes == 0 {
                     DEFAULT_MAX_BYTES
@@ -85,6 +89,12 @@ impl LogWriter {
                     rotation.max_bytes
                 };
                 let len = line.len() as u64;
+                if !*regular {
+                    let f = file
+                        .as_mut()
+                        .ok_or_else(|| std::io::Error::other("no file"))?;
+                    return f.write_all(line);
+                }
                 if len > max {
                     return Err(std::io::Error::other(format!(
                         "write length {len} exceeds maximum file size {max}"

@@ -121,14 +121,23 @@ async fn each_level_records_what_it_should_and_a_watch_is_one_request() {
     let mut ids = Vec::new();
     for ns in ["meta", "req", "rr", "quiet"] {
         let body = json!({"metadata": {"name": "robot", "labels": {"from": ns}}});
-        let r = post(&admin, &format!("/api/v1/namespaces/{ns}/serviceaccounts"), &body).await;
+        let r = post(
+            &admin,
+            &format!("/api/v1/namespaces/{ns}/serviceaccounts"),
+            &body,
+        )
+        .await;
         assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
         ids.push(audit_id(&r));
     }
     let events = events_in(std::slice::from_ref(&a.log));
     for (ns, id) in ["meta", "req", "rr"].iter().zip(&ids) {
         let evs = with_id(&events, id);
-        assert_eq!(stages(&evs), ["RequestReceived", "ResponseComplete"], "{ns}");
+        assert_eq!(
+            stages(&evs),
+            ["RequestReceived", "ResponseComplete"],
+            "{ns}"
+        );
         let done = evs[1];
         let level = done["level"].as_str().unwrap();
         assert_eq!(
@@ -140,7 +149,10 @@ async fn each_level_records_what_it_should_and_a_watch_is_one_request() {
             }
         );
         assert_eq!(done["verb"], "create");
-        assert_eq!(done["requestURI"], format!("/api/v1/namespaces/{ns}/serviceaccounts"));
+        assert_eq!(
+            done["requestURI"],
+            format!("/api/v1/namespaces/{ns}/serviceaccounts")
+        );
         assert_eq!(done["user"]["username"], "admin");
         assert_eq!(done["userAgent"], "audit-e2e/1.0");
         assert_eq!(done["sourceIPs"], json!(["203.0.113.7", "127.0.0.1"]));
@@ -149,16 +161,31 @@ async fn each_level_records_what_it_should_and_a_watch_is_one_request() {
             json!({"resource": "serviceaccounts", "namespace": ns, "name": "robot", "apiVersion": "v1"})
         );
         assert_eq!(done["responseStatus"]["code"], 201);
-        assert_eq!(done["annotations"]["authorization.svc.io/decision"], "allow");
-        assert!(done["requestReceivedTimestamp"].as_str().unwrap().ends_with('Z'));
-        assert_eq!(done["stageTimestamp"].as_str().unwrap().len(), 27, "microseconds");
+        assert_eq!(
+            done["annotations"]["authorization.svc.io/decision"],
+            "allow"
+        );
+        assert!(
+            done["requestReceivedTimestamp"]
+                .as_str()
+                .unwrap()
+                .ends_with('Z')
+        );
+        assert_eq!(
+            done["stageTimestamp"].as_str().unwrap().len(),
+            27,
+            "microseconds"
+        );
         // The request as sent: at Request level and up, never in RequestReceived.
         assert!(evs[0].get("requestObject").is_none());
         let has_request = done.get("requestObject").is_some();
         assert_eq!(has_request, *ns != "meta", "{ns}");
         if has_request {
             assert_eq!(done["requestObject"]["metadata"]["labels"]["from"], *ns);
-            assert!(done["requestObject"].get("kind").is_none(), "as sent, not defaulted");
+            assert!(
+                done["requestObject"].get("kind").is_none(),
+                "as sent, not defaulted"
+            );
         }
         let has_response = done.get("responseObject").is_some();
         assert_eq!(has_response, *ns == "rr", "{ns}");
@@ -167,7 +194,10 @@ async fn each_level_records_what_it_should_and_a_watch_is_one_request() {
             assert!(done["responseObject"]["metadata"]["uid"].is_string());
         }
     }
-    assert!(with_id(&events, &ids[3]).is_empty(), "no rule matches: level None");
+    assert!(
+        with_id(&events, &ids[3]).is_empty(),
+        "no rule matches: level None"
+    );
 
     // get and list; a client's own Audit-ID is used and returned.
     let r = admin
@@ -181,7 +211,12 @@ async fn each_level_records_what_it_should_and_a_watch_is_one_request() {
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(audit_id(&r), "client-chosen-id");
     let r2 = admin
-        .request(Method::GET, "/api/v1/namespaces/meta/serviceaccounts", "", &[])
+        .request(
+            Method::GET,
+            "/api/v1/namespaces/meta/serviceaccounts",
+            "",
+            &[],
+        )
         .await;
     let events = events_in(std::slice::from_ref(&a.log));
     let get = with_id(&events, "client-chosen-id");
@@ -191,12 +226,20 @@ async fn each_level_records_what_it_should_and_a_watch_is_one_request() {
     assert!(get[1].get("responseObject").is_none(), "Metadata level");
     let list = with_id(&events, &audit_id(&r2));
     assert_eq!(list[1]["verb"], "list");
-    assert!(list[1].get("objectRef").is_none(), "lists have no objectRef");
+    assert!(
+        list[1].get("objectRef").is_none(),
+        "lists have no objectRef"
+    );
 
     // A denied request: 403, the decision and the Status in the event.
     let eve = a.server.user("eve", &["staff"]);
     let r = eve
-        .request(Method::GET, "/api/v1/namespaces/meta/serviceaccounts", "", &[])
+        .request(
+            Method::GET,
+            "/api/v1/namespaces/meta/serviceaccounts",
+            "",
+            &[],
+        )
         .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
     let events = events_in(std::slice::from_ref(&a.log));
@@ -204,10 +247,15 @@ async fn each_level_records_what_it_should_and_a_watch_is_one_request() {
     assert_eq!(stages(&denied), ["RequestReceived", "ResponseComplete"]);
     let done = denied[1];
     assert_eq!(done["user"]["username"], "eve");
-    assert_eq!(done["annotations"]["authorization.svc.io/decision"], "forbid");
-    assert!(done["annotations"]
-        .get("authorization.svc.io/reason")
-        .is_some());
+    assert_eq!(
+        done["annotations"]["authorization.svc.io/decision"],
+        "forbid"
+    );
+    assert!(
+        done["annotations"]
+            .get("authorization.svc.io/reason")
+            .is_some()
+    );
     assert_eq!(done["responseStatus"]["code"], 403);
     assert_eq!(done["responseStatus"]["reason"], "Forbidden");
     assert!(
@@ -216,6 +264,19 @@ async fn each_level_records_what_it_should_and_a_watch_is_one_request() {
             .unwrap()
             .contains("User \"eve\" cannot list")
     );
+
+    // A request that fails authentication: one ResponseStarted event with its 401.
+    let r = a
+        .server
+        .anonymous()
+        .request(Method::GET, "/api/v1/namespaces", "", &[])
+        .await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    let events = events_in(std::slice::from_ref(&a.log));
+    let failed = with_id(&events, &audit_id(&r));
+    assert_eq!(stages(&failed), ["ResponseStarted"]);
+    assert_eq!(failed[0]["responseStatus"]["code"], 401);
+    assert_eq!(failed[0]["user"], json!({}));
 
     // A non-resource request: the lower-cased method, no objectRef; health checks: None.
     let r = admin.request(Method::GET, "/version", "", &[]).await;
@@ -257,7 +318,8 @@ async fn each_level_records_what_it_should_and_a_watch_is_one_request() {
     eventually(T, "the watch's ResponseComplete is written", || {
         let log = log.clone();
         async move {
-            of_watch(&events_in(&[log])) == ["RequestReceived", "ResponseStarted", "ResponseComplete"]
+            of_watch(&events_in(&[log]))
+                == ["RequestReceived", "ResponseStarted", "ResponseComplete"]
         }
     })
     .await;
@@ -302,7 +364,10 @@ async fn the_log_rotates_by_size_and_keeps_max_backup_files() {
     assert_eq!(names[1], "audit.log");
     let backup = &names[0];
     // audit-2026-11-23T17-00-00.000.log
-    assert!(backup.starts_with("audit-") && backup.ends_with(".log"), "{backup}");
+    assert!(
+        backup.starts_with("audit-") && backup.ends_with(".log"),
+        "{backup}"
+    );
     let stamp = &backup["audit-".len()..backup.len() - ".log".len()];
     assert_eq!(stamp.len(), 23, "{stamp}");
     assert_eq!(&stamp[10..11], "T");
@@ -315,4 +380,36 @@ async fn the_log_rotates_by_size_and_keeps_max_backup_files() {
     // Whole lines only, in both files.
     let files: Vec<PathBuf> = names.iter().map(|n| dir.join(n)).collect();
     assert!(!events_in(&files).is_empty());
+}
+
+/// `blocking-strict` refuses a request whose `RequestReceived` event cannot be written;
+/// `blocking` serves it and counts the error. `/dev/full` refuses every write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_strict_fails_requests_it_cannot_audit() {
+    for (mode, want) in [
+        (
+            svc_gateway::config::AuditMode::BlockingStrict,
+            StatusCode::INTERNAL_SERVER_ERROR,
+        ),
+        (svc_gateway::config::AuditMode::Blocking, StatusCode::OK),
+    ] {
+        let a = start(|o, _| {
+            o.audit.audit_log_path = Some(PathBuf::from("/dev/full"));
+            o.audit.audit_log_mode = mode;
+        })
+        .await;
+        let admin = a.server.admin();
+        let r = admin.request(Method::GET, "/version", "", &[]).await;
+        assert_eq!(r.status, want, "{mode:?}: {}", r.text());
+        // Health checks are at level None: served either way.
+        assert_eq!(admin.get("/readyz").await.0, StatusCode::OK);
+        let metrics = admin.request(Method::GET, "/metrics", "", &[]).await.text();
+        assert!(
+            metrics.lines().any(
+                |l| l.starts_with("apiserver_audit_error_total{plugin=\"log\"} ")
+                    && !l.ends_with(" 0")
+            ),
+            "{mode:?}: errors counted"
+        );
+    }
 }
