@@ -411,3 +411,42 @@ fn managed_fields_are_dropped_from_objects_and_list_items() {
     assert_eq!(out["items"][0]["metadata"], serde_json::json!({}));
     assert!(without_managed_fields(br#"{"metadata":{}}"#).is_none());
 }
+
+#[test]
+fn the_readme_example_policy_is_valid() {
+    let readme = include_str!("../../../../README.md");
+    let section = &readme[readme.find("## Audit").expect("an Audit section")..];
+    let start = section.find("```yaml\n").unwrap() + "```yaml\n".len();
+    let yaml = &section[start..start + section[start..].find("```").unwrap()];
+    let p: Policy = load(yaml.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+    let e = Evaluator::new(&p);
+    let jane = user("jane", &[]);
+    assert_eq!(
+        e.evaluate(&non_res(&jane, "get", "/readyz")).level,
+        Level::None
+    );
+    assert_eq!(
+        e.evaluate(&res(&jane, "create", "secrets", "d", "")).level,
+        Level::Metadata
+    );
+    assert_eq!(
+        e.evaluate(&res(
+            &jane,
+            "update",
+            "certificates.svc.io:certificatesigningrequests/approval",
+            "",
+            "c"
+        ))
+        .level,
+        Level::RequestResponse
+    );
+    assert_eq!(
+        e.evaluate(&res(&jane, "patch", "namespaces", "", "n"))
+            .level,
+        Level::Request
+    );
+    assert_eq!(
+        e.evaluate(&res(&jane, "get", "namespaces", "", "n")).level,
+        Level::Metadata
+    );
+}
