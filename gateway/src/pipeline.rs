@@ -216,7 +216,7 @@ async fn serve(
     verb: &'static str,
     path: &str,
     user: pki::UserInfo,
-    mut record: Option<&mut audit::Record>,
+    record: Option<&mut audit::Record>,
 ) -> Response<Body> {
     let attrs = match &route {
         Route::Resource(r) => Attributes::for_resource(r, verb),
@@ -249,7 +249,8 @@ async fn serve(
         Some(("max-requests-inflight", &app.readonly_inflight))
     };
     let slot = limit.map(|(name, l)| (name, l.try_acquire()));
-    if let Some((name, None)) = slot {
+    // `slot` holds the in-flight permit until the request is done.
+    if let Some((name, None)) = &slot {
         if let Some(r) = &record {
             r.annotate(audit::RATE_LIMIT_ANNOTATION, name);
         }
@@ -259,11 +260,11 @@ async fn serve(
         });
     }
     if verb == "watch" {
-        return dispatch(app, req, route, query, user, record.as_deref_mut()).await;
+        return dispatch(app, req, route, query, user, record).await;
     }
     match tokio::time::timeout(
         app.opts.request_timeout,
-        dispatch(app, req, route, query, user, record.as_deref_mut()),
+        dispatch(app, req, route, query, user, record),
     )
     .await
     {

@@ -578,7 +578,7 @@ impl EventList {
 /// `body` without `metadata.managedFields` (of the object, or of each item of a list), for
 /// `omitManagedFields`; None when it is not a JSON object or has none to drop.
 pub fn without_managed_fields(body: &[u8]) -> Option<Vec<u8>> {
-    if memchr(body, b"\"managedFields\"").is_none() {
+    if !contains(body, b"\"managedFields\"") {
         return None;
     }
     let mut v: Value = serde_json::from_slice(body).ok()?;
@@ -594,8 +594,8 @@ pub fn without_managed_fields(body: &[u8]) -> Option<Vec<u8>> {
     serde_json::to_vec(&v).ok()
 }
 
-fn memchr(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
 }
 
 #[cfg(test)]
