@@ -22,6 +22,9 @@ rules:
   nonResourceURLs: ["/readyz*", "/livez*", "/healthz*"]
 - level: RequestResponse
   namespaces: ["rr"]
+- level: RequestResponse
+  namespaces: ["lean"]
+  omitManagedFields: true
 - level: Request
   namespaces: ["req"]
   omitManagedFields: true
@@ -130,7 +133,22 @@ async fn each_level_records_what_it_should_and_a_watch_is_one_request() {
         assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
         ids.push(audit_id(&r));
     }
+    // omitManagedFields drops metadata.managedFields from the objects recorded.
+    crate::support::client::create_namespace(&admin, "lean").await;
+    let body = json!({"metadata": {"name": "robot"}});
+    let r = post(&admin, "/api/v1/namespaces/lean/serviceaccounts", &body).await;
+    assert_eq!(r.status, StatusCode::CREATED);
     let events = events_in(std::slice::from_ref(&a.log));
+    let lean = with_id(&events, &audit_id(&r));
+    assert_eq!(lean[1]["responseObject"]["metadata"]["name"], "robot");
+    assert!(
+        lean[1]["responseObject"]["metadata"]
+            .get("managedFields")
+            .is_none()
+    );
+    let rr = with_id(&events, &ids[2]);
+    assert!(rr[1]["responseObject"]["metadata"]["managedFields"].is_array());
+
     for (ns, id) in ["meta", "req", "rr"].iter().zip(&ids) {
         let evs = with_id(&events, id);
         assert_eq!(
@@ -412,4 +430,30 @@ async fn blocking_strict_fails_requests_it_cannot_audit() {
             "{mode:?}: errors counted"
         );
     }
+}
+
+/// Batch mode: the request does not wait for the log; its events arrive shortly after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_mode_writes_the_log_from_its_buffer() {
+    let a = start(|o, _| {
+        o.audit.audit_log_mode = svc_gateway::config::AuditMode::Batch;
+        o.audit.audit_log_batch_max_size = 10;
+        o.audit.audit_log_batch_max_wait = Duration::from_millis(50);
+    })
+    .await;
+    let r = a
+        .server
+        .admin()
+        .request(Method::GET, "/version", "", &[])
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let id = audit_id(&r);
+    let log = a.log.clone();
+    eventually(T, "both events are in the log", || {
+        let (log, id) = (log.clone(), id.clone());
+        async move {
+            stages(&with_id(&events_in(&[log]), &id)) == ["RequestReceived", "ResponseComplete"]
+        }
+    })
+    .await;
 }
