@@ -1,5 +1,5 @@
-//! The shared state of a running server: options, store, metrics, validation, health and
-//! shutdown signals.
+//! The shared state of a running server: options, store, metrics, traces, validation, health
+//! and shutdown signals.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -17,6 +17,7 @@ use crate::limits::InflightLimit;
 use crate::metrics::Metrics;
 use crate::metrics::store::InstrumentedStore;
 use crate::tokens::Tokens;
+use crate::trace::{self, Tracer};
 use crate::{audit, authz};
 
 pub struct App {
@@ -41,6 +42,9 @@ pub struct App {
     /// `--max-requests-inflight` and `--max-mutating-requests-inflight`.
     pub readonly_inflight: InflightLimit,
     pub mutating_inflight: InflightLimit,
+    /// Spans of requests (`--tracing-config-file`); `None`, the default, costs one branch
+    /// per request.
+    pub tracer: Option<Tracer>,
     /// Who may do what: `system:masters`, the built-in policy, then configured authorizers;
     /// replaced whole when the configuration changes.
     authorizer: parking_lot::RwLock<Arc<authz::Chain>>,
@@ -50,21 +54,36 @@ pub struct App {
 }
 
 impl App {
-    /// Every storage call goes through `store` wrapped in its timing metrics.
+    /// Every storage call goes through `store` wrapped in its timing metrics (and spans, with
+    /// `tracing`). Needs a Tokio runtime when `tracing` is set.
     pub fn new(
         opts: Options,
         store: Arc<dyn Store>,
         stop_watches: watch::Receiver<bool>,
         tokens: Tokens,
-    ) -> Self {
+        tracing: Option<&trace::TracingConfiguration>,
+    ) -> Result<Self, trace::TraceError> {
         let caches = Caches::new(&opts.watch_cache_config());
         let mut metrics = Metrics::new();
         metrics.register_collector(caches.collector());
-        let store = InstrumentedStore::wrap(store, metrics.store.clone());
+        let tracer = match tracing {
+            None => None,
+            Some(config) => {
+                let dropped = trace::DroppedSpans::default();
+                metrics.register(
+                    "apiserver_tracing_dropped_spans",
+                    "Spans that never reached the collector: queue_full (the export queue was \
+                     full) or export_failed",
+                    dropped.clone(),
+                );
+                Some(Tracer::start(config, dropped)?)
+            }
+        };
+        let store = InstrumentedStore::wrap(store, metrics.store.clone(), tracer.clone());
         let validator = validator(&opts, &metrics);
         let readonly_inflight = InflightLimit::new(opts.max_requests_inflight);
         let mutating_inflight = InflightLimit::new(opts.max_mutating_requests_inflight);
-        App {
+        Ok(App {
             opts,
             store,
             metrics,
@@ -79,8 +98,9 @@ impl App {
             authorizer: parking_lot::RwLock::new(Arc::new(authz::Chain::default())),
             readonly_inflight,
             mutating_inflight,
+            tracer,
             audit: None,
-        }
+        })
     }
 }
 

@@ -207,6 +207,11 @@ pub struct Options {
     #[arg(skip)]
     pub extra_declarative_rules: Vec<(&'static str, svc_core::validation::declarative::Rule)>,
 
+    /// TracingConfiguration file (`apiserver.svc.io/v1beta1`): spans of requests, sent over
+    /// OTLP/gRPC to its `endpoint`. Unset: no tracing.
+    #[arg(long)]
+    pub tracing_config_file: Option<PathBuf>,
+
     /// Log level (error, warn, info, debug, trace) or a tracing filter directive.
     #[arg(long, default_value = "info")]
     pub log_level: String,

@@ -33,6 +33,7 @@ pub mod rest;
 pub mod router;
 pub mod server;
 pub mod tokens;
+pub mod trace;
 
 pub use config::Options;
 pub use server::{ServerHandle, start};

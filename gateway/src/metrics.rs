@@ -349,6 +349,16 @@ impl Metrics {
     }
 
     /// Adds metrics computed at scrape time (the watch caches').
+    /// Registers a metric another module owns (traces' dropped spans).
+    pub fn register(
+        &mut self,
+        name: &str,
+        help: &str,
+        metric: impl prometheus_client::registry::Metric,
+    ) {
+        self.registry.register(name, help, metric);
+    }
+
     pub fn register_collector(&mut self, collector: Box<dyn Collector>) {
         self.registry.register_collector(collector);
     }

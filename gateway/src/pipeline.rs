@@ -1,14 +1,16 @@
 //! The pipeline every request takes, whether it came from a socket or from a controller
 //! inside the server: route, authenticate, authorize, read the body, dispatch (resources,
-//! health, metrics, discovery, OpenAPI), compress, account.
+//! health, metrics, discovery, OpenAPI), compress, account; with tracing on, each request is
+//! a span (`trace.rs`) and everything it does runs in that span's context.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use opentelemetry::context::FutureExt as _;
 use svc_core::ApiError;
 
 use crate::app::App;
@@ -19,7 +21,7 @@ use crate::pki;
 use crate::query::Query;
 use crate::respond::{self, Body};
 use crate::router::{self, Route};
-use crate::{audit, discovery, health, metrics, openapi, rest};
+use crate::{audit, discovery, health, metrics, openapi, rest, trace};
 
 /// Who sent a request, before authentication has looked at it.
 pub enum Caller {
@@ -76,6 +78,8 @@ pub async fn handle(
     mut req: Request<RequestBody>,
 ) -> Response<Body> {
     let start = Instant::now();
+    // The one branch tracing costs when it is off.
+    let traced_since = app.tracer.as_ref().map(|_| SystemTime::now());
     let path = req.uri().path().to_string();
     let query = Query::parse(req.uri().query());
     let route = router::route(&path);
@@ -85,43 +89,56 @@ pub async fn handle(
     let info = metrics::RequestInfo::new(req.method(), &route, &query, req.headers(), watch);
     let inflight = app.metrics.start(&info);
 
-    let mut audit_id = None;
-    let resp = match authenticate(&app, &caller, &req, &path).await {
-        Err(e) => {
-            let resp = respond::error(&e);
-            match &app.audit {
-                None => resp,
-                Some(auditor) => {
-                    let begun = auditor.begin(&req, peer(&caller), &route, verb, None);
-                    audit_id = Some(begun.audit_id);
-                    match begun.record {
-                        Some(r) => r.failed_authentication(resp).await,
-                        None => resp,
+    let user = authenticate(&app, &caller, &req, &path).await;
+    let trace_cx = match (&app.tracer, traced_since) {
+        (Some(tracer), Some(since)) => Some(request_span(tracer, &req, &route, &user, since)),
+        _ => None,
+    };
+    let work = async {
+        match user {
+            Err(e) => {
+                let resp = respond::error(&e);
+                match &app.audit {
+                    None => (resp, None),
+                    Some(auditor) => {
+                        let begun = auditor.begin(&req, peer(&caller), &route, verb, None);
+                        let resp = match begun.record {
+                            Some(r) => r.failed_authentication(resp).await,
+                            None => resp,
+                        };
+                        (resp, Some(begun.audit_id))
                     }
                 }
             }
-        }
-        Ok(user) => {
-            let mut record = None;
-            if let Some(auditor) = &app.audit {
+            Ok(user) => {
+                // The one branch audit costs when it is off.
+                let Some(auditor) = &app.audit else {
+                    return (
+                        serve(&app, req, route, query, verb, &path, user, None).await,
+                        None,
+                    );
+                };
                 let begun = auditor.begin(&req, peer(&caller), &route, verb, Some(&user));
-                audit_id = Some(begun.audit_id);
-                record = begun.record;
-            }
-            match record {
-                None => serve(&app, req, route, query, verb, &path, user, None).await,
-                Some(r) => {
-                    req.extensions_mut().insert(r.annotations());
-                    match r.received().await {
-                        // blocking-strict: a request that cannot be audited is not served.
-                        Err(e) => respond::error(&e),
-                        Ok(()) => {
-                            serve_audited(&app, req, route, query, verb, &path, user, r).await
+                let resp = match begun.record {
+                    None => serve(&app, req, route, query, verb, &path, user, None).await,
+                    Some(r) => {
+                        req.extensions_mut().insert(r.annotations());
+                        match r.received().await {
+                            // blocking-strict: a request that cannot be audited is not served.
+                            Err(e) => respond::error(&e),
+                            Ok(()) => {
+                                serve_audited(&app, req, route, query, verb, &path, user, r).await
+                            }
                         }
                     }
-                }
+                };
+                (resp, Some(begun.audit_id))
             }
         }
+    };
+    let (resp, audit_id) = match &trace_cx {
+        None => work.await,
+        Some(cx) => work.with_context(cx.clone()).await,
     };
     let resp = if (verb == "get" || verb == "list")
         && accepts_gzip(&gzip_header)
@@ -139,6 +156,9 @@ pub async fn handle(
         resp.headers_mut().insert(audit::AUDIT_ID_HEADER, id);
     }
     let code = resp.status().as_u16();
+    if let Some(cx) = &trace_cx {
+        trace::end_request(cx, code);
+    }
     drop(inflight);
     app.metrics.observe(&info, code, start.elapsed());
     tracing::debug!(verb, %path, code, elapsed_ms = start.elapsed().as_secs_f64() * 1e3, "request");
@@ -164,6 +184,68 @@ async fn authenticate(
         }
         Caller::Internal(user) => Ok(user.clone()),
     }
+}
+
+/// The request's span, begun when the request arrived: a child of the incoming `traceparent`
+/// when the authenticated user may set it, and the parent of a span recording the
+/// authentication just done.
+fn request_span(
+    tracer: &trace::Tracer,
+    req: &Request<RequestBody>,
+    route: &Route,
+    user: &Result<pki::UserInfo, ApiError>,
+    since: SystemTime,
+) -> opentelemetry::Context {
+    use opentelemetry::KeyValue;
+    let resource = match route {
+        Route::Resource(r) => Some((
+            r.info,
+            !r.namespace.is_empty(),
+            r.name.is_some(),
+            r.subresource.as_deref(),
+        )),
+        _ => None,
+    };
+    let name = trace::request_span_name(req.method(), resource);
+    let mut attributes = vec![
+        KeyValue::new("http.method", req.method().as_str().to_string()),
+        KeyValue::new(
+            "http.target",
+            req.uri()
+                .path_and_query()
+                .map_or_else(|| req.uri().path().to_string(), ToString::to_string),
+        ),
+        KeyValue::new(
+            "http.flavor",
+            match req.version() {
+                http::Version::HTTP_2 => "2",
+                http::Version::HTTP_10 => "1.0",
+                _ => "1.1",
+            },
+        ),
+    ];
+    if let Some(agent) = req
+        .headers()
+        .get(http::header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+    {
+        attributes.push(KeyValue::new("http.user_agent", agent.to_string()));
+    }
+    let cx = tracer.request_span(
+        name,
+        attributes,
+        trace::incoming(req.headers()),
+        user.as_ref().ok(),
+        since,
+    );
+    tracer.record_child(
+        &cx,
+        "authentication",
+        since,
+        SystemTime::now(),
+        user.as_ref().err().map(ToString::to_string),
+    );
+    cx
 }
 
 /// An audited request: [`serve`], with a `Panic` event (and a 500) if a handler panics,
@@ -226,7 +308,15 @@ async fn serve(
             path,
         },
     };
-    let decision = app.authorizer().authorize_with_reason(&user, &attrs).await;
+    let chain = app.authorizer();
+    let decision = trace::in_span(
+        app.tracer.as_ref(),
+        "authorization",
+        || vec![opentelemetry::KeyValue::new("verb", verb.to_string())],
+        chain.authorize_with_reason(&user, &attrs),
+        |r| r.as_ref().err().map(|(e, _)| e.to_string()),
+    )
+    .await;
     if let Some(r) = &record {
         let (d, reason) = match &decision {
             Ok(reason) => ("allow", reason.as_str()),

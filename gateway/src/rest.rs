@@ -179,8 +179,36 @@ async fn list_or_watch<T: Kind>(app: &Arc<App>, call: Call) -> Result<Response<B
         ));
     }
     let selectors = Selectors::parse::<T>(&opts)?;
+    // Only read when the request is traced.
+    let rv = app
+        .tracer
+        .as_ref()
+        .and_then(|_| opts.resource_version.clone());
+    let attributes = move || {
+        vec![
+            opentelemetry::KeyValue::new("type", T::INFO.plural),
+            opentelemetry::KeyValue::new("resourceVersion", rv.unwrap_or_default()),
+        ]
+    };
+    let failed = |r: &Result<Response<Body>, ApiError>| r.as_ref().err().map(ToString::to_string);
     if opts.watch {
-        return watch::watch::<T>(app, call, opts, selectors).await;
+        // The span covers setting the watch up (catching up, the initial events' snapshot),
+        // not the stream: its events are written outside the request's context.
+        return crate::trace::in_span(
+            app.tracer.as_ref(),
+            "watch setup",
+            attributes,
+            watch::watch::<T>(app, call, opts, selectors),
+            failed,
+        )
+        .await;
     }
-    list::list::<T>(app, &call, &opts, selectors).await
+    crate::trace::in_span(
+        app.tracer.as_ref(),
+        "list",
+        attributes,
+        list::list::<T>(app, &call, &opts, selectors),
+        failed,
+    )
+    .await
 }

@@ -56,6 +56,9 @@ impl ServerHandle {
         if let Some(audit) = &self.app.audit {
             audit.shutdown().await;
         }
+        if let Some(tracer) = &self.app.tracer {
+            tracer.flush().await;
+        }
         tracing::info!("shutdown complete");
     }
 }
@@ -119,7 +122,18 @@ pub async fn start_with_store(
     let tokens =
         crate::tokens::Tokens::new(&opts, pki.sa_signing_key_pem(), pki.sa_public_key_pem())
             .map_err(|e| anyhow::anyhow!("service-account tokens: {e}"))?;
-    let mut app = App::new(opts.clone(), store, stop_watches_rx, tokens);
+    let tracing = match &opts.tracing_config_file {
+        None => None,
+        Some(path) => Some(crate::trace::config::read(path).map_err(anyhow::Error::msg)?),
+    };
+    let mut app = App::new(
+        opts.clone(),
+        store,
+        stop_watches_rx,
+        tokens,
+        tracing.as_ref(),
+    )
+    .context("starting traces")?;
     app.audit = crate::audit::Auditor::from_options(&opts.audit, &app.metrics.audit, None)
         .map_err(anyhow::Error::msg)?;
     let app = Arc::new(app);

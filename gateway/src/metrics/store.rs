@@ -1,7 +1,10 @@
 //! Storage call metrics with kube-apiserver's names (`etcd_request_duration_seconds`,
 //! `etcd_requests_total`, `etcd_request_errors_total`), whatever the backend: a `Store` that
-//! times every call of the store it wraps. Storage itself knows nothing of metrics.
+//! times every call of the store it wraps, and with tracing on makes each call made for a
+//! traced request a span (the embedded store's group commit or the etcd round trip). Storage
+//! itself knows nothing of metrics or traces.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,6 +19,7 @@ use svc_core::registry;
 use svc_storage::{FeedStream, KeyRange, KeyValue, RangeResult, Revision, Store, StoreError};
 
 use super::LATENCY_BUCKETS;
+use crate::trace::{self, Tracer};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StoreLabels {
@@ -85,6 +89,21 @@ fn resource_of(key: &[u8]) -> (&'static str, &'static str) {
         .map_or(("", ""), |r| (r.group, r.plural))
 }
 
+/// The span of a store call: the operation, named as the metrics name it.
+fn span_name(operation: &'static str) -> &'static str {
+    match operation {
+        "create" => "store create",
+        "update" => "store update",
+        "delete" => "store delete",
+        "get" => "store get",
+        "list" => "store list",
+        "getCurrentResourceVersion" => "store getCurrentResourceVersion",
+        "getCompactedRevision" => "store getCompactedRevision",
+        "compact" => "store compact",
+        _ => "store",
+    }
+}
+
 /// Whether a result counts as a failed request. A missing key, an existing one on create and a
 /// revision mismatch are answers, not failures (etcd reports them as such too).
 fn failed<T>(r: &Result<T, StoreError>) -> bool {
@@ -103,11 +122,49 @@ fn failed<T>(r: &Result<T, StoreError>) -> bool {
 pub struct InstrumentedStore {
     inner: Arc<dyn Store>,
     metrics: StoreMetrics,
+    tracer: Option<Tracer>,
 }
 
 impl InstrumentedStore {
-    pub fn wrap(inner: Arc<dyn Store>, metrics: StoreMetrics) -> Arc<dyn Store> {
-        Arc::new(InstrumentedStore { inner, metrics })
+    pub fn wrap(
+        inner: Arc<dyn Store>,
+        metrics: StoreMetrics,
+        tracer: Option<Tracer>,
+    ) -> Arc<dyn Store> {
+        Arc::new(InstrumentedStore {
+            inner,
+            metrics,
+            tracer,
+        })
+    }
+
+    /// Times `fut` as `operation` on `key` and, inside a traced request, makes it a span.
+    async fn call<T>(
+        &self,
+        operation: &'static str,
+        key: &[u8],
+        fut: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let (labels, start) = (Self::labels(operation, key), Instant::now());
+        let r = trace::in_span(
+            self.tracer.as_ref(),
+            span_name(operation),
+            || {
+                vec![
+                    opentelemetry::KeyValue::new("operation", operation),
+                    opentelemetry::KeyValue::new("resource", labels.resource),
+                    opentelemetry::KeyValue::new("key", String::from_utf8_lossy(key).into_owned()),
+                ]
+            },
+            fut,
+            |r| {
+                failed(r)
+                    .then(|| r.as_ref().err().map(ToString::to_string))
+                    .flatten()
+            },
+        )
+        .await;
+        self.done(labels, start, r)
     }
 
     fn labels(operation: &'static str, key: &[u8]) -> StoreLabels {
@@ -133,9 +190,8 @@ impl InstrumentedStore {
 #[async_trait]
 impl Store for InstrumentedStore {
     async fn create(&self, key: Bytes, value: Bytes) -> Result<KeyValue, StoreError> {
-        let (labels, start) = (Self::labels("create", &key), Instant::now());
-        let r = self.inner.create(key, value).await;
-        self.done(labels, start, r)
+        let k = key.clone();
+        self.call("create", &k, self.inner.create(key, value)).await
     }
 
     async fn update(
@@ -144,9 +200,9 @@ impl Store for InstrumentedStore {
         value: Bytes,
         expected: Revision,
     ) -> Result<KeyValue, StoreError> {
-        let (labels, start) = (Self::labels("update", &key), Instant::now());
-        let r = self.inner.update(key, value, expected).await;
-        self.done(labels, start, r)
+        let k = key.clone();
+        self.call("update", &k, self.inner.update(key, value, expected))
+            .await
     }
 
     /// Timed as `create` (kube-apiserver names a create with a TTL the same).
@@ -156,9 +212,9 @@ impl Store for InstrumentedStore {
         value: Bytes,
         ttl: Duration,
     ) -> Result<KeyValue, StoreError> {
-        let (labels, start) = (Self::labels("create", &key), Instant::now());
-        let r = self.inner.create_with_ttl(key, value, ttl).await;
-        self.done(labels, start, r)
+        let k = key.clone();
+        self.call("create", &k, self.inner.create_with_ttl(key, value, ttl))
+            .await
     }
 
     /// Timed as `update`.
@@ -169,9 +225,13 @@ impl Store for InstrumentedStore {
         expected: Revision,
         ttl: Duration,
     ) -> Result<KeyValue, StoreError> {
-        let (labels, start) = (Self::labels("update", &key), Instant::now());
-        let r = self.inner.update_with_ttl(key, value, expected, ttl).await;
-        self.done(labels, start, r)
+        let k = key.clone();
+        self.call(
+            "update",
+            &k,
+            self.inner.update_with_ttl(key, value, expected, ttl),
+        )
+        .await
     }
 
     async fn delete(
@@ -179,9 +239,9 @@ impl Store for InstrumentedStore {
         key: Bytes,
         expected: Option<Revision>,
     ) -> Result<(KeyValue, Revision), StoreError> {
-        let (labels, start) = (Self::labels("delete", &key), Instant::now());
-        let r = self.inner.delete(key, expected).await;
-        self.done(labels, start, r)
+        let k = key.clone();
+        self.call("delete", &k, self.inner.delete(key, expected))
+            .await
     }
 
     async fn get(
@@ -189,9 +249,8 @@ impl Store for InstrumentedStore {
         key: Bytes,
         at: Option<Revision>,
     ) -> Result<(Option<KeyValue>, Revision), StoreError> {
-        let (labels, start) = (Self::labels("get", &key), Instant::now());
-        let r = self.inner.get(key, at).await;
-        self.done(labels, start, r)
+        let k = key.clone();
+        self.call("get", &k, self.inner.get(key, at)).await
     }
 
     async fn range(
@@ -200,30 +259,28 @@ impl Store for InstrumentedStore {
         at: Option<Revision>,
         limit: usize,
     ) -> Result<RangeResult, StoreError> {
-        let (labels, start) = (Self::labels("list", &range.start), Instant::now());
-        let r = self.inner.range(range, at, limit).await;
-        self.done(labels, start, r)
+        let k = range.start.clone();
+        self.call("list", &k, self.inner.range(range, at, limit))
+            .await
     }
 
     async fn current_revision(&self) -> Result<Revision, StoreError> {
-        let (labels, start) = (
-            Self::labels("getCurrentResourceVersion", b""),
-            Instant::now(),
-        );
-        let r = self.inner.current_revision().await;
-        self.done(labels, start, r)
+        self.call(
+            "getCurrentResourceVersion",
+            b"",
+            self.inner.current_revision(),
+        )
+        .await
     }
 
     async fn compacted_revision(&self) -> Result<Revision, StoreError> {
-        let (labels, start) = (Self::labels("getCompactedRevision", b""), Instant::now());
-        let r = self.inner.compacted_revision().await;
-        self.done(labels, start, r)
+        self.call("getCompactedRevision", b"", self.inner.compacted_revision())
+            .await
     }
 
     async fn compact(&self, revision: Revision) -> Result<(), StoreError> {
-        let (labels, start) = (Self::labels("compact", b""), Instant::now());
-        let r = self.inner.compact(revision).await;
-        self.done(labels, start, r)
+        self.call("compact", b"", self.inner.compact(revision))
+            .await
     }
 
     /// Feeds are long-lived streams, not requests: passed through untimed.

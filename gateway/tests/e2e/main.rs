@@ -20,4 +20,5 @@ mod list_watch;
 mod media;
 mod metrics;
 mod patch;
+mod tracing;
 mod writes;
