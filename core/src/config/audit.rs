@@ -459,7 +459,7 @@ pub struct ResponseStatus {
 }
 
 /// One audit event: a request at one stage.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Event {
     pub kind: String,
@@ -482,11 +482,11 @@ pub struct Event {
     pub object_ref: Option<ObjectReference>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_status: Option<ResponseStatus>,
-    /// The body as sent (Request level and up); written by [`Event::to_json`].
-    #[serde(default, skip_serializing)]
+    /// The body as sent (Request level and up).
+    #[serde(default)]
     pub request_object: Option<RawJson>,
-    /// The response body (RequestResponse level); written by [`Event::to_json`].
-    #[serde(default, skip_serializing)]
+    /// The response body (RequestResponse level).
+    #[serde(default)]
     pub response_object: Option<RawJson>,
     pub request_received_timestamp: MicroTime,
     pub stage_timestamp: MicroTime,
@@ -494,11 +494,68 @@ pub struct Event {
     pub annotations: BTreeMap<String, String>,
 }
 
+/// An [`Event`]'s fields as written, borrowed; the raw objects only when asked for.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct EventFields<'a> {
+    kind: &'a str,
+    api_version: &'a str,
+    level: Level,
+    #[serde(rename = "auditID")]
+    audit_id: &'a str,
+    stage: Stage,
+    #[serde(rename = "requestURI")]
+    request_uri: &'a str,
+    verb: &'a str,
+    user: &'a UserInfo,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    impersonated_user: Option<&'a UserInfo>,
+    #[serde(rename = "sourceIPs", skip_serializing_if = "<[String]>::is_empty")]
+    source_ips: &'a [String],
+    #[serde(skip_serializing_if = "str::is_empty")]
+    user_agent: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    object_ref: Option<&'a ObjectReference>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_status: Option<&'a ResponseStatus>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    request_object: Option<&'a RawJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_object: Option<&'a RawJson>,
+    request_received_timestamp: MicroTime,
+    stage_timestamp: MicroTime,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    annotations: &'a BTreeMap<String, String>,
+}
+
 impl Event {
+    fn fields(&self, with_objects: bool) -> EventFields<'_> {
+        EventFields {
+            kind: &self.kind,
+            api_version: &self.api_version,
+            level: self.level,
+            audit_id: &self.audit_id,
+            stage: self.stage,
+            request_uri: &self.request_uri,
+            verb: &self.verb,
+            user: &self.user,
+            impersonated_user: self.impersonated_user.as_ref(),
+            source_ips: &self.source_ips,
+            user_agent: &self.user_agent,
+            object_ref: self.object_ref.as_ref(),
+            response_status: self.response_status.as_ref(),
+            request_object: self.request_object.as_ref().filter(|_| with_objects),
+            response_object: self.response_object.as_ref().filter(|_| with_objects),
+            request_received_timestamp: self.request_received_timestamp,
+            stage_timestamp: self.stage_timestamp,
+            annotations: &self.annotations,
+        }
+    }
+
     /// The event as one line of JSON (no newline), with `requestObject` and
     /// `responseObject` spliced in as they were sent rather than re-encoded.
     pub fn to_json(&self) -> Vec<u8> {
-        let mut out = serde_json::to_vec(self).unwrap_or_else(|_| b"{}".to_vec());
+        let mut out = serde_json::to_vec(&self.fields(false)).unwrap_or_else(|_| b"{}".to_vec());
         for (key, raw) in [
             ("requestObject", &self.request_object),
             ("responseObject", &self.response_object),
@@ -511,6 +568,33 @@ impl Event {
             }
         }
         out
+    }
+}
+
+/// Through serde the raw objects are re-encoded ([`Event::to_json`] does not).
+impl Serialize for Event {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.fields(true).serialize(s)
+    }
+}
+
+impl ConfigKind for Event {
+    const API_VERSIONS: &'static [&'static str] = &[API_VERSION];
+    const KIND: &'static str = "Event";
+
+    /// The fields every event has.
+    fn validate(&self) -> ErrorList {
+        let mut errors = ErrorList::default();
+        for (field, value) in [
+            ("auditID", &self.audit_id),
+            ("requestURI", &self.request_uri),
+            ("verb", &self.verb),
+        ] {
+            if value.is_empty() {
+                errors.required(field, "");
+            }
+        }
+        errors
     }
 }
 
@@ -528,6 +612,14 @@ impl RawJson {
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+impl Serialize for RawJson {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        serde_json::from_str::<Value>(&self.0)
+            .map_err(serde::ser::Error::custom)?
+            .serialize(s)
     }
 }
 

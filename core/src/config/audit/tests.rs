@@ -393,8 +393,12 @@ fn events_serialize_with_kubernetes_field_names() {
     assert_eq!(v["objectRef"]["apiVersion"], "v1");
     let back: Event = serde_json::from_value(v).unwrap();
     assert_eq!(back.stage, Stage::ResponseComplete);
-    assert_eq!(back.request_object.unwrap().as_str(), r#"{"a":1}"#);
+    assert_eq!(back.request_object.as_ref().unwrap().as_str(), r#"{"a":1}"#);
     assert!(RawJson::new(b"{").is_none());
+    // Through serde (validate-config) the objects are there too.
+    let through_serde = serde_json::to_value(&back).unwrap();
+    assert_eq!(through_serde["requestObject"]["a"], 1);
+    assert_eq!(through_serde["auditID"], "id");
     let list: Value =
         serde_json::from_slice(&EventList::new(vec![ev.clone(), ev]).to_json()).unwrap();
     assert_eq!(list["kind"], "EventList");
@@ -449,4 +453,21 @@ fn the_readme_example_policy_is_valid() {
         e.evaluate(&res(&jane, "get", "namespaces", "", "n")).level,
         Level::Metadata
     );
+}
+
+#[test]
+fn an_event_is_a_config_kind_with_its_required_fields() {
+    let doc = br#"{"apiVersion":"audit.svc.io/v1","kind":"Event","level":"Metadata",
+        "auditID":"","stage":"ResponseComplete","requestURI":"/api","verb":"get",
+        "user":{"username":"jane"},"requestObject":{"b":[1,2]},
+        "requestReceivedTimestamp":"2026-11-23T17:00:00.000000Z",
+        "stageTimestamp":"2026-11-23T17:00:00.000001Z"}"#;
+    let err = load::<Event>(doc).unwrap_err();
+    assert_eq!(err.lines(), ["auditID: Required value"]);
+    let ok = String::from_utf8_lossy(doc).replace(r#""auditID":"""#, r#""auditID":"x""#);
+    let ev = load::<Event>(ok.as_bytes()).unwrap();
+    assert_eq!(ev.request_object.unwrap().as_str(), r#"{"b":[1,2]}"#);
+    let err = load::<Event>(br#"{"apiVersion":"audit.svc.io/v1","kind":"Event","level":"Loud"}"#)
+        .unwrap_err();
+    assert_eq!(err.errors.0[0].field, "level");
 }
