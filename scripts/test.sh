@@ -9,11 +9,13 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 # System packages the tests drive: kubectl (real-client tests), etcd (the etcd backend's
 # conformance and multi-gateway tests start their own servers), and protoc (only for the check
 # that the etcd client code in storage/src/etcd/pb/ is what storage/proto/ generates; the
-# build itself needs no protoc, which the protoc-free build below proves).
+# build itself needs no protoc, which the protoc-free build below proves), and tinyproxy (a
+# real HTTP CONNECT tunnel server for the egress selector tests).
 missing=()
 command -v kubectl >/dev/null 2>&1 || missing+=(kubectl)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+command -v tinyproxy >/dev/null 2>&1 || missing+=(tinyproxy)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"
   as_root apt-get update -qq

@@ -10,6 +10,9 @@
 //! does on any file.
 
 pub mod audit;
+pub mod egress;
+pub mod exec_credential;
+pub mod kubeconfig;
 
 use std::fmt;
 
@@ -18,6 +21,11 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
 use crate::validation::ErrorList;
+
+pub mod admission;
+pub mod admission_review;
+pub mod event_rate_limit;
+pub mod image_review;
 
 /// A configuration kind: its versions, its name, its rules and its defaults.
 pub trait ConfigKind: DeserializeOwned + Serialize {

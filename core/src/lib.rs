@@ -12,6 +12,7 @@ pub mod kinds;
 pub mod meta;
 pub mod object;
 pub mod patch;
+pub mod rate_limit;
 pub mod registry;
 pub mod resource;
 pub mod selector;

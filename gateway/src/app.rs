@@ -9,8 +9,10 @@ use svc_core::validation::declarative::{Mismatch, Mode, Validator};
 use svc_storage::Store;
 use tokio::sync::{Notify, watch};
 
+use crate::admission;
 use crate::caches::Caches;
 use crate::config::Options;
+use crate::egress::Egress;
 use crate::features::Feature;
 use crate::lifecycle::PostStartHooks;
 use crate::limits::InflightLimit;
@@ -42,9 +44,13 @@ pub struct App {
     /// `--max-requests-inflight` and `--max-mutating-requests-inflight`.
     pub readonly_inflight: InflightLimit,
     pub mutating_inflight: InflightLimit,
+    /// The admission plugins every write goes through (empty unless flags enable some).
+    pub admission: admission::Chain,
     /// Spans of requests (`--tracing-config-file`); `None`, the default, costs one branch
     /// per request.
     pub tracer: Option<Tracer>,
+    /// How webhook clients (`controlplane`) dial out: `--egress-selector-config-file`.
+    pub egress: Egress,
     /// Who may do what: `system:masters`, the built-in policy, then configured authorizers;
     /// replaced whole when the configuration changes.
     authorizer: parking_lot::RwLock<Arc<authz::Chain>>,
@@ -96,10 +102,12 @@ impl App {
             validator,
             tokens,
             authorizer: parking_lot::RwLock::new(Arc::new(authz::Chain::default())),
+            admission: admission::Chain::default(),
             readonly_inflight,
             mutating_inflight,
             tracer,
             audit: None,
+            egress: Egress::direct(),
         })
     }
 }

@@ -161,6 +161,11 @@ pub struct Options {
     #[arg(long)]
     pub etcd_keyfile: Option<PathBuf>,
 
+    /// EgressSelectorConfiguration file: how the server dials webhooks (`controlplane`) and
+    /// etcd (`etcd`), directly or through an HTTP CONNECT tunnel server.
+    #[arg(long)]
+    pub egress_selector_config_file: Option<PathBuf>,
+
     /// The `iss` of service-account tokens, and the issuer they must name to be accepted.
     #[arg(long, default_value = "https://kubernetes.default.svc.cluster.local")]
     pub service_account_issuer: String,
@@ -197,6 +202,21 @@ pub struct Options {
     /// `expirationSeconds` may ask for less (never under 10 minutes).
     #[arg(long, default_value = "8760h", value_parser = parse_duration)]
     pub cluster_signing_duration: Duration,
+
+    /// Admission plugins to run besides those on by default, comma-separated
+    /// (`EventRateLimit`); an unknown name is an error.
+    #[arg(long, value_delimiter = ',')]
+    pub enable_admission_plugins: Vec<String>,
+
+    /// Admission plugins not to run, even those on by default; naming one also enabled is an
+    /// error.
+    #[arg(long, value_delimiter = ',')]
+    pub disable_admission_plugins: Vec<String>,
+
+    /// An AdmissionConfiguration (`apiserver.svc.io/v1`) giving admission plugins their
+    /// configuration, inline or by path (relative to this file).
+    #[arg(long)]
+    pub admission_control_config_file: Option<PathBuf>,
 
     /// Feature gates: `Name=true,Other=false` (see `features.rs` for the known gates).
     #[arg(long, default_value = "", value_parser = crate::features::FeatureGates::parse)]
@@ -284,6 +304,14 @@ impl Options {
             compaction_check_interval: (retention / 2)
                 .clamp(Duration::from_millis(100), Duration::from_secs(10)),
             ..Default::default()
+        }
+    }
+
+    /// The dialers of `--egress-selector-config-file` (every connection direct without it).
+    pub fn egress(&self) -> Result<crate::egress::Egress, crate::egress::EgressError> {
+        match &self.egress_selector_config_file {
+            Some(path) => crate::egress::Egress::from_file(path),
+            None => Ok(crate::egress::Egress::direct()),
         }
     }
 

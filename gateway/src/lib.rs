@@ -7,15 +7,18 @@
 //!
 //! **Invariant:** the gateway reaches storage only through the `svc_storage::Store` contract.
 
+pub mod admission;
 pub mod app;
 pub mod audit;
 pub mod authn;
 pub mod authz;
 pub mod bootstrap;
 pub mod caches;
+pub mod client;
 pub mod config;
 pub mod controllers;
 pub mod discovery;
+pub mod egress;
 pub mod features;
 pub mod health;
 pub mod kind;

@@ -11,6 +11,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
+use svc_core::config::egress::Selection;
 use svc_storage::Store;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -68,7 +69,21 @@ impl ServerHandle {
 pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
     if opts.storage_backend == crate::config::StorageBackend::Etcd {
         // Connections are lazy: an unreachable etcd shows in /readyz and 503s, not here.
-        let store = svc_storage::etcd::EtcdStore::connect(opts.etcd_config())
+        let mut etcd = opts.etcd_config();
+        let dialer = opts.egress()?.dialer(Selection::Etcd);
+        if !dialer.is_direct() {
+            tracing::info!(route = %dialer.describe(), "etcd connections use the egress selector");
+            etcd.dialer = Some(svc_storage::etcd::EtcdDialer(Arc::new(
+                move |host, port| {
+                    let dialer = dialer.clone();
+                    Box::pin(async move {
+                        let stream = dialer.dial(&host, port).await?;
+                        Ok(Box::new(stream) as Box<dyn svc_storage::etcd::EtcdIo>)
+                    })
+                },
+            )));
+        }
+        let store = svc_storage::etcd::EtcdStore::connect(etcd)
             .await
             .with_context(|| format!("connecting to etcd at {:?}", opts.etcd_servers))?;
         return start_with_store(opts, store).await;
@@ -86,6 +101,8 @@ pub async fn start_with_store(
     opts: Options,
     store: Arc<dyn Store>,
 ) -> anyhow::Result<ServerHandle> {
+    // A bad admission configuration stops the start before anything listens.
+    let admission = crate::admission::Chain::from_options(&opts).map_err(anyhow::Error::msg)?;
     let listener = TcpListener::bind((opts.bind_address, opts.secure_port))
         .await
         .with_context(|| format!("binding {}:{}", opts.bind_address, opts.secure_port))?;
@@ -134,7 +151,17 @@ pub async fn start_with_store(
         tracing.as_ref(),
     )
     .context("starting traces")?;
-    app.audit = crate::audit::Auditor::from_options(&opts.audit, &app.metrics.audit, None)
+    app.egress = opts.egress()?;
+    app.admission = admission;
+    let webhook = match &opts.audit.audit_webhook_config_file {
+        None => None,
+        Some(path) => Some(std::sync::Arc::new(
+            crate::client::WebhookClient::from_kubeconfig_file(path, &app.egress)
+                .map_err(|e| anyhow::anyhow!("--audit-webhook-config-file: {e}"))?,
+        )
+            as std::sync::Arc<dyn crate::audit::webhook::Target>),
+    };
+    app.audit = crate::audit::Auditor::from_options(&opts.audit, &app.metrics.audit, webhook)
         .map_err(anyhow::Error::msg)?;
     let app = Arc::new(app);
 

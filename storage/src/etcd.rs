@@ -80,6 +80,27 @@ pub struct EtcdConfig {
     pub progress_interval: Duration,
     /// Items buffered per feed between the etcd stream and the consumer. Default 64.
     pub feed_buffer: usize,
+    /// Dials an endpoint's host and port instead of a direct TCP connection (for example
+    /// through a tunnel server); TLS, when configured, runs over the stream it returns.
+    pub dialer: Option<EtcdDialer>,
+}
+
+/// A byte stream to an etcd member, however it was dialled.
+pub trait EtcdIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static> EtcdIo for T {}
+
+/// The future of one dial.
+pub type EtcdDial =
+    std::pin::Pin<Box<dyn Future<Output = std::io::Result<Box<dyn EtcdIo>>> + Send>>;
+
+/// Dials `(host, port)` of an endpoint's URL. Storage knows nothing of how.
+#[derive(Clone)]
+pub struct EtcdDialer(pub Arc<dyn Fn(String, u16) -> EtcdDial + Send + Sync>);
+
+impl std::fmt::Debug for EtcdDialer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EtcdDialer")
+    }
 }
 
 impl Default for EtcdConfig {
@@ -92,6 +113,7 @@ impl Default for EtcdConfig {
             connect_timeout: Duration::from_secs(2),
             progress_interval: Duration::from_millis(200),
             feed_buffer: 64,
+            dialer: None,
         }
     }
 }
@@ -367,6 +389,7 @@ fn connect_options(config: &EtcdConfig) -> Result<ConnectOptions, StoreError> {
         request_timeout: config.request_timeout,
         connect_timeout: config.connect_timeout,
         tls: config.tls.as_ref().map(client::tls_config).transpose()?,
+        dialer: config.dialer.clone(),
     })
 }
 

@@ -41,6 +41,21 @@ impl Backoff {
     }
 }
 
+/// How long one POST may take, as Kubernetes' audit webhook allows.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The gateway's webhook client is a target.
+impl Target for crate::client::WebhookClient {
+    fn post(&self, body: Bytes) -> BoxFuture<'_, Result<u16, String>> {
+        Box::pin(async move {
+            crate::client::WebhookClient::post(self, body, "application/json", CALL_TIMEOUT)
+                .await
+                .map(|r| r.status.as_u16())
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
 pub struct WebhookSink {
     target: Arc<dyn Target>,
     backoff: Backoff,

@@ -13,6 +13,7 @@ use svc_core::status::StatusCause;
 use svc_core::{ApiError, Resource};
 use svc_storage::{KeyValue, Revision, StoreError};
 
+use crate::admission::{self, Operation};
 use crate::app::App;
 use crate::authz::Attributes;
 use crate::negotiate::Format;
@@ -27,6 +28,32 @@ use crate::router::ResourceRoute;
 pub(super) async fn authorize_also(app: &App, call: &Call, verb: &str) -> Result<(), ApiError> {
     let attrs = Attributes::for_resource(&call.route, verb);
     app.authorizer().authorize(&call.user, &attrs).await
+}
+
+/// What admission plugins see of a write of `T` by this call to `namespace`/`name`.
+pub(super) fn admission_attributes<'a, T: Resource>(
+    call: &'a Call,
+    operation: Operation,
+    namespace: &'a str,
+    name: &'a str,
+    dry_run: bool,
+) -> admission::Attributes<'a> {
+    admission::Attributes {
+        operation,
+        info: T::INFO,
+        subresource: call.route.subresource.as_deref(),
+        namespace,
+        name,
+        user: &call.user,
+        dry_run,
+    }
+}
+
+/// The warnings of a response: field validation's, then admission's.
+pub(super) fn response_warnings(decoded: &[String], outcome: &admission::Outcome) -> Vec<String> {
+    let mut all = decoded.to_vec();
+    all.extend(outcome.warnings.iter().cloned());
+    all
 }
 
 /// Kubernetes' limit on `fieldManager`.

@@ -19,10 +19,11 @@ use svc_core::{ApiError, Resource};
 use svc_storage::StoreError;
 
 use super::call::{
-    Call, authorize_also, conflict, field_manager, map_write_error, path_namespace, read_current,
-    store_create,
+    Call, admission_attributes, authorize_also, conflict, field_manager, map_write_error,
+    path_namespace, read_current, response_warnings, store_create,
 };
 use super::write::{self, Committed, check_namespace_open};
+use crate::admission::{Operation, Outcome};
 use crate::app::App;
 use crate::kind::Kind;
 use crate::respond::{self, Body};
@@ -202,6 +203,11 @@ pub async fn patch<T: Kind>(
             )));
         }
         object::apply_request_namespace(&mut next, &ns)?;
+        let mut outcome = Outcome::default();
+        let attrs = admission_attributes::<T>(call, Operation::Update, &ns, name, dry_run);
+        app.admission
+            .mutate(&attrs, &mut next, Some(&current), &mut outcome)
+            .await?;
         object::prepare_update_via(
             &mut next,
             &current,
@@ -219,6 +225,10 @@ pub async fn patch<T: Kind>(
                 &body_entries,
             )?;
         }
+        app.admission
+            .validate(&attrs, Some(&next), Some(&current), &mut outcome)
+            .await?;
+        let warnings = response_warnings(&warnings, &outcome);
         let ok = |obj: &T| {
             respond::with_warnings(
                 respond::object(StatusCode::OK, obj, call.format, call.query.pretty()),
@@ -265,10 +275,20 @@ async fn apply_create<T: Kind>(
         return Err(ApiError::NotFound(object::subject::<T>(name)));
     }
     object::apply_request_namespace(&mut obj, ns)?;
+    let mut outcome = Outcome::default();
+    let attrs = admission_attributes::<T>(call, Operation::Create, ns, name, dry_run);
+    app.admission
+        .mutate(&attrs, &mut obj, None, &mut outcome)
+        .await?;
+    object::apply_request_namespace(&mut obj, ns)?;
     check_namespace_open::<T>(app, ns, name).await?;
     let managed_fields = obj.meta().managed_fields.clone();
     object::prepare_create_by(&mut obj, &call.user, &app.validator)?;
     obj.meta_mut().managed_fields = managed_fields;
+    app.admission
+        .validate(&attrs, Some(&obj), None, &mut outcome)
+        .await?;
+    let warnings = response_warnings(&warnings, &outcome);
     let created = |obj: &T| {
         respond::with_warnings(
             respond::object(StatusCode::CREATED, obj, call.format, call.query.pretty()),

@@ -13,7 +13,8 @@ use svc_core::kinds::{Secret, ServiceAccount, TokenRequest, TokenRequestStatus, 
 use svc_core::meta::Time;
 use svc_core::{ApiError, ObjectMeta, Resource};
 
-use super::call::{Call, path_namespace, read_current};
+use super::call::{Call, admission_attributes, path_namespace, read_current, response_warnings};
+use crate::admission::{Operation, Outcome};
 use crate::app::App;
 use crate::kind::Kind;
 use crate::negotiate::{self, Format};
@@ -129,12 +130,21 @@ pub(super) async fn create_token(
     name: &str,
 ) -> Result<Response<Body>, ApiError> {
     let (mut req, api_version) = decode::<TokenRequest>(app, call)?;
+    let dry_run = call.query.dry_run()?;
+    let ns = path_namespace::<ServiceAccount>(&call.route)?.to_string();
+    // Admission sees a create of `serviceaccounts/token` whose object is the TokenRequest.
+    let mut outcome = Outcome::default();
+    let attrs = admission_attributes::<ServiceAccount>(call, Operation::Create, &ns, name, dry_run);
+    app.admission
+        .mutate(&attrs, &mut req, None, &mut outcome)
+        .await?;
     let errs = req.validate();
     if !errs.is_empty() {
         return Err(invalid(&req, errs));
     }
-    call.query.dry_run()?;
-    let ns = path_namespace::<ServiceAccount>(&call.route)?.to_string();
+    app.admission
+        .validate(&attrs, Some(&req), None, &mut outcome)
+        .await?;
     let sa_key = bytes::Bytes::from(ServiceAccount::INFO.key(&ns, name));
     let (sa, _) = read_current::<ServiceAccount>(app, &sa_key, name).await?;
     let audiences = if req.spec.audiences.is_empty() {
@@ -183,7 +193,10 @@ pub(super) async fn create_token(
         token: issued.token,
         expiration_timestamp: Some(Time(issued.expiration)),
     };
-    Ok(created(call, &req, &api_version))
+    Ok(respond::with_warnings(
+        created(call, &req, &api_version),
+        &response_warnings(&[], &outcome),
+    ))
 }
 
 /// `POST tokenreviews`: a bad or foreign token is an answer (`authenticated: false` with

@@ -16,9 +16,10 @@ use svc_core::{ApiError, Resource, Status};
 use svc_storage::{KeyRange, KeyValue, StoreError};
 
 use super::call::{
-    Call, authorize_also, conflict, field_manager, map_write_error, path_namespace, read_current,
-    store_create, store_update,
+    Call, admission_attributes, authorize_also, conflict, field_manager, map_write_error,
+    path_namespace, read_current, response_warnings, store_create, store_update,
 };
+use crate::admission::{Operation, Outcome};
 use crate::app::App;
 use crate::features::Feature;
 use crate::kind::Kind;
@@ -135,6 +136,22 @@ pub async fn create<T: Kind>(app: &Arc<App>, call: &Call) -> Result<Response<Bod
     let dry_run = call.query.dry_run()?;
     let (mut obj, warnings): (T, _) = decode_body(app, call)?;
     object::apply_request_namespace(&mut obj, &call.route.namespace)?;
+    let mut outcome = Outcome::default();
+    if !app.admission.is_empty() {
+        let name = obj.meta().name.clone();
+        let attrs = admission_attributes::<T>(
+            call,
+            Operation::Create,
+            &call.route.namespace,
+            &name,
+            dry_run,
+        );
+        app.admission
+            .mutate(&attrs, &mut obj, None, &mut outcome)
+            .await?;
+        // A plugin may not move the object to another namespace than the path's.
+        object::apply_request_namespace(&mut obj, &call.route.namespace)?;
+    }
     let ns = obj.meta().namespace.clone();
     let generated = obj.meta().name.is_empty() && !obj.meta().generate_name.is_empty();
     let requester = &call.user;
@@ -144,6 +161,11 @@ pub async fn create<T: Kind>(app: &Arc<App>, call: &Call) -> Result<Response<Bod
         record_update(call, None, &mut candidate)?;
         let name = candidate.meta().name.clone();
         check_namespace_open::<T>(app, &ns, &name).await?;
+        let attrs = admission_attributes::<T>(call, Operation::Create, &ns, &name, dry_run);
+        app.admission
+            .validate(&attrs, Some(&candidate), None, &mut outcome)
+            .await?;
+        let warnings = response_warnings(&warnings, &outcome);
         let key = Bytes::from(T::INFO.key(&ns, &name));
         if dry_run {
             let (existing, _) = app
@@ -213,10 +235,10 @@ pub async fn update<T: Kind>(
         rv => Some(parse_resource_version(rv)?),
     };
     let key = Bytes::from(T::INFO.key(&ns, name));
-    let ok = |obj: &T| {
+    let ok = |obj: &T, outcome: &Outcome| {
         respond::with_warnings(
             respond::object(StatusCode::OK, obj, call.format, call.query.pretty()),
-            &warnings,
+            &response_warnings(&warnings, outcome),
         )
     };
     for _ in 0..MAX_RETRIES {
@@ -234,6 +256,11 @@ pub async fn update<T: Kind>(
             return Err(conflict::<T>(name));
         }
         let mut next = obj.clone();
+        let mut outcome = Outcome::default();
+        let attrs = admission_attributes::<T>(call, Operation::Update, &ns, name, dry_run);
+        app.admission
+            .mutate(&attrs, &mut next, Some(&current), &mut outcome)
+            .await?;
         object::prepare_update_via(
             &mut next,
             &current,
@@ -241,8 +268,11 @@ pub async fn update<T: Kind>(
             &app.validator,
         )?;
         record_update(call, Some(&current), &mut next)?;
+        app.admission
+            .validate(&attrs, Some(&next), Some(&current), &mut outcome)
+            .await?;
         match commit_update(app, &key, &kv, current, next, dry_run, name).await? {
-            Committed::Done(obj) => return Ok(ok(&obj)),
+            Committed::Done(obj) => return Ok(ok(&obj, &outcome)),
             // An unconditional update retries against the newer object; a conditional one
             // reports the conflict.
             Committed::Stale if precondition.is_none() => continue,
@@ -376,7 +406,7 @@ pub async fn delete<T: Kind>(
     if unsafe_delete {
         authorize_also(app, call, "unsafe-delete-ignore-read-errors").await?;
     }
-    match delete_one::<T>(app, &key, name, &pre, dry_run).await {
+    match delete_one::<T>(app, &key, name, &pre, dry_run, &call.user).await {
         Ok((obj, code)) => Ok(respond::object(
             code,
             &obj,
@@ -439,14 +469,19 @@ async fn is_corrupt<T: Kind>(app: &App, key: &Bytes) -> bool {
     }
 }
 
+/// The user the namespace controller's sweep deletes as.
+const NAMESPACE_CONTROLLER: &str = "system:svc-controller-manager:namespace-controller";
+
 /// Deletes one object, or marks it terminating when finalizers hold it. Returns what the
 /// client sees: the deleted object (200) or the terminating one (200; 202 while finalizing).
+/// Validating admission sees the stored object first (deletes have no mutating phase).
 async fn delete_one<T: Kind>(
     app: &App,
     key: &Bytes,
     name: &str,
     pre: &Preconditions,
     dry_run: bool,
+    user: &svc_core::user::UserInfo,
 ) -> Result<(T, StatusCode), ApiError> {
     for _ in 0..MAX_RETRIES {
         let (mut current, kv) = read_current::<T>(app, key, name).await?;
@@ -472,6 +507,20 @@ async fn delete_one<T: Kind>(
                     current.meta().resource_version
                 ),
             });
+        }
+        if !app.admission.is_empty() {
+            let attrs = crate::admission::Attributes {
+                operation: Operation::Delete,
+                info: T::INFO,
+                subresource: None,
+                namespace: &current.meta().namespace,
+                name,
+                user,
+                dry_run,
+            };
+            app.admission
+                .validate::<T>(&attrs, None, Some(&current), &mut Outcome::default())
+                .await?;
         }
         if !current.meta().finalizers.is_empty() || current.has_kind_finalizers() {
             if current.meta().deletion_timestamp.is_some() {
@@ -528,7 +577,7 @@ pub async fn delete_collection<T: Kind>(
         if !selector.matches(&obj) {
             continue;
         }
-        match delete_one::<T>(app, &kv.key, &obj.meta().name, &pre, dry_run).await {
+        match delete_one::<T>(app, &kv.key, &obj.meta().name, &pre, dry_run, &call.user).await {
             Ok(_) | Err(ApiError::NotFound(_)) => {}
             Err(e) => return Err(e),
         }
@@ -543,6 +592,12 @@ pub async fn delete_collection<T: Kind>(
 /// Deletes every object of type `T` in namespace `ns` (the namespace controller's sweep) and
 /// returns how many remain.
 pub async fn delete_all_in_namespace<T: Kind>(app: &App, ns: &str) -> Result<usize, ApiError> {
+    // Who admission sees deleting: the controller, as Kubernetes' namespace controller is.
+    let namespace_controller = svc_core::user::UserInfo {
+        username: NAMESPACE_CONTROLLER.into(),
+        groups: vec![svc_core::user::GROUP_AUTHENTICATED.into()],
+        ..Default::default()
+    };
     let range = app
         .store
         .range(KeyRange::prefix(T::INFO.prefix(Some(ns))), None, 0)
@@ -551,7 +606,8 @@ pub async fn delete_all_in_namespace<T: Kind>(app: &App, ns: &str) -> Result<usi
     let prefix_len = T::INFO.prefix(Some(ns)).len();
     for kv in &range.kvs {
         let name = String::from_utf8_lossy(&kv.key[prefix_len..]).to_string();
-        match delete_one::<T>(app, &kv.key, &name, &Preconditions::default(), false).await {
+        let none = Preconditions::default();
+        match delete_one::<T>(app, &kv.key, &name, &none, false, &namespace_controller).await {
             Ok(_) | Err(ApiError::NotFound(_)) => {}
             Err(e) => return Err(e),
         }

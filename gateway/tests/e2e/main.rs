@@ -4,12 +4,14 @@
 
 mod support;
 
+mod admission;
 mod api;
 mod audit;
 mod authorization;
 mod certificates;
 mod clients;
 mod crash;
+mod egress;
 mod etcd_gateways;
 mod events;
 mod fanout;

@@ -17,7 +17,6 @@ use tonic::Status;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-use super::EtcdTls;
 use super::pb::etcdserverpb::kv_client::KvClient;
 use super::pb::etcdserverpb::lease_client::LeaseClient;
 use super::pb::etcdserverpb::watch_client::WatchClient;
@@ -27,6 +26,7 @@ use super::pb::etcdserverpb::{
     RangeResponse, TxnRequest, TxnResponse, WatchCreateRequest, WatchProgressRequest, WatchRequest,
     WatchResponse,
 };
+use super::{EtcdDialer, EtcdIo, EtcdTls};
 use crate::StoreError;
 
 /// Largest gRPC message accepted from etcd (a big list is one message). etcd's own default
@@ -49,6 +49,43 @@ pub(crate) struct ConnectOptions {
     pub(crate) connect_timeout: Duration,
     /// TLS for `https://` endpoints (and endpoints given without a scheme).
     pub(crate) tls: Option<ClientTlsConfig>,
+    /// Dials instead of tonic's own TCP connector.
+    pub(crate) dialer: Option<EtcdDialer>,
+}
+
+/// An [`EtcdDialer`] as the tower service tonic connects through.
+#[derive(Clone)]
+struct DialService(EtcdDialer);
+
+impl tower_service::Service<tonic::codegen::http::Uri> for DialService {
+    type Response = hyper_util::rt::TokioIo<Box<dyn EtcdIo>>;
+    type Error = std::io::Error;
+    type Future =
+        std::pin::Pin<Box<dyn Future<Output = Result<Self::Response, std::io::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), std::io::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: tonic::codegen::http::Uri) -> Self::Future {
+        let dial = self.0.clone();
+        Box::pin(async move {
+            let host = uri
+                .host()
+                .ok_or_else(|| {
+                    std::io::Error::new(std::io::ErrorKind::InvalidInput, "no host in the URL")
+                })?
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string();
+            let port = uri.port_u16().unwrap_or(2379);
+            let io = (dial.0)(host, port).await?;
+            Ok(hyper_util::rt::TokioIo::new(io))
+        })
+    }
 }
 
 /// The client side of TLS to etcd: the CA that signs etcd's serving certificate, and our
@@ -134,7 +171,11 @@ impl Client {
     /// The client of `url`. The channel connects on first use and again after a failure, so
     /// this succeeds while etcd is down; only a malformed URL or TLS setting fails here.
     pub(crate) fn new(url: &str, options: &ConnectOptions) -> Result<Self, StoreError> {
-        let channel = endpoint(url, options)?.connect_lazy();
+        let endpoint = endpoint(url, options)?;
+        let channel = match &options.dialer {
+            Some(d) => endpoint.connect_with_connector_lazy(DialService(d.clone())),
+            None => endpoint.connect_lazy(),
+        };
         Ok(Client { channel })
     }
 
@@ -233,6 +274,7 @@ mod tests {
             request_timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(1),
             tls,
+            dialer: None,
         }
     }
 
