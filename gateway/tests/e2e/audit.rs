@@ -1,11 +1,16 @@
 //! Audit logging through TLS: a policy of several rules and a blocking log backend, so each
 //! request's lines are in the file when its response arrives; what each level records
 //! (requestObject and responseObject exactly when they should be there), a watch audited as
-//! one request, a denial's annotations, a non-resource request, the Audit-ID header, and
-//! rotation of the log file by size.
+//! one request, a denial's annotations, a non-resource request, the Audit-ID header,
+//! rotation of the log file by size; and the webhook backend against a local HTTP receiver:
+//! EventList batches, then a receiver that stalls, whose drops are counted while requests go
+//! on unslowed.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -456,4 +461,160 @@ async fn batch_mode_writes_the_log_from_its_buffer() {
         }
     })
     .await;
+}
+
+/// A local HTTP receiver of audit webhooks: keeps each EventList it is sent; while `stall` is
+/// set it reads a request and never answers.
+struct Receiver {
+    addr: SocketAddr,
+    lists: Arc<parking_lot::Mutex<Vec<Value>>>,
+    stall: Arc<AtomicBool>,
+    stalled: Arc<AtomicUsize>,
+}
+
+async fn receiver() -> Receiver {
+    use http_body_util::BodyExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let r = Receiver {
+        addr: listener.local_addr().unwrap(),
+        lists: Default::default(),
+        stall: Default::default(),
+        stalled: Default::default(),
+    };
+    let (lists, stall, stalled) = (r.lists.clone(), r.stall.clone(), r.stalled.clone());
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (lists, stall, stalled) = (lists.clone(), stall.clone(), stalled.clone());
+            tokio::spawn(async move {
+                let svc =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let (lists, stall, stalled) =
+                            (lists.clone(), stall.clone(), stalled.clone());
+                        async move {
+                            assert_eq!(req.method(), Method::POST);
+                            assert_eq!(req.uri().path(), "/audit");
+                            assert_eq!(req.headers()["content-type"], "application/json");
+                            let body = req.into_body().collect().await?.to_bytes();
+                            if stall.load(Ordering::SeqCst) {
+                                stalled.fetch_add(1, Ordering::SeqCst);
+                                std::future::pending::<()>().await;
+                            }
+                            lists
+                                .lock()
+                                .push(serde_json::from_slice(&body).expect("an EventList"));
+                            Ok::<_, hyper::Error>(http::Response::new(http_body_util::Full::new(
+                                bytes::Bytes::new(),
+                            )))
+                        }
+                    });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    r
+}
+
+/// A kubeconfig naming the receiver.
+fn webhook_kubeconfig(dir: &Path, addr: SocketAddr) -> PathBuf {
+    let path = dir.join("audit-webhook.kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: audit\n  cluster:\n    \
+             server: http://{addr}/audit\nusers:\n- name: gw\n  user:\n    token: t\n\
+             contexts:\n- name: c\n  context:\n    cluster: audit\n    user: gw\n\
+             current-context: c\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn counter(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_gets_event_list_batches_and_a_stalled_one_costs_drops_not_time() {
+    let rx = receiver().await;
+    let addr = rx.addr;
+    let a = start(move |o, dir| {
+        o.audit.audit_log_path = None;
+        o.audit.audit_webhook_config_file = Some(webhook_kubeconfig(dir, addr));
+        // Batch mode (the default) with a small buffer and a short wait.
+        o.audit.audit_webhook_batch_buffer_size = 20;
+        o.audit.audit_webhook_batch_max_size = 50;
+        o.audit.audit_webhook_batch_max_wait = Duration::from_millis(100);
+    })
+    .await;
+    let admin = a.server.admin();
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let r = admin.request(Method::GET, "/version", "", &[]).await;
+        assert_eq!(r.status, StatusCode::OK);
+        ids.push(audit_id(&r));
+    }
+    let lists = rx.lists.clone();
+    let want = ids.clone();
+    eventually(
+        T,
+        "the receiver has every stage of the three requests",
+        || {
+            let (lists, want) = (lists.clone(), want.clone());
+            async move {
+                let items: Vec<Value> = lists
+                    .lock()
+                    .iter()
+                    .flat_map(|l| l["items"].as_array().cloned().unwrap_or_default())
+                    .collect();
+                want.iter().all(|id| {
+                    stages(&with_id(&items, id)) == ["RequestReceived", "ResponseComplete"]
+                })
+            }
+        },
+    )
+    .await;
+    {
+        let lists = rx.lists.lock();
+        for list in lists.iter() {
+            assert_eq!(list["kind"], "EventList");
+            assert_eq!(list["apiVersion"], "audit.svc.io/v1");
+            assert!(list["items"].as_array().unwrap().len() <= 50);
+        }
+        assert!(lists.len() < 6, "events are batched: {} lists", lists.len());
+    }
+
+    // The receiver stalls: the sending task waits on one batch, the buffer of 20 fills, and
+    // further events are dropped and counted, while requests are served as before.
+    rx.stall.store(true, Ordering::SeqCst);
+    let r = admin.request(Method::GET, "/version", "", &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let stalled = rx.stalled.clone();
+    eventually(T, "a batch is stuck in the receiver", || {
+        let stalled = stalled.clone();
+        async move { stalled.load(Ordering::SeqCst) > 0 }
+    })
+    .await;
+    let start = Instant::now();
+    for _ in 0..40 {
+        let r = admin.request(Method::GET, "/version", "", &[]).await;
+        assert_eq!(r.status, StatusCode::OK);
+    }
+    // 80 events for a buffer of 20: blocking on the receiver would take 30 s per call.
+    assert!(
+        start.elapsed() < Duration::from_secs(25),
+        "requests waited on the stalled webhook: {:?}",
+        start.elapsed()
+    );
+    let metrics = admin.request(Method::GET, "/metrics", "", &[]).await.text();
+    let dropped = counter(&metrics, "apiserver_audit_error_total{plugin=\"webhook\"}");
+    assert!(dropped >= 60.0, "dropped events counted: {dropped}");
+    assert_eq!(rx.stalled.load(Ordering::SeqCst), 1, "one batch at a time");
 }
