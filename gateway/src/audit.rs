@@ -311,7 +311,7 @@ pub struct Begun {
 }
 
 /// Annotations of one request, shared with handlers through the request's extensions.
-#[derive(Clone, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Annotations(Arc<parking_lot::Mutex<BTreeMap<String, String>>>);
 
 impl Annotations {

@@ -618,3 +618,61 @@ async fn the_webhook_gets_event_list_batches_and_a_stalled_one_costs_drops_not_t
     assert!(dropped >= 60.0, "dropped events counted: {dropped}");
     assert_eq!(rx.stalled.load(Ordering::SeqCst), 1, "one batch at a time");
 }
+
+/// An EventRateLimit refusal is annotated on the request's audit event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_refusal_is_annotated() {
+    let a = start(|o, dir| {
+        std::fs::write(
+            dir.join("limits.yaml"),
+            "apiVersion: eventratelimit.admission.svc.io/v1alpha1\nkind: Configuration\n\
+             limits:\n- type: Namespace\n  qps: 1\n  burst: 1\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("admission.yaml"),
+            "apiVersion: apiserver.svc.io/v1\nkind: AdmissionConfiguration\nplugins:\n\
+             - name: EventRateLimit\n  path: limits.yaml\n",
+        )
+        .unwrap();
+        o.enable_admission_plugins = vec!["EventRateLimit".into()];
+        o.admission_control_config_file = Some(dir.join("admission.yaml"));
+    })
+    .await;
+    let admin = a.server.admin();
+    crate::support::client::create_namespace(&admin, "meta").await;
+    let mut refused = None;
+    for i in 0..20 {
+        let event = json!({
+            "apiVersion": "events.svc.io/v1", "kind": "Event",
+            "metadata": {"name": format!("e{i}")},
+            "eventTime": "2024-05-06T07:08:09.123456Z",
+            "reportingController": "svc.io/test", "reportingInstance": "test-1",
+            "action": "Testing", "reason": "Tested", "type": "Normal",
+            "regarding": {"kind": "ServiceAccount", "namespace": "meta", "name": "x", "apiVersion": "v1"},
+        });
+        let r = post(
+            &admin,
+            "/apis/events.svc.io/v1/namespaces/meta/events",
+            &event,
+        )
+        .await;
+        if r.status == StatusCode::TOO_MANY_REQUESTS {
+            refused = Some(audit_id(&r));
+            break;
+        }
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
+    }
+    let id = refused.expect("a create past the burst is refused");
+    let events = events_in(std::slice::from_ref(&a.log));
+    let evs = with_id(&events, &id);
+    assert_eq!(stages(&evs), ["RequestReceived", "ResponseComplete"]);
+    assert_eq!(
+        evs[1]["annotations"]["apiserver.svc.io/rejected-by"],
+        "EventRateLimit"
+    );
+    assert_eq!(evs[1]["responseStatus"]["code"], 429);
+    assert_eq!(evs[1]["responseStatus"]["reason"], "TooManyRequests");
+    assert_eq!(evs[1]["objectRef"]["resource"], "events");
+    assert_eq!(evs[1]["objectRef"]["apiGroup"], "events.svc.io");
+}
