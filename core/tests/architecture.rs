@@ -174,6 +174,7 @@ const GATEWAY_ORDER: &[&str] = &[
     "authz",
     "respond",
     "audit::log",
+    "audit::request",
     "audit::buffer",
     "audit::webhook",
     "audit",

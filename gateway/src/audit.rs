@@ -15,10 +15,17 @@
 
 pub mod buffer;
 pub mod log;
+pub mod request;
 pub mod webhook;
 
+pub use request::{
+    AUDIT_ID_HEADER, Annotations, DECISION_ANNOTATION, RATE_LIMIT_ANNOTATION, REASON_ANNOTATION,
+    annotate,
+};
+use request::{source_ips, user_agent};
+
 use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -26,7 +33,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use http::{HeaderMap, HeaderValue, Response};
+use http::{HeaderValue, Response};
 use http_body_util::BodyExt;
 use hyper::body::{Body as _, Frame, SizeHint};
 use prometheus_client::metrics::counter::Counter;
@@ -42,19 +49,6 @@ use crate::metrics::AuditMetrics;
 use crate::respond::{self, Body};
 use crate::router::Route;
 
-/// The header that carries a request's audit ID both ways.
-pub const AUDIT_ID_HEADER: &str = "audit-id";
-/// Annotations set by the pipeline on every audited request.
-pub const DECISION_ANNOTATION: &str = "authorization.svc.io/decision";
-pub const REASON_ANNOTATION: &str = "authorization.svc.io/reason";
-/// Set when `--max-requests-inflight` or `--max-mutating-requests-inflight` refused a request.
-pub const RATE_LIMIT_ANNOTATION: &str = "apiserver.svc.io/rejected-by";
-
-/// Kubernetes cuts user agents at 1024 bytes.
-const MAX_USER_AGENT: usize = 1024;
-/// Annotations kept per request; more are refused (logged), so a plugin cannot grow an event
-/// without bound.
-const MAX_ANNOTATIONS: usize = 64;
 /// How long shutdown waits for batch buffers to drain.
 const SHUTDOWN_DRAIN: Duration = Duration::from_secs(10);
 
@@ -308,40 +302,6 @@ pub struct Begun {
     pub audit_id: HeaderValue,
     /// None at level `None`.
     pub record: Option<Record>,
-}
-
-/// Annotations of one request, shared with handlers through the request's extensions.
-#[derive(Clone, Debug, Default)]
-pub struct Annotations(Arc<parking_lot::Mutex<BTreeMap<String, String>>>);
-
-impl Annotations {
-    /// Adds `key`; the first value set for a key stays (as Kubernetes keeps it).
-    pub fn add(&self, key: &str, value: &str) {
-        let mut map = self.0.lock();
-        if let Some(old) = map.get(key) {
-            if old != value {
-                tracing::warn!(key, old, new = value, "audit annotation already set");
-            }
-            return;
-        }
-        if map.len() >= MAX_ANNOTATIONS {
-            tracing::warn!(key, "too many audit annotations on one request");
-            return;
-        }
-        map.insert(key.to_string(), value.to_string());
-    }
-
-    fn snapshot(&self) -> BTreeMap<String, String> {
-        self.0.lock().clone()
-    }
-}
-
-/// Annotates the audit event of the request whose extensions these are (nothing when it is
-/// not audited).
-pub fn annotate(extensions: &http::Extensions, key: &str, value: &str) {
-    if let Some(a) = extensions.get::<Annotations>() {
-        a.add(key, value);
-    }
 }
 
 /// One audited request.
@@ -613,49 +573,6 @@ impl Drop for AuditedStream {
             rt.spawn(fut);
         }
     }
-}
-
-/// Kubernetes' `SourceIPs`: the `X-Forwarded-For` chain, `X-Real-Ip` if not in it, then the
-/// peer unless it is already last. The headers are client-supplied and untrusted.
-fn source_ips(headers: &HeaderMap, peer: Option<IpAddr>) -> Vec<String> {
-    let mut ips: Vec<IpAddr> = Vec::new();
-    if let Some(xff) = headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
-        ips.extend(
-            xff.split(',')
-                .filter_map(|p| p.trim().parse::<IpAddr>().ok()),
-        );
-    }
-    if let Some(ip) = headers
-        .get("x-real-ip")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<IpAddr>().ok())
-        && !ips.contains(&ip)
-    {
-        ips.push(ip);
-    }
-    if let Some(peer) = peer
-        && ips.last() != Some(&peer)
-    {
-        ips.push(peer);
-    }
-    // The chain is bounded by the header size limit; keep events small anyway.
-    ips.truncate(64);
-    ips.iter().map(IpAddr::to_string).collect()
-}
-
-fn user_agent(headers: &HeaderMap) -> String {
-    let ua = headers
-        .get(http::header::USER_AGENT)
-        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-        .unwrap_or_default();
-    if ua.len() <= MAX_USER_AGENT {
-        return ua;
-    }
-    let mut cut = MAX_USER_AGENT;
-    while !ua.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}...TRUNCATED", &ua[..cut])
 }
 
 #[cfg(test)]

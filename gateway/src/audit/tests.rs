@@ -1,5 +1,10 @@
 //! Tests of audit: events per stage, source IPs, user agents and annotations.
 
+use std::net::IpAddr;
+
+use http::HeaderMap;
+
+use super::request::{MAX_ANNOTATIONS, source_ips, user_agent};
 use super::*;
 
 /// Keeps every event it is sent.

@@ -1,7 +1,10 @@
 //! Tests of the audit policy: validation with field paths, and rule matching.
 
+use std::collections::BTreeMap;
+
 use super::*;
 use crate::config::load;
+use crate::meta::MicroTime;
 
 fn policy(yaml: &str) -> Evaluator {
     let p: Policy = load(format!("apiVersion: audit.svc.io/v1\nkind: Policy\n{yaml}").as_bytes())
