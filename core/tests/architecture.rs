@@ -169,6 +169,7 @@ const GATEWAY_ORDER: &[&str] = &[
     "pki",
     "egress",
     "client",
+    "validate",
     "config",
     "negotiate",
     "authz",

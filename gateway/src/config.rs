@@ -246,6 +246,17 @@ pub struct Options {
 
     #[command(flatten)]
     pub audit: AuditOptions,
+
+    /// A tool to run instead of the server.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Subcommands; without one, `svc-gateway [flags]` runs the server.
+#[derive(Clone, Debug, clap::Subcommand)]
+pub enum Command {
+    /// Validate configuration files of any known kind (and print them with their defaults).
+    ValidateConfig(crate::validate::ValidateArgs),
 }
 
 impl Options {

@@ -37,6 +37,7 @@ pub mod router;
 pub mod server;
 pub mod tokens;
 pub mod trace;
+pub mod validate;
 
 pub use config::Options;
 pub use server::{ServerHandle, start};

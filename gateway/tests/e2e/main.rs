@@ -23,4 +23,5 @@ mod media;
 mod metrics;
 mod patch;
 mod tracing;
+mod validate_config;
 mod writes;
