@@ -20,6 +20,7 @@ use crate::validation::ErrorList;
 pub mod admission;
 pub mod admission_review;
 pub mod audit;
+pub mod authentication;
 pub mod component;
 pub mod controller_manager;
 pub mod egress;

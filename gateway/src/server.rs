@@ -146,7 +146,7 @@ pub async fn start_with_store(
     let mut app = App::new(
         opts.clone(),
         store,
-        stop_watches_rx,
+        stop_watches_rx.clone(),
         tokens,
         tracing.as_ref(),
     )
@@ -164,6 +164,7 @@ pub async fn start_with_store(
     app.audit = crate::audit::Auditor::from_options(&opts.audit, &app.metrics.audit, webhook)
         .map_err(anyhow::Error::msg)?;
     let app = Arc::new(app);
+    let reload_task = start_authentication_config(&app, stop_watches_rx)?;
 
     let mut tasks = vec![tokio::spawn(accept_loop(
         listener,
@@ -182,6 +183,7 @@ pub async fn start_with_store(
             stop_accepting_rx,
         )));
     }
+    tasks.extend(reload_task);
     bootstrap::start(&app);
     controllers::start(&app, &pki);
     tracing::info!(%addr, ?insecure_addr, kubeconfig = %kubeconfig.display(), "serving");
@@ -195,6 +197,43 @@ pub async fn start_with_store(
         stop_watches: stop_watches_tx,
         tasks,
     })
+}
+
+/// Loads `--authentication-config` (a bad file stops the start with all its errors) and
+/// re-reads it when it changes.
+fn start_authentication_config(
+    app: &Arc<App>,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<Option<JoinHandle<()>>> {
+    let Some(path) = app.opts.authentication_config.clone() else {
+        return Ok(None);
+    };
+    let load = |app: &App, bytes: &[u8]| {
+        let ctx = crate::jwt::LoadContext {
+            service_account_issuers: std::slice::from_ref(&app.opts.service_account_issuer),
+            anonymous_flag_set: app.opts.anonymous_auth.is_some(),
+        };
+        crate::jwt::Authentication::load(bytes, &ctx, &app.jwt)
+    };
+    let bytes = crate::reload::read_file(&path)
+        .map_err(|e| anyhow::anyhow!("--authentication-config: {e}"))?;
+    let loaded = load(app, &bytes)
+        .map_err(|e| anyhow::anyhow!("--authentication-config {}: {e}", path.display()))?;
+    app.set_authentication(loaded);
+    let weak = Arc::downgrade(app);
+    Ok(Some(crate::reload::spawn(
+        "authentication",
+        path,
+        app.opts.config_reload_interval,
+        app.authentication_reloads.clone(),
+        stop,
+        move |bytes| {
+            let app = weak.upgrade().ok_or("the server is gone")?;
+            let loaded = load(&app, bytes).map_err(|e| e.to_string())?;
+            app.set_authentication(loaded);
+            Ok(())
+        },
+    )))
 }
 
 async fn accept_loop(

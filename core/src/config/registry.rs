@@ -36,6 +36,7 @@ pub const fn entry<T: ConfigKind>() -> Entry {
 
 /// Every kind this build knows.
 pub const KINDS: &[Entry] = &[
+    entry::<super::authentication::AuthenticationConfiguration>(),
     entry::<super::egress::EgressSelectorConfiguration>(),
     entry::<super::tracing::TracingConfiguration>(),
     entry::<super::admission::AdmissionConfiguration>(),
