@@ -19,6 +19,7 @@ use crate::validation::ErrorList;
 
 pub mod admission;
 pub mod admission_review;
+pub mod audit;
 pub mod authentication;
 pub mod authorization;
 pub mod component;

@@ -168,14 +168,27 @@ impl Chain {
 
     /// Ok when allowed; 403 naming user, verb, resource and scope otherwise.
     pub async fn authorize(&self, user: &UserInfo, attrs: &Attributes<'_>) -> Result<(), ApiError> {
+        self.authorize_with_reason(user, attrs)
+            .await
+            .map(drop)
+            .map_err(|(e, _)| e)
+    }
+
+    /// [`Chain::authorize`] with the deciding reason (empty when none was given), which
+    /// audit records: Ok(reason) when allowed, the 403 and the reason otherwise.
+    pub async fn authorize_with_reason(
+        &self,
+        user: &UserInfo,
+        attrs: &Attributes<'_>,
+    ) -> Result<String, (ApiError, String)> {
         if user.in_group(GROUP_MASTERS) || default_policy_allows(user, attrs) {
-            return Ok(());
+            return Ok(String::new());
         }
         let mut reasons = Vec::new();
         for a in &self.authorizers {
             match a.authorize(user, attrs).await {
-                Decision::Allow => return Ok(()),
-                Decision::Deny(reason) => return Err(forbidden(user, attrs, &reason)),
+                Decision::Allow => return Ok(String::new()),
+                Decision::Deny(reason) => return Err((forbidden(user, attrs, &reason), reason)),
                 Decision::NoOpinion(reason) => {
                     if !reason.is_empty() {
                         reasons.push(reason);
@@ -183,7 +196,8 @@ impl Chain {
                 }
             }
         }
-        Err(forbidden(user, attrs, &reasons.join(", ")))
+        let reason = reasons.join(", ");
+        Err((forbidden(user, attrs, &reason), reason))
     }
 }
 

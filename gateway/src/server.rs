@@ -55,6 +55,9 @@ impl ServerHandle {
         for t in self.tasks {
             let _ = t.await;
         }
+        if let Some(audit) = &self.app.audit {
+            audit.shutdown().await;
+        }
         if let Some(tracer) = &self.app.tracer {
             tracer.flush().await;
         }
@@ -159,6 +162,16 @@ pub async fn start_with_store(
     let webhooks =
         crate::admission::webhook::Webhooks::new(&app.caches, app.egress.clone(), webhook_metrics);
     app.admission = admission.with_webhooks(Arc::new(webhooks));
+    let webhook = match &opts.audit.audit_webhook_config_file {
+        None => None,
+        Some(path) => Some(std::sync::Arc::new(
+            crate::client::WebhookClient::from_kubeconfig_file(path, &app.egress)
+                .map_err(|e| anyhow::anyhow!("--audit-webhook-config-file: {e}"))?,
+        )
+            as std::sync::Arc<dyn crate::audit::webhook::Target>),
+    };
+    app.audit = crate::audit::Auditor::from_options(&opts.audit, &app.metrics.audit, webhook)
+        .map_err(anyhow::Error::msg)?;
     let app = Arc::new(app);
     let reload_task = start_authentication_config(&app, stop_watches_rx)?;
     let authorization_reload =
@@ -298,6 +311,7 @@ async fn accept_loop(
                     let ident = Arc::new(ConnIdentity {
                         cert_user,
                         insecure: false,
+                        peer: Some(peer),
                     });
                     serve_conn(builder, watcher, TokioIo::new(stream), app, ident).await;
                 }
@@ -305,6 +319,7 @@ async fn accept_loop(
                     let ident = Arc::new(ConnIdentity {
                         cert_user: None,
                         insecure: true,
+                        peer: Some(peer),
                     });
                     serve_conn(builder, watcher, TokioIo::new(tcp), app, ident).await;
                 }

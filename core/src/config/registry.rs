@@ -46,6 +46,8 @@ pub const KINDS: &[Entry] = &[
     entry::<super::event_rate_limit::Configuration>(),
     entry::<super::image_review::ImageReview>(),
     entry::<super::admission_review::AdmissionReview>(),
+    entry::<super::audit::Policy>(),
+    entry::<super::audit::Event>(),
     entry::<super::proxy::SvcProxyConfiguration>(),
     entry::<super::scheduler::SvcSchedulerConfiguration>(),
     entry::<super::scheduler::args::DefaultPreemptionArgs>(),

@@ -7,6 +7,7 @@ mod support;
 mod admission;
 mod admission_webhooks;
 mod api;
+mod audit;
 mod authorization;
 mod authz_webhook;
 mod certificates;
