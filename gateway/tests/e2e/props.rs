@@ -258,6 +258,24 @@ fn changed_continue_tokens_never_fail_the_server_or_leave_their_collection() {
         let limit = if limit { "&limit=1" } else { "" };
         let uri = format!("{list}?continue={}{limit}", encode_query_value(&changed));
         let r = rt.block_on(admin.request(Method::GET, &uri, "", &[]));
+        if r.status == StatusCode::GATEWAY_TIMEOUT {
+            // A token naming a revision the server has not reached yet waits for it, then
+            // gets Kubernetes' 504 `Too large resource version` with a retry hint: the
+            // one 5xx that is the right answer, not a failure.
+            let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+            prop_assert!(
+                v["kind"] == "Status"
+                    && v["reason"] == "Timeout"
+                    && v["message"]
+                        .as_str()
+                        .is_some_and(|m| m.starts_with("Too large resource version"))
+                    && v["details"]["retryAfterSeconds"].is_number(),
+                "{}: {}",
+                uri,
+                r.text()
+            );
+            return Ok(());
+        }
         check_answer(&uri, &r)?;
         prop_assert!(
             matches!(r.status.as_u16(), 200 | 400 | 410),
