@@ -15,6 +15,7 @@ mod etcd_gateways;
 mod events;
 mod fanout;
 mod health;
+mod hostile;
 mod identity;
 mod kubectl_writes;
 mod list_watch;
