@@ -168,7 +168,8 @@ mod tests {
                     Max cpu time              unlimited            unlimited            seconds   \n\
                     Max open files            20000                1048576              files     \n";
         assert_eq!(open_file_limit(text), Some(20000));
-        let unlimited = "Max open files            unlimited            unlimited            files\n";
+        let unlimited =
+            "Max open files            unlimited            unlimited            files\n";
         assert_eq!(open_file_limit(unlimited), None);
         assert_eq!(open_file_limit("Max processes 10 10 processes\n"), None);
         assert_eq!(connection_cap(7), Some(7));

@@ -273,10 +273,8 @@ async fn accept_loop(
             let _open = open;
             match tls {
                 Some(tls) => {
-                    let handshake = tokio::time::timeout(
-                        app.opts.tls_handshake_timeout,
-                        tls.accept(tcp),
-                    );
+                    let handshake =
+                        tokio::time::timeout(app.opts.tls_handshake_timeout, tls.accept(tcp));
                     let mut stop_handshake = stop.clone();
                     let stream = tokio::select! {
                         r = handshake => match r {

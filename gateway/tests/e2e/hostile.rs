@@ -199,8 +199,8 @@ fn error_code(f: &Frame) -> u32 {
 
 #[tokio::test]
 async fn slow_request_headers_are_cut_off() {
-    let srv = TestServer::start_with(|o| o.http_header_read_timeout = Duration::from_millis(500))
-        .await;
+    let srv =
+        TestServer::start_with(|o| o.http_header_read_timeout = Duration::from_millis(500)).await;
     let io = tls(&srv, b"http/1.1").await;
     let (mut r, mut w) = tokio::io::split(io);
     // A slowloris: the head never ends, one header line at a time.
@@ -309,13 +309,16 @@ async fn oversized_request_heads_get_431_over_both_protocols() {
         let many: Vec<(String, String)> = (0..400)
             .map(|i| (format!("x-h{i}"), "y".repeat(60)))
             .collect();
-        let headers: Vec<(&str, &str)> = many
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
+        let headers: Vec<(&str, &str)> =
+            many.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let mut conn = c.connect().await.unwrap();
         match conn
-            .send(Client::build(Method::GET, "/readyz", Bytes::new(), &headers))
+            .send(Client::build(
+                Method::GET,
+                "/readyz",
+                Bytes::new(),
+                &headers,
+            ))
             .await
         {
             Ok(resp) => assert_eq!(
@@ -650,7 +653,12 @@ async fn hostile_numbers_get_a_status_or_their_documented_clamp() {
         let mut conn = admin.connect().await.unwrap();
         let resp = tokio::time::timeout(
             BOUND,
-            conn.send(Client::build(c.method.clone(), &c.path, c.body.clone(), &headers)),
+            conn.send(Client::build(
+                c.method.clone(),
+                &c.path,
+                c.body.clone(),
+                &headers,
+            )),
         )
         .await
         .unwrap_or_else(|_| panic!("{} {}: no answer", c.method, c.path))
