@@ -325,6 +325,10 @@ async fn accept_loop(
     }
 }
 
+/// How long a connection asked to close (idle, or at shutdown) may take to do so while it
+/// carries no request.
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
+
 /// Serves one connection until it ends: closed gracefully at shutdown or once it has carried
 /// no request for `--http-idle-timeout`.
 async fn serve_conn<I>(
@@ -365,6 +369,12 @@ async fn serve_conn<I>(
                 tracing::debug!("closing an idle connection");
                 closing = true;
                 conn.as_mut().graceful_shutdown();
+            }
+            // An h2 connection still waiting for the client's preface only closes once the
+            // preface comes: one with nothing in flight after asking is dropped.
+            _ = activity.idle_for(CLOSE_GRACE), if closing => {
+                tracing::debug!("dropping a connection that did not close when asked");
+                break Ok(());
             }
         }
     };

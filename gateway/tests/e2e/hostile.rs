@@ -275,6 +275,11 @@ async fn idle_connections_are_closed_but_quiet_watches_are_not() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+    // A connection that never sends a request (not even h2's preface) is idle as well.
+    for alpn in [b"http/1.1".as_slice(), b"h2".as_slice()] {
+        let mut io = tls(&srv, alpn).await;
+        assert!(closed_within(&mut io, BOUND).await, "{alpn:?}");
+    }
     // A watch that carries nothing for several idle timeouts keeps its connection.
     let admin = srv.admin();
     for h2 in [false, true] {
@@ -534,6 +539,23 @@ fn with_body(mut c: Case, body: serde_json::Value) -> Case {
     c
 }
 
+/// A JSON Patch adding a finalizer at `at` of a Secret with none: 422, as Kubernetes answers
+/// a patch that does not apply.
+fn patch(path: String, at: &str) -> Case {
+    Case {
+        method: Method::PATCH,
+        path,
+        body: json!([
+            {"op": "add", "path": "/metadata/finalizers", "value": []},
+            {"op": "add", "path": at, "value": "x.io/y"}
+        ])
+        .to_string(),
+        headers: vec![("content-type", "application/json-patch+json".into())],
+        code: 422,
+        says: "",
+    }
+}
+
 #[tokio::test]
 async fn hostile_numbers_get_a_status_or_their_documented_clamp() {
     let srv = TestServer::start().await;
@@ -641,6 +663,10 @@ async fn hostile_numbers_get_a_status_or_their_documented_clamp() {
             case(Method::POST, secret, 201, ""),
             json!({"metadata": {"name": "gen2", "generation": max, "deletionGracePeriodSeconds": -1}}),
         ),
+        // Array indexes in JSON Patch paths: past the array, past every integer, negative.
+        patch(format!("{secret}/g3"), "/metadata/finalizers/5"),
+        patch(format!("{secret}/g3"), "/metadata/finalizers/99999999999999999999999"),
+        patch(format!("{secret}/g3"), "/metadata/finalizers/-1"),
         // Quality values that are not numbers in [0, 1].
         Case {
             headers: vec![(
