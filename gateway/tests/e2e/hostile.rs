@@ -17,7 +17,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
-use crate::support::client::{Client, TestServer, create_namespace, eventually};
+use crate::support::client::{Client, TestServer, create_namespace};
 
 /// Every case must end well within this.
 const BOUND: Duration = Duration::from_secs(10);
