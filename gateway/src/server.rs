@@ -194,9 +194,9 @@ const H2_MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
 /// bytes; this keeps the parser's table bounded while letting any ordinary request through.
 const H1_MAX_HEADERS: usize = 1024;
 
-/// A connection builder with the limits of the flags: HTTP/1.1 only, h2 only (chosen by
-/// ALPN), or either (plain HTTP, which has no ALPN).
-fn conn_builder(opts: &Options, version: Option<http::Version>) -> auto::Builder<TokioExecutor> {
+/// A connection builder with the limits of the flags: h2 only (when ALPN chose it), or either
+/// protocol told apart by the connection's first bytes (h2's preface or not).
+fn conn_builder(opts: &Options, h2_only: bool) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // hyper's read buffer holds the whole request head, so it bounds its size (at least 8 KiB).
     let max_head = opts.http_max_header_bytes.max(8192);
@@ -214,16 +214,15 @@ fn conn_builder(opts: &Options, version: Option<http::Version>) -> auto::Builder
         .max_header_list_size(u32::try_from(opts.http_max_header_bytes).unwrap_or(u32::MAX))
         .max_pending_accept_reset_streams(H2_MAX_PENDING_ACCEPT_RESET_STREAMS)
         .max_local_error_reset_streams(H2_MAX_LOCAL_ERROR_RESET_STREAMS);
-    match version {
-        Some(http::Version::HTTP_2) => builder.http2_only(),
-        Some(_) => builder.http1_only(),
-        None => builder,
+    if h2_only {
+        builder.http2_only()
+    } else {
+        builder
     }
 }
 
-/// The three builders, shared by every connection of a listener.
+/// The two builders, shared by every connection of a listener.
 struct Builders {
-    h1: auto::Builder<TokioExecutor>,
     h2: auto::Builder<TokioExecutor>,
     either: auto::Builder<TokioExecutor>,
 }
@@ -235,9 +234,8 @@ async fn accept_loop(
     mut stop: watch::Receiver<bool>,
 ) {
     let builders = Arc::new(Builders {
-        h1: conn_builder(&app.opts, Some(http::Version::HTTP_11)),
-        h2: conn_builder(&app.opts, Some(http::Version::HTTP_2)),
-        either: conn_builder(&app.opts, None),
+        h2: conn_builder(&app.opts, true),
+        either: conn_builder(&app.opts, false),
     });
     let cap = conn_limits::connection_cap(app.opts.max_connections);
     let limit = ConnectionLimit::new(cap);
@@ -295,13 +293,14 @@ async fn accept_loop(
                         .peer_certificates()
                         .and_then(|c| c.first())
                         .and_then(|c| pki::user_from_client_cert(c.as_ref()));
-                    // As Go's server: h2 only when ALPN chose it, HTTP/1.1 otherwise.
+                    // ALPN's h2 skips looking at the first bytes; without it (or with
+                    // http/1.1) clients speaking h2 with prior knowledge are still served.
                     let h2 = session.alpn_protocol() == Some(b"h2".as_slice());
                     let ident = Arc::new(ConnIdentity {
                         cert_user,
                         insecure: false,
                     });
-                    let builder = if h2 { &builders.h2 } else { &builders.h1 };
+                    let builder = if h2 { &builders.h2 } else { &builders.either };
                     serve_conn(builder, stop, TokioIo::new(stream), app, ident).await;
                 }
                 None => {

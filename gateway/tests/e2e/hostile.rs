@@ -280,6 +280,10 @@ async fn idle_connections_are_closed_but_quiet_watches_are_not() {
         let mut io = tls(&srv, alpn).await;
         assert!(closed_within(&mut io, BOUND).await, "{alpn:?}");
     }
+    // Nor does one that stops halfway through h2's preface (no ALPN said which protocol).
+    let mut io = tls(&srv, b"http/1.1").await;
+    io.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    assert!(closed_within(&mut io, BOUND).await, "half a preface");
     // A watch that carries nothing for several idle timeouts keeps its connection.
     let admin = srv.admin();
     for h2 in [false, true] {
