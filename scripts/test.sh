@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
-# System packages the tests drive: kubectl (real-client tests), etcd (the etcd backend's
+# System packages the tests drive: kubectl (real-client tests), curl, etcd (the etcd backend's
 # conformance and multi-gateway tests start their own servers), and protoc (only for the check
 # that the etcd client code in storage/src/etcd/pb/ is what storage/proto/ generates; the
 # build itself needs no protoc, which the protoc-free build below proves), and tinyproxy (a
@@ -15,6 +15,8 @@ missing=()
 command -v kubectl >/dev/null 2>&1 || missing+=(kubectl)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+# curl: an unauthenticated probe of /readyz, as a load balancer sends it (e2e jwt).
+command -v curl >/dev/null 2>&1 || missing+=(curl)
 command -v tinyproxy >/dev/null 2>&1 || missing+=(tinyproxy)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"
@@ -32,6 +34,13 @@ fi
 if ! python3 -c 'import prometheus_client' >/dev/null 2>&1; then
   echo "installing: python prometheus_client"
   python3 -m pip install -q --disable-pip-version-check prometheus_client
+fi
+
+# Schemathesis, the API fuzzer gateway/tests/e2e/fuzz_api.rs runs against the server (pinned:
+# its checks and command line change between releases).
+if [ "$(schemathesis --version 2>/dev/null)" != "schemathesis, version 4.32.5" ]; then
+  echo "installing: schemathesis 4.32.5"
+  python3 -m pip install -q --disable-pip-version-check 'schemathesis==4.32.5'
 fi
 
 cargo fmt --all -- --check

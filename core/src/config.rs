@@ -9,10 +9,6 @@
 //! The server runs the same code on its own files at start as `svc-gateway validate-config`
 //! does on any file.
 
-pub mod egress;
-pub mod exec_credential;
-pub mod kubeconfig;
-
 use std::fmt;
 
 use serde::de::DeserializeOwned;
@@ -23,8 +19,18 @@ use crate::validation::ErrorList;
 
 pub mod admission;
 pub mod admission_review;
+pub mod authentication;
+pub mod component;
+pub mod controller_manager;
+pub mod egress;
 pub mod event_rate_limit;
+pub mod exec_credential;
 pub mod image_review;
+pub mod kubeconfig;
+pub mod proxy;
+pub mod registry;
+pub mod scheduler;
+pub mod tracing;
 
 /// A configuration kind: its versions, its name, its rules and its defaults.
 pub trait ConfigKind: DeserializeOwned + Serialize {

@@ -6,6 +6,7 @@
 //! **Invariant:** core knows no HTTP and no disks; it depends only on the `svc-storage`
 //! contract types.
 
+pub mod cel;
 pub mod codec;
 pub mod config;
 pub mod kinds;

@@ -238,7 +238,9 @@ impl FieldSelector {
     pub fn parse(s: &str, supported: impl Fn(&str) -> bool) -> Result<Self, String> {
         let mut terms = Vec::new();
         for part in split_unescaped(s) {
-            let part = part.trim();
+            // Spaces around terms are tolerated; only ASCII ones, so that a value made of
+            // other white space (U+00A0, ...) is kept as it is.
+            let part = trim_ascii(part);
             if part.is_empty() {
                 continue;
             }
@@ -253,13 +255,13 @@ impl FieldSelector {
                     "invalid selector: '{part}'; can't understand '{part}'"
                 ));
             };
-            let field = field.trim();
+            let field = trim_ascii(field);
             if !supported(field) {
                 return Err(format!("field label not supported: {field}"));
             }
             terms.push(FieldTerm {
                 field: field.into(),
-                value: unescape(value.trim()),
+                value: unescape(trim_ascii(value)),
                 negated,
             });
         }
@@ -280,6 +282,10 @@ impl FieldSelector {
             .find(|t| t.field == field && !t.negated)
             .map(|t| t.value.as_str())
     }
+}
+
+fn trim_ascii(s: &str) -> &str {
+    s.trim_matches(|c: char| c.is_ascii_whitespace())
 }
 
 /// Splits on commas not escaped with a backslash (Kubernetes escapes `,` `=` `\` in values).

@@ -15,10 +15,12 @@ use crate::caches::Caches;
 use crate::config::Options;
 use crate::egress::Egress;
 use crate::features::Feature;
+use crate::jwt;
 use crate::lifecycle::PostStartHooks;
 use crate::limits::InflightLimit;
 use crate::metrics::Metrics;
 use crate::metrics::store::InstrumentedStore;
+use crate::reload::ReloadMetrics;
 use crate::tokens::Tokens;
 use crate::trace::{self, Tracer};
 
@@ -54,6 +56,13 @@ pub struct App {
     /// Who may do what: `system:masters`, the built-in policy, then configured authorizers;
     /// replaced whole when the configuration changes.
     authorizer: parking_lot::RwLock<Arc<authz::Chain>>,
+    /// `--authentication-config` as loaded (JWT authenticators, anonymous access); replaced
+    /// whole when the file changes.
+    authentication: parking_lot::RwLock<Arc<jwt::Authentication>>,
+    /// The JWT authenticators' metrics and the issuers' key sources, kept across reloads.
+    pub jwt: jwt::Shared,
+    /// `apiserver_authentication_config_controller_automatic_reload*`.
+    pub authentication_reloads: ReloadMetrics,
 }
 
 impl App {
@@ -69,6 +78,11 @@ impl App {
         let caches = Caches::new(&opts.watch_cache_config());
         let mut metrics = Metrics::new();
         metrics.register_collector(caches.collector());
+        let jwt = jwt::Shared::register(metrics.registry_mut());
+        let authentication_reloads = ReloadMetrics::register(
+            metrics.registry_mut(),
+            "apiserver_authentication_config_controller",
+        );
         let tracer = match tracing {
             None => None,
             Some(config) => {
@@ -103,6 +117,9 @@ impl App {
             readonly_inflight,
             mutating_inflight,
             tracer,
+            authentication: Default::default(),
+            jwt,
+            authentication_reloads,
             egress: Egress::direct(),
         })
     }
@@ -118,6 +135,19 @@ impl App {
     /// policy); requests already being authorized finish with the chain they started with.
     pub fn set_authorizers(&self, configured: Vec<Box<dyn authz::Authorizer>>) {
         *self.authorizer.write() = Arc::new(authz::Chain::new(configured));
+    }
+}
+
+impl App {
+    /// The authentication configuration in force.
+    pub fn authentication(&self) -> Arc<jwt::Authentication> {
+        self.authentication.read().clone()
+    }
+
+    /// Puts a newly loaded authentication configuration in force; requests already being
+    /// authenticated finish with the one they started with.
+    pub fn set_authentication(&self, config: jwt::Authentication) {
+        *self.authentication.write() = Arc::new(config);
     }
 }
 

@@ -1,15 +1,19 @@
 //! Authentication: who is calling. The chain is the client certificate (verified by TLS),
-//! then a bearer token (service-account tokens), then anonymous where allowed (by default only
-//! probes of health and version); a credential that is presented but not accepted is a 401,
-//! never anonymous.
+//! then a bearer token (service-account tokens, then the JWT authenticators of
+//! `--authentication-config`), then anonymous where allowed (by default only probes of health
+//! and version; `--anonymous-auth` or the file's `anonymous` say otherwise); a credential that
+//! is presented but not accepted is a 401, never anonymous.
 
 use svc_core::ApiError;
 use svc_core::user::UserInfo;
+
+use svc_core::config::authentication::AnonymousAuthConfig;
 
 use crate::app::App;
 use crate::authz::{
     GROUP_AUTHENTICATED, GROUP_MASTERS, GROUP_UNAUTHENTICATED, USER_ANONYMOUS, public_path,
 };
+use crate::jwt::{self, Outcome};
 
 /// What the connection established about the caller before any request arrived.
 #[derive(Clone, Debug)]
@@ -56,10 +60,19 @@ pub fn bearer_token(headers: &http::HeaderMap) -> Option<Result<&str, ()>> {
     Some(Ok(token))
 }
 
-/// Whether a request without a credential may go on as `system:anonymous`: everywhere with
-/// `--anonymous-auth=true`, nowhere with `false`, and by default only probes of health and
-/// version.
-fn anonymous_allowed(setting: Option<bool>, method: &http::Method, path: &str) -> bool {
+/// Whether a request without a credential may go on as `system:anonymous`: as the
+/// configuration file's `anonymous` says when it has one (the flag is then refused at start);
+/// else everywhere with `--anonymous-auth=true`, nowhere with `false`, and by default only
+/// probes of health and version.
+fn anonymous_allowed(
+    setting: Option<bool>,
+    file: Option<&AnonymousAuthConfig>,
+    method: &http::Method,
+    path: &str,
+) -> bool {
+    if let Some(config) = file {
+        return jwt::anonymous_allowed_by(config, path);
+    }
     match setting {
         Some(allowed) => allowed,
         None => (method == http::Method::GET || method == http::Method::HEAD) && public_path(path),
@@ -80,8 +93,21 @@ pub async fn authenticate(
     if let Some(user) = &conn.cert_user {
         return Ok(user.clone());
     }
+    let authentication = app.authentication();
     match bearer_token(headers) {
         Some(Ok(token)) => {
+            // Issuers are disjoint (no JWT authenticator may claim the service-account
+            // issuer), so a token the JWT authenticators call theirs is never a
+            // service-account token: asking them first changes no answer, and costs nothing
+            // without a configuration file.
+            match authentication.authenticate(token).await {
+                Outcome::Accepted(user) => return Ok(UserInfo::clone(&user)),
+                Outcome::Refused(e) => {
+                    tracing::debug!(error = %e, "JWT rejected");
+                    return Err(unauthorized());
+                }
+                Outcome::NotOurs => {}
+            }
             match app
                 .tokens
                 .authenticate(token, &[], &app.caches, app.store.as_ref())
@@ -95,7 +121,15 @@ pub async fn authenticate(
             }
         }
         Some(Err(())) => Err(unauthorized()),
-        None if anonymous_allowed(app.opts.anonymous_auth, method, path) => Ok(anonymous()),
+        None if anonymous_allowed(
+            app.opts.anonymous_auth,
+            authentication.anonymous.as_ref(),
+            method,
+            path,
+        ) =>
+        {
+            Ok(anonymous())
+        }
         None => Err(unauthorized()),
     }
 }
@@ -108,10 +142,13 @@ mod tests {
     fn by_default_only_probes_are_anonymous() {
         use http::Method;
         for path in ["/healthz", "/livez", "/readyz", "/readyz/etcd", "/version"] {
-            assert!(anonymous_allowed(None, &Method::GET, path), "{path}");
-            assert!(!anonymous_allowed(None, &Method::POST, path), "{path}");
+            assert!(anonymous_allowed(None, None, &Method::GET, path), "{path}");
             assert!(
-                !anonymous_allowed(Some(false), &Method::GET, path),
+                !anonymous_allowed(None, None, &Method::POST, path),
+                "{path}"
+            );
+            assert!(
+                !anonymous_allowed(Some(false), None, &Method::GET, path),
                 "{path}"
             );
         }
@@ -122,9 +159,59 @@ mod tests {
             "/readyzz",
             "/versions",
         ] {
-            assert!(!anonymous_allowed(None, &Method::GET, path), "{path}");
-            assert!(anonymous_allowed(Some(true), &Method::GET, path), "{path}");
+            assert!(!anonymous_allowed(None, None, &Method::GET, path), "{path}");
+            assert!(
+                anonymous_allowed(Some(true), None, &Method::GET, path),
+                "{path}"
+            );
         }
+    }
+
+    #[test]
+    fn the_files_anonymous_settings_replace_the_default() {
+        use http::Method;
+        use svc_core::config::authentication::AnonymousAuthCondition;
+        let only = |paths: &[&str]| AnonymousAuthConfig {
+            enabled: true,
+            conditions: paths
+                .iter()
+                .map(|p| AnonymousAuthCondition {
+                    path: p.to_string(),
+                })
+                .collect(),
+        };
+        let livez = only(&["/livez"]);
+        assert!(anonymous_allowed(
+            None,
+            Some(&livez),
+            &Method::GET,
+            "/livez"
+        ));
+        assert!(anonymous_allowed(
+            None,
+            Some(&livez),
+            &Method::POST,
+            "/livez"
+        ));
+        assert!(!anonymous_allowed(
+            None,
+            Some(&livez),
+            &Method::GET,
+            "/readyz"
+        ));
+        assert!(anonymous_allowed(
+            None,
+            Some(&only(&[])),
+            &Method::GET,
+            "/api"
+        ));
+        let off = AnonymousAuthConfig::default();
+        assert!(!anonymous_allowed(
+            None,
+            Some(&off),
+            &Method::GET,
+            "/readyz"
+        ));
     }
 
     #[test]

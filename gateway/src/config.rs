@@ -62,6 +62,16 @@ pub struct Options {
     #[arg(long, action = clap::ArgAction::Set)]
     pub anonymous_auth: Option<bool>,
 
+    /// AuthenticationConfiguration file (`apiserver.svc.io/v1beta1`): JWT authenticators
+    /// (OIDC issuers) and anonymous access. Re-read when it changes; a version with errors is
+    /// refused (logged and counted) and the previous one stays in force.
+    #[arg(long)]
+    pub authentication_config: Option<PathBuf>,
+
+    /// How often configuration files given by flags are checked for changes.
+    #[arg(long, default_value = "1m", value_parser = parse_duration, hide = true)]
+    pub config_reload_interval: Duration,
+
     /// Time to keep serving after SIGTERM while /readyz reports failure, so load balancers
     /// stop sending new requests first.
     #[arg(long, default_value = "0s", value_parser = parse_duration)]
@@ -268,6 +278,17 @@ pub struct Options {
     /// Emit logs as JSON lines.
     #[arg(long, default_value_t = false)]
     pub log_json: bool,
+
+    /// A tool to run instead of the server.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Subcommands; without one, `svc-gateway [flags]` runs the server.
+#[derive(Clone, Debug, clap::Subcommand)]
+pub enum Command {
+    /// Validate configuration files of any known kind (and print them with their defaults).
+    ValidateConfig(crate::validate::ValidateArgs),
 }
 
 impl Options {

@@ -1,4 +1,5 @@
-//! The svc-gateway binary: parses flags, sets up logging, serves until SIGTERM or Ctrl-C.
+//! The svc-gateway binary: parses flags, sets up logging, serves until SIGTERM or Ctrl-C;
+//! `svc-gateway validate-config FILE...` checks configuration files instead.
 
 use clap::Parser;
 use svc_gateway::Options;
@@ -6,6 +7,12 @@ use tokio::signal::unix::{SignalKind, signal};
 
 fn main() -> anyhow::Result<()> {
     let opts = Options::parse();
+    if let Some(svc_gateway::config::Command::ValidateConfig(args)) = &opts.command {
+        let report = svc_gateway::validate::run(args);
+        print!("{}", report.stdout);
+        eprint!("{}", report.stderr);
+        std::process::exit(if report.ok { 0 } else { 1 });
+    }
     let filter = tracing_subscriber::EnvFilter::try_new(opts.log_filter())
         .map_err(|e| anyhow::anyhow!("invalid --log-level {:?}: {e}", opts.log_filter()))?;
     let sub = tracing_subscriber::fmt()

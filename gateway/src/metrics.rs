@@ -299,6 +299,11 @@ impl Metrics {
         self.registry.register_collector(collector);
     }
 
+    /// The registry, for modules that register their own families while the server is built.
+    pub fn registry_mut(&mut self) -> &mut Registry {
+        &mut self.registry
+    }
+
     /// Counts a request in flight until the guard is dropped (none for watches).
     pub fn start(&self, info: &RequestInfo) -> Inflight {
         Inflight(info.request_kind.map(|kind| {

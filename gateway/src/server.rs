@@ -141,7 +141,7 @@ pub async fn start_with_store(
     let mut app = App::new(
         opts.clone(),
         store,
-        stop_watches_rx,
+        stop_watches_rx.clone(),
         tokens,
         tracing.as_ref(),
     )
@@ -149,6 +149,7 @@ pub async fn start_with_store(
     app.egress = opts.egress()?;
     app.admission = admission;
     let app = Arc::new(app);
+    let reload_task = start_authentication_config(&app, stop_watches_rx)?;
 
     let mut tasks = vec![tokio::spawn(accept_loop(
         listener,
@@ -167,6 +168,7 @@ pub async fn start_with_store(
             stop_accepting_rx,
         )));
     }
+    tasks.extend(reload_task);
     bootstrap::start(&app);
     controllers::start(&app, &pki);
     tracing::info!(%addr, ?insecure_addr, kubeconfig = %kubeconfig.display(), "serving");
@@ -180,6 +182,43 @@ pub async fn start_with_store(
         stop_watches: stop_watches_tx,
         tasks,
     })
+}
+
+/// Loads `--authentication-config` (a bad file stops the start with all its errors) and
+/// re-reads it when it changes.
+fn start_authentication_config(
+    app: &Arc<App>,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<Option<JoinHandle<()>>> {
+    let Some(path) = app.opts.authentication_config.clone() else {
+        return Ok(None);
+    };
+    let load = |app: &App, bytes: &[u8]| {
+        let ctx = crate::jwt::LoadContext {
+            service_account_issuers: std::slice::from_ref(&app.opts.service_account_issuer),
+            anonymous_flag_set: app.opts.anonymous_auth.is_some(),
+        };
+        crate::jwt::Authentication::load(bytes, &ctx, &app.jwt)
+    };
+    let bytes = crate::reload::read_file(&path)
+        .map_err(|e| anyhow::anyhow!("--authentication-config: {e}"))?;
+    let loaded = load(app, &bytes)
+        .map_err(|e| anyhow::anyhow!("--authentication-config {}: {e}", path.display()))?;
+    app.set_authentication(loaded);
+    let weak = Arc::downgrade(app);
+    Ok(Some(crate::reload::spawn(
+        "authentication",
+        path,
+        app.opts.config_reload_interval,
+        app.authentication_reloads.clone(),
+        stop,
+        move |bytes| {
+            let app = weak.upgrade().ok_or("the server is gone")?;
+            let loaded = load(&app, bytes).map_err(|e| e.to_string())?;
+            app.set_authentication(loaded);
+            Ok(())
+        },
+    )))
 }
 
 /// Rapid reset (CVE-2023-44487): streams a client may open and reset before the server has

@@ -19,10 +19,22 @@ pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
 }
 
 /// Encodes a value as a YAML document.
+///
+/// The YAML writer emits a string (key or value) that ends in a space as a plain scalar, which
+/// every reader trims (`"a "` comes back as `"a"`). A document holding such a string is
+/// therefore written as JSON instead, which is also YAML and keeps every string as it is. In
+/// compact JSON a space followed by `"` occurs only where a string ends in a space.
 pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, ApiError> {
+    let err = |e: &dyn std::fmt::Display| ApiError::internal(format!("encoding YAML: {e}"));
+    let json = serde_json::to_vec(value).map_err(|e| err(&e))?;
+    if json.windows(2).any(|w| w == b" \"") {
+        let mut pretty = serde_json::to_vec_pretty(value).map_err(|e| err(&e))?;
+        pretty.push(b'\n');
+        return Ok(pretty);
+    }
     serde_saphyr::to_string(value)
         .map(String::into_bytes)
-        .map_err(|e| ApiError::internal(format!("encoding YAML: {e}")))
+        .map_err(|e| err(&e))
 }
 
 /// Re-encodes canonical JSON bytes as YAML.

@@ -8,7 +8,7 @@
 //! Validation is in `validation`, PEM and X.509 parsing in `pem`, the protobuf form in
 //! `wire`.
 
-mod pem;
+pub(crate) mod pem;
 mod validation;
 mod wire;
 

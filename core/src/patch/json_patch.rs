@@ -1,6 +1,7 @@
 //! JSON Patch (RFC 6902) with JSON Pointers (RFC 6901). Errors follow Kubernetes' patch
 //! handler: an undecodable patch is 400, more than 10,000 operations 413, and an operation
-//! that cannot be applied (a failed `test`, a missing path) 422.
+//! that cannot be applied (a failed `test`, a missing path, `copy`s that together copy more
+//! than 3 MiB, a value placed deeper than a request body may nest) 422.
 
 use serde_json::Value;
 
@@ -8,6 +9,11 @@ use crate::status::ApiError;
 
 /// Kubernetes' `maxJSONPatchOperations`.
 pub const MAX_OPERATIONS: usize = 10_000;
+
+/// Kubernetes' `JSONPatchMaxCopyBytes`: how many bytes (of the copied values' JSON) the
+/// `copy` operations of one patch may add together. Without it each `copy` of the document
+/// into itself doubles it, and a few dozen operations exhaust memory.
+pub const MAX_COPY_BYTES: u64 = 3 * 1024 * 1024;
 
 /// Applies the JSON Patch document `patch` to `doc`.
 pub fn apply(doc: &Value, patch: &[u8]) -> Result<Value, ApiError> {
@@ -30,10 +36,64 @@ pub fn apply(doc: &Value, patch: &[u8]) -> Result<Value, ApiError> {
         .collect::<Result<Vec<_>, String>>()
         .map_err(ApiError::bad_request)?;
     let mut out = doc.clone();
+    let mut copied = 0;
     for op in &ops {
-        op.apply(&mut out).map_err(ApiError::unprocessable)?;
+        op.apply(&mut out, &mut copied)
+            .map_err(ApiError::unprocessable)?;
     }
     Ok(out)
+}
+
+/// How deep a patched document may nest: as deep as a JSON request body may (serde_json's
+/// limit). Without it, `move`s and `add`s with long paths nest a document a level or a hundred
+/// per operation, and the recursive code that reads, encodes and drops it overflows the stack,
+/// which aborts the server.
+pub const MAX_DEPTH: usize = 128;
+
+/// How many arrays and objects `v` nests (a scalar 0), counted without recursion.
+fn depth(v: &Value) -> usize {
+    let mut deepest = 0;
+    let mut stack = vec![(v, 0)];
+    while let Some((v, d)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &Value>> = match v {
+            Value::Object(m) => Box::new(m.values()),
+            Value::Array(a) => Box::new(a.iter()),
+            _ => continue,
+        };
+        deepest = deepest.max(d + 1);
+        stack.extend(children.map(|c| (c, d + 1)));
+    }
+    deepest
+}
+
+/// Refuses to place `v` at `path` when the document would then nest deeper than
+/// [`MAX_DEPTH`].
+fn check_depth(path: &[String], v: &Value) -> Result<(), String> {
+    if path.len() + depth(v) > MAX_DEPTH {
+        return Err(format!(
+            "the patched object would nest deeper than {MAX_DEPTH} levels at /{}",
+            path.join("/")
+        ));
+    }
+    Ok(())
+}
+
+/// The length of `v`'s JSON, counted without building it.
+fn json_len(v: &Value) -> u64 {
+    struct Count(u64);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len() as u64;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    // Writing a `Value` to a writer that never fails cannot fail.
+    let _ = serde_json::to_writer(&mut c, v);
+    c.0
 }
 
 #[derive(Debug)]
@@ -94,12 +154,17 @@ impl Operation {
         })
     }
 
-    fn apply(&self, doc: &mut Value) -> Result<(), String> {
+    /// Applies the operation; `copied` is the JSON size `copy` operations have added so far.
+    fn apply(&self, doc: &mut Value, copied: &mut u64) -> Result<(), String> {
         let p = &self.raw_path;
         match &self.op {
-            Op::Add(v) => add(doc, &self.path, v.clone()),
+            Op::Add(v) => {
+                check_depth(&self.path, v)?;
+                add(doc, &self.path, v.clone())
+            }
             Op::Remove => remove(doc, &self.path).map(drop),
             Op::Replace(v) => {
+                check_depth(&self.path, v)?;
                 let target = get_mut(doc, &self.path).ok_or_else(|| {
                     format!("replace operation does not apply: doc is missing key: {p}")
                 })?;
@@ -111,12 +176,22 @@ impl Operation {
                     return Err(format!("move operation cannot move {p} into its own child"));
                 }
                 let v = remove(doc, from)?;
+                check_depth(&self.path, &v)?;
                 add(doc, &self.path, v)
             }
             Op::Copy(from) => {
-                let v = get_mut(doc, from).map(|v| v.clone()).ok_or_else(|| {
+                let source = get_mut(doc, from).ok_or_else(|| {
                     "copy operation does not apply: doc is missing from path".to_string()
                 })?;
+                *copied = copied.saturating_add(json_len(source));
+                if *copied > MAX_COPY_BYTES {
+                    return Err(format!(
+                        "Unable to complete the copy, the accumulated size increase of copy is \
+                         {copied}, exceeding the limit {MAX_COPY_BYTES}"
+                    ));
+                }
+                check_depth(&self.path, source)?;
+                let v = source.clone();
                 add(doc, &self.path, v)
             }
             Op::Test(expected) => match get_mut(doc, &self.path) {

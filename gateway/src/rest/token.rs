@@ -1,5 +1,6 @@
 //! `POST serviceaccounts/<name>/token` (a TokenRequest answered with a signed token) and
-//! `POST tokenreviews` (is this token a credential, and whose). Both kinds belong to
+//! `POST tokenreviews` (is this token a credential, and whose: service-account tokens and the
+//! JWT authenticators of `--authentication-config`). Both kinds belong to
 //! `authentication.svc.io/v1`; Kubernetes' clients send them as `authentication.k8s.io/v1`,
 //! so either name is accepted and the answer uses the one the client sent.
 
@@ -16,6 +17,7 @@ use svc_core::{ApiError, ObjectMeta, Resource};
 use super::call::{Call, admission_attributes, path_namespace, read_current, response_warnings};
 use crate::admission::{Operation, Outcome};
 use crate::app::App;
+use crate::jwt::Outcome as JwtOutcome;
 use crate::kind::Kind;
 use crate::negotiate::{self, Format};
 use crate::respond::{self, Body};
@@ -210,6 +212,41 @@ pub(super) async fn review_token(app: &Arc<App>, call: &Call) -> Result<Response
     }
     call.query.dry_run()?;
     review.status = Default::default();
+    // The JWT authenticators know no audiences of their own: as Kubernetes wraps them
+    // (audience-agnostic), a token they accept answers for this server's audiences that the
+    // review asks about (all of them when it names none).
+    let authentication = app.authentication();
+    match authentication.authenticate(&review.spec.token).await {
+        JwtOutcome::NotOurs => {}
+        JwtOutcome::Accepted(user) => {
+            let ours = app.tokens.api_audiences();
+            let audiences: Vec<String> = if review.spec.audiences.is_empty() {
+                ours.to_vec()
+            } else {
+                ours.iter()
+                    .filter(|a| review.spec.audiences.contains(a))
+                    .cloned()
+                    .collect()
+            };
+            if audiences.is_empty() {
+                review.status.error = format!(
+                    "token audiences {:?} are invalid for the target audiences {:?}",
+                    ours, review.spec.audiences
+                );
+            } else {
+                review.status.authenticated = true;
+                review.status.user = Some(svc_core::user::UserInfo::clone(&user));
+                review.status.audiences = audiences;
+            }
+            review.metadata.creation_timestamp = Some(Time::now());
+            return Ok(created(call, &review, &api_version));
+        }
+        JwtOutcome::Refused(e) => {
+            review.status.error = e;
+            review.metadata.creation_timestamp = Some(Time::now());
+            return Ok(created(call, &review, &api_version));
+        }
+    }
     match app
         .tokens
         .authenticate(

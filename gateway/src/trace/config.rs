@@ -1,58 +1,10 @@
 //! The TracingConfiguration file (`--tracing-config-file`): where spans go and how many of
-//! the requests that arrive without a sampled parent are traced. The type lives here until
-//! `svc_core::config` has it; the rest of the gateway uses only `read` and `collector_uri`, so
-//! moving it is one import.
+//! the requests that arrive without a sampled parent are traced. The type and its rules are
+//! `svc_core::config::tracing`'s (shared with `validate-config`); here it is read and dialled.
 
-use serde::{Deserialize, Serialize};
-use svc_core::config::{ConfigKind, Path};
-use svc_core::validation::ErrorList;
-
-/// The collector Kubernetes' components report to when `endpoint` is unset.
-pub const DEFAULT_ENDPOINT: &str = "localhost:4317";
-
-/// `samplingRatePerMillion` of 1,000,000 samples every trace.
-pub const PER_MILLION: i32 = 1_000_000;
-
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct TracingConfiguration {
-    /// The collector's address, OTLP over gRPC without TLS: `host:port`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub endpoint: Option<String>,
-    /// Samples per million of the traces started here; unset or 0: only requests whose
-    /// incoming parent is sampled are traced.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sampling_rate_per_million: Option<i32>,
-}
-
-impl ConfigKind for TracingConfiguration {
-    const API_VERSIONS: &'static [&'static str] = &[
-        "apiserver.svc.io/v1beta1",
-        "apiserver.svc.io/v1alpha1",
-        "apiserver.svc.io/v1",
-    ];
-    const KIND: &'static str = "TracingConfiguration";
-
-    fn validate(&self) -> ErrorList {
-        let mut errors = ErrorList::default();
-        if let Some(rate) = self.sampling_rate_per_million
-            && !(0..=PER_MILLION).contains(&rate)
-        {
-            // A number, so unquoted, as Kubernetes prints it.
-            errors.push(
-                Path::root("samplingRatePerMillion").as_str(),
-                "FieldValueInvalid",
-                format!("Invalid value: {rate}: sampling rate must be between 0 and 1,000,000"),
-            );
-        }
-        if let Some(endpoint) = &self.endpoint
-            && let Err(e) = endpoint_uri(endpoint)
-        {
-            errors.invalid(Path::root("endpoint").as_str(), endpoint, &e);
-        }
-        errors
-    }
-}
+pub use svc_core::config::tracing::{
+    DEFAULT_ENDPOINT, MAX_SAMPLING_RATE_PER_MILLION as PER_MILLION, TracingConfiguration,
+};
 
 /// Reads and checks the file of `--tracing-config-file`; the error names the file.
 pub fn read(path: &std::path::Path) -> Result<TracingConfiguration, String> {

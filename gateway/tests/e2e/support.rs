@@ -1,7 +1,8 @@
 //! Test support shared by every end-to-end module: an in-process server with a TLS HTTP client
-//! (`client`), the real binary as a child process (`process`), and kubectl driven against it
-//! (`kubectl`).
+//! (`client`), the real binary as a child process (`process`), kubectl driven against it
+//! (`kubectl`), and an OIDC issuer (`oidc`).
 
 pub mod client;
 pub mod kubectl;
+pub mod oidc;
 pub mod process;
