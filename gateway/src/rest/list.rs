@@ -172,6 +172,21 @@ pub(super) async fn list<T: Kind>(
     let mut issued = unix_now();
     let (at, start_after) = if let Some(token) = &opts.continue_token {
         let t = decode_token(token, app.opts.continue_token_ttl)?;
+        if t.rv > cache.revision() {
+            // Past this cache: another gateway's token while this cache catches up (wait), or
+            // past the store itself, which no server could have written.
+            let current = app
+                .store
+                .current_revision()
+                .await
+                .map_err(respond::store_error)?;
+            if t.rv > current {
+                return Err(ApiError::bad_request(
+                    "continue key is not valid: its resource version is in the future",
+                ));
+            }
+            wait_for_cache(cache, t.rv).await?;
+        }
         issued = t.t;
         let mut start = prefix.clone();
         start.extend_from_slice(t.start.as_bytes());
