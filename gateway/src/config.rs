@@ -114,6 +114,31 @@ pub struct Options {
     #[arg(long, default_value_t = 1000)]
     pub http2_max_streams_per_connection: u32,
 
+    /// How long a client may take to send a request's headers (kube-apiserver's
+    /// `ReadHeaderTimeout`); an HTTP/1.1 connection waiting for its next request is closed
+    /// after this long too.
+    #[arg(long, default_value = "32s", value_parser = parse_duration)]
+    pub http_header_read_timeout: Duration,
+
+    /// A connection with no request in flight for this long is closed (h2: GOAWAY), as
+    /// kube-apiserver's `IdleTimeout`.
+    #[arg(long, default_value = "90s", value_parser = parse_duration)]
+    pub http_idle_timeout: Duration,
+
+    /// How long a client may take to complete the TLS handshake.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub tls_handshake_timeout: Duration,
+
+    /// Largest request head (HTTP/1.1 request line and headers; h2 header list), as Go's
+    /// `MaxHeaderBytes` in kube-apiserver; larger requests get 431.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub http_max_header_bytes: usize,
+
+    /// Connections open at once; past it, new ones wait in the listen backlog. 0: the
+    /// process's open-file limit less 256 kept for other files.
+    #[arg(long, default_value_t = 0)]
+    pub max_connections: usize,
+
     /// How long the watch cache keeps events: the window a watch may resume from (410 after).
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub watch_cache_history_window: Duration,

@@ -20,6 +20,7 @@ mod fanout;
 mod faults;
 mod fuzz_api;
 mod health;
+mod hostile;
 mod identity;
 mod jwt;
 mod kubectl_writes;
