@@ -21,7 +21,7 @@ use crate::pki;
 use crate::query::Query;
 use crate::respond::{self, Body};
 use crate::router::{self, Route};
-use crate::{discovery, health, metrics, openapi, rest, trace};
+use crate::{discovery, health, limits, metrics, openapi, rest, trace};
 
 /// Who sent a request, before authentication has looked at it.
 pub enum Caller {
@@ -98,20 +98,13 @@ pub async fn handle(app: Arc<App>, caller: Caller, req: Request<RequestBody>) ->
         match user {
             Err(e) => respond::error(&e),
             Ok(user) => {
-                let limit = if verb == "watch" || user.in_group(GROUP_MASTERS) {
-                    None
-                } else if matches!(
-                    *req.method(),
-                    Method::POST | Method::PUT | Method::PATCH | Method::DELETE
-                ) {
-                    Some(&app.mutating_inflight)
-                } else {
-                    Some(&app.readonly_inflight)
-                };
-                let slot = limit.map(|l| l.try_acquire());
-                if let Some(None) = slot {
+                let admitted = admit(&app, &user, req.method(), verb).await;
+                if let Err(why) = admitted {
                     respond::error(&ApiError::TooManyRequests {
-                        message: "Too many requests, please try again later.".into(),
+                        message: format!(
+                            "Too many requests, please try again later ({}).",
+                            why.reason()
+                        ),
                         retry_after_seconds: Some(1),
                     })
                 } else if verb == "watch" {
@@ -156,6 +149,52 @@ pub async fn handle(app: Arc<App>, caller: Caller, req: Request<RequestBody>) ->
     app.metrics.observe(&info, code, start.elapsed());
     tracing::debug!(verb, %path, code, elapsed_ms = start.elapsed().as_secs_f64() * 1e3, "request");
     resp
+}
+
+/// What lets a request run, held until its handler returns: nothing for `system:masters`
+/// (exempt, as Kubernetes' `exempt` priority level), a place under `--max-watches` for a
+/// watch, else a seat of the read-only or mutating pool, waited for in the user's queue.
+#[derive(Default)]
+struct Admitted<'a> {
+    _watch: Option<limits::Slot<'a>>,
+    _seat: Option<limits::Seat<'a>>,
+}
+
+async fn admit<'a>(
+    app: &'a App,
+    user: &pki::UserInfo,
+    method: &Method,
+    verb: &str,
+) -> Result<Admitted<'a>, limits::Rejection> {
+    if user.in_group(GROUP_MASTERS) {
+        return Ok(Admitted::default());
+    }
+    if verb == "watch" {
+        return app
+            .watches
+            .try_acquire()
+            .map(|w| Admitted {
+                _watch: Some(w),
+                _seat: None,
+            })
+            .ok_or_else(|| {
+                app.flow_metrics
+                    .rejected("watch", limits::Rejection::ConcurrencyLimit);
+                limits::Rejection::ConcurrencyLimit
+            });
+    }
+    let pool = if matches!(
+        *method,
+        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+    ) {
+        &app.mutating_inflight
+    } else {
+        &app.readonly_inflight
+    };
+    pool.acquire(&user.username).await.map(|s| Admitted {
+        _watch: None,
+        _seat: Some(s),
+    })
 }
 
 async fn authenticate(
