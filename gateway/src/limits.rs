@@ -418,16 +418,16 @@ impl FairLimit {
 #[derive(Debug)]
 pub struct InflightLimit {
     max: usize,
-    current: AtomicUsize,
+    current: Arc<AtomicUsize>,
 }
 
-/// A place in flight, given back when dropped.
+/// A place in flight, given back when dropped; owned, so a response body can carry it.
 #[derive(Debug)]
-pub struct Slot<'a>(Option<&'a AtomicUsize>);
+pub struct Slot(Option<Arc<AtomicUsize>>);
 
-impl Drop for Slot<'_> {
+impl Drop for Slot {
     fn drop(&mut self) {
-        if let Some(c) = self.0 {
+        if let Some(c) = &self.0 {
             c.fetch_sub(1, Ordering::AcqRel);
         }
     }
@@ -437,12 +437,12 @@ impl InflightLimit {
     pub fn new(max: usize) -> Self {
         InflightLimit {
             max,
-            current: AtomicUsize::new(0),
+            current: Arc::new(AtomicUsize::new(0)),
         }
     }
 
     /// A slot, or `None` when the limit is reached.
-    pub fn try_acquire(&self) -> Option<Slot<'_>> {
+    pub fn try_acquire(&self) -> Option<Slot> {
         if self.max == 0 {
             return Some(Slot(None));
         }
@@ -451,7 +451,7 @@ impl InflightLimit {
                 (c < self.max).then_some(c + 1)
             })
             .ok()
-            .map(|_| Slot(Some(&self.current)))
+            .map(|_| Slot(Some(self.current.clone())))
     }
 
     pub fn in_flight(&self) -> usize {

@@ -107,6 +107,17 @@ pub async fn handle(app: Arc<App>, caller: Caller, req: Request<RequestBody>) ->
                         ),
                         retry_after_seconds: Some(1),
                     })
+                } else if let Ok(Admitted {
+                    watch: Some(place), ..
+                }) = admitted
+                {
+                    // A watch holds its place until its stream ends.
+                    dispatch(&app, req, route, query, user).await.map(|body| {
+                        respond::Body::new(body.map_frame(move |f| {
+                            let _held = &place;
+                            f
+                        }))
+                    })
                 } else if verb == "watch" {
                     dispatch(&app, req, route, query, user).await
                 } else {
@@ -156,7 +167,7 @@ pub async fn handle(app: Arc<App>, caller: Caller, req: Request<RequestBody>) ->
 /// watch, else a seat of the read-only or mutating pool, waited for in the user's queue.
 #[derive(Default)]
 struct Admitted<'a> {
-    _watch: Option<limits::Slot<'a>>,
+    watch: Option<limits::Slot>,
     _seat: Option<limits::Seat<'a>>,
 }
 
@@ -174,7 +185,7 @@ async fn admit<'a>(
             .watches
             .try_acquire()
             .map(|w| Admitted {
-                _watch: Some(w),
+                watch: Some(w),
                 _seat: None,
             })
             .ok_or_else(|| {
@@ -192,7 +203,7 @@ async fn admit<'a>(
         &app.readonly_inflight
     };
     pool.acquire(&user.username).await.map(|s| Admitted {
-        _watch: None,
+        watch: None,
         _seat: Some(s),
     })
 }

@@ -13,6 +13,7 @@ mod crash;
 mod egress;
 mod etcd_gateways;
 mod events;
+mod fairness;
 mod fanout;
 mod health;
 mod identity;
