@@ -3,6 +3,7 @@
 //! Kubernetes-compatible API server, etcd, or a raw TCP fan-out baseline, with a report.
 
 mod exec;
+mod fairness;
 mod fanout;
 mod get;
 mod list;
@@ -56,6 +57,10 @@ enum Cmd {
     /// Concurrent clients GET one path (--path, --clients) as fast as answers come:
     /// requests/s and latency (compare a certificate user with a token user).
     Get(Params),
+    /// A writer (--writer-kubeconfig) creates at --rate alone, then beside a hammer
+    /// (--kubeconfig, another user) running --clients concurrent unpaged lists of --objects:
+    /// the writer's rate and p99 in both phases.
+    Fairness(Params),
     /// Runs one YAML scenario against several targets in turn; one report with ratios.
     Compare(CompareArgs),
 }
@@ -132,6 +137,10 @@ pub struct Params {
     /// events: the API group of the Event kind (`events.k8s.io` for a Kubernetes server).
     #[arg(long, default_value = "events.svc.io")]
     pub event_group: String,
+    /// fairness: the writer's kubeconfig (a user other than --kubeconfig's, neither in
+    /// system:masters).
+    #[arg(long)]
+    pub writer_kubeconfig: Option<PathBuf>,
 }
 
 fn secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -181,8 +190,10 @@ fn scenario_of(name: &str) -> Result<Scenario> {
         "list" => Scenario::List,
         "relist-storm" => Scenario::RelistStorm,
         "get" => Scenario::Get,
+        "fairness" => Scenario::Fairness,
         _ => bail!(
-            "unknown scenario {name} (fanout, slow-watcher, churn, events, list, relist-storm, get)"
+            "unknown scenario {name} (fanout, slow-watcher, churn, events, list, relist-storm, \
+             get, fairness)"
         ),
     })
 }
@@ -257,7 +268,8 @@ async fn run_target(sc: Scenario, argv: &[String]) -> Result<report::Results> {
     | Cmd::Events(p)
     | Cmd::List(p)
     | Cmd::RelistStorm(p)
-    | Cmd::Get(p)) = cli.cmd
+    | Cmd::Get(p)
+    | Cmd::Fairness(p)) = cli.cmd
     else {
         bail!("nested compare");
     };
@@ -280,6 +292,7 @@ fn main() -> Result<()> {
             Cmd::List(p) => (Scenario::List, p),
             Cmd::RelistStorm(p) => (Scenario::RelistStorm, p),
             Cmd::Get(p) => (Scenario::Get, p),
+            Cmd::Fairness(p) => (Scenario::Fairness, p),
             Cmd::Compare(a) => return compare(a).await,
         };
         let r = run::run(sc, &p).await?;
