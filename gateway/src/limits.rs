@@ -31,8 +31,8 @@ use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::Notify;
 
 /// Kubernetes' buckets for `apiserver_flowcontrol_request_wait_duration_seconds`.
-const WAIT_BUCKETS: [f64; 12] = [
-    0.0, 0.005, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0,
+const WAIT_BUCKETS: [f64; 13] = [
+    0.0, 0.005, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 30.0,
 ];
 
 /// Why a request was turned away, as Kubernetes' `reason` label says it.
