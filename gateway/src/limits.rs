@@ -233,16 +233,22 @@ impl State {
 
     /// The next waiting request in round-robin order across users.
     fn next(&mut self) -> Option<Arc<Waiter>> {
-        let user = self.turn.pop_front()?;
-        let q = self.queues.get_mut(&user)?;
-        let w = q.pop_front();
-        self.queued -= usize::from(w.is_some());
-        if q.is_empty() {
-            self.queues.remove(&user);
-        } else {
-            self.turn.push_back(user);
+        while let Some(user) = self.turn.pop_front() {
+            let Some(q) = self.queues.get_mut(&user) else {
+                continue;
+            };
+            let w = q.pop_front();
+            if q.is_empty() {
+                self.queues.remove(&user);
+            } else {
+                self.turn.push_back(user);
+            }
+            if let Some(w) = w {
+                self.queued -= 1;
+                return Some(w);
+            }
         }
-        w
+        None
     }
 }
 
@@ -252,6 +258,9 @@ pub struct FairLimit {
     cfg: FairConfig,
     state: parking_lot::Mutex<State>,
     metrics: FlowMetrics,
+    /// This pool's gauges of the families in `metrics`, looked up once.
+    inqueue: Gauge,
+    executing: Gauge,
 }
 
 /// A seat, given back (to the next waiting user in turn) when dropped.
@@ -290,24 +299,25 @@ impl Drop for Queued<'_> {
 
 impl FairLimit {
     pub fn new(level: &'static str, cfg: FairConfig, metrics: FlowMetrics) -> Self {
+        let labels = LevelLabels {
+            priority_level: level,
+        };
         FairLimit {
             level,
             cfg,
             state: parking_lot::Mutex::new(State::default()),
+            inqueue: metrics.inqueue.get_or_create_owned(&labels),
+            executing: metrics.executing.get_or_create_owned(&labels),
             metrics,
         }
     }
 
-    fn inqueue(&self) -> Gauge {
-        self.metrics.inqueue.get_or_create_owned(&LevelLabels {
-            priority_level: self.level,
-        })
+    fn inqueue(&self) -> &Gauge {
+        &self.inqueue
     }
 
-    fn executing(&self) -> Gauge {
-        self.metrics.executing.get_or_create_owned(&LevelLabels {
-            priority_level: self.level,
-        })
+    fn executing(&self) -> &Gauge {
+        &self.executing
     }
 
     /// A seat for a request of `user`: at once when one is free, else after waiting in the
