@@ -46,7 +46,8 @@ pub struct Options {
     pub insecure_port: u16,
 
     /// Read-only requests in flight at once (watches and `system:masters` not counted); past
-    /// it, 429 with `Retry-After`. 0: no limit.
+    /// it, a request waits in its user's queue (`--max-queued-requests-per-user`,
+    /// `--max-queue-wait`), then 429 with `Retry-After`. 0: no limit.
     #[arg(long, default_value_t = 400)]
     pub max_requests_inflight: usize,
 
