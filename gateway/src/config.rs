@@ -46,13 +46,35 @@ pub struct Options {
     pub insecure_port: u16,
 
     /// Read-only requests in flight at once (watches and `system:masters` not counted); past
-    /// it, 429 with `Retry-After`. 0: no limit.
+    /// it, a request waits in its user's queue (`--max-queued-requests-per-user`,
+    /// `--max-queue-wait`), then 429 with `Retry-After`. 0: no limit.
     #[arg(long, default_value_t = 400)]
     pub max_requests_inflight: usize,
 
     /// Mutating requests (create, update, patch, delete) in flight at once; 0: no limit.
     #[arg(long, default_value_t = 200)]
     pub max_mutating_requests_inflight: usize,
+
+    /// Watches open at once (`system:masters` not counted); past it, a new watch gets 429
+    /// with `Retry-After`. Each costs a task and a small queue, not a seat of the limits
+    /// above. 0: no limit.
+    #[arg(long, default_value_t = 100_000)]
+    pub max_watches: usize,
+
+    /// Requests one user may have waiting for a seat when the inflight limits are reached;
+    /// past it, 429 (`queue-full`). 0: no queueing, a full limit answers 429 at once.
+    #[arg(long, default_value_t = 50)]
+    pub max_queued_requests_per_user: usize,
+
+    /// Users that may have requests waiting at once (per limit); a request of another user
+    /// then gets 429 (`queue-full`).
+    #[arg(long, default_value_t = 128)]
+    pub max_queued_users: usize,
+
+    /// Longest wait for a seat; then 429 (`time-out`). Freed seats go round-robin across the
+    /// users waiting.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub max_queue_wait: Duration,
 
     /// Unauthenticated requests as `system:anonymous`: `true` everywhere (authorization then
     /// lets them read health and version only), `false` nowhere. Unset, as Kubernetes behaves

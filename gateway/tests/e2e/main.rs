@@ -16,6 +16,7 @@ mod crash;
 mod egress;
 mod etcd_gateways;
 mod events;
+mod fairness;
 mod fanout;
 mod faults;
 mod fuzz_api;

@@ -261,6 +261,21 @@ async fn metrics_have_kube_apiserver_names_and_labels() {
     };
     assert_eq!(inflight("readOnly"), 1.0);
     assert_eq!(inflight("mutating"), 0.0);
+    // Flow control (`limits.rs`): nothing queued; the admin (exempt) holds no seat.
+    for family in [
+        "apiserver_flowcontrol_current_inqueue_requests",
+        "apiserver_flowcontrol_current_executing_requests",
+    ] {
+        assert_eq!(f.kind(family), "gauge");
+        for level in ["readOnly", "mutating"] {
+            assert_eq!(f.value(family, family, &[("priority_level", level)]), 0.0);
+        }
+    }
+    assert_eq!(f.kind("apiserver_flowcontrol_rejected_requests"), "counter");
+    assert_eq!(
+        f.kind("apiserver_flowcontrol_request_wait_duration_seconds"),
+        "histogram"
+    );
 
     // The open watch.
     assert_eq!(
