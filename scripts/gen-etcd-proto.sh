@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # Regenerates the etcd gRPC client code kept in the repository from the .proto subset in
-# storage/proto/: storage/src/etcd/pb/*.rs (the etcd backend) and the same files in
-# loadtest/src/etcd_pb/ (svc-loadtest's native etcd baseline; the harness links no crate of
-# ours, so it keeps its own copy). A developer tool, not part of the build: it needs `protoc`
+# storage/proto/: storage/src/etcd/pb/*.rs (the etcd backend; svc-loadtest's native etcd
+# baseline includes the same source files, since the harness links no crate of ours). A developer tool, not part of the build: it needs `protoc`
 # (Debian `protobuf-compiler`) and builds a throwaway generator on tonic-prost-build.
 #
-#   scripts/gen-etcd-proto.sh           rewrite storage/src/etcd/pb/ and loadtest/src/etcd_pb/
+#   scripts/gen-etcd-proto.sh           rewrite storage/src/etcd/pb/
 #   scripts/gen-etcd-proto.sh --check   regenerate into a temporary directory and fail if the
 #                                       committed files differ (what scripts/test.sh runs)
 set -euo pipefail
@@ -87,7 +86,7 @@ mkdir -p "$work/pb"
 { header mvccpb mvccpb/kv.proto; cat "$work/out/mvccpb.rs"; } >"$work/pb/mvccpb.rs"
 rustfmt --config-path "$root/rustfmt.toml" "$work/pb/etcdserverpb.rs" "$work/pb/mvccpb.rs"
 
-targets=("storage/src/etcd/pb" "loadtest/src/etcd_pb")
+targets=("storage/src/etcd/pb")
 if $check; then
   for t in "${targets[@]}"; do
     if ! diff -ru "$root/$t" "$work/pb"; then

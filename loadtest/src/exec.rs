@@ -320,6 +320,25 @@ impl Source {
 }
 
 /// Runs the plugin once, bounded in time and output; returns its stdout.
+/// Starts `cmd`, retrying a few times while the executable is busy (ETXTBSY): a plugin just
+/// written or replaced can be held open for writing for a moment, in this process by a
+/// concurrent fork or by whoever installs it.
+async fn spawn_retrying_busy(
+    cmd: &mut tokio::process::Command,
+) -> std::io::Result<tokio::process::Child> {
+    const ETXTBSY: i32 = 26;
+    let mut tries = 0;
+    loop {
+        match cmd.spawn() {
+            Err(e) if e.raw_os_error() == Some(ETXTBSY) && tries < 10 => {
+                tries += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 async fn run_plugin(cfg: &ExecConfig) -> Result<Vec<u8>> {
     let name = &cfg.command;
     let mut cmd = tokio::process::Command::new(name);
@@ -330,8 +349,8 @@ async fn run_plugin(cfg: &ExecConfig) -> Result<Vec<u8>> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
-    let mut child = cmd
-        .spawn()
+    let mut child = spawn_retrying_busy(&mut cmd)
+        .await
         .with_context(|| format!("exec plugin {name}: cannot start it"))?;
     let (Some(mut stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
         bail!("exec plugin {name}: no pipes");

@@ -181,23 +181,41 @@ impl Source {
 }
 
 /// Runs the plugin once, bounded in time and output; returns its stdout.
+/// Starts `cmd`, retrying a few times while the executable is busy (ETXTBSY): a plugin just
+/// written or replaced can be held open for writing for a moment, in this process by a
+/// concurrent fork or by whoever installs it.
+async fn spawn_retrying_busy(
+    cmd: &mut tokio::process::Command,
+) -> std::io::Result<tokio::process::Child> {
+    const ETXTBSY: i32 = 26;
+    let mut tries = 0;
+    loop {
+        match cmd.spawn() {
+            Err(e) if e.raw_os_error() == Some(ETXTBSY) && tries < 10 => {
+                tries += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 async fn run_plugin(cfg: &ExecConfig) -> Result<Vec<u8>, String> {
-    let mut child = tokio::process::Command::new(&cfg.command)
-        .args(&cfg.args)
+    let mut cmd = tokio::process::Command::new(&cfg.command);
+    cmd.args(&cfg.args)
         .envs(cfg.env.iter().map(|(k, v)| (k, v)))
         .env(INFO_ENV, &cfg.input)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| {
-            if cfg.install_hint.is_empty() {
-                format!("cannot start it: {e}")
-            } else {
-                format!("cannot start it: {e}\n{}", cfg.install_hint)
-            }
-        })?;
+        .kill_on_drop(true);
+    let mut child = spawn_retrying_busy(&mut cmd).await.map_err(|e| {
+        if cfg.install_hint.is_empty() {
+            format!("cannot start it: {e}")
+        } else {
+            format!("cannot start it: {e}\n{}", cfg.install_hint)
+        }
+    })?;
     let (Some(mut stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
         return Err("no pipes".to_string());
     };

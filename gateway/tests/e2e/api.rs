@@ -652,7 +652,7 @@ async fn protobuf_bodies_responses_and_watch() {
     let resp = conn
         .send(Client::build(
             Method::GET,
-            "/api/v1/namespaces/default/serviceaccounts?watch=1&resourceVersion=0",
+            "/api/v1/namespaces/default/serviceaccounts?watch=1&resourceVersion=0&fieldSelector=metadata.name%3Dpb",
             bytes::Bytes::new(),
             &[("accept", pb)],
         ))
