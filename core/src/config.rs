@@ -19,7 +19,9 @@ use crate::validation::ErrorList;
 
 pub mod admission;
 pub mod admission_review;
+pub mod audit;
 pub mod authentication;
+pub mod authorization;
 pub mod component;
 pub mod controller_manager;
 pub mod egress;
@@ -30,6 +32,7 @@ pub mod kubeconfig;
 pub mod proxy;
 pub mod registry;
 pub mod scheduler;
+pub mod subject_access_review;
 pub mod tracing;
 
 /// A configuration kind: its versions, its name, its rules and its defaults.

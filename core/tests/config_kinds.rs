@@ -41,8 +41,22 @@ const MINIMAL: &[(&str, &str)] = &[
          burst: 20000\n",
     ),
     (
+        "AuthorizationConfiguration",
+        "authorizers:\n- type: Webhook\n  name: policy\n  webhook:\n    timeout: 3s\n    \
+         subjectAccessReviewVersion: v1\n    matchConditionSubjectAccessReviewVersion: v1\n    \
+         failurePolicy: Deny\n    connectionInfo:\n      type: SvcConfig\n      \
+         svcConfigFile: /etc/svc/authz.kubeconfig\n- type: AlwaysDeny\n  name: rest\n",
+    ),
+    (
         "ImageReview",
         "spec:\n  containers:\n  - image: registry.example/app:1.0\n",
+    ),
+    (
+        "Event",
+        "level: Metadata\nauditID: 0a4376d5-54c2-4ed4-a4d4-3d2b0a5c7f2e\nstage: ResponseComplete\n\
+         requestURI: /api/v1/namespaces\nverb: list\nuser:\n  username: admin\n\
+         requestReceivedTimestamp: \"2026-11-23T17:00:00.000000Z\"\n\
+         stageTimestamp: \"2026-11-23T17:00:00.001000Z\"\n",
     ),
     (
         "AdmissionReview",
@@ -660,5 +674,37 @@ fn null_reads_as_left_out() {
             "profiles:\n- schedulerName: a\n- schedulerName: null\n",
         ),
         &["profiles[1].schedulerName"],
+    );
+}
+
+#[test]
+fn audit_policy_and_event() {
+    let policy = "apiVersion: audit.svc.io/v1\nkind: Policy\n";
+    accepted(&with(
+        policy,
+        "rules:\n- level: Metadata\n  resources:\n  - group: \"\"\n    resources: [\"pods/*\"]\n",
+    ));
+    refused(
+        &with(
+            policy,
+            "omitStages: [Sometimes]\nrules:\n- level: Loud\n  nonResourceURLs: [\"x*y\"]\n",
+        ),
+        &[
+            "omitStages[0]",
+            "rules[0].level",
+            "rules[0].nonResourceURLs[0]",
+            "rules[0].nonResourceURLs[0]",
+        ],
+    );
+    refused(
+        &with(policy, "rules:\n- level: None\n  verb: [get]\n"),
+        &["rules[0].verb"],
+    );
+    refused(
+        "apiVersion: audit.svc.io/v1\nkind: Event\nlevel: Metadata\nauditID: \"\"\n\
+         stage: Panic\nrequestURI: /\nverb: get\nuser: {}\n\
+         requestReceivedTimestamp: \"2026-11-23T17:00:00.000000Z\"\n\
+         stageTimestamp: \"2026-11-23T17:00:00.000000Z\"\n",
+        &["auditID"],
     );
 }

@@ -70,6 +70,18 @@ pub struct Attributes<'a> {
     /// Nothing will be stored: a plugin must not have side effects (charge a quota, call a
     /// webhook without side effects declared `None`/`NoneOnDryRun`, ...).
     pub dry_run: bool,
+    /// The request's audit annotations (None when it is not audited): the chain copies the
+    /// plugins' `Outcome::audit_annotations` there, whether they admitted or refused.
+    pub audit: Option<&'a crate::audit::Annotations>,
+}
+
+/// Copies what plugins annotated so far to the request's audit event.
+fn to_audit(attrs: &Attributes<'_>, out: &Outcome) {
+    if let Some(audit) = attrs.audit {
+        for (k, v) in &out.audit_annotations {
+            audit.add(k, v);
+        }
+    }
 }
 
 /// An object as plugins see it: the typed value (downcast to the kind a plugin knows) and
@@ -308,7 +320,9 @@ impl Chain {
                 None => json.insert(obj.to_json()?),
             };
             let old = old.map(|o| o as &dyn AdmissionObject);
-            changed |= plugin.admit(attrs, value, old, out).await?;
+            let admitted = plugin.admit(attrs, value, old, out).await;
+            to_audit(attrs, out);
+            changed |= admitted?;
         }
         if let (true, Some(value)) = (changed, json) {
             let mut next: T = serde_json::from_value(value).map_err(|e| {
@@ -339,7 +353,9 @@ impl Chain {
         for plugin in self.validating.iter().filter(|p| p.handles(attrs)) {
             let obj = obj.map(|o| o as &dyn AdmissionObject);
             let old = old.map(|o| o as &dyn AdmissionObject);
-            plugin.validate(attrs, obj, old, out).await?;
+            let validated = plugin.validate(attrs, obj, old, out).await;
+            to_audit(attrs, out);
+            validated?;
         }
         Ok(())
     }

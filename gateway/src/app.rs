@@ -10,7 +10,6 @@ use svc_storage::Store;
 use tokio::sync::{Notify, watch};
 
 use crate::admission;
-use crate::authz;
 use crate::caches::Caches;
 use crate::config::Options;
 use crate::egress::Egress;
@@ -23,6 +22,7 @@ use crate::metrics::store::InstrumentedStore;
 use crate::reload::ReloadMetrics;
 use crate::tokens::Tokens;
 use crate::trace::{self, Tracer};
+use crate::{audit, authz};
 
 pub struct App {
     pub opts: Options,
@@ -56,6 +56,9 @@ pub struct App {
     /// Who may do what: `system:masters`, the built-in policy, then configured authorizers;
     /// replaced whole when the configuration changes.
     authorizer: parking_lot::RwLock<Arc<authz::Chain>>,
+    /// Audit policy and backends; None when `--audit-policy-file` is unset, and then the
+    /// pipeline skips auditing on this one check.
+    pub audit: Option<Arc<audit::Auditor>>,
     /// `--authentication-config` as loaded (JWT authenticators, anonymous access); replaced
     /// whole when the file changes.
     authentication: parking_lot::RwLock<Arc<jwt::Authentication>>,
@@ -63,6 +66,8 @@ pub struct App {
     pub jwt: jwt::Shared,
     /// `apiserver_authentication_config_controller_automatic_reload*`.
     pub authentication_reloads: ReloadMetrics,
+    /// `apiserver_authorization_config_controller_automatic_reload*`.
+    pub authorization_reloads: ReloadMetrics,
 }
 
 impl App {
@@ -82,6 +87,10 @@ impl App {
         let authentication_reloads = ReloadMetrics::register(
             metrics.registry_mut(),
             "apiserver_authentication_config_controller",
+        );
+        let authorization_reloads = ReloadMetrics::register(
+            metrics.registry_mut(),
+            "apiserver_authorization_config_controller",
         );
         let tracer = match tracing {
             None => None,
@@ -117,9 +126,11 @@ impl App {
             readonly_inflight,
             mutating_inflight,
             tracer,
+            audit: None,
             authentication: Default::default(),
             jwt,
             authentication_reloads,
+            authorization_reloads,
             egress: Egress::direct(),
         })
     }

@@ -22,6 +22,8 @@ pub struct ConnIdentity {
     pub cert_user: Option<UserInfo>,
     /// The loopback-only plain-HTTP listener, where every caller is an administrator.
     pub insecure: bool,
+    /// The client's address (audit's `sourceIPs`).
+    pub peer: Option<std::net::SocketAddr>,
 }
 
 pub fn anonymous() -> UserInfo {

@@ -3,7 +3,11 @@
 //! authorizers. `system:masters` may do anything; the built-in policy lets anyone read
 //! health and version and any authenticated user read discovery; configured authorizers
 //! (webhooks) come next. The first that allows or denies decides; when none has an opinion
-//! the answer is 403, worded as Kubernetes words it.
+//! the answer is 403, worded as Kubernetes words it. `webhook` asks a remote authorizer;
+//! `load` builds the configured part of the chain from `--authorization-config`.
+
+pub mod load;
+pub mod webhook;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -31,6 +35,7 @@ pub struct Attributes<'a> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResourceAttributes<'a> {
     pub group: &'a str,
+    pub version: &'a str,
     pub resource: &'a str,
     pub subresource: Option<&'a str>,
     pub namespace: &'a str,
@@ -44,6 +49,7 @@ impl<'a> Attributes<'a> {
             verb,
             resource: Some(ResourceAttributes {
                 group: route.info.group,
+                version: route.info.version,
                 resource: route.info.plural,
                 subresource: route.subresource.as_deref(),
                 namespace: &route.namespace,
@@ -74,27 +80,19 @@ pub trait Authorizer: Send + Sync {
     -> DecisionFuture<'a>;
 }
 
-/// `system:masters` may do anything.
-struct Masters;
-
-impl Authorizer for Masters {
-    fn name(&self) -> &str {
-        "system:masters"
-    }
-    fn authorize<'a>(&'a self, user: &'a UserInfo, _: &'a Attributes<'a>) -> DecisionFuture<'a> {
-        let d = if user.in_group(GROUP_MASTERS) {
-            Decision::Allow
-        } else {
-            Decision::NoOpinion(String::new())
-        };
-        Box::pin(std::future::ready(d))
-    }
-}
-
 /// The built-in policy Kubernetes grants through its default roles: anyone may read health
 /// and version (`system:public-info-viewer`), any authenticated user may read discovery and
-/// OpenAPI (`system:discovery`).
-struct DefaultPolicy;
+/// OpenAPI (`system:discovery`). Checked in place, before any configured authorizer, so the
+/// requests it decides cost no allocation.
+fn default_policy_allows(user: &UserInfo, attrs: &Attributes<'_>) -> bool {
+    attrs.resource.is_none()
+        && attrs.verb == "get"
+        && if user.in_group(GROUP_AUTHENTICATED) {
+            discovery_path(attrs.path)
+        } else {
+            public_path(attrs.path)
+        }
+}
 
 /// Paths anyone may read (health and version).
 pub fn public_path(path: &str) -> bool {
@@ -113,32 +111,43 @@ fn discovery_path(path: &str) -> bool {
         || path.starts_with("/openapi/")
 }
 
-impl Authorizer for DefaultPolicy {
+/// `type: AlwaysAllow` in the configuration file: allows every request.
+pub struct AlwaysAllow {
+    pub name: String,
+}
+
+impl Authorizer for AlwaysAllow {
     fn name(&self) -> &str {
-        "default-policy"
+        &self.name
     }
-    fn authorize<'a>(
-        &'a self,
-        user: &'a UserInfo,
-        attrs: &'a Attributes<'a>,
-    ) -> DecisionFuture<'a> {
-        let allowed = attrs.resource.is_none()
-            && attrs.verb == "get"
-            && if user.in_group(GROUP_AUTHENTICATED) {
-                discovery_path(attrs.path)
-            } else {
-                public_path(attrs.path)
-            };
-        let d = if allowed {
-            Decision::Allow
-        } else {
-            Decision::NoOpinion(String::new())
-        };
-        Box::pin(std::future::ready(d))
+    fn authorize<'a>(&'a self, _: &'a UserInfo, _: &'a Attributes<'a>) -> DecisionFuture<'a> {
+        Box::pin(std::future::ready(Decision::Allow))
     }
 }
 
-/// The authorizer chain of a server.
+/// `type: AlwaysDeny` in the configuration file. As in Kubernetes it has no opinion (with
+/// the reason "Everything is forbidden."), so an authorizer after it may still allow; at the
+/// end of the chain it is a 403.
+pub struct AlwaysDeny {
+    pub name: String,
+}
+
+/// The reason Kubernetes' AlwaysDeny authorizer gives.
+pub const ALWAYS_DENY_REASON: &str = "Everything is forbidden.";
+
+impl Authorizer for AlwaysDeny {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn authorize<'a>(&'a self, _: &'a UserInfo, _: &'a Attributes<'a>) -> DecisionFuture<'a> {
+        Box::pin(std::future::ready(Decision::NoOpinion(
+            ALWAYS_DENY_REASON.to_string(),
+        )))
+    }
+}
+
+/// The authorizer chain of a server: `system:masters` (may do anything) and the built-in
+/// policy, checked in place, then the configured authorizers in order.
 pub struct Chain {
     authorizers: Vec<Box<dyn Authorizer>>,
 }
@@ -152,19 +161,34 @@ impl Default for Chain {
 impl Chain {
     /// `system:masters` and the built-in policy first, then `configured` in order.
     pub fn new(configured: Vec<Box<dyn Authorizer>>) -> Self {
-        let mut authorizers: Vec<Box<dyn Authorizer>> =
-            vec![Box::new(Masters), Box::new(DefaultPolicy)];
-        authorizers.extend(configured);
-        Chain { authorizers }
+        Chain {
+            authorizers: configured,
+        }
     }
 
     /// Ok when allowed; 403 naming user, verb, resource and scope otherwise.
     pub async fn authorize(&self, user: &UserInfo, attrs: &Attributes<'_>) -> Result<(), ApiError> {
+        self.authorize_with_reason(user, attrs)
+            .await
+            .map(drop)
+            .map_err(|(e, _)| e)
+    }
+
+    /// [`Chain::authorize`] with the deciding reason (empty when none was given), which
+    /// audit records: Ok(reason) when allowed, the 403 and the reason otherwise.
+    pub async fn authorize_with_reason(
+        &self,
+        user: &UserInfo,
+        attrs: &Attributes<'_>,
+    ) -> Result<String, (ApiError, String)> {
+        if user.in_group(GROUP_MASTERS) || default_policy_allows(user, attrs) {
+            return Ok(String::new());
+        }
         let mut reasons = Vec::new();
         for a in &self.authorizers {
             match a.authorize(user, attrs).await {
-                Decision::Allow => return Ok(()),
-                Decision::Deny(reason) => return Err(forbidden(user, attrs, &reason)),
+                Decision::Allow => return Ok(String::new()),
+                Decision::Deny(reason) => return Err((forbidden(user, attrs, &reason), reason)),
                 Decision::NoOpinion(reason) => {
                     if !reason.is_empty() {
                         reasons.push(reason);
@@ -172,7 +196,8 @@ impl Chain {
                 }
             }
         }
-        Err(forbidden(user, attrs, &reasons.join(", ")))
+        let reason = reasons.join(", ");
+        Err((forbidden(user, attrs, &reason), reason))
     }
 }
 
@@ -234,6 +259,7 @@ mod tests {
             verb: "get",
             resource: Some(ResourceAttributes {
                 group: "",
+                version: "v1",
                 resource: "serviceaccounts",
                 subresource: Some("token"),
                 namespace: "demo",

@@ -62,6 +62,12 @@ pub struct Options {
     #[arg(long, action = clap::ArgAction::Set)]
     pub anonymous_auth: Option<bool>,
 
+    /// AuthorizationConfiguration file (`apiserver.svc.io/v1beta1`, `v1`, `v1alpha1`): the
+    /// authorizers asked after `system:masters` and the built-in policy, in order. Re-read
+    /// when it changes; a version that does not load leaves the previous one in force.
+    #[arg(long)]
+    pub authorization_config: Option<PathBuf>,
+
     /// AuthenticationConfiguration file (`apiserver.svc.io/v1beta1`): JWT authenticators
     /// (OIDC issuers) and anonymous access. Re-read when it changes; a version with errors is
     /// refused (logged and counted) and the previous one stays in force.
@@ -254,6 +260,9 @@ pub struct Options {
     #[arg(long, default_value_t = false)]
     pub log_json: bool,
 
+    #[command(flatten)]
+    pub audit: AuditOptions,
+
     /// A tool to run instead of the server.
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -375,6 +384,127 @@ impl Options {
     }
 }
 
+/// How an audit backend takes events (`--audit-log-mode`, `--audit-webhook-mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AuditMode {
+    /// The request writes its events itself and waits for them (backpressure).
+    Blocking,
+    /// As blocking, and a request whose `RequestReceived` event cannot be written fails.
+    BlockingStrict,
+    /// Events go into a bounded buffer sent in batches; a full buffer drops (and counts) them.
+    Batch,
+}
+
+/// The audit flags, with Kubernetes' names and defaults.
+#[derive(Clone, Debug, clap::Args)]
+pub struct AuditOptions {
+    /// An `audit.svc.io/v1` Policy: which requests are audited, at which level. Without it
+    /// nothing is audited.
+    #[arg(long)]
+    pub audit_policy_file: Option<PathBuf>,
+
+    /// Audit log file (`-`: standard output): one JSON event per line.
+    #[arg(long)]
+    pub audit_log_path: Option<PathBuf>,
+
+    /// Megabytes of audit log before it is rotated (0: 100).
+    #[arg(long, default_value_t = 0)]
+    pub audit_log_maxsize: u64,
+
+    /// Rotated audit logs kept (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub audit_log_maxbackup: usize,
+
+    /// Days a rotated audit log is kept (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    pub audit_log_maxage: u64,
+
+    /// Format of the audit log: `json` (the `legacy` format is not supported).
+    #[arg(long, default_value = "json", value_parser = parse_audit_log_format)]
+    pub audit_log_format: String,
+
+    #[arg(long, value_enum, default_value_t = AuditMode::Blocking)]
+    pub audit_log_mode: AuditMode,
+    #[arg(long, default_value_t = 10000)]
+    pub audit_log_batch_buffer_size: usize,
+    #[arg(long, default_value_t = 1)]
+    pub audit_log_batch_max_size: usize,
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    pub audit_log_batch_max_wait: Duration,
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub audit_log_batch_throttle_enable: bool,
+    #[arg(long, default_value_t = 10.0)]
+    pub audit_log_batch_throttle_qps: f32,
+    #[arg(long, default_value_t = 15)]
+    pub audit_log_batch_throttle_burst: usize,
+
+    /// A kubeconfig naming the server audit events are POSTed to as EventLists.
+    #[arg(long)]
+    pub audit_webhook_config_file: Option<PathBuf>,
+
+    /// How long to wait before retrying the first failed request to the audit webhook.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub audit_webhook_initial_backoff: Duration,
+
+    #[arg(long, value_enum, default_value_t = AuditMode::Batch)]
+    pub audit_webhook_mode: AuditMode,
+    #[arg(long, default_value_t = 10000)]
+    pub audit_webhook_batch_buffer_size: usize,
+    #[arg(long, default_value_t = 400)]
+    pub audit_webhook_batch_max_size: usize,
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub audit_webhook_batch_max_wait: Duration,
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub audit_webhook_batch_throttle_enable: bool,
+    #[arg(long, default_value_t = 10.0)]
+    pub audit_webhook_batch_throttle_qps: f32,
+    #[arg(long, default_value_t = 15)]
+    pub audit_webhook_batch_throttle_burst: usize,
+}
+
+/// The batch settings of one audit backend.
+#[derive(Clone, Debug)]
+pub struct BatchOptions {
+    pub buffer_size: usize,
+    pub max_size: usize,
+    pub max_wait: Duration,
+    pub throttle_enable: bool,
+    pub throttle_qps: f32,
+    pub throttle_burst: usize,
+}
+
+impl AuditOptions {
+    pub fn log_batch(&self) -> BatchOptions {
+        BatchOptions {
+            buffer_size: self.audit_log_batch_buffer_size,
+            max_size: self.audit_log_batch_max_size,
+            max_wait: self.audit_log_batch_max_wait,
+            throttle_enable: self.audit_log_batch_throttle_enable,
+            throttle_qps: self.audit_log_batch_throttle_qps,
+            throttle_burst: self.audit_log_batch_throttle_burst,
+        }
+    }
+
+    pub fn webhook_batch(&self) -> BatchOptions {
+        BatchOptions {
+            buffer_size: self.audit_webhook_batch_buffer_size,
+            max_size: self.audit_webhook_batch_max_size,
+            max_wait: self.audit_webhook_batch_max_wait,
+            throttle_enable: self.audit_webhook_batch_throttle_enable,
+            throttle_qps: self.audit_webhook_batch_throttle_qps,
+            throttle_burst: self.audit_webhook_batch_throttle_burst,
+        }
+    }
+}
+
+fn parse_audit_log_format(s: &str) -> Result<String, String> {
+    match s {
+        "json" => Ok(s.to_string()),
+        "legacy" => Err("the legacy audit log format is not supported: use json".into()),
+        other => Err(format!("unknown audit log format {other:?}: use json")),
+    }
+}
+
 /// Parses Go-style durations: `90s`, `1m30s`, `500ms`, `2h`, `0`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
@@ -430,5 +560,35 @@ mod tests {
         assert!(parse_duration("10").is_err());
         assert!(parse_duration("s").is_err());
         assert!(parse_duration("5 parsecs").is_err());
+    }
+
+    #[test]
+    fn audit_flags_have_kubernetes_defaults_and_refuse_the_legacy_format() {
+        let o = Options::parse_from(["svc-gateway"]).audit;
+        assert_eq!(o.audit_log_mode, AuditMode::Blocking);
+        assert_eq!(o.audit_webhook_mode, AuditMode::Batch);
+        assert_eq!(o.log_batch().max_size, 1);
+        assert!(!o.log_batch().throttle_enable);
+        let w = o.webhook_batch();
+        assert_eq!((w.buffer_size, w.max_size), (10000, 400));
+        assert_eq!(w.max_wait, Duration::from_secs(30));
+        assert!(w.throttle_enable);
+        assert_eq!(o.audit_webhook_initial_backoff, Duration::from_secs(10));
+        let err = Options::try_parse_from(["svc-gateway", "--audit-log-format=legacy"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("legacy audit log format is not supported"),
+            "{err}"
+        );
+        let o = Options::try_parse_from([
+            "svc-gateway",
+            "--audit-log-mode=blocking-strict",
+            "--audit-webhook-batch-throttle-enable=false",
+        ])
+        .unwrap()
+        .audit;
+        assert_eq!(o.audit_log_mode, AuditMode::BlockingStrict);
+        assert!(!o.audit_webhook_batch_throttle_enable);
     }
 }

@@ -19,6 +19,13 @@ async fn run_checks(app: &App, endpoint: &str) -> Vec<(String, Result<(), String
         ),
     ];
     if endpoint != "livez" {
+        // Kubernetes' readyz-only storage check: reads AND writes. A store that cannot commit
+        // (a full disk, a failing fsync) is alive, so `/livez` stays good and nothing restarts
+        // it, but not ready, so traffic goes elsewhere until writes work again.
+        out.push((
+            "etcd-readiness".into(),
+            app.store.ready().await.map_err(|e| e.to_string()),
+        ));
         out.push(("autoregister-completion".into(), Ok(())));
     }
     for (name, done) in app.hooks.list() {

@@ -9,6 +9,7 @@
 
 pub mod admission;
 pub mod app;
+pub mod audit;
 pub mod authn;
 pub mod authz;
 pub mod bootstrap;

@@ -4,6 +4,7 @@
 //! (`store`), and declarative validation mismatches. The watch caches add theirs at scrape
 //! time through a collector (`caches.rs`). README.md's "Metrics" section lists every family.
 
+pub mod authz;
 pub mod store;
 
 use std::sync::Arc;
@@ -195,7 +196,71 @@ pub struct Metrics {
     watch_event_sizes: Family<ResourceLabels, SizeHistogram>,
     /// Storage call latency and counts, recorded by [`store::InstrumentedStore`].
     pub store: store::StoreMetrics,
+    /// Authorization decisions, webhook calls and configuration reloads.
+    pub authz: authz::AuthzMetrics,
     validation_mismatches: Counter,
+    /// `apiserver_audit_*`.
+    pub audit: AuditMetrics,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PluginLabels {
+    plugin: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LevelLabels {
+    level: &'static str,
+}
+
+/// The audit families, with kube-apiserver's names.
+#[derive(Clone, Debug)]
+pub struct AuditMetrics {
+    /// `apiserver_audit_event_total`: events generated and sent to the backends.
+    pub events: Counter,
+    errors: Family<PluginLabels, Counter>,
+    /// `apiserver_audit_level_total`, one counter per level (one per request).
+    levels: [Counter; 4],
+}
+
+impl AuditMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let events = Counter::default();
+        registry.register(
+            "apiserver_audit_event",
+            "Counter of audit events generated and sent to the audit backend.",
+            events.clone(),
+        );
+        let errors = Family::<PluginLabels, Counter>::default();
+        registry.register(
+            "apiserver_audit_error",
+            "Counter of audit events that failed to be audited properly. Plugin identifies \
+             the plugin affected by the error.",
+            errors.clone(),
+        );
+        let level_family = Family::<LevelLabels, Counter>::default();
+        registry.register(
+            "apiserver_audit_level",
+            "Counter of policy levels for audit events (1 per request).",
+            level_family.clone(),
+        );
+        let levels = svc_core::config::audit::Level::ALL
+            .map(|level| level_family.get_or_create_owned(&LevelLabels { level }));
+        AuditMetrics {
+            events,
+            errors,
+            levels,
+        }
+    }
+
+    /// `apiserver_audit_error_total{plugin}`.
+    pub fn errors(&self, plugin: &'static str) -> Counter {
+        self.errors.get_or_create_owned(&PluginLabels { plugin })
+    }
+
+    pub fn level(&self, level: svc_core::config::audit::Level) -> &Counter {
+        &self.levels[level as usize]
+    }
 }
 
 impl Default for Metrics {
@@ -263,6 +328,7 @@ impl Metrics {
             watch_event_sizes.clone(),
         );
         let store = store::StoreMetrics::register(&mut registry);
+        let authz = authz::AuthzMetrics::register(&mut registry);
         let validation_mismatches = Counter::default();
         registry.register(
             "declarative_validation_mismatch",
@@ -270,7 +336,9 @@ impl Metrics {
              validation results",
             validation_mismatches.clone(),
         );
+        let audit = AuditMetrics::register(&mut registry);
         Metrics {
+            audit,
             registry,
             requests,
             latency,
@@ -280,6 +348,7 @@ impl Metrics {
             watch_events,
             watch_event_sizes,
             store,
+            authz,
             validation_mismatches,
         }
     }

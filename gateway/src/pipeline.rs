@@ -21,7 +21,7 @@ use crate::pki;
 use crate::query::Query;
 use crate::respond::{self, Body};
 use crate::router::{self, Route};
-use crate::{discovery, health, metrics, openapi, rest, trace};
+use crate::{audit, discovery, health, metrics, openapi, rest, trace};
 
 /// Who sent a request, before authentication has looked at it.
 pub enum Caller {
@@ -72,7 +72,11 @@ fn verb_of(method: &Method, route: &Route, watch: bool) -> &'static str {
 }
 
 /// Every request enters here: route, authenticate, authorize, dispatch, account.
-pub async fn handle(app: Arc<App>, caller: Caller, req: Request<RequestBody>) -> Response<Body> {
+pub async fn handle(
+    app: Arc<App>,
+    caller: Caller,
+    mut req: Request<RequestBody>,
+) -> Response<Body> {
     let start = Instant::now();
     // The one branch tracing costs when it is off.
     let traced_since = app.tracer.as_ref().map(|_| SystemTime::now());
@@ -91,49 +95,48 @@ pub async fn handle(app: Arc<App>, caller: Caller, req: Request<RequestBody>) ->
         _ => None,
     };
     let work = async {
-        let user = match user {
-            Ok(user) => authorize(&app, user, &route, verb, &path).await,
-            Err(e) => Err(e),
-        };
         match user {
-            Err(e) => respond::error(&e),
-            Ok(user) => {
-                let limit = if verb == "watch" || user.in_group(GROUP_MASTERS) {
-                    None
-                } else if matches!(
-                    *req.method(),
-                    Method::POST | Method::PUT | Method::PATCH | Method::DELETE
-                ) {
-                    Some(&app.mutating_inflight)
-                } else {
-                    Some(&app.readonly_inflight)
-                };
-                let slot = limit.map(|l| l.try_acquire());
-                if let Some(None) = slot {
-                    respond::error(&ApiError::TooManyRequests {
-                        message: "Too many requests, please try again later.".into(),
-                        retry_after_seconds: Some(1),
-                    })
-                } else if verb == "watch" {
-                    dispatch(&app, req, route, query, user).await
-                } else {
-                    match tokio::time::timeout(
-                        app.opts.request_timeout,
-                        dispatch(&app, req, route, query, user),
-                    )
-                    .await
-                    {
-                        Ok(r) => r,
-                        Err(_) => respond::error(&ApiError::Timeout {
-                            message: "request did not complete within the allowed duration".into(),
-                            retry_after_seconds: None,
-                        }),
+            Err(e) => {
+                let resp = respond::error(&e);
+                match &app.audit {
+                    None => (resp, None),
+                    Some(auditor) => {
+                        let begun = auditor.begin(&req, peer(&caller), &route, verb, None);
+                        let resp = match begun.record {
+                            Some(r) => r.failed_authentication(resp).await,
+                            None => resp,
+                        };
+                        (resp, Some(begun.audit_id))
                     }
                 }
             }
+            Ok(user) => {
+                // The one branch audit costs when it is off.
+                let Some(auditor) = &app.audit else {
+                    return (
+                        serve(&app, req, route, query, verb, &path, user, None).await,
+                        None,
+                    );
+                };
+                let begun = auditor.begin(&req, peer(&caller), &route, verb, Some(&user));
+                let resp = match begun.record {
+                    None => serve(&app, req, route, query, verb, &path, user, None).await,
+                    Some(r) => {
+                        req.extensions_mut().insert(r.annotations());
+                        match r.received().await {
+                            // blocking-strict: a request that cannot be audited is not served.
+                            Err(e) => respond::error(&e),
+                            Ok(()) => {
+                                serve_audited(&app, req, route, query, verb, &path, user, r).await
+                            }
+                        }
+                    }
+                };
+                (resp, Some(begun.audit_id))
+            }
         }
     };
-    let resp = match &trace_cx {
+    let (resp, audit_id) = match &trace_cx {
         None => work.await,
         Some(cx) => work.with_context(cx.clone()).await,
     };
@@ -148,6 +151,10 @@ pub async fn handle(app: Arc<App>, caller: Caller, req: Request<RequestBody>) ->
     } else {
         resp
     };
+    let mut resp = resp;
+    if let Some(id) = audit_id {
+        resp.headers_mut().insert(audit::AUDIT_ID_HEADER, id);
+    }
     let code = resp.status().as_u16();
     if let Some(cx) = &trace_cx {
         trace::end_request(cx, code);
@@ -156,6 +163,13 @@ pub async fn handle(app: Arc<App>, caller: Caller, req: Request<RequestBody>) ->
     app.metrics.observe(&info, code, start.elapsed());
     tracing::debug!(verb, %path, code, elapsed_ms = start.elapsed().as_secs_f64() * 1e3, "request");
     resp
+}
+
+fn peer(caller: &Caller) -> Option<std::net::SocketAddr> {
+    match caller {
+        Caller::Connection(ident) => ident.peer,
+        Caller::Internal(_) => None,
+    }
 }
 
 async fn authenticate(
@@ -234,14 +248,59 @@ fn request_span(
     cx
 }
 
-async fn authorize(
-    app: &App,
-    user: pki::UserInfo,
-    route: &Route,
-    verb: &str,
+/// An audited request: [`serve`], with a `Panic` event (and a 500) if a handler panics,
+/// then the response stages.
+#[allow(clippy::too_many_arguments)]
+async fn serve_audited(
+    app: &Arc<App>,
+    req: Request<RequestBody>,
+    route: Route,
+    query: Query,
+    verb: &'static str,
     path: &str,
-) -> Result<pki::UserInfo, ApiError> {
-    let attrs = match route {
+    user: pki::UserInfo,
+    mut record: audit::Record,
+) -> Response<Body> {
+    use futures::FutureExt as _;
+    let served = std::panic::AssertUnwindSafe(serve(
+        app,
+        req,
+        route,
+        query,
+        verb,
+        path,
+        user,
+        Some(&mut record),
+    ))
+    .catch_unwind()
+    .await;
+    match served {
+        Ok(resp) => record.finish(resp).await,
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            tracing::error!(%path, message, "a request handler panicked");
+            record.panicked(&message).await
+        }
+    }
+}
+
+/// Authorize, apply the in-flight limits, dispatch.
+#[allow(clippy::too_many_arguments)]
+async fn serve(
+    app: &Arc<App>,
+    req: Request<RequestBody>,
+    route: Route,
+    query: Query,
+    verb: &'static str,
+    path: &str,
+    user: pki::UserInfo,
+    record: Option<&mut audit::Record>,
+) -> Response<Body> {
+    let attrs = match &route {
         Route::Resource(r) => Attributes::for_resource(r, verb),
         _ => Attributes {
             verb,
@@ -250,15 +309,61 @@ async fn authorize(
         },
     };
     let chain = app.authorizer();
-    trace::in_span(
+    let decision = trace::in_span(
         app.tracer.as_ref(),
         "authorization",
         || vec![opentelemetry::KeyValue::new("verb", verb.to_string())],
-        chain.authorize(&user, &attrs),
-        |r| r.as_ref().err().map(ToString::to_string),
+        chain.authorize_with_reason(&user, &attrs),
+        |r| r.as_ref().err().map(|(e, _)| e.to_string()),
     )
-    .await?;
-    Ok(user)
+    .await;
+    if let Some(r) = &record {
+        let (d, reason) = match &decision {
+            Ok(reason) => ("allow", reason.as_str()),
+            Err((_, reason)) => ("forbid", reason.as_str()),
+        };
+        r.annotate(audit::DECISION_ANNOTATION, d);
+        r.annotate(audit::REASON_ANNOTATION, reason);
+    }
+    if let Err((e, _)) = decision {
+        return respond::error(&e);
+    }
+    let limit = if verb == "watch" || user.in_group(GROUP_MASTERS) {
+        None
+    } else if matches!(
+        *req.method(),
+        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+    ) {
+        Some(("max-mutating-requests-inflight", &app.mutating_inflight))
+    } else {
+        Some(("max-requests-inflight", &app.readonly_inflight))
+    };
+    let slot = limit.map(|(name, l)| (name, l.try_acquire()));
+    // `slot` holds the in-flight permit until the request is done.
+    if let Some((name, None)) = &slot {
+        if let Some(r) = &record {
+            r.annotate(audit::RATE_LIMIT_ANNOTATION, name);
+        }
+        return respond::error(&ApiError::TooManyRequests {
+            message: "Too many requests, please try again later.".into(),
+            retry_after_seconds: Some(1),
+        });
+    }
+    if verb == "watch" {
+        return dispatch(app, req, route, query, user, record).await;
+    }
+    match tokio::time::timeout(
+        app.opts.request_timeout,
+        dispatch(app, req, route, query, user, record),
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(_) => respond::error(&ApiError::Timeout {
+            message: "request did not complete within the allowed duration".into(),
+            retry_after_seconds: None,
+        }),
+    }
 }
 
 async fn dispatch(
@@ -267,6 +372,7 @@ async fn dispatch(
     route: Route,
     query: Query,
     user: pki::UserInfo,
+    record: Option<&mut audit::Record>,
 ) -> Response<Body> {
     let is_get = req.method() == Method::GET || req.method() == Method::HEAD;
     match route {
@@ -277,7 +383,12 @@ async fn dispatch(
                 Method::POST | Method::PUT | Method::PATCH | Method::DELETE
             ) {
                 match body.read(app.opts.max_request_body_bytes).await {
-                    Ok(b) => b,
+                    Ok(b) => {
+                        if let Some(r) = record {
+                            r.request_body(&b);
+                        }
+                        b
+                    }
                     Err(e) => return respond::error(&e),
                 }
             } else {

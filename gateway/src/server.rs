@@ -2,6 +2,7 @@
 //! handed to the pipeline (`pipeline.rs`).
 
 use std::net::SocketAddr;
+use std::os::unix::fs::DirBuilderExt as _;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -54,6 +55,9 @@ impl ServerHandle {
         for t in self.tasks {
             let _ = t.await;
         }
+        if let Some(audit) = &self.app.audit {
+            audit.shutdown().await;
+        }
         if let Some(tracer) = &self.app.tracer {
             tracer.flush().await;
         }
@@ -86,7 +90,11 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
         return start_with_store(opts, store).await;
     }
     let store_dir = opts.store_dir();
-    std::fs::create_dir_all(&store_dir)
+    // Readable by the owner only: the store holds every Secret in clear.
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&store_dir)
         .with_context(|| format!("creating data directory {}", store_dir.display()))?;
     let store =
         svc_storage::embedded::EmbeddedStore::open(&store_dir, opts.embedded_store_config())
@@ -154,8 +162,21 @@ pub async fn start_with_store(
     let webhooks =
         crate::admission::webhook::Webhooks::new(&app.caches, app.egress.clone(), webhook_metrics);
     app.admission = admission.with_webhooks(Arc::new(webhooks));
+    let webhook = match &opts.audit.audit_webhook_config_file {
+        None => None,
+        Some(path) => Some(std::sync::Arc::new(
+            crate::client::WebhookClient::from_kubeconfig_file(path, &app.egress)
+                .map_err(|e| anyhow::anyhow!("--audit-webhook-config-file: {e}"))?,
+        )
+            as std::sync::Arc<dyn crate::audit::webhook::Target>),
+    };
+    app.audit = crate::audit::Auditor::from_options(&opts.audit, &app.metrics.audit, webhook)
+        .map_err(anyhow::Error::msg)?;
     let app = Arc::new(app);
     let reload_task = start_authentication_config(&app, stop_watches_rx)?;
+    let authorization_reload =
+        crate::authz::load::start(&app, crate::authz::load::connect_with(app.egress.clone()))
+            .map_err(|e| anyhow::anyhow!("--authorization-config: {e}"))?;
 
     let mut tasks = vec![tokio::spawn(accept_loop(
         listener,
@@ -175,6 +196,7 @@ pub async fn start_with_store(
         )));
     }
     tasks.extend(reload_task);
+    tasks.extend(authorization_reload);
     bootstrap::start(&app);
     controllers::start(&app, &pki);
     tracing::info!(%addr, ?insecure_addr, kubeconfig = %kubeconfig.display(), "serving");
@@ -289,6 +311,7 @@ async fn accept_loop(
                     let ident = Arc::new(ConnIdentity {
                         cert_user,
                         insecure: false,
+                        peer: Some(peer),
                     });
                     serve_conn(builder, watcher, TokioIo::new(stream), app, ident).await;
                 }
@@ -296,6 +319,7 @@ async fn accept_loop(
                     let ident = Arc::new(ConnIdentity {
                         cert_user: None,
                         insecure: true,
+                        peer: Some(peer),
                     });
                     serve_conn(builder, watcher, TokioIo::new(tcp), app, ident).await;
                 }

@@ -9,6 +9,13 @@
 //! - **History**: reads at past revisions and feed replay come from the `history` and `log`
 //!   tables (`tables`), trimmed by compaction (`compaction`).
 //! - **Feed**: live batches from the committer plus replay from the log (`feed`).
+//! - **Failed commits**: a commit that fails (a full disk, a failed fsync) fails every write of
+//!   its batch with `WriteFailed` and acknowledges none. redb then refuses the file until it
+//!   is reopened, so the committer closes and reopens it at once (redb repairs, every page
+//!   checksum and our own checks are verified), and reads and watches carry on. `ready`
+//!   reports the failure until a commit succeeds again: the committer probes with a write of
+//!   the failed batch's size every second, so it recovers by itself once space returns
+//!   (`committer`).
 //! - **Expiry**: keys written with a time to live have their deadline in the `expiry` table
 //!   (`tables`); the committer deletes them when it passes (`committer`), after a restart too.
 
@@ -16,6 +23,7 @@ mod codec;
 mod committer;
 mod compaction;
 mod feed;
+mod file;
 mod recovery;
 mod tables;
 
@@ -27,10 +35,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use self::committer::{Batch, Committer, Op, Reply, Request};
+use self::file::Faults;
 use self::tables::Snapshot;
 use crate::{FeedStream, KeyRange, KeyValue, RangeResult, Revision, Store, StoreError};
 
@@ -115,13 +124,31 @@ pub(crate) struct Published {
     pub(crate) compacted: AtomicI64,
     pub(crate) batches: AtomicU64,
     pub(crate) closed: AtomicBool,
+    /// Why the last commit failed, until one succeeds again (`ready` reports it).
+    pub(crate) write_failure: Mutex<Option<String>>,
 }
 
 /// State shared by the store handle, the committer and (weakly) the watchers.
 pub(crate) struct Shared {
-    pub(crate) db: redb::Database,
+    /// The open data file; `None` only while the committer reopens it after a failed commit
+    /// (and for as long as that reopen keeps failing).
+    db: RwLock<Option<Arc<redb::Database>>>,
     pub(crate) config: EmbeddedConfig,
     pub(crate) published: Published,
+    pub(crate) dir: PathBuf,
+    pub(crate) faults: Arc<Faults>,
+}
+
+impl Shared {
+    /// The open database, for one read or one write transaction. Callers must not keep it
+    /// longer: the committer waits for these handles to go before it reopens the file.
+    pub(crate) fn db(&self) -> Result<Arc<redb::Database>, StoreError> {
+        self.db.read().clone().ok_or_else(|| {
+            StoreError::Unavailable(
+                "the data file is being reopened after a failed commit".to_string(),
+            )
+        })
+    }
 }
 
 /// The embedded `Store`. Dropping the last handle (or `close`) stops the committer after it
@@ -149,16 +176,20 @@ impl EmbeddedStore {
     /// the open-time checks, and `Unavailable` if the directory is already open.
     pub fn open(dir: &Path, mut config: EmbeddedConfig) -> Result<Arc<Self>, StoreError> {
         config.max_batch = config.max_batch.max(1);
-        let (db, revision, compacted) = recovery::open(dir, &config)?;
+        let faults = Arc::new(Faults::default());
+        let (db, revision, compacted) = recovery::open(dir, &config, &faults)?;
         let shared = Arc::new(Shared {
-            db,
+            db: RwLock::new(Some(Arc::new(db))),
             published: Published {
                 revision: AtomicI64::new(revision),
                 compacted: AtomicI64::new(compacted),
                 batches: AtomicU64::new(0),
                 closed: AtomicBool::new(false),
+                write_failure: Mutex::new(None),
             },
             config,
+            dir: dir.to_path_buf(),
+            faults,
         });
         let (feed, _) = broadcast::channel(shared.config.feed_capacity.max(1));
         let weak_feed = feed.downgrade();
@@ -205,6 +236,13 @@ impl EmbeddedStore {
         {
             tracing::error!("storage committer thread panicked");
         }
+    }
+
+    /// FOR TESTS OF FAILED COMMITS: the next `n` fsyncs of the data file fail with `EIO`,
+    /// inside redb, as a failing disk would make them.
+    #[cfg(feature = "fault-injection")]
+    pub fn inject_sync_failures(&self, n: u32) {
+        self.shared.faults.fail_next_syncs(n);
     }
 
     /// FOR TESTS OF CORRUPT-OBJECT HANDLING: stores `raw` verbatim as `key`'s current record,
@@ -254,7 +292,7 @@ impl EmbeddedStore {
         f: impl FnOnce(&Snapshot) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let shared = self.shared.clone();
-        tokio::task::spawn_blocking(move || f(&Snapshot::open(&shared.db)?))
+        tokio::task::spawn_blocking(move || f(&Snapshot::open(&*shared.db()?)?))
             .await
             .map_err(|err| StoreError::Unavailable(format!("read task failed: {err}")))?
     }
@@ -385,5 +423,13 @@ impl Store for EmbeddedStore {
             return Err(StoreError::Closed);
         }
         self.read(|_| Ok(())).await
+    }
+
+    async fn ready(&self) -> Result<(), StoreError> {
+        self.health().await?;
+        match self.shared.published.write_failure.lock().clone() {
+            Some(detail) => Err(StoreError::WriteFailed(detail)),
+            None => Ok(()),
+        }
     }
 }

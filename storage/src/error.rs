@@ -24,6 +24,10 @@ pub enum StoreError {
     Corrupt { location: String, detail: String },
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// A commit failed (a full disk, a failed fsync): the write was not acknowledged. The
+    /// text names the cause as the operating system reported it.
+    #[error("storage write failed: {0}")]
+    WriteFailed(String),
     #[error("store is closed")]
     Closed,
     #[error("i/o error: {0}")]

@@ -224,6 +224,12 @@ pub trait Store: Send + Sync + 'static {
     /// is closed.
     fn watch(&self, range: KeyRange, after: Revision) -> FeedStream;
 
-    /// Checks that the backend can serve (used by `/readyz`).
+    /// Checks that the backend can serve reads (used by `/livez` and `/readyz`).
     async fn health(&self) -> Result<(), StoreError>;
+
+    /// Checks that the backend can serve reads and writes (used by `/readyz` only): a store
+    /// whose last commit failed, e.g. on a full disk, is alive but not ready.
+    async fn ready(&self) -> Result<(), StoreError> {
+        self.health().await
+    }
 }

@@ -69,7 +69,7 @@ impl Validating for EventRateLimit {
         attrs: &Attributes<'_>,
         object: Option<&dyn AdmissionObject>,
         _old: Option<&dyn AdmissionObject>,
-        _out: &mut Outcome,
+        out: &mut Outcome,
     ) -> Result<(), ApiError> {
         if attrs.dry_run {
             return Ok(());
@@ -84,6 +84,7 @@ impl Validating for EventRateLimit {
         };
         self.limiter
             .check(&subject, self.now())
+            .inspect_err(|_| out.annotate(crate::audit::RATE_LIMIT_ANNOTATION, "EventRateLimit"))
             .map_err(|r| ApiError::TooManyRequests {
                 message: format!("Too many requests: {}", r.message),
                 retry_after_seconds: Some(retry_after_seconds(r.retry_after)),

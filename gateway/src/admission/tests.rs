@@ -203,6 +203,7 @@ fn attrs<'a>(op: Operation, name: &'a str, user: &'a UserInfo) -> Attributes<'a>
         name,
         user,
         dry_run: false,
+        audit: None,
     }
 }
 
@@ -294,6 +295,7 @@ async fn event_rate_limit_charges_event_creates_and_updates_but_not_dry_runs() {
         name: "e",
         user: &user,
         dry_run,
+        audit: None,
     };
     let mut out = Outcome::default();
     let check = |op, dry_run| {

@@ -81,6 +81,7 @@ async fn requester_may(
         verb: "create",
         resource: Some(ResourceAttributes {
             group: CertificateSigningRequest::INFO.group,
+            version: CertificateSigningRequest::INFO.version,
             resource: CertificateSigningRequest::INFO.plural,
             subresource: Some(r.subresource),
             namespace: "",

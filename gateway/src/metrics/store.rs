@@ -291,6 +291,10 @@ impl Store for InstrumentedStore {
     async fn health(&self) -> Result<(), StoreError> {
         self.inner.health().await
     }
+
+    async fn ready(&self) -> Result<(), StoreError> {
+        self.inner.ready().await
+    }
 }
 
 #[cfg(test)]

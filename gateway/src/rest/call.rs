@@ -46,6 +46,7 @@ pub(super) fn admission_attributes<'a, T: Resource>(
         name,
         user: &call.user,
         dry_run,
+        audit: call.parts.extensions.get(),
     }
 }
 

@@ -406,7 +406,17 @@ pub async fn delete<T: Kind>(
     if unsafe_delete {
         authorize_also(app, call, "unsafe-delete-ignore-read-errors").await?;
     }
-    match delete_one::<T>(app, &key, name, &pre, dry_run, &call.user).await {
+    match delete_one::<T>(
+        app,
+        &key,
+        name,
+        &pre,
+        dry_run,
+        &call.user,
+        call.parts.extensions.get(),
+    )
+    .await
+    {
         Ok((obj, code)) => Ok(respond::object(
             code,
             &obj,
@@ -482,6 +492,7 @@ async fn delete_one<T: Kind>(
     pre: &Preconditions,
     dry_run: bool,
     user: &svc_core::user::UserInfo,
+    audit: Option<&crate::audit::Annotations>,
 ) -> Result<(T, StatusCode), ApiError> {
     for _ in 0..MAX_RETRIES {
         let (mut current, kv) = read_current::<T>(app, key, name).await?;
@@ -517,6 +528,7 @@ async fn delete_one<T: Kind>(
                 name,
                 user,
                 dry_run,
+                audit,
             };
             app.admission
                 .validate::<T>(&attrs, None, Some(&current), &mut Outcome::default())
@@ -577,7 +589,17 @@ pub async fn delete_collection<T: Kind>(
         if !selector.matches(&obj) {
             continue;
         }
-        match delete_one::<T>(app, &kv.key, &obj.meta().name, &pre, dry_run, &call.user).await {
+        match delete_one::<T>(
+            app,
+            &kv.key,
+            &obj.meta().name,
+            &pre,
+            dry_run,
+            &call.user,
+            call.parts.extensions.get(),
+        )
+        .await
+        {
             Ok(_) | Err(ApiError::NotFound(_)) => {}
             Err(e) => return Err(e),
         }
@@ -607,7 +629,17 @@ pub async fn delete_all_in_namespace<T: Kind>(app: &App, ns: &str) -> Result<usi
     for kv in &range.kvs {
         let name = String::from_utf8_lossy(&kv.key[prefix_len..]).to_string();
         let none = Preconditions::default();
-        match delete_one::<T>(app, &kv.key, &name, &none, false, &namespace_controller).await {
+        match delete_one::<T>(
+            app,
+            &kv.key,
+            &name,
+            &none,
+            false,
+            &namespace_controller,
+            None,
+        )
+        .await
+        {
             Ok(_) | Err(ApiError::NotFound(_)) => {}
             Err(e) => return Err(e),
         }

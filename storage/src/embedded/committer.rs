@@ -12,10 +12,22 @@
 //! so deadlines survive a restart) and sleeps no longer than until it; when it passes, the due
 //! entries become one batch of revisioned deletes through the same path as every other write,
 //! so feeds see ordinary `Delete` events and history stays gap-free.
+//!
+//! A failing commit (a full disk, a failed fsync) answers every write of its batch with
+//! `WriteFailed` and publishes nothing. redb latches the I/O error and refuses the file from
+//! then on, reads included, so the committer closes it and opens it again at once: redb
+//! repairs the file to its last durable commit and every checksum is verified before
+//! anything is served again. If the reopened file holds the failed batch after all (the fsync
+//! failed after the data reached the file), its revisions are adopted and watchers replay
+//! them from the log; they were never acknowledged, which is what a failed write means. If it
+//! is behind an acknowledged revision, writes stay refused: that is data loss, not a state to
+//! build on. Until a commit succeeds again, `ready` reports the failure; every
+//! `PROBE_INTERVAL` the committer tries a write of the failed batch's size (then removes it),
+//! so the store recovers by itself once space returns, without waiting for a client write.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use redb::{Durability, ReadableTable, Table, WriteTransaction};
@@ -24,7 +36,10 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use super::Shared;
 use super::codec::{self, LogEntry, Record};
 use super::compaction::Compactor;
-use super::tables::{self, CURRENT, EXPIRY, HISTORY, LOG, META, META_REVISION, backend, to_u64};
+use super::recovery;
+use super::tables::{
+    self, CURRENT, EXPIRY, HISTORY, LOG, META, META_REVISION, PROBE, backend, to_u64,
+};
 use crate::{Event, EventKind, KeyValue, Revision, StoreError};
 
 pub(crate) type Batch = Arc<Vec<Event>>;
@@ -98,7 +113,27 @@ pub(crate) struct Committer {
     compactor: Compactor,
     /// The earliest deadline in the `expiry` table (None: no entry), in Unix milliseconds.
     next_expiry: Option<u64>,
+    /// Set by a failed commit, cleared by the next successful one.
+    failed: Option<Failed>,
 }
+
+/// What a failed commit left to do.
+struct Failed {
+    /// The data file must be closed and opened again before anything else uses it.
+    reopen: bool,
+    /// Bytes the probe writes: the failed batch's size, within `PROBE_BYTES`.
+    probe_bytes: usize,
+    next_probe: Instant,
+    /// The reopened file is behind an acknowledged revision: never write again.
+    lost: bool,
+}
+
+/// How often a failed store probes whether writes work again.
+const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+/// Bounds of the probe write.
+const PROBE_BYTES: std::ops::RangeInclusive<usize> = 4096..=4 * 1024 * 1024;
+/// How long a reopen waits for readers to let go of the old handle.
+const REOPEN_WAIT: Duration = Duration::from_secs(5);
 
 /// Wall-clock time in Unix milliseconds: deadlines must survive a restart, so they are not
 /// `Instant`s.
@@ -132,7 +167,7 @@ impl Committer {
         let revision = shared.published.revision.load(Ordering::Acquire);
         let compacted = shared.published.compacted.load(Ordering::Acquire);
         let compactor = Compactor::new(&shared.config, revision, compacted);
-        let next_expiry = earliest_deadline(&shared.db).unwrap_or_else(|err| {
+        let next_expiry = earliest_deadline(&shared).unwrap_or_else(|err| {
             tracing::error!(%err, "reading the expiry table failed; retrying");
             Some(unix_millis())
         });
@@ -144,6 +179,7 @@ impl Committer {
             revision,
             compactor,
             next_expiry,
+            failed: None,
         }
     }
 
@@ -167,10 +203,19 @@ impl Committer {
         while let Some(first) = self.next_request(&runtime) {
             let batch = self.fill_batch(first);
             self.process(batch);
+            if self.failed.is_some() {
+                // Nothing else writes until a probe or a client write gets through.
+                self.probe_if_due();
+                continue;
+            }
             self.expire_due();
             self.compactor.tick(self.revision);
-            self.compactor
-                .step(&self.shared.db, &self.shared.published.compacted);
+            if let Err(detail) = self
+                .compactor
+                .step(self.shared.db(), &self.shared.published.compacted)
+            {
+                self.fail(format!("compaction failed: {detail}"), 0);
+            }
         }
         // Refuse new requests, then answer everything already queued.
         self.requests.close();
@@ -203,8 +248,9 @@ impl Committer {
     /// Waits for the next request. `None` = shut down; `Some(None)` = woke up with nothing
     /// (time to run background compaction).
     fn next_request(&mut self, runtime: &tokio::runtime::Runtime) -> Option<Option<Request>> {
-        if self.compactor.busy() {
-            // Compaction proceeds a chunk at a time, between batches of writes.
+        if self.compactor.busy() && self.failed.is_none() {
+            // Compaction proceeds a chunk at a time, between batches of writes (not while
+            // commits fail: then only the probe's timer wakes the committer).
             return match self.requests.try_recv() {
                 Ok(request) => Some(Some(request)),
                 Err(mpsc::error::TryRecvError::Empty) => {
@@ -221,6 +267,9 @@ impl Committer {
             .compactor
             .wake_interval()
             .unwrap_or(Duration::from_secs(3600));
+        if let Some(failed) = &self.failed {
+            wake = wake.min(failed.next_probe.saturating_duration_since(Instant::now()));
+        }
         if let Some(deadline) = self.next_expiry {
             wake = wake.min(Duration::from_millis(
                 deadline.saturating_sub(unix_millis()),
@@ -273,6 +322,14 @@ impl Committer {
 
     /// Commits `writes` as one transaction; false if the commit failed.
     fn commit(&mut self, writes: Vec<Request>) -> bool {
+        if let Err(detail) = self.writable() {
+            for request in writes {
+                let _ = request
+                    .reply
+                    .send(Err(StoreError::WriteFailed(detail.clone())));
+            }
+            return false;
+        }
         let mut events = Vec::new();
         let result = self.apply_batch(&writes, &mut events);
         match result {
@@ -289,6 +346,8 @@ impl Committer {
                     let _ = self.feed.send(Arc::new(events));
                 }
                 published.revision.store(revision, Ordering::Release);
+                // Before the answers, so a caller told "done" finds the store ready.
+                self.recovered();
                 for (request, outcome) in writes.into_iter().zip(outcomes) {
                     let _ = request.reply.send(outcome);
                 }
@@ -296,14 +355,189 @@ impl Committer {
             }
             Err(err) => {
                 tracing::error!(%err, writes = writes.len(), "storage commit failed");
-                let detail = err.to_string();
+                let detail = format!("commit failed, nothing of it was acknowledged: {err}");
+                // Record the failure before anyone hears of it, so that `ready` already
+                // reports it to a caller who just got the error; reopen after answering.
+                let bytes = writes.iter().map(|w| w.op.size()).sum();
+                self.record_failure(detail.clone(), bytes);
                 for request in writes {
-                    let err = StoreError::Unavailable(format!("commit failed: {detail}"));
-                    let _ = request.reply.send(Err(err));
+                    let _ = request
+                        .reply
+                        .send(Err(StoreError::WriteFailed(detail.clone())));
                 }
+                self.reopen_after_failure();
                 false
             }
         }
+    }
+
+    /// Records a failed transaction and reopens the data file at once, so reads go on.
+    fn fail(&mut self, detail: String, bytes: usize) {
+        self.record_failure(detail, bytes);
+        self.reopen_after_failure();
+    }
+
+    fn reopen_after_failure(&mut self) {
+        if let Err(err) = self.reopen() {
+            tracing::error!(%err, "reopening the data file failed; retrying");
+        }
+    }
+
+    fn record_failure(&mut self, detail: String, bytes: usize) {
+        *self.shared.published.write_failure.lock() = Some(detail);
+        let lost = self.failed.as_ref().is_some_and(|f| f.lost);
+        self.failed = Some(Failed {
+            reopen: true,
+            probe_bytes: bytes.clamp(*PROBE_BYTES.start(), *PROBE_BYTES.end()),
+            next_probe: Instant::now() + PROBE_INTERVAL,
+            lost,
+        });
+    }
+
+    fn recovered(&mut self) {
+        if self.failed.take().is_some() {
+            *self.shared.published.write_failure.lock() = None;
+            tracing::info!("storage writes work again");
+        }
+    }
+
+    /// `Err` (the reason) while writes must be refused; reopens the file if still needed.
+    fn writable(&mut self) -> Result<(), String> {
+        let Some(failed) = &self.failed else {
+            return Ok(());
+        };
+        if failed.lost {
+            return Err(self.failure_detail());
+        }
+        if failed.reopen {
+            self.reopen()
+                .map_err(|err| format!("the data file cannot be reopened: {err}"))?;
+        }
+        Ok(())
+    }
+
+    fn failure_detail(&self) -> String {
+        self.shared
+            .published
+            .write_failure
+            .lock()
+            .clone()
+            .unwrap_or_else(|| "a previous commit failed".to_string())
+    }
+
+    /// Closes the data file and opens it again, verified. Readers wait on the handle's lock
+    /// meanwhile; those already holding a read transaction of the old file get an error.
+    fn reopen(&mut self) -> Result<(), StoreError> {
+        let shared = self.shared.clone();
+        let mut slot = shared.db.write();
+        if let Some(old) = slot.take() {
+            // Readers clone the handle only for the time it takes to begin a transaction.
+            let deadline = Instant::now() + REOPEN_WAIT;
+            while Arc::strong_count(&old) > 1 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            match Arc::try_unwrap(old) {
+                Ok(db) => {
+                    if let Err(err) = db.close() {
+                        tracing::warn!(%err, "closing the failed data file");
+                    }
+                }
+                Err(_) => tracing::warn!("a reader still holds the failed data file"),
+            }
+        }
+        let (db, revision, compacted) =
+            recovery::reopen(&shared.dir, &shared.config, &shared.faults)?;
+        *slot = Some(Arc::new(db));
+        drop(slot);
+        let failed = self.failed.as_mut();
+        if let Some(failed) = failed {
+            failed.reopen = false;
+        }
+        if revision < self.revision {
+            tracing::error!(
+                revision,
+                acknowledged = self.revision,
+                "the reopened data file lost acknowledged writes; refusing writes"
+            );
+            if let Some(failed) = self.failed.as_mut() {
+                failed.lost = true;
+            }
+            *shared.published.write_failure.lock() = Some(format!(
+                "the data file is at revision {revision} after reopening, behind the \
+                 acknowledged revision {}: refusing writes (restart to recover)",
+                self.revision
+            ));
+            return Ok(());
+        }
+        if revision > self.revision {
+            // The failed batch reached the file after all. Watchers see a gap and replay it.
+            tracing::warn!(
+                revision,
+                was = self.revision,
+                "the failed commit is in the data file after all; adopting its revisions"
+            );
+            self.revision = revision;
+            shared.published.revision.store(revision, Ordering::Release);
+        }
+        let published = shared.published.compacted.load(Ordering::Acquire);
+        if compacted > published {
+            shared
+                .published
+                .compacted
+                .store(compacted, Ordering::Release);
+        }
+        self.next_expiry = earliest_deadline(&shared).unwrap_or(Some(unix_millis()));
+        tracing::info!(revision, "data file reopened and verified");
+        Ok(())
+    }
+
+    /// While failed: once per `PROBE_INTERVAL`, a durable write of the failed batch's size
+    /// (removed again), so `ready` turns good once writes of that size work.
+    fn probe_if_due(&mut self) {
+        let Some(failed) = &self.failed else {
+            return;
+        };
+        if failed.lost || Instant::now() < failed.next_probe {
+            return;
+        }
+        let bytes = failed.probe_bytes;
+        let result = self
+            .writable()
+            .map_err(StoreError::WriteFailed)
+            .and_then(|()| self.probe(bytes));
+        match result {
+            Ok(()) => self.recovered(),
+            Err(err) => {
+                tracing::debug!(%err, "storage write probe failed");
+                let reopen = !matches!(err, StoreError::WriteFailed(_));
+                if let Some(failed) = self.failed.as_mut() {
+                    failed.next_probe = Instant::now() + PROBE_INTERVAL;
+                    failed.reopen |= reopen;
+                }
+                if reopen && let Err(err) = self.reopen() {
+                    tracing::error!(%err, "reopening the data file failed; retrying");
+                }
+            }
+        }
+    }
+
+    fn probe(&self, bytes: usize) -> Result<(), StoreError> {
+        let db = self.shared.db()?;
+        let filler = vec![0u8; bytes];
+        for insert in [true, false] {
+            let mut txn = db.begin_write().map_err(backend)?;
+            txn.set_durability(Durability::Immediate).map_err(backend)?;
+            {
+                let mut probe = txn.open_table(PROBE).map_err(backend)?;
+                if insert {
+                    probe.insert(0u8, filler.as_slice()).map_err(backend)?;
+                } else {
+                    probe.remove(0u8).map_err(backend)?;
+                }
+            }
+            txn.commit().map_err(backend)?;
+        }
+        Ok(())
     }
 
     /// Deletes the keys whose deadline has passed (at most `max_batch` per call; the committer
@@ -314,7 +548,7 @@ impl Committer {
             return;
         }
         let limit = self.shared.config.max_batch;
-        let due = match due_entries(&self.shared.db, now, limit) {
+        let due = match due_entries(&self.shared, now, limit) {
             Ok(due) => due,
             Err(err) => {
                 tracing::error!(%err, "reading due expiry entries failed; retrying");
@@ -338,7 +572,7 @@ impl Committer {
             self.next_expiry = Some(now + EXPIRY_RETRY_MS);
             return;
         }
-        self.next_expiry = earliest_deadline(&self.shared.db).unwrap_or_else(|err| {
+        self.next_expiry = earliest_deadline(&self.shared).unwrap_or_else(|err| {
             tracing::error!(%err, "reading the expiry table failed; retrying");
             Some(now + EXPIRY_RETRY_MS)
         });
@@ -352,7 +586,8 @@ impl Committer {
         writes: &[Request],
         events: &mut Vec<Event>,
     ) -> Result<(Vec<Outcome>, Revision, Option<u64>), StoreError> {
-        let mut txn = self.shared.db.begin_write().map_err(backend)?;
+        let db = self.shared.db()?;
+        let mut txn = db.begin_write().map_err(backend)?;
         txn.set_durability(Durability::Immediate).map_err(backend)?;
         let mut outcomes = Vec::with_capacity(writes.len());
         let mut revision = self.revision;
@@ -388,9 +623,9 @@ impl Committer {
 }
 
 /// The earliest deadline in the `expiry` table.
-fn earliest_deadline(db: &redb::Database) -> Result<Option<u64>, StoreError> {
+fn earliest_deadline(shared: &Shared) -> Result<Option<u64>, StoreError> {
     use redb::ReadableDatabase;
-    let txn = db.begin_read().map_err(backend)?;
+    let txn = shared.db()?.begin_read().map_err(backend)?;
     let expiry = txn.open_table(EXPIRY).map_err(backend)?;
     Ok(expiry.first().map_err(backend)?.map(|(k, _)| k.value().0))
 }
@@ -399,12 +634,12 @@ fn earliest_deadline(db: &redb::Database) -> Result<Option<u64>, StoreError> {
 /// An entry that fails its checksum is returned with revision 0, which no write has: it is
 /// dropped without deleting anything.
 fn due_entries(
-    db: &redb::Database,
+    shared: &Shared,
     now: u64,
     limit: usize,
 ) -> Result<Vec<(u64, Bytes, Revision)>, StoreError> {
     use redb::ReadableDatabase;
-    let txn = db.begin_read().map_err(backend)?;
+    let txn = shared.db()?.begin_read().map_err(backend)?;
     let expiry = txn.open_table(EXPIRY).map_err(backend)?;
     let empty: &[u8] = &[];
     let mut due = Vec::new();

@@ -11,6 +11,7 @@
 //! written before a restart is therefore compacted `d` after the restart.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -135,14 +136,19 @@ impl Compactor {
     }
 
     /// Runs one chunk of the pending compaction, publishing the new compaction point (before
-    /// answering anyone waiting for it).
-    pub(crate) fn step(&mut self, db: &Database, published: &AtomicI64) {
+    /// answering anyone waiting for it). An `Err` is a failed transaction, whose text names
+    /// the cause; the committer then reopens the data file as after any failed commit.
+    pub(crate) fn step(
+        &mut self,
+        db: Result<Arc<Database>, StoreError>,
+        published: &AtomicI64,
+    ) -> Result<(), String> {
         let Some(target) = self.pending.as_ref().map(|p| p.target) else {
-            return;
+            return Ok(());
         };
         let low = self.compacted;
         let high = target.min(low.saturating_add(self.chunk));
-        match compact_chunk(db, low, high) {
+        match db.and_then(|db| compact_chunk(&db, low, high)) {
             Ok(()) => {
                 self.compacted = high;
                 published.store(high, Ordering::Release);
@@ -151,6 +157,7 @@ impl Compactor {
                         let _ = waiter.send(Ok(Reply::Done));
                     }
                 }
+                Ok(())
             }
             Err(err) => {
                 tracing::error!(%err, low, high, "compaction failed");
@@ -159,6 +166,7 @@ impl Compactor {
                     let err = StoreError::Unavailable(format!("compaction failed: {detail}"));
                     let _ = waiter.send(Err(err));
                 }
+                Err(detail)
             }
         }
     }

@@ -108,7 +108,7 @@ impl Watcher {
         };
         let (after, range, chunk) = (self.seen, self.range.clone(), self.replay_chunk);
         let read = tokio::task::spawn_blocking(move || {
-            let snapshot = Snapshot::open(&shared.db)?;
+            let snapshot = Snapshot::open(&*shared.db()?)?;
             let (events, last) = snapshot.events_after(after, &range, chunk)?;
             Ok::<_, StoreError>((events, last, snapshot.revision))
         })

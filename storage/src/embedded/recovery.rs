@@ -13,11 +13,13 @@
 use std::fs;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
+use std::sync::Arc;
 
 use redb::{Database, DatabaseError, Durability, ReadableDatabase, ReadableTable};
 
 use super::EmbeddedConfig;
 use super::codec::{self, corrupt};
+use super::file::{DataFile, Faults};
 use super::tables::{
     self, CURRENT, EXPIRY, FORMAT_VERSION, HISTORY, LOG, META, META_COMPACTED, META_FORMAT,
     META_REVISION, backend, to_rev, to_u64,
@@ -33,16 +35,58 @@ const INIT_FILE: &str = "store.redb.init";
 pub(crate) fn open(
     dir: &Path,
     config: &EmbeddedConfig,
+    faults: &Arc<Faults>,
 ) -> Result<(Database, Revision, Revision), StoreError> {
-    fs::create_dir_all(dir).map_err(StoreError::Io)?;
+    create_private_dir(dir)?;
     let path = dir.join(DATA_FILE);
     if !path.exists() {
         initialize(dir)?;
     }
-    let db = open_file(&path, config)?;
+    let db = open_file(&path, config, faults)?;
     let (revision, compacted) = verify(&db, config.verify_tail)?;
     add_missing_tables(&db)?;
     Ok((db, revision, compacted))
+}
+
+/// Opens the data file again after a failed commit (the old handle must be closed first):
+/// redb repairs what the failed transaction left, every page checksum is verified, then our
+/// own checks run as at start.
+pub(crate) fn reopen(
+    dir: &Path,
+    config: &EmbeddedConfig,
+    faults: &Arc<Faults>,
+) -> Result<(Database, Revision, Revision), StoreError> {
+    let config = EmbeddedConfig {
+        verify_file_on_open: true,
+        ..config.clone()
+    };
+    let db = open_file(&dir.join(DATA_FILE), &config, faults)?;
+    let (revision, compacted) = verify(&db, config.verify_tail)?;
+    Ok((db, revision, compacted))
+}
+
+/// Creates the data directory (and missing parents) readable by its owner only, and narrows
+/// an existing one to 0700: the data holds every Secret in clear.
+fn create_private_dir(dir: &Path) -> Result<(), StoreError> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(StoreError::Io)?;
+        let mode = fs::metadata(dir)
+            .map_err(StoreError::Io)?
+            .permissions()
+            .mode();
+        if mode & 0o077 != 0 {
+            fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(StoreError::Io)?;
+        }
+    }
+    #[cfg(not(unix))]
+    fs::create_dir_all(dir).map_err(StoreError::Io)?;
+    Ok(())
 }
 
 fn redb_builder(config: &EmbeddedConfig) -> redb::Builder {
@@ -52,7 +96,11 @@ fn redb_builder(config: &EmbeddedConfig) -> redb::Builder {
     builder
 }
 
-fn open_file(path: &Path, config: &EmbeddedConfig) -> Result<Database, StoreError> {
+fn open_file(
+    path: &Path,
+    config: &EmbeddedConfig,
+    faults: &Arc<Faults>,
+) -> Result<Database, StoreError> {
     let location = path.display().to_string();
     if fs::metadata(path).map_err(StoreError::Io)?.len() == 0 {
         return Err(corrupt(
@@ -63,7 +111,8 @@ fn open_file(path: &Path, config: &EmbeddedConfig) -> Result<Database, StoreErro
     let builder = redb_builder(config);
     // redb documents that a plain open of a file damaged outside redb "may panic"; a panic
     // here must become a clear error, not take the process down.
-    match catch_unwind(AssertUnwindSafe(|| builder.open(path))) {
+    let file = DataFile::open(path, faults.clone()).map_err(StoreError::Io)?;
+    match catch_unwind(AssertUnwindSafe(|| builder.create_with_backend(file))) {
         Ok(Ok(db)) => Ok(db),
         Ok(Err(DatabaseError::DatabaseAlreadyOpen)) => Err(StoreError::Unavailable(format!(
             "{location} is already open (by this or another process)"

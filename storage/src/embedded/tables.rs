@@ -11,7 +11,8 @@
 //!   the deadline passes if that write is still the key's latest (a later write or delete
 //!   leaves the entry stale, and it is dropped when reached). Ordered by deadline, so finding
 //!   what is due reads only the due entries;
-//! - `meta`: `revision` (last committed) and `compacted`.
+//! - `meta`: `revision` (last committed) and `compacted`;
+//! - `probe`: empty, but for the moment a failed store tests whether writes work again.
 //!
 //! Every value carries a CRC32 (see `codec`); a read that fails it returns `Corrupt`.
 
@@ -25,6 +26,8 @@ pub(crate) const HISTORY: TableDefinition<(&[u8], u64), &[u8]> = TableDefinition
 pub(crate) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 pub(crate) const EXPIRY: TableDefinition<(u64, &[u8]), &[u8]> = TableDefinition::new("expiry");
 pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+/// Scratch space of the write probe after a failed commit (see `committer`); empty otherwise.
+pub(crate) const PROBE: TableDefinition<u8, &[u8]> = TableDefinition::new("probe");
 
 pub(crate) const META_REVISION: &str = "revision";
 pub(crate) const META_COMPACTED: &str = "compacted";

@@ -21,6 +21,7 @@ fn attrs<'a>(op: Operation, user: &'a UserInfo, dry_run: bool) -> Attributes<'a>
         name: "",
         user,
         dry_run,
+        audit: None,
     }
 }
 
