@@ -88,13 +88,25 @@ token_kubeconfig() {
 
 has_flag() { "$GW" --help 2>&1 | grep -q -- "$1"; }
 
-# run ROW SCENARIO ARGS...: one svc-loadtest run, report in $OUT/ROW (results.json).
+# CPU seconds (user + system) a process has used so far.
+cpu_s() {
+    awk -v t="$(getconf CLK_TCK)" '{ print ($14 + $15) / t }' "/proc/$1/stat" 2>/dev/null || echo 0
+}
+
+# run ROW PID SCENARIO ARGS...: one svc-loadtest run against the gateway PID, report in
+# $OUT/ROW (results.json); $OUT/ROW.cpu: CPU seconds of the gateway and of the webhook server
+# during the run.
 run() {
-    local row=$1
-    shift
+    local row=$1 pid=$2
+    shift 2
     log "$row: $*"
+    local g0 w0
+    g0=$(cpu_s "$pid")
+    w0=$(cpu_s "$WPID")
     "$L" "$@" --out "$OUT/$row" > "$OUT/$row.md" 2> "$OUT/$row.err" \
         || { echo "svc-loadtest failed for $row:" >&2; tail -5 "$OUT/$row.err" >&2; }
+    echo "$(cpu_s "$pid") $g0 $(cpu_s "$WPID") $w0" \
+        | awk '{ printf "%.2f %.2f\n", $1 - $2, $3 - $4 }' > "$OUT/$row.cpu"
 }
 
 echo "$(nproc) cores; load average at start: $(cut -d' ' -f1-3 /proc/loadavg)" > "$OUT/machine"
@@ -106,7 +118,8 @@ port_of "$W/issuer.out" > /dev/null || exit 1
 ISSUER=$(cat "$W/issuer-url")
 "$L" webhook-server --listen 127.0.0.1:0 --cert "$W/issuer-server.pem" --key "$W/issuer-server.key" \
     > "$W/webhook.out" 2>&1 &
-PIDS+=($!)
+WPID=$!
+PIDS+=("$WPID")
 WPORT=$(port_of "$W/webhook.out") || exit 1
 CA_B64=$(base64 -w0 "$W/issuer-ca.pem")
 webhook_stats() {
@@ -140,8 +153,8 @@ if start_gateway jwt --authentication-config "$W/authn.yaml"; then
         sleep 0.2
     done
     for r in $(seq "$ROUNDS"); do
-        run "get-cert-jwtserver-r$r" get --kubeconfig "$KC" --path "$GET_PATH" --clients 32 --duration "$DUR"
-        run "get-jwt-r$r" get --kubeconfig "$W/jwt.kubeconfig" --path "$GET_PATH" --clients 32 --duration "$DUR"
+        run "get-cert-jwtserver-r$r" "$GPID" get --kubeconfig "$KC" --path "$GET_PATH" --clients 32 --duration "$DUR"
+        run "get-jwt-r$r" "$GPID" get --kubeconfig "$W/jwt.kubeconfig" --path "$GET_PATH" --clients 32 --duration "$DUR"
     done
     stop_gateway
 fi
@@ -189,8 +202,8 @@ EOF
             || echo "the service account is not authorized through the webhook" >&2
         before=$(webhook_stats | jq .subjectAccessReviews)
         for r in $(seq "$ROUNDS"); do
-            run "get-cert-authzserver-r$r" get --kubeconfig "$KC" --path "$GET_PATH" --clients 32 --duration "$DUR"
-            run "get-sa-webhook-r$r" get --kubeconfig "$W/sa.kubeconfig" --path "$GET_PATH" --clients 32 --duration "$DUR"
+            run "get-cert-authzserver-r$r" "$GPID" get --kubeconfig "$KC" --path "$GET_PATH" --clients 32 --duration "$DUR"
+            run "get-sa-webhook-r$r" "$GPID" get --kubeconfig "$W/sa.kubeconfig" --path "$GET_PATH" --clients 32 --duration "$DUR"
         done
         after=$(webhook_stats | jq .subjectAccessReviews)
         echo "$((after - before))" > "$OUT/sar-calls-during-runs"
@@ -229,8 +242,8 @@ if start_gateway events-none; then
         sleep 2
         before=$(webhook_stats | jq .admissionReviews)
         for r in $(seq "$ROUNDS"); do
-            run "events-none-r$r" events --kubeconfig "$KC_NONE" --writers 64 --max --duration "$DUR" --server-pid "$GPID_NONE"
-            run "events-webhooks-r$r" events --kubeconfig "$KC" --writers 64 --max --duration "$DUR" --server-pid "$GPID"
+            run "events-none-r$r" "$GPID_NONE" events --kubeconfig "$KC_NONE" --writers 64 --max --duration "$DUR" --server-pid "$GPID_NONE"
+            run "events-webhooks-r$r" "$GPID" events --kubeconfig "$KC" --writers 64 --max --duration "$DUR" --server-pid "$GPID"
         done
         after=$(webhook_stats | jq .admissionReviews)
         echo "$((after - before))" > "$OUT/admission-calls-during-runs"
@@ -255,8 +268,8 @@ EOF
         if start_gateway fanout-audit --audit-policy-file "$W/audit-policy.yaml" \
             --audit-log-path "$W/audit.log" --audit-log-mode batch; then
             for r in $(seq "$ROUNDS"); do
-                run "fanout-none-r$r" fanout --kubeconfig "$KC_NONE" --watchers 1000 --rate 100 --duration "$DUR" --server-pid "$GPID_NONE"
-                run "fanout-audit-r$r" fanout --kubeconfig "$KC" --watchers 1000 --rate 100 --duration "$DUR" --server-pid "$GPID"
+                run "fanout-none-r$r" "$GPID_NONE" fanout --kubeconfig "$KC_NONE" --watchers 1000 --rate 100 --duration "$DUR" --server-pid "$GPID_NONE"
+                run "fanout-audit-r$r" "$GPID" fanout --kubeconfig "$KC" --watchers 1000 --rate 100 --duration "$DUR" --server-pid "$GPID"
             done
             wc -l < "$W/audit.log" > "$OUT/audit-log-lines"
             stop_gateway
@@ -281,15 +294,27 @@ def load(row):
         return None
     return json.load(open(p))["runs"][0]
 
-def figures(kind, r):
-    """(rate, p99 ms, failures) of one run."""
+def cpu(row):
+    """CPU seconds of (gateway, webhook server) during the run."""
+    p = os.path.join(out, row + ".cpu")
+    if not os.path.exists(p):
+        return (0.0, 0.0)
+    g, w = open(p).read().split()
+    return (float(g), float(w))
+
+def figures(kind, row, r):
+    """(rate, p99 ms, failures, gateway CPU-us per op, webhook server CPU s) of one run."""
     c = r["counts"]
     if kind == "get":
-        return r["extra"]["requests_per_s"], r["latency_ms"]["p99"], c["watch_errors"]
-    if kind == "events":
-        return c["writes_per_s"], r["write_latency_ms"]["p99"], c["write_errors"]
-    return (c["events_per_s"], r["latency_ms"]["p99"],
-            c["write_errors"] + c["watch_errors"] + c["missing"])
+        f = (r["extra"]["requests_per_s"], r["latency_ms"]["p99"], c["watch_errors"])
+    elif kind == "events":
+        f = (c["writes_per_s"], r["write_latency_ms"]["p99"], c["write_errors"])
+    else:
+        f = (c["events_per_s"], r["latency_ms"]["p99"],
+             c["write_errors"] + c["watch_errors"] + c["missing"])
+    g, w = cpu(row)
+    ops = f[0] * r["elapsed_s"]
+    return f + ((g * 1e6 / ops) if ops else 0.0, w)
 
 pairs = [
     ("get", "GET requests/s, client certificate (admin)", "get-cert-jwtserver",
@@ -301,24 +326,30 @@ pairs = [
     ("fanout", "fan-out events/s (1,000 watchers x 100 writes/s), audit off", "fanout-none",
      "fan-out events/s, audit Metadata (log, batch)", "fanout-audit"),
 ]
-print("| what | rate per round | mean | p99 ms (per round) | failures | ratio |")
-print("|---|---:|---:|---:|---:|---:|")
+print("| what | rate per round | mean | ratio | p99 ms (per round) | failures | "
+      "gateway CPU-us per op (ratio) | webhook server CPU s |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|")
 for kind, bname, brow, fname, frow in pairs:
-    means = {}
+    means, cpus = {}, {}
     for name, row in ((bname, brow), (fname, frow)):
-        runs = [load(f"{row}-r{i}") for i in range(1, rounds + 1)]
-        runs = [r for r in runs if r is not None]
+        rows = [f"{row}-r{i}" for i in range(1, rounds + 1)]
+        runs = [(x, load(x)) for x in rows]
+        runs = [(x, r) for x, r in runs if r is not None]
         if not runs:
-            print(f"| {name} | not measured | | | | |")
+            print(f"| {name} | not measured | | | | | | |")
             continue
-        f = [figures(kind, r) for r in runs]
+        f = [figures(kind, x, r) for x, r in runs]
         mean = statistics.mean(x[0] for x in f)
-        means[row] = mean
-        ratio = ""
-        if row == frow and brow in means and means[brow] > 0:
+        cpu_mean = statistics.mean(x[3] for x in f)
+        means[row], cpus[row] = mean, cpu_mean
+        ratio, cpu_ratio = "", ""
+        if row == frow and means.get(brow):
             ratio = f"**{mean / means[brow]:.2f}x**"
-        print(f"| {name} | {' / '.join(f'{x[0]:,.0f}' for x in f)} | {mean:,.0f} | "
-              f"{' / '.join(f'{x[1]:.2f}' for x in f)} | {sum(x[2] for x in f)} | {ratio} |")
+        if row == frow and cpus.get(brow):
+            cpu_ratio = f" ({cpu_mean / cpus[brow]:.2f}x)"
+        print(f"| {name} | {' / '.join(f'{x[0]:,.0f}' for x in f)} | {mean:,.0f} | {ratio} | "
+              f"{' / '.join(f'{x[1]:.2f}' for x in f)} | {sum(x[2] for x in f)} | "
+              f"{cpu_mean:.1f}{cpu_ratio} | {' / '.join(f'{x[4]:.1f}' for x in f)} |")
 for f, what in (("sar-calls-during-runs", "SubjectAccessReviews the webhook answered during the runs"),
                 ("admission-calls-during-runs", "AdmissionReviews the webhook answered during the runs"),
                 ("audit-log-lines", "audit log lines written (audited server)"),
