@@ -32,7 +32,12 @@ fn start(dir: &std::path::Path) -> Server {
     std::fs::write(&cert, ck.cert.pem()).unwrap();
     std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
     let mut child = Command::new(BIN)
-        .args(["webhook-server", "--listen", "127.0.0.1:0", "--exit-with-stdin"])
+        .args([
+            "webhook-server",
+            "--listen",
+            "127.0.0.1:0",
+            "--exit-with-stdin",
+        ])
         .arg("--cert")
         .arg(&cert)
         .arg("--key")
