@@ -164,6 +164,7 @@ const GATEWAY_ORDER: &[&str] = &[
     "kind",
     "lifecycle",
     "limits",
+    "conn_limits",
     "trace",
     "metrics",
     "pki",

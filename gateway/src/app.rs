@@ -16,7 +16,7 @@ use crate::egress::Egress;
 use crate::features::Feature;
 use crate::jwt;
 use crate::lifecycle::PostStartHooks;
-use crate::limits::InflightLimit;
+use crate::limits::{FairConfig, FairLimit, FlowMetrics, InflightLimit};
 use crate::metrics::Metrics;
 use crate::metrics::store::InstrumentedStore;
 use crate::reload::ReloadMetrics;
@@ -44,8 +44,13 @@ pub struct App {
     /// Issues and verifies service-account tokens.
     pub tokens: Tokens,
     /// `--max-requests-inflight` and `--max-mutating-requests-inflight`.
-    pub readonly_inflight: InflightLimit,
-    pub mutating_inflight: InflightLimit,
+    /// Each a pool of seats with fair queuing by user (`limits.rs`).
+    pub readonly_inflight: FairLimit,
+    pub mutating_inflight: FairLimit,
+    /// `--max-watches`.
+    pub watches: InflightLimit,
+    /// Rejections the pipeline counts itself (watches past `--max-watches`).
+    pub flow_metrics: FlowMetrics,
     /// The admission plugins every write goes through (empty unless flags enable some).
     pub admission: admission::Chain,
     /// Spans of requests (`--tracing-config-file`); `None`, the default, costs one branch
@@ -107,8 +112,27 @@ impl App {
         };
         let store = InstrumentedStore::wrap(store, metrics.store.clone(), tracer.clone());
         let validator = validator(&opts, &metrics);
-        let readonly_inflight = InflightLimit::new(opts.max_requests_inflight);
-        let mutating_inflight = InflightLimit::new(opts.max_mutating_requests_inflight);
+        let flow_metrics = FlowMetrics::default();
+        for (name, help, family) in flow_metrics.families() {
+            metrics.register(name, help, family);
+        }
+        let pool = |seats| FairConfig {
+            seats,
+            queue_length: opts.max_queued_requests_per_user,
+            max_queues: opts.max_queued_users,
+            max_wait: opts.max_queue_wait,
+        };
+        let readonly_inflight = FairLimit::new(
+            "readOnly",
+            pool(opts.max_requests_inflight),
+            flow_metrics.clone(),
+        );
+        let mutating_inflight = FairLimit::new(
+            "mutating",
+            pool(opts.max_mutating_requests_inflight),
+            flow_metrics.clone(),
+        );
+        let watches = InflightLimit::new(opts.max_watches);
         Ok(App {
             opts,
             store,
@@ -125,6 +149,8 @@ impl App {
             admission: admission::Chain::default(),
             readonly_inflight,
             mutating_inflight,
+            watches,
+            flow_metrics,
             tracer,
             audit: None,
             authentication: Default::default(),

@@ -46,13 +46,35 @@ pub struct Options {
     pub insecure_port: u16,
 
     /// Read-only requests in flight at once (watches and `system:masters` not counted); past
-    /// it, 429 with `Retry-After`. 0: no limit.
+    /// it, a request waits in its user's queue (`--max-queued-requests-per-user`,
+    /// `--max-queue-wait`), then 429 with `Retry-After`. 0: no limit.
     #[arg(long, default_value_t = 400)]
     pub max_requests_inflight: usize,
 
     /// Mutating requests (create, update, patch, delete) in flight at once; 0: no limit.
     #[arg(long, default_value_t = 200)]
     pub max_mutating_requests_inflight: usize,
+
+    /// Watches open at once (`system:masters` not counted); past it, a new watch gets 429
+    /// with `Retry-After`. Each costs a task and a small queue, not a seat of the limits
+    /// above. 0: no limit.
+    #[arg(long, default_value_t = 100_000)]
+    pub max_watches: usize,
+
+    /// Requests one user may have waiting for a seat when the inflight limits are reached;
+    /// past it, 429 (`queue-full`). 0: no queueing, a full limit answers 429 at once.
+    #[arg(long, default_value_t = 50)]
+    pub max_queued_requests_per_user: usize,
+
+    /// Users that may have requests waiting at once (per limit); a request of another user
+    /// then gets 429 (`queue-full`).
+    #[arg(long, default_value_t = 128)]
+    pub max_queued_users: usize,
+
+    /// Longest wait for a seat; then 429 (`time-out`). Freed seats go round-robin across the
+    /// users waiting.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub max_queue_wait: Duration,
 
     /// Unauthenticated requests as `system:anonymous`: `true` everywhere (authorization then
     /// lets them read health and version only), `false` nowhere. Unset, as Kubernetes behaves
@@ -113,6 +135,31 @@ pub struct Options {
     /// Concurrent HTTP/2 streams per connection.
     #[arg(long, default_value_t = 1000)]
     pub http2_max_streams_per_connection: u32,
+
+    /// How long a client may take to send a request's headers (kube-apiserver's
+    /// `ReadHeaderTimeout`); an HTTP/1.1 connection waiting for its next request is closed
+    /// after this long too.
+    #[arg(long, default_value = "32s", value_parser = parse_duration)]
+    pub http_header_read_timeout: Duration,
+
+    /// A connection with no request in flight for this long is closed (h2: GOAWAY), as
+    /// kube-apiserver's `IdleTimeout`.
+    #[arg(long, default_value = "90s", value_parser = parse_duration)]
+    pub http_idle_timeout: Duration,
+
+    /// How long a client may take to complete the TLS handshake.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub tls_handshake_timeout: Duration,
+
+    /// Largest request head (HTTP/1.1 request line and headers; h2 header list), as Go's
+    /// `MaxHeaderBytes` in kube-apiserver; larger requests get 431.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub http_max_header_bytes: usize,
+
+    /// Connections open at once; past it, new ones wait in the listen backlog. 0: the
+    /// process's open-file limit less 256 kept for other files.
+    #[arg(long, default_value_t = 0)]
+    pub max_connections: usize,
 
     /// How long the watch cache keeps events: the window a watch may resume from (410 after).
     #[arg(long, default_value = "5m", value_parser = parse_duration)]

@@ -16,6 +16,7 @@ pub mod bootstrap;
 pub mod caches;
 pub mod client;
 pub mod config;
+pub mod conn_limits;
 pub mod controllers;
 pub mod discovery;
 pub mod egress;

@@ -1,25 +1,443 @@
-//! Overload protection as Kubernetes' `--max-requests-inflight` and
-//! `--max-mutating-requests-inflight` give it: at most so many read-only and so many mutating
-//! requests in flight at once; past that, 429 with `Retry-After`. Long-running requests
-//! (watches) and `system:masters` (the server's own controllers, administrators) are not
-//! counted, as in Kubernetes.
+//! Overload protection in the spirit of Kubernetes' API Priority and Fairness, sized by
+//! `--max-requests-inflight` (read-only requests) and `--max-mutating-requests-inflight`
+//! (mutating ones): each is a pool of seats. A request that finds its pool full waits in its
+//! user's queue (at most `--max-queued-requests-per-user` requests per user, at most
+//! `--max-queued-users` users queued at once, each request at most `--max-queue-wait`); a
+//! freed seat goes to the next user in turn among those waiting (round-robin, one request
+//! each), so a user sending many requests at once gets its share of the seats, not all of
+//! them. Past a bound the request gets 429 with `Retry-After`: `queue-full`, or `time-out`
+//! when its wait ran out (Kubernetes' reasons). Watches are long-running and hold no seat:
+//! they are counted on their own against `--max-watches`. `system:masters` (the server's own
+//! controllers, administrators) is exempt from all of it, as Kubernetes' `exempt` priority
+//! level is.
+//!
+//! Metrics with Kubernetes' APF names: `apiserver_flowcontrol_current_inqueue_requests`,
+//! `apiserver_flowcontrol_current_executing_requests`,
+//! `apiserver_flowcontrol_rejected_requests_total` and
+//! `apiserver_flowcontrol_request_wait_duration_seconds`, labelled by `priority_level`
+//! (`readOnly`, `mutating`; `watch` for rejected watches).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
-/// A bound on requests in flight (0: none).
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use tokio::sync::Notify;
+
+/// Kubernetes' buckets for `apiserver_flowcontrol_request_wait_duration_seconds`.
+const WAIT_BUCKETS: [f64; 13] = [
+    0.0, 0.005, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 30.0,
+];
+
+/// Why a request was turned away, as Kubernetes' `reason` label says it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rejection {
+    /// The user's queue, or the number of queued users, was at its bound.
+    QueueFull,
+    /// The request waited `--max-queue-wait` without getting a seat.
+    TimeOut,
+    /// No seat and no queueing (a watch past `--max-watches`, or queues of length 0).
+    ConcurrencyLimit,
+}
+
+impl Rejection {
+    pub fn reason(self) -> &'static str {
+        match self {
+            Rejection::QueueFull => "queue-full",
+            Rejection::TimeOut => "time-out",
+            Rejection::ConcurrencyLimit => "concurrency-limit",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LevelLabels {
+    priority_level: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RejectedLabels {
+    priority_level: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WaitLabels {
+    priority_level: &'static str,
+    /// `true` when the request went on to run, `false` when it was rejected.
+    execute: &'static str,
+}
+
+/// The flow-control metric families, shared by every pool; registered by `App::new`.
+#[derive(Clone)]
+pub struct FlowMetrics {
+    inqueue: Family<LevelLabels, Gauge>,
+    executing: Family<LevelLabels, Gauge>,
+    rejected: Family<RejectedLabels, Counter>,
+    wait: Family<WaitLabels, Histogram>,
+}
+
+impl Default for FlowMetrics {
+    fn default() -> Self {
+        let m = FlowMetrics {
+            inqueue: Family::default(),
+            executing: Family::default(),
+            rejected: Family::default(),
+            wait: Family::new_with_constructor(|| Histogram::new(WAIT_BUCKETS)),
+        };
+        for level in ["readOnly", "mutating"] {
+            let l = LevelLabels {
+                priority_level: level,
+            };
+            let _ = m.inqueue.get_or_create(&l);
+            let _ = m.executing.get_or_create(&l);
+        }
+        m
+    }
+}
+
+impl FlowMetrics {
+    /// `(name, help, metric)` of every family, for the registry.
+    pub fn families(&self) -> Vec<(&'static str, &'static str, FlowFamily)> {
+        vec![
+            (
+                "apiserver_flowcontrol_current_inqueue_requests",
+                "Number of requests currently pending in queues of the API Priority and \
+                 Fairness subsystem",
+                FlowFamily(AnyFamily::Level(self.inqueue.clone())),
+            ),
+            (
+                "apiserver_flowcontrol_current_executing_requests",
+                "Number of requests in initial (for a WATCH) or any (for a non-WATCH) \
+                 execution stage in the API Priority and Fairness subsystem",
+                FlowFamily(AnyFamily::Level(self.executing.clone())),
+            ),
+            (
+                "apiserver_flowcontrol_rejected_requests",
+                "Number of requests rejected by API Priority and Fairness subsystem",
+                FlowFamily(AnyFamily::Rejected(self.rejected.clone())),
+            ),
+            (
+                "apiserver_flowcontrol_request_wait_duration_seconds",
+                "Length of time a request spent waiting in its queue",
+                FlowFamily(AnyFamily::Wait(self.wait.clone())),
+            ),
+        ]
+    }
+
+    /// Counts a rejection of a request of `level`.
+    pub fn rejected(&self, level: &'static str, why: Rejection) {
+        self.rejected
+            .get_or_create(&RejectedLabels {
+                priority_level: level,
+                reason: why.reason(),
+            })
+            .inc();
+    }
+
+    fn waited(&self, level: &'static str, executed: bool, since: Instant) {
+        self.wait
+            .get_or_create(&WaitLabels {
+                priority_level: level,
+                execute: if executed { "true" } else { "false" },
+            })
+            .observe(since.elapsed().as_secs_f64());
+    }
+}
+
+/// One of the flow-control families, as the registry takes it.
+#[derive(Debug)]
+pub struct FlowFamily(AnyFamily);
+
+#[derive(Debug)]
+enum AnyFamily {
+    Level(Family<LevelLabels, Gauge>),
+    Rejected(Family<RejectedLabels, Counter>),
+    Wait(Family<WaitLabels, Histogram>),
+}
+
+impl EncodeMetric for FlowFamily {
+    fn encode(&self, encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        match &self.0 {
+            AnyFamily::Level(f) => f.encode(encoder),
+            AnyFamily::Rejected(f) => f.encode(encoder),
+            AnyFamily::Wait(f) => f.encode(encoder),
+        }
+    }
+
+    fn metric_type(&self) -> MetricType {
+        match &self.0 {
+            AnyFamily::Level(f) => f.metric_type(),
+            AnyFamily::Rejected(f) => f.metric_type(),
+            AnyFamily::Wait(f) => f.metric_type(),
+        }
+    }
+}
+
+/// The bounds of one pool.
+#[derive(Clone, Copy, Debug)]
+pub struct FairConfig {
+    /// Seats: requests running at once (0: no limit).
+    pub seats: usize,
+    /// Requests one user may have waiting (0: no queueing, a full pool rejects at once).
+    pub queue_length: usize,
+    /// Users that may have requests waiting at once.
+    pub max_queues: usize,
+    /// Longest wait for a seat.
+    pub max_wait: Duration,
+}
+
+/// One waiting request: set `granted` (under the pool's lock) and notified when a seat is
+/// handed to it.
+struct Waiter {
+    id: u64,
+    granted: AtomicBool,
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct State {
+    running: usize,
+    /// Waiting requests per user; only users with at least one.
+    queues: HashMap<Arc<str>, VecDeque<Arc<Waiter>>>,
+    /// Users with waiting requests, in the order they get the next freed seats.
+    turn: VecDeque<Arc<str>>,
+    queued: usize,
+    next_id: u64,
+}
+
+impl State {
+    /// Takes `id` out of `user`'s queue; false when it is no longer there (a seat was
+    /// handed to it).
+    fn remove(&mut self, user: &str, id: u64) -> bool {
+        let Some(q) = self.queues.get_mut(user) else {
+            return false;
+        };
+        let Some(i) = q.iter().position(|w| w.id == id) else {
+            return false;
+        };
+        q.remove(i);
+        self.queued -= 1;
+        if q.is_empty() {
+            self.queues.remove(user);
+            self.turn.retain(|u| &**u != user);
+        }
+        true
+    }
+
+    /// The next waiting request in round-robin order across users.
+    fn next(&mut self) -> Option<Arc<Waiter>> {
+        while let Some(user) = self.turn.pop_front() {
+            let Some(q) = self.queues.get_mut(&user) else {
+                continue;
+            };
+            let w = q.pop_front();
+            if q.is_empty() {
+                self.queues.remove(&user);
+            } else {
+                self.turn.push_back(user);
+            }
+            if let Some(w) = w {
+                self.queued -= 1;
+                return Some(w);
+            }
+        }
+        None
+    }
+}
+
+/// A pool of seats with fair queuing by user.
+pub struct FairLimit {
+    level: &'static str,
+    cfg: FairConfig,
+    state: parking_lot::Mutex<State>,
+    metrics: FlowMetrics,
+    /// This pool's gauges of the families in `metrics`, looked up once.
+    inqueue: Gauge,
+    executing: Gauge,
+}
+
+/// A seat, given back (to the next waiting user in turn) when dropped.
+pub struct Seat<'a>(Option<&'a FairLimit>);
+
+impl Drop for Seat<'_> {
+    fn drop(&mut self) {
+        if let Some(l) = self.0 {
+            l.release();
+        }
+    }
+}
+
+/// A request in a queue; if its future is dropped (the client went away), it leaves the
+/// queue, or gives back the seat it was handed meanwhile.
+struct Queued<'a> {
+    limit: &'a FairLimit,
+    user: Arc<str>,
+    waiter: Arc<Waiter>,
+    settled: bool,
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        let removed = self.limit.state.lock().remove(&self.user, self.waiter.id);
+        if removed {
+            self.limit.inqueue().dec();
+        } else if self.waiter.granted.load(Ordering::Acquire) {
+            self.limit.release();
+        }
+    }
+}
+
+impl FairLimit {
+    pub fn new(level: &'static str, cfg: FairConfig, metrics: FlowMetrics) -> Self {
+        let labels = LevelLabels {
+            priority_level: level,
+        };
+        FairLimit {
+            level,
+            cfg,
+            state: parking_lot::Mutex::new(State::default()),
+            inqueue: metrics.inqueue.get_or_create_owned(&labels),
+            executing: metrics.executing.get_or_create_owned(&labels),
+            metrics,
+        }
+    }
+
+    fn inqueue(&self) -> &Gauge {
+        &self.inqueue
+    }
+
+    fn executing(&self) -> &Gauge {
+        &self.executing
+    }
+
+    /// A seat for a request of `user`: at once when one is free, else after waiting in the
+    /// user's queue for its turn; or why not (counted in the metrics).
+    pub async fn acquire(&self, user: &str) -> Result<Seat<'_>, Rejection> {
+        if self.cfg.seats == 0 {
+            return Ok(Seat(None));
+        }
+        let since = Instant::now();
+        let (user, waiter) = {
+            let mut st = self.state.lock();
+            if st.running < self.cfg.seats {
+                st.running += 1;
+                drop(st);
+                self.executing().inc();
+                return Ok(Seat(Some(self)));
+            }
+            let refused = if self.cfg.queue_length == 0 {
+                Some(Rejection::ConcurrencyLimit)
+            } else {
+                match st.queues.get(user) {
+                    Some(q) if q.len() >= self.cfg.queue_length => Some(Rejection::QueueFull),
+                    None if st.queues.len() >= self.cfg.max_queues => Some(Rejection::QueueFull),
+                    _ => None,
+                }
+            };
+            if let Some(why) = refused {
+                drop(st);
+                self.metrics.rejected(self.level, why);
+                return Err(why);
+            }
+            st.next_id += 1;
+            let waiter = Arc::new(Waiter {
+                id: st.next_id,
+                granted: AtomicBool::new(false),
+                wake: Notify::new(),
+            });
+            let user: Arc<str> = match st.queues.get_key_value(user) {
+                Some((k, _)) => k.clone(),
+                None => {
+                    let k: Arc<str> = Arc::from(user);
+                    st.turn.push_back(k.clone());
+                    k
+                }
+            };
+            st.queues
+                .entry(user.clone())
+                .or_default()
+                .push_back(waiter.clone());
+            st.queued += 1;
+            (user, waiter)
+        };
+        self.inqueue().inc();
+        let mut queued = Queued {
+            limit: self,
+            user,
+            waiter,
+            settled: false,
+        };
+        // `Notify` keeps the permit of a wake-up that comes before this await.
+        let _ = tokio::time::timeout(self.cfg.max_wait, queued.waiter.wake.notified()).await;
+        queued.settled = true;
+        let timed_out = {
+            let mut st = self.state.lock();
+            st.remove(&queued.user, queued.waiter.id)
+        };
+        if timed_out {
+            self.inqueue().dec();
+            self.metrics.waited(self.level, false, since);
+            self.metrics.rejected(self.level, Rejection::TimeOut);
+            return Err(Rejection::TimeOut);
+        }
+        // Handed a seat (`release` already counted it as running and out of the queue).
+        self.metrics.waited(self.level, true, since);
+        Ok(Seat(Some(self)))
+    }
+
+    /// Gives a seat back: to the next waiting request in turn, or to the pool.
+    fn release(&self) {
+        let mut st = self.state.lock();
+        match st.next() {
+            Some(w) => {
+                w.granted.store(true, Ordering::Release);
+                w.wake.notify_one();
+                drop(st);
+                self.inqueue().dec();
+            }
+            None => {
+                st.running -= 1;
+                drop(st);
+                self.executing().dec();
+            }
+        }
+    }
+
+    /// Requests running now.
+    pub fn in_flight(&self) -> usize {
+        self.state.lock().running
+    }
+
+    /// Requests waiting now.
+    pub fn queued(&self) -> usize {
+        self.state.lock().queued
+    }
+}
+
+/// A plain bound on things in flight (0: none): watches against `--max-watches`.
 #[derive(Debug)]
 pub struct InflightLimit {
     max: usize,
-    current: AtomicUsize,
+    current: Arc<AtomicUsize>,
 }
 
-/// A place in flight, given back when dropped.
+/// A place in flight, given back when dropped; owned, so a response body can carry it.
 #[derive(Debug)]
-pub struct Slot<'a>(Option<&'a AtomicUsize>);
+pub struct Slot(Option<Arc<AtomicUsize>>);
 
-impl Drop for Slot<'_> {
+impl Drop for Slot {
     fn drop(&mut self) {
-        if let Some(c) = self.0 {
+        if let Some(c) = &self.0 {
             c.fetch_sub(1, Ordering::AcqRel);
         }
     }
@@ -29,12 +447,12 @@ impl InflightLimit {
     pub fn new(max: usize) -> Self {
         InflightLimit {
             max,
-            current: AtomicUsize::new(0),
+            current: Arc::new(AtomicUsize::new(0)),
         }
     }
 
     /// A slot, or `None` when the limit is reached.
-    pub fn try_acquire(&self) -> Option<Slot<'_>> {
+    pub fn try_acquire(&self) -> Option<Slot> {
         if self.max == 0 {
             return Some(Slot(None));
         }
@@ -43,7 +461,7 @@ impl InflightLimit {
                 (c < self.max).then_some(c + 1)
             })
             .ok()
-            .map(|_| Slot(Some(&self.current)))
+            .map(|_| Slot(Some(self.current.clone())))
     }
 
     pub fn in_flight(&self) -> usize {
@@ -71,5 +489,138 @@ mod tests {
             .map(|_| unlimited.try_acquire().unwrap())
             .collect();
         assert_eq!((held.len(), unlimited.in_flight()), (1000, 0));
+    }
+
+    fn pool(seats: usize, queue_length: usize, max_queues: usize, wait_ms: u64) -> FairLimit {
+        FairLimit::new(
+            "readOnly",
+            FairConfig {
+                seats,
+                queue_length,
+                max_queues,
+                max_wait: Duration::from_millis(wait_ms),
+            },
+            FlowMetrics::default(),
+        )
+    }
+
+    #[tokio::test]
+    async fn freed_seats_go_round_robin_across_users() {
+        let l = Arc::new(pool(1, 10, 10, 10_000));
+        let held = l.acquire("a").await.unwrap();
+        // User a queues three requests before b queues one: b still gets the second seat.
+        let order = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for (i, user) in ["a", "a", "a", "b"].into_iter().enumerate() {
+            let (l2, order) = (l.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                let seat = l2.acquire(user).await.unwrap();
+                order.lock().push(format!("{user}{i}"));
+                tokio::task::yield_now().await;
+                drop(seat);
+            }));
+            while l.queued() < i + 1 {
+                tokio::task::yield_now().await;
+            }
+        }
+        assert_eq!((l.in_flight(), l.queued()), (1, 4));
+        drop(held);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(*order.lock(), ["a0", "b3", "a1", "a2"]);
+        assert_eq!((l.in_flight(), l.queued()), (0, 0));
+        let inq = l.inqueue().get();
+        assert_eq!((inq, l.executing().get()), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn queues_are_bounded_per_user_and_in_number() {
+        let l = Arc::new(pool(1, 2, 2, 10_000));
+        let _held = l.acquire("a").await.unwrap();
+        let mut waiting = Vec::new();
+        for user in ["a", "a", "b"] {
+            let l2 = l.clone();
+            waiting.push(tokio::spawn(
+                async move { l2.acquire(user).await.map(drop) },
+            ));
+            let n = waiting.len();
+            while l.queued() < n {
+                tokio::task::yield_now().await;
+            }
+        }
+        // a's queue is full; a third user finds no queue free; b may still queue.
+        assert_eq!(l.acquire("a").await.err(), Some(Rejection::QueueFull));
+        assert_eq!(l.acquire("c").await.err(), Some(Rejection::QueueFull));
+        let l2 = l.clone();
+        waiting.push(tokio::spawn(async move { l2.acquire("b").await.map(drop) }));
+        while l.queued() < 4 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(l.acquire("b").await.err(), Some(Rejection::QueueFull));
+        // A client that goes away leaves its queue.
+        for w in waiting {
+            w.abort();
+            let _ = w.await;
+        }
+        assert_eq!(l.queued(), 0);
+        assert_eq!(l.inqueue().get(), 0);
+        let text = {
+            let mut r = prometheus_client::registry::Registry::default();
+            for (name, help, m) in l.metrics.families() {
+                r.register(name, help, m);
+            }
+            let mut s = String::new();
+            prometheus_client::encoding::text::encode(&mut s, &r).unwrap();
+            s
+        };
+        assert!(
+            text.contains(
+                "apiserver_flowcontrol_rejected_requests_total{priority_level=\"readOnly\",\
+                 reason=\"queue-full\"} 3"
+            ),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_request_waits_at_most_the_bound_and_no_queue_rejects_at_once() {
+        let l = pool(1, 5, 5, 50);
+        let held = l.acquire("a").await.unwrap();
+        let t0 = Instant::now();
+        assert_eq!(l.acquire("b").await.err(), Some(Rejection::TimeOut));
+        assert!(t0.elapsed() >= Duration::from_millis(50));
+        assert_eq!((l.queued(), l.in_flight()), (0, 1));
+        drop(held);
+        assert_eq!(l.in_flight(), 0);
+        let strict = pool(1, 0, 5, 50);
+        let _held = strict.acquire("a").await.unwrap();
+        assert_eq!(
+            strict.acquire("b").await.err(),
+            Some(Rejection::ConcurrencyLimit)
+        );
+        let unlimited = pool(0, 0, 0, 0);
+        let seats: Vec<_> = futures::future::join_all((0..100).map(|_| unlimited.acquire("a")))
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!((seats.len(), unlimited.in_flight()), (100, 0));
+    }
+
+    #[tokio::test]
+    async fn a_seat_handed_to_a_request_that_went_away_is_given_back() {
+        let l = Arc::new(pool(1, 5, 5, 10_000));
+        let held = l.acquire("a").await.unwrap();
+        let l2 = l.clone();
+        // Never polled again after queueing: the seat is handed to it, then it is dropped.
+        let mut fut = Box::pin(async move { l2.acquire("b").await.map(drop) });
+        assert!(futures::poll!(&mut fut).is_pending());
+        assert_eq!(l.queued(), 1);
+        drop(held);
+        assert_eq!((l.queued(), l.in_flight()), (0, 1));
+        drop(fut);
+        assert_eq!((l.queued(), l.in_flight()), (0, 0));
+        assert_eq!((l.inqueue().get(), l.executing().get()), (0, 0));
     }
 }

@@ -62,7 +62,8 @@ fn parse_accept(accept: &str) -> Vec<MediaRange<'_>> {
                 let (k, v) = p.split_once('=').unwrap_or((p, ""));
                 let (k, v) = (k.trim(), v.trim().trim_matches('"'));
                 if k.eq_ignore_ascii_case("q") {
-                    q = v.parse().unwrap_or(0.0);
+                    // Not a number (`q=nan`) counts as 0, so the order below is total.
+                    q = v.parse().ok().filter(|q: &f32| !q.is_nan()).unwrap_or(0.0);
                 } else {
                     params.push((k, v));
                 }
@@ -71,7 +72,7 @@ fn parse_accept(accept: &str) -> Vec<MediaRange<'_>> {
         })
         .collect();
     // Highest q first; among equals, the order the client wrote (a stable sort keeps it).
-    out.sort_by(|a, b| b.q.partial_cmp(&a.q).unwrap_or(std::cmp::Ordering::Equal));
+    out.sort_by(|a, b| b.q.total_cmp(&a.q));
     out
 }
 
@@ -184,6 +185,22 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(http::header::ACCEPT, v.parse().unwrap());
         response_format(&h, &FeatureGates::default(), false)
+    }
+
+    #[test]
+    fn quality_values_that_are_not_numbers_sort_as_zero() {
+        // Long enough for the sort to check its order is total: NaN must not break it.
+        let mut list: Vec<String> = (0..40)
+            .map(|i| match i % 4 {
+                0 => "text/plain;q=nan".to_string(),
+                1 => format!("application/xml;q=0.{i}"),
+                2 => "text/html;q=NaN".to_string(),
+                _ => "image/png;q=inf".to_string(),
+            })
+            .collect();
+        list.push("application/json;q=0.9".into());
+        assert_eq!(accept(&list.join(", ")).unwrap(), Format::Json);
+        assert_eq!(accept("application/json;q=nan").unwrap_err().code(), 406);
     }
 
     #[test]

@@ -21,7 +21,7 @@ use crate::pki;
 use crate::query::Query;
 use crate::respond::{self, Body};
 use crate::router::{self, Route};
-use crate::{audit, discovery, health, metrics, openapi, rest, trace};
+use crate::{audit, discovery, health, limits, metrics, openapi, rest, trace};
 
 /// Who sent a request, before authentication has looked at it.
 pub enum Caller {
@@ -170,6 +170,52 @@ fn peer(caller: &Caller) -> Option<std::net::SocketAddr> {
         Caller::Connection(ident) => ident.peer,
         Caller::Internal(_) => None,
     }
+}
+
+/// What lets a request run, held until its handler returns: nothing for `system:masters`
+/// (exempt, as Kubernetes' `exempt` priority level), a place under `--max-watches` for a
+/// watch, else a seat of the read-only or mutating pool, waited for in the user's queue.
+#[derive(Default)]
+struct Admitted<'a> {
+    watch: Option<limits::Slot>,
+    _seat: Option<limits::Seat<'a>>,
+}
+
+async fn admit<'a>(
+    app: &'a App,
+    user: &pki::UserInfo,
+    method: &Method,
+    verb: &str,
+) -> Result<Admitted<'a>, limits::Rejection> {
+    if user.in_group(GROUP_MASTERS) {
+        return Ok(Admitted::default());
+    }
+    if verb == "watch" {
+        return app
+            .watches
+            .try_acquire()
+            .map(|w| Admitted {
+                watch: Some(w),
+                _seat: None,
+            })
+            .ok_or_else(|| {
+                app.flow_metrics
+                    .rejected("watch", limits::Rejection::ConcurrencyLimit);
+                limits::Rejection::ConcurrencyLimit
+            });
+    }
+    let pool = if matches!(
+        *method,
+        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+    ) {
+        &app.mutating_inflight
+    } else {
+        &app.readonly_inflight
+    };
+    pool.acquire(&user.username).await.map(|s| Admitted {
+        watch: None,
+        _seat: Some(s),
+    })
 }
 
 async fn authenticate(
@@ -328,26 +374,43 @@ async fn serve(
     if let Err((e, _)) = decision {
         return respond::error(&e);
     }
-    let limit = if verb == "watch" || user.in_group(GROUP_MASTERS) {
-        None
-    } else if matches!(
+    let mutating = matches!(
         *req.method(),
         Method::POST | Method::PUT | Method::PATCH | Method::DELETE
-    ) {
-        Some(("max-mutating-requests-inflight", &app.mutating_inflight))
-    } else {
-        Some(("max-requests-inflight", &app.readonly_inflight))
-    };
-    let slot = limit.map(|(name, l)| (name, l.try_acquire()));
-    // `slot` holds the in-flight permit until the request is done.
-    if let Some((name, None)) = &slot {
-        if let Some(r) = &record {
-            r.annotate(audit::RATE_LIMIT_ANNOTATION, name);
+    );
+    // Held until the request is done: a seat of its pool, or a watch's place until its
+    // stream ends.
+    let Admitted { watch, _seat } = match admit(app, &user, req.method(), verb).await {
+        Ok(admitted) => admitted,
+        Err(why) => {
+            if let Some(r) = &record {
+                let limit = if verb == "watch" {
+                    "max-watches"
+                } else if mutating {
+                    "max-mutating-requests-inflight"
+                } else {
+                    "max-requests-inflight"
+                };
+                r.annotate(audit::RATE_LIMIT_ANNOTATION, limit);
+            }
+            return respond::error(&ApiError::TooManyRequests {
+                message: format!(
+                    "Too many requests, please try again later ({}).",
+                    why.reason()
+                ),
+                retry_after_seconds: Some(1),
+            });
         }
-        return respond::error(&ApiError::TooManyRequests {
-            message: "Too many requests, please try again later.".into(),
-            retry_after_seconds: Some(1),
-        });
+    };
+    if let Some(place) = watch {
+        return dispatch(app, req, route, query, user, record)
+            .await
+            .map(|body| {
+                respond::Body::new(body.map_frame(move |f| {
+                    let _held = &place;
+                    f
+                }))
+            });
     }
     if verb == "watch" {
         return dispatch(app, req, route, query, user, record).await;

@@ -11,7 +11,6 @@ use anyhow::Context;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use svc_core::config::egress::Selection;
 use svc_storage::Store;
 use tokio::net::TcpListener;
@@ -22,11 +21,10 @@ use tokio_rustls::TlsAcceptor;
 use crate::app::App;
 use crate::authn::ConnIdentity;
 use crate::config::Options;
+use crate::conn_limits::{self, Activity, ConnectionLimit, CountedBody};
 use crate::pipeline::{self, Caller, RequestBody};
 use crate::pki::{self, PkiOptions};
 use crate::{bootstrap, controllers};
-
-const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A running server.
 pub struct ServerHandle {
@@ -249,27 +247,72 @@ fn start_authentication_config(
     )))
 }
 
+/// Rapid reset (CVE-2023-44487): streams a client may open and reset before the server has
+/// accepted them; past it, GOAWAY (`ENHANCE_YOUR_CALM`). h2's default, made explicit.
+const H2_MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
+
+/// Streams the server may reset for a client's protocol errors before it ends the connection
+/// (the "MadeYouReset" variant of rapid reset). h2's default, made explicit.
+const H2_MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
+
+/// Most header fields in one HTTP/1.1 request (hyper refuses more with 431). Go counts only
+/// bytes; this keeps the parser's table bounded while letting any ordinary request through.
+const H1_MAX_HEADERS: usize = 1024;
+
+/// A connection builder with the limits of the flags: h2 only (when ALPN chose it), or either
+/// protocol told apart by the connection's first bytes (h2's preface or not).
+fn conn_builder(opts: &Options, h2_only: bool) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // hyper's read buffer holds the whole request head, so it bounds its size (at least 8 KiB).
+    let max_head = opts.http_max_header_bytes.max(8192);
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(opts.http_header_read_timeout)
+        .max_buf_size(max_head)
+        .max_headers(H1_MAX_HEADERS);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(opts.http2_max_streams_per_connection)
+        .keep_alive_interval(Duration::from_secs(30))
+        .max_header_list_size(u32::try_from(opts.http_max_header_bytes).unwrap_or(u32::MAX))
+        .max_pending_accept_reset_streams(H2_MAX_PENDING_ACCEPT_RESET_STREAMS)
+        .max_local_error_reset_streams(H2_MAX_LOCAL_ERROR_RESET_STREAMS);
+    if h2_only {
+        builder.http2_only()
+    } else {
+        builder
+    }
+}
+
+/// The two builders, shared by every connection of a listener.
+struct Builders {
+    h2: auto::Builder<TokioExecutor>,
+    either: auto::Builder<TokioExecutor>,
+}
+
 async fn accept_loop(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
     app: Arc<App>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let graceful = GracefulShutdown::new();
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30))
-        .max_buf_size(64 * 1024);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(app.opts.http2_max_streams_per_connection)
-        .keep_alive_interval(Duration::from_secs(30))
-        .max_header_list_size(64 * 1024);
-    let builder = Arc::new(builder);
+    let builders = Arc::new(Builders {
+        h2: conn_builder(&app.opts, true),
+        either: conn_builder(&app.opts, false),
+    });
+    let cap = conn_limits::connection_cap(app.opts.max_connections);
+    let limit = ConnectionLimit::new(cap);
+    tracing::debug!(?cap, "connection cap");
+    // Every connection task holds a clone; at shutdown, `recv` returns once all have ended.
+    let (open_tx, mut open_rx) = tokio::sync::mpsc::channel::<()>(1);
     loop {
+        // Room for one more connection first: past the cap, clients wait in the backlog.
+        let permit = tokio::select! {
+            p = limit.acquire() => p,
+            _ = crate::lifecycle::until_set(&mut stop) => break,
+        };
         let (tcp, peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(x) => x,
@@ -284,14 +327,20 @@ async fn accept_loop(
         };
         let _ = tcp.set_nodelay(true);
         let app = app.clone();
-        let builder = builder.clone();
+        let builders = builders.clone();
         let tls = tls.clone();
-        let watcher = graceful.watcher();
+        let stop = stop.clone();
+        let open = open_tx.clone();
         tokio::spawn(async move {
+            let _permit = permit;
+            let _open = open;
             match tls {
                 Some(tls) => {
-                    let stream =
-                        match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.accept(tcp)).await {
+                    let handshake =
+                        tokio::time::timeout(app.opts.tls_handshake_timeout, tls.accept(tcp));
+                    let mut stop_handshake = stop.clone();
+                    let stream = tokio::select! {
+                        r = handshake => match r {
                             Ok(Ok(s)) => s,
                             Ok(Err(e)) => {
                                 tracing::debug!(%peer, error = %e, "TLS handshake failed");
@@ -301,19 +350,24 @@ async fn accept_loop(
                                 tracing::debug!(%peer, "TLS handshake timed out");
                                 return;
                             }
-                        };
-                    let cert_user = stream
-                        .get_ref()
-                        .1
+                        },
+                        _ = crate::lifecycle::until_set(&mut stop_handshake) => return,
+                    };
+                    let session = stream.get_ref().1;
+                    let cert_user = session
                         .peer_certificates()
                         .and_then(|c| c.first())
                         .and_then(|c| pki::user_from_client_cert(c.as_ref()));
+                    // ALPN's h2 skips looking at the first bytes; without it (or with
+                    // http/1.1) clients speaking h2 with prior knowledge are still served.
+                    let h2 = session.alpn_protocol() == Some(b"h2".as_slice());
                     let ident = Arc::new(ConnIdentity {
                         cert_user,
                         insecure: false,
                         peer: Some(peer),
                     });
-                    serve_conn(builder, watcher, TokioIo::new(stream), app, ident).await;
+                    let builder = if h2 { &builders.h2 } else { &builders.either };
+                    serve_conn(builder, stop, TokioIo::new(stream), app, ident).await;
                 }
                 None => {
                     let ident = Arc::new(ConnIdentity {
@@ -321,17 +375,15 @@ async fn accept_loop(
                         insecure: true,
                         peer: Some(peer),
                     });
-                    serve_conn(builder, watcher, TokioIo::new(tcp), app, ident).await;
+                    serve_conn(&builders.either, stop, TokioIo::new(tcp), app, ident).await;
                 }
             }
         });
     }
     drop(listener);
+    drop(open_tx);
     let timeout = app.opts.shutdown_timeout;
-    if tokio::time::timeout(timeout, graceful.shutdown())
-        .await
-        .is_err()
-    {
+    if tokio::time::timeout(timeout, open_rx.recv()).await.is_err() {
         tracing::warn!(
             ?timeout,
             "requests still in flight at the end of the shutdown timeout"
@@ -339,27 +391,60 @@ async fn accept_loop(
     }
 }
 
+/// How long a connection asked to close (idle, or at shutdown) may take to do so while it
+/// carries no request.
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+/// Serves one connection until it ends: closed gracefully at shutdown or once it has carried
+/// no request for `--http-idle-timeout`.
 async fn serve_conn<I>(
-    builder: Arc<auto::Builder<TokioExecutor>>,
-    watcher: hyper_util::server::graceful::Watcher,
+    builder: &auto::Builder<TokioExecutor>,
+    mut stop: watch::Receiver<bool>,
     io: I,
     app: Arc<App>,
     ident: Arc<ConnIdentity>,
 ) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
-    let svc = service_fn(move |req| {
-        let app = app.clone();
-        let ident = ident.clone();
-        async move {
-            let req = req.map(RequestBody::Stream);
-            Ok::<_, std::convert::Infallible>(
-                pipeline::handle(app, Caller::Connection(ident), req).await,
-            )
+    let activity = Activity::new();
+    let idle_timeout = app.opts.http_idle_timeout;
+    let svc = service_fn({
+        let activity = activity.clone();
+        move |req| {
+            let app = app.clone();
+            let ident = ident.clone();
+            let busy = activity.begin();
+            async move {
+                let req = req.map(RequestBody::Stream);
+                let resp = pipeline::handle(app, Caller::Connection(ident), req).await;
+                Ok::<_, std::convert::Infallible>(resp.map(|b| CountedBody::new(b, busy)))
+            }
         }
     });
     let conn = builder.serve_connection(io, svc);
-    if let Err(e) = watcher.watch(conn).await {
+    tokio::pin!(conn);
+    let mut closing = false;
+    let result = loop {
+        tokio::select! {
+            r = conn.as_mut() => break r,
+            _ = crate::lifecycle::until_set(&mut stop), if !closing => {
+                closing = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            _ = activity.idle_for(idle_timeout), if !closing => {
+                tracing::debug!("closing an idle connection");
+                closing = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            // An h2 connection still waiting for the client's preface only closes once the
+            // preface comes: one with nothing in flight after asking is dropped.
+            _ = activity.idle_for(CLOSE_GRACE), if closing => {
+                tracing::debug!("dropping a connection that did not close when asked");
+                break Ok(());
+            }
+        }
+    };
+    if let Err(e) = result {
         tracing::debug!(error = %e, "connection ended with an error");
     }
 }

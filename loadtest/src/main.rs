@@ -12,6 +12,7 @@ mod etcd_pb {
     pub mod mvccpb;
 }
 mod exec;
+mod fairness;
 mod fanout;
 mod get;
 mod list;
@@ -66,6 +67,10 @@ enum Cmd {
     /// Concurrent clients GET one path (--path, --clients) as fast as answers come:
     /// requests/s and latency (compare a certificate user with a token user).
     Get(Params),
+    /// A writer (--writer-kubeconfig) creates at --rate alone, then beside a hammer
+    /// (--kubeconfig, another user) running --clients concurrent unpaged lists of --objects:
+    /// the writer's rate and p99 in both phases.
+    Fairness(Params),
     /// Runs one YAML scenario against several targets in turn; one report with ratios.
     Compare(CompareArgs),
     /// The raw baseline's server (what `--raw` spawns as a child process): fans out the
@@ -182,6 +187,10 @@ pub struct Params {
     /// events: the API group of the Event kind (`events.k8s.io` for a Kubernetes server).
     #[arg(long, default_value = "events.svc.io")]
     pub event_group: String,
+    /// fairness: the writer's kubeconfig (a user other than --kubeconfig's, neither in
+    /// system:masters).
+    #[arg(long)]
+    pub writer_kubeconfig: Option<PathBuf>,
 }
 
 fn secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -231,8 +240,10 @@ fn scenario_of(name: &str) -> Result<Scenario> {
         "list" => Scenario::List,
         "relist-storm" => Scenario::RelistStorm,
         "get" => Scenario::Get,
+        "fairness" => Scenario::Fairness,
         _ => bail!(
-            "unknown scenario {name} (fanout, slow-watcher, churn, events, list, relist-storm, get)"
+            "unknown scenario {name} (fanout, slow-watcher, churn, events, list, relist-storm, \
+             get, fairness)"
         ),
     })
 }
@@ -307,7 +318,8 @@ async fn run_target(sc: Scenario, argv: &[String]) -> Result<report::Results> {
     | Cmd::Events(p)
     | Cmd::List(p)
     | Cmd::RelistStorm(p)
-    | Cmd::Get(p)) = cli.cmd
+    | Cmd::Get(p)
+    | Cmd::Fairness(p)) = cli.cmd
     else {
         bail!("a compare target must name a scenario, not compare or a server");
     };
@@ -330,6 +342,7 @@ fn main() -> Result<()> {
             Cmd::List(p) => (Scenario::List, p),
             Cmd::RelistStorm(p) => (Scenario::RelistStorm, p),
             Cmd::Get(p) => (Scenario::Get, p),
+            Cmd::Fairness(p) => (Scenario::Fairness, p),
             Cmd::Compare(a) => return compare(a).await,
             Cmd::RawServer(a) => return raw::serve_main(a.listen, a.exit_with_stdin).await,
             Cmd::WebhookServer(a) => {

@@ -15,6 +15,7 @@ pub enum Scenario {
     List,
     Get,
     RelistStorm,
+    Fairness,
 }
 
 impl Scenario {
@@ -27,6 +28,7 @@ impl Scenario {
             Scenario::List => "list",
             Scenario::Get => "get",
             Scenario::RelistStorm => "relist-storm",
+            Scenario::Fairness => "fairness",
         }
     }
 }
@@ -37,6 +39,7 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
         Scenario::List => crate::list::run(p).await,
         Scenario::Get => crate::get::run(p).await,
         Scenario::RelistStorm => crate::relist::run(p).await,
+        Scenario::Fairness => crate::fairness::run(p).await,
         Scenario::Fanout | Scenario::SlowWatcher | Scenario::Churn | Scenario::Events => {
             crate::fanout::run(scenario, p).await
         }

@@ -715,3 +715,120 @@ fn refuses_non_loopback_targets() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("loopback"));
 }
+
+/// Allows the named users everything on resources (standing in for a configured authorizer:
+/// the server grants users outside `system:masters` nothing on resources by itself).
+struct AllowUsers(&'static [&'static str]);
+
+impl svc_gateway::authz::Authorizer for AllowUsers {
+    fn name(&self) -> &str {
+        "allow-users"
+    }
+    fn authorize<'a>(
+        &'a self,
+        user: &'a svc_gateway::pki::UserInfo,
+        attrs: &'a svc_gateway::authz::Attributes<'a>,
+    ) -> svc_gateway::authz::DecisionFuture<'a> {
+        use svc_gateway::authz::Decision;
+        let d = if attrs.resource.is_some() && self.0.contains(&user.username.as_str()) {
+            Decision::Allow
+        } else {
+            Decision::NoOpinion(String::new())
+        };
+        Box::pin(std::future::ready(d))
+    }
+}
+
+/// A kubeconfig for `user` with a client certificate from the server's CA (no groups).
+fn user_kubeconfig(server: &svc_gateway::ServerHandle, user: &str, dir: &Path) -> String {
+    use base64::Engine;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let (cert, key) = server
+        .pki
+        .issue_client_cert(user, &[], Duration::from_secs(3600))
+        .unwrap();
+    let text = format!(
+        "apiVersion: v1\nkind: Config\ncurrent-context: {user}\nclusters:\n- name: svc\n  \
+         cluster:\n    server: https://{}\n    certificate-authority-data: {}\nusers:\n- name: \
+         {user}\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\n\
+         contexts:\n- name: {user}\n  context:\n    cluster: svc\n    user: {user}\n",
+        server.addr,
+        b64(server.pki.ca_pem()),
+        b64(&cert),
+        b64(&key),
+    );
+    let path = dir.join(format!("{user}.kubeconfig"));
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+/// `fairness` in a short debug run: the writer and the hammer are two users outside
+/// `system:masters`; the hammer meets the small read-only limit (its queue full, 429s) while
+/// every one of the writer's creates succeeds in both phases, and every list the hammer got
+/// held the whole collection. Rates and p99s are reported, not judged: they are measured in
+/// release (BENCHMARKS.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fairness_reports_the_writer_alone_and_beside_the_hammer() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = svc_gateway::Options::for_tests(dir.path().join("server"));
+    opts.log_level = "warn".into();
+    // One seat and a queue of one: any third list at once is refused, however much of the
+    // hammer's time goes to reading answers rather than waiting for them.
+    opts.max_requests_inflight = 1;
+    opts.max_queued_requests_per_user = 1;
+    let server = svc_gateway::start(opts).await.unwrap();
+    server
+        .app
+        .set_authorizers(vec![Box::new(AllowUsers(&["lt-hammer", "lt-writer"]))]);
+    let hammer = user_kubeconfig(&server, "lt-hammer", dir.path());
+    let writer = user_kubeconfig(&server, "lt-writer", dir.path());
+    let r = &loadtest(
+        args(&[
+            "fairness",
+            "--kubeconfig",
+            &hammer,
+            "--writer-kubeconfig",
+            &writer,
+            "--objects",
+            "500",
+            "--clients",
+            "8",
+            "--rate",
+            "20",
+            "--writers",
+            "2",
+            "--duration",
+            "2s",
+        ]),
+        dir.path().join("fairness"),
+    )
+    .await[0];
+    assert_eq!(r["scenario"], "fairness");
+    let x = &r["extra"];
+    for k in [
+        "writer_rate_alone",
+        "writer_rate_hammered",
+        "writer_p99_ms_alone",
+        "writer_p99_ms_hammered",
+        "rate_kept",
+        "p99_ratio",
+    ] {
+        assert!(x[k].as_f64().unwrap() > 0.0, "{k}: {x}");
+    }
+    assert!(x["target_met"].is_boolean(), "{x}");
+    assert_eq!(x["writer_errors_alone"], 0, "{}", r["errors"]);
+    assert_eq!(x["writer_errors_hammered"], 0, "{}", r["errors"]);
+    assert_eq!(r["counts"]["write_errors"], 0);
+    let lists = x["hammer_lists"].as_u64().unwrap();
+    assert!(lists > 0, "{x}");
+    // Every list held the 500 seeded accounts and the namespace's `default` one.
+    assert_eq!(x["hammer_items"].as_u64().unwrap(), lists * 501, "{x}");
+    assert!(x["hammer_429"].as_u64().unwrap() > 0, "{x}");
+    assert_eq!(x["hammer_errors"], 0, "{x}");
+    assert_eq!(
+        r["counts"]["writes_acked"].as_u64().unwrap(),
+        r["write_latency_ms"]["count"].as_u64().unwrap()
+            + r["latency_ms"]["count"].as_u64().unwrap()
+    );
+    server.shutdown().await;
+}

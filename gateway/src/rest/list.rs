@@ -84,6 +84,9 @@ struct ContinueToken {
 
 const TOKEN_VERSION: &str = "meta.svc.io/v1";
 
+/// How far in the future a token's issue time may lie (another gateway's clock running ahead).
+const CONTINUE_CLOCK_SKEW_SECS: i64 = 60;
+
 fn unix_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -112,7 +115,13 @@ fn decode_token(token: &str, ttl: Duration) -> Result<ContinueToken, ApiError> {
     if t.v != TOKEN_VERSION || t.rv <= 0 || t.start.starts_with('/') || t.start.contains("..") {
         return Err(invalid());
     }
-    if unix_now().saturating_sub(t.t) > ttl.as_secs() as i64 {
+    // A token from the future was not written by a server (peers' clocks may differ a little);
+    // left alone it would never expire.
+    let now = unix_now();
+    if t.t > now.saturating_add(CONTINUE_CLOCK_SKEW_SECS) {
+        return Err(invalid());
+    }
+    if now.saturating_sub(t.t) > i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX) {
         return Err(expired_continue());
     }
     Ok(t)
@@ -163,6 +172,21 @@ pub(super) async fn list<T: Kind>(
     let mut issued = unix_now();
     let (at, start_after) = if let Some(token) = &opts.continue_token {
         let t = decode_token(token, app.opts.continue_token_ttl)?;
+        if t.rv > cache.revision() {
+            // Past this cache: another gateway's token while this cache catches up (wait), or
+            // past the store itself, which no server could have written.
+            let current = app
+                .store
+                .current_revision()
+                .await
+                .map_err(respond::store_error)?;
+            if t.rv > current {
+                return Err(ApiError::bad_request(
+                    "continue key is not valid: its resource version is in the future",
+                ));
+            }
+            wait_for_cache(cache, t.rv).await?;
+        }
         issued = t.t;
         let mut start = prefix.clone();
         start.extend_from_slice(t.start.as_bytes());
@@ -383,5 +407,14 @@ mod tests {
         let escape =
             URL_SAFE_NO_PAD.encode(br#"{"v":"meta.svc.io/v1","rv":3,"start":"/registry/x","t":0}"#);
         assert!(decode_token(&escape, ttl).is_err());
+        // Issued in the future (past the clock skew allowed): it would never expire.
+        let future = encode_token(42, b"ns/name", unix_now() + 3600);
+        assert_eq!(decode_token(&future, ttl).unwrap_err().code(), 400);
+        let skewed = encode_token(42, b"ns/name", unix_now() + 10);
+        assert!(decode_token(&skewed, ttl).is_ok());
+        let far = encode_token(42, b"ns/name", i64::MAX);
+        assert_eq!(decode_token(&far, ttl).unwrap_err().code(), 400);
+        let ancient = encode_token(42, b"ns/name", i64::MIN);
+        assert_eq!(decode_token(&ancient, ttl).unwrap_err().code(), 410);
     }
 }

@@ -170,6 +170,8 @@ async fn requests_past_the_inflight_limits_get_429_with_retry_after() {
     let srv = TestServer::start_with(|o| {
         o.max_requests_inflight = 1;
         o.max_mutating_requests_inflight = 1;
+        // No queueing: a full limit answers 429 at once (`fairness.rs` tests the queues).
+        o.max_queued_requests_per_user = 0;
     })
     .await;
     let admin = srv.admin();

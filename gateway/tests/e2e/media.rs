@@ -322,6 +322,12 @@ async fn gzip_for_every_get_and_list_when_asked() {
         TestServer::start_with(|o| o.feature_gates.set(Feature::APIResponseCompression, false))
             .await;
     let c = off.admin();
+    eventually(
+        Duration::from_secs(10),
+        "the default service account exists",
+        || async { c.get(&format!("{SA}/default")).await.0 == StatusCode::OK },
+    )
+    .await;
     for i in 0..40 {
         c.post(SA, json!({"metadata": {"name": format!("sa-{i}"), "annotations": {"note": "x".repeat(1000)}}})).await;
     }
@@ -329,7 +335,7 @@ async fn gzip_for_every_get_and_list_when_asked() {
         .request(Method::GET, SA, "", &[("accept-encoding", "gzip")])
         .await;
     assert!(r.headers.get("content-encoding").is_none());
-    assert_eq!(r.json()["items"].as_array().unwrap().len(), 40);
+    assert_eq!(r.json()["items"].as_array().unwrap().len(), 41);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::support::client::{Client, TestServer};
+use crate::support::client::{Client, TestServer, create_namespace};
 use http::{Method, StatusCode};
 use serde_json::{Map, Value, json};
 
@@ -51,6 +51,15 @@ impl Families {
             "{sample}{labels:?}: want one sample, found {found:?}"
         );
         found[0]["value"].as_f64().unwrap()
+    }
+
+    /// Like [`Families::value`], with 0 for a series not yet there.
+    fn value_or_zero(&self, family: &str, sample: &str, labels: &[(&str, &str)]) -> f64 {
+        if !self.0.contains_key(family) {
+            return 0.0;
+        }
+        let found = self.samples(family, sample, labels);
+        found.first().map_or(0.0, |s| s["value"].as_f64().unwrap())
     }
 }
 
@@ -114,11 +123,18 @@ fn buckets(f: &Families, family: &str, labels: &[(&str, &str)]) -> Vec<String> {
 async fn metrics_have_kube_apiserver_names_and_labels() {
     let srv = TestServer::start().await;
     let c = srv.admin();
-    let (s, _) = c
-        .post("/api/v1/namespaces", json!({"metadata": {"name": "m"}}))
-        .await;
-    assert_eq!(s, StatusCode::CREATED);
-    let mut w = c.watch(&format!("{SA}?watch=1")).await;
+    // Waits for the namespace's own `default` account, so the counts below are fixed.
+    create_namespace(&c, "m").await;
+    let (s, list) = c.get(SA).await;
+    assert_eq!(s, StatusCode::OK, "{list}");
+    let rv = list["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // Request counts below are what this test did: the server's own start-up requests (its
+    // controllers' writes, the test support's readiness polls) come before this scrape.
+    let before = scrape(&c).await;
+    let mut w = c.watch(&format!("{SA}?watch=1&resourceVersion={rv}")).await;
     let (s, first) = c.post(SA, json!({"metadata": {"name": "first"}})).await;
     assert_eq!(s, StatusCode::CREATED, "{first}");
     let ev = w.next_within(T).await.expect("the watch saw the create");
@@ -156,6 +172,7 @@ async fn metrics_have_kube_apiserver_names_and_labels() {
     assert_eq!(f.kind("apiserver_request"), "counter");
     let req = |extra: &[(&'static str, &'static str)]| {
         f.value("apiserver_request", "apiserver_request_total", &core(extra))
+            - before.value_or_zero("apiserver_request", "apiserver_request_total", &core(extra))
     };
     let post = [("verb", "POST"), ("scope", "resource"), ("code", "201")];
     assert_eq!(req(&[post.as_slice(), &[("dry_run", "")]].concat()), 2.0);
@@ -208,8 +225,16 @@ async fn metrics_have_kube_apiserver_names_and_labels() {
         "apiserver_request_duration_seconds",
         "apiserver_request_duration_seconds_count",
         &list,
+    ) - before.value_or_zero(
+        "apiserver_request_duration_seconds",
+        "apiserver_request_duration_seconds_count",
+        &list,
     );
     let sum = f.value(
+        "apiserver_request_duration_seconds",
+        "apiserver_request_duration_seconds_sum",
+        &list,
+    ) - before.value_or_zero(
         "apiserver_request_duration_seconds",
         "apiserver_request_duration_seconds_sum",
         &list,
@@ -236,6 +261,21 @@ async fn metrics_have_kube_apiserver_names_and_labels() {
     };
     assert_eq!(inflight("readOnly"), 1.0);
     assert_eq!(inflight("mutating"), 0.0);
+    // Flow control (`limits.rs`): nothing queued; the admin (exempt) holds no seat.
+    for family in [
+        "apiserver_flowcontrol_current_inqueue_requests",
+        "apiserver_flowcontrol_current_executing_requests",
+    ] {
+        assert_eq!(f.kind(family), "gauge");
+        for level in ["readOnly", "mutating"] {
+            assert_eq!(f.value(family, family, &[("priority_level", level)]), 0.0);
+        }
+    }
+    assert_eq!(f.kind("apiserver_flowcontrol_rejected_requests"), "counter");
+    assert_eq!(
+        f.kind("apiserver_flowcontrol_request_wait_duration_seconds"),
+        "histogram"
+    );
 
     // The open watch.
     assert_eq!(
@@ -302,14 +342,15 @@ async fn metrics_have_kube_apiserver_names_and_labels() {
         "apiserver_storage_objects",
         &[("resource", "serviceaccounts")],
     );
-    assert_eq!(sa_objects, 2.0);
+    // Ours and the `default` accounts of the four built-in namespaces and of `m`.
+    assert_eq!(sa_objects, 2.0 + 5.0);
     assert_eq!(
         f.value(
             "apiserver_resource_objects",
             "apiserver_resource_objects",
             &[("group", ""), ("resource", "serviceaccounts")]
         ),
-        2.0
+        2.0 + 5.0
     );
     assert!(
         f.value(
@@ -334,12 +375,17 @@ async fn metrics_have_kube_apiserver_names_and_labels() {
             "etcd_request_duration_seconds",
             "etcd_request_duration_seconds_count",
             &create
+        ) - before.value_or_zero(
+            "etcd_request_duration_seconds",
+            "etcd_request_duration_seconds_count",
+            &create
         ),
         2.0,
         "the dry run wrote nothing"
     );
     assert_eq!(
-        f.value("etcd_requests", "etcd_requests_total", &create),
+        f.value("etcd_requests", "etcd_requests_total", &create)
+            - before.value_or_zero("etcd_requests", "etcd_requests_total", &create),
         2.0
     );
     // Creating in a namespace reads the namespace first; the cache lists each type.
@@ -370,6 +416,10 @@ async fn metrics_have_kube_apiserver_names_and_labels() {
     let gr = [("group", ""), ("resource", "serviceaccounts")];
     assert_eq!(
         f.value(
+            "apiserver_watch_cache_events_received",
+            "apiserver_watch_cache_events_received_total",
+            &gr
+        ) - before.value_or_zero(
             "apiserver_watch_cache_events_received",
             "apiserver_watch_cache_events_received_total",
             &gr
@@ -425,7 +475,8 @@ async fn metrics_have_kube_apiserver_names_and_labels() {
             "apiserver_watch_cache_history_events",
             &gr
         ),
-        2.0
+        2.0 + 5.0,
+        "our two creates and the five default accounts'"
     );
     for family in [
         "apiserver_watch_cache_history_bytes",

@@ -32,8 +32,27 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// A read at a revision the server has not reached yet waits for it, then gets Kubernetes'
+/// 504 `Too large resource version` with a retry hint: the one 5xx that is the right answer.
+fn too_large_resource_version(r: &Resp) -> bool {
+    if r.status != StatusCode::GATEWAY_TIMEOUT {
+        return false;
+    }
+    let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+    v["kind"] == "Status"
+        && v["code"] == 504
+        && v["reason"] == "Timeout"
+        && v["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("Too large resource version"))
+        && v["details"]["retryAfterSeconds"].is_number()
+}
+
 /// An error answer is a `Status` naming its own code; nothing is a server error.
 fn check_answer(what: &str, r: &Resp) -> Result<(), TestCaseError> {
+    if too_large_resource_version(r) {
+        return Ok(());
+    }
     prop_assert!(r.status.as_u16() < 500, "{what}: {} {}", r.status, r.text());
     if r.status.as_u16() >= 400 {
         let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
@@ -258,6 +277,9 @@ fn changed_continue_tokens_never_fail_the_server_or_leave_their_collection() {
         let limit = if limit { "&limit=1" } else { "" };
         let uri = format!("{list}?continue={}{limit}", encode_query_value(&changed));
         let r = rt.block_on(admin.request(Method::GET, &uri, "", &[]));
+        if too_large_resource_version(&r) {
+            return Ok(());
+        }
         check_answer(&uri, &r)?;
         prop_assert!(
             matches!(r.status.as_u16(), 200 | 400 | 410),

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::support::client::{Client, TestServer};
+use crate::support::client::{Client, TestServer, create_namespace};
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -16,10 +16,8 @@ const SA: &str = "/api/v1/namespaces/w/serviceaccounts";
 async fn setup_with(f: impl FnOnce(&mut svc_gateway::Options)) -> (TestServer, Client) {
     let srv = TestServer::start_with(f).await;
     let c = srv.admin();
-    let (s, v) = c
-        .post("/api/v1/namespaces", json!({"metadata": {"name": "w"}}))
-        .await;
-    assert_eq!(s, StatusCode::CREATED, "{v}");
+    // Waits for the namespace's own `default` account, so no test sees it appear midway.
+    create_namespace(&c, "w").await;
     (srv, c)
 }
 

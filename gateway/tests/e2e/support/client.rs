@@ -86,6 +86,17 @@ impl TestServer {
             || async { c.get("/readyz").await.0 == StatusCode::OK },
         )
         .await;
+        // The built-in namespaces' `default` accounts are written by a controller just
+        // after start: wait for them, so no test sees them appear midway.
+        for ns in svc_gateway::bootstrap::SYSTEM_NAMESPACES {
+            let path = format!("/api/v1/namespaces/{ns}/serviceaccounts/default");
+            eventually(
+                Duration::from_secs(10),
+                "the built-in namespaces' default service accounts exist",
+                || async { c.get(&path).await.0 == StatusCode::OK },
+            )
+            .await;
+        }
     }
 }
 

@@ -1,0 +1,223 @@
+//! Bounds on connections, below the HTTP layer: how many are open at once (`--max-connections`,
+//! since file descriptors are finite), and when one that carries no request is closed
+//! (`--http-idle-timeout`, Go's `IdleTimeout` for HTTP/1.1 and h2 alike).
+//!
+//! The cap works like Go's `netutil.LimitListener`: the accept loop takes a permit before it
+//! accepts, so past the cap new connections wait in the kernel's backlog instead of being
+//! accepted and dropped; a permit is given back when its connection ends.
+//!
+//! Idleness is counted in requests, not bytes: a connection is busy while any of its requests
+//! is being handled or its response body (a watch, say) is being written, however quiet that
+//! response is. Once no request has been in flight for the idle timeout, the connection is
+//! closed gracefully (HTTP/1.1: closed between requests; h2: GOAWAY).
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper::body::{Body, Frame, SizeHint};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+
+/// File descriptors kept back from the connection cap derived from the open-file limit: the
+/// store's files, etcd and webhook connections, the listeners themselves.
+const RESERVED_FDS: usize = 256;
+
+/// The smallest derived cap, however low the open-file limit.
+const MIN_DERIVED_CAP: usize = 64;
+
+/// The cap on open connections: `--max-connections`, or with 0 the process's open-file limit
+/// less what other files need. `None` when the limit cannot be read (no cap).
+pub fn connection_cap(flag: usize) -> Option<usize> {
+    if flag > 0 {
+        return Some(flag);
+    }
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let soft = open_file_limit(&limits)?;
+    Some(soft.saturating_sub(RESERVED_FDS).max(MIN_DERIVED_CAP))
+}
+
+/// The soft "Max open files" of a `/proc/<pid>/limits` text (`None` when unlimited or absent).
+fn open_file_limit(limits: &str) -> Option<usize> {
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line["Max open files".len()..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The permits of the connection cap (no permits needed without a cap).
+#[derive(Clone, Debug)]
+pub struct ConnectionLimit {
+    permits: Option<Arc<Semaphore>>,
+}
+
+impl ConnectionLimit {
+    pub fn new(cap: Option<usize>) -> Self {
+        ConnectionLimit {
+            permits: cap.map(|n| Arc::new(Semaphore::new(n.min(Semaphore::MAX_PERMITS)))),
+        }
+    }
+
+    /// Waits for room for one more connection; the permit is held for the connection's life.
+    pub async fn acquire(&self) -> Option<OwnedSemaphorePermit> {
+        match &self.permits {
+            None => None,
+            // The semaphore is never closed, so this only fails if it were.
+            Some(s) => s.clone().acquire_owned().await.ok(),
+        }
+    }
+
+    /// Connections that may still be opened (None: no cap).
+    pub fn available(&self) -> Option<usize> {
+        self.permits.as_ref().map(|s| s.available_permits())
+    }
+}
+
+/// Requests in flight on one connection, and a signal each time that number changes.
+#[derive(Debug, Default)]
+pub struct Activity {
+    active: AtomicUsize,
+    changed: Notify,
+}
+
+/// One request in flight; dropping it (with the response body) ends it.
+#[derive(Debug)]
+pub struct Busy(Arc<Activity>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::AcqRel);
+        self.0.changed.notify_waiters();
+    }
+}
+
+impl Activity {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Activity::default())
+    }
+
+    /// Marks a request as started.
+    pub fn begin(self: &Arc<Self>) -> Busy {
+        self.active.fetch_add(1, Ordering::AcqRel);
+        self.changed.notify_waiters();
+        Busy(self.clone())
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.active.load(Ordering::Acquire)
+    }
+
+    /// Resolves once no request has been in flight for `timeout` without interruption.
+    pub async fn idle_for(&self, timeout: Duration) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            // Registered before the count is read, so no change in between is missed.
+            changed.as_mut().enable();
+            if self.in_flight() > 0 {
+                changed.await;
+            } else if tokio::time::timeout(timeout, changed).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// A response body that keeps its request counted as in flight until it is dropped.
+pub struct CountedBody<B> {
+    inner: B,
+    _busy: Busy,
+}
+
+impl<B> CountedBody<B> {
+    pub fn new(inner: B, busy: Busy) -> Self {
+        CountedBody { inner, _busy: busy }
+    }
+}
+
+impl<B: Body + Unpin> Body for CountedBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_open_file_limit_is_read_from_proc_limits() {
+        let text = "Limit                     Soft Limit           Hard Limit           Units     \n\
+                    Max cpu time              unlimited            unlimited            seconds   \n\
+                    Max open files            20000                1048576              files     \n";
+        assert_eq!(open_file_limit(text), Some(20000));
+        let unlimited =
+            "Max open files            unlimited            unlimited            files\n";
+        assert_eq!(open_file_limit(unlimited), None);
+        assert_eq!(open_file_limit("Max processes 10 10 processes\n"), None);
+        assert_eq!(connection_cap(7), Some(7));
+        // Derived on this machine: never below the floor.
+        if let Some(cap) = connection_cap(0) {
+            assert!(cap >= MIN_DERIVED_CAP);
+        }
+    }
+
+    #[tokio::test]
+    async fn the_cap_holds_until_a_permit_is_given_back() {
+        let limit = ConnectionLimit::new(Some(2));
+        let a = limit.acquire().await.unwrap();
+        let _b = limit.acquire().await.unwrap();
+        assert_eq!(limit.available(), Some(0));
+        let third = tokio::spawn({
+            let limit = limit.clone();
+            async move { limit.acquire().await.is_some() }
+        });
+        tokio::task::yield_now().await;
+        assert!(!third.is_finished());
+        drop(a);
+        assert!(third.await.unwrap());
+        assert!(ConnectionLimit::new(None).acquire().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn idleness_counts_requests_and_restarts_with_each() {
+        let timeout = Duration::from_secs(1);
+        let activity = Activity::new();
+        let busy = activity.begin();
+        let idle = tokio::spawn({
+            let a = activity.clone();
+            async move { a.idle_for(timeout).await }
+        });
+        // A request in flight for longer than the timeout keeps the connection busy.
+        tokio::time::sleep(timeout * 2).await;
+        assert!(!idle.is_finished());
+        drop(busy);
+        // A short request soon after restarts the count.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(activity.begin());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!idle.is_finished());
+        tokio::time::timeout(timeout * 10, idle)
+            .await
+            .expect("idle once nothing is in flight")
+            .unwrap();
+        assert_eq!(activity.in_flight(), 0);
+    }
+}
