@@ -12,7 +12,7 @@
 #   4. fan-out (1,000 watchers, 100 writes/s) with audit at Metadata for everything (log file,
 #      batch mode) against audit off.
 # Every server runs on a fresh --data-dir on 127.0.0.1 (--secure-port 0); every process it
-# starts is killed at the end. Prints a Markdown table (also written to $OUT/summary.md).
+# starts is killed and its data removed at the end. Prints a Markdown table (also written to $OUT/summary.md).
 # A feature whose flag this build does not have is reported as not measured.
 #
 # usage: cargo build --release -p svc-gateway -p svc-loadtest
@@ -33,6 +33,8 @@ PIDS=()
 cleanup() {
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
     wait 2>/dev/null
+    # the servers' data directories (a GiB or more after the fan-out runs); reports stay in OUT
+    rm -rf "$W"
 }
 trap cleanup EXIT
 log() { echo "== $*" >&2; }
