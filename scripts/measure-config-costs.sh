@@ -12,7 +12,8 @@
 #   4. fan-out (1,000 watchers, 100 writes/s) with audit at Metadata for everything (log file,
 #      batch mode) against audit off.
 # Every server runs on a fresh --data-dir on 127.0.0.1 (--secure-port 0); every process it
-# starts is killed and its data removed at the end. Prints a Markdown table (also written to $OUT/summary.md).
+# starts is killed and its data removed at the end. Prints a Markdown table (also written
+# to $OUT/summary.md).
 # A feature whose flag this build does not have is reported as not measured.
 #
 # usage: cargo build --release -p svc-gateway -p svc-loadtest
