@@ -257,22 +257,23 @@ impl KeySource {
 
 /// TLS to the issuer: its `certificateAuthority` when given, else the system's roots.
 fn client_config(ca_pem: &str) -> Result<Arc<ClientConfig>, String> {
-    let mut roots = rustls::RootCertStore::empty();
-    if ca_pem.is_empty() {
-        let native = rustls_native_certs::load_native_certs();
-        for e in &native.errors {
+    let roots = if ca_pem.is_empty() {
+        // The system's store, read once for every client of the gateway. Without one the
+        // issuer's fetches fail (and say why) instead of the configuration.
+        crate::egress::system_roots().unwrap_or_else(|e| {
             tracing::debug!(error = %e, "reading the system's trusted certificates");
-        }
-        roots.add_parsable_certificates(native.certs);
+            rustls::RootCertStore::empty()
+        })
     } else {
+        let mut roots = rustls::RootCertStore::empty();
         for der in ca_certificates(ca_pem.as_bytes())? {
             roots
                 .add(CertificateDer::from(der))
                 .map_err(|e| format!("certificateAuthority: {e}"))?;
         }
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = ClientConfig::builder_with_provider(provider)
+        roots
+    };
+    let mut config = ClientConfig::builder_with_provider(crate::egress::provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?
         .with_root_certificates(roots)
