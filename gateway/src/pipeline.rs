@@ -184,7 +184,7 @@ struct Admitted<'a> {
 async fn admit<'a>(
     app: &'a App,
     user: &pki::UserInfo,
-    method: &Method,
+    mutating: bool,
     verb: &str,
 ) -> Result<Admitted<'a>, limits::Rejection> {
     if user.in_group(GROUP_MASTERS) {
@@ -204,10 +204,7 @@ async fn admit<'a>(
                 limits::Rejection::ConcurrencyLimit
             });
     }
-    let pool = if matches!(
-        *method,
-        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
-    ) {
+    let pool = if mutating {
         &app.mutating_inflight
     } else {
         &app.readonly_inflight
@@ -380,7 +377,7 @@ async fn serve(
     );
     // Held until the request is done: a seat of its pool, or a watch's place until its
     // stream ends.
-    let Admitted { watch, _seat } = match admit(app, &user, req.method(), verb).await {
+    let Admitted { watch, _seat } = match admit(app, &user, mutating, verb).await {
         Ok(admitted) => admitted,
         Err(why) => {
             if let Some(r) = &record {
