@@ -10,7 +10,7 @@
 pub mod claims;
 pub mod oidc;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -30,8 +30,6 @@ use svc_core::validation::ErrorList;
 use self::claims::Mapper;
 use self::oidc::{KeySource, SourceId};
 
-/// Accepted tokens kept; past this the oldest are dropped.
-pub const CACHE_CAPACITY: usize = 16_384;
 /// How long an accepted token is trusted without being checked again (a reload empties the
 /// cache at once, since the new configuration gets its own).
 pub const CACHE_TTL: Duration = Duration::from_secs(10);
@@ -127,33 +125,8 @@ pub enum Outcome {
     Refused(String),
 }
 
-#[derive(Default)]
-struct TokenCache {
-    by_hash: HashMap<[u8; 32], (Arc<UserInfo>, Instant)>,
-    order: VecDeque<[u8; 32]>,
-}
-
-impl TokenCache {
-    fn get(&mut self, hash: &[u8; 32]) -> Option<Arc<UserInfo>> {
-        let (user, until) = self.by_hash.get(hash)?;
-        if *until <= Instant::now() {
-            self.by_hash.remove(hash);
-            return None;
-        }
-        Some(user.clone())
-    }
-
-    fn insert(&mut self, hash: [u8; 32], user: Arc<UserInfo>, until: Instant) {
-        if self.by_hash.insert(hash, (user, until)).is_none() {
-            self.order.push_back(hash);
-        }
-        while self.order.len() > CACHE_CAPACITY {
-            if let Some(old) = self.order.pop_front() {
-                self.by_hash.remove(&old);
-            }
-        }
-    }
-}
+/// Accepted tokens' users, each with the instant it stops being served.
+type TokenCache = crate::tokens::HashCache<(Arc<UserInfo>, Instant)>;
 
 /// The authentication configuration in force: JWT authenticators and the file's anonymous
 /// settings. Replaced whole on reload.
@@ -255,7 +228,11 @@ impl Authentication {
             h.copy_from_slice(d.as_ref());
             h
         };
-        if let Some(user) = self.cache.lock().get(&hash) {
+        let cached = self
+            .cache
+            .lock()
+            .get(&hash, |(_, until)| *until > Instant::now());
+        if let Some((user, _)) = cached {
             return Outcome::Accepted(user);
         }
         let Some(iss) = unverified_issuer(token) else {
@@ -281,7 +258,7 @@ impl Authentication {
                 let now_unix = unix_now();
                 let left = Duration::from_secs(u64::try_from(exp - now_unix).unwrap_or(0));
                 let until = Instant::now() + left.min(CACHE_TTL);
-                self.cache.lock().insert(hash, user.clone(), until);
+                self.cache.lock().insert(hash, (user.clone(), until));
                 Outcome::Accepted(user)
             }
             Err(e) => Outcome::Refused(e),

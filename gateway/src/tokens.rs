@@ -23,7 +23,7 @@ use crate::caches::Caches;
 use crate::config::Options;
 
 /// Verified tokens kept; past this the oldest are dropped.
-const CACHE_CAPACITY: usize = 16_384;
+pub(crate) const CACHE_CAPACITY: usize = 16_384;
 /// Clock skew allowed on `exp` and `nbf`.
 const LEEWAY_SECONDS: u64 = 60;
 /// Extra key carrying the token's ID, as Kubernetes' `authentication.kubernetes.io/credential-id`.
@@ -84,33 +84,55 @@ pub struct Authenticated {
 #[error("{0}")]
 pub struct Rejected(pub String);
 
-/// A bounded map of verified claims by token hash, dropped oldest first.
-#[derive(Default)]
-struct VerifiedCache {
-    by_hash: HashMap<[u8; 32], Arc<Claims>>,
+/// A bounded map of verified credentials by token hash, dropped oldest first; an entry past
+/// its life is dropped when looked up. Service-account tokens keep their claims in one, the
+/// JWT authenticators their users.
+pub(crate) struct HashCache<V> {
+    pub(crate) by_hash: HashMap<[u8; 32], V>,
     order: VecDeque<[u8; 32]>,
+    capacity: usize,
 }
 
-impl VerifiedCache {
-    fn get(&mut self, hash: &[u8; 32], now: i64) -> Option<Arc<Claims>> {
-        let claims = self.by_hash.get(hash)?;
-        if claims.exp + LEEWAY_SECONDS as i64 <= now {
+/// At most [`CACHE_CAPACITY`] entries.
+impl<V> Default for HashCache<V> {
+    fn default() -> Self {
+        Self {
+            by_hash: HashMap::new(),
+            order: VecDeque::new(),
+            capacity: CACHE_CAPACITY,
+        }
+    }
+}
+
+impl<V: Clone> HashCache<V> {
+    /// The entry for `hash` while `live` holds for it.
+    pub(crate) fn get(&mut self, hash: &[u8; 32], live: impl FnOnce(&V) -> bool) -> Option<V> {
+        let value = self.by_hash.get(hash)?;
+        if !live(value) {
             self.by_hash.remove(hash);
             return None;
         }
-        Some(claims.clone())
+        Some(value.clone())
     }
 
-    fn insert(&mut self, hash: [u8; 32], claims: Arc<Claims>) {
-        if self.by_hash.insert(hash, claims).is_none() {
+    pub(crate) fn insert(&mut self, hash: [u8; 32], value: V) {
+        if self.by_hash.insert(hash, value).is_none() {
             self.order.push_back(hash);
         }
-        while self.order.len() > CACHE_CAPACITY {
+        while self.order.len() > self.capacity {
             if let Some(old) = self.order.pop_front() {
                 self.by_hash.remove(&old);
             }
         }
     }
+}
+
+/// Verified service-account claims, served until `exp` plus the allowed skew (as the
+/// signature check judges it).
+type VerifiedCache = HashCache<Arc<Claims>>;
+
+fn unexpired(claims: &Claims, now: i64) -> bool {
+    claims.exp + LEEWAY_SECONDS as i64 > now
 }
 
 /// The issuer and verifier of service-account tokens.
@@ -251,7 +273,7 @@ impl Tokens {
             .try_into()
             .map_err(|_| Rejected("hashing the token".into()))?;
         let now = OffsetDateTime::now_utc().unix_timestamp();
-        if let Some(c) = self.cache.lock().get(&hash, now) {
+        if let Some(c) = self.cache.lock().get(&hash, |c| unexpired(c, now)) {
             return Ok(c);
         }
         let header = jsonwebtoken::decode_header(token)
@@ -517,11 +539,15 @@ mod tests {
         assert_eq!(c.by_hash.len(), CACHE_CAPACITY);
         let mut h = [0u8; 32];
         h[..8].copy_from_slice(&((CACHE_CAPACITY + 9) as u64).to_le_bytes());
-        assert!(c.get(&h, 0).is_some());
+        assert!(c.get(&h, |c| unexpired(c, 0)).is_some());
         // Expired once past `exp` plus the allowed skew, as the signature check judges it.
-        assert!(c.get(&h, 1_000 + LEEWAY_SECONDS as i64 - 1).is_some());
         assert!(
-            c.get(&h, 1_000 + LEEWAY_SECONDS as i64).is_none(),
+            c.get(&h, |c| unexpired(c, 1_000 + LEEWAY_SECONDS as i64 - 1))
+                .is_some()
+        );
+        assert!(
+            c.get(&h, |c| unexpired(c, 1_000 + LEEWAY_SECONDS as i64))
+                .is_none(),
             "expired entries are not served"
         );
         assert!(!c.by_hash.contains_key(&h), "and are dropped");

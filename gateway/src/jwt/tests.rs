@@ -37,16 +37,17 @@ fn the_token_cache_is_bounded_and_forgets_expired_entries() {
     let mut c = TokenCache::default();
     let user = Arc::new(UserInfo::default());
     let later = Instant::now() + Duration::from_secs(60);
-    for i in 0..CACHE_CAPACITY + 10 {
+    for i in 0..crate::tokens::CACHE_CAPACITY + 10 {
         let mut h = [0u8; 32];
         h[..8].copy_from_slice(&(i as u64).to_le_bytes());
-        c.insert(h, user.clone(), later);
+        c.insert(h, (user.clone(), later));
     }
-    assert_eq!(c.by_hash.len(), CACHE_CAPACITY);
-    assert!(c.get(&[0; 32]).is_none(), "the oldest went first");
+    assert_eq!(c.by_hash.len(), crate::tokens::CACHE_CAPACITY);
+    let live = |(_, until): &(Arc<UserInfo>, Instant)| *until > Instant::now();
+    assert!(c.get(&[0; 32], live).is_none(), "the oldest went first");
     let h = [9; 32];
-    c.insert(h, user, Instant::now());
-    assert!(c.get(&h).is_none(), "expired");
+    c.insert(h, (user, Instant::now()));
+    assert!(c.get(&h, live).is_none(), "expired");
 }
 
 fn authenticator(mappings: ClaimMappings, rules: Vec<ClaimValidationRule>) -> JwtAuthenticator {
