@@ -14,6 +14,7 @@
 //! | [`watcher`] | `cache_watcher.go` | [`Watcher`]: filter, transitions, drain, bookmarks |
 //! | [`frames`] | `caching_object.go` | frames encoded once per event and format |
 //! | [`object`] | `storeElement` | [`CachedObject`], [`KindCodec`], [`Selector`] |
+//! | [`wakes`] | (none) | [`WakeGate`]: watcher wake-ups paced in slices under load |
 //!
 //! # Fan-out: cursors with a per-watcher index, not pushed frames
 //!
@@ -62,6 +63,7 @@ pub mod interval;
 pub mod object;
 pub mod snapshots;
 pub mod waiters;
+pub mod wakes;
 pub mod watcher;
 
 #[cfg(test)]
@@ -75,4 +77,5 @@ pub use interval::WatchCacheInterval;
 pub use object::{CachedObject, KindCodec, Selector};
 pub use snapshots::{ListResult, Snapshot, State};
 pub use waiters::RevisionWait;
+pub use wakes::{Backlog, WakeGate};
 pub use watcher::{Drain, Ready, WatchFilter, WatchRequest, WatchStart, Watcher};

@@ -13,7 +13,9 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use svc_core::ResourceInfo;
 use svc_core::registry::{self, Kind, KindVisitor};
-use svc_core::watch::{FrameFormat, KindCodec, WatchCache, WatchCacheConfig, WatchCacheStats};
+use svc_core::watch::{
+    FrameFormat, KindCodec, WakeGate, WatchCache, WatchCacheConfig, WatchCacheStats,
+};
 use svc_storage::Store;
 use tokio::sync::watch;
 
@@ -23,6 +25,11 @@ pub mod freshness;
 const PRUNE_INTERVAL: Duration = Duration::from_secs(1);
 /// Back-off before relisting after the feed failed.
 const RELIST_BACKOFF: Duration = Duration::from_millis(500);
+/// Watch tasks woken at once by the caches' wake gate; the rest of a fan-out round is woken
+/// a slice at a time by the pacer task, so a write's handler or an ingest task woken
+/// meanwhile waits behind at most this many watch tasks (BENCHMARKS.md, "HTTP/1.1 fan-out
+/// cost and write isolation").
+const WAKE_SLICE: usize = 64;
 
 /// The codec of every stored kind, from the registry.
 fn codecs() -> Vec<KindCodec> {
@@ -42,15 +49,19 @@ fn codecs() -> Vec<KindCodec> {
 
 pub struct Caches {
     caches: Vec<WatchCache>,
+    /// Shared by every cache: one fan-out backlog, paced by one task.
+    gate: Arc<WakeGate>,
 }
 
 impl Caches {
     pub fn new(config: &WatchCacheConfig) -> Self {
+        let gate = WakeGate::paced(WAKE_SLICE);
         Caches {
             caches: codecs()
                 .into_iter()
-                .map(|c| WatchCache::new(c, config.clone()))
+                .map(|c| WatchCache::with_gate(c, config.clone(), gate.clone()))
                 .collect(),
+            gate,
         }
     }
 
@@ -76,6 +87,7 @@ impl Caches {
         for cache in &self.caches {
             tokio::spawn(ingest(store.clone(), cache.clone(), stop.clone()));
         }
+        tokio::spawn(pace(self.gate.clone(), stop.clone()));
         let caches: Vec<WatchCache> = self.caches.clone();
         tokio::spawn(async move {
             while !caches.iter().all(WatchCache::is_ready) {
@@ -284,6 +296,20 @@ impl Collector for CacheCollector {
                 .iter()
                 .map(|(i, s, _)| (by(i), counter(s.dispatch_visits))),
         )
+    }
+}
+
+/// Wakes the watchers the gate deferred, one slice at a time, yielding to the runtime after
+/// each slice so that tasks woken meanwhile (write handlers, ingest) run before the next.
+async fn pace(gate: Arc<WakeGate>, mut stop: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = gate.pace() => {}
+            _ = crate::lifecycle::until_set(&mut stop) => return,
+        }
+        while gate.release() > 0 {
+            tokio::task::yield_now().await;
+        }
     }
 }
 

@@ -20,6 +20,7 @@ use super::interval::WatchCacheInterval;
 use super::object::{CachedObject, KindCodec};
 use super::snapshots::{SnapshotRing, State};
 use super::waiters::{RevisionWait, Waiters};
+use super::wakes::WakeGate;
 use super::watcher::{WatchFilter, WatchRequest, WatchStart, Watcher};
 use crate::status::ApiError;
 
@@ -41,6 +42,8 @@ pub(crate) struct Shared {
     /// `Inner::revision`, readable without the lock.
     revision: AtomicI64,
     pub(crate) waiters: Waiters,
+    /// Where the wakers of watchers with new events go (paced by the gateway).
+    gate: Arc<WakeGate>,
 }
 
 impl Shared {
@@ -130,6 +133,12 @@ impl WatchCache {
     ///
     /// [`replace`]: WatchCache::replace
     pub fn new(codec: KindCodec, config: WatchCacheConfig) -> Self {
+        Self::with_gate(codec, config, WakeGate::direct())
+    }
+
+    /// Like [`new`](WatchCache::new), but watchers are woken through `gate` (shared by
+    /// every cache of the gateway, paced by its pacer task).
+    pub fn with_gate(codec: KindCodec, config: WatchCacheConfig, gate: Arc<WakeGate>) -> Self {
         WatchCache {
             shared: Arc::new(Shared {
                 config: config.sanitized(),
@@ -138,6 +147,7 @@ impl WatchCache {
                 registry: Mutex::new(Registry::default()),
                 revision: AtomicI64::new(0),
                 waiters: Waiters::default(),
+                gate,
             }),
         }
     }
@@ -379,9 +389,7 @@ impl WatchCache {
     }
 
     fn wake(&self, wake: Vec<Waker>, revision: Revision) {
-        for w in wake {
-            w.wake();
-        }
+        self.shared.gate.wake(wake);
         self.shared.waiters.wake(revision);
     }
 

@@ -46,6 +46,8 @@ struct WatchBody {
     /// Resolves at shutdown; kept across wake-ups for the same reason.
     stop: Pin<Box<dyn Future<Output = ()> + Send + Sync>>,
     done: bool,
+    /// The last drain left nothing ready: wait for the watcher before draining again.
+    idle: bool,
     /// Counts this watch as open until the body is dropped.
     _open: OpenWatch,
     sent: WatchEvents,
@@ -76,19 +78,26 @@ impl WatchBody {
         }
         let watcher = self.watcher.as_mut()?;
         loop {
-            let d = watcher.drain(MAX_BATCH_BYTES, Instant::now());
-            if d.finished {
-                self.done = true;
-            }
-            if !d.frames.is_empty() {
-                self.sent.record(&d.frames);
-                return Some(coalesce(d.frames, d.bytes));
-            }
-            if self.done {
-                return None;
-            }
-            if d.more {
-                continue;
+            if self.idle {
+                self.idle = false;
+            } else {
+                let d = watcher.drain(MAX_BATCH_BYTES, Instant::now());
+                if d.finished {
+                    self.done = true;
+                }
+                if !d.frames.is_empty() {
+                    self.sent.record(&d.frames);
+                    // Nothing else was ready: next time wait first instead of draining again
+                    // for nothing (one drain per wake-up, not two).
+                    self.idle = !d.more;
+                    return Some(coalesce(d.frames, d.bytes));
+                }
+                if self.done {
+                    return None;
+                }
+                if d.more {
+                    continue;
+                }
             }
             let ready = watcher.ready();
             let wake_at = watcher
@@ -206,6 +215,7 @@ pub async fn watch<T: Kind>(
         timer: Box::pin(tokio::time::sleep_until(deadline)),
         stop: Box::pin(async move { crate::lifecycle::until_set(&mut stop_rx).await }),
         done: false,
+        idle: false,
         _open: open,
         sent: app.metrics.watch_events(T::INFO),
     };
