@@ -9,6 +9,10 @@
 //!   in one of them (shows dispatch is O(matching), not O(watchers));
 //! - `fanout/10k_json`: `apply` plus every one of the 10,000 watchers draining its frame
 //!   (one JSON encoding, 10,000 shared `Bytes`), i.e. the whole cost of one event.
+//! - `wake/10k_direct` and `wake/10k_paced`: `apply` of one update to 10,000 watchers that
+//!   are all waiting (a waker registered through `Watcher::ready`), with the gateway's wake
+//!   gate in front (`paced`: 64 woken at once, the rest released slice by slice as the pacer
+//!   task does, release included in the timing) or not (`direct`): what pacing adds.
 //!
 //! (Memory per watcher is measured by the `watch_memory` bench, which needs a counting
 //! allocator that would slow these down.)
@@ -22,13 +26,21 @@
 //! - `dispatch/10k_namespaces_one_matching`: 3.1 µs (the baseline plus one watcher)
 //! - `fanout/10k_json`: 1.26 ms (apply + 10,000 drains, one JSON encoding: ~125 ns per
 //!   watcher, single-threaded)
+//! - `wake/10k_direct`: WAKE_DIRECT
+//! - `wake/10k_paced`: WAKE_PACED
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Waker};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use svc_benches::{filled_cache, put};
+use svc_core::kinds::ServiceAccount;
 use svc_core::watch::{
-    FrameFormat, Selector, WatchCache, WatchCacheConfig, WatchRequest, WatchStart, Watcher,
+    FrameFormat, KindCodec, Selector, WakeGate, WatchCache, WatchCacheConfig, WatchRequest,
+    WatchStart, Watcher,
 };
 use svc_storage::{FeedItem, Revision};
 
@@ -132,5 +144,52 @@ fn bench_dispatch(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_dispatch);
+/// Registers a (no-op) waker for every watcher, as a watch body waiting on `ready` does.
+fn wait_all(watchers: &[Watcher]) {
+    let mut cx = Context::from_waker(Waker::noop());
+    for w in watchers {
+        let mut ready = w.ready();
+        let _ = Pin::new(&mut ready).poll(&mut cx);
+    }
+}
+
+fn bench_wake(c: &mut Criterion) {
+    let config = WatchCacheConfig {
+        watcher_queue_limit: 1 << 12,
+        ..WatchCacheConfig::default()
+    };
+    let mut group = c.benchmark_group("wake");
+    for (name, gate) in [
+        ("10k_direct", WakeGate::direct()),
+        ("10k_paced", WakeGate::paced(64)),
+    ] {
+        let cache = WatchCache::with_gate(
+            KindCodec::with_protobuf::<ServiceAccount>(),
+            config.clone(),
+            Arc::clone(&gate),
+        );
+        let mut rev = 1;
+        cache.replace(&[], rev, Instant::now());
+        let mut watchers: Vec<Watcher> = (0..WATCHERS).map(|_| watch(&cache, "ns-0001")).collect();
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    wait_all(&watchers);
+                    rev += 1;
+                    let ev = put("ns-0001", "sa-0000001", rev as u64, rev);
+                    let start = Instant::now();
+                    cache.apply(FeedItem::Events(vec![ev]), start);
+                    while gate.release() > 0 {}
+                    total += start.elapsed();
+                    drain_all(&mut watchers);
+                }
+                total
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_dispatch, bench_wake);
 criterion_main!(benches);

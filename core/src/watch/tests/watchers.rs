@@ -462,3 +462,57 @@ fn refusals_and_relists() {
         .is_ok()
     );
 }
+
+#[test]
+fn a_paced_gate_wakes_one_slice_at_once_and_the_deferred_watchers_batch_their_events() {
+    let clock = Clock::new();
+    let gate = WakeGate::paced(8);
+    let c = WatchCache::with_gate(
+        KindCodec::with_protobuf::<ServiceAccount>(),
+        config(),
+        gate.clone(),
+    );
+    c.replace(&[], 1, clock.at(0.0));
+    let mut ws: Vec<Watcher> = (0..100)
+        .map(|_| {
+            c.watch(watch_req(Some("a"), Selector::everything(), WatchStart::Now), clock.at(0.0))
+                .unwrap()
+        })
+        .collect();
+    let wakers: Vec<Arc<CountingWaker>> = (0..ws.len()).map(|_| Arc::default()).collect();
+    for (w, k) in ws.iter().zip(&wakers) {
+        assert!(poll_once(&mut w.ready(), k).is_pending());
+    }
+    let woken = || wakers.iter().filter(|k| k.count() > 0).count();
+
+    apply(&c, vec![put("a", "x", &[], 2)], clock.at(1.0));
+    assert_eq!(woken(), 8, "one slice is woken at once");
+    assert_eq!(gate.waiting(), 92, "the rest wait for the pacer");
+
+    // A second event before the pacer runs: the waiting watchers are not queued twice, and
+    // the woken ones that have not polled yet are not woken again.
+    apply(&c, vec![put("a", "x", &[], 3)], clock.at(1.0));
+    assert_eq!(gate.waiting(), 92);
+    assert!(wakers.iter().all(|k| k.count() <= 1));
+
+    let mut released = 0;
+    loop {
+        let n = gate.release();
+        if n == 0 {
+            break;
+        }
+        assert!(n <= 8, "a slice at a time");
+        released += n;
+    }
+    assert_eq!(released, 92);
+    assert_eq!(woken(), 100);
+    assert_eq!(gate.deferred(), 92);
+
+    // Every watcher, woken once, drains both events in one batch (one write).
+    for w in &mut ws {
+        let d = w.drain(1 << 20, clock.at(1.0));
+        let got: Vec<String> = decode_frames(&d.frames).into_iter().map(|f| f.2).collect();
+        assert_eq!(got, ["2", "3"]);
+        assert!(!d.more);
+    }
+}
