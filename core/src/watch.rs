@@ -49,6 +49,10 @@
 //!   [`WatchCache::wait_for_revision`] (with a timeout: 504); then [`WatchCache::list`] at
 //!   `None` (current) or `Some(rev)` (Exact, continue tokens). Items carry their canonical
 //!   JSON for splicing into the response.
+//! - **Pacer task** (one per gateway): caches built with [`WatchCache::with_gate`] share a
+//!   [`WakeGate::paced`] gate; the task awaits [`WakeGate::pace`] and calls
+//!   [`WakeGate::release`] (one slice of deferred watcher wake-ups) until it returns 0,
+//!   yielding to the runtime after each slice. [`WatchCache::new`] wakes every watcher at once.
 //! - **Watch task**: [`WatchCache::watch`] returns a [`Watcher`]; loop { `select!` on
 //!   [`Watcher::ready`], the bookmark timer ([`Watcher::next_bookmark_at`]) and the request
 //!   timeout (then write [`Watcher::final_bookmark`] and stop); [`Watcher::drain`] a batch;

@@ -475,8 +475,11 @@ fn a_paced_gate_wakes_one_slice_at_once_and_the_deferred_watchers_batch_their_ev
     c.replace(&[], 1, clock.at(0.0));
     let mut ws: Vec<Watcher> = (0..100)
         .map(|_| {
-            c.watch(watch_req(Some("a"), Selector::everything(), WatchStart::Now), clock.at(0.0))
-                .unwrap()
+            c.watch(
+                watch_req(Some("a"), Selector::everything(), WatchStart::Now),
+                clock.at(0.0),
+            )
+            .unwrap()
         })
         .collect();
     let wakers: Vec<Arc<CountingWaker>> = (0..ws.len()).map(|_| Arc::default()).collect();
