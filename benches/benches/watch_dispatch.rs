@@ -26,8 +26,8 @@
 //! - `dispatch/10k_namespaces_one_matching`: 3.1 µs (the baseline plus one watcher)
 //! - `fanout/10k_json`: 1.26 ms (apply + 10,000 drains, one JSON encoding: ~125 ns per
 //!   watcher, single-threaded)
-//! - `wake/10k_direct`: WAKE_DIRECT
-//! - `wake/10k_paced`: WAKE_PACED
+//! - `wake/10k_direct`: 260 µs (apply, dispatch and 10,000 wake-ups: ~26 ns per watcher)
+//! - `wake/10k_paced`: 257 µs (64 at once, then 156 slices: pacing adds nothing measurable)
 
 use std::future::Future;
 use std::pin::Pin;
