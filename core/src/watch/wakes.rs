@@ -14,8 +14,10 @@
 //! Pacing also batches: a watcher waiting in the gate has no waker registered, so the events
 //! dispatched meanwhile only extend its queue, and when it runs it writes all of them in one
 //! write. Under load a watcher is woken at most once per round of the backlog; when idle,
-//! immediately. The FIFO holds at most one waker per registered watcher (dispatch takes a
-//! watcher's waker when it queues it), so it is bounded by the watcher limit.
+//! immediately. The FIFO usually holds at most one waker per registered watcher (dispatch
+//! takes a watcher's waker when it queues it; a task that runs for another reason, a timer
+//! or its socket, may register a second one meanwhile), and it is capped at
+//! [`MAX_DEFERRED`]: past the cap wakers are woken at once, so a wake-up is never lost.
 //!
 //! Plain `std::task` wakers: core stays runtime-free, the gateway owns the pacer task.
 
@@ -27,6 +29,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
 
 use parking_lot::Mutex;
+
+/// Wakers a gate holds for its pacer, at most (16 bytes each: 4 MiB).
+pub const MAX_DEFERRED: usize = 1 << 18;
 
 /// Where the wakers of watchers with new events go (one gate may serve many caches).
 #[derive(Debug)]
@@ -81,7 +86,10 @@ impl WakeGate {
             if g.pending.is_empty() && now.len() <= slice {
                 None
             } else {
+                let room = MAX_DEFERRED.saturating_sub(g.pending.len());
                 let keep = if g.pending.is_empty() { slice } else { 0 };
+                // Past the cap the excess is woken at once: paced less, never lost.
+                let keep = keep.max(now.len().saturating_sub(room));
                 let later = now.split_off(keep.min(now.len()));
                 self.deferred
                     .fetch_add(later.len() as u64, Ordering::Relaxed);
@@ -198,6 +206,18 @@ mod tests {
         assert_eq!((woken(&c), woken(&c2)), (10, 2));
         assert_eq!(gate.release(), 0);
         assert_eq!(gate.deferred(), 8);
+    }
+
+    #[test]
+    fn past_its_cap_the_gate_wakes_at_once_instead_of_queueing() {
+        let gate = WakeGate::paced(1);
+        let (c, w) = wakers(MAX_DEFERRED + 1);
+        gate.wake(w);
+        assert_eq!((woken(&c), gate.waiting()), (1, MAX_DEFERRED));
+        let (c2, w2) = wakers(10);
+        gate.wake(w2);
+        assert_eq!(woken(&c2), 10, "no room: woken at once");
+        assert_eq!(gate.waiting(), MAX_DEFERRED);
     }
 
     #[test]
