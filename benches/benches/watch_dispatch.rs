@@ -20,14 +20,17 @@
 //! Run: `cargo bench -p svc-benches --bench watch_dispatch`
 //! (quick: `-- --warm-up-time 1 --measurement-time 3`).
 //!
-//! Last results (2-core shared VM, noisy; 2026-11-23):
-//! - `dispatch/no_watchers`: 2.65 µs
-//! - `dispatch/10k_same_namespace`: 354 µs (~35 ns per matching watcher)
-//! - `dispatch/10k_namespaces_one_matching`: 3.1 µs (the baseline plus one watcher)
-//! - `fanout/10k_json`: 1.26 ms (apply + 10,000 drains, one JSON encoding: ~125 ns per
+//! Last results (2-core shared VM, noisy: load average 5-6 from other builds; 2026-11-23,
+//! after the wake gate; the figures before it, on a quieter machine, were 2.65 µs, 354 µs,
+//! 3.1 µs and 1.26 ms):
+//! - `dispatch/no_watchers`: 2.80 µs
+//! - `dispatch/10k_same_namespace`: 544 µs (~54 ns per matching watcher)
+//! - `dispatch/10k_namespaces_one_matching`: 3.8 µs (the baseline plus one watcher)
+//! - `fanout/10k_json`: 1.97 ms (apply + 10,000 drains, one JSON encoding: ~200 ns per
 //!   watcher, single-threaded)
-//! - `wake/10k_direct`: 260 µs (apply, dispatch and 10,000 wake-ups: ~26 ns per watcher)
-//! - `wake/10k_paced`: 257 µs (64 at once, then 156 slices: pacing adds nothing measurable)
+//! - `wake/10k_direct`: 216-379 µs over four runs (apply, dispatch, 10,000 wake-ups)
+//! - `wake/10k_paced`: 257-421 µs over the same runs (below direct in two, equal in one):
+//!   pacing adds nothing measurable above this machine's noise
 
 use std::future::Future;
 use std::pin::Pin;
