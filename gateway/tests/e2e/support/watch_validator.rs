@@ -460,9 +460,7 @@ impl<'a> Checker<'a> {
                     bookmark = Some(bookmark.map_or(*b, |x| x.max(*b)));
                     progress = progress.max(*b);
                 }
-                Item::Event {
-                    kind, key, rv, ..
-                } => {
+                Item::Event { kind, key, rv, .. } => {
                     first.get_or_insert(*rv);
                     if *rv <= start {
                         if resumed {
@@ -479,7 +477,9 @@ impl<'a> Checker<'a> {
                                 Property::Ordered,
                                 name,
                                 Some(si),
-                                format!("{kind:?} {key}@{rv} at or before the start revision {start}"),
+                                format!(
+                                    "{kind:?} {key}@{rv} at or before the start revision {start}"
+                                ),
                             );
                         }
                     } else if let Some((prev, prev_key)) = last_event
@@ -510,9 +510,11 @@ impl<'a> Checker<'a> {
                             format!("{kind:?} {key}@{rv} delivered twice"),
                         );
                     }
-                    if let Some(wi) = self.at.get(rv).and_then(|ws| {
-                        ws.iter().find(|wi| self.h.writes[**wi].key == *key)
-                    }) && !wl.selects(&self.h.writes[*wi].labels)
+                    if let Some(wi) = self
+                        .at
+                        .get(rv)
+                        .and_then(|ws| ws.iter().find(|wi| self.h.writes[**wi].key == *key))
+                        && !wl.selects(&self.h.writes[*wi].labels)
                     {
                         self.fail(
                             Property::Reliable,
@@ -569,7 +571,8 @@ impl<'a> Checker<'a> {
                 let w = &h.writes[*wi];
                 // A revision delivered in part was reported as not atomic.
                 let partly = e.delivered.iter().any(|(r, _)| r == rv);
-                if wl.selects(&w.labels) && !partly && !e.delivered.contains(&(*rv, w.key.clone())) {
+                if wl.selects(&w.labels) && !partly && !e.delivered.contains(&(*rv, w.key.clone()))
+                {
                     missing.push((*rv, w));
                 }
             }

@@ -70,7 +70,11 @@ fn history(watchers: Vec<WatcherLog>) -> History {
         snapshots: vec![(
             "final list".to_string(),
             16,
-            vec![("b".to_string(), 12), ("c".to_string(), 14), ("final".to_string(), 16)],
+            vec![
+                ("b".to_string(), 12),
+                ("c".to_string(), 14),
+                ("final".to_string(), 16),
+            ],
         )],
         final_rv: Some(16),
     }
