@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use crate::support::client::{Client, TestServer, WatchStream, create_namespace};
 use crate::support::process::{ServerProcess, admin_client, free_port};
 use crate::support::watch_validator::{
-    End, EventType, History, Item, Op, Outcome, Start, Stream, WatcherLog, Write,
+    End, EventType, History, Item, Op, Outcome, Snapshot, Start, Stream, WatcherLog, Write,
 };
 
 const NS: &str = "guarantees";
@@ -359,7 +359,11 @@ where
     let history = History {
         writes,
         watchers: logs,
-        snapshots: vec![("final list".to_string(), list_rv, items)],
+        snapshots: vec![Snapshot {
+            what: "final list".to_string(),
+            rv: list_rv,
+            items,
+        }],
         final_rv: Some(final_rv),
     };
     let acked = history
@@ -367,10 +371,10 @@ where
         .iter()
         .filter(|w| matches!(w.outcome, Outcome::Acked(_)))
         .count();
-    let (streams, events, gone) = history.counts();
     eprintln!(
-        "{} writes ({acked} acknowledged), {streams} streams ({gone} ended 410), {events} events, final revision {final_rv}, in {:?}",
+        "{} writes ({acked} acknowledged), final revision {final_rv}; {}; in {:?}",
         history.writes.len(),
+        history.counts(),
         started.elapsed()
     );
     assert!(acked > 20, "too few writes acknowledged to tell anything");

@@ -136,13 +136,22 @@ impl WatcherLog {
     }
 }
 
+/// A list taken outside any watcher: what it was, its revision, its items (name,
+/// resourceVersion).
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    pub what: String,
+    pub rv: i64,
+    pub items: Vec<(String, i64)>,
+}
+
 /// Everything recorded in one test.
 #[derive(Clone, Debug, Default)]
 pub struct History {
     pub writes: Vec<Write>,
     pub watchers: Vec<WatcherLog>,
-    /// Lists taken outside any watcher (e.g. the final contents): (what, rv, items).
-    pub snapshots: Vec<(String, i64, Vec<(String, i64)>)>,
+    /// Lists taken outside any watcher (e.g. the final contents).
+    pub snapshots: Vec<Snapshot>,
     /// The revision of a write acknowledged after every other write: each watcher must have
     /// got that far, so everything acknowledged must have reached it.
     pub final_rv: Option<i64>,
@@ -214,23 +223,50 @@ impl History {
         }
     }
 
-    /// Streams and events recorded, for the test's report.
-    pub fn counts(&self) -> (usize, usize, usize) {
-        let streams = self.watchers.iter().map(|w| w.streams.len()).sum();
-        let events = self
-            .watchers
-            .iter()
-            .flat_map(|w| &w.streams)
+    /// What was recorded, for the test's report.
+    pub fn counts(&self) -> Counts {
+        let streams = || self.watchers.iter().flat_map(|w| &w.streams);
+        let delivered: HashSet<&str> = streams()
             .flat_map(|s| &s.items)
-            .filter(|i| matches!(i, Item::Event { .. }))
-            .count();
-        let gone = self
-            .watchers
-            .iter()
-            .flat_map(|w| &w.streams)
-            .filter(|s| s.end == End::Gone)
-            .count();
-        (streams, events, gone)
+            .filter_map(|i| match i {
+                Item::Event { write, .. } => write.as_deref(),
+                Item::Bookmark(_) => None,
+            })
+            .collect();
+        let unknown = || self.writes.iter().filter(|w| w.outcome == Outcome::Unknown);
+        Counts {
+            streams: streams().count(),
+            gone: streams().filter(|s| s.end == End::Gone).count(),
+            events: streams()
+                .flat_map(|s| &s.items)
+                .filter(|i| matches!(i, Item::Event { .. }))
+                .count(),
+            unknown: unknown().count(),
+            unknown_delivered: unknown()
+                .filter(|w| delivered.contains(w.id.as_str()))
+                .count(),
+        }
+    }
+}
+
+/// What a history holds: streams (those that ended with 410), events delivered, writes of
+/// unknown outcome (those some watcher delivered, so committed; deletes are not counted
+/// there: their events name the state before).
+pub struct Counts {
+    pub streams: usize,
+    pub gone: usize,
+    pub events: usize,
+    pub unknown: usize,
+    pub unknown_delivered: usize,
+}
+
+impl fmt::Display for Counts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} streams ({} ended 410), {} events; {} writes of unknown outcome, {} of them delivered",
+            self.streams, self.gone, self.events, self.unknown, self.unknown_delivered
+        )
     }
 }
 
@@ -296,8 +332,8 @@ impl<'a> Checker<'a> {
         for w in &self.h.watchers {
             self.check_watcher(w);
         }
-        for (what, rv, items) in &self.h.snapshots {
-            self.check_snapshot(what, None, *rv, items, None);
+        for snap in &self.h.snapshots {
+            self.check_snapshot(&snap.what, None, snap.rv, &snap.items, None);
         }
         self.out
     }
@@ -502,7 +538,10 @@ impl<'a> Checker<'a> {
                             format!("{kind:?} {key}@{rv} after a bookmark at {b}"),
                         );
                     }
-                    if !e.delivered.insert((*rv, key.clone())) && !(resumed && *rv <= start) {
+                    let fresh = e.delivered.insert((*rv, key.clone()));
+                    // A repeat after resuming was reported as not resumable.
+                    let repeated_after_resume = resumed && *rv <= start;
+                    if !(fresh || repeated_after_resume) {
                         self.fail(
                             Property::Unique,
                             name,

@@ -67,15 +67,15 @@ fn history(watchers: Vec<WatcherLog>) -> History {
     History {
         writes: writes(),
         watchers,
-        snapshots: vec![(
-            "final list".to_string(),
-            16,
-            vec![
+        snapshots: vec![Snapshot {
+            what: "final list".to_string(),
+            rv: 16,
+            items: vec![
                 ("b".to_string(), 12),
                 ("c".to_string(), 14),
                 ("final".to_string(), 16),
             ],
-        )],
+        }],
         final_rv: Some(16),
     }
 }
@@ -182,7 +182,7 @@ fn a_revision_split_across_streams_is_not_atomic() {
     let mut h = one(vec![]);
     h.writes
         .push(write("w8", "e", Op::Create, "y", Outcome::Acked(Some(12))));
-    h.snapshots[0].2.push(("e".to_string(), 12));
+    h.snapshots[0].items.push(("e".to_string(), 12));
     let mut items = good_items();
     items.insert(2, added("e", 12, "w8"));
     // Together: fine.
@@ -227,7 +227,7 @@ fn a_missed_acknowledged_write_is_not_reliable() {
     items.insert(7, added("zz", 16, "w99"));
     expect(&one(items), Property::Reliable);
     let mut h = one(good_items());
-    h.snapshots[0].2.retain(|(k, _)| k != "b");
+    h.snapshots[0].items.retain(|(k, _)| k != "b");
     expect(&h, Property::Reliable);
 }
 
