@@ -1,6 +1,7 @@
 //! Watch guarantees under faults: writers create, update and delete ServiceAccounts while
-//! watchers (bookmarks on, some with label selectors, resuming from their last revision
-//! whenever a stream ends, relisting after 410) record every stream; a fault strikes midway
+//! watchers (bookmarks on, some with label selectors, one reading slowly so it is served
+//! from history, resuming from their last revision whenever a stream ends, relisting after
+//! 410) record every stream; a fault strikes midway
 //! (the gateway killed with SIGKILL and restarted, the etcd leader killed and restarted, or
 //! every etcd member stopped for 10 s); then the recorded history must be ordered, unique,
 //! atomic, bookmarkable, reliable and resumable (`support::watch_validator`).
@@ -207,6 +208,7 @@ async fn watcher(
     target: watch::Receiver<Option<i64>>,
     deadline: Instant,
     seed: u64,
+    slow: bool,
 ) -> WatcherLog {
     let mut log = WatcherLog::new(name, selector);
     let selector_query = selector.map(|(k, v)| format!("{k}={v}"));
@@ -262,6 +264,10 @@ async fn watcher(
                     };
                     match decode(&ev) {
                         Read::Item(item) => {
+                            if slow {
+                                // Falls behind the writers: served from history, not the queue.
+                                tokio::time::sleep(Duration::from_millis(5)).await;
+                            }
                             let rv = match &item {
                                 Item::Bookmark(rv) | Item::Event { rv, .. } => *rv,
                             };
@@ -304,11 +310,12 @@ where
     let started = Instant::now();
     let deadline = started + Duration::from_secs(40);
     let (target_tx, target) = watch::channel(None);
-    let specs: [(&str, Option<(&str, &str)>); 4] = [
+    let specs: [(&str, Option<(&str, &str)>); 5] = [
         ("all-1", None),
         ("all-2", None),
         ("group-a", Some(("group", "a"))),
         ("group-b", Some(("group", "b"))),
+        ("slow", None),
     ];
     let watchers: Vec<_> = specs
         .iter()
@@ -321,6 +328,7 @@ where
                 target.clone(),
                 deadline,
                 i as u64,
+                *name == "slow",
             ))
         })
         .collect();

@@ -605,7 +605,12 @@ impl<'a> Checker<'a> {
         let name = wl.name.as_str();
         let h = self.h;
         let mut missing = Vec::new();
-        for (rv, writes) in self.at.range(e.start + 1..=e.progress) {
+        let covered = if e.progress > e.start {
+            self.at.range(e.start + 1..=e.progress)
+        } else {
+            self.at.range(0..0)
+        };
+        for (rv, writes) in covered {
             for wi in writes {
                 let w = &h.writes[*wi];
                 // A revision delivered in part was reported as not atomic.

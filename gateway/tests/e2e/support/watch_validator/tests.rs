@@ -141,8 +141,29 @@ fn a_clean_history_passes_including_resumes_relists_and_selectors() {
         )];
         w
     };
+    // Gone at once (no event), relisted at the end.
+    let emptied = {
+        let mut w = WatcherLog::new("w-empty", None);
+        w.streams = vec![
+            stream(Start::Watch(10), vec![], End::Gone),
+            stream(
+                Start::Relist {
+                    rv: 16,
+                    items: vec![
+                        ("b".to_string(), 12),
+                        ("c".to_string(), 14),
+                        ("final".to_string(), 16),
+                    ],
+                },
+                vec![Item::Bookmark(16)],
+                End::Stopped,
+            ),
+        ];
+        w
+    };
     let h = history(vec![
         watcher(vec![stream(Start::Watch(10), items, End::Stopped)]),
+        emptied,
         resumed,
         relisted,
         selected,
