@@ -1,10 +1,10 @@
 //! Watch guarantees under faults: writers create, update and delete ServiceAccounts while
-//! watchers (bookmarks on, some with label selectors, one reading slowly so it is served
-//! from history, resuming from their last revision whenever a stream ends, relisting after
-//! 410) record every stream; a fault strikes midway
-//! (the gateway killed with SIGKILL and restarted, the etcd leader killed and restarted, or
-//! every etcd member stopped for 10 s); then the recorded history must be ordered, unique,
-//! atomic, bookmarkable, reliable and resumable (`support::watch_validator`).
+//! watchers (bookmarks on, some with label selectors, one reading slowly so it falls behind
+//! the writers, all resuming from their last revision whenever a stream ends and relisting
+//! after 410) record every stream; a fault strikes midway (the gateway killed with SIGKILL and
+//! restarted, the etcd leader killed and restarted, or every etcd member stopped for 10 s);
+//! then the recorded history must be ordered, unique, atomic, bookmarkable, reliable and
+//! resumable (`support::watch_validator`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -265,7 +265,7 @@ async fn watcher(
                     match decode(&ev) {
                         Read::Item(item) => {
                             if slow {
-                                // Falls behind the writers: served from history, not the queue.
+                                // Falls behind the writers, so the server holds its backlog.
                                 tokio::time::sleep(Duration::from_millis(5)).await;
                             }
                             let rv = match &item {
