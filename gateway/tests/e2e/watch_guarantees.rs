@@ -387,6 +387,24 @@ where
     );
     assert!(acked > 20, "too few writes acknowledged to tell anything");
     history.assert_valid();
+    // The same history with one delivered event taken away must fail: the recording is
+    // really checked.
+    let mut broken = history.clone();
+    let stream = broken.watchers[0]
+        .streams
+        .iter_mut()
+        .find(|s| s.items.iter().any(|i| matches!(i, Item::Event { .. })))
+        .expect("a stream with events");
+    let at = stream
+        .items
+        .iter()
+        .position(|i| matches!(i, Item::Event { .. }))
+        .unwrap();
+    stream.items.remove(at);
+    assert!(
+        !broken.validate().is_empty(),
+        "a dropped event went unnoticed"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
