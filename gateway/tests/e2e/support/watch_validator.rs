@@ -383,6 +383,19 @@ impl<'a> Checker<'a> {
                         );
                         continue;
                     }
+                    if *kind == EventType::Deleted
+                        && let Some(last) = self.last_state_before(key, *rv)
+                        && write.as_deref() != Some(last)
+                    {
+                        self.fail(
+                            Property::Reliable,
+                            &wl.name,
+                            Some(si),
+                            format!(
+                                "DELETED {key}@{rv} carries the state of write {write:?}, not the last one ({last})"
+                            ),
+                        );
+                    }
                     match self.rev.get(&wi) {
                         Some(known) if known != rv => {
                             let known = *known;
@@ -407,6 +420,26 @@ impl<'a> Checker<'a> {
         for (wi, rv) in &self.rev {
             self.at.entry(*rv).or_default().push(*wi);
         }
+    }
+
+    /// The write that made `key`'s last state before revision `rv`, when every earlier write
+    /// of the key is acknowledged with its revision (a delete's event carries that state).
+    fn last_state_before(&self, key: &str, rv: i64) -> Option<&'a str> {
+        let h = self.h;
+        let mut last: Option<(i64, &'a str)> = None;
+        for w in h
+            .writes
+            .iter()
+            .filter(|w| w.key == key && w.op != Op::Delete)
+        {
+            let Outcome::Acked(Some(r)) = w.outcome else {
+                return None;
+            };
+            if r < rv && last.is_none_or(|(l, _)| r > l) {
+                last = Some((r, w.id.as_str()));
+            }
+        }
+        last.map(|(_, id)| id)
     }
 
     fn check_watcher(&mut self, wl: &'a WatcherLog) {

@@ -250,6 +250,10 @@ fn a_missed_acknowledged_write_is_not_reliable() {
     let mut h = one(good_items());
     h.snapshots[0].items.retain(|(k, _)| k != "b");
     expect(&h, Property::Reliable);
+    // A DELETED event carrying an older state than the last one written.
+    let mut items = good_items();
+    items[5] = ev(EventType::Deleted, "a", 15, "w1");
+    expect(&one(items), Property::Reliable);
 }
 
 #[test]
