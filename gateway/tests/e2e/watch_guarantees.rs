@@ -183,6 +183,11 @@ fn decode(ev: &Value) -> Read {
     match ev["type"].as_str() {
         Some("BOOKMARK") => rv_of(obj).map_or(Read::Closed, |rv| Read::Item(Item::Bookmark(rv))),
         Some("ERROR") if obj["code"] == 410 => Read::Gone,
+        Some("ERROR") => {
+            // Any other error ends the stream; the client resumes from where it got.
+            eprintln!("watch ended with {ev}");
+            Read::Closed
+        }
         Some(t) => match (EventType::parse(t), rv_of(obj)) {
             (Some(kind), Some(rv)) => Read::Item(Item::Event {
                 kind,
