@@ -41,4 +41,5 @@ mod patch;
 mod props;
 mod tracing;
 mod validate_config;
+mod watch_guarantees;
 mod writes;

@@ -114,6 +114,11 @@ impl EtcdMember {
         }
     }
 
+    /// The running process's id (to stop and continue it with signals).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     pub fn is_running(&self) -> bool {
         self.child.is_some()
     }
