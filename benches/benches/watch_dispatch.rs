@@ -31,6 +31,15 @@
 //! - `wake/10k_direct`: 216-379 µs over four runs (apply, dispatch, 10,000 wake-ups)
 //! - `wake/10k_paced`: 257-421 µs over the same runs (below direct in two, equal in one):
 //!   pacing adds nothing measurable above this machine's noise
+// Test and harness code: a panic on a broken expectation is the point, and arithmetic and
+// indexing on test data are checked by the assertions that follow.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
 
 use std::future::Future;
 use std::pin::Pin;

@@ -223,7 +223,7 @@ impl State {
             return false;
         };
         q.remove(i);
-        self.queued -= 1;
+        self.queued = self.queued.saturating_sub(1);
         if q.is_empty() {
             self.queues.remove(user);
             self.turn.retain(|u| &**u != user);
@@ -244,7 +244,7 @@ impl State {
                 self.turn.push_back(user);
             }
             if let Some(w) = w {
-                self.queued -= 1;
+                self.queued = self.queued.saturating_sub(1);
                 return Some(w);
             }
         }
@@ -330,7 +330,7 @@ impl FairLimit {
         let (user, waiter) = {
             let mut st = self.state.lock();
             if st.running < self.cfg.seats {
-                st.running += 1;
+                st.running = st.running.saturating_add(1);
                 drop(st);
                 self.executing().inc();
                 return Ok(Seat(Some(self)));
@@ -349,7 +349,8 @@ impl FairLimit {
                 self.metrics.rejected(self.level, why);
                 return Err(why);
             }
-            st.next_id += 1;
+            // Ids only tell waiters apart; a u64 does not wrap in a process's life.
+            st.next_id = st.next_id.wrapping_add(1);
             let waiter = Arc::new(Waiter {
                 id: st.next_id,
                 granted: AtomicBool::new(false),
@@ -367,7 +368,7 @@ impl FairLimit {
                 .entry(user.clone())
                 .or_default()
                 .push_back(waiter.clone());
-            st.queued += 1;
+            st.queued = st.queued.saturating_add(1);
             (user, waiter)
         };
         self.inqueue().inc();
@@ -406,7 +407,7 @@ impl FairLimit {
                 self.inqueue().dec();
             }
             None => {
-                st.running -= 1;
+                st.running = st.running.saturating_sub(1);
                 drop(st);
                 self.executing().dec();
             }
@@ -458,7 +459,7 @@ impl InflightLimit {
         }
         self.current
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
-                (c < self.max).then_some(c + 1)
+                (c < self.max).then(|| c.saturating_add(1))
             })
             .ok()
             .map(|_| Slot(Some(self.current.clone())))

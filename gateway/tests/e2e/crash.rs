@@ -3,53 +3,15 @@
 //! is there, nothing that was never attempted is, and revisions continue upward.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support::client::Client;
-use crate::support::process::{ServerProcess, free_port};
+use crate::support::process::{ServerProcess, admin_client, free_port};
 use http::StatusCode;
 use parking_lot::Mutex;
 use rand::Rng;
 use serde_json::json;
-use svc_gateway::pki::{PkiOptions, ensure_pki};
-
-async fn admin_client(dir: &Path, port: u16) -> Client {
-    // The server writes the PKI on first start; wait for it, then load it.
-    for _ in 0..200 {
-        if dir.join("admin.kubeconfig").exists() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    let pki = ensure_pki(
-        &dir.join("pki"),
-        &PkiOptions {
-            tls_sans: vec![],
-            admin_kubeconfig_path: dir.join("admin.kubeconfig"),
-            server_url: format!("https://127.0.0.1:{port}"),
-            cluster_signing: None,
-        },
-    )
-    .unwrap();
-    let (cert, key) = pki.admin_credentials();
-    let tls = pki
-        .client_config_for(Some((cert, key)), &[b"http/1.1"])
-        .unwrap();
-    let c = Client {
-        addr: ([127, 0, 0, 1], port).into(),
-        tls,
-        h2: false,
-    };
-    for _ in 0..400 {
-        if c.connect().await.is_ok() && c.get("/readyz").await.0 == StatusCode::OK {
-            return c;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("server on port {port} never became ready");
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_writes_survive_sigkill() {

@@ -1,8 +1,10 @@
 //! Test support shared by every end-to-end module: an in-process server with a TLS HTTP client
 //! (`client`), the real binary as a child process (`process`), kubectl driven against it
-//! (`kubectl`), and an OIDC issuer (`oidc`).
+//! (`kubectl`), an OIDC issuer (`oidc`), and the validator of watch guarantees
+//! (`watch_validator`).
 
 pub mod client;
 pub mod kubectl;
 pub mod oidc;
 pub mod process;
+pub mod watch_validator;

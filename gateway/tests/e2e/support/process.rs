@@ -1,14 +1,26 @@
 //! Test support: the real `svc-gateway` binary as a child process that is killed (SIGKILL)
-//! and reaped when dropped, so a failing test never leaves a server behind.
+//! and reaped when dropped, so a failing test never leaves a server behind; and an admin
+//! client of it.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use http::StatusCode;
+use svc_gateway::pki::{PkiOptions, ensure_pki};
+
+use super::client::Client;
 
 pub struct ServerProcess(Child);
 
 impl ServerProcess {
     /// Starts the binary on 127.0.0.1:`port` with its data in `dir`.
     pub fn spawn(dir: &Path, port: u16) -> Self {
+        Self::spawn_with(dir, port, &[])
+    }
+
+    /// Like `spawn`, with more flags.
+    pub fn spawn_with(dir: &Path, port: u16, flags: &[&str]) -> Self {
         let child = Command::new(env!("CARGO_BIN_EXE_svc-gateway"))
             .args([
                 "--data-dir",
@@ -17,6 +29,7 @@ impl ServerProcess {
                 "127.0.0.1",
             ])
             .args(["--secure-port", &port.to_string(), "--log-level", "warn"])
+            .args(flags)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
@@ -57,4 +70,42 @@ pub fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// An admin client of the child on `port` once it serves: the child writes its PKI in `dir`
+/// on first start, so this waits for it, loads it, then waits for `/readyz`.
+pub async fn admin_client(dir: &Path, port: u16) -> Client {
+    // The server writes the PKI on first start; wait for it, then load it.
+    for _ in 0..200 {
+        if dir.join("admin.kubeconfig").exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let pki = ensure_pki(
+        &dir.join("pki"),
+        &PkiOptions {
+            tls_sans: vec![],
+            admin_kubeconfig_path: dir.join("admin.kubeconfig"),
+            server_url: format!("https://127.0.0.1:{port}"),
+            cluster_signing: None,
+        },
+    )
+    .unwrap();
+    let (cert, key) = pki.admin_credentials();
+    let tls = pki
+        .client_config_for(Some((cert, key)), &[b"http/1.1"])
+        .unwrap();
+    let c = Client {
+        addr: ([127, 0, 0, 1], port).into(),
+        tls,
+        h2: false,
+    };
+    for _ in 0..400 {
+        if c.connect().await.is_ok() && c.get("/readyz").await.0 == StatusCode::OK {
+            return c;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("server on port {port} never became ready");
 }
