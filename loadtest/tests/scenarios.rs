@@ -99,6 +99,17 @@ fn check_fanout(r: &Value, watchers: u64) {
         r["latency_ms"]["count"].as_u64().unwrap(),
         c["events_delivered"].as_u64().unwrap()
     );
+    // Offered against achieved writes/s, and every acknowledged write's latency.
+    if let Some(offered) = c["offered_writes_per_s"].as_f64() {
+        let achieved = c["write_rate_achieved"].as_f64().unwrap();
+        let rate = c["writes_per_s"].as_f64().unwrap();
+        assert!(achieved > 0.0 && (achieved - rate / offered).abs() < 1e-9, "{c}");
+    } else {
+        assert!(c["write_rate_achieved"].is_null(), "{c}");
+    }
+    let w = &r["write_latency_ms"];
+    let ms = |k: &str| w[k].as_f64().unwrap();
+    assert!(0.0 < ms("p50") && ms("p50") <= ms("p99") && ms("p99") <= ms("p999"), "{w}");
 }
 
 /// A list run: full lists happened, each held exactly `objects` items plus the server's own
