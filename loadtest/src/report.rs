@@ -778,7 +778,10 @@ mod tests {
             row("etcd").contains("| 100.0 (100, 100 %) | 0.80 / 2.00 / 3.00 |"),
             "{md}"
         );
-        assert!(row("raw").contains("| 812.0 (max) | 0.01 / 0.02 / 0.03 |"), "{md}");
+        assert!(
+            row("raw").contains("| 812.0 (max) | 0.01 / 0.02 / 0.03 |"),
+            "{md}"
+        );
         // Each row has as many cells as the header.
         let cells = |l: &str| l.matches('|').count();
         let header = md.lines().find(|l| l.starts_with("| target |")).unwrap();
@@ -789,13 +792,20 @@ mod tests {
             error: "refused".into(),
         }];
         let cmp = markdown_with_failures(&runs, &failed);
-        assert!(cmp.contains("| 49.0 (100, 49 %) | 1.50 / 20.00 / 45.25 |"), "{cmp}");
+        assert!(
+            cmp.contains("| 49.0 (100, 49 %) | 1.50 / 20.00 / 45.25 |"),
+            "{cmp}"
+        );
     }
 
     #[test]
     fn results_json_carries_the_achieved_share_and_write_percentiles() {
         let dir = tempfile::tempdir().unwrap();
-        write(dir.path(), &[run("kubernetes", Some(100.0), 98.0, [1.0, 40.0, 70.0])]).unwrap();
+        write(
+            dir.path(),
+            &[run("kubernetes", Some(100.0), 98.0, [1.0, 40.0, 70.0])],
+        )
+        .unwrap();
         let v: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap())
                 .unwrap();

@@ -316,13 +316,22 @@ mod tests {
         let rx = on_own_thread("lt-test-writer", move || async move {
             // A timer and a spawned task: the thread's runtime drives both.
             tokio::time::sleep(Duration::from_millis(5)).await;
-            let t = tokio::spawn(async { std::thread::current().id() }).await.unwrap();
-            (std::thread::current().id(), t, std::thread::current().name().map(String::from))
+            let t = tokio::spawn(async { std::thread::current().id() })
+                .await
+                .unwrap();
+            (
+                std::thread::current().id(),
+                t,
+                std::thread::current().name().map(String::from),
+            )
         })
         .unwrap();
         let (ran_on, task_on, name) = rx.blocking_recv().unwrap();
         assert_ne!(ran_on, main);
-        assert_eq!(task_on, ran_on, "a current-thread runtime runs its tasks on its thread");
+        assert_eq!(
+            task_on, ran_on,
+            "a current-thread runtime runs its tasks on its thread"
+        );
         assert_eq!(name.as_deref(), Some("lt-test-writer"));
     }
 
