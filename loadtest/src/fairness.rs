@@ -230,34 +230,39 @@ impl Hammer {
 /// short, its brackets do not match, it has no `items` array, or text follows its end.
 pub fn count_items(b: &[u8]) -> Result<u64> {
     let mut stack: Vec<u8> = Vec::with_capacity(16);
-    let (mut in_str, mut esc) = (false, false);
-    let mut str_start = 0;
     // The top-level object's last key was "items" and only `:` and blanks followed it.
     let mut key_items = false;
     let (mut in_items, mut saw_items, mut ended) = (false, false, false);
     let mut count = 0u64;
-    for (i, &c) in b.iter().enumerate() {
-        if in_str {
-            if esc {
-                esc = false;
-            } else if c == b'\\' {
-                esc = true;
-            } else if c == b'"' {
-                in_str = false;
-                key_items = stack.len() == 1 && &b[str_start..i] == b"items";
-            }
-            continue;
-        }
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        i += 1;
         if c.is_ascii_whitespace() {
             continue;
         }
         if ended {
-            bail!("text after the end of the list at byte {i}");
+            bail!("text after the end of the list at byte {}", i - 1);
         }
         match c {
             b'"' => {
-                in_str = true;
-                str_start = i + 1;
+                // To the closing quote, skipping escapes; most of a list's bytes are in
+                // strings, and memchr crosses them fast.
+                let start = i;
+                loop {
+                    let Some(k) = memchr::memchr2(b'"', b'\\', &b[i.min(b.len())..]) else {
+                        bail!("the list is cut short in a string ({} bytes)", b.len());
+                    };
+                    let j = i + k;
+                    if b[j] == b'\\' {
+                        i = j + 2;
+                        continue;
+                    }
+                    i = j + 1;
+                    key_items = stack.len() == 1 && &b[start..j] == b"items";
+                    break;
+                }
+                continue;
             }
             b':' => continue,
             b'{' | b'[' => {
@@ -273,7 +278,7 @@ pub fn count_items(b: &[u8]) -> Result<u64> {
             b'}' | b']' => {
                 let open = if c == b'}' { b'{' } else { b'[' };
                 if stack.pop() != Some(open) {
-                    bail!("unmatched {:?} at byte {i}", c as char);
+                    bail!("unmatched {:?} at byte {}", c as char, i - 1);
                 }
                 if stack.len() == 1 {
                     in_items = false;
@@ -673,6 +678,12 @@ mod tests {
             2
         );
         assert_eq!(count_items(b" {\"items\" : [ {} ] }\n").unwrap(), 1);
+        // Escaped quotes and backslashes inside strings do not end them.
+        let escaped = br#"{"items":[{"a":"x\"}],{\\"},{"b":"\\\\"}]}"#;
+        assert_eq!(count_items(escaped).unwrap(), 2);
+        for cut in 1..escaped.len() {
+            assert!(count_items(&escaped[..cut]).is_err(), "cut at {cut}");
+        }
     }
 
     #[test]
