@@ -20,6 +20,15 @@
 //! An acknowledged event create costs ~215 µs of server CPU (BENCHMARKS.md, `events`:
 //! ~6,000 creates/s at ~130% CPU), so even a miss on every one of the four limits is well
 //! under 1% of a create: it cannot show in the creates/s figure.
+// Test and harness code: a panic on a broken expectation is the point, and arithmetic and
+// indexing on test data are checked by the assertions that follow.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
 
 use std::hint::black_box;
 

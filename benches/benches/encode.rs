@@ -26,6 +26,15 @@
 //! 16 KiB it spends ~20 µs to save ~14 KiB, ~0.11 ms of the same link, and from there the
 //! saving grows linearly while the cost per byte falls below 1 ns. So 16384 is a sensible
 //! floor on a fast link (Kubernetes uses 128 KiB); on a slow link, keep the default 0.
+// Test and harness code: a panic on a broken expectation is the point, and arithmetic and
+// indexing on test data are checked by the assertions that follow.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
 
 use std::io::Write;
 use std::sync::Arc;

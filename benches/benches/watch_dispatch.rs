@@ -22,6 +22,15 @@
 //! - `dispatch/10k_namespaces_one_matching`: 3.1 µs (the baseline plus one watcher)
 //! - `fanout/10k_json`: 1.26 ms (apply + 10,000 drains, one JSON encoding: ~125 ns per
 //!   watcher, single-threaded)
+// Test and harness code: a panic on a broken expectation is the point, and arithmetic and
+// indexing on test data are checked by the assertions that follow.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
 
 use std::time::{Duration, Instant};
 

@@ -19,6 +19,15 @@
 //! - `list/page_500`: 10k 6.8 µs, 100k 6.9 µs (remaining count O(1) on a first page)
 //! - `list/one_namespace`: 10k 1.7 µs, 100k 13.6 µs
 //! - `list/current_json`: 10k 0.76 ms, 100k 36.6 ms (45 MB body; dominated by the copy)
+// Test and harness code: a panic on a broken expectation is the point, and arithmetic and
+// indexing on test data are checked by the assertions that follow.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
 
 use std::time::{Duration, Instant};
 

@@ -164,7 +164,7 @@ pub fn encode_watch_event_protobuf(
     let len = event.encoded_len();
     let prefix = u32::try_from(len)
         .map_err(|_| ApiError::internal(format!("watch event of {len} bytes is too large")))?;
-    let mut out = Vec::with_capacity(4 + len);
+    let mut out = Vec::with_capacity(len.saturating_add(4));
     out.extend_from_slice(&prefix.to_be_bytes());
     event.encode_raw(&mut out);
     Ok(out)

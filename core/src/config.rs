@@ -91,8 +91,8 @@ impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let lines = self.lines();
         write!(f, "{}: ", self.subject)?;
-        if lines.len() == 1 {
-            write!(f, "{}", lines[0])
+        if let [only] = lines.as_slice() {
+            write!(f, "{only}")
         } else {
             write!(f, "[{}]", lines.join(", "))
         }
@@ -339,7 +339,11 @@ impl Duration {
             let mut scale = unit;
             for d in frac.bytes().take(18) {
                 scale /= 10;
-                part += i128::from(d - b'0') * scale;
+                // A second '.' ("1.2.3s") is not a digit.
+                let digit = d.checked_sub(b'0').filter(|d| *d <= 9).ok_or_else(bad)?;
+                part = part
+                    .checked_add(i128::from(digit).saturating_mul(scale))
+                    .ok_or_else(bad)?;
             }
             total = total.checked_add(part).ok_or_else(bad)?;
             if total > i128::from(i64::MAX) {
@@ -347,7 +351,7 @@ impl Duration {
             }
         }
         let total = i64::try_from(total).map_err(|_| bad())?;
-        Ok(Self(if neg { -total } else { total }))
+        Ok(Self(if neg { total.saturating_neg() } else { total }))
     }
 }
 
@@ -385,8 +389,8 @@ impl fmt::Display for Duration {
 }
 
 fn trim_fraction(value: u64, unit: u64) -> String {
-    let whole = value / unit;
-    let frac = value % unit;
+    let whole = value.checked_div(unit).unwrap_or_default();
+    let frac = value.checked_rem(unit).unwrap_or_default();
     if frac == 0 {
         return whole.to_string();
     }
@@ -514,7 +518,16 @@ mod tests {
             assert_eq!(d.nanos(), nanos, "{text}");
             assert_eq!(d.to_string(), printed, "{text}");
         }
-        for bad in ["", "5", "s", "1x", "1.s.", "9999999999999999999h", "--1s"] {
+        for bad in [
+            "",
+            "5",
+            "s",
+            "1x",
+            "1.s.",
+            "9999999999999999999h",
+            "--1s",
+            "1.2.3s",
+        ] {
             assert!(Duration::parse(bad).is_err(), "{bad}");
         }
     }

@@ -66,7 +66,7 @@ pub struct MicroTime(pub OffsetDateTime);
 impl MicroTime {
     /// `t` truncated to whole microseconds.
     pub fn new(t: OffsetDateTime) -> Self {
-        let micros = t.nanosecond() / 1_000 * 1_000;
+        let micros = (t.nanosecond() / 1_000).saturating_mul(1_000);
         MicroTime(t.replace_nanosecond(micros).unwrap_or(t))
     }
 

@@ -47,17 +47,18 @@ impl TokenBucket {
         let elapsed = now.saturating_sub(self.last);
         self.last = self.last.max(now);
         let cap = u128::from(self.burst) * UNIT;
-        self.units = (self.units + u128::from(elapsed) * u128::from(self.qps)).min(cap);
+        let added = u128::from(elapsed).saturating_mul(u128::from(self.qps));
+        self.units = self.units.saturating_add(added).min(cap);
     }
 
     /// Takes one request's allowance at `now`, or says how long until there is one.
     pub fn try_take(&mut self, now: u64) -> Result<(), Duration> {
         self.refill(now);
-        if self.units >= UNIT {
-            self.units -= UNIT;
+        if let Some(left) = self.units.checked_sub(UNIT) {
+            self.units = left;
             return Ok(());
         }
-        let missing = UNIT - self.units;
+        let missing = UNIT.saturating_sub(self.units);
         let qps = u128::from(self.qps.max(1));
         let nanos = missing.div_ceil(qps);
         Err(Duration::from_nanos(
@@ -117,23 +118,30 @@ impl<V> Lru<V> {
         self.index.contains_key(key)
     }
 
+    // Links are indices into `nodes`; `NIL` (never an index) ends the list.
     fn unlink(&mut self, i: usize) {
-        let (prev, next) = (self.nodes[i].prev, self.nodes[i].next);
-        match prev {
-            NIL => self.head = next,
-            p => self.nodes[p].next = next,
+        let Some(node) = self.nodes.get(i) else {
+            return;
+        };
+        let (prev, next) = (node.prev, node.next);
+        match self.nodes.get_mut(prev) {
+            Some(p) => p.next = next,
+            None => self.head = next,
         }
-        match next {
-            NIL => self.tail = prev,
-            n => self.nodes[n].prev = prev,
+        match self.nodes.get_mut(next) {
+            Some(n) => n.prev = prev,
+            None => self.tail = prev,
         }
     }
 
     fn push_front(&mut self, i: usize) {
-        self.nodes[i].prev = NIL;
-        self.nodes[i].next = self.head;
-        if self.head != NIL {
-            self.nodes[self.head].prev = i;
+        let head = self.head;
+        if let Some(node) = self.nodes.get_mut(i) {
+            node.prev = NIL;
+            node.next = head;
+        }
+        if let Some(old) = self.nodes.get_mut(head) {
+            old.prev = i;
         }
         self.head = i;
         if self.tail == NIL {
@@ -149,7 +157,7 @@ impl<V> Lru<V> {
                 self.unlink(i);
                 self.push_front(i);
             }
-            return &mut self.nodes[i].value;
+            return self.value_at(i);
         }
         let i = if self.nodes.len() < self.capacity {
             self.nodes.push(Node {
@@ -158,19 +166,30 @@ impl<V> Lru<V> {
                 prev: NIL,
                 next: NIL,
             });
-            self.nodes.len() - 1
+            self.nodes.len().saturating_sub(1)
         } else {
-            // Reuse the least recently used slot.
+            // Reuse the least recently used slot (the map is full and capacity is at least 1,
+            // so there is one).
             let i = self.tail;
             self.unlink(i);
-            let old = std::mem::replace(&mut self.nodes[i].key, key.into());
-            self.index.remove(&old);
-            self.nodes[i].value = make();
+            if let Some(node) = self.nodes.get_mut(i) {
+                let old = std::mem::replace(&mut node.key, key.into());
+                node.value = make();
+                self.index.remove(&old);
+            }
             i
         };
         self.index.insert(key.into(), i);
         self.push_front(i);
-        &mut self.nodes[i].value
+        self.value_at(i)
+    }
+
+    fn value_at(&mut self, i: usize) -> &mut V {
+        // Every index in `index`, `head` and `tail` is below `nodes.len()`: nodes are only
+        // pushed or reused in place, never removed.
+        #[allow(clippy::indexing_slicing)]
+        let value = &mut self.nodes[i].value;
+        value
     }
 }
 

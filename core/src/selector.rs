@@ -90,15 +90,19 @@ impl Parser<'_> {
     fn peek(&self) -> Option<u8> {
         self.s.get(self.i).copied()
     }
+    /// Moves past the current byte (`i` never passes the end, so it cannot overflow).
+    fn bump(&mut self) {
+        self.i = self.i.saturating_add(1);
+    }
     fn skip_ws(&mut self) {
         while self.peek().is_some_and(|c| c.is_ascii_whitespace()) {
-            self.i += 1;
+            self.bump();
         }
     }
     fn expect(&mut self, c: u8) -> Result<(), String> {
         self.skip_ws();
         if self.peek() == Some(c) {
-            self.i += 1;
+            self.bump();
             Ok(())
         } else {
             Err(format!(
@@ -115,7 +119,7 @@ impl Parser<'_> {
             if c.is_ascii_whitespace() || b",()=!<>".contains(&c) {
                 break;
             }
-            self.i += 1;
+            self.bump();
         }
         self.src[start..self.i].to_string()
     }
@@ -124,7 +128,7 @@ impl Parser<'_> {
         self.skip_ws();
         let negated = self.peek() == Some(b'!');
         if negated {
-            self.i += 1;
+            self.bump();
         }
         let key = self.word();
         qualified_name(&key).map_err(|e| format!("invalid label key {key:?}: {e}"))?;
@@ -138,19 +142,19 @@ impl Parser<'_> {
         let op = match self.peek() {
             None | Some(b',') => Op::Exists,
             Some(b'=') => {
-                self.i += 1;
+                self.bump();
                 if self.peek() == Some(b'=') {
-                    self.i += 1;
+                    self.bump();
                 }
                 Op::Equals(self.value()?)
             }
             Some(b'!') => {
-                self.i += 1;
+                self.bump();
                 self.expect(b'=')?;
                 Op::NotEquals(self.value()?)
             }
             Some(c @ (b'>' | b'<')) => {
-                self.i += 1;
+                self.bump();
                 let v = self.word();
                 let n = v.parse::<i64>().map_err(|_| {
                     format!(
@@ -193,13 +197,13 @@ impl Parser<'_> {
         loop {
             self.skip_ws();
             if self.peek() == Some(b')') {
-                self.i += 1;
+                self.bump();
                 break;
             }
             vals.push(self.value()?);
             self.skip_ws();
             match self.peek() {
-                Some(b',') => self.i += 1,
+                Some(b',') => self.bump(),
                 Some(b')') => {}
                 _ => {
                     return Err(format!(
@@ -290,22 +294,13 @@ fn trim_ascii(s: &str) -> &str {
 
 /// Splits on commas not escaped with a backslash (Kubernetes escapes `,` `=` `\` in values).
 fn split_unescaped(s: &str) -> Vec<&str> {
-    let mut out = Vec::new();
-    let b = s.as_bytes();
-    let (mut start, mut i) = (0, 0);
-    while i < b.len() {
-        match b[i] {
-            b'\\' => i += 2,
-            b',' => {
-                out.push(&s[start..i]);
-                i += 1;
-                start = i;
-            }
-            _ => i += 1,
-        }
-    }
-    out.push(&s[start.min(s.len())..]);
-    out
+    let mut escaped = false;
+    s.split(|c: char| {
+        let split = !escaped && c == ',';
+        escaped = !escaped && c == '\\';
+        split
+    })
+    .collect()
 }
 
 fn unescape(v: &str) -> String {

@@ -195,8 +195,8 @@ fn join_causes(causes: &[StatusCause]) -> String {
             }
         })
         .collect();
-    if parts.len() == 1 {
-        parts[0].clone()
+    if let [only] = parts.as_slice() {
+        only.clone()
     } else {
         format!("[{}]", parts.join(", "))
     }

@@ -83,15 +83,18 @@ fn row(info: &ResourceInfo, object: Value, include: IncludeObject) -> Value {
         );
     }
     cells.extend(info.columns.iter().map(|c| (c.cell)(&object)));
-    let mut r = json!({"cells": cells});
+    let mut r = serde_json::Map::new();
+    r.insert("cells".into(), Value::Array(cells));
     match include {
         IncludeObject::None => {}
         IncludeObject::Metadata => {
-            r["object"] = json!({"kind": "PartialObjectMetadata", "apiVersion": TABLE_API_VERSION, "metadata": meta});
+            r.insert("object".into(), json!({"kind": "PartialObjectMetadata", "apiVersion": TABLE_API_VERSION, "metadata": meta}));
         }
-        IncludeObject::Object => r["object"] = object,
+        IncludeObject::Object => {
+            r.insert("object".into(), object);
+        }
     }
-    r
+    Value::Object(r)
 }
 
 /// A table of `info`'s objects given as JSON values, with the list's metadata.
@@ -118,7 +121,12 @@ pub fn age(timestamp: Option<&str>, now: time::OffsetDateTime) -> String {
     }) else {
         return "<unknown>".into();
     };
-    let secs = (now - t).whole_seconds().max(0);
+    let nanos = now
+        .unix_timestamp_nanos()
+        .saturating_sub(t.unix_timestamp_nanos());
+    let secs = i64::try_from(nanos / 1_000_000_000)
+        .unwrap_or(i64::MAX)
+        .max(0);
     let (m, h, d) = (secs / 60, secs / 3600, secs / 86400);
     match secs {
         s if s < 120 => format!("{s}s"),

@@ -3,7 +3,7 @@
 
 pub mod declarative;
 
-use rand::Rng;
+use rand::seq::IndexedRandom;
 
 use crate::meta::ObjectMeta;
 use crate::status::StatusCause;
@@ -114,8 +114,8 @@ pub fn dns1123_label(value: &str) -> Result<(), String> {
         ));
     }
     let ok = !b.is_empty()
-        && is_alnum_lower(b[0])
-        && is_alnum_lower(b[b.len() - 1])
+        && b.first().is_some_and(|&c| is_alnum_lower(c))
+        && b.last().is_some_and(|&c| is_alnum_lower(c))
         && b.iter().all(|&c| is_alnum_lower(c) || c == b'-');
     if ok {
         Ok(())
@@ -140,8 +140,8 @@ pub fn dns1123_subdomain(value: &str) -> Result<(), String> {
         && value.split('.').all(|part| {
             let b = part.as_bytes();
             !b.is_empty()
-                && is_alnum_lower(b[0])
-                && is_alnum_lower(b[b.len() - 1])
+                && b.first().is_some_and(|&c| is_alnum_lower(c))
+                && b.last().is_some_and(|&c| is_alnum_lower(c))
                 && b.iter().all(|&c| is_alnum_lower(c) || c == b'-')
         });
     if ok {
@@ -161,8 +161,8 @@ fn qualified_part(name: &str) -> bool {
     let b = name.as_bytes();
     !b.is_empty()
         && b.len() <= QUALIFIED_NAME_MAX
-        && b[0].is_ascii_alphanumeric()
-        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.first().is_some_and(u8::is_ascii_alphanumeric)
+        && b.last().is_some_and(u8::is_ascii_alphanumeric)
         && b.iter()
             .all(|&c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_' || c == b'.')
 }
@@ -267,7 +267,7 @@ pub fn validate_object_meta(meta: &ObjectMeta, namespaced: bool, rule: NameRule)
         if let Err(e) = qualified_name(&k.to_ascii_lowercase()) {
             errs.invalid("metadata.annotations", k, &e);
         }
-        total += k.len() + v.len();
+        total = total.saturating_add(k.len()).saturating_add(v.len());
     }
     if total > ANNOTATIONS_MAX_BYTES {
         errs.too_long("metadata.annotations", ANNOTATIONS_MAX_BYTES);
@@ -302,11 +302,12 @@ pub fn validate_object_meta_update(new: &ObjectMeta, old: &ObjectMeta) -> ErrorL
 pub fn generate_name(prefix: &str) -> String {
     let mut end = prefix.len().min(GENERATE_PREFIX_MAX);
     while !prefix.is_char_boundary(end) {
-        end -= 1;
+        end = end.saturating_sub(1);
     }
     let mut rng = rand::rng();
     let suffix: String = (0..GENERATE_SUFFIX_LEN)
-        .map(|_| GENERATE_ALPHABET[rng.random_range(0..GENERATE_ALPHABET.len())] as char)
+        .filter_map(|_| GENERATE_ALPHABET.choose(&mut rng))
+        .map(|&c| char::from(c))
         .collect();
     format!("{}{}", &prefix[..end], suffix)
 }

@@ -2,6 +2,15 @@
 //! on which, what core and storage may never name, and the one-way order of the gateway's
 //! modules. Each checker is a plain function over text, so the tests below also feed it a
 //! deliberately broken input and expect it to object.
+// Test and harness code: a panic on a broken expectation is the point, and arithmetic and
+// indexing on test data are checked by the assertions that follow.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

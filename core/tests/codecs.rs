@@ -1,5 +1,14 @@
 //! Every served kind through every codec, and our protobuf bytes read by an independent
 //! decoder: Kubernetes' own published `.proto` messages, compiled (the `k8s-pb` crate).
+// Test and harness code: a panic on a broken expectation is the point, and arithmetic and
+// indexing on test data are checked by the assertions that follow.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
 
 use std::collections::BTreeMap;
 

@@ -3,6 +3,15 @@
 //! exact field paths they report, and the golden `--print-defaults` output
 //! (`UPDATE_GOLDEN=1 cargo test -p svc-core --test config_kinds` rewrites the golden files,
 //! which are then reviewed against Kubernetes' defaults).
+// Test and harness code: a panic on a broken expectation is the point, and arithmetic and
+// indexing on test data are checked by the assertions that follow.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
 
 use std::path::PathBuf;
 

@@ -1,6 +1,15 @@
 //! Property tests of the object codecs clients feed: JSON, YAML, CBOR and protobuf. Arbitrary
 //! bytes (and valid encodings with bytes changed) never panic a decoder, and generated valid
 //! objects come back equal from every codec.
+// Test and harness code: a panic on a broken expectation is the point, and arithmetic and
+// indexing on test data are checked by the assertions that follow.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
 
 use std::collections::BTreeMap;
 

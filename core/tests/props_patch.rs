@@ -2,6 +2,15 @@
 //! clients: arbitrary patch documents (and arbitrary bytes) against arbitrary objects of every
 //! kind never panic, and a merge patch computed between two objects turns the first into the
 //! second.
+// Test and harness code: a panic on a broken expectation is the point, and arithmetic and
+// indexing on test data are checked by the assertions that follow.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
 
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};

@@ -1,6 +1,15 @@
 //! Property tests of PEM, certificate signing request and certificate parsing, which read
 //! what clients put in a CertificateSigningRequest: arbitrary bytes and changed valid requests
 //! and certificates never panic; a change inside the signed part of a request is refused.
+// Test and harness code: a panic on a broken expectation is the point, and arithmetic and
+// indexing on test data are checked by the assertions that follow.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
 
 use base64::Engine as _;
 use proptest::prelude::*;

@@ -2,6 +2,15 @@
 //! arbitrary strings never panic the parsers; generated valid selectors, written with any
 //! spacing, parse to the same selector and match exactly the labels (or fields) their model
 //! says.
+// Test and harness code: a panic on a broken expectation is the point, and arithmetic and
+// indexing on test data are checked by the assertions that follow.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
 
 use std::collections::BTreeMap;
 

@@ -1,5 +1,14 @@
 //! Repository hygiene: every Rust file in the workspace starts with a `//!` line saying what
 //! it is for.
+// Test and harness code: a panic on a broken expectation is the point, and arithmetic and
+// indexing on test data are checked by the assertions that follow.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
 
 use std::path::{Path, PathBuf};
 

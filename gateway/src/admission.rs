@@ -125,14 +125,16 @@ impl Outcome {
             return;
         }
         let chars = text.chars().count();
-        if self.warning_chars + chars > WARNINGS_TOTAL_CHARS && chars > WARNING_ITEM_CHARS {
+        if self.warning_chars.saturating_add(chars) > WARNINGS_TOTAL_CHARS
+            && chars > WARNING_ITEM_CHARS
+        {
             text = text.chars().take(WARNING_ITEM_CHARS).collect();
         }
         let chars = text.chars().count();
-        if self.warning_chars + chars > 2 * WARNINGS_TOTAL_CHARS {
+        if self.warning_chars.saturating_add(chars) > 2 * WARNINGS_TOTAL_CHARS {
             return;
         }
-        self.warning_chars += chars;
+        self.warning_chars = self.warning_chars.saturating_add(chars);
         self.warnings.push(text);
     }
 

@@ -100,7 +100,7 @@ async fn delete_namespace_contents(app: &App, ns: &str) -> Result<usize, ApiErro
         .filter(|i| i.stored && i.namespaced())
     {
         if let Some(f) = registry::visit(info, DeleteAll { app, ns }) {
-            left += f.await?;
+            left = f.await?.saturating_add(left);
         }
     }
     Ok(left)
@@ -133,8 +133,8 @@ async fn service_account_controller(app: Arc<App>) {
             _ = crate::lifecycle::until_set(&mut stop) => return,
         }
         tokio::select! {
-            _ = namespaces.wait_for_revision(seen + 1) => {}
-            _ = accounts.wait_for_revision(seen + 1) => {}
+            _ = namespaces.wait_for_revision(seen.saturating_add(1)) => {}
+            _ = accounts.wait_for_revision(seen.saturating_add(1)) => {}
             _ = tokio::time::sleep(NAMESPACE_RESYNC) => {}
             _ = crate::lifecycle::until_set(&mut stop) => return,
         }

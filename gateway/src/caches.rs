@@ -55,6 +55,8 @@ impl Caches {
     }
 
     /// The cache of a served type.
+    // `new` builds a cache for every registered type, and `info` is one of them.
+    #[allow(clippy::expect_used)]
     pub fn get(&self, info: &ResourceInfo) -> &WatchCache {
         self.caches
             .iter()

@@ -375,7 +375,7 @@ impl Options {
         svc_storage::embedded::EmbeddedConfig {
             auto_compaction: svc_storage::embedded::AutoCompaction::Retention(retention),
             // Check often enough that history never outlives its retention by much.
-            compaction_check_interval: (retention / 2)
+            compaction_check_interval: (retention.checked_div(2).unwrap_or_default())
                 .clamp(Duration::from_millis(100), Duration::from_secs(10)),
             ..Default::default()
         }
@@ -588,7 +588,10 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             "h" => value * 3600.0,
             _ => return Err(format!("invalid unit {unit:?} in duration {s:?}")),
         };
-        total += Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"))?;
+        let part = Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"))?;
+        total = total
+            .checked_add(part)
+            .ok_or_else(|| format!("{s:?}: duration is too long"))?;
     }
     Ok(total)
 }

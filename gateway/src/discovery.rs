@@ -27,9 +27,11 @@ fn resource_entries(group: &str, version: &str) -> Vec<Value> {
                 "kind": s.kind,
                 "verbs": s.verbs,
             });
-            if let Some((g, v)) = s.group_version {
-                e["group"] = json!(g);
-                e["version"] = json!(v);
+            if let Some((g, v)) = s.group_version
+                && let Some(e) = e.as_object_mut()
+            {
+                e.insert("group".into(), json!(g));
+                e.insert("version".into(), json!(v));
             }
             out.push(e);
         }
@@ -45,8 +47,10 @@ fn entry(r: &ResourceInfo) -> Value {
         "kind": r.kind,
         "verbs": r.verbs,
     });
-    if !r.short_names.is_empty() {
-        e["shortNames"] = json!(r.short_names);
+    if !r.short_names.is_empty()
+        && let Some(e) = e.as_object_mut()
+    {
+        e.insert("shortNames".into(), json!(r.short_names));
     }
     e
 }
@@ -95,8 +99,10 @@ pub fn serve(route: &Route, pretty: bool) -> Response<Body> {
         Route::Group(g) => match registry::groups().iter().find(|(name, _)| name == g) {
             Some((name, vs)) => {
                 let mut e = group_entry(name, vs);
-                e["kind"] = json!("APIGroup");
-                e["apiVersion"] = json!("v1");
+                if let Some(fields) = e.as_object_mut() {
+                    fields.insert("kind".into(), json!("APIGroup"));
+                    fields.insert("apiVersion".into(), json!("v1"));
+                }
                 e
             }
             None => return not_found(),

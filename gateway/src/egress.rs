@@ -397,7 +397,7 @@ async fn exchange(carrier: Stream, target: &str, proxy: &str) -> io::Result<Stre
     loop {
         let before = header.len();
         let n = (&mut stream)
-            .take((MAX_CONNECT_RESPONSE + 1 - before) as u64)
+            .take((MAX_CONNECT_RESPONSE + 1).saturating_sub(before) as u64)
             .read_until(b'\n', &mut header)
             .await?;
         if n == 0 {

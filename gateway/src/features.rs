@@ -124,12 +124,14 @@ impl FeatureGates {
 
     /// Whether a gate is on.
     pub fn enabled(&self, feature: Feature) -> bool {
-        self.enabled[feature.index()]
+        self.enabled.get(feature.index()).copied().unwrap_or(false)
     }
 
     /// Sets a gate (tests, embedding).
     pub fn set(&mut self, feature: Feature, value: bool) {
-        self.enabled[feature.index()] = value;
+        if let Some(slot) = self.enabled.get_mut(feature.index()) {
+            *slot = value;
+        }
     }
 }
 

@@ -29,6 +29,7 @@ use svc_core::validation::ErrorList;
 
 use self::claims::Mapper;
 use self::oidc::{KeySource, SourceId};
+use crate::Later;
 
 /// How long an accepted token is trusted without being checked again (a reload empties the
 /// cache at once, since the new configuration gets its own).
@@ -256,8 +257,8 @@ impl Authentication {
             Ok((user, exp)) => {
                 let user = Arc::new(user);
                 let now_unix = unix_now();
-                let left = Duration::from_secs(u64::try_from(exp - now_unix).unwrap_or(0));
-                let until = Instant::now() + left.min(CACHE_TTL);
+                let left = u64::try_from(exp.saturating_sub(now_unix)).unwrap_or(0);
+                let until = Instant::now().later(Duration::from_secs(left).min(CACHE_TTL));
                 self.cache.lock().insert(hash, (user.clone(), until));
                 Outcome::Accepted(user)
             }
@@ -343,7 +344,7 @@ impl Authenticator {
         let now = unix_now();
         let leeway = LEEWAY_SECONDS as i64;
         if let Some(iat) = claims.get("iat").and_then(Value::as_i64)
-            && iat > now + leeway
+            && iat > now.saturating_add(leeway)
         {
             return Err("oidc: verify token: token used before issued (iat)".into());
         }

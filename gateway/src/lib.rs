@@ -44,3 +44,28 @@ pub mod validate;
 
 pub use config::Options;
 pub use server::{ServerHandle, start};
+
+/// Deadlines without the panic of `Instant + Duration` on overflow: a duration too large to
+/// add (a huge configured timeout) means about a century from now, i.e. never.
+pub(crate) trait Later: Copy {
+    fn checked(self, after: std::time::Duration) -> Option<Self>;
+
+    fn later(self, after: std::time::Duration) -> Self {
+        const CENTURY: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 24 * 3600);
+        self.checked(after)
+            .or_else(|| self.checked(CENTURY))
+            .unwrap_or(self)
+    }
+}
+
+impl Later for std::time::Instant {
+    fn checked(self, after: std::time::Duration) -> Option<Self> {
+        self.checked_add(after)
+    }
+}
+
+impl Later for tokio::time::Instant {
+    fn checked(self, after: std::time::Duration) -> Option<Self> {
+        self.checked_add(after)
+    }
+}

@@ -252,7 +252,7 @@ impl State {
             return false;
         };
         q.remove(i);
-        self.queued -= 1;
+        self.queued = self.queued.saturating_sub(1);
         if q.is_empty() {
             self.queues.remove(user);
             self.turn.retain(|u| &**u != user);
@@ -278,7 +278,7 @@ impl State {
                 self.turn.push_back(user);
             }
             if let Some(w) = w {
-                self.queued -= 1;
+                self.queued = self.queued.saturating_sub(1);
                 return Some(w);
             }
         }
@@ -378,8 +378,8 @@ impl FairLimit {
         let since = Instant::now();
         let (user, waiter) = {
             let mut st = self.state.lock();
-            if st.queued == 0 && st.running + width <= self.cfg.seats {
-                st.running += width;
+            if st.queued == 0 && st.running.saturating_add(width) <= self.cfg.seats {
+                st.running = st.running.saturating_add(width);
                 drop(st);
                 self.executing().inc();
                 return Ok(Seat(Some((self, width))));
@@ -398,7 +398,8 @@ impl FairLimit {
                 self.metrics.rejected(self.level, why);
                 return Err(why);
             }
-            st.next_id += 1;
+            // Ids only tell waiters apart; a u64 does not wrap in a process's life.
+            st.next_id = st.next_id.wrapping_add(1);
             let waiter = Arc::new(Waiter {
                 id: st.next_id,
                 width,
@@ -417,7 +418,7 @@ impl FairLimit {
                 .entry(user.clone())
                 .or_default()
                 .push_back(waiter.clone());
-            st.queued += 1;
+            st.queued = st.queued.saturating_add(1);
             (user, waiter)
         };
         self.inqueue().inc();
@@ -450,17 +451,17 @@ impl FairLimit {
     /// Gives `width` seats back, then hands the free seats to the waiting requests in turn
     /// while the next one fits.
     fn release(&self, width: usize) {
-        let mut granted = 0;
+        let mut granted = 0u32;
         {
             let mut st = self.state.lock();
-            st.running -= width;
+            st.running = st.running.saturating_sub(width);
             loop {
-                let free = self.cfg.seats - st.running;
+                let free = self.cfg.seats.saturating_sub(st.running);
                 let Some(w) = st.next(free) else { break };
-                st.running += w.width;
+                st.running = st.running.saturating_add(w.width);
                 w.granted.store(true, Ordering::Release);
                 w.wake.notify_one();
-                granted += 1;
+                granted = granted.saturating_add(1);
             }
         }
         self.executing().dec();
@@ -515,7 +516,7 @@ impl InflightLimit {
         }
         self.current
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
-                (c < self.max).then_some(c + 1)
+                (c < self.max).then(|| c.saturating_add(1))
             })
             .ok()
             .map(|_| Slot(Some(self.current.clone())))

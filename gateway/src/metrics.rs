@@ -259,7 +259,14 @@ impl AuditMetrics {
     }
 
     pub fn level(&self, level: svc_core::config::audit::Level) -> &Counter {
-        &self.levels[level as usize]
+        use svc_core::config::audit::Level;
+        let [none, metadata, request, request_response] = &self.levels;
+        match level {
+            Level::None => none,
+            Level::Metadata => metadata,
+            Level::Request => request,
+            Level::RequestResponse => request_response,
+        }
     }
 }
 
@@ -529,23 +536,28 @@ impl SizeHistogram {
         let inner = &self.inner;
         let (mut n, mut sum) = (0u64, 0u64);
         let mut last: Option<(usize, u64)> = None;
+        // Wrapping, as the atomic counters they are added to wrap.
         for size in sizes {
-            n += 1;
-            sum += size as u64;
+            n = n.wrapping_add(1);
+            sum = sum.wrapping_add(size as u64);
             let i = inner.bounds.partition_point(|b| *b < size as f64);
             // Frames of one batch are mostly alike: add runs to the same bucket at once.
             match &mut last {
-                Some((j, k)) if *j == i => *k += 1,
+                Some((j, k)) if *j == i => *k = k.wrapping_add(1),
                 _ => {
-                    if let Some((j, k)) = last.take() {
-                        inner.buckets[j].fetch_add(k, Ordering::Relaxed);
+                    if let Some((j, k)) = last.take()
+                        && let Some(bucket) = inner.buckets.get(j)
+                    {
+                        bucket.fetch_add(k, Ordering::Relaxed);
                     }
                     last = Some((i, 1));
                 }
             }
         }
-        if let Some((j, k)) = last {
-            inner.buckets[j].fetch_add(k, Ordering::Relaxed);
+        if let Some((j, k)) = last
+            && let Some(bucket) = inner.buckets.get(j)
+        {
+            bucket.fetch_add(k, Ordering::Relaxed);
         }
         if n > 0 {
             inner.count.fetch_add(n, Ordering::Relaxed);

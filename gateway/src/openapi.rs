@@ -213,8 +213,13 @@ fn paths(r: &ResourceInfo) -> Vec<(String, Value)> {
             ("patch", "patch", "patch", "patch", PATCH),
             ("post", "create", "post", "create", WRITE),
         ] {
-            if sub.verbs.contains(&verb) {
-                ops[method] = op(r, action, &format!("{prefix}{id}"), params, &name);
+            if sub.verbs.contains(&verb)
+                && let Some(ops) = ops.as_object_mut()
+            {
+                ops.insert(
+                    method.into(),
+                    op(r, action, &format!("{prefix}{id}"), params, &name),
+                );
             }
         }
         out.push((format!("{scoped}/{{name}}/{}", sub.name), ops));
@@ -272,7 +277,7 @@ fn document(group: &str, version: &str) -> Option<Value> {
     }
     Some(json!({
         "openapi": "3.0.0",
-        "info": {"title": "svc", "version": crate::discovery::version()["gitVersion"].clone()},
+        "info": {"title": "svc", "version": crate::discovery::version().get("gitVersion").cloned().unwrap_or_default()},
         "paths": all_paths,
         "components": {"schemas": schemas},
     }))

@@ -13,6 +13,7 @@ use hyper::body::Incoming;
 use opentelemetry::context::FutureExt as _;
 use svc_core::ApiError;
 
+use crate::Later;
 use crate::app::App;
 use crate::authn::{self, ConnIdentity};
 use crate::authz::{Attributes, GROUP_MASTERS};
@@ -584,11 +585,12 @@ async fn read_stream(mut body: Incoming, max: usize) -> Result<Bytes, ApiError> 
     let declared = hyper::body::Body::size_hint(&body).lower();
     let mut buf = bytes::BytesMut::new();
     let mut seen = 0usize;
-    let discard_until = tokio::time::Instant::now() + OVERSIZE_DISCARD_TIME;
+    let discard_until = tokio::time::Instant::now().later(OVERSIZE_DISCARD_TIME);
     loop {
         let oversize = seen > max || declared > max as u64;
         if oversize
-            && (seen > max + OVERSIZE_DISCARD || tokio::time::Instant::now() > discard_until)
+            && (seen > max.saturating_add(OVERSIZE_DISCARD)
+                || tokio::time::Instant::now() > discard_until)
         {
             return Err(too_large());
         }
@@ -614,7 +616,7 @@ async fn read_stream(mut body: Incoming, max: usize) -> Result<Bytes, ApiError> 
             }
             Some(Ok(frame)) => {
                 if let Ok(data) = frame.into_data() {
-                    seen += data.len();
+                    seen = seen.saturating_add(data.len());
                     if seen <= max && declared <= max as u64 {
                         buf.extend_from_slice(&data);
                     }

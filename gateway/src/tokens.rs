@@ -132,7 +132,7 @@ impl<V: Clone> HashCache<V> {
 type VerifiedCache = HashCache<Arc<Claims>>;
 
 fn unexpired(claims: &Claims, now: i64) -> bool {
-    claims.exp + LEEWAY_SECONDS as i64 > now
+    claims.exp.saturating_add(LEEWAY_SECONDS as i64) > now
 }
 
 /// The issuer and verifier of service-account tokens.
@@ -185,8 +185,9 @@ impl Tokens {
         };
         let signing = EncodingKey::from_ec_pem(signing_pem.as_bytes())
             .map_err(|e| format!("the service-account signing key: {e}"))?;
+        let signing_kid = key_id(&own_public)?;
         let mut verifying = vec![(
-            key_id(&own_public)?,
+            signing_kid.clone(),
             DecodingKey::from_ec_pem(own_public.as_bytes())
                 .map_err(|e| format!("the service-account public key: {e}"))?,
         )];
@@ -205,7 +206,7 @@ impl Tokens {
             audiences: opts.api_audiences(),
             max_expiration: (!opts.service_account_max_token_expiration.is_zero())
                 .then_some(opts.service_account_max_token_expiration),
-            signing_kid: verifying[0].0.clone(),
+            signing_kid,
             signing,
             verifying,
             cache: Mutex::new(VerifiedCache::default()),
@@ -234,7 +235,9 @@ impl Tokens {
         bound: Option<&BoundSecret>,
     ) -> Result<Issued, ApiError> {
         let now = OffsetDateTime::now_utc();
-        let exp = now + time::Duration::seconds(seconds);
+        let exp = now
+            .checked_add(time::Duration::seconds(seconds))
+            .ok_or_else(|| ApiError::bad_request("expirationSeconds is out of range"))?;
         let ns = &sa.metadata.namespace;
         let claims = Claims {
             iss: self.issuer.clone(),

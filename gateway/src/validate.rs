@@ -140,12 +140,12 @@ pub fn check_file(path: &PathBuf) -> Vec<Checked> {
             let (kind, result) = check_document(doc);
             Checked {
                 label: if many {
-                    format!("{file}#{}", i + 1)
+                    format!("{file}#{}", i.saturating_add(1))
                 } else {
                     file.clone()
                 },
                 file: file.clone(),
-                document: i + 1,
+                document: i.saturating_add(1),
                 kind,
                 result,
             }

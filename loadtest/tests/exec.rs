@@ -2,6 +2,15 @@
 //! scripts written here) against an in-process svc-gateway over TLS: a service account's token,
 //! a client certificate in `system:masters`, reuse of one credential for a whole run, a re-run
 //! after a 401 and after expiry, and a failing plugin's error.
+// Test and harness code: a panic on a broken expectation is the point, and arithmetic and
+// indexing on test data are checked by the assertions that follow.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -3,6 +3,15 @@
 //! process) and a real etcd (native gRPC), and checks the report: the schema, and counts that
 //! add up (every watcher saw every acknowledged write, in order, with no gaps, duplicates or
 //! errors).
+// Test and harness code: a panic on a broken expectation is the point, and arithmetic and
+// indexing on test data are checked by the assertions that follow.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

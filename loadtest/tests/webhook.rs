@@ -1,6 +1,15 @@
 //! `svc-loadtest webhook-server` as a child process over TLS (a self-signed certificate for
 //! 127.0.0.1, trusted by the client): an AdmissionReview is allowed with its uid echoed, a
 //! SubjectAccessReview is allowed, anything else is 400, and `/stats` counts the answers.
+// Test and harness code: a panic on a broken expectation is the point, and arithmetic and
+// indexing on test data are checked by the assertions that follow.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

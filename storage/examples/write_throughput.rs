@@ -9,6 +9,15 @@
 //!
 //! Without `--dir` the embedded engine writes into a fresh temporary directory (on the same
 //! disk as `/tmp`). With `--etcd` the same load goes to that etcd cluster instead.
+// Test and harness code: a panic on a broken expectation is the point, and arithmetic and
+// indexing on test data are checked by the assertions that follow.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
 
 use std::path::PathBuf;
 use std::sync::Arc;

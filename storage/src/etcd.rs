@@ -52,7 +52,7 @@ use self::pb::etcdserverpb::{
     RequestOp, ResponseHeader, TxnRequest, TxnResponse, WatchCreateRequest,
 };
 use self::pb::mvccpb;
-use crate::{FeedStream, KeyRange, KeyValue, RangeResult, Revision, Store, StoreError};
+use crate::{FeedStream, KeyRange, KeyValue, Later, RangeResult, Revision, Store, StoreError};
 
 /// Client certificates and CA for TLS to etcd (PEM files).
 #[derive(Clone, Debug, Default)]
@@ -148,8 +148,15 @@ impl Shared {
     /// The current endpoint's index and client (cheap: clones channel handles).
     pub(crate) fn client(&self) -> (usize, Client) {
         let clients = self.clients.lock();
-        let index = self.current.load(Ordering::Relaxed) % clients.len().max(1);
-        (index, clients[index].clone())
+        let index = self
+            .current
+            .load(Ordering::Relaxed)
+            .checked_rem(clients.len())
+            .unwrap_or(0);
+        // `open` refuses an empty endpoint list, so `clients` is never empty and `index < len`.
+        #[allow(clippy::indexing_slicing)]
+        let client = clients[index].clone();
+        (index, client)
     }
 
     /// After a transport failure on endpoint `used`: later calls go to the next endpoint,
@@ -161,7 +168,7 @@ impl Shared {
             .current
             .compare_exchange(
                 used,
-                (used + 1) % count,
+                used.saturating_add(1).checked_rem(count).unwrap_or(0),
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             )
@@ -194,7 +201,7 @@ impl Shared {
     }
 
     pub(crate) fn full_key(&self, key: &[u8]) -> Vec<u8> {
-        let mut full = Vec::with_capacity(self.config.prefix.len() + key.len());
+        let mut full = Vec::with_capacity(self.config.prefix.len().saturating_add(key.len()));
         full.extend_from_slice(self.config.prefix.as_bytes());
         full.extend_from_slice(key);
         full
@@ -243,17 +250,17 @@ impl Shared {
         Fut: Future<Output = Result<T, Status>>,
     {
         let timeout = self.config.request_timeout;
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now().later(timeout);
         // Each endpoint gets at most two tries; one silent endpoint must not eat the whole
         // deadline, so a single try gets at most half of it.
-        let max_attempts = 2 * self.config.endpoints.len().max(1);
-        let mut attempt = 0;
+        let max_attempts = self.config.endpoints.len().max(1).saturating_mul(2);
+        let mut attempt = 0usize;
         loop {
-            attempt += 1;
+            attempt = attempt.saturating_add(1);
             let (used, client) = self.client();
             let remaining = deadline.saturating_duration_since(Instant::now());
             let limit = if max_attempts > 2 {
-                remaining.min(timeout / 2)
+                remaining.min(timeout.checked_div(2).unwrap_or_default())
             } else {
                 remaining
             };

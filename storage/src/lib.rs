@@ -40,6 +40,34 @@ pub use etcd::{EtcdConfig, EtcdStore, EtcdTls};
 use std::pin::Pin;
 use std::time::Duration;
 
+/// Deadlines without the panic of `Instant + Duration` on overflow: a duration too large to
+/// add (a huge configured interval) means about a century from now, i.e. never.
+#[cfg(any(feature = "embedded", feature = "etcd"))]
+pub(crate) trait Later: Copy {
+    fn checked(self, after: Duration) -> Option<Self>;
+
+    fn later(self, after: Duration) -> Self {
+        const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+        self.checked(after)
+            .or_else(|| self.checked(CENTURY))
+            .unwrap_or(self)
+    }
+}
+
+#[cfg(any(feature = "embedded", feature = "etcd"))]
+impl Later for std::time::Instant {
+    fn checked(self, after: Duration) -> Option<Self> {
+        self.checked_add(after)
+    }
+}
+
+#[cfg(any(feature = "embedded", feature = "etcd"))]
+impl Later for tokio::time::Instant {
+    fn checked(self, after: Duration) -> Option<Self> {
+        self.checked_add(after)
+    }
+}
+
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::Stream;
@@ -119,8 +147,8 @@ impl KeyRange {
         let start: Bytes = prefix.into();
         let mut end = start.to_vec();
         while let Some(last) = end.last_mut() {
-            if *last < 0xff {
-                *last += 1;
+            if let Some(next) = last.checked_add(1) {
+                *last = next;
                 break;
             }
             end.pop();

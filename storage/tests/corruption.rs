@@ -1,5 +1,14 @@
 //! Corrupt and torn data: damaged records are reported as `Corrupt` and can be force-deleted;
 //! a damaged data file or inconsistent meta makes `open` fail instead of serving.
+// Test and harness code: a panic on a broken expectation is the point, and arithmetic and
+// indexing on test data are checked by the assertions that follow.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
 
 use std::fs::OpenOptions;
 use std::io::{Seek, SeekFrom, Write};

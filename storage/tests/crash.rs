@@ -3,6 +3,15 @@
 //! that every acknowledged write is there, nothing unattempted is, and revisions go on.
 //!
 //! The child is this same test binary, re-run with `CHILD_DIR` set.
+// Test and harness code: a panic on a broken expectation is the point, and arithmetic and
+// indexing on test data are checked by the assertions that follow.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Read, Write};

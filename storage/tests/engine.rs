@@ -1,5 +1,14 @@
 //! Embedded-engine behaviour beyond the conformance suite: recovery on reopen, lagging
 //! watchers, closing, compaction in chunks and in the background, the directory lock.
+// Test and harness code: a panic on a broken expectation is the point, and arithmetic and
+// indexing on test data are checked by the assertions that follow.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
 
 use std::time::Duration;
 

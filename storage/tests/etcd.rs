@@ -3,6 +3,15 @@
 //! Each test gets its own single-member etcd (fresh data directory, free ports), so the
 //! tests that compact the whole store cannot disturb the others, and the process is killed
 //! when the test's subject drops. Startup costs well under a second per test.
+// Test and harness code: a panic on a broken expectation is the point, and arithmetic and
+// indexing on test data are checked by the assertions that follow.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
 
 use std::path::Path;
 use std::time::Duration;

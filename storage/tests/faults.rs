@@ -1,6 +1,15 @@
 //! Failed commits: a failed fsync (injected inside redb's file backend) and a full disk (a
 //! size-limited tmpfs). Nothing acknowledged is lost, nothing failed is acknowledged, reads
 //! and watches go on, `ready` reports the failure, and writes resume by themselves.
+// Test and harness code: a panic on a broken expectation is the point, and arithmetic and
+// indexing on test data are checked by the assertions that follow.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -195,7 +195,7 @@ fn ast_depth<'a>(root: &'a IdedExpr) -> usize {
     let mut stack: Vec<(&'a IdedExpr, usize)> = vec![(root, 1)];
     while let Some((e, d)) = stack.pop() {
         deepest = deepest.max(d);
-        let mut push = |c: &'a IdedExpr| stack.push((c, d + 1));
+        let mut push = |c: &'a IdedExpr| stack.push((c, d.saturating_add(1)));
         match &e.expr {
             Expr::Call(c) => {
                 if let Some(t) = &c.target {
@@ -247,12 +247,12 @@ impl Checker<'_> {
     }
 
     fn check(&mut self, e: &IdedExpr) -> Result<(Node, Type), CompileError> {
-        self.depth += 1;
+        self.depth = self.depth.saturating_add(1);
         if self.depth > MAX_TREE_DEPTH {
             return Err(self.error(e.id, "expression nested too deeply"));
         }
         let r = self.check_inner(e);
-        self.depth -= 1;
+        self.depth = self.depth.saturating_sub(1);
         r
     }
 
@@ -459,8 +459,8 @@ impl Checker<'_> {
             }
         }
         let receiver = target.is_some() && qualified.is_none();
-        let mut nodes = Vec::with_capacity(args.len() + 1);
-        let mut types = Vec::with_capacity(args.len() + 1);
+        let mut nodes = Vec::with_capacity(args.len().saturating_add(1));
+        let mut types = Vec::with_capacity(args.len().saturating_add(1));
         if let (Some(t), true) = (target, receiver) {
             let (n, ty) = self.check(t)?;
             nodes.push(n);
@@ -567,7 +567,7 @@ impl Checker<'_> {
                             ..
                         },
                     ] if is_accu(a) && l.elements.len() == 1 && l.optional_indices.is_empty() => {
-                        Some(l.elements[0].clone())
+                        l.elements.first().cloned()
                     }
                     _ => None,
                 },
@@ -630,13 +630,13 @@ fn literal(l: &LiteralValue) -> (Node, Type) {
 
 /// 1-based line and column of code point `offset` in `source`.
 fn line_col(source: &str, offset: usize) -> (usize, usize) {
-    let (mut line, mut col) = (1, 1);
+    let (mut line, mut col) = (1usize, 1usize);
     for c in source.chars().take(offset) {
         if c == '\n' {
-            line += 1;
+            line = line.saturating_add(1);
             col = 1;
         } else {
-            col += 1;
+            col = col.saturating_add(1);
         }
     }
     (line, col)

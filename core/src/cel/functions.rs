@@ -15,7 +15,7 @@ fn overload(func: Func, args: &[Value]) -> EvalError {
 
 /// Cost of traversing `n` bytes: a tenth of them, at least 1.
 pub(crate) fn traversal(n: usize) -> u64 {
-    1 + (n as u64) / 10
+    (n as u64 / 10).saturating_add(1)
 }
 
 fn string(s: String) -> Result<Value, EvalError> {
@@ -75,9 +75,15 @@ pub(crate) fn call(func: Func, args: &[Value], meter: &mut Meter) -> Result<Valu
             (V::Int(x), V::Int(y)) => x.checked_sub(*y).map(V::Int).ok_or_else(overflow),
             (V::Uint(x), V::Uint(y)) => x.checked_sub(*y).map(V::Uint).ok_or_else(overflow),
             (V::Double(x), V::Double(y)) => Ok(V::Double(x - y)),
-            (V::Timestamp(x), V::Timestamp(y)) => duration(x - y),
-            (V::Timestamp(x), V::Duration(y)) => timestamp(x - y),
-            (V::Duration(x), V::Duration(y)) => duration(x - y),
+            (V::Timestamp(x), V::Timestamp(y)) => {
+                x.checked_sub(*y).ok_or_else(overflow).and_then(duration)
+            }
+            (V::Timestamp(x), V::Duration(y)) => {
+                x.checked_sub(*y).ok_or_else(overflow).and_then(timestamp)
+            }
+            (V::Duration(x), V::Duration(y)) => {
+                x.checked_sub(*y).ok_or_else(overflow).and_then(duration)
+            }
             _ => Err(bad()),
         },
         (Func::Mul, [a, b]) => match (a, b) {
@@ -91,7 +97,7 @@ pub(crate) fn call(func: Func, args: &[Value], meter: &mut Meter) -> Result<Valu
                 Err(EvalError::runtime("division by zero"))
             }
             (V::Int(x), V::Int(y)) => x.checked_div(*y).map(V::Int).ok_or_else(overflow),
-            (V::Uint(x), V::Uint(y)) => Ok(V::Uint(x / y)),
+            (V::Uint(x), V::Uint(y)) => x.checked_div(*y).map(V::Uint).ok_or_else(overflow),
             (V::Double(x), V::Double(y)) => Ok(V::Double(x / y)),
             _ => Err(bad()),
         },
@@ -100,13 +106,13 @@ pub(crate) fn call(func: Func, args: &[Value], meter: &mut Meter) -> Result<Valu
                 Err(EvalError::runtime("modulus by zero"))
             }
             (V::Int(x), V::Int(y)) => x.checked_rem(*y).map(V::Int).ok_or_else(overflow),
-            (V::Uint(x), V::Uint(y)) => Ok(V::Uint(x % y)),
+            (V::Uint(x), V::Uint(y)) => x.checked_rem(*y).map(V::Uint).ok_or_else(overflow),
             _ => Err(bad()),
         },
         (Func::Neg, [a]) => match a {
             V::Int(x) => x.checked_neg().map(V::Int).ok_or_else(overflow),
             V::Double(x) => Ok(V::Double(-x)),
-            V::Duration(x) => duration(-x),
+            V::Duration(x) => x.checked_neg().ok_or_else(overflow).and_then(duration),
             _ => Err(bad()),
         },
         (Func::Eq | Func::Ne, [a, b]) => {
@@ -160,7 +166,7 @@ pub(crate) fn call(func: Func, args: &[Value], meter: &mut Meter) -> Result<Valu
             _ => Err(bad()),
         },
         (Func::Contains | Func::StartsWith | Func::EndsWith, [V::String(s), V::String(p)]) => {
-            meter.charge(traversal(s.len() + p.len()))?;
+            meter.charge(traversal(s.len().saturating_add(p.len())))?;
             Ok(V::Bool(match func {
                 Func::Contains => s.contains(&**p),
                 Func::StartsWith => s.starts_with(&**p),
@@ -191,7 +197,7 @@ pub(crate) fn call(func: Func, args: &[Value], meter: &mut Meter) -> Result<Valu
             let pieces = if sep.is_empty() {
                 s.chars().count()
             } else {
-                s.matches(&**sep).count() + 1
+                s.matches(&**sep).count().saturating_add(1)
             };
             let pieces = if limit < 0 {
                 pieces
@@ -214,7 +220,7 @@ pub(crate) fn call(func: Func, args: &[Value], meter: &mut Meter) -> Result<Valu
                     if sep.is_empty() {
                         let mut out: Vec<Value> = Vec::new();
                         let mut rest_str = &**s;
-                        while out.len() + 1 < n {
+                        while out.len().saturating_add(1) < n {
                             let Some(c) = rest_str.chars().next() else {
                                 break;
                             };
@@ -262,7 +268,7 @@ pub(crate) fn call(func: Func, args: &[Value], meter: &mut Meter) -> Result<Valu
             };
             // Bound the output before building it.
             let count = if from.is_empty() {
-                s.chars().count() + 1
+                s.chars().count().saturating_add(1)
             } else {
                 s.matches(&**from).count()
             };
@@ -271,7 +277,9 @@ pub(crate) fn call(func: Func, args: &[Value], meter: &mut Meter) -> Result<Valu
             } else {
                 count.min(usize::try_from(n).unwrap_or(usize::MAX))
             };
-            let size = (s.len() as u128) + (count as u128) * (to.len() as u128);
+            let size = (count as u128)
+                .saturating_mul(to.len() as u128)
+                .saturating_add(s.len() as u128);
             if size > MAX_STRING_BYTES as u128 {
                 return Err(EvalError::runtime(format!(
                     "string of {size} bytes exceeds the limit of {MAX_STRING_BYTES}"
@@ -285,7 +293,7 @@ pub(crate) fn call(func: Func, args: &[Value], meter: &mut Meter) -> Result<Valu
             })
         }
         (Func::IndexOf | Func::LastIndexOf, [V::String(s), V::String(sub), rest @ ..]) => {
-            meter.charge(traversal(s.len() + sub.len()))?;
+            meter.charge(traversal(s.len().saturating_add(sub.len())))?;
             let chars: Vec<char> = s.chars().collect();
             let needle: Vec<char> = sub.chars().collect();
             let start = match rest {
@@ -298,9 +306,7 @@ pub(crate) fn call(func: Func, args: &[Value], meter: &mut Meter) -> Result<Valu
             {
                 return Err(EvalError::runtime(format!("index out of range: {st}")));
             }
-            let fits = |i: usize| {
-                i + needle.len() <= chars.len() && chars[i..i + needle.len()] == needle[..]
-            };
+            let fits = |i: usize| chars.get(i..).is_some_and(|rest| rest.starts_with(&needle));
             let found = if func == Func::IndexOf {
                 let from = start.unwrap_or(0) as usize;
                 (from..=chars.len()).find(|&i| fits(i))
@@ -318,17 +324,13 @@ pub(crate) fn call(func: Func, args: &[Value], meter: &mut Meter) -> Result<Valu
                 [a, b] => (int_arg(a).ok_or_else(bad)?, int_arg(b).ok_or_else(bad)?),
                 _ => return Err(bad()),
             };
-            if start < 0 || end < start || end as usize > chars.len() {
+            let range = usize::try_from(start).ok().zip(usize::try_from(end).ok());
+            let Some(sub) = range.and_then(|(start, end)| chars.get(start..end)) else {
                 return Err(EvalError::runtime(format!(
                     "substring out of range: [{start}:{end}]"
                 )));
-            }
-            Ok(V::String(
-                chars[start as usize..end as usize]
-                    .iter()
-                    .collect::<String>()
-                    .into(),
-            ))
+            };
+            Ok(V::String(sub.iter().collect::<String>().into()))
         }
         (Func::ToInt, [a]) => match a {
             V::Int(i) => Ok(V::Int(*i)),
@@ -411,7 +413,7 @@ pub(crate) fn call(func: Func, args: &[Value], meter: &mut Meter) -> Result<Valu
         },
         (Func::ToTimestamp, [a]) => match a {
             V::Timestamp(_) => Ok(a.clone()),
-            V::Int(secs) => timestamp(i128::from(*secs) * 1_000_000_000),
+            V::Int(secs) => timestamp(i128::from(*secs).saturating_mul(1_000_000_000)),
             V::String(s) => {
                 let t =
                     time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
@@ -491,13 +493,13 @@ fn index(c: &Value, i: &Value) -> Result<Option<Value>, EvalError> {
                 Value::Double(d) if d.fract() == 0.0 && d.is_finite() => *d as i64,
                 _ => return Err(overload(Func::Index, &[c.clone(), i.clone()])),
             };
-            if idx < 0 || idx as u64 >= l.len() as u64 {
+            let Some(item) = usize::try_from(idx).ok().and_then(|i| l.get(i)) else {
                 return Err(EvalError::runtime(format!(
                     "index out of bounds: {idx}, list of size {}",
                     l.len()
                 )));
-            }
-            Ok(Some(l[idx as usize].clone()))
+            };
+            Ok(Some(item.clone()))
         }
         Value::Map(m) => {
             if Key::from_value(i).is_none() && !matches!(i, Value::Double(_)) {
@@ -521,11 +523,11 @@ pub(crate) fn no_such_key_error(field: &str) -> EvalError {
 pub(crate) fn equal(a: &Value, b: &Value, meter: &mut Meter) -> Result<bool, EvalError> {
     match (a, b) {
         (Value::String(x), Value::String(y)) => {
-            meter.charge(traversal(x.len().min(y.len())) - 1)?;
+            meter.charge(traversal(x.len().min(y.len())).saturating_sub(1))?;
             Ok(x == y)
         }
         (Value::Bytes(x), Value::Bytes(y)) => {
-            meter.charge(traversal(x.len().min(y.len())) - 1)?;
+            meter.charge(traversal(x.len().min(y.len())).saturating_sub(1))?;
             Ok(x == y)
         }
         (Value::List(x), Value::List(y)) => {
@@ -565,7 +567,7 @@ fn add(a: &Value, b: &Value, meter: &mut Meter) -> Result<Value, EvalError> {
         (V::Uint(x), V::Uint(y)) => x.checked_add(*y).map(V::Uint).ok_or_else(overflow),
         (V::Double(x), V::Double(y)) => Ok(V::Double(x + y)),
         (V::String(x), V::String(y)) => {
-            let n = x.len() + y.len();
+            let n = x.len().saturating_add(y.len());
             if n > MAX_STRING_BYTES {
                 return Err(EvalError::runtime(format!(
                     "string of {n} bytes exceeds the limit of {MAX_STRING_BYTES}"
@@ -578,7 +580,7 @@ fn add(a: &Value, b: &Value, meter: &mut Meter) -> Result<Value, EvalError> {
             Ok(V::String(s.into()))
         }
         (V::Bytes(x), V::Bytes(y)) => {
-            let n = x.len() + y.len();
+            let n = x.len().saturating_add(y.len());
             if n > MAX_STRING_BYTES {
                 return Err(EvalError::runtime(format!(
                     "bytes of {n} exceed the limit of {MAX_STRING_BYTES}"
@@ -588,13 +590,17 @@ fn add(a: &Value, b: &Value, meter: &mut Meter) -> Result<Value, EvalError> {
             Ok(V::Bytes(x.iter().chain(y.iter()).copied().collect()))
         }
         (V::List(x), V::List(y)) => {
-            let n = x.len() + y.len();
+            let n = x.len().saturating_add(y.len());
             check_list_len(n)?;
             meter.charge(traversal(n))?;
             Ok(V::List(x.iter().chain(y.iter()).cloned().collect()))
         }
-        (V::Duration(x), V::Duration(y)) => duration(x + y),
-        (V::Timestamp(x), V::Duration(y)) | (V::Duration(y), V::Timestamp(x)) => timestamp(x + y),
+        (V::Duration(x), V::Duration(y)) => {
+            x.checked_add(*y).ok_or_else(overflow).and_then(duration)
+        }
+        (V::Timestamp(x), V::Duration(y)) | (V::Duration(y), V::Timestamp(x)) => {
+            x.checked_add(*y).ok_or_else(overflow).and_then(timestamp)
+        }
         _ => Err(overload(Func::Add, &[a.clone(), b.clone()])),
     }
 }

@@ -38,7 +38,7 @@ pub(crate) fn micro_time_to_wire(t: &MicroTime) -> wire::Time {
     let (seconds, nanos) = t.unix();
     wire::Time {
         seconds: Some(seconds),
-        nanos: Some(nanos / 1_000 * 1_000),
+        nanos: Some((nanos / 1_000).saturating_mul(1_000)),
     }
 }
 

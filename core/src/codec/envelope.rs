@@ -22,7 +22,7 @@ pub fn encode_envelope(api_version: &str, kind: &str, raw: &[u8]) -> Vec<u8> {
         content_encoding: String::new(),
         content_type: String::new(),
     };
-    let mut out = Vec::with_capacity(PROTOBUF_MAGIC.len() + unknown.encoded_len());
+    let mut out = Vec::with_capacity(unknown.encoded_len().saturating_add(PROTOBUF_MAGIC.len()));
     out.extend_from_slice(&PROTOBUF_MAGIC);
     unknown.encode_raw(&mut out);
     out

@@ -67,7 +67,7 @@ impl ConfigKind for AdmissionConfiguration {
             let at = plugins.index(i);
             if p.name.is_empty() {
                 errors.required(at.child("name").as_str(), "");
-            } else if self.plugins[..i].iter().any(|q| q.name == p.name) {
+            } else if self.plugins.iter().take(i).any(|q| q.name == p.name) {
                 errors.duplicate(at.child("name").as_str(), &p.name);
             }
             match (&p.configuration, p.path.is_empty()) {

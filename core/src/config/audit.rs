@@ -43,7 +43,12 @@ impl Level {
     }
 
     pub fn as_str(self) -> &'static str {
-        Self::ALL[self as usize]
+        match self {
+            Level::None => "None",
+            Level::Metadata => "Metadata",
+            Level::Request => "Request",
+            Level::RequestResponse => "RequestResponse",
+        }
     }
 }
 
@@ -206,7 +211,11 @@ fn validate_rule(rule: &PolicyRule, path: &Path, errors: &mut ErrorList) {
                 "non-resource URL rules must begin with a '/' character",
             );
         }
-        if !url.is_empty() && url[..url.len() - 1].contains('*') {
+        // A '*' anywhere but at the end.
+        if url
+            .find('*')
+            .is_some_and(|at| at.saturating_add(1) < url.len())
+        {
             errors.invalid(
                 at.as_str(),
                 url,

@@ -359,7 +359,7 @@ pub fn reads_claim(expr: &str, name: &str) -> bool {
                 .chars()
                 .next_back()
                 .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '.');
-        let after = &expr[at + dotted.len()..];
+        let after = &expr[at.saturating_add(dotted.len())..];
         before_ok
             && !after
                 .chars()

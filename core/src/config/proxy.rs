@@ -497,7 +497,12 @@ fn port_range_ok(text: &str) -> bool {
     if let Some((a, b)) = text.split_once('-') {
         port(a) && port(b) && a.parse::<u32>().ok() <= b.parse::<u32>().ok()
     } else if let Some((a, b)) = text.split_once('+') {
-        port(a) && port(b) && a.parse::<u32>().unwrap_or(0) + b.parse::<u32>().unwrap_or(0) <= 65535
+        port(a)
+            && port(b)
+            && a.parse::<u32>()
+                .unwrap_or(0)
+                .saturating_add(b.parse::<u32>().unwrap_or(0))
+                <= 65535
     } else {
         port(text)
     }

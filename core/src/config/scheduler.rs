@@ -227,10 +227,15 @@ impl PluginSet {
                 .iter()
                 .filter(|d| !disabled.contains(d.name.as_str()))
             {
-                match self.enabled.iter().position(|c| c.name == d.name) {
-                    Some(i) => {
+                match self
+                    .enabled
+                    .iter()
+                    .enumerate()
+                    .find(|(_, c)| c.name == d.name)
+                {
+                    Some((i, configured)) => {
                         replaced.insert(i);
-                        enabled.push(self.enabled[i].clone());
+                        enabled.push(configured.clone());
                     }
                     None => enabled.push(d.clone()),
                 }
@@ -469,8 +474,10 @@ impl SvcSchedulerConfiguration {
         if self.profiles.is_empty() {
             self.profiles.push(Profile::default());
         }
-        if self.profiles.len() == 1 && self.profiles[0].scheduler_name.is_none() {
-            self.profiles[0].scheduler_name = Some(DEFAULT_SCHEDULER_NAME.into());
+        if let [only] = self.profiles.as_mut_slice()
+            && only.scheduler_name.is_none()
+        {
+            only.scheduler_name = Some(DEFAULT_SCHEDULER_NAME.into());
         }
         let profiles = Path::root("profiles");
         for (i, profile) in self.profiles.iter_mut().enumerate() {
@@ -670,7 +677,7 @@ fn validate_common_queue_sort(path: &Path, profiles: &[Profile], e: &mut ErrorLi
 }
 
 fn validate_extenders(path: &Path, extenders: &[Extender], e: &mut ErrorList) {
-    let mut binders = 0;
+    let mut binders = 0usize;
     let mut managed = BTreeSet::new();
     for (i, extender) in extenders.iter().enumerate() {
         let p = path.index(i);
@@ -683,7 +690,7 @@ fn validate_extenders(path: &Path, extenders: &[Extender], e: &mut ErrorList) {
             );
         }
         if !extender.bind_verb.is_empty() {
-            binders += 1;
+            binders = binders.saturating_add(1);
         }
         non_negative(e, &p.child("httpTimeout"), extender.http_timeout);
         for (j, resource) in extender.managed_resources.iter().enumerate() {

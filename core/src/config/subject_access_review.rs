@@ -146,7 +146,11 @@ pub fn decode_response(
 pub fn decode_request(body: &[u8]) -> Result<(String, SubjectAccessReviewSpec), MalformedReview> {
     let mut doc: Value =
         serde_json::from_slice(body).map_err(|e| MalformedReview::Decode(e.to_string()))?;
-    let version = doc["apiVersion"].as_str().unwrap_or_default().to_string();
+    let version = doc
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
     let mut spec = doc
         .get_mut("spec")
         .map(Value::take)

@@ -427,8 +427,8 @@ fn webhook_schema(mutating: bool) -> Value {
             "x-kubernetes-list-map-keys": ["name"], "items": {"type": "object", "properties": {
                 "name": string, "expression": string}}},
     });
-    if mutating {
-        webhook["reinvocationPolicy"] = string;
+    if mutating && let Some(webhook) = webhook.as_object_mut() {
+        webhook.insert("reinvocationPolicy".into(), string);
     }
     json!({
         "webhooks": {"type": "array", "x-kubernetes-patch-merge-key": "name",

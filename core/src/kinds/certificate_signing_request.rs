@@ -429,7 +429,9 @@ fn preserve_conditions(
         return;
     }
     for (n, o) in new_at.into_iter().zip(old_at) {
-        new.conditions[n] = old.conditions[o].clone();
+        if let (Some(slot), Some(kept)) = (new.conditions.get_mut(n), old.conditions.get(o)) {
+            *slot = kept.clone();
+        }
     }
 }
 

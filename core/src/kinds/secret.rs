@@ -169,7 +169,7 @@ impl Resource for Secret {
                 );
             }
             match STANDARD.decode(v) {
-                Ok(bytes) => total += bytes.len(),
+                Ok(bytes) => total = total.saturating_add(bytes.len()),
                 Err(_) => errs.invalid(&field, "<value>", "illegal base64 data"),
             }
         }

@@ -118,14 +118,18 @@ impl FieldSet {
     /// The `FieldsV1` JSON of the set.
     pub fn to_fields_v1(&self) -> Value {
         let mut root = Map::new();
-        for path in &self.0 {
+        'paths: for path in &self.0 {
             let mut node = &mut root;
             for pe in &path.0 {
-                node = node
+                // Every value this builds is an object, so the `else` is never taken.
+                let Some(child) = node
                     .entry(pe.encode())
                     .or_insert_with(|| Value::Object(Map::new()))
                     .as_object_mut()
-                    .expect("nodes are objects");
+                else {
+                    continue 'paths;
+                };
+                node = child;
             }
             node.insert(".".into(), Value::Object(Map::new()));
         }

@@ -52,16 +52,17 @@ pub const MAX_DEPTH: usize = 128;
 
 /// How many arrays and objects `v` nests (a scalar 0), counted without recursion.
 fn depth(v: &Value) -> usize {
-    let mut deepest = 0;
-    let mut stack = vec![(v, 0)];
+    let mut deepest = 0usize;
+    let mut stack = vec![(v, 0usize)];
     while let Some((v, d)) = stack.pop() {
         let children: Box<dyn Iterator<Item = &Value>> = match v {
             Value::Object(m) => Box::new(m.values()),
             Value::Array(a) => Box::new(a.iter()),
             _ => continue,
         };
-        deepest = deepest.max(d + 1);
-        stack.extend(children.map(|c| (c, d + 1)));
+        let below = d.saturating_add(1);
+        deepest = deepest.max(below);
+        stack.extend(children.map(|c| (c, below)));
     }
     deepest
 }
@@ -69,7 +70,7 @@ fn depth(v: &Value) -> usize {
 /// Refuses to place `v` at `path` when the document would then nest deeper than
 /// [`MAX_DEPTH`].
 fn check_depth(path: &[String], v: &Value) -> Result<(), String> {
-    if path.len() + depth(v) > MAX_DEPTH {
+    if path.len().saturating_add(depth(v)) > MAX_DEPTH {
         return Err(format!(
             "the patched object would nest deeper than {MAX_DEPTH} levels at /{}",
             path.join("/")
@@ -83,7 +84,7 @@ fn json_len(v: &Value) -> u64 {
     struct Count(u64);
     impl std::io::Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len() as u64;
+            self.0 = self.0.saturating_add(buf.len() as u64);
             Ok(buf.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {

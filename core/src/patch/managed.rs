@@ -103,7 +103,7 @@ fn is(o: &Owner, manager: &str, operation: &str) -> bool {
 
 /// Whether a write's `managedFields` asks for a reset: exactly one empty entry.
 pub fn is_reset(entries: &[ManagedFieldsEntry]) -> bool {
-    entries.len() == 1 && entries[0] == ManagedFieldsEntry::default()
+    matches!(entries, [only] if *only == ManagedFieldsEntry::default())
 }
 
 /// Records a non-apply write (create, update, non-apply patch) of `new` over `old` (`None` on
@@ -147,10 +147,12 @@ pub fn update(
                 },
                 set: FieldSet::default(),
             });
-            owners.len() - 1
+            owners.len().saturating_sub(1)
         }
     };
-    let me = &mut owners[idx];
+    let me = owners
+        .get_mut(idx)
+        .ok_or_else(|| ApiError::internal("managed fields: the writer's entry is missing"))?;
     me.set = me.set.union(&changed);
     me.entry.api_version = w.api_version.into();
     me.entry.time = Some(w.now);

@@ -160,10 +160,16 @@ fn merge_keyed(
             continue;
         }
         let orig = pos
-            .and_then(|p| out[p].as_object().cloned())
+            .and_then(|p| out.get(p))
+            .and_then(Value::as_object)
+            .cloned()
             .unwrap_or_default();
         match (merge_map(kind, path, &orig, im)?, pos) {
-            (Some(m), Some(p)) => out[p] = Value::Object(m),
+            (Some(m), Some(p)) => {
+                if let Some(slot) = out.get_mut(p) {
+                    *slot = Value::Object(m);
+                }
+            }
             (Some(m), None) => out.push(Value::Object(m)),
             (None, Some(p)) => {
                 out.remove(p);
@@ -197,7 +203,7 @@ fn reorder(items: &mut Vec<Value>, order: &[Value], key: Option<&str>) {
     let mut ranked: Vec<(usize, Value)> = items
         .drain(..)
         .enumerate()
-        .map(|(i, v)| (rank(&v).unwrap_or(order.len() + i), v))
+        .map(|(i, v)| (rank(&v).unwrap_or(order.len().saturating_add(i)), v))
         .collect();
     ranked.sort_by_key(|(r, _)| *r);
     items.extend(ranked.into_iter().map(|(_, v)| v));

@@ -197,7 +197,7 @@ fn pattern_of(field: &str) -> String {
     let mut rest = field;
     while let Some(open) = rest.find('[') {
         out.push_str(&rest[..=open]);
-        let after = &rest[open + 1..];
+        let after = &rest[open.saturating_add(1)..];
         let close = after.find(']').unwrap_or(after.len());
         if !after[..close].is_empty() && after[..close].bytes().all(|b| b.is_ascii_digit()) {
             out.push('*');
@@ -263,24 +263,24 @@ pub fn compare(rules: &[Rule], handwritten: &ErrorList, declarative: &ErrorList)
     decl.sort();
     let mut hand_only = Vec::new();
     let mut decl_only = Vec::new();
-    let (mut i, mut j) = (0, 0);
+    let (mut i, mut j) = (0usize, 0usize);
     while i < hand.len() || j < decl.len() {
         match (hand.get(i), decl.get(j)) {
             (Some(h), Some(d)) if h == d => {
-                i += 1;
-                j += 1;
+                i = i.saturating_add(1);
+                j = j.saturating_add(1);
             }
             (Some(h), Some(d)) if h < d => {
                 hand_only.push(h.clone());
-                i += 1;
+                i = i.saturating_add(1);
             }
             (Some(h), None) => {
                 hand_only.push(h.clone());
-                i += 1;
+                i = i.saturating_add(1);
             }
             (_, Some(d)) => {
                 decl_only.push(d.clone());
-                j += 1;
+                j = j.saturating_add(1);
             }
             (None, None) => break,
         }

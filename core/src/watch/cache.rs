@@ -84,7 +84,7 @@ pub struct ApplyReport {
 
 impl ApplyReport {
     fn error(&mut self, e: ApiError) {
-        self.error_count += 1;
+        self.error_count = self.error_count.saturating_add(1);
         if self.errors.len() < MAX_REPORTED_ERRORS {
             self.errors.push(e);
         }
@@ -195,7 +195,7 @@ impl WatchCache {
             match ingest(kv) {
                 Ok(obj) => {
                     state.insert(kv.key.clone(), Arc::new(obj));
-                    report.applied += 1;
+                    report.applied = report.applied.saturating_add(1);
                 }
                 Err(e) => report.error(e),
             }
@@ -215,7 +215,7 @@ impl WatchCache {
             inner.revision = revision;
             inner.last_event = revision;
             inner.ready = true;
-            inner.initializations += 1;
+            inner.initializations = inner.initializations.saturating_add(1);
             reg.expire_all(revision, &mut wake);
             shared.revision.store(revision, Ordering::Release);
         }
@@ -240,9 +240,10 @@ impl WatchCache {
                 FeedItem::Progress(rev) if inner.ready => {
                     inner.revision = inner.revision.max(rev);
                 }
-                FeedItem::Progress(_) => report.skipped += 1,
+                FeedItem::Progress(_) => report.skipped = report.skipped.saturating_add(1),
                 FeedItem::Events(events) => {
-                    inner.events_received += events.len() as u64;
+                    inner.events_received =
+                        inner.events_received.saturating_add(events.len() as u64);
                     let applied_before = report.applied;
                     for ev in &events {
                         self.apply_event_locked(inner, &mut reg, ev, now, &mut report, &mut wake);
@@ -296,7 +297,7 @@ impl WatchCache {
     ) {
         let rev = ev.revision();
         if !inner.ready || rev <= inner.revision {
-            report.skipped += 1;
+            report.skipped = report.skipped.saturating_add(1);
             return;
         }
         let key = &ev.kv.key;
@@ -328,7 +329,7 @@ impl WatchCache {
                 None => {
                     // Never seen (or left out as undecodable): nothing to tell anyone.
                     inner.revision = rev;
-                    report.skipped += 1;
+                    report.skipped = report.skipped.saturating_add(1);
                     return;
                 }
             },
@@ -353,7 +354,7 @@ impl WatchCache {
         inner.history.push(event);
         inner.revision = rev;
         inner.last_event = rev;
-        report.applied += 1;
+        report.applied = report.applied.saturating_add(1);
     }
 
     fn evict_locked(
@@ -470,8 +471,10 @@ impl WatchCache {
             oldest_revision: inner.history.evicted_upto(),
             objects: inner.state.len(),
             history_events: inner.history.len(),
-            history_bytes: inner.history.base_bytes()
-                + shared.encoder.frame_bytes.load(Ordering::Acquire),
+            history_bytes: inner
+                .history
+                .base_bytes()
+                .saturating_add(shared.encoder.frame_bytes.load(Ordering::Acquire)),
             snapshots: inner.snapshots.len(),
             snapshot_bytes: inner.snapshots.pinned_bytes(),
             watchers: reg.len(),

@@ -115,12 +115,12 @@ impl Registry {
             None => {
                 self.entries.push(None);
                 // Bounded by `max_watchers`, checked by the caller, far below u32::MAX.
-                u32::try_from(self.entries.len() - 1).unwrap_or(u32::MAX)
+                u32::try_from(self.entries.len().saturating_sub(1)).unwrap_or(u32::MAX)
             }
         };
         let list = self.bucket_mut(slot.filter.scope());
         list.push(id);
-        let pos = list.len() - 1;
+        let pos = list.len().saturating_sub(1);
         {
             let mut st = slot.state.lock();
             if let Some(c) = &st.catchup {
@@ -131,7 +131,7 @@ impl Registry {
         if let Some(e) = self.entries.get_mut(id as usize) {
             *e = Some(Entry { slot, pos });
         }
-        self.len += 1;
+        self.len = self.len.saturating_add(1);
         id
     }
 
@@ -165,7 +165,7 @@ impl Registry {
         let Some(entry) = self.entries.get_mut(id as usize).and_then(Option::take) else {
             return;
         };
-        self.len -= 1;
+        self.len = self.len.saturating_sub(1);
         self.free.push(id);
         if let Some(key) = entry.slot.state.lock().lagging_key.take() {
             self.lagging.remove(&(key, id));
@@ -228,7 +228,8 @@ impl Registry {
                 named.map(Vec::as_slice),
             ];
             for &id in lists.into_iter().flatten().flatten() {
-                *visits += 1;
+                // A statistic: wrapping costs nothing in the fan-out loop.
+                *visits = visits.wrapping_add(1);
                 let Some(Some(entry)) = entries.get(id as usize) else {
                     continue;
                 };
@@ -311,10 +312,10 @@ impl Registry {
 /// and the event at `seq`, and file the watcher as lagging.
 fn overflow(st: &mut SlotState, id: u32, seq: u64, lagging: &mut BTreeSet<(u64, u32)>) {
     match &mut st.catchup {
-        Some(c) => c.extend_to(seq + 1),
+        Some(c) => c.extend_to(seq.saturating_add(1)),
         None => {
             let start = st.queue.front().map_or(seq, |p| p >> 2);
-            st.catchup = Some(WatchCacheInterval::new(start, seq + 1));
+            st.catchup = Some(WatchCacheInterval::new(start, seq.saturating_add(1)));
         }
     }
     st.queue = VecDeque::new();

@@ -52,11 +52,15 @@ pub struct FrameStats {
 
 impl FrameStats {
     pub fn encoded(&self, format: FrameFormat) -> u64 {
-        self.encoded[format.index()].load(Ordering::Relaxed)
+        self.encoded
+            .get(format.index())
+            .map_or(0, |n| n.load(Ordering::Relaxed))
     }
 
     fn count(&self, format: FrameFormat) {
-        self.encoded[format.index()].fetch_add(1, Ordering::Relaxed);
+        if let Some(n) = self.encoded.get(format.index()) {
+            n.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -75,9 +79,10 @@ pub(crate) struct EventFrames {
 
 impl EventFrames {
     fn cell(&self, ty: EventType, format: FrameFormat) -> &OnceLock<Result<Bytes, Arc<str>>> {
-        // Indexes are in range by construction (3 types × 3 formats); `get` keeps it panic-free.
-        let i = ty as usize * 3 + format.index();
-        &self.cells[i.min(8)]
+        // Indexes are in range by construction (3 types × 3 formats, so nothing wraps); `get`
+        // keeps it panic-free.
+        let i = (ty as usize).wrapping_mul(3).wrapping_add(format.index());
+        self.cells.get(i).unwrap_or(&self.cells[8])
     }
 
     /// Charges `n` frame bytes to the ring total, unless the event has already left the ring.
@@ -88,7 +93,7 @@ impl EventFrames {
         let charged = self
             .accounted
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
-                (cur & EVICTED == 0).then_some(cur + n)
+                cur.checked_add(n).filter(|_| cur & EVICTED == 0)
             })
             .is_ok();
         if !charged {
@@ -106,8 +111,11 @@ impl EventFrames {
 pub fn json_line(event_type: &str, object_json: &[u8]) -> Bytes {
     const HEAD: &[u8] = b"{\"type\":\"";
     const MID: &[u8] = b"\",\"object\":";
-    let mut out =
-        Vec::with_capacity(HEAD.len() + event_type.len() + MID.len() + object_json.len() + 2);
+    const FIXED: usize = HEAD.len() + MID.len() + 2;
+    let len = FIXED
+        .saturating_add(event_type.len())
+        .saturating_add(object_json.len());
+    let mut out = Vec::with_capacity(len);
     out.extend_from_slice(HEAD);
     out.extend_from_slice(event_type.as_bytes());
     out.extend_from_slice(MID);
@@ -125,8 +133,11 @@ pub fn list_json(
     items: &[Arc<CachedObject>],
 ) -> Result<Vec<u8>, ApiError> {
     let meta = serde_json::to_vec(meta).map_err(ApiError::internal)?;
-    let body: usize = items.iter().map(|o| o.json.len() + 1).sum();
-    let mut out = Vec::with_capacity(64 + api_version.len() + list_kind.len() + meta.len() + body);
+    let body: usize = items.iter().map(|o| o.json.len().saturating_add(1)).sum();
+    let len = [api_version.len(), list_kind.len(), meta.len(), body]
+        .into_iter()
+        .fold(64, usize::saturating_add);
+    let mut out = Vec::with_capacity(len);
     // Both names are static identifiers from `ResourceInfo`; they need no escaping.
     out.extend_from_slice(b"{\"kind\":\"");
     out.extend_from_slice(list_kind.as_bytes());

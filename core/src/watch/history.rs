@@ -77,7 +77,9 @@ impl WatchCacheEvent {
             Some(p) if !Arc::ptr_eq(p, &object) => p.heap_size(),
             _ => 0,
         };
-        let base_bytes = std::mem::size_of::<Self>() + object.heap_size() + prev_bytes;
+        let base_bytes = std::mem::size_of::<Self>()
+            .saturating_add(object.heap_size())
+            .saturating_add(prev_bytes);
         WatchCacheEvent {
             event_type,
             object,
@@ -130,7 +132,7 @@ pub struct Overrun {
 
 impl HistoryRing {
     pub(crate) fn next_seq(&self) -> u64 {
-        self.first_seq + self.events.len() as u64
+        self.first_seq.saturating_add(self.events.len() as u64)
     }
 
     pub(crate) fn first_seq(&self) -> u64 {
@@ -151,12 +153,12 @@ impl HistoryRing {
 
     /// The event at `seq`: `Err` if the ring has moved past it, `None` if not yet written.
     pub(crate) fn get(&self, seq: u64) -> Result<Option<&Arc<WatchCacheEvent>>, Overrun> {
-        if seq < self.first_seq {
+        let Some(offset) = seq.checked_sub(self.first_seq) else {
             return Err(Overrun {
                 oldest_revision: self.evicted_upto,
             });
-        }
-        let Ok(i) = usize::try_from(seq - self.first_seq) else {
+        };
+        let Ok(i) = usize::try_from(offset) else {
             return Ok(None);
         };
         Ok(self.events.get(i))
@@ -164,7 +166,8 @@ impl HistoryRing {
 
     /// The sequence number of the first event with a revision above `revision`.
     pub(crate) fn seq_after(&self, revision: Revision) -> u64 {
-        self.first_seq + self.events.partition_point(|e| e.revision <= revision) as u64
+        let after = self.events.partition_point(|e| e.revision <= revision);
+        self.first_seq.saturating_add(after as u64)
     }
 
     /// Events with `after < revision <= upto`, oldest first.
@@ -180,7 +183,7 @@ impl HistoryRing {
     }
 
     pub(crate) fn push(&mut self, event: Arc<WatchCacheEvent>) {
-        self.base_bytes += event.base_bytes;
+        self.base_bytes = self.base_bytes.saturating_add(event.base_bytes);
         self.events.push_back(event);
     }
 
@@ -192,23 +195,25 @@ impl HistoryRing {
         config: &WatchCacheConfig,
         frame_bytes: &AtomicUsize,
     ) -> usize {
-        let mut evicted = 0;
+        let mut evicted = 0usize;
         while let Some(front) = self.events.front() {
             let too_old = now.saturating_duration_since(front.at) > config.history_window;
             let too_many = self.events.len() > config.history_max_events;
-            let total = self.base_bytes + frame_bytes.load(Ordering::Acquire);
+            let total = self
+                .base_bytes
+                .saturating_add(frame_bytes.load(Ordering::Acquire));
             if !(too_old || too_many || total > config.history_max_bytes) {
                 break;
             }
             self.pop_front(frame_bytes);
-            evicted += 1;
+            evicted = evicted.saturating_add(1);
         }
         evicted
     }
 
     fn pop_front(&mut self, frame_bytes: &AtomicUsize) {
         if let Some(ev) = self.events.pop_front() {
-            self.first_seq += 1;
+            self.first_seq = self.first_seq.saturating_add(1);
             self.base_bytes = self.base_bytes.saturating_sub(ev.base_bytes);
             self.evicted_upto = self.evicted_upto.max(ev.revision);
             frame_bytes.fetch_sub(ev.frames.evict(), Ordering::AcqRel);

@@ -50,7 +50,7 @@ impl WatchCacheInterval {
         }
         match ring.get(self.next)? {
             Some(ev) => {
-                self.next += 1;
+                self.next = self.next.saturating_add(1);
                 Ok(Some(ev))
             }
             // Past the ring's end: the interval was built against a longer ring (cannot

@@ -106,22 +106,29 @@ impl CachedObject {
         let labels: usize = self
             .labels
             .iter()
-            .map(|(k, v)| k.len() + v.len() + 48)
+            .map(|(k, v)| k.len().saturating_add(v.len()).saturating_add(48))
             .sum();
-        let fields: usize = self.fields.iter().map(|(_, v)| v.len() + 40).sum();
+        let fields: usize = self
+            .fields
+            .iter()
+            .map(|(_, v)| v.len().saturating_add(40))
+            .sum();
         let protobuf = self
             .protobuf
             .get()
             .and_then(|r| r.as_ref().ok())
             .map_or(0, Bytes::len);
-        std::mem::size_of::<Self>()
-            + self.key.len()
-            + self.namespace.len()
-            + self.name.len()
-            + self.json.len()
-            + labels
-            + fields
-            + protobuf
+        [
+            self.key.len(),
+            self.namespace.len(),
+            self.name.len(),
+            self.json.len(),
+            labels,
+            fields,
+            protobuf,
+        ]
+        .into_iter()
+        .fold(std::mem::size_of::<Self>(), usize::saturating_add)
     }
 }
 

@@ -86,7 +86,7 @@ impl Snapshot {
         let mut iter = self.state.range::<_, [u8]>((lower, upper)).peekable();
         let mut continue_after = None;
         while let Some((key, obj)) = iter.next() {
-            scanned += 1;
+            scanned = scanned.saturating_add(1);
             if selector.matches(obj) {
                 items.push(obj.clone());
                 if limit.is_some_and(|l| items.len() >= l) {
@@ -180,8 +180,8 @@ impl SnapshotRing {
             last.next_event.get_or_insert(revision);
             if let Some(obj) = replaced.filter(|o| o.resource_version <= last.revision) {
                 let bytes = obj.heap_size();
-                last.pinned += bytes;
-                self.pinned += bytes;
+                last.pinned = last.pinned.saturating_add(bytes);
+                self.pinned = self.pinned.saturating_add(bytes);
             }
         }
     }

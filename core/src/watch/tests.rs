@@ -1,6 +1,8 @@
 //! Unit tests of the watch cache, deterministic: time is an `Instant` the tests move by hand.
 //! Shared fixtures here; state, lists and history in `tests/state.rs`, watchers and fan-out
 //! in `tests/watchers.rs`.
+// Test code: arithmetic on fixtures is checked by the assertions.
+#![allow(clippy::arithmetic_side_effects)]
 
 mod state;
 mod watchers;

@@ -98,7 +98,8 @@ impl Future for RevisionWait {
                     }));
                 }
                 let id = l.next_id;
-                l.next_id += 1;
+                // Ids only tell waiters apart; a u64 does not wrap in a process's life.
+                l.next_id = l.next_id.wrapping_add(1);
                 l.waiting.push((id, target, cx.waker().clone()));
                 self.id = Some(id);
             }

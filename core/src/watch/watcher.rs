@@ -134,7 +134,7 @@ pub struct Drain {
 
 impl Drain {
     fn push(&mut self, frame: Bytes) {
-        self.bytes += frame.len();
+        self.bytes = self.bytes.saturating_add(frame.len());
         self.frames.push(frame);
     }
 
@@ -202,7 +202,8 @@ impl Watcher {
             initial,
             bookmarks: req.bookmarks,
             synced,
-            next_bookmark: req.bookmarks.then(|| now + interval),
+            // An interval too long to add means no bookmarks.
+            next_bookmark: req.bookmarks.then(|| now.checked_add(interval)).flatten(),
             finished: false,
         }
     }
@@ -321,7 +322,8 @@ impl Watcher {
             let inner = shared.inner.read();
             let mut st = self.slot.state.lock();
             let room = |picked: &Vec<_>, estimate: usize| {
-                estimate < max_bytes && out.frames.len() + picked.len() < MAX_FRAMES_PER_DRAIN
+                estimate < max_bytes
+                    && out.frames.len().saturating_add(picked.len()) < MAX_FRAMES_PER_DRAIN
             };
             if let Some(oldest) = st.expired {
                 overrun = Some(oldest);
@@ -337,7 +339,7 @@ impl Watcher {
                         Ok(None) => break,
                         Ok(Some(ev)) => {
                             if let Some(ty) = self.slot.filter.transition(ev) {
-                                estimate += frame_estimate(ev);
+                                estimate = estimate.saturating_add(frame_estimate(ev));
                                 picked.push((ev.clone(), ty));
                             }
                         }
@@ -352,7 +354,7 @@ impl Watcher {
                 match inner.history.get(p >> 2) {
                     Err(o) => overrun = Some(o.oldest_revision),
                     Ok(Some(ev)) => {
-                        estimate += frame_estimate(ev);
+                        estimate = estimate.saturating_add(frame_estimate(ev));
                         picked.push((ev.clone(), EventType::from_bits(p)));
                     }
                     Ok(None) => {}
@@ -396,7 +398,7 @@ impl Watcher {
         if let Some(revision) = caught_up_at {
             self.synced = self.synced.max(revision);
             if self.next_bookmark.is_some_and(|t| now >= t) {
-                self.next_bookmark = Some(now + self.cache.config().bookmark_interval);
+                self.next_bookmark = now.checked_add(self.cache.config().bookmark_interval);
                 match encoder.bookmark(self.synced, false, self.format) {
                     Ok(f) => out.push(f),
                     Err(e) => {
@@ -457,7 +459,7 @@ impl Drop for Watcher {
 }
 
 fn frame_estimate(ev: &WatchCacheEvent) -> usize {
-    ev.object.json.len() + 48
+    ev.object.json.len().saturating_add(48)
 }
 
 /// The future of [`Watcher::ready`].

@@ -51,7 +51,9 @@ pub fn build(config: Option<Value>) -> Result<Plugin, String> {
 
 /// Whole seconds to wait, rounded up and at least 1 (what `Retry-After` can say).
 fn retry_after_seconds(wait: Duration) -> i32 {
-    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    let secs = wait
+        .as_secs()
+        .saturating_add(u64::from(wait.subsec_nanos() > 0));
     i32::try_from(secs.max(1)).unwrap_or(i32::MAX)
 }
 

@@ -43,6 +43,7 @@ use svc_core::{ApiError, Resource, patch};
 use self::call::{CallError, Verdict, WebhookMetrics};
 use self::rules::Target;
 use super::{AdmissionObject, Attributes, Mutating, Operation, Outcome, Plugin, Validating};
+use crate::Later;
 use crate::caches::Caches;
 use crate::client::WebhookClient;
 use crate::egress::Egress;
@@ -231,7 +232,7 @@ impl Webhooks {
         &self,
         source: &Source<C>,
     ) -> Result<Hooks<C::Hook>, ApiError> {
-        let deadline = Instant::now() + READY_WAIT;
+        let deadline = Instant::now().later(READY_WAIT);
         loop {
             if let Some(h) = source.current(&self.egress) {
                 return Ok(h);
@@ -534,8 +535,10 @@ pub fn admission_request(
     };
     let options = (!options_kind.is_empty()).then(|| {
         let mut o = json!({"apiVersion": "meta.svc.io/v1", "kind": options_kind});
-        if attrs.dry_run {
-            o["dryRun"] = json!(["All"]);
+        if attrs.dry_run
+            && let Some(o) = o.as_object_mut()
+        {
+            o.insert("dryRun".into(), json!(["All"]));
         }
         o
     });

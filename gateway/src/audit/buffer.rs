@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::Sink;
+use crate::Later;
 
 #[derive(Clone, Debug)]
 pub struct BatchConfig {
@@ -99,7 +100,7 @@ async fn run(
             },
             _ = crate::lifecycle::until_set(&mut stopped) => closing = true,
         }
-        let deadline = Instant::now() + config.max_batch_wait;
+        let deadline = Instant::now().later(config.max_batch_wait);
         while !closing && batch.len() < max {
             let next = if config.max_batch_wait.is_zero() {
                 rx.try_recv().ok()
@@ -157,7 +158,9 @@ impl Bucket {
 
     async fn take(&mut self) {
         let now = Instant::now();
-        self.tokens = (self.tokens + (now - self.at).as_secs_f64() * self.qps).min(self.burst);
+        self.tokens = (self.tokens
+            + now.saturating_duration_since(self.at).as_secs_f64() * self.qps)
+            .min(self.burst);
         self.at = now;
         if self.tokens < 1.0 {
             let wait = Duration::from_secs_f64((1.0 - self.tokens) / self.qps);

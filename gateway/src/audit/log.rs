@@ -100,7 +100,7 @@ impl LogWriter {
                         "write length {len} exceeds maximum file size {max}"
                     )));
                 }
-                if file.is_none() || *size + len > max {
+                if file.is_none() || size.saturating_add(len) > max {
                     *file = None;
                     rotate(path, rotation)?;
                     *file = Some(OpenOptions::new().create(true).append(true).open(&*path)?);
@@ -110,7 +110,7 @@ impl LogWriter {
                     .as_mut()
                     .ok_or_else(|| std::io::Error::other("no file"))?;
                 f.write_all(line)?;
-                *size += len;
+                *size = size.saturating_add(len);
                 Ok(())
             }
         }
@@ -122,12 +122,12 @@ fn rotate(path: &Path, rotation: &Rotation) -> std::io::Result<()> {
     if path.exists() {
         let mut backup = backup_name(path, SystemTime::now());
         // Two rotations in one millisecond: keep both rather than overwrite.
-        let mut n = 1;
+        let mut n = 1u64;
         while backup.exists() {
             let mut s = backup_name(path, SystemTime::now()).into_os_string();
             s.push(format!(".{n}"));
             backup = s.into();
-            n += 1;
+            n = n.saturating_add(1);
         }
         std::fs::rename(path, &backup)?;
     }
@@ -162,7 +162,7 @@ fn name_parts(path: &Path) -> (String, String) {
         .extension()
         .map(|e| format!(".{}", e.to_string_lossy()))
         .unwrap_or_default();
-    let stem = &name[..name.len() - ext.len()];
+    let stem = name.strip_suffix(ext.as_str()).unwrap_or(&name);
     (format!("{stem}-"), ext)
 }
 
@@ -183,8 +183,8 @@ pub fn backups(path: &Path) -> Vec<PathBuf> {
             p.file_name().is_some_and(|n| {
                 let n = n.to_string_lossy();
                 n.starts_with(&prefix)
-                    && n.len() >= prefix.len() + 23
-                    && n[prefix.len()..].as_bytes()[10] == b'T'
+                    && n.len() >= prefix.len().saturating_add(23)
+                    && n.as_bytes().get(prefix.len().saturating_add(10)) == Some(&b'T')
                     && (n.ends_with(&ext) || n.contains(&format!("{ext}.")))
             })
         })

@@ -92,7 +92,7 @@ pub(super) fn user_agent(headers: &HeaderMap) -> String {
     }
     let mut cut = MAX_USER_AGENT;
     while !ua.is_char_boundary(cut) {
-        cut -= 1;
+        cut = cut.saturating_sub(1);
     }
     format!("{}...TRUNCATED", &ua[..cut])
 }

@@ -24,6 +24,7 @@ use svc_core::config::subject_access_review::{
 use svc_core::user::UserInfo;
 
 use super::{Attributes, Authorizer, Decision, DecisionFuture};
+use crate::Later;
 use crate::client::{ClientError, WebhookClient};
 use crate::metrics::authz::{AuthzMetrics, WebhookResult};
 
@@ -333,7 +334,7 @@ impl DecisionCache {
             inner.recency.remove(&used);
             return None;
         }
-        inner.tick += 1;
+        inner.tick = inner.tick.saturating_add(1);
         let key = inner.recency.remove(&entry.used).unwrap_or_default();
         entry.used = inner.tick;
         inner.recency.insert(inner.tick, key);
@@ -345,7 +346,7 @@ impl DecisionCache {
         if ttl.is_zero() {
             return;
         }
-        let expires = self.clock.now() + ttl;
+        let expires = self.clock.now().later(ttl);
         let mut inner = self.inner.lock();
         if let Some(old) = inner.entries.remove(&key) {
             inner.recency.remove(&old.used);
@@ -356,7 +357,7 @@ impl DecisionCache {
             };
             inner.entries.remove(&oldest);
         }
-        inner.tick += 1;
+        inner.tick = inner.tick.saturating_add(1);
         let used = inner.tick;
         inner.recency.insert(used, key.clone());
         inner.entries.insert(

@@ -7,6 +7,7 @@ use svc_core::ApiError;
 use svc_core::watch::WatchCache;
 use svc_storage::Store;
 
+use crate::Later;
 use crate::respond;
 
 /// How long a read for a future resourceVersion waits for the store to reach it before 504.
@@ -40,7 +41,7 @@ pub async fn wait_for_consistent(store: &dyn Store, cache: &WatchCache) -> Resul
 /// Waits (briefly) until the store has reached `rv`; a version from the future gets 504
 /// `Too large resource version`, as Kubernetes answers.
 pub async fn wait_for_revision(store: &dyn Store, rv: i64) -> Result<i64, ApiError> {
-    let deadline = tokio::time::Instant::now() + FUTURE_RV_WAIT;
+    let deadline = tokio::time::Instant::now().later(FUTURE_RV_WAIT);
     loop {
         let current = store
             .current_revision()

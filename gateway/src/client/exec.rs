@@ -70,7 +70,8 @@ impl ExecConfig {
 /// Until when a credential obtained at `obtained` and expiring at `expires` is used.
 pub fn fresh_until(obtained: SystemTime, expires: SystemTime) -> SystemTime {
     let life = expires.duration_since(obtained).unwrap_or_default();
-    expires - EXPIRY_MARGIN.min(life / 5)
+    let margin = EXPIRY_MARGIN.min(life.checked_div(5).unwrap_or_default());
+    expires.checked_sub(margin).unwrap_or(obtained)
 }
 
 /// A credential in use.
@@ -138,9 +139,9 @@ impl Source {
         let out = run_plugin(&self.cfg).await.map_err(fail)?;
         let parsed = ExecCredential::parse_output(&out, &self.cfg.api_version)
             .map_err(|e| fail(e.to_string()))?;
-        let expires = parsed.expiry().map(|t| {
+        let expires = parsed.expiry().and_then(|t| {
             let nanos = u64::try_from(t.unix_timestamp_nanos().max(0)).unwrap_or(u64::MAX);
-            SystemTime::UNIX_EPOCH + Duration::from_nanos(nanos)
+            SystemTime::UNIX_EPOCH.checked_add(Duration::from_nanos(nanos))
         });
         let status = parsed.status.unwrap_or_default();
         let pool = if status.client_certificate_data.is_empty() {
@@ -155,7 +156,7 @@ impl Source {
         };
         let generation = {
             let mut g = self.generation.lock();
-            *g += 1;
+            *g = g.saturating_add(1);
             *g
         };
         let cred = Arc::new(Credential {
@@ -188,11 +189,11 @@ async fn spawn_retrying_busy(
     cmd: &mut tokio::process::Command,
 ) -> std::io::Result<tokio::process::Child> {
     const ETXTBSY: i32 = 26;
-    let mut tries = 0;
+    let mut tries = 0u32;
     loop {
         match cmd.spawn() {
             Err(e) if e.raw_os_error() == Some(ETXTBSY) && tries < 10 => {
-                tries += 1;
+                tries = tries.saturating_add(1);
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             }
             other => return other,
@@ -254,8 +255,8 @@ async fn head(mut r: impl AsyncRead + Unpin, max: usize) -> String {
         if n == 0 {
             break;
         }
-        let room = max - kept.len();
-        kept.extend_from_slice(&buf[..n.min(room)]);
+        let room = max.saturating_sub(kept.len());
+        kept.extend_from_slice(buf.get(..n.min(room)).unwrap_or_default());
         cut |= n > room;
     }
     let mut s = String::from_utf8_lossy(&kept).into_owned();

@@ -203,7 +203,7 @@ impl KeySource {
                     Err(e) => {
                         tracing::warn!(issuer = %source.url, error = %e, "fetching the issuer's keys");
                         let w = retry;
-                        retry = (retry * 2).min(MAX_RETRY);
+                        retry = retry.saturating_mul(2).min(MAX_RETRY);
                         w
                     }
                 };
@@ -329,7 +329,7 @@ async fn get_unbounded_in_time(url: &str, tls: &Arc<ClientConfig>) -> Result<Byt
     if status != http::StatusCode::OK {
         return Err(fail(&format!(
             "{status}: {}",
-            String::from_utf8_lossy(&body[..body.len().min(200)])
+            String::from_utf8_lossy(body.get(..200).unwrap_or(&body))
         )));
     }
     Ok(body)

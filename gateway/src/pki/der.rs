@@ -64,7 +64,7 @@ pub(super) fn rewrite_names(
     // TBSCertificate ::= SEQUENCE { [0] version, serialNumber, signature, issuer, validity,
     //                               subject, subjectPublicKeyInfo, extensions... }
     let mut input = tbs.content;
-    let mut new_tbs = Vec::with_capacity(tbs.content.len() + 64);
+    let mut new_tbs = Vec::with_capacity(tbs.content.len().saturating_add(64));
     if input.first() == Some(&TAG_VERSION) {
         let (version, rest) = split_tlv(input, TAG_VERSION).map_err(malformed)?;
         new_tbs.extend_from_slice(version.raw);
@@ -89,7 +89,7 @@ pub(super) fn rewrite_names(
         what: "a certificate signature",
         source,
     })?;
-    let mut bits = Vec::with_capacity(signature.len() + 1);
+    let mut bits = Vec::with_capacity(signature.len().saturating_add(1));
     bits.push(0); // no unused bits in the last byte
     bits.extend(signature);
 
@@ -152,7 +152,7 @@ pub(super) fn pem_encode(label: &str, der: &[u8]) -> String {
 }
 
 pub(super) fn tlv(tag: u8, content: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(content.len() + 6);
+    let mut out = Vec::with_capacity(content.len().saturating_add(6));
     out.push(tag);
     let len = content.len();
     if len < 0x80 {
@@ -160,8 +160,9 @@ pub(super) fn tlv(tag: u8, content: &[u8]) -> Vec<u8> {
     } else {
         let bytes = len.to_be_bytes();
         let skip = bytes.iter().take_while(|&&b| b == 0).count();
-        out.push(0x80 | (bytes.len() - skip) as u8);
-        out.extend_from_slice(&bytes[skip..]);
+        let significant = bytes.get(skip..).unwrap_or_default();
+        out.push(0x80 | significant.len() as u8);
+        out.extend_from_slice(significant);
     }
     out.extend_from_slice(content);
     out

@@ -101,7 +101,11 @@ fn load_ca(
         });
     }
     let not_after = x509.validity().not_after.to_datetime();
-    if not_after.unix_timestamp() < now.unix_timestamp() + RENEW_BEFORE.as_secs() as i64 {
+    if not_after.unix_timestamp()
+        < now
+            .unix_timestamp()
+            .saturating_add(RENEW_BEFORE.as_secs() as i64)
+    {
         // Rotating a CA invalidates every credential handed out; that is the operator's
         // call, not something to do silently at start.
         tracing::warn!(path = %what, %not_after, "a CA expires soon or has expired");
@@ -313,7 +317,11 @@ fn leaf_problem(
         return Some("it was issued by another CA key");
     }
     let not_after = x509.validity().not_after.timestamp();
-    if not_after < now.unix_timestamp() + RENEW_BEFORE.as_secs() as i64 {
+    if not_after
+        < now
+            .unix_timestamp()
+            .saturating_add(RENEW_BEFORE.as_secs() as i64)
+    {
         return Some("it expires within 30 days");
     }
     None

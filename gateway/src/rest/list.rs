@@ -256,7 +256,11 @@ pub(super) async fn list<T: Kind>(
         ..Default::default()
     };
     if let Some(last) = &page.continue_after {
-        meta.continue_ = encode_token(page.revision, &last[prefix.len().min(last.len())..], issued);
+        meta.continue_ = encode_token(
+            page.revision,
+            last.get(prefix.len()..).unwrap_or_default(),
+            issued,
+        );
         if selector.is_empty() {
             meta.remaining_item_count = page.remaining.map(|r| r as i64);
         }
@@ -319,7 +323,7 @@ async fn list_from_store(
                 items.push(obj);
             }
             if limit.is_some_and(|l| items.len() >= l) {
-                if i + 1 < res.kvs.len() || res.more {
+                if i.saturating_add(1) < res.kvs.len() || res.more {
                     continue_after = Some(kv.key.clone());
                 }
                 break 'pages;

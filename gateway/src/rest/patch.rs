@@ -264,8 +264,10 @@ async fn apply_create<T: Kind>(
         "kind": T::INFO.kind,
         "metadata": {"name": name},
     });
-    if T::INFO.namespaced() {
-        stub["metadata"]["namespace"] = json!(ns);
+    if T::INFO.namespaced()
+        && let Some(metadata) = stub.get_mut("metadata").and_then(Value::as_object_mut)
+    {
+        metadata.insert("namespace".into(), json!(ns));
     }
     let applied = managed::apply(writer, &stub, config, &[], false)?;
     let mut obj: T = decode_patched(applied, &mut problems)?;

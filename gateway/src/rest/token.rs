@@ -98,7 +98,9 @@ fn created<T: Kind>(call: &Call, obj: &T, api_version: &str) -> Response<Body> {
                 Ok(v) => v,
                 Err(e) => return respond::error(&ApiError::internal(e)),
             };
-            value["apiVersion"] = Value::String(api_version.to_string());
+            if let Some(fields) = value.as_object_mut() {
+                fields.insert("apiVersion".into(), Value::String(api_version.to_string()));
+            }
             match format {
                 Format::Json | Format::Table => {
                     respond::json(StatusCode::CREATED, &value, call.query.pretty())

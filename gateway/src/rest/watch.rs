@@ -191,13 +191,13 @@ pub async fn watch<T: Kind>(
         Some(s) => Duration::from_secs(u64::try_from(s).unwrap_or(0)).min(MAX_WATCH_TIMEOUT),
         None => {
             let min = app.opts.min_request_timeout;
-            min + min.mul_f64(rand::rng().random::<f64>())
+            min.saturating_add(min.mul_f64(rand::rng().random::<f64>()))
         }
     };
     let open = app
         .metrics
         .watch_opened(T::INFO, !call.route.namespace.is_empty());
-    let deadline = tokio::time::Instant::now() + timeout;
+    let deadline = crate::Later::later(tokio::time::Instant::now(), timeout);
     let mut stop_rx = app.stop_watches.clone();
     let state = WatchBody {
         watcher,

@@ -627,7 +627,8 @@ pub async fn delete_all_in_namespace<T: Kind>(app: &App, ns: &str) -> Result<usi
         .map_err(respond::store_error)?;
     let prefix_len = T::INFO.prefix(Some(ns)).len();
     for kv in &range.kvs {
-        let name = String::from_utf8_lossy(&kv.key[prefix_len..]).to_string();
+        let name =
+            String::from_utf8_lossy(kv.key.get(prefix_len..).unwrap_or_default()).to_string();
         let none = Preconditions::default();
         match delete_one::<T>(
             app,

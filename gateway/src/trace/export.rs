@@ -15,6 +15,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::Later;
+
 /// Finished spans waiting for export (the Go SDK's default queue size).
 pub const QUEUE_CAPACITY: usize = 2048;
 /// Spans sent in one export call (the Go SDK's default).
@@ -133,7 +135,7 @@ async fn run<E: SpanExporter>(
             },
             f = flush.recv() => flushed = f,
         }
-        let deadline = tokio::time::Instant::now() + BATCH_DELAY;
+        let deadline = tokio::time::Instant::now().later(BATCH_DELAY);
         while batch.len() < MAX_BATCH && flushed.is_none() {
             tokio::select! {
                 s = spans.recv() => match s {

@@ -1,6 +1,15 @@
 //! The gateway end to end, through real sockets and real clients, as one test binary (one
 //! link instead of one per file): each module is one area of the API, `support` is what they
 //! share (an in-process server and HTTP client, the binary as a child process, kubectl).
+// Test and harness code: a panic on a broken expectation is the point, and arithmetic and
+// indexing on test data are checked by the assertions that follow.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
 
 mod support;
 

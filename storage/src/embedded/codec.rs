@@ -75,14 +75,13 @@ fn checked_payload<'a>(
     table_key: &[u8],
     location: &dyn Fn() -> String,
 ) -> Result<&'a [u8], StoreError> {
-    if raw.len() < 4 {
+    let Some((crc_bytes, payload)) = raw.split_first_chunk::<4>() else {
         return Err(corrupt(
             location(),
             format!("record is {} bytes, too short", raw.len()),
         ));
-    }
-    let (crc_bytes, payload) = raw.split_at(4);
-    let stored = u32::from_le_bytes([crc_bytes[0], crc_bytes[1], crc_bytes[2], crc_bytes[3]]);
+    };
+    let stored = u32::from_le_bytes(*crc_bytes);
     let actual = crc_of(table_key, payload);
     if stored != actual {
         return Err(corrupt(
@@ -94,7 +93,7 @@ fn checked_payload<'a>(
 }
 
 fn seal(table_key: &[u8], payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(4 + payload.len());
+    let mut out = Vec::with_capacity(payload.len().saturating_add(4));
     out.extend_from_slice(&crc_of(table_key, payload).to_le_bytes());
     out.extend_from_slice(payload);
     out
@@ -109,10 +108,10 @@ pub(crate) fn show_key(key: &[u8]) -> String {
     String::from_utf8_lossy(key).escape_debug().to_string()
 }
 
-fn read_i64(bytes: &[u8]) -> i64 {
-    let mut buf = [0u8; 8];
-    buf.copy_from_slice(&bytes[..8]);
-    i64::from_le_bytes(buf)
+/// Splits a little-endian `i64` off the front of `bytes`.
+fn take_i64(bytes: &[u8]) -> Option<(i64, &[u8])> {
+    let (head, rest) = bytes.split_first_chunk::<8>()?;
+    Some((i64::from_le_bytes(*head), rest))
 }
 
 /// Encodes a record; `table_key` is what the record is stored under (part of the checksum).
@@ -126,7 +125,7 @@ pub(crate) fn encode_record(table_key: &[u8], record: &Record) -> Vec<u8> {
         } => (TAG_PUT, *create_revision, *mod_revision, *version, value),
         Record::Tombstone { mod_revision } => (TAG_TOMBSTONE, 0, *mod_revision, 0, &[]),
     };
-    let mut payload = Vec::with_capacity(RECORD_HEADER - 4 + value.len());
+    let mut payload = Vec::with_capacity(value.len().saturating_add(RECORD_HEADER - 4));
     payload.push(RECORD_FORMAT);
     payload.push(tag);
     payload.extend_from_slice(&create.to_le_bytes());
@@ -143,23 +142,27 @@ pub(crate) fn decode_record(
     location: &dyn Fn() -> String,
 ) -> Result<Record, StoreError> {
     let payload = checked_payload(raw, table_key, location)?;
-    if payload.len() < RECORD_HEADER - 4 {
+    let header = payload
+        .split_first_chunk::<2>()
+        .and_then(|(&[format, tag], rest)| {
+            let (create_revision, rest) = take_i64(rest)?;
+            let (mod_revision, rest) = take_i64(rest)?;
+            let (version, value) = take_i64(rest)?;
+            Some((format, tag, create_revision, mod_revision, version, value))
+        });
+    let Some((format, tag, create_revision, mod_revision, version, value)) = header else {
         return Err(corrupt(
             location(),
             format!("record header truncated ({} bytes)", raw.len()),
         ));
-    }
-    if payload[0] != RECORD_FORMAT {
+    };
+    if format != RECORD_FORMAT {
         return Err(corrupt(
             location(),
-            format!("unknown record format {}", payload[0]),
+            format!("unknown record format {format}"),
         ));
     }
-    let create_revision = read_i64(&payload[2..]);
-    let mod_revision = read_i64(&payload[10..]);
-    let version = read_i64(&payload[18..]);
-    let value = &payload[26..];
-    match payload[1] {
+    match tag {
         TAG_PUT => Ok(Record::Put {
             create_revision,
             mod_revision,
@@ -174,7 +177,7 @@ pub(crate) fn decode_record(
 /// The table key of a history record: the user key followed by the revision, so that
 /// a record checksum also binds the revision it is filed under.
 pub(crate) fn history_crc_key(key: &[u8], revision: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(key.len() + 8);
+    let mut out = Vec::with_capacity(key.len().saturating_add(8));
     out.extend_from_slice(key);
     out.extend_from_slice(&revision.to_le_bytes());
     out
@@ -188,7 +191,7 @@ pub(crate) struct LogEntry {
 }
 
 pub(crate) fn encode_log(revision: u64, entry: &LogEntry) -> Vec<u8> {
-    let mut payload = Vec::with_capacity(2 + entry.key.len());
+    let mut payload = Vec::with_capacity(entry.key.len().saturating_add(2));
     payload.push(RECORD_FORMAT);
     payload.push(if entry.deleted {
         TAG_TOMBSTONE
@@ -202,10 +205,10 @@ pub(crate) fn encode_log(revision: u64, entry: &LogEntry) -> Vec<u8> {
 pub(crate) fn decode_log(raw: &[u8], revision: u64) -> Result<LogEntry, StoreError> {
     let location = || format!("log/{revision}");
     let payload = checked_payload(raw, &revision.to_le_bytes(), &location)?;
-    if payload.len() < 2 || payload[0] != RECORD_FORMAT {
+    let Some((&[RECORD_FORMAT, tag], key)) = payload.split_first_chunk::<2>() else {
         return Err(corrupt(location(), "bad log entry header".to_string()));
-    }
-    let deleted = match payload[1] {
+    };
+    let deleted = match tag {
         TAG_PUT => false,
         TAG_TOMBSTONE => true,
         other => {
@@ -217,13 +220,13 @@ pub(crate) fn decode_log(raw: &[u8], revision: u64) -> Result<LogEntry, StoreErr
     };
     Ok(LogEntry {
         deleted,
-        key: Bytes::copy_from_slice(&payload[2..]),
+        key: Bytes::copy_from_slice(key),
     })
 }
 
 /// The table key an `expiry` entry's checksum binds: deadline (big-endian) then the key.
 fn expiry_crc_key(deadline: u64, key: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(8 + key.len());
+    let mut out = Vec::with_capacity(key.len().saturating_add(8));
     out.extend_from_slice(&deadline.to_be_bytes());
     out.extend_from_slice(key);
     out
@@ -237,13 +240,13 @@ pub(crate) fn encode_expiry(deadline: u64, key: &[u8], revision: Revision) -> Ve
 pub(crate) fn decode_expiry(raw: &[u8], deadline: u64, key: &[u8]) -> Result<Revision, StoreError> {
     let location = || format!("expiry/{deadline}/{}", show_key(key));
     let payload = checked_payload(raw, &expiry_crc_key(deadline, key), &location)?;
-    if payload.len() != 8 {
+    let Ok(bytes) = <[u8; 8]>::try_from(payload) else {
         return Err(corrupt(
             location(),
             format!("expiry value is {} bytes", payload.len()),
         ));
-    }
-    Ok(read_i64(payload))
+    };
+    Ok(i64::from_le_bytes(bytes))
 }
 
 pub(crate) fn encode_meta(name: &str, value: i64) -> Vec<u8> {
@@ -253,13 +256,13 @@ pub(crate) fn encode_meta(name: &str, value: i64) -> Vec<u8> {
 pub(crate) fn decode_meta(raw: &[u8], name: &str) -> Result<i64, StoreError> {
     let location = || format!("meta/{name}");
     let payload = checked_payload(raw, name.as_bytes(), &location)?;
-    if payload.len() != 8 {
+    let Ok(bytes) = <[u8; 8]>::try_from(payload) else {
         return Err(corrupt(
             location(),
             format!("meta value is {} bytes", payload.len()),
         ));
-    }
-    Ok(read_i64(payload))
+    };
+    Ok(i64::from_le_bytes(bytes))
 }
 
 #[cfg(test)]

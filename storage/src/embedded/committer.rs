@@ -40,7 +40,7 @@ use super::recovery;
 use super::tables::{
     self, CURRENT, EXPIRY, HISTORY, LOG, META, META_REVISION, PROBE, backend, to_u64,
 };
-use crate::{Event, EventKind, KeyValue, Revision, StoreError};
+use crate::{Event, EventKind, KeyValue, Later, Revision, StoreError};
 
 pub(crate) type Batch = Arc<Vec<Event>>;
 
@@ -77,14 +77,23 @@ pub(crate) enum Op {
     },
 }
 
+/// Advances the revision counter: running out of revisions (2^63) fails the batch rather
+/// than reusing one.
+fn next_revision(revision: &mut Revision) -> Result<Revision, StoreError> {
+    *revision = revision
+        .checked_add(1)
+        .ok_or_else(|| StoreError::WriteFailed("the revision counter is exhausted".to_string()))?;
+    Ok(*revision)
+}
+
 impl Op {
     /// Approximate bytes the op adds to a transaction (bounds a batch's size).
     fn size(&self) -> usize {
         match self {
             Op::Create { key, value, .. } | Op::Update { key, value, .. } => {
-                2 * (key.len() + value.len())
+                key.len().saturating_add(value.len()).saturating_mul(2)
             }
-            Op::PutRaw { key, raw } => key.len() + raw.len(),
+            Op::PutRaw { key, raw } => key.len().saturating_add(raw.len()),
             Op::Delete { key, .. } | Op::Expire { key, .. } => key.len(),
             Op::Compact { .. } => 0,
         }
@@ -236,7 +245,7 @@ impl Committer {
         while batch.len() < config.max_batch && bytes < config.max_batch_bytes {
             match self.requests.try_recv() {
                 Ok(request) => {
-                    bytes += request.op.size();
+                    bytes = bytes.saturating_add(request.op.size());
                     batch.push(request);
                 }
                 Err(_) => break,
@@ -389,7 +398,7 @@ impl Committer {
         self.failed = Some(Failed {
             reopen: true,
             probe_bytes: bytes.clamp(*PROBE_BYTES.start(), *PROBE_BYTES.end()),
-            next_probe: Instant::now() + PROBE_INTERVAL,
+            next_probe: Instant::now().later(PROBE_INTERVAL),
             lost,
         });
     }
@@ -432,7 +441,7 @@ impl Committer {
         let mut slot = shared.db.write();
         if let Some(old) = slot.take() {
             // Readers clone the handle only for the time it takes to begin a transaction.
-            let deadline = Instant::now() + REOPEN_WAIT;
+            let deadline = Instant::now().later(REOPEN_WAIT);
             while Arc::strong_count(&old) > 1 && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(1));
             }
@@ -511,7 +520,7 @@ impl Committer {
                 tracing::debug!(%err, "storage write probe failed");
                 let reopen = !matches!(err, StoreError::WriteFailed(_));
                 if let Some(failed) = self.failed.as_mut() {
-                    failed.next_probe = Instant::now() + PROBE_INTERVAL;
+                    failed.next_probe = Instant::now().later(PROBE_INTERVAL);
                     failed.reopen |= reopen;
                 }
                 if reopen && let Err(err) = self.reopen() {
@@ -552,7 +561,7 @@ impl Committer {
             Ok(due) => due,
             Err(err) => {
                 tracing::error!(%err, "reading due expiry entries failed; retrying");
-                self.next_expiry = Some(now + EXPIRY_RETRY_MS);
+                self.next_expiry = Some(now.saturating_add(EXPIRY_RETRY_MS));
                 return;
             }
         };
@@ -569,12 +578,12 @@ impl Committer {
             })
             .collect();
         if !writes.is_empty() && !self.commit(writes) {
-            self.next_expiry = Some(now + EXPIRY_RETRY_MS);
+            self.next_expiry = Some(now.saturating_add(EXPIRY_RETRY_MS));
             return;
         }
         self.next_expiry = earliest_deadline(&self.shared).unwrap_or_else(|err| {
             tracing::error!(%err, "reading the expiry table failed; retrying");
-            Some(now + EXPIRY_RETRY_MS)
+            Some(now.saturating_add(EXPIRY_RETRY_MS))
         });
     }
 
@@ -738,7 +747,7 @@ impl<'txn> WriteTables<'txn> {
                     Some(Err(corrupt)) => return Ok(Err(corrupt)),
                     None => {}
                 }
-                *revision += 1;
+                next_revision(revision)?;
                 let kv = KeyValue {
                     key: key.clone(),
                     value: value.clone(),
@@ -773,13 +782,13 @@ impl<'txn> WriteTables<'txn> {
                         current: Box::new(current),
                     }));
                 }
-                *revision += 1;
+                next_revision(revision)?;
                 let kv = KeyValue {
                     key: key.clone(),
                     value: value.clone(),
                     create_revision: current.create_revision,
                     mod_revision: *revision,
-                    version: current.version + 1,
+                    version: current.version.saturating_add(1),
                 };
                 self.write_put(&kv)?;
                 if let Some(ttl) = ttl {
@@ -814,7 +823,7 @@ impl<'txn> WriteTables<'txn> {
                             .and_then(|(_, record)| record.into_kv(key))
                     }
                 };
-                *revision += 1;
+                next_revision(revision)?;
                 self.write_delete(key, *revision)?;
                 let tombstone = tables::tombstone_kv(key, *revision);
                 events.push(Event {
@@ -838,7 +847,7 @@ impl<'txn> WriteTables<'txn> {
                     Some(Ok(current)) if current.mod_revision == *written => current,
                     _ => return Ok(Ok(Reply::Done)),
                 };
-                *revision += 1;
+                next_revision(revision)?;
                 self.write_delete(key, *revision)?;
                 events.push(Event {
                     kind: EventKind::Delete,

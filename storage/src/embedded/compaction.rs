@@ -46,7 +46,7 @@ impl Compactor {
     pub(crate) fn new(config: &EmbeddedConfig, revision: Revision, compacted: Revision) -> Self {
         let now = Instant::now();
         let sample_every = match config.auto_compaction {
-            AutoCompaction::Retention(retention) => retention / 256,
+            AutoCompaction::Retention(retention) => retention.checked_div(256).unwrap_or_default(),
             _ => Duration::ZERO,
         };
         Compactor {

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use super::Shared;
 use super::committer::Batch;
 use super::tables::Snapshot;
-use crate::{FeedItem, FeedStream, KeyRange, Revision, StoreError};
+use crate::{FeedItem, FeedStream, KeyRange, Later, Revision, StoreError};
 
 pub(crate) struct Watcher {
     shared: Weak<Shared>,
@@ -63,7 +63,7 @@ impl Watcher {
             replaying: true,
             progress_interval,
             replay_chunk: shared.config.replay_chunk.max(1),
-            progress_due: Instant::now() + progress_interval,
+            progress_due: Instant::now().later(progress_interval),
             done: false,
         };
         futures::stream::unfold(watcher, |mut watcher| async move {
@@ -89,7 +89,7 @@ impl Watcher {
                         // An error ends the feed: the consumer must restart from a list.
                         self.done = true;
                     }
-                    self.progress_due = Instant::now() + self.progress_interval;
+                    self.progress_due = Instant::now().later(self.progress_interval);
                     return Some(item);
                 }
                 Step::Continue => {}
@@ -173,7 +173,7 @@ impl Watcher {
         if last.revision() <= self.seen {
             return Step::Continue;
         }
-        if first.revision() > self.seen + 1 {
+        if first.revision() > self.seen.saturating_add(1) {
             // Something between `seen` and this batch never reached us: replay it.
             return self.fall_back();
         }

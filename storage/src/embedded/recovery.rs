@@ -237,7 +237,7 @@ fn verify(db: &Database, tail: u64) -> Result<(Revision, Revision), StoreError> 
     }
 
     let start = to_u64(revision)
-        .saturating_sub(tail.max(1) - 1)
+        .saturating_sub(tail.saturating_sub(1))
         .max(expected_first);
     for (expected, entry) in (start..).zip(log.range(start..).map_err(backend)?) {
         let (k, v) = entry.map_err(backend)?;

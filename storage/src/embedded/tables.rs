@@ -293,8 +293,9 @@ impl Snapshot {
         if after >= self.revision {
             return Ok((Vec::new(), after));
         }
-        let first = to_u64(after) + 1;
-        let last = to_u64(self.revision).min(first + max_revisions.max(1) - 1);
+        // `after < self.revision`, so neither bound overflows.
+        let first = to_u64(after).saturating_add(1);
+        let last = to_u64(self.revision).min(first.saturating_add(max_revisions.saturating_sub(1)));
         let mut events = Vec::new();
         let mut expected = first;
         for entry in self.log.range(first..=last).map_err(backend)? {
@@ -306,13 +307,13 @@ impl Snapshot {
                     format!("event log has a gap: next entry is revision {revision}"),
                 ));
             }
-            expected += 1;
+            expected = expected.saturating_add(1);
             let entry = codec::decode_log(v.value(), revision)?;
             if range.contains(&entry.key) {
                 events.push(self.event_at(&entry.key, revision, entry.deleted)?);
             }
         }
-        if expected != last + 1 {
+        if expected != last.saturating_add(1) {
             return Err(codec::corrupt(
                 format!("log/{expected}"),
                 format!("event log ends before revision {last}"),
@@ -333,7 +334,7 @@ impl Snapshot {
         };
         // A corrupt previous version must not block the feed: the event itself is intact,
         // so it is delivered without `prev_kv` and the corruption is reported in the logs.
-        let prev_kv = match latest_at(&self.history, key, revision - 1) {
+        let prev_kv = match latest_at(&self.history, key, revision.saturating_sub(1)) {
             Ok(prev) => prev.and_then(|(_, r)| r.into_kv(key)),
             Err(err) => {
                 tracing::warn!(%err, "previous version unreadable; event sent without prev_kv");

@@ -24,7 +24,9 @@ use super::client::WatchStream;
 use super::pb::etcdserverpb::{WatchCreateRequest, WatchResponse};
 use super::pb::mvccpb::event::EventType;
 use super::{Shared, map_error};
-use crate::{Event, EventKind, FeedItem, FeedStream, KeyRange, KeyValue, Revision, StoreError};
+use crate::{
+    Event, EventKind, FeedItem, FeedStream, KeyRange, KeyValue, Later, Revision, StoreError,
+};
 
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
@@ -102,7 +104,7 @@ async fn run(
                     _ = closed.changed() => return,
                     _ = feed.tx.closed() => return,
                 }
-                backoff = (backoff * 2).min(BACKOFF_MAX);
+                backoff = backoff.saturating_mul(2).min(BACKOFF_MAX);
             }
         }
     }
@@ -150,9 +152,13 @@ impl Feed {
             }
         };
         let interval = self.shared.config.progress_interval;
-        let mut idle_deadline = Instant::now() + interval;
+        let mut idle_deadline = Instant::now().later(interval);
         // A stream that is silent well past our progress requests is presumed dead.
-        let dead_after = self.shared.config.request_timeout.max(interval * 4);
+        let dead_after = self
+            .shared
+            .config
+            .request_timeout
+            .max(interval.saturating_mul(4));
         let mut last_heard = Instant::now();
         loop {
             tokio::select! {
@@ -168,7 +174,7 @@ impl Feed {
                     };
                     last_heard = Instant::now();
                     self.heard = true;
-                    idle_deadline = last_heard + interval;
+                    idle_deadline = last_heard.later(interval);
                     self.handle(resp).await?;
                 }
                 _ = tokio::time::sleep_until(idle_deadline) => {
@@ -180,7 +186,7 @@ impl Feed {
                     if let Err(e) = stream.request_progress() {
                         return Err(Stop::Retry(map_error(e)));
                     }
-                    idle_deadline = Instant::now() + interval;
+                    idle_deadline = Instant::now().later(interval);
                 }
             }
         }

@@ -13,7 +13,7 @@ use tokio::sync::Mutex;
 
 use super::pb::etcdserverpb::LeaseGrantRequest;
 use super::{Retry, Shared};
-use crate::StoreError;
+use crate::{Later, StoreError};
 
 /// Share of the TTL by which a lease may outlive what a write asked for.
 const REUSE_PERCENT: u64 = 5;
@@ -55,8 +55,8 @@ fn reuse_window(secs: i64) -> i64 {
 impl Granted {
     /// Whether a write at `now` asking for `secs` may join this lease.
     fn reusable(&self, now: Instant, secs: i64) -> bool {
-        let at_least = now + Duration::from_secs(secs.unsigned_abs());
-        let at_most = at_least + Duration::from_secs(reuse_window(secs).unsigned_abs());
+        let at_least = now.later(Duration::from_secs(secs.unsigned_abs()));
+        let at_most = at_least.later(Duration::from_secs(reuse_window(secs).unsigned_abs()));
         self.expires > at_least && self.expires < at_most && self.attached < MAX_ATTACHED
     }
 }
@@ -74,7 +74,7 @@ impl Leases {
         if let Some(lease) = granted.get_mut(&secs)
             && lease.reusable(now, secs)
         {
-            lease.attached += 1;
+            lease.attached = lease.attached.saturating_add(1);
             return Ok(lease.id);
         }
         let request = LeaseGrantRequest {
@@ -97,7 +97,7 @@ impl Leases {
             secs,
             Granted {
                 id: response.id,
-                expires: now + lives,
+                expires: now.later(lives),
                 attached: 1,
             },
         );

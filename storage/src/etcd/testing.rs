@@ -1,6 +1,15 @@
 //! Test support (feature `conformance`): real etcd servers as child processes on loopback,
 //! with free ports and a caller-owned data directory, killed (SIGKILL) and reaped on drop so
 //! a failing test never leaves one behind. Needs the `etcd` binary (Debian `etcd-server`).
+// Test support, compiled only with the `conformance` feature: a panic is how a check fails,
+// and arithmetic and indexing are on the suite's own small data.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

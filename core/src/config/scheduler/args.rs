@@ -288,11 +288,13 @@ fn validate_term(term: &NodeSelectorTerm, path: &Path, e: &mut ErrorList) {
                         values.as_str(),
                         "must be specified single value when `operator` is 'Lt' or 'Gt'",
                     );
-                } else if req.values[0].parse::<i64>().is_err() {
+                } else if let Some(value) = req.values.first()
+                    && value.parse::<i64>().is_err()
+                {
                     invalid(
                         e,
                         &values.index(0),
-                        &req.values[0],
+                        value,
                         "must be an integer when `operator` is 'Lt' or 'Gt'",
                     );
                 }
@@ -480,11 +482,17 @@ fn validate_shape(shape: &[UtilizationShapePoint], path: &Path, e: &mut ErrorLis
         e.required(path.as_str(), "at least one point must be specified");
         return;
     }
-    if let Some(i) = (1..shape.len()).find(|&i| shape[i - 1].utilization >= shape[i].utilization) {
+    let unsorted = (1usize..)
+        .zip(shape.windows(2))
+        .find_map(|(i, pair)| match pair {
+            [before, point] if before.utilization >= point.utilization => Some((i, point)),
+            _ => None,
+        });
+    if let Some((i, point)) = unsorted {
         invalid(
             e,
             &path.index(i).child("utilization"),
-            shape[i].utilization,
+            point.utilization,
             "utilization values must be sorted in increasing order",
         );
     }
@@ -667,7 +675,7 @@ impl ConfigKind for PodTopologySpreadArgs {
                     "constraint must not define a selector, as they deduced for each pod",
                 );
             }
-            let repeated = self.default_constraints[..i].iter().any(|o| {
+            let repeated = self.default_constraints.iter().take(i).any(|o| {
                 o.topology_key == c.topology_key && o.when_unsatisfiable == c.when_unsatisfiable
             });
             if repeated {

@@ -8,6 +8,8 @@ use x509_parser::prelude::{FromDer as _, X509Certificate, X509CertificationReque
 
 const BEGIN: &[u8] = b"-----BEGIN ";
 const END: &[u8] = b"\n-----END ";
+/// `END` without its newline: how a block without headers may end right after its label.
+const END_AT_START: &[u8] = b"-----END ";
 const DASHES: &[u8] = b"-----";
 
 /// Go's `base64.StdEncoding`: padding required, stray bits in the last symbol tolerated.
@@ -30,22 +32,23 @@ pub struct PemBlock {
 
 /// The first line of `data` without its line ending or trailing blanks, and what follows.
 fn line(data: &[u8]) -> (&[u8], &[u8]) {
-    let (mut end, rest) = match data.iter().position(|&b| b == b'\n') {
-        Some(i) => (i, &data[i + 1..]),
-        None => (data.len(), &data[data.len()..]),
-    };
-    if end > 0 && data[end - 1] == b'\r' && end < data.len() {
-        end -= 1;
+    let mut parts = data.splitn(2, |&b| b == b'\n');
+    let mut l = parts.next().unwrap_or_default();
+    let rest = parts.next();
+    if rest.is_some() {
+        l = l.strip_suffix(b"\r").unwrap_or(l);
     }
-    let mut l = &data[..end];
     while let [head @ .., b' ' | b'\t'] = l {
         l = head;
     }
-    (l, rest)
+    (l, rest.unwrap_or_default())
 }
 
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
+/// `haystack` around the first `needle` (not empty): what is before it and what follows it.
+fn split_around<'a>(haystack: &'a [u8], needle: &[u8]) -> Option<(&'a [u8], &'a [u8])> {
+    let at = haystack.windows(needle.len()).position(|w| w == needle)?;
+    let (before, from) = haystack.split_at_checked(at)?;
+    Some((before, from.strip_prefix(needle)?))
 }
 
 /// The first well-formed PEM block in `data` and the bytes after it; `None` when there is
@@ -53,12 +56,10 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 pub fn decode_pem(data: &[u8]) -> Option<(PemBlock, &[u8])> {
     let mut rest = data;
     loop {
-        if rest.starts_with(BEGIN) {
-            rest = &rest[BEGIN.len()..];
-        } else {
-            let at = find(rest, b"\n-----BEGIN ")?;
-            rest = &rest[at + 1 + BEGIN.len()..];
-        }
+        rest = match rest.strip_prefix(BEGIN) {
+            Some(after) => after,
+            None => split_around(rest, b"\n-----BEGIN ")?.1,
+        };
         let (type_line, after_type) = line(rest);
         rest = after_type;
         let Some(label) = type_line.strip_suffix(DASHES) else {
@@ -77,24 +78,24 @@ pub fn decode_pem(data: &[u8]) -> Option<(PemBlock, &[u8])> {
             rest = next;
         }
         // Without headers the END line may follow at once, with no newline before it.
-        let (end_at, trailer_at) = if !has_headers && rest.starts_with(&END[1..]) {
-            (0, END.len() - 1)
-        } else {
-            match find(rest, END) {
-                Some(i) => (i, i + END.len()),
+        let (body, trailer) = match rest.strip_prefix(END_AT_START) {
+            Some(trailer) if !has_headers => (&[][..], trailer),
+            _ => match split_around(rest, END) {
+                Some(split) => split,
                 None => continue,
-            }
+            },
         };
-        let trailer = &rest[trailer_at..];
-        let trailer_len = label.len() + DASHES.len();
-        if trailer.len() < trailer_len
-            || !trailer[..trailer_len].starts_with(label)
-            || !trailer[..trailer_len].ends_with(DASHES)
-            || !line(&trailer[trailer_len..]).0.is_empty()
-        {
+        let Some(after_trailer) = trailer
+            .strip_prefix(label)
+            .and_then(|t| t.strip_prefix(DASHES))
+        else {
+            continue;
+        };
+        let (trailer_rest, after) = line(after_trailer);
+        if !trailer_rest.is_empty() {
             continue;
         }
-        let body: Vec<u8> = rest[..end_at]
+        let body: Vec<u8> = body
             .iter()
             .copied()
             .filter(|b| !matches!(b, b' ' | b'\t' | b'\r' | b'\n'))
@@ -102,7 +103,6 @@ pub fn decode_pem(data: &[u8]) -> Option<(PemBlock, &[u8])> {
         let Ok(der) = STD.decode(&body) else {
             continue;
         };
-        let (_, after) = line(&rest[trailer_at + trailer_len..]);
         let block = PemBlock {
             label: String::from_utf8_lossy(label).into_owned(),
             has_headers,
@@ -134,7 +134,7 @@ pub fn parse_request(pem: &[u8]) -> Result<Vec<u8>, String> {
 /// holding DER certificates; text around the blocks is not looked at.
 pub(super) fn validate_certificate(pem: &[u8]) -> Result<(), String> {
     let mut rest = pem;
-    let mut blocks = 0;
+    let mut blocks = 0usize;
     while let Some((block, after)) = decode_pem(rest) {
         if block.label != "CERTIFICATE" {
             return Err(format!(
@@ -145,8 +145,8 @@ pub(super) fn validate_certificate(pem: &[u8]) -> Result<(), String> {
         if block.has_headers {
             return Err("no PEM block headers are permitted".into());
         }
-        blocks += 1;
-        let mut der = &block.der[..];
+        blocks = blocks.saturating_add(1);
+        let mut der = block.der.as_slice();
         if der.is_empty() {
             return Err("found CERTIFICATE PEM block containing 0 certificates".into());
         }

@@ -1,5 +1,7 @@
 //! The kind's rules, table by table: create validation, the update paths (object,
 //! `/approval`, `/status`), condition timestamps, PEM reading, the Table cells.
+// Test code: arithmetic on fixtures is checked by the assertions.
+#![allow(clippy::arithmetic_side_effects)]
 
 use base64::Engine as _;
 use serde_json::json;

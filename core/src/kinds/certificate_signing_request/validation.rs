@@ -51,7 +51,7 @@ pub(super) fn validate_create(csr: &CertificateSigningRequest) -> ErrorList {
         }
     }
     for (i, usage) in spec.usages.iter().enumerate() {
-        if spec.usages[..i].contains(usage) {
+        if spec.usages.iter().take(i).any(|u| u == usage) {
             errs.duplicate(&format!("spec.usages[{i}]"), usage);
         }
     }
@@ -157,7 +157,7 @@ fn validate_conditions(errs: &mut ErrorList, conditions: &[CertificateSigningReq
                 "Approved and Denied conditions are mutually exclusive",
             );
         }
-        if conditions[..i].iter().any(|o| o.type_ == c.type_) {
+        if conditions.iter().take(i).any(|o| o.type_ == c.type_) {
             errs.duplicate(&format!("{at}.type"), &c.type_);
         }
     }

@@ -1,6 +1,8 @@
 //! Event validation (create and update, as Kubernetes' `ValidateEventCreate` and
 //! `ValidateEventUpdate` for `events.k8s.io/v1`), field selectors in both spellings, and the
 //! Table cells kubectl shows.
+// Test code: arithmetic on fixtures is checked by the assertions.
+#![allow(clippy::arithmetic_side_effects)]
 
 use serde_json::json;
 use time::OffsetDateTime;

@@ -64,7 +64,7 @@ pub async fn call(
         return Err(CallError {
             message: format!(
                 "the server responded with {code}: {}",
-                String::from_utf8_lossy(&answer.body[..answer.body.len().min(256)])
+                String::from_utf8_lossy(answer.body.get(..256).unwrap_or(&answer.body))
             ),
             code,
         });

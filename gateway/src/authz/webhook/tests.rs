@@ -1,5 +1,7 @@
 //! The webhook authorizer against a scripted transport and a hand-moved clock: decisions,
 //! the cache's times to live and bound, failure policy, and match conditions.
+// Test code: arithmetic on a hand-moved clock is checked by the assertions.
+#![allow(clippy::arithmetic_side_effects)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
