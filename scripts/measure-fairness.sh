@@ -5,7 +5,10 @@
 # in system:masters, which is exempt from the limits), authorized by a Webhook authorizer that
 # allows everything (`svc-loadtest webhook-server`; its TLS certificate comes from
 # scripts/measure_issuer.py). The gateway runs with a small `--max-requests-inflight`, so the
-# hammer queues. Release binaries in BIN (default target/release); the report in OUT.
+# hammer queues. The writer runs on its own thread in the load generator; the hammer is a
+# child process pinned to HAMMER_CPUS (default: the last core) at niceness HAMMER_NICE
+# (default 10). Release binaries in BIN (default target/release; GW overrides the gateway's,
+# e.g. to compare two builds); the report in OUT.
 #
 # usage: cargo build --release -p svc-gateway -p svc-loadtest
 #        scripts/measure-fairness.sh        # OUT=/tmp/svc-fairness OBJECTS=10000 CLIENTS=32
@@ -20,7 +23,10 @@ RATE=${RATE:-50}
 DUR=${DUR:-30s}
 INFLIGHT=${INFLIGHT:-8}
 QUEUE=${QUEUE:-8}
-GW="$BIN/svc-gateway"
+GW=${GW:-$BIN/svc-gateway}
+HAMMER_NICE=${HAMMER_NICE:-10}
+HAMMER_ARGS=(--hammer-nice "$HAMMER_NICE")
+[ -n "${HAMMER_CPUS:-}" ] && HAMMER_ARGS+=(--hammer-cpus "$HAMMER_CPUS")
 L="$BIN/svc-loadtest"
 mkdir -p "$OUT"
 W=$(mktemp -d)
@@ -112,4 +118,4 @@ user_kubeconfig lt-writer
 echo "$(nproc) cores; load average at start: $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$OUT/machine"
 "$L" fairness --kubeconfig "$W/lt-hammer.kubeconfig" --writer-kubeconfig "$W/lt-writer.kubeconfig" \
     --objects "$OBJECTS" --clients "$CLIENTS" --rate "$RATE" --writers 2 --duration "$DUR" \
-    --server-pid "$GPID" --out "$OUT/fairness"
+    --server-pid "$GPID" "${HAMMER_ARGS[@]}" --out "$OUT/fairness"

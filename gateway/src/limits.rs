@@ -11,6 +11,15 @@
 //! controllers, administrators) is exempt from all of it, as Kubernetes' `exempt` priority
 //! level is.
 //!
+//! A list is charged by its width, as Kubernetes' list work estimator does: one seat per
+//! `LIST_OBJECTS_PER_SEAT` objects it will go through (the watch cache's count of the kind,
+//! or the `limit` when smaller), at least 1 and at most `MAX_LIST_SEATS` or the pool's
+//! seats (`list_width`). A list of 10,000 objects holds 10 seats, so one user's big lists
+//! cannot fill the pool with work ten times what the seats count; other requests hold 1.
+//! Waiting requests are served in turn without skipping: a wide request at the head of the
+//! turn waits until enough seats are free, and narrower ones behind it wait with it (it is
+//! never starved by a stream of narrow ones).
+//!
 //! Metrics with Kubernetes' APF names: `apiserver_flowcontrol_current_inqueue_requests`,
 //! `apiserver_flowcontrol_current_executing_requests`,
 //! `apiserver_flowcontrol_rejected_requests_total` and
@@ -29,6 +38,23 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::Notify;
+
+/// Objects a list goes through per seat it holds (Kubernetes' `objectsPerSeat`).
+pub const LIST_OBJECTS_PER_SEAT: usize = 100;
+/// The most seats one list holds (Kubernetes' `maximumListSeatsLimit`).
+pub const MAX_LIST_SEATS: usize = 10;
+
+/// The seats a list holds: one per `LIST_OBJECTS_PER_SEAT` of the objects it goes through
+/// (`stored`, or `limit` when a smaller one is given), between 1 and `MAX_LIST_SEATS`.
+pub fn list_width(stored: usize, limit: Option<usize>) -> usize {
+    let objects = match limit {
+        Some(l) if l > 0 => stored.min(l),
+        _ => stored,
+    };
+    objects
+        .div_ceil(LIST_OBJECTS_PER_SEAT)
+        .clamp(1, MAX_LIST_SEATS)
+}
 
 /// Kubernetes' buckets for `apiserver_flowcontrol_request_wait_duration_seconds`.
 const WAIT_BUCKETS: [f64; 13] = [
@@ -197,12 +223,15 @@ pub struct FairConfig {
 /// handed to it.
 struct Waiter {
     id: u64,
+    /// Seats it needs.
+    width: usize,
     granted: AtomicBool,
     wake: Notify,
 }
 
 #[derive(Default)]
 struct State {
+    /// Seats held by running requests.
     running: usize,
     /// Waiting requests per user; only users with at least one.
     queues: HashMap<Arc<str>, VecDeque<Arc<Waiter>>>,
@@ -231,12 +260,17 @@ impl State {
         true
     }
 
-    /// The next waiting request in round-robin order across users.
-    fn next(&mut self) -> Option<Arc<Waiter>> {
+    /// The next waiting request in round-robin order across users, if it needs no more
+    /// than `free` seats (else it stays first in line).
+    fn next(&mut self, free: usize) -> Option<Arc<Waiter>> {
         while let Some(user) = self.turn.pop_front() {
             let Some(q) = self.queues.get_mut(&user) else {
                 continue;
             };
+            if q.front().is_some_and(|w| w.width > free) {
+                self.turn.push_front(user);
+                return None;
+            }
             let w = q.pop_front();
             if q.is_empty() {
                 self.queues.remove(&user);
@@ -263,13 +297,21 @@ pub struct FairLimit {
     executing: Gauge,
 }
 
-/// A seat, given back (to the next waiting user in turn) when dropped.
-pub struct Seat<'a>(Option<&'a FairLimit>);
+/// A request's seats (one, or a list's width), given back (to the next waiting users in
+/// turn) when dropped.
+pub struct Seat<'a>(Option<(&'a FairLimit, usize)>);
+
+impl Seat<'_> {
+    /// Seats held (0 in a pool without a limit).
+    pub fn width(&self) -> usize {
+        self.0.map_or(0, |(_, w)| w)
+    }
+}
 
 impl Drop for Seat<'_> {
     fn drop(&mut self) {
-        if let Some(l) = self.0 {
-            l.release();
+        if let Some((l, width)) = self.0 {
+            l.release(width);
         }
     }
 }
@@ -292,7 +334,7 @@ impl Drop for Queued<'_> {
         if removed {
             self.limit.inqueue().dec();
         } else if self.waiter.granted.load(Ordering::Acquire) {
-            self.limit.release();
+            self.limit.release(self.waiter.width);
         }
     }
 }
@@ -323,17 +365,24 @@ impl FairLimit {
     /// A seat for a request of `user`: at once when one is free, else after waiting in the
     /// user's queue for its turn; or why not (counted in the metrics).
     pub async fn acquire(&self, user: &str) -> Result<Seat<'_>, Rejection> {
+        self.acquire_width(user, 1).await
+    }
+
+    /// `width` seats (at least 1, at most the pool's) for a request of `user`: at once when
+    /// they are free and nobody waits, else after waiting in the user's queue for its turn.
+    pub async fn acquire_width(&self, user: &str, width: usize) -> Result<Seat<'_>, Rejection> {
         if self.cfg.seats == 0 {
             return Ok(Seat(None));
         }
+        let width = width.clamp(1, self.cfg.seats);
         let since = Instant::now();
         let (user, waiter) = {
             let mut st = self.state.lock();
-            if st.running < self.cfg.seats {
-                st.running = st.running.saturating_add(1);
+            if st.queued == 0 && st.running.saturating_add(width) <= self.cfg.seats {
+                st.running = st.running.saturating_add(width);
                 drop(st);
                 self.executing().inc();
-                return Ok(Seat(Some(self)));
+                return Ok(Seat(Some((self, width))));
             }
             let refused = if self.cfg.queue_length == 0 {
                 Some(Rejection::ConcurrencyLimit)
@@ -353,6 +402,7 @@ impl FairLimit {
             st.next_id = st.next_id.wrapping_add(1);
             let waiter = Arc::new(Waiter {
                 id: st.next_id,
+                width,
                 granted: AtomicBool::new(false),
                 wake: Notify::new(),
             });
@@ -391,30 +441,37 @@ impl FairLimit {
             self.metrics.rejected(self.level, Rejection::TimeOut);
             return Err(Rejection::TimeOut);
         }
-        // Handed a seat (`release` already counted it as running and out of the queue).
+        // Handed its seats (`release` already counted them as running and it as out of the
+        // queue).
         self.metrics.waited(self.level, true, since);
-        Ok(Seat(Some(self)))
+        let width = queued.waiter.width;
+        Ok(Seat(Some((self, width))))
     }
 
-    /// Gives a seat back: to the next waiting request in turn, or to the pool.
-    fn release(&self) {
-        let mut st = self.state.lock();
-        match st.next() {
-            Some(w) => {
+    /// Gives `width` seats back, then hands the free seats to the waiting requests in turn
+    /// while the next one fits.
+    fn release(&self, width: usize) {
+        let mut granted = 0u32;
+        {
+            let mut st = self.state.lock();
+            st.running = st.running.saturating_sub(width);
+            loop {
+                let free = self.cfg.seats.saturating_sub(st.running);
+                let Some(w) = st.next(free) else { break };
+                st.running = st.running.saturating_add(w.width);
                 w.granted.store(true, Ordering::Release);
                 w.wake.notify_one();
-                drop(st);
-                self.inqueue().dec();
+                granted = granted.saturating_add(1);
             }
-            None => {
-                st.running = st.running.saturating_sub(1);
-                drop(st);
-                self.executing().dec();
-            }
+        }
+        self.executing().dec();
+        for _ in 0..granted {
+            self.executing().inc();
+            self.inqueue().dec();
         }
     }
 
-    /// Requests running now.
+    /// Seats held by running requests now.
     pub fn in_flight(&self) -> usize {
         self.state.lock().running
     }
@@ -623,5 +680,99 @@ mod tests {
         drop(fut);
         assert_eq!((l.queued(), l.in_flight()), (0, 0));
         assert_eq!((l.inqueue().get(), l.executing().get()), (0, 0));
+    }
+
+    #[test]
+    fn a_list_is_as_wide_as_the_objects_it_goes_through() {
+        assert_eq!(list_width(0, None), 1);
+        assert_eq!(list_width(1, None), 1);
+        assert_eq!(list_width(100, None), 1);
+        assert_eq!(list_width(101, None), 2);
+        assert_eq!(list_width(950, None), 10);
+        assert_eq!(list_width(10_000, None), MAX_LIST_SEATS);
+        // A page goes through its limit's worth, at most what is stored.
+        assert_eq!(list_width(10_000, Some(500)), 5);
+        assert_eq!(list_width(50, Some(500)), 1);
+        assert_eq!(list_width(10_000, Some(0)), MAX_LIST_SEATS);
+    }
+
+    #[tokio::test]
+    async fn a_wide_request_holds_its_seats_and_at_most_the_pool() {
+        let l = Arc::new(pool(8, 10, 10, 10_000));
+        let wide = l.acquire_width("a", 10).await.unwrap();
+        assert_eq!((wide.width(), l.in_flight()), (8, 8));
+        let l2 = l.clone();
+        let narrow = tokio::spawn(async move { l2.acquire("b").await.map(|s| s.width()) });
+        while l.queued() < 1 {
+            tokio::task::yield_now().await;
+        }
+        drop(wide);
+        assert_eq!(narrow.await.unwrap(), Ok(1));
+        assert_eq!((l.in_flight(), l.queued()), (0, 0));
+        assert_eq!((l.inqueue().get(), l.executing().get()), (0, 0));
+        let five = l.acquire_width("a", 5).await.unwrap();
+        let three = l.acquire_width("b", 3).await.unwrap();
+        assert_eq!(l.in_flight(), 8);
+        drop((five, three));
+        assert_eq!(l.in_flight(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_wide_request_first_in_turn_is_not_passed_by_narrow_ones() {
+        let l = Arc::new(pool(4, 10, 10, 10_000));
+        let held = l.acquire("x").await.unwrap();
+        let order = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for (i, (user, width)) in [("a", 4), ("b", 1), ("c", 1)].into_iter().enumerate() {
+            let (l2, order) = (l.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                let seat = l2.acquire_width(user, width).await.unwrap();
+                order.lock().push(user);
+                drop(seat);
+            }));
+            while l.queued() < i + 1 {
+                tokio::task::yield_now().await;
+            }
+        }
+        // Three seats are free, but a needs four and is first: b and c wait behind it.
+        assert_eq!((l.in_flight(), l.queued()), (1, 3));
+        drop(held);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        // a ran first; b and c were handed seats together when it finished.
+        let mut order = order.lock().clone();
+        assert_eq!(order.remove(0), "a");
+        order.sort_unstable();
+        assert_eq!(order, ["b", "c"]);
+        assert_eq!((l.in_flight(), l.queued()), (0, 0));
+        assert_eq!((l.inqueue().get(), l.executing().get()), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn freeing_a_wide_request_hands_its_seats_to_several_waiting() {
+        let l = Arc::new(pool(4, 10, 10, 10_000));
+        let wide = l.acquire_width("a", 4).await.unwrap();
+        let mut waiting = Vec::new();
+        for user in ["b", "c", "d"] {
+            let l2 = l.clone();
+            waiting.push(tokio::spawn(async move {
+                let seat = l2.acquire(user).await.unwrap();
+                // Held until the test has seen all three run at once.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                drop(seat);
+            }));
+            let n = waiting.len();
+            while l.queued() < n {
+                tokio::task::yield_now().await;
+            }
+        }
+        drop(wide);
+        assert_eq!((l.in_flight(), l.queued()), (3, 0));
+        assert_eq!((l.inqueue().get(), l.executing().get()), (0, 3));
+        for w in waiting {
+            w.await.unwrap();
+        }
+        assert_eq!((l.in_flight(), l.executing().get()), (0, 0));
     }
 }

@@ -175,7 +175,8 @@ fn peer(caller: &Caller) -> Option<std::net::SocketAddr> {
 
 /// What lets a request run, held until its handler returns: nothing for `system:masters`
 /// (exempt, as Kubernetes' `exempt` priority level), a place under `--max-watches` for a
-/// watch, else a seat of the read-only or mutating pool, waited for in the user's queue.
+/// watch, else seats of the read-only or mutating pool (`width` of them: more for a big
+/// list), waited for in the user's queue.
 #[derive(Default)]
 struct Admitted<'a> {
     watch: Option<limits::Slot>,
@@ -187,6 +188,7 @@ async fn admit<'a>(
     user: &pki::UserInfo,
     mutating: bool,
     verb: &str,
+    width: usize,
 ) -> Result<Admitted<'a>, limits::Rejection> {
     if user.in_group(GROUP_MASTERS) {
         return Ok(Admitted::default());
@@ -210,10 +212,25 @@ async fn admit<'a>(
     } else {
         &app.readonly_inflight
     };
-    pool.acquire(&user.username).await.map(|s| Admitted {
-        watch: None,
-        _seat: Some(s),
-    })
+    pool.acquire_width(&user.username, width)
+        .await
+        .map(|s| Admitted {
+            watch: None,
+            _seat: Some(s),
+        })
+}
+
+/// The seats a request holds: a list of a stored kind as many as `limits::list_width` says
+/// for the watch cache's count of the kind (Kubernetes counts the whole resource too), and
+/// the `limit` if one is given; every other request one.
+fn list_width(app: &App, route: &Route, verb: &str, query: &Query) -> usize {
+    match route {
+        Route::Resource(r) if verb == "list" && r.info.stored && r.subresource.is_none() => {
+            let stored = app.caches.get(r.info).stats().objects;
+            limits::list_width(stored, query.get("limit").and_then(|l| l.parse().ok()))
+        }
+        _ => 1,
+    }
 }
 
 async fn authenticate(
@@ -378,7 +395,8 @@ async fn serve(
     );
     // Held until the request is done: a seat of its pool, or a watch's place until its
     // stream ends.
-    let Admitted { watch, _seat } = match admit(app, &user, mutating, verb).await {
+    let width = list_width(app, &route, verb, &query);
+    let Admitted { watch, _seat } = match admit(app, &user, mutating, verb, width).await {
         Ok(admitted) => admitted,
         Err(why) => {
             if let Some(r) = &record {

@@ -87,7 +87,7 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
     // etcd: watches multiplexed on Watch streams over a few connections, each stream read by
     // its own task (not by the groups below).
     let prefix = format!("/loadtest/{run_id}/");
-    let mut etcd = None;
+    let mut _etcd = None;
     let mut etcd_tasks = Vec::new();
     let mut etcd_opened = 0;
     if let Tgt::Etcd(ep) = &tgt {
@@ -105,7 +105,7 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
         .await?;
         etcd_tasks = w.tasks;
         etcd_opened = w.opened;
-        etcd = Some(e);
+        _etcd = Some(e);
     }
     // raw: the server is a child process; each reader is returned once it is subscribed, so
     // no frame is sent before every reader can see it.
@@ -172,49 +172,68 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
     } else {
         Some(p.rate / writers as f64)
     };
-    let mut wh: Vec<JoinHandle<()>> = Vec::new();
-    match (&tgt, raw_addr, &etcd) {
-        (Tgt::Raw, Some(addr), _) => {
-            let live = h.live.clone();
-            let stop = h.writers_stop.1.clone();
+    // The writers run on their own thread and runtime (`stats::on_own_thread`), each
+    // opening its own connection there: the watchers' event parsing in this runtime cannot
+    // delay a write or its acknowledgement.
+    let live = h.live.clone();
+    let stop = h.writers_stop.1.clone();
+    let size = p.object_size;
+    let writers_done = match (&tgt, raw_addr) {
+        (Tgt::Raw, Some(addr)) => {
             let rate = if p.max { None } else { Some(p.rate) };
-            let size = p.object_size;
-            wh.push(tokio::spawn(async move {
+            Some(stats::on_own_thread("lt-writer", move || async move {
                 if let Err(e) = crate::raw::produce(addr, size, rate, stop, live.clone()).await {
                     live.write_failed(format!("raw writer: {e:#}"));
                 }
-            }));
+            })?)
         }
-        (Tgt::Server(ep), _, _) => {
-            for w in 0..writers {
-                wh.push(tokio::spawn(k8s_writer(
-                    ep.clone(),
-                    run_id.clone(),
-                    w,
-                    per_writer_rate,
-                    p.object_size,
-                    writes.clone(),
-                    h.live.clone(),
-                    h.writers_stop.1.clone(),
-                )));
-            }
+        (Tgt::Server(ep), _) => {
+            let (ep, run_id, writes) = (ep.clone(), run_id.clone(), writes.clone());
+            Some(stats::on_own_thread("lt-writers", move || async move {
+                futures::future::join_all((0..writers).map(|w| {
+                    k8s_writer(
+                        ep.clone(),
+                        run_id.clone(),
+                        w,
+                        per_writer_rate,
+                        size,
+                        writes.clone(),
+                        live.clone(),
+                        stop.clone(),
+                    )
+                }))
+                .await;
+            })?)
         }
-        (Tgt::Etcd(_), _, Some(etcd)) => {
-            for w in 0..writers {
-                wh.push(tokio::spawn(etcd_writer(
-                    etcd.clone(),
-                    run_id.clone(),
-                    w,
-                    per_writer_rate,
-                    p.object_size,
-                    scenario == Scenario::Churn,
-                    h.live.clone(),
-                    h.writers_stop.1.clone(),
-                )));
-            }
+        (Tgt::Etcd(ep), _) => {
+            // Connections of the writers' own (one each), not the watchers'.
+            let (url, run_id) = (ep.url.clone(), run_id.clone());
+            let churn = scenario == Scenario::Churn;
+            Some(stats::on_own_thread("lt-writers", move || async move {
+                let etcd = match crate::etcd::Etcd::connect(&url, writers).await {
+                    Ok(e) => e,
+                    Err(e) => {
+                        live.write_failed(format!("etcd writer: {e:#}"));
+                        return;
+                    }
+                };
+                futures::future::join_all((0..writers).map(|w| {
+                    etcd_writer(
+                        etcd.clone(),
+                        run_id.clone(),
+                        w,
+                        per_writer_rate,
+                        size,
+                        churn,
+                        live.clone(),
+                        stop.clone(),
+                    )
+                }))
+                .await;
+            })?)
         }
-        _ => {}
-    }
+        _ => None,
+    };
 
     // slow-watcher: half the run healthy, then stalled watchers join and never read.
     let mut phase_a = None;
@@ -238,8 +257,8 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
         tokio::time::sleep(p.duration).await;
     }
     let _ = h.writers_stop.0.send(true);
-    for w in wh {
-        let _ = w.await;
+    if let Some(done) = writers_done {
+        let _ = done.await;
     }
     let write_phase = started.elapsed();
 
@@ -349,6 +368,9 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
             write_errors: h.live.write_errors.load(Relaxed),
             watch_errors: h.live.watch_errors.load(Relaxed) + open_failures as u64,
             offered_writes_per_s,
+            write_rate_achieved: offered_writes_per_s
+                .filter(|o| *o > 0.0)
+                .map(|o| acked as f64 / write_phase.as_secs_f64().max(1e-3) / o),
             offered_events_per_s: offered_writes_per_s.map(|r| r * opened as f64),
             server_cpu_s,
             server_cpu_us_per_event,

@@ -87,6 +87,10 @@ enum Cmd {
     /// A no-op HTTPS webhook (TLS from --cert/--key): allows every AdmissionReview (echoing
     /// its uid) and SubjectAccessReview; prints its address like raw-server.
     WebhookServer(WebhookServerArgs),
+    /// The fairness scenario's hammer (what `fairness` spawns as a child process): lists
+    /// until standard input closes, printing its counts.
+    #[command(hide = true)]
+    FairnessHammer(fairness::HammerArgs),
 }
 
 #[derive(Args)]
@@ -199,6 +203,13 @@ pub struct Params {
     /// system:masters).
     #[arg(long)]
     pub writer_kubeconfig: Option<PathBuf>,
+    /// fairness: CPUs the hammer's child process is pinned to (a `taskset -c` list; default:
+    /// the last core; `all`: not pinned).
+    #[arg(long)]
+    pub hammer_cpus: Option<String>,
+    /// fairness: the hammer process's niceness (`nice -n`; 0: as the load generator).
+    #[arg(long, default_value_t = 10)]
+    pub hammer_nice: i32,
 }
 
 fn secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -356,6 +367,7 @@ fn main() -> Result<()> {
             Cmd::WebhookServer(a) => {
                 return webhook::serve_main(a.listen, &a.cert, &a.key, a.exit_with_stdin).await;
             }
+            Cmd::FairnessHammer(a) => return fairness::hammer_main(a).await,
         };
         let r = run::run(sc, &p).await?;
         report::write(&p.out, std::slice::from_ref(&r))?;

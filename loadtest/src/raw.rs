@@ -228,9 +228,12 @@ pub async fn produce(
                 b.put_u64_le(ts);
                 b.put_bytes(b'x', frame - 16);
             }
+            let t0 = Instant::now();
             sock.write_all(&b).await?;
             seq += k as u64;
             live.writes.fetch_add(k as u64, Relaxed);
+            // The socket taking the batch is the raw writer's acknowledgement.
+            live.record_writes(t0.elapsed().as_micros() as u64, k as u64);
             left -= k;
         }
     }

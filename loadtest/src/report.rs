@@ -31,7 +31,9 @@ pub struct Results {
     pub series: Vec<Sample>,
     /// Write-to-delivery latency over all watchers.
     pub latency_ms: Percentiles,
-    /// Acknowledged-write latency as the writers saw it.
+    /// Acknowledged-write latency as the writers saw it: from sending the request to its
+    /// acknowledgement (the writers run on their own thread, so it is the server's time
+    /// plus the loopback, not time spent waiting for the load generator).
     pub write_latency_ms: Percentiles,
     pub counts: Counts,
     /// The first distinct error messages.
@@ -99,6 +101,10 @@ pub struct Counts {
     /// Writes/s asked for (`--rate`; none with `--max`).
     #[serde(default)]
     pub offered_writes_per_s: Option<f64>,
+    /// `writes_per_s ÷ offered_writes_per_s`: the share of the offered write rate achieved
+    /// (1.0: every offered write acknowledged in time; none with `--max`).
+    #[serde(default)]
+    pub write_rate_achieved: Option<f64>,
     /// `offered_writes_per_s × watchers_opened`: events/s if every watcher kept up.
     #[serde(default)]
     pub offered_events_per_s: Option<f64>,
@@ -322,7 +328,7 @@ pub fn markdown(runs: &[Results]) -> String {
     }
     let _ = writeln!(
         m,
-        "| target | writes/s (offered) | events/s (offered) | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | write p99 ms | server CPU µs/event | complete watchers | missing | dups | errors | reconnects |"
+        "| target | writes/s (offered, achieved) | write ack p50 / p99 / p99.9 ms | events/s (offered) | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | server CPU µs/event | complete watchers | missing | dups | errors | reconnects |"
     );
     let _ = writeln!(
         m,
@@ -333,10 +339,10 @@ pub fn markdown(runs: &[Results]) -> String {
         let l = &r.latency_ms;
         let _ = writeln!(
             m,
-            "| {} | {:.0} ({}) | {:.0} ({}) | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {}/{} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {:.0} ({}) | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {}/{} | {} | {} | {} | {} |",
             label(r),
-            c.writes_per_s,
-            opt(c.offered_writes_per_s, 0, "max"),
+            write_rate_cell(c),
+            write_latency_cell(&r.write_latency_ms),
             c.events_per_s,
             opt(c.offered_events_per_s, 0, "max"),
             l.p50,
@@ -344,7 +350,6 @@ pub fn markdown(runs: &[Results]) -> String {
             l.p99,
             l.p999,
             l.max,
-            r.write_latency_ms.p99,
             opt(c.server_cpu_us_per_event, 2, "–"),
             c.watchers_complete,
             c.watchers_opened,
@@ -440,6 +445,21 @@ pub fn markdown(runs: &[Results]) -> String {
         );
     }
     m
+}
+
+/// Achieved writes/s, then what was offered and the share achieved: `49.0 (100, 49 %)`, or
+/// `812.0 (max)` with `--max`.
+fn write_rate_cell(c: &Counts) -> String {
+    match (c.offered_writes_per_s, c.write_rate_achieved) {
+        (Some(o), Some(a)) => format!("{:.1} ({o:.0}, {:.0} %)", c.writes_per_s, a * 100.0),
+        (Some(o), None) => format!("{:.1} ({o:.0})", c.writes_per_s),
+        (None, _) => format!("{:.1} (max)", c.writes_per_s),
+    }
+}
+
+/// Request-to-acknowledgement latency of the writes: `p50 / p99 / p99.9` in ms.
+fn write_latency_cell(w: &Percentiles) -> String {
+    format!("{:.2} / {:.2} / {:.2}", w.p50, w.p99, w.p999)
 }
 
 /// A figure with `digits` decimals, or `none` when there is none.
@@ -684,4 +704,120 @@ fn percentile_chart(runs: &[Results]) -> String {
     legend(&mut svg, &runs.iter().map(label).collect::<Vec<_>>());
     svg.push_str("</svg>\n");
     svg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        p: Params,
+    }
+
+    fn run(kind: &str, offered: Option<f64>, achieved: f64, write: [f64; 3]) -> Results {
+        let p = Flags::parse_from(["svc-loadtest", "--rate", "100", "--watchers", "10"]).p;
+        Results {
+            schema: SCHEMA.into(),
+            scenario: "fanout".into(),
+            target: TargetInfo {
+                kind: kind.into(),
+                endpoint: "127.0.0.1:1".into(),
+                server_pid: None,
+            },
+            params: p,
+            machine: crate::stats::machine(),
+            duration_s: 10.0,
+            elapsed_s: 10.0,
+            series: Vec::new(),
+            latency_ms: Percentiles::default(),
+            write_latency_ms: Percentiles {
+                count: 490,
+                p50: write[0],
+                p90: write[0],
+                p99: write[1],
+                p999: write[2],
+                max: write[2],
+            },
+            counts: Counts {
+                writes_per_s: achieved,
+                offered_writes_per_s: offered,
+                write_rate_achieved: offered.map(|o| achieved / o),
+                ..Counts::default()
+            },
+            errors: Vec::new(),
+            extra: serde_json::Map::new(),
+        }
+    }
+
+    #[test]
+    fn every_fanout_row_gives_offered_and_achieved_writes_and_their_latency() {
+        let runs = [
+            run("kubernetes", Some(100.0), 49.0, [1.5, 20.0, 45.25]),
+            run("etcd", Some(100.0), 100.0, [0.8, 2.0, 3.0]),
+            run("raw", None, 812.0, [0.01, 0.02, 0.03]),
+        ];
+        let md = markdown(&runs);
+        assert!(
+            md.contains("writes/s (offered, achieved) | write ack p50 / p99 / p99.9 ms"),
+            "{md}"
+        );
+        let row = |kind: &str| {
+            md.lines()
+                .find(|l| l.starts_with(&format!("| {kind} (")))
+                .unwrap_or_else(|| panic!("no {kind} row in {md}"))
+                .to_string()
+        };
+        assert!(
+            row("kubernetes").contains("| 49.0 (100, 49 %) | 1.50 / 20.00 / 45.25 |"),
+            "{md}"
+        );
+        assert!(
+            row("etcd").contains("| 100.0 (100, 100 %) | 0.80 / 2.00 / 3.00 |"),
+            "{md}"
+        );
+        assert!(
+            row("raw").contains("| 812.0 (max) | 0.01 / 0.02 / 0.03 |"),
+            "{md}"
+        );
+        // Each row has as many cells as the header.
+        let cells = |l: &str| l.matches('|').count();
+        let header = md.lines().find(|l| l.starts_with("| target |")).unwrap();
+        assert_eq!(cells(&row("kubernetes")), cells(header));
+        // compare's report is the same table, with the failures below it.
+        let failed = [Failure {
+            target: "h2".into(),
+            error: "refused".into(),
+        }];
+        let cmp = markdown_with_failures(&runs, &failed);
+        assert!(
+            cmp.contains("| 49.0 (100, 49 %) | 1.50 / 20.00 / 45.25 |"),
+            "{cmp}"
+        );
+    }
+
+    #[test]
+    fn results_json_carries_the_achieved_share_and_write_percentiles() {
+        let dir = tempfile::tempdir().unwrap();
+        write(
+            dir.path(),
+            &[run("kubernetes", Some(100.0), 98.0, [1.0, 40.0, 70.0])],
+        )
+        .unwrap();
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap())
+                .unwrap();
+        let r = &v["runs"][0];
+        assert_eq!(r["counts"]["offered_writes_per_s"], 100.0);
+        assert_eq!(r["counts"]["writes_per_s"], 98.0);
+        assert_eq!(r["counts"]["write_rate_achieved"], 0.98);
+        assert_eq!(r["write_latency_ms"]["p50"], 1.0);
+        assert_eq!(r["write_latency_ms"]["p99"], 40.0);
+        assert_eq!(r["write_latency_ms"]["p999"], 70.0);
+        let max = run("raw", None, 500.0, [1.0, 2.0, 3.0]);
+        let j = serde_json::to_value(&max).unwrap();
+        assert!(j["counts"]["write_rate_achieved"].is_null());
+    }
 }

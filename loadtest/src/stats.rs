@@ -1,5 +1,6 @@
 //! Live counters shared by writers and watchers, the once-a-second sampler (series,
-//! progress line, /proc CPU and RSS), and the machine description.
+//! progress line, /proc CPU and RSS), the machine description, and the writers' own thread
+//! (`on_own_thread`).
 
 use std::io::Write;
 use std::sync::Arc;
@@ -67,8 +68,13 @@ impl Live {
     }
 
     pub fn record_write(&self, micros: u64) {
+        self.record_writes(micros, 1);
+    }
+
+    /// `n` writes acknowledged together after `micros` (the raw writer's batches).
+    pub fn record_writes(&self, micros: u64, n: u64) {
         if let Some(h) = self.write_lat.lock().as_mut() {
-            h.saturating_record(micros.max(1));
+            h.saturating_record_n(micros.max(1), n);
         }
     }
 }
@@ -232,6 +238,35 @@ pub async fn sampler(
     }
 }
 
+/// Runs `make()`'s future on a new OS thread with its own current-thread runtime and hands
+/// its output back through the receiver. The writers run this way: beside thousands of
+/// watch readers in the main runtime they would wait behind event parsing for a worker,
+/// and the harness, not the server, would set the achieved write rate and latency. On
+/// their own thread the kernel schedules them beside the readers' threads. Whatever the
+/// future connects (hyper's connection tasks, gRPC channels) is spawned on this runtime,
+/// so it must be opened inside the future.
+pub fn on_own_thread<F, Fut>(
+    name: &str,
+    make: F,
+) -> std::io::Result<tokio::sync::oneshot::Receiver<Fut::Output>>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future + 'static,
+    Fut::Output: Send + 'static,
+{
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || {
+            let out = rt.block_on(make());
+            let _ = tx.send(out);
+        })?;
+    Ok(rx)
+}
+
 #[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct Machine {
     pub cores: usize,
@@ -280,6 +315,31 @@ mod tests {
         assert_eq!(pid_listening_on(port), Some(std::process::id()));
         drop(l);
         assert_eq!(pid_listening_on(port), None);
+    }
+
+    #[test]
+    fn a_future_on_its_own_thread_runs_on_another_thread_and_runtime() {
+        let main = std::thread::current().id();
+        let rx = on_own_thread("lt-test-writer", move || async move {
+            // A timer and a spawned task: the thread's runtime drives both.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let t = tokio::spawn(async { std::thread::current().id() })
+                .await
+                .unwrap();
+            (
+                std::thread::current().id(),
+                t,
+                std::thread::current().name().map(String::from),
+            )
+        })
+        .unwrap();
+        let (ran_on, task_on, name) = rx.blocking_recv().unwrap();
+        assert_ne!(ran_on, main);
+        assert_eq!(
+            task_on, ran_on,
+            "a current-thread runtime runs its tasks on its thread"
+        );
+        assert_eq!(name.as_deref(), Some("lt-test-writer"));
     }
 
     #[test]
