@@ -208,6 +208,7 @@ const GATEWAY_ORDER: &[&str] = &[
     "rest::patch",
     "rest",
     "pipeline",
+    "h2conn",
     "loopback",
     "bootstrap",
     "controllers",
