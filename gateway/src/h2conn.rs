@@ -508,6 +508,10 @@ mod tests {
     fn a_watch_on_a_connection_stays_small() {
         // The per-stream state the connection task keeps (the h2 crate's own stream state
         // and the cache watcher come on top).
-        assert!(std::mem::size_of::<WatchTask>() <= 512, "{}", std::mem::size_of::<WatchTask>());
+        assert!(
+            std::mem::size_of::<WatchTask>() <= 512,
+            "{}",
+            std::mem::size_of::<WatchTask>()
+        );
     }
 }

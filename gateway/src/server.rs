@@ -4,16 +4,16 @@
 
 use std::net::SocketAddr;
 use std::os::unix::fs::DirBuilderExt as _;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use anyhow::Context;
-use hyper::service::service_fn;
 use bytes::Bytes;
 use hyper::server::conn::http1;
+use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use svc_core::config::egress::Selection;
 use svc_storage::Store;
@@ -285,8 +285,7 @@ async fn accept_loop(
         h1: h1_builder(&app.opts),
         h2: h2conn::Limits {
             max_concurrent_streams: app.opts.http2_max_streams_per_connection,
-            max_header_list_size: u32::try_from(app.opts.http_max_header_bytes)
-                .unwrap_or(u32::MAX),
+            max_header_list_size: u32::try_from(app.opts.http_max_header_bytes).unwrap_or(u32::MAX),
             idle_timeout: app.opts.http_idle_timeout,
         },
     });
