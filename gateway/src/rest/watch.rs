@@ -135,12 +135,13 @@ impl WatchHandoff {
 
 /// A watch response body for HTTP/1.1 (one per connection task): the stream with its own
 /// timer (moved only when its target changes: re-arming on every wake-up showed in profiles)
-/// and its own shutdown future.
+/// and its own shutdown future, both made when first polled (never, over h2).
 struct WatchBody {
     handoff: Option<WatchHandoff>,
     stream: Option<WatchStream>,
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
-    stop: Pin<Box<dyn Future<Output = ()> + Send + Sync>>,
+    stop_rx: tokio::sync::watch::Receiver<bool>,
+    stop: Option<Pin<Box<dyn Future<Output = ()> + Send + Sync>>>,
 }
 
 impl hyper::body::Body for WatchBody {
@@ -158,7 +159,11 @@ impl hyper::body::Body for WatchBody {
         let Some(stream) = this.stream.as_mut() else {
             return Poll::Ready(None);
         };
-        if this.stop.as_mut().poll(cx).is_ready() {
+        let stop = this.stop.get_or_insert_with(|| {
+            let mut rx = this.stop_rx.clone();
+            Box::pin(async move { crate::lifecycle::until_set(&mut rx).await })
+        });
+        if stop.as_mut().poll(cx).is_ready() {
             this.stream = None;
             return Poll::Ready(None);
         }
@@ -266,7 +271,6 @@ pub async fn watch<T: Kind>(
         .metrics
         .watch_opened(T::INFO, !call.route.namespace.is_empty());
     let deadline = tokio::time::Instant::now() + timeout;
-    let mut stop_rx = app.stop_watches.clone();
     let stream = WatchStream {
         watcher,
         first,
@@ -280,7 +284,8 @@ pub async fn watch<T: Kind>(
         handoff: Some(handoff.clone()),
         stream: None,
         timer: None,
-        stop: Box::pin(async move { crate::lifecycle::until_set(&mut stop_rx).await }),
+        stop_rx: app.stop_watches.clone(),
+        stop: None,
     };
     let mut resp = Response::new(BodyExt::boxed(body));
     resp.extensions_mut().insert(handoff);
