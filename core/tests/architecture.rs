@@ -217,6 +217,7 @@ const GATEWAY_ORDER: &[&str] = &[
     "rest::patch",
     "rest",
     "pipeline",
+    "h2conn",
     "loopback",
     "bootstrap",
     "controllers",

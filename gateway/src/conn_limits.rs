@@ -48,6 +48,10 @@ fn open_file_limit(limits: &str) -> Option<usize> {
         .ok()
 }
 
+/// How long a connection asked to close (idle, or at shutdown) may take to do so while it
+/// carries no request.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(1);
+
 /// The permits of the connection cap (no permits needed without a cap).
 #[derive(Clone, Debug)]
 pub struct ConnectionLimit {

@@ -21,6 +21,7 @@ pub mod controllers;
 pub mod discovery;
 pub mod egress;
 pub mod features;
+pub mod h2conn;
 pub mod health;
 pub mod jwt;
 pub mod kind;

@@ -35,7 +35,54 @@ pub enum Caller {
 /// A request body: still arriving from a client, or already in memory.
 pub enum RequestBody {
     Stream(Incoming),
+    /// A request on an h2 connection served by `h2conn.rs`.
+    H2(H2Body),
     Full(Bytes),
+}
+
+/// An h2 request body: gives flow-control capacity back as it is read, so the client may
+/// send more (what is read is bounded by [`RequestBody::read`]'s limit).
+pub struct H2Body {
+    recv: h2::RecvStream,
+    /// The `content-length` the client declared (0 when absent).
+    declared: u64,
+}
+
+impl H2Body {
+    pub fn new(recv: h2::RecvStream, declared: Option<u64>) -> Self {
+        H2Body {
+            recv,
+            declared: declared.unwrap_or(0),
+        }
+    }
+}
+
+impl hyper::body::Body for H2Body {
+    type Data = Bytes;
+    type Error = h2::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, h2::Error>>> {
+        match self.recv.poll_data(cx) {
+            std::task::Poll::Ready(Some(Ok(data))) => {
+                let _ = self.recv.flow_control().release_capacity(data.len());
+                std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(data))))
+            }
+            other => other.map(|d| d.map(|r| r.map(hyper::body::Frame::data))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.recv.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        let mut hint = hyper::body::SizeHint::new();
+        hint.set_lower(self.declared);
+        hint
+    }
 }
 
 impl RequestBody {
@@ -43,6 +90,7 @@ impl RequestBody {
     async fn read(self, max: usize) -> Result<Bytes, ApiError> {
         match self {
             RequestBody::Stream(body) => read_stream(body, max).await,
+            RequestBody::H2(body) => read_stream(body, max).await,
             RequestBody::Full(b) if b.len() > max => Err(ApiError::RequestEntityTooLarge(format!(
                 "the request body exceeds the limit of {max} bytes"
             ))),
@@ -576,7 +624,11 @@ const OVERSIZE_DISCARD: usize = 256 * 1024;
 const OVERSIZE_DISCARD_TIME: Duration = Duration::from_secs(1);
 
 /// Reads a request body, refusing more than `max` bytes with 413 without buffering them.
-async fn read_stream(mut body: Incoming, max: usize) -> Result<Bytes, ApiError> {
+async fn read_stream<B>(mut body: B, max: usize) -> Result<Bytes, ApiError>
+where
+    B: hyper::body::Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
     let too_large = || {
         ApiError::RequestEntityTooLarge(format!(
             "the request body exceeds the limit of {max} bytes"

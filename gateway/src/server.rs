@@ -1,18 +1,23 @@
-//! Listeners, TLS, HTTP/1.1 and HTTP/2 connections, and graceful shutdown; each request is
+//! Listeners, TLS, the choice of protocol (ALPN, or h2's preface), HTTP/1.1 connections
+//! (hyper) and graceful shutdown; h2 connections are served by `h2conn.rs`. Each request is
 //! handed to the pipeline (`pipeline.rs`).
 
 use std::net::SocketAddr;
 use std::os::unix::fs::DirBuilderExt as _;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use anyhow::Context;
+use bytes::Bytes;
+use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use svc_core::config::egress::Selection;
 use svc_storage::Store;
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -21,10 +26,10 @@ use tokio_rustls::TlsAcceptor;
 use crate::app::App;
 use crate::authn::ConnIdentity;
 use crate::config::Options;
-use crate::conn_limits::{self, Activity, ConnectionLimit, CountedBody};
+use crate::conn_limits::{self, Activity, CLOSE_GRACE, ConnectionLimit, CountedBody};
 use crate::pipeline::{self, Caller, RequestBody};
 use crate::pki::{self, PkiOptions};
-use crate::{bootstrap, controllers};
+use crate::{bootstrap, controllers, h2conn};
 
 /// A running server.
 pub struct ServerHandle {
@@ -247,49 +252,27 @@ fn start_authentication_config(
     )))
 }
 
-/// Rapid reset (CVE-2023-44487): streams a client may open and reset before the server has
-/// accepted them; past it, GOAWAY (`ENHANCE_YOUR_CALM`). h2's default, made explicit.
-const H2_MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
-
-/// Streams the server may reset for a client's protocol errors before it ends the connection
-/// (the "MadeYouReset" variant of rapid reset). h2's default, made explicit.
-const H2_MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
-
 /// Most header fields in one HTTP/1.1 request (hyper refuses more with 431). Go counts only
 /// bytes; this keeps the parser's table bounded while letting any ordinary request through.
 const H1_MAX_HEADERS: usize = 1024;
 
-/// A connection builder with the limits of the flags: h2 only (when ALPN chose it), or either
-/// protocol told apart by the connection's first bytes (h2's preface or not).
-fn conn_builder(opts: &Options, h2_only: bool) -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
+/// The HTTP/1.1 connection builder with the limits of the flags.
+fn h1_builder(opts: &Options) -> http1::Builder {
+    let mut builder = http1::Builder::new();
     // hyper's read buffer holds the whole request head, so it bounds its size (at least 8 KiB).
     let max_head = opts.http_max_header_bytes.max(8192);
     builder
-        .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(opts.http_header_read_timeout)
         .max_buf_size(max_head)
         .max_headers(H1_MAX_HEADERS);
     builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(opts.http2_max_streams_per_connection)
-        .keep_alive_interval(Duration::from_secs(30))
-        .max_header_list_size(u32::try_from(opts.http_max_header_bytes).unwrap_or(u32::MAX))
-        .max_pending_accept_reset_streams(H2_MAX_PENDING_ACCEPT_RESET_STREAMS)
-        .max_local_error_reset_streams(H2_MAX_LOCAL_ERROR_RESET_STREAMS);
-    if h2_only {
-        builder.http2_only()
-    } else {
-        builder
-    }
 }
 
-/// The two builders, shared by every connection of a listener.
+/// How connections of a listener are served: HTTP/1.1 by hyper, h2 by `h2conn.rs`.
 struct Builders {
-    h2: auto::Builder<TokioExecutor>,
-    either: auto::Builder<TokioExecutor>,
+    h1: http1::Builder,
+    h2: h2conn::Limits,
 }
 
 async fn accept_loop(
@@ -299,8 +282,12 @@ async fn accept_loop(
     mut stop: watch::Receiver<bool>,
 ) {
     let builders = Arc::new(Builders {
-        h2: conn_builder(&app.opts, true),
-        either: conn_builder(&app.opts, false),
+        h1: h1_builder(&app.opts),
+        h2: h2conn::Limits {
+            max_concurrent_streams: app.opts.http2_max_streams_per_connection,
+            max_header_list_size: u32::try_from(app.opts.http_max_header_bytes).unwrap_or(u32::MAX),
+            idle_timeout: app.opts.http_idle_timeout,
+        },
     });
     let cap = conn_limits::connection_cap(app.opts.max_connections);
     let limit = ConnectionLimit::new(cap);
@@ -366,8 +353,11 @@ async fn accept_loop(
                         insecure: false,
                         peer: Some(peer),
                     });
-                    let builder = if h2 { &builders.h2 } else { &builders.either };
-                    serve_conn(builder, stop, TokioIo::new(stream), app, ident).await;
+                    if h2 {
+                        h2conn::serve(stream, app, ident, builders.h2.clone(), stop).await;
+                    } else {
+                        serve_either(&builders, stop, stream, app, ident).await;
+                    }
                 }
                 None => {
                     let ident = Arc::new(ConnIdentity {
@@ -375,7 +365,7 @@ async fn accept_loop(
                         insecure: true,
                         peer: Some(peer),
                     });
-                    serve_conn(&builders.either, stop, TokioIo::new(tcp), app, ident).await;
+                    serve_either(&builders, stop, tcp, app, ident).await;
                 }
             }
         });
@@ -391,14 +381,114 @@ async fn accept_loop(
     }
 }
 
-/// How long a connection asked to close (idle, or at shutdown) may take to do so while it
-/// carries no request.
-const CLOSE_GRACE: Duration = Duration::from_secs(1);
+/// The first bytes of every h2 connection (RFC 9113 §3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// Serves one connection until it ends: closed gracefully at shutdown or once it has carried
-/// no request for `--http-idle-timeout`.
-async fn serve_conn<I>(
-    builder: &auto::Builder<TokioExecutor>,
+/// A connection whose protocol ALPN did not settle: h2 if it starts with h2's preface (prior
+/// knowledge), else HTTP/1.1. A connection that sends neither within the idle timeout is
+/// dropped.
+async fn serve_either<I>(
+    builders: &Builders,
+    mut stop: watch::Receiver<bool>,
+    mut io: I,
+    app: Arc<App>,
+    ident: Arc<ConnIdentity>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let mut seen = Vec::with_capacity(H2_PREFACE.len());
+    let read = async {
+        let mut buf = [0u8; 24];
+        while seen.len() < H2_PREFACE.len() && H2_PREFACE.starts_with(&seen) {
+            let want = H2_PREFACE.len().saturating_sub(seen.len());
+            let Some(room) = buf.get_mut(..want) else {
+                return false;
+            };
+            match io.read(room).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => seen.extend_from_slice(room.get(..n).unwrap_or_default()),
+            }
+        }
+        true
+    };
+    let read = tokio::time::timeout(app.opts.http_idle_timeout, read);
+    let complete = tokio::select! {
+        r = read => matches!(r, Ok(true)),
+        _ = crate::lifecycle::until_set(&mut stop) => false,
+    };
+    if !complete {
+        return;
+    }
+    let io = Prefixed {
+        head: Bytes::from(seen),
+        io,
+    };
+    if io.head.as_ref() == H2_PREFACE {
+        h2conn::serve(io, app, ident, builders.h2.clone(), stop).await;
+    } else {
+        serve_h1(&builders.h1, stop, TokioIo::new(io), app, ident).await;
+    }
+}
+
+/// A connection with the bytes already read from it put back in front.
+struct Prefixed<I> {
+    head: Bytes,
+    io: I,
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Prefixed<I> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if !self.head.is_empty() {
+            let n = self.head.len().min(buf.remaining());
+            let part = self.head.split_to(n);
+            buf.put_slice(&part);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Prefixed<I> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// Serves one HTTP/1.1 connection until it ends: closed gracefully at shutdown or once it has
+/// carried no request for `--http-idle-timeout`.
+async fn serve_h1<I>(
+    builder: &http1::Builder,
     mut stop: watch::Receiver<bool>,
     io: I,
     app: Arc<App>,
@@ -436,8 +526,7 @@ async fn serve_conn<I>(
                 closing = true;
                 conn.as_mut().graceful_shutdown();
             }
-            // An h2 connection still waiting for the client's preface only closes once the
-            // preface comes: one with nothing in flight after asking is dropped.
+            // One with nothing in flight after asking is dropped.
             _ = activity.idle_for(CLOSE_GRACE), if closing => {
                 tracing::debug!("dropping a connection that did not close when asked");
                 break Ok(());

@@ -1,0 +1,460 @@
+//! Watches on h2 connections, written with the h2 crate's client so each stream's
+//! flow-control window is the test's to give: many watches on one connection each receive
+//! every event in order; a stream reset by the client or never read ends its watch without
+//! holding up the others; ordinary requests share the connection with watches; shutdown ends
+//! the watches and the connection.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use h2::RecvStream;
+use h2::client::SendRequest;
+use http::{Method, Request, StatusCode};
+use rustls::pki_types::ServerName;
+use serde_json::{Value, json};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+use crate::support::client::{TestServer, create_namespace, eventually};
+
+/// Every step must end well within this.
+const BOUND: Duration = Duration::from_secs(30);
+
+/// An h2 connection with the admin certificate; `window` is every stream's receive window
+/// (the connection's is large, so one stream that is not read cannot hold up the others).
+async fn connect(srv: &TestServer, window: u32) -> SendRequest<Bytes> {
+    let (cert, key) = srv.handle().pki.admin_credentials();
+    let cfg = srv
+        .handle()
+        .pki
+        .client_config_for(Some((cert, key)), &[b"h2"])
+        .unwrap();
+    let tcp = TcpStream::connect(srv.handle().addr).await.unwrap();
+    let tls = TlsConnector::from(cfg)
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    let (send, conn) = h2::client::Builder::new()
+        .initial_window_size(window)
+        .initial_connection_window_size(64 << 20)
+        .handshake::<_, Bytes>(tls)
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    send
+}
+
+/// Sends a request on the connection; returns the status and the body still to read.
+async fn send(
+    conn: &SendRequest<Bytes>,
+    method: Method,
+    path: &str,
+    body: Option<Bytes>,
+) -> (StatusCode, RecvStream) {
+    let mut b = Request::builder()
+        .method(method)
+        .uri(format!("https://localhost{path}"));
+    if body.is_some() {
+        b = b.header("content-type", "application/json");
+    }
+    let req = b.body(()).unwrap();
+    let mut s = conn.clone().ready().await.unwrap();
+    let (resp, mut out) = s.send_request(req, body.is_none()).unwrap();
+    if let Some(body) = body {
+        let mut body = body;
+        while !body.is_empty() {
+            out.reserve_capacity(body.len());
+            // None or an error: the server answered early (a 413) and closed the stream.
+            let Some(Ok(cap)) = std::future::poll_fn(|cx| out.poll_capacity(cx)).await else {
+                break;
+            };
+            let part = body.split_to(cap.min(body.len()));
+            if out.send_data(part, false).is_err() {
+                break;
+            }
+        }
+        let _ = out.send_data(Bytes::new(), true);
+    }
+    let resp = tokio::time::timeout(BOUND, resp)
+        .await
+        .expect("response head")
+        .unwrap();
+    (resp.status(), resp.into_body())
+}
+
+/// Reads a whole body, giving the window back as it goes.
+async fn read_all(body: &mut RecvStream) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(d) = tokio::time::timeout(BOUND, body.data())
+        .await
+        .expect("body")
+    {
+        let d = d.unwrap();
+        let _ = body.flow_control().release_capacity(d.len());
+        out.extend_from_slice(&d);
+    }
+    out
+}
+
+/// Watch events read line by line from one stream.
+struct Events {
+    body: RecvStream,
+    buf: Vec<u8>,
+}
+
+impl Events {
+    async fn open(conn: &SendRequest<Bytes>, path: &str) -> Events {
+        let (status, body) = send(conn, Method::GET, path, None).await;
+        assert_eq!(status, StatusCode::OK, "watch {path}");
+        Events {
+            body,
+            buf: Vec::new(),
+        }
+    }
+
+    /// The next event; None once the stream ends (or is reset).
+    async fn next(&mut self) -> Option<Value> {
+        loop {
+            if let Some(pos) = self.buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=pos).collect();
+                return Some(serde_json::from_slice(&line).expect("watch event JSON"));
+            }
+            let d = tokio::time::timeout(BOUND, self.body.data())
+                .await
+                .expect("timed out waiting for a watch event")?
+                .ok()?;
+            let _ = self.body.flow_control().release_capacity(d.len());
+            self.buf.extend_from_slice(&d);
+        }
+    }
+}
+
+/// The `apiserver_registered_watchers` gauge for ServiceAccounts.
+async fn sa_watchers(srv: &TestServer) -> f64 {
+    let text = srv
+        .admin()
+        .request(Method::GET, "/metrics", "", &[])
+        .await
+        .text();
+    text.lines()
+        .filter(|l| l.starts_with("apiserver_registered_watchers{") && l.contains("ServiceAccount"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+async fn list_rv(srv: &TestServer, path: &str) -> String {
+    let (status, list) = srv.admin().get(path).await;
+    list["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{status}: {list}"))
+        .to_string()
+}
+
+async fn create_sa(srv: &TestServer, ns: &str, name: &str) {
+    let (s, v) = srv
+        .admin()
+        .post(
+            &format!("/api/v1/namespaces/{ns}/serviceaccounts"),
+            json!({"metadata": {"name": name, "labels": {"t": "h2"}}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_watches_on_one_connection_each_get_every_event_in_order() {
+    const WATCHES: usize = 200;
+    const EVENTS: usize = 10;
+    let srv = TestServer::start_with(|o| o.http2_max_streams_per_connection = 500).await;
+    create_namespace(&srv.admin(), "many").await;
+    let rv = list_rv(&srv, "/api/v1/namespaces/many/serviceaccounts").await;
+    let before = sa_watchers(&srv).await;
+    let conn = connect(&srv, 1 << 20).await;
+    let path = format!(
+        "/api/v1/namespaces/many/serviceaccounts?watch=1&labelSelector=t%3Dh2&resourceVersion={rv}"
+    );
+    let mut watches = Vec::new();
+    for _ in 0..WATCHES {
+        watches.push(Events::open(&conn, &path).await);
+    }
+    assert_eq!(sa_watchers(&srv).await - before, WATCHES as f64);
+    for i in 0..EVENTS {
+        create_sa(&srv, "many", &format!("c{i}")).await;
+    }
+    for (n, w) in watches.iter_mut().enumerate() {
+        for i in 0..EVENTS {
+            let ev = w.next().await.expect("the watch is open");
+            assert_eq!(ev["type"], "ADDED", "watch {n}");
+            assert_eq!(
+                ev["object"]["metadata"]["name"],
+                format!("c{i}").as_str(),
+                "watch {n}: events in order"
+            );
+        }
+    }
+    drop(watches);
+    eventually(BOUND, "the watches end with their streams", || async {
+        sa_watchers(&srv).await == before
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_reset_by_the_client_ends_its_watch() {
+    let srv = TestServer::start().await;
+    create_namespace(&srv.admin(), "reset").await;
+    let rv = list_rv(&srv, "/api/v1/namespaces/reset/serviceaccounts").await;
+    let before = sa_watchers(&srv).await;
+    let conn = connect(&srv, 1 << 20).await;
+    let path = format!(
+        "/api/v1/namespaces/reset/serviceaccounts?watch=1&labelSelector=t%3Dh2&resourceVersion={rv}"
+    );
+    let mut kept = Events::open(&conn, &path).await;
+    let mut reset = Events::open(&conn, &path).await;
+    assert_eq!(sa_watchers(&srv).await - before, 2.0);
+    create_sa(&srv, "reset", "first").await;
+    assert_eq!(
+        reset.next().await.unwrap()["object"]["metadata"]["name"],
+        "first"
+    );
+    // Dropping the body of an open stream resets it (RST_STREAM CANCEL).
+    drop(reset);
+    eventually(BOUND, "the reset stream's watch ends", || async {
+        sa_watchers(&srv).await - before == 1.0
+    })
+    .await;
+    // The other stream of the connection goes on.
+    create_sa(&srv, "reset", "second").await;
+    assert_eq!(
+        kept.next().await.unwrap()["object"]["metadata"]["name"],
+        "first"
+    );
+    assert_eq!(
+        kept.next().await.unwrap()["object"]["metadata"]["name"],
+        "second"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_is_not_read_holds_up_no_other_and_is_ended() {
+    let srv = TestServer::start_with(|o| {
+        o.watch_cache_history_max_bytes = 1 << 20;
+        o.watch_cache_watcher_queue_limit = 64;
+    })
+    .await;
+    let admin = srv.admin();
+    for ns in ["live", "bulk"] {
+        create_namespace(&admin, ns).await;
+    }
+    let rv = list_rv(&srv, "/api/v1/serviceaccounts").await;
+    let before = sa_watchers(&srv).await;
+    // Every stream's window is 16 KiB: one that is not read fills it with its first event.
+    let conn = connect(&srv, 16 * 1024).await;
+    // The stalled stream watches everything; the live ones only small objects in "live".
+    let mut stalled = Events::open(
+        &conn,
+        &format!(
+            "/api/v1/serviceaccounts?watch=1&labelSelector=t%3Dh2&resourceVersion={rv}&timeoutSeconds=20"
+        ),
+    )
+    .await;
+    let path = format!(
+        "/api/v1/namespaces/live/serviceaccounts?watch=1&labelSelector=t%3Dh2&resourceVersion={rv}"
+    );
+    let mut live = Vec::new();
+    for _ in 0..3 {
+        live.push(Events::open(&conn, &path).await);
+    }
+    // 8 MB of large objects in "bulk": far more than the stalled stream's window and the
+    // 1 MiB history; small ones in "live" in between.
+    const EVENTS: usize = 40;
+    let big = "x".repeat(200_000);
+    let readers: Vec<_> = live
+        .into_iter()
+        .map(|mut w| {
+            tokio::spawn(async move {
+                let mut names = Vec::new();
+                while names.len() < EVENTS {
+                    let ev = w.next().await.expect("a live watch is not ended");
+                    assert_eq!(ev["type"], "ADDED", "{ev}");
+                    names.push(
+                        ev["object"]["metadata"]["name"]
+                            .as_str()
+                            .unwrap()
+                            .to_string(),
+                    );
+                }
+                (names, w)
+            })
+        })
+        .collect();
+    for i in 0..EVENTS {
+        let (s, v) = admin
+            .post(
+                "/api/v1/namespaces/bulk/serviceaccounts",
+                json!({"metadata": {"name": format!("b{i}"), "labels": {"t": "h2"}, "annotations": {"blob": big}}}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{v}");
+        create_sa(&srv, "live", &format!("l{i}")).await;
+    }
+    let want: Vec<String> = (0..EVENTS).map(|i| format!("l{i}")).collect();
+    let mut kept = Vec::new();
+    for r in readers {
+        let (names, w) = r.await.unwrap();
+        assert_eq!(names, want, "every live stream got every event in order");
+        kept.push(w);
+    }
+    // The stalled stream fell off the history: read now (well before its 20 s deadline, when
+    // it would have been reset) it ends with a 410 ERROR, never with all the events.
+    let mut seen = Vec::new();
+    let mut error = None;
+    while let Some(ev) = stalled.next().await {
+        if ev["type"] == "ERROR" {
+            error = Some(ev);
+            break;
+        }
+        seen.push(
+            ev["object"]["metadata"]["name"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    assert!(
+        seen.len() < EVENTS,
+        "the stalled stream could not have had every event"
+    );
+    let error = error.expect("the stalled stream gets an ERROR");
+    assert_eq!(error["object"]["code"], 410, "{error}");
+    assert!(
+        stalled.next().await.is_none(),
+        "the stream ends after its ERROR"
+    );
+    eventually(BOUND, "the stalled watch is unregistered", || async {
+        sa_watchers(&srv).await - before == 3.0
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordinary_requests_share_a_connection_with_watches() {
+    let srv = TestServer::start().await;
+    let admin = srv.admin();
+    create_namespace(&admin, "mixed").await;
+    let rv = list_rv(&srv, "/api/v1/namespaces/mixed/serviceaccounts").await;
+    // The client's default 64 KiB window: large responses need several window updates.
+    let conn = connect(&srv, 65_535).await;
+    let path = format!(
+        "/api/v1/namespaces/mixed/serviceaccounts?watch=1&labelSelector=t%3Dh2&resourceVersion={rv}"
+    );
+    let mut w1 = Events::open(&conn, &path).await;
+    let mut w2 = Events::open(&conn, &path).await;
+    // Creates with bodies of several client windows, and small ones.
+    let big = "y".repeat(200_000);
+    for i in 0..6 {
+        let data = if i % 2 == 0 { big.as_str() } else { "small" };
+        let body = json!({"metadata": {"name": format!("m{i}"), "labels": {"t": "h2"}, "annotations": {"d": data}}});
+        let (status, mut resp) = send(
+            &conn,
+            Method::POST,
+            "/api/v1/namespaces/mixed/serviceaccounts",
+            Some(Bytes::from(body.to_string())),
+        )
+        .await;
+        let out = read_all(&mut resp).await;
+        assert_eq!(
+            status,
+            StatusCode::CREATED,
+            "{}",
+            String::from_utf8_lossy(&out)
+        );
+        let created: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(
+            created["metadata"]["annotations"]["d"]
+                .as_str()
+                .unwrap()
+                .len(),
+            data.len()
+        );
+    }
+    // A list of about 1 MB, on the same connection.
+    let (status, mut resp) = send(
+        &conn,
+        Method::GET,
+        "/api/v1/namespaces/mixed/serviceaccounts",
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let list: Value = serde_json::from_slice(&read_all(&mut resp).await).unwrap();
+    let items = list["items"].as_array().unwrap();
+    assert_eq!(
+        items
+            .iter()
+            .filter(|o| o["metadata"]["labels"]["t"] == "h2")
+            .count(),
+        6
+    );
+    // A body over the limit (and over the server's 1 MiB stream window) is refused with 413, and the connection goes on.
+    let huge = Bytes::from(vec![b'z'; 4 << 20]);
+    let (status, mut resp) = send(
+        &conn,
+        Method::POST,
+        "/api/v1/namespaces/mixed/serviceaccounts",
+        Some(huge),
+    )
+    .await;
+    read_all(&mut resp).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    for w in [&mut w1, &mut w2] {
+        for i in 0..6 {
+            let ev = w.next().await.expect("the watch is open");
+            assert_eq!(ev["object"]["metadata"]["name"], format!("m{i}").as_str());
+        }
+    }
+    let (status, mut resp) = send(&conn, Method::GET, "/readyz", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(read_all(&mut resp).await, b"ok");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_h2_watches_and_their_connection() {
+    let mut srv = TestServer::start().await;
+    create_namespace(&srv.admin(), "bye").await;
+    let rv = list_rv(&srv, "/api/v1/namespaces/bye/serviceaccounts").await;
+    let conn = connect(&srv, 1 << 20).await;
+    let path = format!(
+        "/api/v1/namespaces/bye/serviceaccounts?watch=1&labelSelector=t%3Dh2&resourceVersion={rv}"
+    );
+    let mut watches = Vec::new();
+    for _ in 0..5 {
+        watches.push(Events::open(&conn, &path).await);
+    }
+    let handle = srv.handle.take().unwrap();
+    let shutdown = tokio::spawn(handle.shutdown());
+    for w in &mut watches {
+        assert!(w.next().await.is_none(), "the watch ends at shutdown");
+    }
+    tokio::time::timeout(BOUND, shutdown)
+        .await
+        .expect("shutdown ends with the watches")
+        .unwrap();
+    // The connection is gone: a new request on it fails.
+    let failed = match conn.clone().ready().await {
+        Err(_) => true,
+        Ok(mut s) => match s.send_request(
+            Request::get("https://localhost/readyz").body(()).unwrap(),
+            true,
+        ) {
+            Err(_) => true,
+            Ok((resp, _)) => tokio::time::timeout(BOUND, resp)
+                .await
+                .expect("answer")
+                .is_err(),
+        },
+    };
+    assert!(failed, "the connection is closed after shutdown");
+}
