@@ -177,6 +177,12 @@ pub struct Options {
     #[arg(long, default_value_t = 1024)]
     pub watch_cache_watcher_queue_limit: usize,
 
+    /// Watchers registered at once per type's watch cache (every namespace and selector
+    /// together); more get 429. Each costs a slot in the cache (a few hundred bytes) besides
+    /// its stream.
+    #[arg(long, default_value_t = 200_000)]
+    pub watch_cache_max_watchers: usize,
+
     /// How long superseded states stay listable (`resourceVersionMatch=Exact`, continue).
     #[arg(long, default_value = "75s", value_parser = parse_duration)]
     pub list_snapshot_window: Duration,
@@ -417,6 +423,7 @@ impl Options {
             snapshot_window: self.list_snapshot_window,
             watcher_queue_limit: self.watch_cache_watcher_queue_limit,
             bookmark_interval: self.watch_bookmark_interval,
+            max_watchers: self.watch_cache_max_watchers,
             ..Default::default()
         }
     }

@@ -114,6 +114,16 @@ pub fn mem_available(meminfo: &str) -> Option<u64> {
     Some(l.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
 }
 
+/// The kernel's TCP socket memory (all sockets of the machine) from /proc/net/sockstat's
+/// text, in bytes: it is in no process's RSS.
+pub fn tcp_mem(sockstat: &str) -> Option<u64> {
+    let l = sockstat.lines().find(|l| l.starts_with("TCP:"))?;
+    let mut f = l.split_whitespace();
+    f.position(|w| w == "mem")?;
+    // Pages; 4 KiB on every Linux configuration this runs on.
+    Some(f.next()?.parse::<u64>().ok()? * 4096)
+}
+
 /// What one write phase found, stream by stream.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct PhaseCheck {
@@ -320,6 +330,8 @@ pub struct Step {
     /// ΔRSS / Δwatches against the previous step (the first: against the connections alone).
     pub server_bytes_per_watch: Option<f64>,
     pub client_bytes_per_watch: Option<f64>,
+    /// The machine's TCP socket memory (kernel, both ends of every connection).
+    pub tcp_mem_bytes: Option<u64>,
     /// Server RSS after the step's writes were delivered (buffers a first event allocates).
     pub server_rss_after_writes_bytes: Option<u64>,
     pub server_bytes_per_watch_after_writes: Option<f64>,
@@ -481,6 +493,9 @@ pub async fn run(a: &HoldArgs) -> Result<Results> {
         }
         tokio::time::sleep(a.settle).await;
         let (server_now, client_now) = (rss(spid), rss(Some("self")));
+        let tcp_mem_bytes = std::fs::read_to_string("/proc/net/sockstat")
+            .ok()
+            .and_then(|s| tcp_mem(&s));
 
         // Writes: every open stream must receive each acknowledged one.
         let before: Vec<u32> = sh.counts[..open].iter().map(|c| c.load(Relaxed)).collect();
@@ -542,6 +557,7 @@ pub async fn run(a: &HoldArgs) -> Result<Results> {
             client_rss_bytes: client_now,
             server_bytes_per_watch: bytes_per(prev_server, server_now, prev_n, open),
             client_bytes_per_watch: bytes_per(prev_client, client_now, prev_n, open),
+            tcp_mem_bytes,
             server_rss_after_writes_bytes: server_after,
             server_bytes_per_watch_after_writes: bytes_per(server_conns, server_after, 0, open),
             writes_acked: acked,
@@ -688,11 +704,11 @@ pub fn markdown(r: &Results) -> String {
     );
     let _ = writeln!(
         m,
-        "| watches | open s | server RSS MiB | server B/watch | after writes B/watch (all) | client RSS MiB | client B/watch | writes | streams complete | missed (events) | extra | deliver s | server µs/event |"
+        "| watches | open s | server RSS MiB | server B/watch | after writes B/watch (all) | client RSS MiB | client B/watch | kernel TCP MiB | writes | streams complete | missed (events) | extra | deliver s | server µs/event |"
     );
     let _ = writeln!(
         m,
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     let steps: Vec<Step> = x
         .get("steps")
@@ -701,7 +717,7 @@ pub fn markdown(r: &Results) -> String {
     for s in &steps {
         let _ = writeln!(
             m,
-            "| {} | {:.1} | {} | {} | {} | {} | {} | {} | {}/{} | {} ({}) | {} | {:.2} | {} |",
+            "| {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {}/{} | {} ({}) | {} | {:.2} | {} |",
             s.open,
             s.open_s,
             mib(s.server_rss_bytes),
@@ -709,6 +725,7 @@ pub fn markdown(r: &Results) -> String {
             per(s.server_bytes_per_watch_after_writes),
             mib(s.client_rss_bytes),
             per(s.client_bytes_per_watch),
+            mib(s.tcp_mem_bytes),
             s.writes_acked,
             s.check.complete,
             s.open,
@@ -772,6 +789,13 @@ mod tests {
         assert_eq!(bytes_per(None, Some(1), 0, 1), None);
         assert_eq!(bytes_per(Some(1), None, 0, 1), None);
         assert_eq!(bytes_per(Some(1), Some(2), 5, 5), None);
+    }
+
+    #[test]
+    fn reads_tcp_socket_memory() {
+        let s = "sockets: used 180\nTCP: inuse 5 orphan 0 tw 2 alloc 9 mem 3\nUDP: inuse 0 mem 7\n";
+        assert_eq!(tcp_mem(s), Some(3 * 4096));
+        assert_eq!(tcp_mem("UDP: inuse 0 mem 7\n"), None);
     }
 
     #[test]
