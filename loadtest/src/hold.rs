@@ -498,6 +498,9 @@ pub async fn run(a: &HoldArgs) -> Result<Results> {
             .and_then(|s| tcp_mem(&s));
 
         // Writes: every open stream must receive each acknowledged one.
+        // A fresh connection for the writes: the one the step began with sat idle while the
+        // watches opened (a million take minutes), long enough for the server's idle timeout.
+        wconn = ep.connect(false).await?;
         let before: Vec<u32> = sh.counts[..open].iter().map(|c| c.load(Relaxed)).collect();
         let delivered_before = live.delivered.load(Relaxed);
         let cpu0 = spid.and_then(proc_cpu_secs);
