@@ -617,6 +617,14 @@ mod tests {
     }
 
     #[test]
+    fn the_watch_caches_cap_on_watchers_is_a_flag() {
+        let o = Options::parse_from(["svc-gateway"]);
+        assert_eq!(o.watch_cache_config().max_watchers, 200_000);
+        let o = Options::parse_from(["svc-gateway", "--watch-cache-max-watchers", "2000000"]);
+        assert_eq!(o.watch_cache_config().max_watchers, 2_000_000);
+    }
+
+    #[test]
     fn audit_flags_have_kubernetes_defaults_and_refuse_the_legacy_format() {
         let o = Options::parse_from(["svc-gateway"]).audit;
         assert_eq!(o.audit_log_mode, AuditMode::Blocking);
