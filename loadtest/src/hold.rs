@@ -625,7 +625,11 @@ pub async fn run(a: &HoldArgs) -> Result<Results> {
         schema: crate::report::SCHEMA.into(),
         scenario: Scenario::Hold.name().into(),
         target: info,
-        params: p.clone(),
+        // The report's header names the watch count of the last step, not --watchers.
+        params: Params {
+            watchers: max,
+            ..p.clone()
+        },
         machine: stats::machine(),
         duration_s: elapsed,
         elapsed_s: elapsed,
