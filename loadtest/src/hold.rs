@@ -39,6 +39,8 @@ use crate::watch::{Item, TS_ANNOTATION, WStream, tag};
 const RECEIVERS: usize = 4;
 /// Watches opened between two checks of the machine's available memory.
 const CHUNK: usize = 10_000;
+/// Items a receiver handles before it lets other tasks run.
+const YIELD_EVERY: u32 = 64;
 /// Stream indices listed in the report per kind of fault.
 const SAMPLE: usize = 10;
 
@@ -241,7 +243,15 @@ async fn receive(
     let lines = LineCounter::default();
     let mut all: SelectAll<WStream> = SelectAll::new();
     let mut partial: HashMap<usize, BytesMut> = HashMap::new();
+    let mut polled = 0u32;
     loop {
+        // A SelectAll of many ready streams hardly ever returns Pending: without an explicit
+        // yield this task can hold its worker for seconds, starving the connection tasks
+        // (whose missed h2 PING answers make the server close connections) and the sampler.
+        polled = polled.wrapping_add(1);
+        if polled.is_multiple_of(YIELD_EVERY) {
+            tokio::task::yield_now().await;
+        }
         tokio::select! {
             Some((idx, item)) = all.next(), if !all.is_empty() => match item {
                 Item::Data(b) => {
