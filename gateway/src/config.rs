@@ -177,6 +177,12 @@ pub struct Options {
     #[arg(long, default_value_t = 1024)]
     pub watch_cache_watcher_queue_limit: usize,
 
+    /// Watchers registered at once per type's watch cache (every namespace and selector
+    /// together); more get 429. Each costs a slot in the cache (a few hundred bytes) besides
+    /// its stream.
+    #[arg(long, default_value_t = 200_000)]
+    pub watch_cache_max_watchers: usize,
+
     /// How long superseded states stay listable (`resourceVersionMatch=Exact`, continue).
     #[arg(long, default_value = "75s", value_parser = parse_duration)]
     pub list_snapshot_window: Duration,
@@ -417,6 +423,7 @@ impl Options {
             snapshot_window: self.list_snapshot_window,
             watcher_queue_limit: self.watch_cache_watcher_queue_limit,
             bookmark_interval: self.watch_bookmark_interval,
+            max_watchers: self.watch_cache_max_watchers,
             ..Default::default()
         }
     }
@@ -610,6 +617,14 @@ mod tests {
         assert!(parse_duration("10").is_err());
         assert!(parse_duration("s").is_err());
         assert!(parse_duration("5 parsecs").is_err());
+    }
+
+    #[test]
+    fn the_watch_caches_cap_on_watchers_is_a_flag() {
+        let o = Options::parse_from(["svc-gateway"]);
+        assert_eq!(o.watch_cache_config().max_watchers, 200_000);
+        let o = Options::parse_from(["svc-gateway", "--watch-cache-max-watchers", "2000000"]);
+        assert_eq!(o.watch_cache_config().max_watchers, 2_000_000);
     }
 
     #[test]

@@ -23,6 +23,7 @@ mod exec;
 mod fairness;
 mod fanout;
 mod get;
+mod hold;
 mod list;
 mod raw;
 mod relist;
@@ -79,6 +80,10 @@ enum Cmd {
     /// (--kubeconfig, another user) running --clients concurrent unpaged lists of --objects:
     /// the writer's rate and p99 in both phases.
     Fairness(Params),
+    /// Holds many watches open (--steps totals; h2 streams over --h2-connections, or one
+    /// HTTP/1.1 connection each): server and client RSS per watch at each step, then
+    /// --writes-per-step writes every stream must receive.
+    Hold(hold::HoldArgs),
     /// Runs one YAML scenario against several targets in turn; one report with ratios.
     Compare(CompareArgs),
     /// The raw baseline's server (what `--raw` spawns as a child process): fans out the
@@ -362,6 +367,7 @@ fn main() -> Result<()> {
             Cmd::RelistStorm(p) => (Scenario::RelistStorm, p),
             Cmd::Get(p) => (Scenario::Get, p),
             Cmd::Fairness(p) => (Scenario::Fairness, p),
+            Cmd::Hold(a) => return hold::main(a).await,
             Cmd::Compare(a) => return compare(a).await,
             Cmd::RawServer(a) => return raw::serve_main(a.listen, a.exit_with_stdin).await,
             Cmd::WebhookServer(a) => {

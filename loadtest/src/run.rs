@@ -16,6 +16,7 @@ pub enum Scenario {
     Get,
     RelistStorm,
     Fairness,
+    Hold,
 }
 
 impl Scenario {
@@ -29,6 +30,7 @@ impl Scenario {
             Scenario::Get => "get",
             Scenario::RelistStorm => "relist-storm",
             Scenario::Fairness => "fairness",
+            Scenario::Hold => "hold",
         }
     }
 }
@@ -40,6 +42,7 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
         Scenario::Get => crate::get::run(p).await,
         Scenario::RelistStorm => crate::relist::run(p).await,
         Scenario::Fairness => crate::fairness::run(p).await,
+        Scenario::Hold => crate::hold::run(&crate::hold::HoldArgs::of(p.clone())).await,
         Scenario::Fanout | Scenario::SlowWatcher | Scenario::Churn | Scenario::Events => {
             crate::fanout::run(scenario, p).await
         }

@@ -224,3 +224,41 @@ async fn watches_past_the_watch_limit_get_429_and_places_are_given_back() {
     let line = "apiserver_flowcontrol_rejected_requests_total{priority_level=\"watch\",reason=\"concurrency-limit\"} 1";
     assert!(metrics.text().contains(line), "{}", metrics.text());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_types_watch_cache_caps_its_registered_watchers() {
+    let srv = TestServer::start_with(|o| {
+        o.watch_cache_max_watchers = 2;
+        o.max_watches = 0;
+    })
+    .await;
+    let admin = srv.admin();
+    create_namespace(&admin, "cap").await;
+    let path = "/api/v1/namespaces/cap/serviceaccounts?watch=true";
+    let first = admin.watch(path).await;
+    let _second = admin.watch(path).await;
+    // The cap is per type and counts every caller, system:masters included.
+    let r = admin.request(Method::GET, path, "", &[]).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{}", r.text());
+    assert!(
+        r.text().contains("too many watches of serviceaccounts"),
+        "{}",
+        r.text()
+    );
+    // Another type has its own cache and its own count.
+    let mut other = admin.watch("/api/v1/namespaces?watch=true").await;
+    assert!(other.next_within(Duration::from_secs(5)).await.is_some());
+    // A watch that ends gives its registration back (the probe ends itself after a second).
+    drop(first);
+    let probe = "/api/v1/namespaces/cap/serviceaccounts?watch=true&timeoutSeconds=1";
+    let admin2 = admin.clone();
+    eventually(
+        Duration::from_secs(10),
+        "a serviceaccounts watch opens again",
+        move || {
+            let admin = admin2.clone();
+            async move { admin.request(Method::GET, probe, "", &[]).await.status == StatusCode::OK }
+        },
+    )
+    .await;
+}
