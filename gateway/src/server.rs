@@ -504,11 +504,14 @@ async fn serve_h1<I>(
             let app = app.clone();
             let ident = ident.clone();
             let busy = activity.begin();
-            async move {
+            // Boxed: hyper keeps its service future inline in the connection for the
+            // connection's whole life, so an unboxed pipeline future would cost every
+            // connection (every HTTP/1.1 watch) its ~8 KiB even after it has answered.
+            Box::pin(async move {
                 let req = req.map(RequestBody::Stream);
                 let resp = pipeline::handle(app, Caller::Connection(ident), req).await;
                 Ok::<_, std::convert::Infallible>(resp.map(|b| CountedBody::new(b, busy)))
-            }
+            })
         }
     });
     let conn = builder.serve_connection(io, svc);
