@@ -316,7 +316,10 @@ async fn compare(a: CompareArgs) -> Result<()> {
         // A target that fails is recorded and the next one still runs: one broken target
         // should not cost the figures of all the others.
         match run_target(sc, &argv).await {
-            Ok(r) => runs.push(r),
+            Ok(mut r) => {
+                r.target.name = Some(name);
+                runs.push(r);
+            }
             Err(e) => {
                 eprintln!("target {name} failed: {e:#}");
                 failures.push(report::Failure {

@@ -51,6 +51,9 @@ pub struct TargetInfo {
     /// listening on the target's loopback port, or the raw server's child process).
     #[serde(default)]
     pub server_pid: Option<u32>,
+    /// The target's `name` in a compare scenario file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -176,7 +179,10 @@ pub fn write_with_failures(dir: &Path, runs: &[Results], failures: &[Failure]) -
 }
 
 fn label(r: &Results) -> String {
-    format!("{} ({})", r.target.kind, r.target.endpoint)
+    match &r.target.name {
+        Some(name) => format!("{name} ({})", r.target.endpoint),
+        None => format!("{} ({})", r.target.kind, r.target.endpoint),
+    }
 }
 
 pub fn markdown_with_failures(runs: &[Results], failures: &[Failure]) -> String {
@@ -726,6 +732,7 @@ mod tests {
                 kind: kind.into(),
                 endpoint: "127.0.0.1:1".into(),
                 server_pid: None,
+                name: None,
             },
             params: p,
             machine: crate::stats::machine(),

@@ -45,6 +45,7 @@ pub(crate) async fn resolve_target(p: &Params) -> Result<(Tgt, TargetInfo)> {
                 kind: "raw".into(),
                 endpoint: "127.0.0.1 (raw-server child process)".into(),
                 server_pid: None,
+                name: None,
             },
         ));
     }
@@ -54,6 +55,7 @@ pub(crate) async fn resolve_target(p: &Params) -> Result<(Tgt, TargetInfo)> {
             kind: "kubernetes".into(),
             endpoint: ep.url.clone(),
             server_pid: server_pid(p, &ep),
+            name: None,
         };
         return Ok((Tgt::Server(ep), info));
     }
@@ -66,6 +68,7 @@ pub(crate) async fn resolve_target(p: &Params) -> Result<(Tgt, TargetInfo)> {
             kind: "kubernetes".into(),
             endpoint: ep.url.clone(),
             server_pid: server_pid(p, &ep),
+            name: None,
         };
         return Ok((Tgt::Server(ep), info));
     }
@@ -76,6 +79,7 @@ pub(crate) async fn resolve_target(p: &Params) -> Result<(Tgt, TargetInfo)> {
         kind: "etcd".into(),
         endpoint: ep.url.clone(),
         server_pid: server_pid(p, &ep),
+        name: None,
     };
     Ok((Tgt::Etcd(ep), info))
 }
