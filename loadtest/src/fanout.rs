@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use bytes::Bytes;
 use futures::StreamExt;
 use http::{Method, StatusCode};
@@ -293,17 +293,7 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
     let _ = sampler.await;
     drop(stalled_held);
     if let Tgt::Server(ep) = &tgt {
-        // Best effort: leave the server as it was.
-        if let Ok(mut c) = ep.connect(false).await {
-            let _ = c
-                .call(
-                    Method::DELETE,
-                    &format!("/api/v1/namespaces/{run_id}"),
-                    Bytes::new(),
-                    "",
-                )
-                .await;
-        }
+        crate::setup::remove_namespace(ep, &run_id).await;
     }
 
     let total = h.total.lock().clone();
@@ -455,7 +445,7 @@ async fn writer_conn<'a>(
 async fn k8s_setup(ep: &Endpoint, ns: &str, p: &Params) -> Result<(Opener, Format)> {
     let mut c = ep.connect(false).await?;
     ensure_namespace(&mut c, ns).await?;
-    let rv = list_rv(&mut c, ns).await?;
+    let rv = crate::setup::list_rv(&mut c, ns).await?;
     let proto = p.media == "protobuf";
     let format = if proto {
         Format::K8sProto
@@ -508,25 +498,6 @@ async fn k8s_setup(ep: &Endpoint, ns: &str, p: &Params) -> Result<(Opener, Forma
         })
     });
     Ok((opener, format))
-}
-
-async fn list_rv(c: &mut Conn, ns: &str) -> Result<u64> {
-    let (st, b) = c
-        .call(
-            Method::GET,
-            &format!("/api/v1/namespaces/{ns}/serviceaccounts?limit=1"),
-            Bytes::new(),
-            "",
-        )
-        .await?;
-    if !st.is_success() {
-        bail!("list: {st}: {}", String::from_utf8_lossy(&b));
-    }
-    let v: serde_json::Value = serde_json::from_slice(&b).context("list response")?;
-    v["metadata"]["resourceVersion"]
-        .as_str()
-        .and_then(|s| s.parse().ok())
-        .context("list has no resourceVersion")
 }
 
 async fn pace(start: Instant, i: u64, rate: Option<f64>) {

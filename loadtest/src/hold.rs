@@ -449,7 +449,7 @@ pub async fn run(a: &HoldArgs) -> Result<Results> {
     let mut complete_all = vec![false; max];
     for &target in &steps {
         let t0 = Instant::now();
-        let rv = list_rv(&mut wconn, &ns).await?;
+        let rv = crate::setup::list_rv(&mut wconn, &ns).await?;
         let step_failures_before = failures;
         while open < target && stopped.is_none() {
             if let Some(avail) = available()
@@ -596,17 +596,7 @@ pub async fn run(a: &HoldArgs) -> Result<Results> {
         let _ = r.await;
     }
     let _ = sampler.await;
-    // Best effort: leave the server as it was.
-    if let Ok(mut c) = ep.connect(false).await {
-        let _ = c
-            .call(
-                Method::DELETE,
-                &format!("/api/v1/namespaces/{ns}"),
-                Bytes::new(),
-                "",
-            )
-            .await;
-    }
+    crate::setup::remove_namespace(&ep, &ns).await;
 
     let acked: u64 = out.iter().map(|s| s.writes_acked).sum();
     let delivered: u64 = out.iter().map(|s| s.events_delivered).sum();
@@ -675,25 +665,6 @@ pub async fn run(a: &HoldArgs) -> Result<Results> {
         errors: live.error_samples.lock().clone(),
         extra,
     })
-}
-
-async fn list_rv(c: &mut Conn, ns: &str) -> Result<u64> {
-    let (st, b) = c
-        .call(
-            Method::GET,
-            &format!("/api/v1/namespaces/{ns}/serviceaccounts?limit=1"),
-            Bytes::new(),
-            "",
-        )
-        .await?;
-    if !st.is_success() {
-        bail!("list: {st}: {}", String::from_utf8_lossy(&b));
-    }
-    let v: serde_json::Value = serde_json::from_slice(&b).context("list response")?;
-    v["metadata"]["resourceVersion"]
-        .as_str()
-        .and_then(|s| s.parse().ok())
-        .context("list has no resourceVersion")
 }
 
 fn mib(b: Option<u64>) -> String {

@@ -445,17 +445,7 @@ pub async fn run(p: &Params) -> Result<Results> {
         let _ = t.await;
     }
     let _ = sampler.await;
-    // Best effort: leave the server as it was.
-    if let Ok(mut c) = ep.connect(false).await {
-        let _ = c
-            .call(
-                Method::DELETE,
-                &format!("/api/v1/namespaces/{ns}"),
-                Bytes::new(),
-                "",
-            )
-            .await;
-    }
+    crate::setup::remove_namespace(&ep, &ns).await;
 
     let (mut delivered, mut expected, mut complete, mut missing, mut dups) = (0, 0, 0, 0, 0);
     for s in &segs {

@@ -299,6 +299,41 @@ pub async fn seed(
 }
 
 /// Percent-encodes a query value (continue tokens are base64 and may hold `+/=`).
+/// Best effort: deletes a run's namespace so the server is left as it was.
+pub async fn remove_namespace(ep: &Endpoint, ns: &str) {
+    if let Ok(mut c) = ep.connect(false).await {
+        let _ = c
+            .call(
+                Method::DELETE,
+                &format!("/api/v1/namespaces/{ns}"),
+                Bytes::new(),
+                "",
+            )
+            .await;
+    }
+}
+
+/// The resourceVersion of a one-item list of the namespace's ServiceAccounts (where a watch
+/// that must see every later write starts).
+pub async fn list_rv(c: &mut Conn, ns: &str) -> Result<u64> {
+    let (st, b) = c
+        .call(
+            Method::GET,
+            &format!("/api/v1/namespaces/{ns}/serviceaccounts?limit=1"),
+            Bytes::new(),
+            "",
+        )
+        .await?;
+    if !st.is_success() {
+        bail!("list: {st}: {}", String::from_utf8_lossy(&b));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&b).context("list response")?;
+    v["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .context("list has no resourceVersion")
+}
+
 pub fn pct(s: &str) -> String {
     let mut o = String::with_capacity(s.len());
     for b in s.bytes() {
