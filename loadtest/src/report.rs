@@ -178,6 +178,11 @@ pub fn write_with_failures(dir: &Path, runs: &[Results], failures: &[Failure]) -
     Ok(())
 }
 
+/// The target's compare name, else its kind (the ratio table's row and column heads).
+fn short_label(r: &Results) -> &str {
+    r.target.name.as_deref().unwrap_or(&r.target.kind)
+}
+
 fn label(r: &Results) -> String {
     match &r.target.name {
         Some(name) => format!("{name} ({})", r.target.endpoint),
@@ -379,7 +384,7 @@ pub fn markdown(runs: &[Results]) -> String {
         };
         let _ = write!(m, "| |");
         for r in runs {
-            let _ = write!(m, " {} |", r.target.kind);
+            let _ = write!(m, " {} |", short_label(r));
         }
         let _ = write!(m, "\n|---|");
         for _ in runs {
@@ -387,7 +392,7 @@ pub fn markdown(runs: &[Results]) -> String {
         }
         let _ = writeln!(m);
         for a in runs {
-            let _ = write!(m, "| {} |", a.target.kind);
+            let _ = write!(m, "| {} |", short_label(a));
             for b in runs {
                 let v = metric(a) / metric(b).max(1e-9);
                 let _ = write!(m, " {v:.2}× |");

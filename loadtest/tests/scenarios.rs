@@ -535,13 +535,15 @@ async fn every_scenario_against_every_target() {
     }
     let md = std::fs::read_to_string(cmp.join("report.md")).unwrap();
     assert!(md.contains("Ratios"), "{md}");
+    // Rows and ratio heads carry each target's name from the scenario file.
+    assert!(md.contains("| | gateway | etcd | raw |"), "{md}");
     assert!(md.contains("Against the baselines"), "{md}");
     assert!(
-        md.contains(&format!("kubernetes ({url}) ÷ etcd ({etcd_url})")),
+        md.contains(&format!("gateway ({url}) ÷ etcd ({etcd_url})")),
         "{md}"
     );
     assert!(
-        md.contains(&format!("kubernetes ({url}) ÷ raw (127.0.0.1:")),
+        md.contains(&format!("gateway ({url}) ÷ raw (127.0.0.1:")),
         "{md}"
     );
     assert!(cmp.join("gateway").join("results.json").exists());
