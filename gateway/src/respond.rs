@@ -19,63 +19,9 @@ use svc_storage::StoreError;
 pub type Body = BoxBody<Bytes, std::io::Error>;
 
 pub fn full(bytes: impl Into<Bytes>) -> Body {
-    let bytes = bytes.into();
-    if bytes.len() > SLICE_BYTES {
-        return Sliced {
-            rest: bytes,
-            since_yield: 0,
-        }
-        .boxed();
-    }
-    Full::new(bytes).map_err(|e: Infallible| match e {}).boxed()
-}
-
-/// Bodies past this size go out in slices of this size (shared `Bytes`, no copy).
-const SLICE_BYTES: usize = 64 * 1024;
-
-/// Slices written between two yields to the scheduler.
-const SLICES_PER_TURN: u8 = 4;
-
-/// A large response body (an unpaged list of thousands of objects is megabytes) written in
-/// 64 KiB slices, yielding to the runtime after every 256 KiB: otherwise one connection's
-/// poll encrypts and copies the whole body while every other request on that worker (a
-/// writer's create, a watch) waits behind it. The exact size is known, so `Content-Length`
-/// is still sent.
-struct Sliced {
-    rest: Bytes,
-    since_yield: u8,
-}
-
-impl hyper::body::Body for Sliced {
-    type Data = Bytes;
-    type Error = std::io::Error;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, std::io::Error>>> {
-        use std::task::Poll;
-        if self.rest.is_empty() {
-            return Poll::Ready(None);
-        }
-        if self.since_yield >= SLICES_PER_TURN {
-            self.since_yield = 0;
-            cx.waker().wake_by_ref();
-            return Poll::Pending;
-        }
-        self.since_yield = self.since_yield.saturating_add(1);
-        let n = self.rest.len().min(SLICE_BYTES);
-        let slice = self.rest.split_to(n);
-        Poll::Ready(Some(Ok(hyper::body::Frame::data(slice))))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.rest.is_empty()
-    }
-
-    fn size_hint(&self) -> hyper::body::SizeHint {
-        hyper::body::SizeHint::with_exact(u64::try_from(self.rest.len()).unwrap_or(u64::MAX))
-    }
+    Full::new(bytes.into())
+        .map_err(|e: Infallible| match e {})
+        .boxed()
 }
 
 /// A JSON response of `value`, pretty-printed when the client asked with `pretty=true`.
@@ -295,48 +241,5 @@ pub fn store_error(err: StoreError) -> ApiError {
             ApiError::Internal(format!("stored object at {location} is corrupt: {detail}"))
         }
         other => ApiError::Internal(other.to_string()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use futures::FutureExt as _;
-    use hyper::body::Body as _;
-
-    #[tokio::test]
-    async fn a_large_body_goes_out_whole_in_slices_with_its_length_and_yields() {
-        let data: Vec<u8> = (0..700 * 1024).map(|i| (i % 251) as u8).collect();
-        let mut body = full(data.clone());
-        assert_eq!(body.size_hint().exact(), Some(data.len() as u64));
-        let mut out = Vec::new();
-        let (mut frames, mut yields) = (0, 0);
-        loop {
-            // A frame ready at once, or a yield (Pending with the task woken again).
-            match std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx))
-                .now_or_never()
-            {
-                Some(Some(f)) => {
-                    let d = f.unwrap().into_data().unwrap();
-                    assert!(d.len() <= SLICE_BYTES);
-                    out.extend_from_slice(&d);
-                    frames += 1;
-                }
-                Some(None) => break,
-                None => yields += 1,
-            }
-        }
-        assert_eq!(out, data);
-        assert_eq!(frames, 11, "700 KiB in 64 KiB slices");
-        assert_eq!(yields, 2, "one yield after every 4 slices");
-        assert!(body.is_end_stream());
-    }
-
-    #[tokio::test]
-    async fn a_small_body_is_one_frame() {
-        let body = full(vec![7u8; 1000]);
-        assert_eq!(body.size_hint().exact(), Some(1000));
-        let bytes = body.collect().await.unwrap().to_bytes();
-        assert_eq!(bytes.len(), 1000);
     }
 }
