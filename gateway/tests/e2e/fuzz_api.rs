@@ -22,6 +22,7 @@ const GROUPS: &[&str] = &[
     "apis/authentication.svc.io/v1",
     "apis/certificates.svc.io/v1",
     "apis/events.svc.io/v1",
+    "apis/admissionregistration.svc.io/v1",
 ];
 
 fn env_u64(name: &str, default: u64) -> u64 {
