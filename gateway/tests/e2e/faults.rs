@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 use crate::certificates;
 use crate::support::client::{Client, TestServer, create_namespace, eventually};
-use crate::support::process::free_port;
+use crate::support::process::{admin_client, free_port};
 
 /// A tmpfs of a fixed size, mounted for one test and unmounted when dropped (panics too).
 struct Tmpfs {
@@ -197,38 +197,6 @@ impl Drop for Reaped {
     }
 }
 
-async fn binary_admin(dir: &Path, port: u16) -> Client {
-    let kubeconfig = dir.join("admin.kubeconfig");
-    eventually(Duration::from_secs(20), "the PKI is written", || async {
-        kubeconfig.exists()
-    })
-    .await;
-    let pki = svc_gateway::pki::ensure_pki(
-        &dir.join("pki"),
-        &svc_gateway::pki::PkiOptions {
-            tls_sans: vec![],
-            admin_kubeconfig_path: kubeconfig,
-            server_url: format!("https://127.0.0.1:{port}"),
-            cluster_signing: None,
-        },
-    )
-    .unwrap();
-    let (cert, key) = pki.admin_credentials();
-    let tls = pki
-        .client_config_for(Some((cert, key)), &[b"http/1.1"])
-        .unwrap();
-    let c = Client {
-        addr: ([127, 0, 0, 1], port).into(),
-        tls,
-        h2: false,
-    };
-    eventually(Duration::from_secs(20), "the binary is ready", || async {
-        c.connect().await.is_ok() && c.get("/readyz").await.0 == StatusCode::OK
-    })
-    .await;
-    c
-}
-
 /// Waits for the child to exit, at most `limit`; `None` if it is still running.
 fn wait_exit(child: &mut std::process::Child, limit: Duration) -> Option<std::process::ExitStatus> {
     let deadline = Instant::now() + limit;
@@ -247,7 +215,7 @@ async fn a_corrupt_data_file_stops_the_binary_from_starting() {
     let log = dir.path().join("first.log");
     let port = free_port();
     let mut first = Reaped(spawn_binary(dir.path(), port, &log));
-    let c = binary_admin(dir.path(), port).await;
+    let c = admin_client(dir.path(), port).await;
     create_namespace(&c, "doomed").await;
     let _ = Command::new("kill")
         .args(["-TERM", &first.0.id().to_string()])
@@ -320,7 +288,7 @@ async fn a_trace_log_holds_no_token_and_no_key() {
     let log = dir.path().join("server.log");
     let port = free_port();
     let mut child = Reaped(spawn_binary(dir.path(), port, &log));
-    let c = binary_admin(dir.path(), port).await;
+    let c = admin_client(dir.path(), port).await;
     create_namespace(&c, "quiet").await;
 
     // Token issuance.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use http::StatusCode;
 use svc_gateway::pki::{PkiOptions, ensure_pki};
 
-use super::client::Client;
+use super::client::{Client, eventually};
 
 pub struct ServerProcess(Child);
 
@@ -75,18 +75,16 @@ pub fn free_port() -> u16 {
 /// An admin client of the child on `port` once it serves: the child writes its PKI in `dir`
 /// on first start, so this waits for it, loads it, then waits for `/readyz`.
 pub async fn admin_client(dir: &Path, port: u16) -> Client {
-    // The server writes the PKI on first start; wait for it, then load it.
-    for _ in 0..200 {
-        if dir.join("admin.kubeconfig").exists() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    let kubeconfig = dir.join("admin.kubeconfig");
+    eventually(Duration::from_secs(20), "the PKI is written", || async {
+        kubeconfig.exists()
+    })
+    .await;
     let pki = ensure_pki(
         &dir.join("pki"),
         &PkiOptions {
             tls_sans: vec![],
-            admin_kubeconfig_path: dir.join("admin.kubeconfig"),
+            admin_kubeconfig_path: kubeconfig,
             server_url: format!("https://127.0.0.1:{port}"),
             cluster_signing: None,
         },
@@ -101,11 +99,9 @@ pub async fn admin_client(dir: &Path, port: u16) -> Client {
         tls,
         h2: false,
     };
-    for _ in 0..400 {
-        if c.connect().await.is_ok() && c.get("/readyz").await.0 == StatusCode::OK {
-            return c;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("server on port {port} never became ready");
+    eventually(Duration::from_secs(20), "the server is ready", || async {
+        c.connect().await.is_ok() && c.get("/readyz").await.0 == StatusCode::OK
+    })
+    .await;
+    c
 }
