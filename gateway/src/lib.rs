@@ -1,72 +1,26 @@
-//! svc-gateway: the HTTP edge of the svc API server.
+//! svc-gateway: the HTTP edge of the svc API server, built in layers. Each layer is a folder
+//! that uses only the layers before it (`core/tests/architecture.rs` checks this):
 //!
-//! Listeners and TLS (`server`), routing (`router`), authentication and authorization
-//! (`auth`), REST handlers written once over every kind (`rest`), watch streams (`watch`),
-//! discovery, health, metrics, and the built-in controllers (`bootstrap`, `controllers`). Errors become
-//! `Status` responses in exactly one place (`respond`).
+//! 1. `base`: flags, feature gates, query strings, routes, lifecycle, deadlines;
+//! 2. `observe`: metrics and traces;
+//! 3. `outbound`: PKI, egress, the webhook client;
+//! 4. `registry`: watch caches, admission, typed operations over the store;
+//! 5. `security`: authentication, authorization, audit;
+//! 6. `http`: negotiation, responses, limits, REST handlers, discovery, OpenAPI, health;
+//! 7. `serve`: server state, listeners, connections, the request pipeline, loopback;
+//! 8. `controllers`: the built-in controllers (namespaces, service accounts, CSRs);
+//! 9. `run`: starting and stopping a whole server.
+//!
+//! The crate root defines nothing.
 //!
 //! **Invariant:** the gateway reaches storage only through the `svc_storage::Store` contract.
 
-pub mod admission;
-pub mod app;
-pub mod audit;
-pub mod authn;
-pub mod authz;
-pub mod bootstrap;
-pub mod caches;
-pub mod client;
-pub mod config;
-pub mod conn_limits;
+pub mod base;
 pub mod controllers;
-pub mod discovery;
-pub mod egress;
-pub mod features;
-pub mod h2conn;
-pub mod health;
-pub mod jwt;
-pub mod kind;
-pub mod lifecycle;
-pub mod limits;
-pub mod loopback;
-pub mod metrics;
-pub mod negotiate;
-pub mod openapi;
-pub mod pipeline;
-pub mod pki;
-pub mod query;
-pub mod reload;
-pub mod respond;
-pub mod rest;
-pub mod router;
-pub mod server;
-pub mod tokens;
-pub mod trace;
-pub mod validate;
-
-pub use config::Options;
-pub use server::{ServerHandle, start};
-
-/// Deadlines without the panic of `Instant + Duration` on overflow: a duration too large to
-/// add (a huge configured timeout) means about a century from now, i.e. never.
-pub(crate) trait Later: Copy {
-    fn checked(self, after: std::time::Duration) -> Option<Self>;
-
-    fn later(self, after: std::time::Duration) -> Self {
-        const CENTURY: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 24 * 3600);
-        self.checked(after)
-            .or_else(|| self.checked(CENTURY))
-            .unwrap_or(self)
-    }
-}
-
-impl Later for std::time::Instant {
-    fn checked(self, after: std::time::Duration) -> Option<Self> {
-        self.checked_add(after)
-    }
-}
-
-impl Later for tokio::time::Instant {
-    fn checked(self, after: std::time::Duration) -> Option<Self> {
-        self.checked_add(after)
-    }
-}
+pub mod http;
+pub mod observe;
+pub mod outbound;
+pub mod registry;
+pub mod run;
+pub mod security;
+pub mod serve;

@@ -2,13 +2,13 @@
 //! `svc-gateway validate-config FILE...` checks configuration files instead.
 
 use clap::Parser;
-use svc_gateway::Options;
+use svc_gateway::base::flags::Options;
 use tokio::signal::unix::{SignalKind, signal};
 
 fn main() -> anyhow::Result<()> {
     let opts = Options::parse();
-    if let Some(svc_gateway::config::Command::ValidateConfig(args)) = &opts.command {
-        let report = svc_gateway::validate::run(args);
+    if let Some(svc_gateway::base::flags::Command::ValidateConfig(args)) = &opts.command {
+        let report = svc_gateway::base::validate_config::run(args);
         print!("{}", report.stdout);
         eprint!("{}", report.stderr);
         std::process::exit(if report.ok { 0 } else { 1 });
@@ -27,7 +27,7 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let server = svc_gateway::start(opts).await?;
+        let server = svc_gateway::run::start(opts).await?;
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
         tokio::select! {

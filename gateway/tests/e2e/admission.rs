@@ -9,7 +9,7 @@ use std::time::Instant;
 use clap::Parser;
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
-use svc_gateway::Options;
+use svc_gateway::base::flags::Options;
 
 use crate::support::client::{Client, Resp, TestServer, create_namespace};
 
@@ -192,7 +192,7 @@ async fn a_bad_admission_configuration_stops_the_start_naming_the_field() {
     let mut opts = Options::for_tests(data.path().to_path_buf());
     opts.enable_admission_plugins = parsed.enable_admission_plugins;
     opts.admission_control_config_file = parsed.admission_control_config_file;
-    let err = match svc_gateway::start(opts.clone()).await {
+    let err = match svc_gateway::run::start(opts.clone()).await {
         Ok(_) => panic!("started with burst 0"),
         Err(e) => e.to_string(),
     };
@@ -203,7 +203,7 @@ async fn a_bad_admission_configuration_stops_the_start_naming_the_field() {
     );
 
     opts.enable_admission_plugins = vec!["NoSuchPlugin".into()];
-    let err = match svc_gateway::start(opts).await {
+    let err = match svc_gateway::run::start(opts).await {
         Ok(_) => panic!("started with an unknown plugin"),
         Err(e) => e.to_string(),
     };

@@ -113,7 +113,7 @@ async fn webhook() -> Webhook {
         .unwrap()
         .signed_by(&key, &issuer)
         .unwrap();
-    let certs = svc_gateway::egress::certs_from_pem(cert.pem().as_bytes()).unwrap();
+    let certs = svc_gateway::outbound::egress::certs_from_pem(cert.pem().as_bytes()).unwrap();
     let key =
         <rustls::pki_types::PrivateKeyDer as rustls::pki_types::pem::PemObject>::from_pem_slice(
             key.serialize_pem().as_bytes(),

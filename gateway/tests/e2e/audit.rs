@@ -49,7 +49,7 @@ struct Audited {
     _dir: tempfile::TempDir,
 }
 
-async fn start(extra: impl FnOnce(&mut svc_gateway::Options, &Path)) -> Audited {
+async fn start(extra: impl FnOnce(&mut svc_gateway::base::flags::Options, &Path)) -> Audited {
     let dir = tempfile::tempdir().unwrap();
     let policy = dir.path().join("policy.yaml");
     std::fs::write(&policy, POLICY).unwrap();
@@ -411,10 +411,13 @@ async fn the_log_rotates_by_size_and_keeps_max_backup_files() {
 async fn blocking_strict_fails_requests_it_cannot_audit() {
     for (mode, want) in [
         (
-            svc_gateway::config::AuditMode::BlockingStrict,
+            svc_gateway::base::flags::AuditMode::BlockingStrict,
             StatusCode::INTERNAL_SERVER_ERROR,
         ),
-        (svc_gateway::config::AuditMode::Blocking, StatusCode::OK),
+        (
+            svc_gateway::base::flags::AuditMode::Blocking,
+            StatusCode::OK,
+        ),
     ] {
         let a = start(|o, _| {
             o.audit.audit_log_path = Some(PathBuf::from("/dev/full"));
@@ -441,7 +444,7 @@ async fn blocking_strict_fails_requests_it_cannot_audit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batch_mode_writes_the_log_from_its_buffer() {
     let a = start(|o, _| {
-        o.audit.audit_log_mode = svc_gateway::config::AuditMode::Batch;
+        o.audit.audit_log_mode = svc_gateway::base::flags::AuditMode::Batch;
         o.audit.audit_log_batch_max_size = 10;
         o.audit.audit_log_batch_max_wait = Duration::from_millis(50);
     })

@@ -7,8 +7,8 @@
 use http::{Method, StatusCode};
 use serde_json::json;
 use svc_core::user::UserInfo;
-use svc_gateway::authz::{Attributes, Authorizer, Decision, DecisionFuture};
-use svc_gateway::features::Feature;
+use svc_gateway::base::features::Feature;
+use svc_gateway::security::authz::{Attributes, Authorizer, Decision, DecisionFuture};
 
 use crate::support::client::{TestServer, create_namespace};
 

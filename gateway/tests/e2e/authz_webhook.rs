@@ -22,7 +22,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use serde_json::json;
 use svc_core::config::subject_access_review::decode_request;
-use svc_gateway::pki::{self, PkiOptions};
+use svc_gateway::outbound::pki::{self, PkiOptions};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
@@ -305,9 +305,12 @@ async fn a_configuration_that_does_not_load_stops_the_start() {
          authorizers:\n- {type: RBAC, name: rbac}\n",
     )
     .unwrap();
-    let mut opts = svc_gateway::Options::for_tests(dir.path().join("data"));
+    let mut opts = svc_gateway::base::flags::Options::for_tests(dir.path().join("data"));
     opts.authorization_config = Some(file);
-    let err = svc_gateway::start(opts).await.err().expect("start refused");
+    let err = svc_gateway::run::start(opts)
+        .await
+        .err()
+        .expect("start refused");
     let text = format!("{err:#}");
     assert!(
         text.contains(

@@ -19,8 +19,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use parking_lot::Mutex;
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
 use rustls::server::WebPkiClientVerifier;
-use svc_gateway::client::{ClientError, WebhookClient};
-use svc_gateway::egress::Egress;
+use svc_gateway::outbound::client::{ClientError, WebhookClient};
+use svc_gateway::outbound::egress::Egress;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream, UnixListener};
 
@@ -80,7 +80,7 @@ struct Hook {
 }
 
 async fn hook(pki: &TestPki, require_client_cert: bool) -> Hook {
-    let certs = svc_gateway::egress::certs_from_pem(pki.server.0.as_bytes()).unwrap();
+    let certs = svc_gateway::outbound::egress::certs_from_pem(pki.server.0.as_bytes()).unwrap();
     let key =
         <rustls::pki_types::PrivateKeyDer as rustls::pki_types::pem::PemObject>::from_pem_slice(
             pki.server.1.as_bytes(),
@@ -90,7 +90,7 @@ async fn hook(pki: &TestPki, require_client_cert: bool) -> Hook {
         .with_safe_default_protocol_versions()
         .unwrap();
     let builder = if require_client_cert {
-        let roots = svc_gateway::egress::roots_from_pem(pki.ca_pem.as_bytes()).unwrap();
+        let roots = svc_gateway::outbound::egress::roots_from_pem(pki.ca_pem.as_bytes()).unwrap();
         let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
             .build()
             .unwrap();
@@ -403,13 +403,13 @@ fn uds_proxy(path: &Path) -> Arc<AtomicUsize> {
 
 /// A CONNECT proxy over TLS that requires a client certificate from `pki`'s CA.
 async fn tls_proxy(pki: &TestPki) -> (u16, Arc<AtomicUsize>) {
-    let certs = svc_gateway::egress::certs_from_pem(pki.server.0.as_bytes()).unwrap();
+    let certs = svc_gateway::outbound::egress::certs_from_pem(pki.server.0.as_bytes()).unwrap();
     let key =
         <rustls::pki_types::PrivateKeyDer as rustls::pki_types::pem::PemObject>::from_pem_slice(
             pki.server.1.as_bytes(),
         )
         .unwrap();
-    let roots = svc_gateway::egress::roots_from_pem(pki.ca_pem.as_bytes()).unwrap();
+    let roots = svc_gateway::outbound::egress::roots_from_pem(pki.ca_pem.as_bytes()).unwrap();
     let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
         .build()
         .unwrap();
@@ -521,7 +521,7 @@ async fn answers_are_bounded_in_size_and_time() {
     let client =
         WebhookClient::from_url(&url, Some(pki.ca_pem.as_bytes()), &Egress::direct()).unwrap();
     // The hook echoes the body: an answer over 3 MiB.
-    let big = "x".repeat(svc_gateway::client::MAX_RESPONSE_BODY + 1);
+    let big = "x".repeat(svc_gateway::outbound::client::MAX_RESPONSE_BODY + 1);
     let e = client.post(Bytes::from(big), JSON, T).await.unwrap_err();
     assert!(matches!(e, ClientError::TooLarge { .. }), "{e}");
     // A server that accepts and never answers: the call ends at its timeout.
@@ -761,7 +761,7 @@ async fn the_etcd_store_is_reached_through_tinyproxy_when_the_etcd_selection_say
     .unwrap();
     let endpoints = cluster.endpoints();
     let srv = crate::support::client::TestServer::start_with(move |o| {
-        o.storage_backend = svc_gateway::config::StorageBackend::Etcd;
+        o.storage_backend = svc_gateway::base::flags::StorageBackend::Etcd;
         o.etcd_servers = endpoints;
         o.egress_selector_config_file = Some(egress);
     })

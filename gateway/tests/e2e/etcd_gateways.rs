@@ -12,7 +12,7 @@ use crate::support::client::{Client, TestServer, WatchStream, create_namespace, 
 use http::{Method, StatusCode};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
-use svc_gateway::config::StorageBackend;
+use svc_gateway::base::flags::StorageBackend;
 use svc_storage::etcd::testing::EtcdCluster;
 use tokio::task::JoinHandle;
 

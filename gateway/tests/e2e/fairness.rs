@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use http::{Method, StatusCode};
 use svc_core::user::UserInfo;
-use svc_gateway::authz::{Attributes, Authorizer, Decision, DecisionFuture};
+use svc_gateway::security::authz::{Attributes, Authorizer, Decision, DecisionFuture};
 
 use crate::support::client::{TestServer, create_namespace, eventually};
 

@@ -326,9 +326,9 @@ async fn a_trace_log_holds_no_token_and_no_key() {
     // Bearer requests, good and bad.
     let anon = Client {
         addr: c.addr,
-        tls: svc_gateway::pki::ensure_pki(
+        tls: svc_gateway::outbound::pki::ensure_pki(
             &dir.path().join("pki"),
-            &svc_gateway::pki::PkiOptions {
+            &svc_gateway::outbound::pki::PkiOptions {
                 tls_sans: vec![],
                 admin_kubeconfig_path: dir.path().join("admin.kubeconfig"),
                 server_url: format!("https://127.0.0.1:{port}"),

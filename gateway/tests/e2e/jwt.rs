@@ -14,7 +14,7 @@ use jsonwebtoken::Algorithm;
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 use svc_core::user::UserInfo;
-use svc_gateway::authz::{Attributes, Authorizer, Decision, DecisionFuture};
+use svc_gateway::security::authz::{Attributes, Authorizer, Decision, DecisionFuture};
 
 use crate::support::client::{Client, TestServer, eventually};
 use crate::support::oidc::{SigningKey, TestIssuer};
@@ -359,9 +359,9 @@ async fn a_bad_file_stops_the_start_with_every_error() {
          - issuer:\n    url: http://x\n    audiences: [a, b]\n  claimMappings:\n    username: {claim: sub}\n",
     )
     .unwrap();
-    let mut opts = svc_gateway::Options::for_tests(dir.path().join("data"));
+    let mut opts = svc_gateway::base::flags::Options::for_tests(dir.path().join("data"));
     opts.authentication_config = Some(file.clone());
-    let err = svc_gateway::start(opts)
+    let err = svc_gateway::run::start(opts)
         .await
         .err()
         .expect("refused")
@@ -383,10 +383,10 @@ async fn a_bad_file_stops_the_start_with_every_error() {
          claimMappings:\n    username: {claim: sub, prefix: ''}\nanonymous:\n  enabled: true\n",
     )
     .unwrap();
-    let mut opts = svc_gateway::Options::for_tests(dir.path().join("data"));
+    let mut opts = svc_gateway::base::flags::Options::for_tests(dir.path().join("data"));
     opts.authentication_config = Some(file);
     opts.anonymous_auth = Some(true);
-    let err = svc_gateway::start(opts)
+    let err = svc_gateway::run::start(opts)
         .await
         .err()
         .expect("refused")
@@ -589,9 +589,9 @@ async fn expressions_that_do_not_compile_stop_the_start() {
          userValidationRules:\n  - expression: nobody.username\n",
     )
     .unwrap();
-    let mut opts = svc_gateway::Options::for_tests(dir.path().join("data"));
+    let mut opts = svc_gateway::base::flags::Options::for_tests(dir.path().join("data"));
     opts.authentication_config = Some(file);
-    let err = svc_gateway::start(opts)
+    let err = svc_gateway::run::start(opts)
         .await
         .err()
         .expect("refused")

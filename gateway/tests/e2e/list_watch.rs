@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::support::client::{Client, TestServer, create_namespace, eventually, summary};
 use http::StatusCode;
 use serde_json::{Value, json};
-use svc_gateway::features::Feature;
+use svc_gateway::base::features::Feature;
 
 const T: Duration = Duration::from_secs(10);
 const SA: &str = "/api/v1/namespaces/lw/serviceaccounts";

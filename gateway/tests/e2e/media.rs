@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::support::client::{Client, TestServer, eventually};
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
-use svc_gateway::features::Feature;
+use svc_gateway::base::features::Feature;
 
 const SA: &str = "/api/v1/namespaces/default/serviceaccounts";
 

@@ -563,7 +563,7 @@ fn cause(field: &str, reason: &str) -> Vec<(String, String)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn declarative_validation_mismatches_are_counted_and_takeover_answers() {
     use svc_core::validation::declarative::{Check, Rule};
-    use svc_gateway::features::Feature;
+    use svc_gateway::base::features::Feature;
     const DV: &str = "/api/v1/namespaces/dv/serviceaccounts";
     let stricter = Rule::new("metadata.name", Check::MaxLength(7));
     for (declarative, takeover) in [(true, false), (true, true), (false, true)] {

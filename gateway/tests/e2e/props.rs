@@ -10,7 +10,7 @@ use http::{Method, StatusCode};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use serde_json::{Value, json};
-use svc_gateway::query::{ListOptions, Query};
+use svc_gateway::base::query::{ListOptions, Query};
 
 use crate::support::client::{Resp, TestServer, create_namespace};
 

@@ -17,7 +17,7 @@ use http_body_util::BodyExt;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
-use svc_gateway::config::StorageBackend;
+use svc_gateway::base::flags::StorageBackend;
 use svc_storage::etcd::testing::EtcdCluster;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;

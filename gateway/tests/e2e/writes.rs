@@ -9,11 +9,13 @@ use crate::support::client::{Client, TestServer, create_namespace};
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
-use svc_gateway::features::Feature;
+use svc_gateway::base::features::Feature;
 
 const SA: &str = "/api/v1/namespaces/w/serviceaccounts";
 
-async fn setup_with(f: impl FnOnce(&mut svc_gateway::Options)) -> (TestServer, Client) {
+async fn setup_with(
+    f: impl FnOnce(&mut svc_gateway::base::flags::Options),
+) -> (TestServer, Client) {
     let srv = TestServer::start_with(f).await;
     let c = srv.admin();
     // Waits for the namespace's own `default` account, so no test sees it appear midway.

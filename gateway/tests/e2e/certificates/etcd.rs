@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use http::{Method, StatusCode};
 use serde_json::Value;
-use svc_gateway::config::StorageBackend;
+use svc_gateway::base::flags::StorageBackend;
 use svc_storage::etcd::testing::EtcdCluster;
 
 use super::{BASE, body, certificate, decide, request};

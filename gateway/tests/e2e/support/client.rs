@@ -10,7 +10,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::ServerName;
 use serde_json::Value;
-use svc_gateway::{Options, ServerHandle};
+use svc_gateway::base::flags::Options;
+use svc_gateway::run::ServerHandle;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
@@ -29,7 +30,7 @@ impl TestServer {
         let dir = tempfile::tempdir().unwrap();
         let mut opts = Options::for_tests(dir.path().to_path_buf());
         f(&mut opts);
-        let handle = svc_gateway::start(opts).await.unwrap();
+        let handle = svc_gateway::run::start(opts).await.unwrap();
         let s = TestServer {
             handle: Some(handle),
             _dir: dir,
@@ -88,7 +89,7 @@ impl TestServer {
         .await;
         // The built-in namespaces' `default` accounts are written by a controller just
         // after start: wait for them, so no test sees them appear midway.
-        for ns in svc_gateway::bootstrap::SYSTEM_NAMESPACES {
+        for ns in svc_gateway::controllers::bootstrap::SYSTEM_NAMESPACES {
             let path = format!("/api/v1/namespaces/{ns}/serviceaccounts/default");
             eventually(
                 Duration::from_secs(10),

@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use http::StatusCode;
-use svc_gateway::pki::{PkiOptions, ensure_pki};
+use svc_gateway::outbound::pki::{PkiOptions, ensure_pki};
 
 use super::client::{Client, eventually};
 

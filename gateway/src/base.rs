@@ -1,0 +1,12 @@
+//! The first floor: what every other layer may use and that uses nothing of the gateway's own.
+//! Command-line flags, feature gates, query strings, the router's path parsing, lifecycle
+//! signals, saturating deadlines, configuration-file reloading and `validate-config`.
+
+pub mod deadline;
+pub mod features;
+pub mod flags;
+pub mod lifecycle;
+pub mod query;
+pub mod reload;
+pub mod router;
+pub mod validate_config;

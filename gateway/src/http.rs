@@ -1,0 +1,11 @@
+//! The HTTP face of the registry: content negotiation, responses and errors as `Status`, the
+//! in-flight limits, the REST handlers, discovery, OpenAPI and health. Uses the layers before
+//! it; knows nothing of listeners or connections.
+
+pub mod discovery;
+pub mod health;
+pub mod limits;
+pub mod negotiate;
+pub mod openapi;
+pub mod respond;
+pub mod rest;

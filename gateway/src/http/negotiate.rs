@@ -1,0 +1,275 @@
+//! Content negotiation: which representation a client accepts (`Accept`, in preference
+//! order) and which one a request body is in (`Content-Type`).
+
+use http::HeaderMap;
+use svc_core::ApiError;
+
+use crate::base::features::{Feature, FeatureGates};
+use svc_core::codec::{MEDIA_TYPE_KUBERNETES_PROTOBUF, MEDIA_TYPE_PROTOBUF};
+
+/// A representation the server reads and writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Json,
+    Yaml,
+    /// Protobuf, answered under the media type name the client used (ours or Kubernetes').
+    Protobuf(&'static str),
+    /// CBOR (`application/cbor`, `application/cbor-seq` for watches): behind the alpha
+    /// `CBORServingAndStorage` gate.
+    Cbor,
+    /// `application/json;as=Table;g=meta.svc.io;v=v1`.
+    Table,
+}
+
+impl Format {
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::Json | Format::Table => "application/json",
+            Format::Yaml => "application/yaml",
+            Format::Protobuf(name) => name,
+            Format::Cbor => "application/cbor",
+        }
+    }
+}
+
+struct MediaRange<'a> {
+    essence: String,
+    params: Vec<(&'a str, &'a str)>,
+    q: f32,
+}
+
+impl MediaRange<'_> {
+    fn param(&self, name: &str) -> Option<&str> {
+        self.params
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| *v)
+    }
+}
+
+fn parse_accept(accept: &str) -> Vec<MediaRange<'_>> {
+    let mut out: Vec<MediaRange<'_>> = accept
+        .split(',')
+        .filter_map(|part| {
+            let mut it = part.split(';').map(str::trim);
+            let essence = it.next()?.to_ascii_lowercase();
+            if essence.is_empty() {
+                return None;
+            }
+            let mut q = 1.0;
+            let mut params = Vec::new();
+            for p in it {
+                let (k, v) = p.split_once('=').unwrap_or((p, ""));
+                let (k, v) = (k.trim(), v.trim().trim_matches('"'));
+                if k.eq_ignore_ascii_case("q") {
+                    // Not a number (`q=nan`) counts as 0, so the order below is total.
+                    q = v.parse().ok().filter(|q: &f32| !q.is_nan()).unwrap_or(0.0);
+                } else {
+                    params.push((k, v));
+                }
+            }
+            Some(MediaRange { essence, params, q })
+        })
+        .collect();
+    // Highest q first; among equals, the order the client wrote (a stable sort keeps it).
+    out.sort_by(|a, b| b.q.total_cmp(&a.q));
+    out
+}
+
+/// The format for a response body, or 406 when nothing the client accepts is served.
+/// `watch` picks among the streaming formats (JSON, protobuf, CBOR sequences).
+pub fn response_format(
+    headers: &HeaderMap,
+    gates: &FeatureGates,
+    watch: bool,
+) -> Result<Format, ApiError> {
+    let cbor = gates.enabled(Feature::CBORServingAndStorage);
+    let Some(accept) = headers.get(http::header::ACCEPT) else {
+        return Ok(Format::Json);
+    };
+    let accept = accept
+        .to_str()
+        .map_err(|_| ApiError::NotAcceptable("the Accept header is not valid text".into()))?;
+    if accept.trim().is_empty() {
+        return Ok(Format::Json);
+    }
+    for r in parse_accept(accept) {
+        if r.q <= 0.0 {
+            continue;
+        }
+        // Alternative representations are asked for with `as=`: Table of our meta group is
+        // served (not on watches); others (Kubernetes' meta.k8s.io Table, partial metadata)
+        // fall through to the next range, as the spec allows.
+        if let Some(as_) = r.param("as") {
+            let ours =
+                as_ == "Table" && r.param("g") == Some("meta.svc.io") && r.param("v") == Some("v1");
+            if ours
+                && !watch
+                && matches!(
+                    r.essence.as_str(),
+                    "application/json" | "application/*" | "*/*"
+                )
+            {
+                return Ok(Format::Table);
+            }
+            continue;
+        }
+        match r.essence.as_str() {
+            "application/json" | "application/*" | "*/*" => return Ok(Format::Json),
+            "application/yaml" if !watch => return Ok(Format::Yaml),
+            MEDIA_TYPE_PROTOBUF => return Ok(Format::Protobuf(MEDIA_TYPE_PROTOBUF)),
+            MEDIA_TYPE_KUBERNETES_PROTOBUF => {
+                return Ok(Format::Protobuf(MEDIA_TYPE_KUBERNETES_PROTOBUF));
+            }
+            "application/cbor" if cbor && !watch => return Ok(Format::Cbor),
+            "application/cbor-seq" | "application/cbor" if cbor && watch => {
+                return Ok(Format::Cbor);
+            }
+            _ => {}
+        }
+    }
+    let mut offered = vec!["application/json"];
+    if !watch {
+        offered.extend([
+            "application/yaml",
+            "application/json;as=Table;g=meta.svc.io;v=v1",
+        ]);
+    }
+    offered.extend([MEDIA_TYPE_PROTOBUF, MEDIA_TYPE_KUBERNETES_PROTOBUF]);
+    if cbor {
+        offered.push(if watch {
+            "application/cbor-seq"
+        } else {
+            "application/cbor"
+        });
+    }
+    Err(ApiError::NotAcceptable(format!(
+        "only the following media types are accepted: {} (requested {accept:?})",
+        offered.join(", ")
+    )))
+}
+
+/// The format of a request body; JSON when unstated, 415 when unsupported.
+pub fn request_format(headers: &HeaderMap, gates: &FeatureGates) -> Result<Format, ApiError> {
+    let Some(ct) = headers.get(http::header::CONTENT_TYPE) else {
+        return Ok(Format::Json);
+    };
+    let ct = ct.to_str().unwrap_or_default();
+    let essence = ct
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    let cbor = gates.enabled(Feature::CBORServingAndStorage);
+    match essence.as_str() {
+        "" | "application/json" | "*/*" => Ok(Format::Json),
+        "application/yaml" => Ok(Format::Yaml),
+        MEDIA_TYPE_PROTOBUF => Ok(Format::Protobuf(MEDIA_TYPE_PROTOBUF)),
+        MEDIA_TYPE_KUBERNETES_PROTOBUF => Ok(Format::Protobuf(MEDIA_TYPE_KUBERNETES_PROTOBUF)),
+        "application/cbor" if cbor => Ok(Format::Cbor),
+        _ => Err(ApiError::UnsupportedMediaType(format!(
+            "the body of the request was in an unknown format - accepted media types include: \
+             application/json, application/yaml, {MEDIA_TYPE_PROTOBUF}, \
+             {MEDIA_TYPE_KUBERNETES_PROTOBUF}{} (got {ct:?})",
+            if cbor { ", application/cbor" } else { "" }
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn accept(v: &str) -> Result<Format, ApiError> {
+        let mut h = HeaderMap::new();
+        h.insert(http::header::ACCEPT, v.parse().unwrap());
+        response_format(&h, &FeatureGates::default(), false)
+    }
+
+    #[test]
+    fn quality_values_that_are_not_numbers_sort_as_zero() {
+        // Long enough for the sort to check its order is total: NaN must not break it.
+        let mut list: Vec<String> = (0..40)
+            .map(|i| match i % 4 {
+                0 => "text/plain;q=nan".to_string(),
+                1 => format!("application/xml;q=0.{i}"),
+                2 => "text/html;q=NaN".to_string(),
+                _ => "image/png;q=inf".to_string(),
+            })
+            .collect();
+        list.push("application/json;q=0.9".into());
+        assert_eq!(accept(&list.join(", ")).unwrap(), Format::Json);
+        assert_eq!(accept("application/json;q=nan").unwrap_err().code(), 406);
+    }
+
+    #[test]
+    fn accept_lists_fall_back_in_order() {
+        assert_eq!(accept("application/json").unwrap(), Format::Json);
+        assert_eq!(
+            accept("application/vnd.kubernetes.protobuf, application/json").unwrap(),
+            Format::Protobuf(MEDIA_TYPE_KUBERNETES_PROTOBUF)
+        );
+        assert_eq!(
+            accept("application/vnd.svc.protobuf").unwrap(),
+            Format::Protobuf(MEDIA_TYPE_PROTOBUF)
+        );
+        assert_eq!(
+            accept("application/json;as=Table;v=v1;g=meta.k8s.io,application/json").unwrap(),
+            Format::Json
+        );
+        assert_eq!(accept("application/xml, */*;q=0.5").unwrap(), Format::Json);
+        assert_eq!(
+            accept("application/json;q=0.5, application/vnd.svc.protobuf").unwrap(),
+            Format::Protobuf(MEDIA_TYPE_PROTOBUF)
+        );
+        assert_eq!(accept("application/xml").unwrap_err().code(), 406);
+        assert_eq!(accept("application/json;q=0").unwrap_err().code(), 406);
+        assert_eq!(accept("application/yaml").unwrap(), Format::Yaml);
+        assert_eq!(
+            accept("application/json;as=Table;g=meta.svc.io;v=v1").unwrap(),
+            Format::Table
+        );
+        assert_eq!(
+            accept("application/json;as=Table;g=meta.k8s.io;v=v1")
+                .unwrap_err()
+                .code(),
+            406
+        );
+        // CBOR only behind its gate.
+        assert_eq!(accept("application/cbor").unwrap_err().code(), 406);
+        let mut h = HeaderMap::new();
+        h.insert(
+            http::header::ACCEPT,
+            "application/cbor-seq".parse().unwrap(),
+        );
+        let gates = FeatureGates::parse("CBORServingAndStorage=true").unwrap();
+        assert_eq!(response_format(&h, &gates, true).unwrap(), Format::Cbor);
+        // No YAML or Table watch streams.
+        h.insert(http::header::ACCEPT, "application/yaml".parse().unwrap());
+        assert_eq!(response_format(&h, &gates, true).unwrap_err().code(), 406);
+    }
+
+    #[test]
+    fn content_types() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            http::header::CONTENT_TYPE,
+            "application/json; charset=utf-8".parse().unwrap(),
+        );
+        let gates = FeatureGates::default();
+        assert_eq!(request_format(&h, &gates).unwrap(), Format::Json);
+        h.insert(
+            http::header::CONTENT_TYPE,
+            "application/yaml".parse().unwrap(),
+        );
+        assert_eq!(request_format(&h, &gates).unwrap(), Format::Yaml);
+        h.insert(
+            http::header::CONTENT_TYPE,
+            "application/cbor".parse().unwrap(),
+        );
+        assert_eq!(request_format(&h, &gates).unwrap_err().code(), 415);
+        h.insert(http::header::CONTENT_TYPE, "text/plain".parse().unwrap());
+        assert_eq!(request_format(&h, &gates).unwrap_err().code(), 415);
+    }
+}

@@ -1,0 +1,245 @@
+//! The one place that turns errors into HTTP responses: every error becomes a `Status` body
+//! with the matching code (and `Retry-After` where the error carries a hint).
+
+use std::convert::Infallible;
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use serde::Serialize;
+use svc_core::ApiError;
+use svc_core::table::IncludeObject;
+
+use crate::http::negotiate::Format;
+use svc_core::registry::Kind;
+use svc_storage::StoreError;
+
+/// The body type of every response: a full buffer or a stream (watches).
+pub type Body = BoxBody<Bytes, std::io::Error>;
+
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into())
+        .map_err(|e: Infallible| match e {})
+        .boxed()
+}
+
+/// A JSON response of `value`, pretty-printed when the client asked with `pretty=true`.
+pub fn json<T: Serialize>(code: StatusCode, value: &T, pretty: bool) -> Response<Body> {
+    let encoded = if pretty {
+        serde_json::to_vec_pretty(value)
+    } else {
+        serde_json::to_vec(value)
+    };
+    match encoded {
+        Ok(mut bytes) => {
+            bytes.push(b'\n');
+            bytes_response(code, "application/json", bytes)
+        }
+        Err(e) => error(&ApiError::internal(format!("encoding response: {e}"))),
+    }
+}
+
+pub fn bytes_response(
+    code: StatusCode,
+    content_type: &str,
+    body: impl Into<Bytes>,
+) -> Response<Body> {
+    let mut resp = Response::new(full(body));
+    *resp.status_mut() = code;
+    if let Ok(v) = HeaderValue::from_str(content_type) {
+        resp.headers_mut().insert(header::CONTENT_TYPE, v);
+    }
+    resp
+}
+
+pub fn text(code: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
+    let mut resp = bytes_response(code, "text/plain; charset=utf-8", body);
+    resp.headers_mut().insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
+    resp
+}
+
+/// An object in the negotiated format (a Table of one row for `as=Table`).
+pub fn object<T: Kind>(code: StatusCode, obj: &T, format: Format, pretty: bool) -> Response<Body> {
+    object_with(code, obj, format, pretty, IncludeObject::Metadata)
+}
+
+pub fn object_with<T: Kind>(
+    code: StatusCode,
+    obj: &T,
+    format: Format,
+    pretty: bool,
+    include: IncludeObject,
+) -> Response<Body> {
+    let encoded = match format {
+        Format::Json => return json(code, obj, pretty),
+        Format::Protobuf(ct) => Ok((ct, svc_core::codec::encode_protobuf(obj))),
+        Format::Yaml => svc_core::codec::yaml::encode(obj).map(|b| ("application/yaml", b)),
+        Format::Cbor => svc_core::codec::cbor::encode(obj).map(|b| ("application/cbor", b)),
+        Format::Table => match serde_json::to_value(obj) {
+            Ok(v) => {
+                let meta = svc_core::ListMeta {
+                    resource_version: obj.meta().resource_version.clone(),
+                    ..Default::default()
+                };
+                return json(
+                    code,
+                    &svc_core::table::table(T::INFO, &meta, vec![v], include),
+                    pretty,
+                );
+            }
+            Err(e) => Err(ApiError::internal(e)),
+        },
+    };
+    match encoded {
+        Ok((ct, body)) => bytes_response(code, ct, body),
+        Err(e) => error(&e),
+    }
+}
+
+/// A list body in the negotiated format, from the items' canonical JSON (spliced, not
+/// re-serialized, for JSON; re-encoded per item for the other formats).
+pub fn list(
+    cache: &svc_core::watch::WatchCache,
+    meta: &svc_core::ListMeta,
+    items: &[std::sync::Arc<svc_core::watch::CachedObject>],
+    format: Format,
+    pretty: bool,
+    include: IncludeObject,
+) -> Result<Response<Body>, ApiError> {
+    let info = cache.codec().info;
+    let api_version = info.api_version();
+    let as_value = |items: &[std::sync::Arc<svc_core::watch::CachedObject>]| -> Result<Vec<serde_json::Value>, ApiError> {
+        items.iter().map(|o| serde_json::from_slice(&o.json).map_err(ApiError::internal)).collect()
+    };
+    let whole = || -> Result<serde_json::Value, ApiError> {
+        let body = svc_core::watch::frames::list_json(&api_version, info.list_kind, meta, items)?;
+        serde_json::from_slice(&body).map_err(ApiError::internal)
+    };
+    Ok(match format {
+        Format::Json if pretty => json(StatusCode::OK, &whole()?, true),
+        Format::Json => {
+            let mut body =
+                svc_core::watch::frames::list_json(&api_version, info.list_kind, meta, items)?;
+            body.push(b'\n');
+            bytes_response(StatusCode::OK, "application/json", body)
+        }
+        Format::Protobuf(ct) => {
+            let raws: Result<Vec<Bytes>, ApiError> =
+                items.iter().map(|o| cache.object_protobuf(o)).collect();
+            let body = svc_core::codec::encode_list_protobuf_raw(
+                &api_version,
+                info.list_kind,
+                meta,
+                raws?,
+            );
+            bytes_response(StatusCode::OK, ct, body)
+        }
+        Format::Yaml => bytes_response(
+            StatusCode::OK,
+            "application/yaml",
+            svc_core::codec::yaml::encode(&whole()?)?,
+        ),
+        Format::Cbor => bytes_response(
+            StatusCode::OK,
+            "application/cbor",
+            svc_core::codec::cbor::encode(&whole()?)?,
+        ),
+        Format::Table => json(
+            StatusCode::OK,
+            &svc_core::table::table(info, meta, as_value(items)?, include),
+            pretty,
+        ),
+    })
+}
+
+/// Adds one `Warning: 299 - "<text>"` header per warning.
+pub fn with_warnings(mut resp: Response<Body>, warnings: &[String]) -> Response<Body> {
+    for w in warnings {
+        let text = format!("299 - {}", go_quote(w));
+        if let Ok(v) = HeaderValue::from_str(&text) {
+            resp.headers_mut().append(header::WARNING, v);
+        }
+    }
+    resp
+}
+
+/// A string quoted the way Go's `%q` does for printable ASCII (what warning headers carry).
+fn go_quote(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_ascii_graphic() || c == ' ' => out.push(c),
+            c => out.push_str(&c.escape_unicode().to_string()),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The response for an API error: a `Status` object and its code.
+pub fn error(err: &ApiError) -> Response<Body> {
+    let status = err.to_status();
+    let code = StatusCode::from_u16(status.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut resp = json(code, &status, false);
+    if let Some(secs) = err.retry_after() {
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    resp
+}
+
+/// The `ERROR` frame for a watch that cannot start (e.g. 410: its version is too old),
+/// sent in the stream as Kubernetes does, so clients relist.
+pub fn watch_error_frame(format: Format, err: &ApiError) -> Bytes {
+    let status = err.to_status();
+    match format {
+        Format::Json => match serde_json::to_vec(&status) {
+            Ok(json) => svc_core::watch::frames::json_line("ERROR", &json),
+            Err(_) => Bytes::new(),
+        },
+        Format::Protobuf(_) => {
+            let envelope = svc_core::codec::encode_status_protobuf(&status);
+            svc_core::codec::encode_watch_event_protobuf("ERROR", &envelope)
+                .map(Bytes::from)
+                .unwrap_or_default()
+        }
+        Format::Cbor => serde_json::to_vec(&status)
+            .map_err(ApiError::internal)
+            .and_then(|json| svc_core::codec::cbor::watch_event("ERROR", &json))
+            .map(Bytes::from)
+            .unwrap_or_default(),
+        // Negotiation never picks these for a watch.
+        Format::Yaml | Format::Table => Bytes::new(),
+    }
+}
+
+/// Maps a storage failure that the handler did not turn into something more specific.
+/// Conflicts and not-found are handled where the resource is known; this is the remainder.
+pub fn store_error(err: StoreError) -> ApiError {
+    match err {
+        StoreError::Compacted {
+            requested,
+            compacted,
+        } => ApiError::Expired(format!(
+            "The resourceVersion for the provided list is too old: requested {requested}, \
+             compacted at {compacted}"
+        )),
+        StoreError::FutureRevision { requested, current } => {
+            ApiError::too_large_resource_version(requested, current)
+        }
+        StoreError::Unavailable(msg) => {
+            ApiError::ServiceUnavailable(format!("storage unavailable: {msg}"))
+        }
+        StoreError::Closed => ApiError::ServiceUnavailable("storage is shutting down".into()),
+        StoreError::Corrupt { location, detail } => {
+            ApiError::Internal(format!("stored object at {location} is corrupt: {detail}"))
+        }
+        other => ApiError::Internal(other.to_string()),
+    }
+}

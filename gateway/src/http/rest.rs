@@ -1,0 +1,214 @@
+//! REST handlers, written once over every served kind: get here, list (`list`), watch
+//! (`watch`), create/update/delete (`write`) and patch/apply (`patch`); what they share is in
+//! `call`. The kind table in `serve` is the only per-kind code.
+//!
+//! Layering inside: `call` is the leaf; `list` and `watch` are siblings that never call each
+//! other (this file picks one); `patch` builds on `write`'s commit step, never the reverse.
+
+mod action;
+mod call;
+pub mod list;
+pub mod patch;
+mod token;
+pub mod watch;
+pub mod write;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Method, Response, StatusCode};
+use svc_core::object::{self, parse_resource_version};
+use svc_core::{ApiError, registry};
+
+use call::path_namespace;
+pub use call::{Call, Selectors};
+
+use crate::base::features::Feature;
+use crate::base::query::ListOptions;
+use crate::http::negotiate;
+use crate::http::respond::{self, Body};
+use crate::registry::caches::freshness::wait_for_revision;
+use crate::serve::app::App;
+use svc_core::registry::{Kind, KindVisitor};
+
+/// Serves one resource request with the handlers instantiated for the route's kind.
+pub async fn serve(app: &Arc<App>, call: Call) -> Response<Body> {
+    let info = call.route.info;
+    let result = match registry::visit(info, Serve { app, call }) {
+        Some(fut) => fut.await,
+        None => Err(ApiError::internal(format!(
+            "no handler for kind {}",
+            info.kind
+        ))),
+    };
+    result.unwrap_or_else(|e| respond::error(&e))
+}
+
+type Handled<'a> = Pin<Box<dyn Future<Output = Result<Response<Body>, ApiError>> + Send + 'a>>;
+
+/// The registry visitor that picks `serve_typed::<T>` for the kind of a route.
+struct Serve<'a> {
+    app: &'a Arc<App>,
+    call: Call,
+}
+
+impl<'a> KindVisitor for Serve<'a> {
+    type Output = Handled<'a>;
+    fn visit<T: Kind>(self) -> Handled<'a> {
+        Box::pin(serve_typed::<T>(self.app, self.call))
+    }
+}
+
+async fn serve_typed<T: Kind>(app: &Arc<App>, mut call: Call) -> Result<Response<Body>, ApiError> {
+    let watch = call.query.bool("watch").unwrap_or(false);
+    call.format = negotiate::response_format(&call.parts.headers, &app.opts.feature_gates, watch)?;
+    let info = T::INFO;
+    let name = call.route.name.clone();
+    let method = call.parts.method.clone();
+    if let Some(sub) = call.route.subresource.clone() {
+        return serve_subresource::<T>(app, call, &sub).await;
+    }
+    let verb = match (&method, &name) {
+        (&Method::GET | &Method::HEAD, Some(_)) => "get",
+        (&Method::GET | &Method::HEAD, None) if watch => "watch",
+        (&Method::GET | &Method::HEAD, None) => "list",
+        (&Method::POST, None) => "create",
+        (&Method::PUT, Some(_)) => "update",
+        (&Method::PATCH, Some(_)) => "patch",
+        (&Method::DELETE, Some(_)) => "delete",
+        (&Method::DELETE, None) => "deletecollection",
+        _ => "",
+    };
+    if !info.verbs.contains(&verb) {
+        return Err(method_not_allowed(&method));
+    }
+    if !info.stored {
+        // Only `create` is served for a kind that is not stored: it is answered, not kept.
+        return action::review::<T>(app, &call).await;
+    }
+    match (method, name) {
+        (Method::GET | Method::HEAD, Some(name)) => get::<T>(app, &call, &name).await,
+        (Method::GET | Method::HEAD, None) => list_or_watch::<T>(app, call).await,
+        (Method::POST, None) => write::create::<T>(app, &call).await,
+        (Method::PUT, Some(name)) => write::update::<T>(app, &call, &name).await,
+        (Method::DELETE, Some(name)) => write::delete::<T>(app, &call, &name).await,
+        (Method::DELETE, None) => write::delete_collection::<T>(app, &call).await,
+        (Method::PATCH, Some(name)) => patch::patch::<T>(app, &call, &name).await,
+        (m, _) => Err(method_not_allowed(&m)),
+    }
+}
+
+fn method_not_allowed(m: &Method) -> ApiError {
+    ApiError::MethodNotAllowed(format!(
+        "the server does not allow this method on the requested resource: {m}"
+    ))
+}
+
+/// A request to `<object>/<sub>`: reads and writes of the part of the object the
+/// subresource owns (`status`, `approval`), or an action it performs (`token`).
+async fn serve_subresource<T: Kind>(
+    app: &Arc<App>,
+    call: Call,
+    sub: &str,
+) -> Result<Response<Body>, ApiError> {
+    let info = T::INFO;
+    let name = call.route.name.clone().unwrap_or_default();
+    let Some(served) = info.subresources.iter().find(|s| s.name == sub) else {
+        return Err(ApiError::NotFound(svc_core::status::Subject::new(
+            info.group,
+            &format!("{}/{sub}", info.plural),
+            &name,
+        )));
+    };
+    let method = call.parts.method.clone();
+    let verb = match method {
+        Method::GET | Method::HEAD => "get",
+        Method::POST => "create",
+        Method::PUT => "update",
+        Method::PATCH => "patch",
+        _ => "",
+    };
+    if !served.verbs.contains(&verb) {
+        return Err(method_not_allowed(&method));
+    }
+    match verb {
+        "get" => get::<T>(app, &call, &name).await,
+        "update" => write::update::<T>(app, &call, &name).await,
+        "patch" => patch::patch::<T>(app, &call, &name).await,
+        _ => action::create::<T>(app, &call, sub, &name).await,
+    }
+}
+
+async fn get<T: Kind>(app: &Arc<App>, call: &Call, name: &str) -> Result<Response<Body>, ApiError> {
+    let ns = path_namespace::<T>(&call.route)?;
+    let key = Bytes::from(T::INFO.key(ns, name));
+    let min_rv = match call.query.get("resourceVersion") {
+        None | Some("") | Some("0") => None,
+        Some(rv) => Some(parse_resource_version(rv)?),
+    };
+    if let Some(rv) = min_rv {
+        wait_for_revision(app.store.as_ref(), rv).await?;
+    }
+    let (kv, _) = app
+        .store
+        .get(key, None)
+        .await
+        .map_err(respond::store_error)?;
+    let kv = kv.ok_or_else(|| ApiError::NotFound(object::subject::<T>(name)))?;
+    let obj: T = object::decode_from_store(&kv)?;
+    Ok(respond::object(
+        StatusCode::OK,
+        &obj,
+        call.format,
+        call.query.pretty(),
+    ))
+}
+
+async fn list_or_watch<T: Kind>(app: &Arc<App>, call: Call) -> Result<Response<Body>, ApiError> {
+    let opts = ListOptions::from_query(&call.query)?;
+    list::validate(&opts)?;
+    if opts.watch
+        && opts.send_initial_events.is_some()
+        && !app.opts.feature_gates.enabled(Feature::WatchList)
+    {
+        return Err(ApiError::bad_request(
+            "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the \
+             WatchList feature gate is enabled",
+        ));
+    }
+    let selectors = Selectors::parse::<T>(&opts)?;
+    // Only read when the request is traced.
+    let rv = app
+        .tracer
+        .as_ref()
+        .and_then(|_| opts.resource_version.clone());
+    let attributes = move || {
+        vec![
+            opentelemetry::KeyValue::new("type", T::INFO.plural),
+            opentelemetry::KeyValue::new("resourceVersion", rv.unwrap_or_default()),
+        ]
+    };
+    let failed = |r: &Result<Response<Body>, ApiError>| r.as_ref().err().map(ToString::to_string);
+    if opts.watch {
+        // The span covers setting the watch up (catching up, the initial events' snapshot),
+        // not the stream: its events are written outside the request's context.
+        return crate::observe::trace::in_span(
+            app.tracer.as_ref(),
+            "watch setup",
+            attributes,
+            watch::watch::<T>(app, call, opts, selectors),
+            failed,
+        )
+        .await;
+    }
+    crate::observe::trace::in_span(
+        app.tracer.as_ref(),
+        "list",
+        attributes,
+        list::list::<T>(app, &call, &opts, selectors),
+        failed,
+    )
+    .await
+}

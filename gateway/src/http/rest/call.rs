@@ -1,0 +1,209 @@
+//! What every resource handler shares: the request (`Call`), its path namespace, the
+//! selectors, the field manager, reading the current object with its error mapping, and the
+//! store writes that give expiring kinds their time to live.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, request};
+use svc_core::object;
+use svc_core::resource::field_value;
+use svc_core::selector::{FieldSelector, LabelSelector};
+use svc_core::status::StatusCause;
+use svc_core::{ApiError, Resource};
+use svc_storage::{KeyValue, Revision, StoreError};
+
+use crate::base::query::{ListOptions, Query};
+use crate::base::router::ResourceRoute;
+use crate::http::negotiate::Format;
+use crate::http::respond;
+use crate::outbound::pki::UserInfo;
+use crate::registry::admission::{self, Operation};
+use crate::security::authz::Attributes;
+use crate::serve::app::App;
+
+/// Checks that the caller may also do `verb` to the request's object: apply that creates
+/// needs `create` besides `patch`, force deletion needs `unsafe-delete-ignore-read-errors`
+/// besides `delete`, as Kubernetes asks.
+pub(super) async fn authorize_also(app: &App, call: &Call, verb: &str) -> Result<(), ApiError> {
+    let attrs = Attributes::for_resource(&call.route, verb);
+    app.authorizer().authorize(&call.user, &attrs).await
+}
+
+/// What admission plugins see of a write of `T` by this call to `namespace`/`name`.
+pub(super) fn admission_attributes<'a, T: Resource>(
+    call: &'a Call,
+    operation: Operation,
+    namespace: &'a str,
+    name: &'a str,
+    dry_run: bool,
+) -> admission::Attributes<'a> {
+    admission::Attributes {
+        operation,
+        info: T::INFO,
+        subresource: call.route.subresource.as_deref(),
+        namespace,
+        name,
+        user: &call.user,
+        dry_run,
+        audit: call.parts.extensions.get(),
+    }
+}
+
+/// The warnings of a response: field validation's, then admission's.
+pub(super) fn response_warnings(decoded: &[String], outcome: &admission::Outcome) -> Vec<String> {
+    let mut all = decoded.to_vec();
+    all.extend(outcome.warnings.iter().cloned());
+    all
+}
+
+/// Kubernetes' limit on `fieldManager`.
+const MAX_FIELD_MANAGER_LEN: usize = 128;
+
+/// One request to a resource endpoint.
+pub struct Call {
+    pub parts: request::Parts,
+    pub body: Bytes,
+    pub route: ResourceRoute,
+    pub query: Query,
+    pub user: UserInfo,
+    /// The negotiated response format (set before a handler runs).
+    pub format: Format,
+}
+
+/// The namespace of an object route, validated.
+pub(super) fn path_namespace<T: Resource>(route: &ResourceRoute) -> Result<&str, ApiError> {
+    if T::INFO.namespaced() && route.namespace.is_empty() {
+        return Err(ApiError::bad_request(
+            "a namespace is required for this resource",
+        ));
+    }
+    Ok(&route.namespace)
+}
+
+/// The label and field selectors of a request, parsed once.
+#[derive(Debug, Default)]
+pub struct Selectors {
+    pub labels: LabelSelector,
+    pub fields: FieldSelector,
+}
+
+impl Selectors {
+    pub fn parse<T: Resource>(opts: &ListOptions) -> Result<Self, ApiError> {
+        let labels = LabelSelector::parse(&opts.label_selector)
+            .map_err(|e| ApiError::bad_request(format!("unable to parse labelSelector: {e}")))?;
+        let fields = FieldSelector::parse(&opts.field_selector, |f| T::INFO.supports_field(f))
+            .map_err(|e| ApiError::bad_request(format!("unable to parse fieldSelector: {e}")))?;
+        Ok(Selectors { labels, fields })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty() && self.fields.is_empty()
+    }
+
+    pub fn matches<T: Resource>(&self, obj: &T) -> bool {
+        self.labels.matches(&obj.meta().labels) && self.fields.matches(|f| field_value(obj, f))
+    }
+}
+
+/// The `fieldManager` of a write: the query parameter, else (non-apply only) the user agent
+/// up to its first `/`, as Kubernetes derives it.
+pub fn field_manager(call: &Call, required: bool) -> Result<String, ApiError> {
+    let manager = match call.query.get("fieldManager") {
+        Some(m) if !m.is_empty() => m.to_string(),
+        _ if required => {
+            return Err(ApiError::bad_request(
+                "PATCH, fieldManager is required for apply requests",
+            ));
+        }
+        _ => call
+            .parts
+            .headers
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|ua| ua.split('/').next())
+            .unwrap_or_default()
+            .chars()
+            .take(MAX_FIELD_MANAGER_LEN)
+            .collect(),
+    };
+    if manager.chars().count() > MAX_FIELD_MANAGER_LEN {
+        return Err(ApiError::Invalid {
+            kind: "PatchOptions".into(),
+            group: String::new(),
+            name: String::new(),
+            causes: vec![StatusCause {
+                reason: "FieldValueTooLong".into(),
+                message: format!("Too long: may not be longer than {MAX_FIELD_MANAGER_LEN}"),
+                field: "fieldManager".into(),
+            }],
+        });
+    }
+    Ok(manager)
+}
+
+/// The stored object at `key`, decoded, with its key-value.
+pub(super) async fn read_current<T: Resource>(
+    app: &App,
+    key: &Bytes,
+    name: &str,
+) -> Result<(T, KeyValue), ApiError> {
+    let (kv, _) = app
+        .store
+        .get(key.clone(), None)
+        .await
+        .map_err(respond::store_error)?;
+    let kv = kv.ok_or_else(|| ApiError::NotFound(object::subject::<T>(name)))?;
+    Ok((object::decode_from_store(&kv)?, kv))
+}
+
+/// The time to live a write gives `T`'s objects: `--event-ttl` for kinds that expire, none
+/// for the others or when the flag is 0 (as Kubernetes treats `--event-ttl=0`).
+fn ttl_of<T: Resource>(app: &App) -> Option<Duration> {
+    let ttl = app.opts.event_ttl;
+    (T::INFO.expires && !ttl.is_zero()).then_some(ttl)
+}
+
+/// Creates `T`'s object at `key`, expiring if the kind expires.
+pub(super) async fn store_create<T: Resource>(
+    app: &App,
+    key: Bytes,
+    value: Bytes,
+) -> Result<KeyValue, StoreError> {
+    match ttl_of::<T>(app) {
+        Some(ttl) => app.store.create_with_ttl(key, value, ttl).await,
+        None => app.store.create(key, value).await,
+    }
+}
+
+/// Updates `T`'s object at `key` (compare-and-swap on `expected`); an expiring kind's time to
+/// live starts again, as Kubernetes gives every event write the full TTL.
+pub(super) async fn store_update<T: Resource>(
+    app: &App,
+    key: Bytes,
+    value: Bytes,
+    expected: Revision,
+) -> Result<KeyValue, StoreError> {
+    match ttl_of::<T>(app) {
+        Some(ttl) => app.store.update_with_ttl(key, value, expected, ttl).await,
+        None => app.store.update(key, value, expected).await,
+    }
+}
+
+pub(super) fn conflict<T: Resource>(name: &str) -> ApiError {
+    ApiError::Conflict {
+        subject: object::subject::<T>(name),
+        message: "the object has been modified; please apply your changes to the latest version \
+                  and try again"
+            .into(),
+    }
+}
+
+pub(super) fn map_write_error<T: Resource>(e: StoreError, name: &str) -> ApiError {
+    match e {
+        StoreError::AlreadyExists { .. } => ApiError::AlreadyExists(object::subject::<T>(name)),
+        StoreError::Conflict { .. } => conflict::<T>(name),
+        StoreError::NotFound => ApiError::NotFound(object::subject::<T>(name)),
+        other => respond::store_error(other),
+    }
+}

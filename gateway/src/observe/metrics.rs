@@ -1,0 +1,666 @@
+//! Prometheus metrics at `/metrics`, encoded by `prometheus-client` as OpenMetrics text, with
+//! kube-apiserver's names, labels and buckets so its dashboards work: requests and their
+//! latency, requests in flight, open watches and the events sent to them, storage calls
+//! (`store`), and declarative validation mismatches. The watch caches add theirs at scrape
+//! time through a collector (`caches.rs`). README.md's "Metrics" section lists every family.
+
+pub mod authz;
+pub mod store;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::{MetricType, TypedMetric};
+use prometheus_client::registry::Registry;
+use svc_core::ResourceInfo;
+
+use crate::base::query::Query;
+use crate::base::router::Route;
+
+/// The one exposition format served: what `prometheus-client` writes. Prometheus asks for it
+/// first, and Python's `prometheus_client.openmetrics.parser` reads it.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The `component` label of request metrics, as kube-apiserver sets it.
+const COMPONENT: &str = "apiserver";
+
+/// kube-apiserver's buckets for `apiserver_request_duration_seconds` and
+/// `etcd_request_duration_seconds` (chosen there for the API call latency SLOs).
+pub const LATENCY_BUCKETS: [f64; 23] = [
+    0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0,
+    10.0, 15.0, 20.0, 30.0, 45.0, 60.0,
+];
+
+/// kube-apiserver's buckets for `apiserver_watch_events_sizes`: 1 KiB, 2 KiB, ... 128 KiB.
+const WATCH_EVENT_SIZE_BUCKETS: [f64; 8] = [
+    1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0, 65536.0, 131072.0,
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    verb: &'static str,
+    dry_run: String,
+    group: &'static str,
+    version: &'static str,
+    resource: &'static str,
+    subresource: String,
+    scope: &'static str,
+    component: &'static str,
+    code: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LatencyLabels {
+    verb: &'static str,
+    dry_run: String,
+    group: &'static str,
+    version: &'static str,
+    resource: &'static str,
+    subresource: String,
+    scope: &'static str,
+    component: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InflightLabels {
+    request_kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LongRunningLabels {
+    verb: &'static str,
+    group: &'static str,
+    version: &'static str,
+    resource: &'static str,
+    subresource: &'static str,
+    scope: &'static str,
+    component: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    group: &'static str,
+    version: &'static str,
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResourceLabels {
+    group: &'static str,
+    version: &'static str,
+    resource: &'static str,
+}
+
+/// What the request metrics need to know about one request, worked out as it enters.
+#[derive(Clone, Debug)]
+pub struct RequestInfo {
+    labels: LatencyLabels,
+    /// `readOnly` or `mutating`; None for long-running requests (watches), which
+    /// kube-apiserver leaves out of the in-flight count too.
+    request_kind: Option<&'static str>,
+}
+
+impl RequestInfo {
+    /// Labels the way kube-apiserver does (`CleanVerb`, `CleanScope`, `cleanDryRun`): verbs
+    /// are upper case, GET of a collection is LIST, `watch=true` is WATCH, an apply patch is
+    /// APPLY; scope is `resource` for a named object or a create, else `namespace` or
+    /// `cluster`; requests outside the resource API have empty group, version and resource.
+    pub fn new(
+        method: &Method,
+        route: &Route,
+        query: &Query,
+        headers: &HeaderMap,
+        watch: bool,
+    ) -> Self {
+        let resource = match route {
+            Route::Resource(r) => Some(r),
+            _ => None,
+        };
+        let scope = match resource {
+            Some(r) if r.name.is_some() || method == Method::POST => "resource",
+            Some(r) if !r.namespace.is_empty() => "namespace",
+            Some(_) => "cluster",
+            None => "",
+        };
+        let is_apply = || {
+            headers
+                .get(http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.split(';').next())
+                .is_some_and(|ct| ct.trim().starts_with("application/apply-patch+"))
+        };
+        let verb = match *method {
+            Method::GET | Method::HEAD if watch => "WATCH",
+            Method::GET | Method::HEAD if scope == "resource" || scope.is_empty() => "GET",
+            Method::GET | Method::HEAD => "LIST",
+            Method::POST => "POST",
+            Method::PUT => "PUT",
+            Method::PATCH if is_apply() => "APPLY",
+            Method::PATCH => "PATCH",
+            Method::DELETE => "DELETE",
+            _ => "other",
+        };
+        let request_kind = match *method {
+            _ if watch => None,
+            Method::POST | Method::PUT | Method::PATCH | Method::DELETE => Some("mutating"),
+            _ => Some("readOnly"),
+        };
+        RequestInfo {
+            labels: LatencyLabels {
+                verb,
+                dry_run: dry_run_label(query),
+                group: resource.map_or("", |r| r.info.group),
+                version: resource.map_or("", |r| r.info.version),
+                resource: resource.map_or("", |r| r.info.plural),
+                subresource: resource
+                    .and_then(|r| r.subresource.clone())
+                    .unwrap_or_default(),
+                scope,
+                component: COMPONENT,
+            },
+            request_kind,
+        }
+    }
+}
+
+/// kube-apiserver's `dry_run` label: the distinct values, sorted and comma-joined; `invalid`
+/// when one is not `All`; empty without the parameter.
+fn dry_run_label(query: &Query) -> String {
+    let mut values = query.get_all("dryRun");
+    if values.iter().any(|v| *v != "All") {
+        return "invalid".into();
+    }
+    values.sort_unstable();
+    values.dedup();
+    values.join(",")
+}
+
+/// Every metric the gateway records itself. Cheap to share: each family is reference-counted.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    latency: Family<LatencyLabels, Histogram>,
+    inflight: Family<InflightLabels, Gauge>,
+    longrunning: Family<LongRunningLabels, Gauge>,
+    registered_watchers: Family<KindLabels, Gauge>,
+    watch_events: Family<ResourceLabels, Counter>,
+    watch_event_sizes: Family<ResourceLabels, SizeHistogram>,
+    /// Storage call latency and counts, recorded by [`store::InstrumentedStore`].
+    pub store: store::StoreMetrics,
+    /// Authorization decisions, webhook calls and configuration reloads.
+    pub authz: authz::AuthzMetrics,
+    validation_mismatches: Counter,
+    /// `apiserver_audit_*`.
+    pub audit: AuditMetrics,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PluginLabels {
+    plugin: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LevelLabels {
+    level: &'static str,
+}
+
+/// The audit families, with kube-apiserver's names.
+#[derive(Clone, Debug)]
+pub struct AuditMetrics {
+    /// `apiserver_audit_event_total`: events generated and sent to the backends.
+    pub events: Counter,
+    errors: Family<PluginLabels, Counter>,
+    /// `apiserver_audit_level_total`, one counter per level (one per request).
+    levels: [Counter; 4],
+}
+
+impl AuditMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let events = Counter::default();
+        registry.register(
+            "apiserver_audit_event",
+            "Counter of audit events generated and sent to the audit backend.",
+            events.clone(),
+        );
+        let errors = Family::<PluginLabels, Counter>::default();
+        registry.register(
+            "apiserver_audit_error",
+            "Counter of audit events that failed to be audited properly. Plugin identifies \
+             the plugin affected by the error.",
+            errors.clone(),
+        );
+        let level_family = Family::<LevelLabels, Counter>::default();
+        registry.register(
+            "apiserver_audit_level",
+            "Counter of policy levels for audit events (1 per request).",
+            level_family.clone(),
+        );
+        let levels = svc_core::config::audit::Level::ALL
+            .map(|level| level_family.get_or_create_owned(&LevelLabels { level }));
+        AuditMetrics {
+            events,
+            errors,
+            levels,
+        }
+    }
+
+    /// `apiserver_audit_error_total{plugin}`.
+    pub fn errors(&self, plugin: &'static str) -> Counter {
+        self.errors.get_or_create_owned(&PluginLabels { plugin })
+    }
+
+    pub fn level(&self, level: svc_core::config::audit::Level) -> &Counter {
+        use svc_core::config::audit::Level;
+        let [none, metadata, request, request_response] = &self.levels;
+        match level {
+            Level::None => none,
+            Level::Metadata => metadata,
+            Level::Request => request,
+            Level::RequestResponse => request_response,
+        }
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        // Counters get their `_total` suffix from the encoder.
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "apiserver_request",
+            "Counter of apiserver requests broken out for each verb, dry run value, group, \
+             version, resource, scope, component, and HTTP response code",
+            requests.clone(),
+        );
+        let latency = Family::<LatencyLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(LATENCY_BUCKETS)
+        });
+        registry.register(
+            "apiserver_request_duration_seconds",
+            "Response latency distribution in seconds for each verb, dry run value, group, \
+             version, resource, subresource, scope and component (watches: until the response \
+             headers)",
+            latency.clone(),
+        );
+        let inflight = Family::<InflightLabels, Gauge>::default();
+        for kind in ["readOnly", "mutating"] {
+            inflight.get_or_create_owned(&InflightLabels { request_kind: kind });
+        }
+        registry.register(
+            "apiserver_current_inflight_requests",
+            "Requests being served now per request kind (long-running requests excluded)",
+            inflight.clone(),
+        );
+        let longrunning = Family::<LongRunningLabels, Gauge>::default();
+        registry.register(
+            "apiserver_longrunning_requests",
+            "Gauge of all active long-running apiserver requests broken out by verb, group, \
+             version, resource, scope and component",
+            longrunning.clone(),
+        );
+        let registered_watchers = Family::<KindLabels, Gauge>::default();
+        registry.register(
+            "apiserver_registered_watchers",
+            "Number of currently registered watchers for a given resource",
+            registered_watchers.clone(),
+        );
+        let watch_events = Family::<ResourceLabels, Counter>::default();
+        registry.register(
+            "apiserver_watch_events",
+            "Number of events sent in watch clients",
+            watch_events.clone(),
+        );
+        let watch_event_sizes =
+            Family::<ResourceLabels, SizeHistogram>::new_with_constructor(|| {
+                SizeHistogram::new(&WATCH_EVENT_SIZE_BUCKETS)
+            });
+        registry.register(
+            "apiserver_watch_events_sizes",
+            "Watch event size distribution in bytes",
+            watch_event_sizes.clone(),
+        );
+        let store = store::StoreMetrics::register(&mut registry);
+        let authz = authz::AuthzMetrics::register(&mut registry);
+        let validation_mismatches = Counter::default();
+        registry.register(
+            "declarative_validation_mismatch",
+            "Number of times declarative validation results differed from handwritten \
+             validation results",
+            validation_mismatches.clone(),
+        );
+        let audit = AuditMetrics::register(&mut registry);
+        Metrics {
+            audit,
+            registry,
+            requests,
+            latency,
+            inflight,
+            longrunning,
+            registered_watchers,
+            watch_events,
+            watch_event_sizes,
+            store,
+            authz,
+            validation_mismatches,
+        }
+    }
+
+    /// Adds metrics computed at scrape time (the watch caches').
+    /// Registers a metric another module owns (traces' dropped spans).
+    pub fn register(
+        &mut self,
+        name: &str,
+        help: &str,
+        metric: impl prometheus_client::registry::Metric,
+    ) {
+        self.registry.register(name, help, metric);
+    }
+
+    pub fn register_collector(&mut self, collector: Box<dyn Collector>) {
+        self.registry.register_collector(collector);
+    }
+
+    /// The registry, for modules that register their own families while the server is built.
+    pub fn registry_mut(&mut self) -> &mut Registry {
+        &mut self.registry
+    }
+
+    /// Counts a request in flight until the guard is dropped (none for watches).
+    pub fn start(&self, info: &RequestInfo) -> Inflight {
+        Inflight(info.request_kind.map(|kind| {
+            let g = self
+                .inflight
+                .get_or_create_owned(&InflightLabels { request_kind: kind });
+            g.inc();
+            g
+        }))
+    }
+
+    /// Records a served request.
+    pub fn observe(&self, info: &RequestInfo, code: u16, elapsed: Duration) {
+        let l = &info.labels;
+        self.requests
+            .get_or_create(&RequestLabels {
+                verb: l.verb,
+                dry_run: l.dry_run.clone(),
+                group: l.group,
+                version: l.version,
+                resource: l.resource,
+                subresource: l.subresource.clone(),
+                scope: l.scope,
+                component: l.component,
+                code,
+            })
+            .inc();
+        self.latency.get_or_create(l).observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts an open watch of `info`'s type until the guard is dropped.
+    pub fn watch_opened(&self, info: &'static ResourceInfo, namespaced: bool) -> OpenWatch {
+        let watchers = self.registered_watchers.get_or_create_owned(&KindLabels {
+            group: info.group,
+            version: info.version,
+            kind: info.kind,
+        });
+        let longrunning = self.longrunning.get_or_create_owned(&LongRunningLabels {
+            verb: "WATCH",
+            group: info.group,
+            version: info.version,
+            resource: info.plural,
+            subresource: "",
+            scope: if namespaced { "namespace" } else { "cluster" },
+            component: COMPONENT,
+        });
+        watchers.inc();
+        longrunning.inc();
+        OpenWatch {
+            watchers,
+            longrunning,
+        }
+    }
+
+    /// The event count and sizes of watches of `info`'s type.
+    pub fn watch_events(&self, info: &'static ResourceInfo) -> WatchEvents {
+        let labels = ResourceLabels {
+            group: info.group,
+            version: info.version,
+            resource: info.plural,
+        };
+        WatchEvents {
+            count: self.watch_events.get_or_create_owned(&labels),
+            sizes: self.watch_event_sizes.get_or_create_owned(&labels),
+        }
+    }
+
+    /// `declarative_validation_mismatch_total`.
+    pub fn validation_mismatches(&self) -> Counter {
+        self.validation_mismatches.clone()
+    }
+
+    /// The exposition, in [`CONTENT_TYPE`].
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::error!(error = %e, "encoding metrics");
+            out.clear();
+        }
+        out
+    }
+}
+
+/// A request counted in `apiserver_current_inflight_requests` while this lives.
+pub struct Inflight(Option<Gauge>);
+
+impl Drop for Inflight {
+    fn drop(&mut self) {
+        if let Some(g) = &self.0 {
+            g.dec();
+        }
+    }
+}
+
+/// A watch counted in `apiserver_registered_watchers` and `apiserver_longrunning_requests`
+/// while this lives.
+pub struct OpenWatch {
+    watchers: Gauge,
+    longrunning: Gauge,
+}
+
+impl Drop for OpenWatch {
+    fn drop(&mut self) {
+        self.watchers.dec();
+        self.longrunning.dec();
+    }
+}
+
+/// `apiserver_watch_events_total` and `apiserver_watch_events_sizes` of one type.
+#[derive(Clone, Debug)]
+pub struct WatchEvents {
+    count: Counter,
+    sizes: SizeHistogram,
+}
+
+impl WatchEvents {
+    /// Records frames written to one watcher: a handful of atomic adds per batch.
+    pub fn record(&self, frames: &[Bytes]) {
+        self.count.inc_by(frames.len() as u64);
+        self.sizes.observe_all(frames.iter().map(Bytes::len));
+    }
+}
+
+/// A histogram of byte sizes with fixed buckets, updated with atomics only: watch fan-out
+/// records every frame sent to every watcher, and `prometheus-client`'s `Histogram` takes a
+/// lock per observation. Encoded by `prometheus-client` like its own histograms.
+#[derive(Clone, Debug)]
+pub struct SizeHistogram {
+    inner: Arc<SizeHistogramInner>,
+}
+
+#[derive(Debug)]
+struct SizeHistogramInner {
+    bounds: &'static [f64],
+    /// One per bound, then +Inf; not cumulative.
+    buckets: Vec<AtomicU64>,
+    count: AtomicU64,
+    sum: AtomicU64,
+}
+
+impl SizeHistogram {
+    pub fn new(bounds: &'static [f64]) -> Self {
+        SizeHistogram {
+            inner: Arc::new(SizeHistogramInner {
+                bounds,
+                buckets: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+                count: AtomicU64::new(0),
+                sum: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    pub fn observe_all(&self, sizes: impl Iterator<Item = usize>) {
+        let inner = &self.inner;
+        let (mut n, mut sum) = (0u64, 0u64);
+        let mut last: Option<(usize, u64)> = None;
+        // Wrapping, as the atomic counters they are added to wrap.
+        for size in sizes {
+            n = n.wrapping_add(1);
+            sum = sum.wrapping_add(size as u64);
+            let i = inner.bounds.partition_point(|b| *b < size as f64);
+            // Frames of one batch are mostly alike: add runs to the same bucket at once.
+            match &mut last {
+                Some((j, k)) if *j == i => *k = k.wrapping_add(1),
+                _ => {
+                    if let Some((j, k)) = last.take()
+                        && let Some(bucket) = inner.buckets.get(j)
+                    {
+                        bucket.fetch_add(k, Ordering::Relaxed);
+                    }
+                    last = Some((i, 1));
+                }
+            }
+        }
+        if let Some((j, k)) = last
+            && let Some(bucket) = inner.buckets.get(j)
+        {
+            bucket.fetch_add(k, Ordering::Relaxed);
+        }
+        if n > 0 {
+            inner.count.fetch_add(n, Ordering::Relaxed);
+            inner.sum.fetch_add(sum, Ordering::Relaxed);
+        }
+    }
+}
+
+impl TypedMetric for SizeHistogram {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for SizeHistogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let inner = &self.inner;
+        let buckets: Vec<(f64, u64)> = inner
+            .bounds
+            .iter()
+            .copied()
+            .chain(std::iter::once(f64::INFINITY))
+            .zip(inner.buckets.iter().map(|b| b.load(Ordering::Relaxed)))
+            .collect();
+        // The count is the sum of the buckets read, so the two always agree in one scrape.
+        let count = buckets.iter().map(|(_, c)| c).sum();
+        encoder.encode_histogram::<NoLabelSet>(
+            inner.sum.load(Ordering::Relaxed) as f64,
+            count,
+            &buckets,
+            None,
+        )
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::base::router;
+
+    fn info(method: Method, path: &str, ct: Option<&str>) -> LatencyLabels {
+        let (path, q) = path.split_once('?').unwrap_or((path, ""));
+        let query = Query::parse(Some(q));
+        let mut headers = HeaderMap::new();
+        if let Some(ct) = ct {
+            headers.insert(http::header::CONTENT_TYPE, ct.parse().unwrap());
+        }
+        let watch = query.bool("watch").unwrap_or(false);
+        RequestInfo::new(&method, &router::route(path), &query, &headers, watch).labels
+    }
+
+    #[test]
+    fn labels_follow_kube_apiserver() {
+        let sa = "/api/v1/namespaces/a/serviceaccounts";
+        let l = info(Method::GET, sa, None);
+        assert_eq!(
+            (l.verb, l.scope, l.resource, l.version),
+            ("LIST", "namespace", "serviceaccounts", "v1")
+        );
+        let l = info(Method::GET, &format!("{sa}/x"), None);
+        assert_eq!((l.verb, l.scope), ("GET", "resource"));
+        let l = info(Method::GET, "/api/v1/serviceaccounts?watch=true", None);
+        assert_eq!((l.verb, l.scope), ("WATCH", "cluster"));
+        let l = info(Method::POST, &format!("{sa}?dryRun=All"), None);
+        assert_eq!(
+            (l.verb, l.scope, l.dry_run.as_str()),
+            ("POST", "resource", "All")
+        );
+        let l = info(Method::POST, &format!("{sa}?dryRun=Some"), None);
+        assert_eq!(l.dry_run, "invalid");
+        let l = info(
+            Method::PATCH,
+            &format!("{sa}/x"),
+            Some("application/apply-patch+yaml"),
+        );
+        assert_eq!(l.verb, "APPLY");
+        let l = info(
+            Method::PATCH,
+            &format!("{sa}/x"),
+            Some("application/merge-patch+json"),
+        );
+        assert_eq!(l.verb, "PATCH");
+        let l = info(Method::DELETE, sa, None);
+        assert_eq!((l.verb, l.scope), ("DELETE", "namespace"));
+        let l = info(Method::GET, "/healthz", None);
+        assert_eq!((l.verb, l.scope, l.resource, l.group), ("GET", "", "", ""));
+    }
+
+    #[test]
+    fn size_histogram_counts_each_frame_once() {
+        static BOUNDS: [f64; 2] = [10.0, 100.0];
+        let h = SizeHistogram::new(&BOUNDS);
+        h.observe_all([1usize, 10, 11, 11, 500].into_iter());
+        let got: Vec<u64> = h
+            .inner
+            .buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect();
+        assert_eq!(got, [2, 2, 1]);
+        assert_eq!(h.inner.count.load(Ordering::Relaxed), 5);
+        assert_eq!(h.inner.sum.load(Ordering::Relaxed), 533);
+    }
+}

@@ -1,0 +1,7 @@
+//! Everything that dials out or holds key material: the PKI (certificates, CSR signing, TLS
+//! configuration), the egress selector (direct or through an HTTP CONNECT tunnel) and the
+//! HTTPS client that webhooks and issuers are called with. Uses `base` and `observe`.
+
+pub mod client;
+pub mod egress;
+pub mod pki;

@@ -1,0 +1,602 @@
+//! `WebhookClient`: the gateway's outbound HTTPS client for webhooks (authorization,
+//! admission, audit). Built from a kubeconfig-format file (`svcConfigFile`: the current
+//! context's cluster and user) or from a URL and CA bundle (an admission webhook's
+//! `clientConfig`); dials through the `controlplane` egress selection; speaks HTTP/1.1 or h2
+//! (ALPN) over rustls with pooled connections; authenticates with a client certificate, a
+//! bearer token (inline or a file re-read every minute), basic auth, or an exec credential
+//! plugin (`client/exec.rs`: re-run once on a 401, and the request retried once).
+//!
+//! Bounded: every call has a timeout; a response body over [`MAX_RESPONSE_BODY`] is an error.
+//! TLS roots: the CA given, else the system's (see the `rustls-native-certs` note in
+//! gateway/Cargo.toml).
+
+pub mod exec;
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::rt::{Read, ReadBufCursor, Write};
+use hyper_util::client::legacy::connect::{Connected, Connection};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use svc_core::config::egress::Selection;
+use svc_core::config::kubeconfig::{self, AuthInfo, Cluster, Config};
+use tokio_rustls::TlsConnector;
+
+use crate::outbound::egress::{self, Dialer, Egress, Stream};
+
+/// Largest response body read from a webhook.
+pub const MAX_RESPONSE_BODY: usize = 3 << 20;
+/// A token file is read again when its content is older than this (client-go's period).
+const TOKEN_FILE_REFRESH: Duration = Duration::from_secs(60);
+/// Idle pooled connections are closed after this.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// Idle pooled connections kept per host.
+const POOL_MAX_IDLE: usize = 16;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The file or arguments the client is built from are unusable.
+    #[error("{0}")]
+    Config(String),
+    #[error("{url}: {message}")]
+    Request { url: String, message: String },
+    #[error("{url}: no response within {timeout:?}")]
+    Timeout { url: String, timeout: Duration },
+    #[error("{url}: response body over {MAX_RESPONSE_BODY} bytes")]
+    TooLarge { url: String },
+    #[error("{0}")]
+    Exec(String),
+}
+
+/// A webhook's answer.
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub status: http::StatusCode,
+    pub body: Bytes,
+}
+
+type Pool = hyper_util::client::legacy::Client<Connector, Full<Bytes>>;
+
+/// A client of one webhook URL. Cheap to clone; clones share connections and credentials.
+#[derive(Clone)]
+pub struct WebhookClient(Arc<Inner>);
+
+impl std::fmt::Debug for WebhookClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookClient")
+            .field("url", &self.0.url.to_string())
+            .finish()
+    }
+}
+
+struct Inner {
+    url: http::Uri,
+    /// The pool without an exec client certificate.
+    pool: Pool,
+    auth: Auth,
+}
+
+enum Auth {
+    None,
+    Bearer(Arc<str>),
+    Basic(Arc<str>),
+    TokenFile {
+        path: PathBuf,
+        cached: parking_lot::Mutex<Option<(Instant, Arc<str>)>>,
+    },
+    Exec(exec::Source),
+}
+
+/// What the TLS side of a connection needs, before any client certificate.
+#[derive(Clone)]
+struct TlsBase {
+    roots: Option<rustls::RootCertStore>,
+    server_name: ServerName<'static>,
+}
+
+impl WebhookClient {
+    /// The current context of a kubeconfig-format file: its cluster's server (path
+    /// included), CA, `tls-server-name` and `insecure-skip-tls-verify`; its user's client
+    /// certificate, token, `tokenFile`, basic auth or exec plugin. Relative file paths are
+    /// taken relative to the file's folder, as client-go does.
+    pub fn from_kubeconfig_file(path: &Path, egress: &Egress) -> Result<Self, ClientError> {
+        let shown = path.display();
+        let bytes = std::fs::read(path)
+            .map_err(|e| ClientError::Config(format!("reading {shown}: {e}")))?;
+        let cfg: Config = svc_core::config::load(&bytes).map_err(|mut e| {
+            e.subject = shown.to_string();
+            ClientError::Config(e.to_string())
+        })?;
+        let resolved = cfg
+            .resolve(None)
+            .map_err(|e| ClientError::Config(format!("{shown}: {e}")))?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        Self::from_parts(
+            resolved.cluster,
+            resolved.user,
+            dir,
+            egress.dialer(Selection::ControlPlane),
+        )
+        .map_err(|e| ClientError::Config(format!("{shown}: {e}")))
+    }
+
+    /// A webhook given by URL and optional PEM CA bundle (an admission webhook's
+    /// `clientConfig`), without client credentials.
+    pub fn from_url(
+        url: &str,
+        ca_bundle: Option<&[u8]>,
+        egress: &Egress,
+    ) -> Result<Self, ClientError> {
+        let (uri, base) = server(url, "", |roots| match ca_bundle {
+            Some(pem) if !pem.is_empty() => {
+                *roots = Some(egress::roots_from_pem(pem).map_err(|e| format!("caBundle: {e}"))?);
+                Ok(())
+            }
+            _ => Ok(()),
+        })
+        .map_err(ClientError::Config)?;
+        let pool = pool(&uri, &base, None, egress.dialer(Selection::ControlPlane))
+            .map_err(ClientError::Config)?;
+        Ok(WebhookClient(Arc::new(Inner {
+            url: uri,
+            pool,
+            auth: Auth::None,
+        })))
+    }
+
+    fn from_parts(
+        cluster: &Cluster,
+        user: Option<&AuthInfo>,
+        dir: &Path,
+        dialer: Dialer,
+    ) -> Result<Self, String> {
+        if !cluster.proxy_url.is_empty() {
+            return Err(
+                "cluster proxy-url is not supported: route webhooks through a tunnel server with \
+                 --egress-selector-config-file"
+                    .to_string(),
+            );
+        }
+        let (uri, base) = server(&cluster.server, &cluster.tls_server_name, |roots| {
+            if cluster.insecure_skip_tls_verify {
+                return Ok(());
+            }
+            let pem = if !cluster.certificate_authority_data.is_empty() {
+                kubeconfig::decode_data(&cluster.certificate_authority_data)
+            } else if !cluster.certificate_authority.is_empty() {
+                read(dir, &cluster.certificate_authority, "certificate-authority")?
+            } else {
+                *roots = Some(egress::system_roots()?);
+                return Ok(());
+            };
+            *roots = Some(
+                egress::roots_from_pem(&pem).map_err(|e| format!("certificate-authority: {e}"))?,
+            );
+            Ok(())
+        })?;
+        let default = AuthInfo::default();
+        let user = user.unwrap_or(&default);
+        if user.auth_provider.is_some() {
+            return Err("user auth-provider is not supported; use exec".to_string());
+        }
+        if !user.impersonate.is_empty() || !user.impersonate_groups.is_empty() {
+            return Err("user impersonation (as, as-groups) is not supported".to_string());
+        }
+        let cert_pem = if !user.client_certificate_data.is_empty() {
+            Some(kubeconfig::decode_data(&user.client_certificate_data))
+        } else if !user.client_certificate.is_empty() {
+            Some(read(dir, &user.client_certificate, "client-certificate")?)
+        } else {
+            None
+        };
+        let identity = match cert_pem {
+            None => None,
+            Some(cert) => {
+                let key = if !user.client_key_data.is_empty() {
+                    kubeconfig::decode_data(&user.client_key_data)
+                } else {
+                    read(dir, &user.client_key, "client-key")?
+                };
+                Some(identity(&cert, &key)?)
+            }
+        };
+        let base_pool = pool(&uri, &base, identity, dialer.clone())?;
+        let auth = if let Some(e) = &user.exec {
+            if e.interactive_mode == "Always" {
+                return Err(
+                    "user exec interactiveMode Always: the server has no terminal for the plugin"
+                        .to_string(),
+                );
+            }
+            let cfg = exec::ExecConfig::new(e, cluster, dir);
+            let (uri2, base2, dialer2) = (uri.clone(), base.clone(), dialer.clone());
+            Auth::Exec(exec::Source::new(
+                cfg,
+                Box::new(move |certs, key| {
+                    pool(&uri2, &base2, Some((certs, key)), dialer2.clone())
+                }),
+            ))
+        } else if !user.token.is_empty() {
+            Auth::Bearer(Arc::from(format!("Bearer {}", user.token)))
+        } else if !user.token_file.is_empty() {
+            Auth::TokenFile {
+                path: resolve(dir, &user.token_file),
+                cached: parking_lot::Mutex::new(None),
+            }
+        } else if !user.username.is_empty() || !user.password.is_empty() {
+            use base64::Engine as _;
+            let pair = format!("{}:{}", user.username, user.password);
+            Auth::Basic(Arc::from(format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(pair)
+            )))
+        } else {
+            Auth::None
+        };
+        Ok(WebhookClient(Arc::new(Inner {
+            url: uri,
+            pool: base_pool,
+            auth,
+        })))
+    }
+
+    /// The URL every call is sent to.
+    pub fn url(&self) -> String {
+        self.0.url.to_string()
+    }
+
+    /// POSTs `body` and reads the answer (at most [`MAX_RESPONSE_BODY`]), all within
+    /// `timeout`. With an exec plugin, a 401 runs the plugin again and the call is sent once
+    /// more.
+    pub async fn post(
+        &self,
+        body: Bytes,
+        content_type: &str,
+        timeout: Duration,
+    ) -> Result<Response, ClientError> {
+        let url = self.url();
+        match tokio::time::timeout(timeout, self.post_unbounded(body, content_type)).await {
+            Ok(r) => r,
+            Err(_) => Err(ClientError::Timeout { url, timeout }),
+        }
+    }
+
+    async fn post_unbounded(
+        &self,
+        body: Bytes,
+        content_type: &str,
+    ) -> Result<Response, ClientError> {
+        let inner = &self.0;
+        let Auth::Exec(source) = &inner.auth else {
+            let header = match &inner.auth {
+                Auth::Bearer(h) | Auth::Basic(h) => Some(h.clone()),
+                Auth::TokenFile { path, cached } => Some(token_file(path, cached)?),
+                _ => None,
+            };
+            return self.send(&inner.pool, header, body, content_type).await;
+        };
+        let mut retried = false;
+        loop {
+            let cred = source.get().await?;
+            let pool = cred.pool.as_ref().unwrap_or(&inner.pool);
+            let header = cred
+                .token
+                .as_ref()
+                .map(|t| Arc::from(format!("Bearer {t}")));
+            let response = self.send(pool, header, body.clone(), content_type).await?;
+            if response.status != http::StatusCode::UNAUTHORIZED || retried {
+                return Ok(response);
+            }
+            source.invalidate(cred.generation);
+            retried = true;
+        }
+    }
+
+    async fn send(
+        &self,
+        pool: &Pool,
+        authorization: Option<Arc<str>>,
+        body: Bytes,
+        content_type: &str,
+    ) -> Result<Response, ClientError> {
+        let url = self.url();
+        let fail = |message: String| ClientError::Request {
+            url: url.clone(),
+            message,
+        };
+        let mut request = http::Request::post(self.0.url.clone())
+            .header(http::header::CONTENT_TYPE, content_type)
+            .header(http::header::ACCEPT, "application/json, */*");
+        if let Some(a) = authorization {
+            request = request.header(http::header::AUTHORIZATION, &*a);
+        }
+        let request = request
+            .body(Full::new(body))
+            .map_err(|e| fail(e.to_string()))?;
+        let response = pool.request(request).await.map_err(|e| {
+            use std::error::Error as _;
+            let mut message = e.to_string();
+            let mut source = e.source();
+            while let Some(s) = source {
+                message.push_str(": ");
+                message.push_str(&s.to_string());
+                source = s.source();
+            }
+            fail(message)
+        })?;
+        let status = response.status();
+        let body = Limited::new(response.into_body(), MAX_RESPONSE_BODY)
+            .collect()
+            .await
+            .map_err(|e| {
+                if e.is::<http_body_util::LengthLimitError>() {
+                    ClientError::TooLarge { url: url.clone() }
+                } else {
+                    fail(e.to_string())
+                }
+            })?
+            .to_bytes();
+        Ok(Response { status, body })
+    }
+}
+
+fn resolve(dir: &Path, p: &str) -> PathBuf {
+    let path = Path::new(p);
+    if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        dir.join(path)
+    }
+}
+
+fn read(dir: &Path, p: &str, field: &str) -> Result<Vec<u8>, String> {
+    let path = resolve(dir, p);
+    std::fs::read(&path).map_err(|e| format!("{field} {}: {e}", path.display()))
+}
+
+fn token_file(
+    path: &Path,
+    cached: &parking_lot::Mutex<Option<(Instant, Arc<str>)>>,
+) -> Result<Arc<str>, ClientError> {
+    if let Some((at, header)) = &*cached.lock()
+        && at.elapsed() < TOKEN_FILE_REFRESH
+    {
+        return Ok(header.clone());
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ClientError::Config(format!("reading tokenFile {}: {e}", path.display())))?;
+    let header: Arc<str> = Arc::from(format!("Bearer {}", text.trim()));
+    *cached.lock() = Some((Instant::now(), header.clone()));
+    Ok(header)
+}
+
+/// Parses the server URL and fills the roots (`set_roots` leaves them `None` for
+/// "verify nothing").
+fn server(
+    url: &str,
+    tls_server_name: &str,
+    set_roots: impl FnOnce(&mut Option<rustls::RootCertStore>) -> Result<(), String>,
+) -> Result<(http::Uri, TlsBase), String> {
+    let uri: http::Uri = url.parse().map_err(|e| format!("server {url:?}: {e}"))?;
+    match uri.scheme_str() {
+        Some("https") | Some("http") => {}
+        _ => {
+            return Err(format!(
+                "server {url:?}: must be an https:// or http:// URL"
+            ));
+        }
+    }
+    let host = uri
+        .host()
+        .ok_or_else(|| format!("server {url:?} has no host"))?
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let name = if tls_server_name.is_empty() {
+        host
+    } else {
+        tls_server_name
+    };
+    let server_name =
+        ServerName::try_from(name.to_string()).map_err(|e| format!("server name {name:?}: {e}"))?;
+    let mut roots = None;
+    if uri.scheme_str() == Some("https") {
+        set_roots(&mut roots)?;
+    }
+    Ok((uri, TlsBase { roots, server_name }))
+}
+
+fn identity(
+    cert: &[u8],
+    key: &[u8],
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
+    let certs = egress::certs_from_pem(cert).map_err(|e| format!("client certificate: {e}"))?;
+    let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| format!("client key: {e}"))?;
+    Ok((certs, key))
+}
+
+/// A pool of connections to the server, presenting `identity` if given.
+fn pool(
+    uri: &http::Uri,
+    base: &TlsBase,
+    identity: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+    dialer: Dialer,
+) -> Result<Pool, String> {
+    let tls = if uri.scheme_str() == Some("https") {
+        let builder = rustls::ClientConfig::builder_with_provider(egress::provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?;
+        let builder = match &base.roots {
+            Some(roots) => builder.with_root_certificates(roots.clone()),
+            None => builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(NoVerify(egress::provider()))),
+        };
+        let mut config = match identity {
+            Some((certs, key)) => builder
+                .with_client_auth_cert(certs, key)
+                .map_err(|e| format!("client certificate and key: {e}"))?,
+            None => builder.with_no_client_auth(),
+        };
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Some((
+            TlsConnector::from(Arc::new(config)),
+            base.server_name.clone(),
+        ))
+    } else {
+        None
+    };
+    let connector = Connector {
+        dialer,
+        tls: tls.map(Arc::new),
+    };
+    Ok(
+        hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .pool_max_idle_per_host(POOL_MAX_IDLE)
+            .build(connector),
+    )
+}
+
+/// `insecure-skip-tls-verify: true`: any certificate is accepted, signatures still checked.
+#[derive(Debug)]
+struct NoVerify(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for NoVerify {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// Dials through the egress selection, then TLS with ALPN; tells the pool whether h2 was
+/// agreed.
+#[derive(Clone)]
+struct Connector {
+    dialer: Dialer,
+    tls: Option<Arc<(TlsConnector, ServerName<'static>)>>,
+}
+
+impl tower_service::Service<http::Uri> for Connector {
+    type Response = Conn;
+    type Error = io::Error;
+    type Future = Pin<Box<dyn Future<Output = io::Result<Conn>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: http::Uri) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            let host = uri
+                .host()
+                .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no host"))?
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string();
+            let https = uri.scheme_str() == Some("https");
+            let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+            let stream = this.dialer.dial(&host, port).await?;
+            let Some(tls) = &this.tls else {
+                return Ok(Conn {
+                    io: TokioIo::new(stream),
+                    h2: false,
+                });
+            };
+            let (connector, name) = &**tls;
+            let stream = connector.connect(name.clone(), stream).await?;
+            let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+            Ok(Conn {
+                io: TokioIo::new(Box::new(stream) as Stream),
+                h2,
+            })
+        })
+    }
+}
+
+struct Conn {
+    io: TokioIo<Stream>,
+    h2: bool,
+}
+
+impl Connection for Conn {
+    fn connected(&self) -> Connected {
+        let c = Connected::new();
+        if self.h2 { c.negotiated_h2() } else { c }
+    }
+}
+
+impl Read for Conn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl Write for Conn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}

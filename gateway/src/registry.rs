@@ -1,0 +1,6 @@
+//! Typed operations over the store and the object model, below HTTP: the watch caches and
+//! admission (plugins and webhooks). Names no http, hyper or response type; answers are typed
+//! values and `ApiError`. Uses `base`, `observe` and `outbound`.
+
+pub mod admission;
+pub mod caches;

@@ -1,0 +1,253 @@
+//! Starting and stopping a whole server: open the store, create or load the PKI, build the
+//! server state, bind the listeners, load the reloadable configuration files and start the
+//! built-in controllers. The last floor: it may use every layer before it.
+
+use std::net::SocketAddr;
+use std::os::unix::fs::DirBuilderExt as _;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use anyhow::Context;
+use svc_core::config::egress::Selection;
+use svc_storage::Store;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
+
+use crate::base::flags::Options;
+use crate::controllers::{bootstrap, csr};
+use crate::outbound::pki::{self, PkiOptions};
+use crate::serve::app::App;
+use crate::serve::server::accept_loop;
+
+/// A running server.
+pub struct ServerHandle {
+    /// The HTTPS address.
+    pub addr: SocketAddr,
+    /// The loopback plain-HTTP address, when enabled.
+    pub insecure_addr: Option<SocketAddr>,
+    pub app: Arc<App>,
+    pub admin_kubeconfig: std::path::PathBuf,
+    /// The cluster PKI (tests issue client certificates from it).
+    pub pki: Arc<pki::Pki>,
+    stop_accepting: watch::Sender<bool>,
+    stop_watches: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl ServerHandle {
+    /// Graceful shutdown: fail `/readyz`, keep serving for `--shutdown-delay-duration`, stop
+    /// accepting, end watches, and wait (up to `--shutdown-timeout`) for requests in flight.
+    pub async fn shutdown(self) {
+        self.app.shutting_down.store(true, Ordering::Release);
+        tracing::info!(delay = ?self.app.opts.shutdown_delay_duration, "shutdown started");
+        tokio::time::sleep(self.app.opts.shutdown_delay_duration).await;
+        let _ = self.stop_watches.send(true);
+        let _ = self.stop_accepting.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        if let Some(audit) = &self.app.audit {
+            audit.shutdown().await;
+        }
+        if let Some(tracer) = &self.app.tracer {
+            tracer.flush().await;
+        }
+        tracing::info!("shutdown complete");
+    }
+}
+
+/// Opens the store (embedded, or etcd with `--storage-backend=etcd`), creates or loads the
+/// PKI, binds the listeners and starts serving.
+pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
+    if opts.storage_backend == crate::base::flags::StorageBackend::Etcd {
+        // Connections are lazy: an unreachable etcd shows in /readyz and 503s, not here.
+        let mut etcd = opts.etcd_config();
+        let dialer = opts.egress()?.dialer(Selection::Etcd);
+        if !dialer.is_direct() {
+            tracing::info!(route = %dialer.describe(), "etcd connections use the egress selector");
+            etcd.dialer = Some(svc_storage::etcd::EtcdDialer(Arc::new(
+                move |host, port| {
+                    let dialer = dialer.clone();
+                    Box::pin(async move {
+                        let stream = dialer.dial(&host, port).await?;
+                        Ok(Box::new(stream) as Box<dyn svc_storage::etcd::EtcdIo>)
+                    })
+                },
+            )));
+        }
+        let store = svc_storage::etcd::EtcdStore::connect(etcd)
+            .await
+            .with_context(|| format!("connecting to etcd at {:?}", opts.etcd_servers))?;
+        return start_with_store(opts, store).await;
+    }
+    let store_dir = opts.store_dir();
+    // Readable by the owner only: the store holds every Secret in clear.
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&store_dir)
+        .with_context(|| format!("creating data directory {}", store_dir.display()))?;
+    let store =
+        svc_storage::embedded::EmbeddedStore::open(&store_dir, opts.embedded_store_config())
+            .with_context(|| format!("opening the store in {}", store_dir.display()))?;
+    start_with_store(opts, store).await
+}
+
+pub async fn start_with_store(
+    opts: Options,
+    store: Arc<dyn Store>,
+) -> anyhow::Result<ServerHandle> {
+    // A bad admission configuration stops the start before anything listens.
+    let admission =
+        crate::registry::admission::Chain::from_options(&opts).map_err(anyhow::Error::msg)?;
+    let listener = TcpListener::bind((opts.bind_address, opts.secure_port))
+        .await
+        .with_context(|| format!("binding {}:{}", opts.bind_address, opts.secure_port))?;
+    let addr = listener.local_addr()?;
+    let host = if addr.ip().is_unspecified() {
+        "127.0.0.1".to_string()
+    } else {
+        addr.ip().to_string()
+    };
+    let host = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host
+    };
+    let kubeconfig = opts.data_dir.join("admin.kubeconfig");
+    let pki_opts = PkiOptions {
+        tls_sans: opts.tls_sans.clone(),
+        admin_kubeconfig_path: kubeconfig.clone(),
+        server_url: format!("https://{host}:{}", addr.port()),
+        cluster_signing: opts.cluster_signing().map_err(anyhow::Error::msg)?,
+    };
+    let cert_dir = opts.cert_dir();
+    let pki = tokio::task::spawn_blocking(move || pki::ensure_pki(&cert_dir, &pki_opts))
+        .await?
+        .context("preparing certificates")?;
+    let tls = TlsAcceptor::from(
+        pki.server_config()
+            .context("building the TLS configuration")?,
+    );
+    let pki = Arc::new(pki);
+
+    let (stop_watches_tx, stop_watches_rx) = watch::channel(false);
+    let (stop_accepting_tx, stop_accepting_rx) = watch::channel(false);
+    let tokens = crate::security::tokens::Tokens::new(
+        &opts,
+        pki.sa_signing_key_pem(),
+        pki.sa_public_key_pem(),
+    )
+    .map_err(|e| anyhow::anyhow!("service-account tokens: {e}"))?;
+    let tracing = match &opts.tracing_config_file {
+        None => None,
+        Some(path) => Some(crate::observe::trace::config::read(path).map_err(anyhow::Error::msg)?),
+    };
+    let mut app = App::new(
+        opts.clone(),
+        store,
+        stop_watches_rx.clone(),
+        tokens,
+        tracing.as_ref(),
+    )
+    .context("starting traces")?;
+    app.egress = opts.egress()?;
+    let webhook_metrics =
+        crate::registry::admission::webhook::call::WebhookMetrics::register(&mut app.metrics);
+    let webhooks = crate::registry::admission::webhook::Webhooks::new(
+        &app.caches,
+        app.egress.clone(),
+        webhook_metrics,
+    );
+    app.admission = admission.with_webhooks(Arc::new(webhooks));
+    let webhook = match &opts.audit.audit_webhook_config_file {
+        None => None,
+        Some(path) => Some(std::sync::Arc::new(
+            crate::outbound::client::WebhookClient::from_kubeconfig_file(path, &app.egress)
+                .map_err(|e| anyhow::anyhow!("--audit-webhook-config-file: {e}"))?,
+        )
+            as std::sync::Arc<dyn crate::security::audit::webhook::Target>),
+    };
+    app.audit =
+        crate::security::audit::Auditor::from_options(&opts.audit, &app.metrics.audit, webhook)
+            .map_err(anyhow::Error::msg)?;
+    let app = Arc::new(app);
+    let reload_task = start_authentication_config(&app, stop_watches_rx)?;
+    let authorization_reload = crate::security::authz::load::start(
+        &app,
+        crate::security::authz::load::connect_with(app.egress.clone()),
+    )
+    .map_err(|e| anyhow::anyhow!("--authorization-config: {e}"))?;
+
+    let mut tasks = vec![tokio::spawn(accept_loop(
+        listener,
+        Some(tls),
+        app.clone(),
+        stop_accepting_rx.clone(),
+    ))];
+    let mut insecure_addr = None;
+    if opts.insecure_port != 0 {
+        let l = TcpListener::bind(("127.0.0.1", opts.insecure_port)).await?;
+        insecure_addr = Some(l.local_addr()?);
+        tasks.push(tokio::spawn(accept_loop(
+            l,
+            None,
+            app.clone(),
+            stop_accepting_rx,
+        )));
+    }
+    tasks.extend(reload_task);
+    tasks.extend(authorization_reload);
+    bootstrap::start(&app);
+    csr::start(&app, &pki);
+    tracing::info!(%addr, ?insecure_addr, kubeconfig = %kubeconfig.display(), "serving");
+    Ok(ServerHandle {
+        addr,
+        insecure_addr,
+        app,
+        admin_kubeconfig: kubeconfig,
+        pki,
+        stop_accepting: stop_accepting_tx,
+        stop_watches: stop_watches_tx,
+        tasks,
+    })
+}
+
+/// Loads `--authentication-config` (a bad file stops the start with all its errors) and
+/// re-reads it when it changes.
+fn start_authentication_config(
+    app: &Arc<App>,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<Option<JoinHandle<()>>> {
+    let Some(path) = app.opts.authentication_config.clone() else {
+        return Ok(None);
+    };
+    let load = |app: &App, bytes: &[u8]| {
+        let ctx = crate::security::jwt::LoadContext {
+            service_account_issuers: std::slice::from_ref(&app.opts.service_account_issuer),
+            anonymous_flag_set: app.opts.anonymous_auth.is_some(),
+        };
+        crate::security::jwt::Authentication::load(bytes, &ctx, &app.jwt)
+    };
+    let bytes = crate::base::reload::read_file(&path)
+        .map_err(|e| anyhow::anyhow!("--authentication-config: {e}"))?;
+    let loaded = load(app, &bytes)
+        .map_err(|e| anyhow::anyhow!("--authentication-config {}: {e}", path.display()))?;
+    app.set_authentication(loaded);
+    let weak = Arc::downgrade(app);
+    Ok(Some(crate::base::reload::spawn(
+        "authentication",
+        path,
+        app.opts.config_reload_interval,
+        app.authentication_reloads.clone(),
+        stop,
+        move |bytes| {
+            let app = weak.upgrade().ok_or("the server is gone")?;
+            let loaded = load(&app, bytes).map_err(|e| e.to_string())?;
+            app.set_authentication(loaded);
+            Ok(())
+        },
+    )))
+}

@@ -1,0 +1,232 @@
+//! Authentication: who is calling. The chain is the client certificate (verified by TLS),
+//! then a bearer token (service-account tokens, then the JWT authenticators of
+//! `--authentication-config`), then anonymous where allowed (by default only probes of health
+//! and version; `--anonymous-auth` or the file's `anonymous` say otherwise); a credential that
+//! is presented but not accepted is a 401, never anonymous.
+
+use svc_core::ApiError;
+use svc_core::user::UserInfo;
+
+use svc_core::config::authentication::AnonymousAuthConfig;
+
+use crate::security::authz::{
+    GROUP_AUTHENTICATED, GROUP_MASTERS, GROUP_UNAUTHENTICATED, USER_ANONYMOUS, public_path,
+};
+use crate::security::jwt::{self, Outcome};
+use crate::serve::app::App;
+
+/// What the connection established about the caller before any request arrived.
+#[derive(Clone, Debug)]
+pub struct ConnIdentity {
+    /// The user of a verified client certificate.
+    pub cert_user: Option<UserInfo>,
+    /// The loopback-only plain-HTTP listener, where every caller is an administrator.
+    pub insecure: bool,
+    /// The client's address (audit's `sourceIPs`).
+    pub peer: Option<std::net::SocketAddr>,
+}
+
+pub fn anonymous() -> UserInfo {
+    UserInfo {
+        username: USER_ANONYMOUS.into(),
+        uid: String::new(),
+        groups: vec![GROUP_UNAUTHENTICATED.into()],
+        extra: Default::default(),
+    }
+}
+
+fn loopback_admin() -> UserInfo {
+    UserInfo {
+        username: "system:insecure-loopback".into(),
+        uid: String::new(),
+        groups: vec![GROUP_MASTERS.into(), GROUP_AUTHENTICATED.into()],
+        extra: Default::default(),
+    }
+}
+
+fn unauthorized() -> ApiError {
+    ApiError::Unauthorized("Unauthorized".into())
+}
+
+/// The bearer token of an `Authorization` header (`Bearer <token>`, scheme case-insensitive).
+pub fn bearer_token(headers: &http::HeaderMap) -> Option<Result<&str, ()>> {
+    let v = headers.get(http::header::AUTHORIZATION)?;
+    let Ok(v) = v.to_str() else {
+        return Some(Err(()));
+    };
+    let (scheme, token) = v.trim().split_once(' ').unwrap_or((v, ""));
+    let token = token.trim();
+    if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
+        return Some(Err(()));
+    }
+    Some(Ok(token))
+}
+
+/// Whether a request without a credential may go on as `system:anonymous`: as the
+/// configuration file's `anonymous` says when it has one (the flag is then refused at start);
+/// else everywhere with `--anonymous-auth=true`, nowhere with `false`, and by default only
+/// probes of health and version.
+fn anonymous_allowed(
+    setting: Option<bool>,
+    file: Option<&AnonymousAuthConfig>,
+    method: &http::Method,
+    path: &str,
+) -> bool {
+    if let Some(config) = file {
+        return jwt::anonymous_allowed_by(config, path);
+    }
+    match setting {
+        Some(allowed) => allowed,
+        None => (method == http::Method::GET || method == http::Method::HEAD) && public_path(path),
+    }
+}
+
+/// Finds the caller of a request that arrived on a connection.
+pub async fn authenticate(
+    app: &App,
+    conn: &ConnIdentity,
+    method: &http::Method,
+    path: &str,
+    headers: &http::HeaderMap,
+) -> Result<UserInfo, ApiError> {
+    if conn.insecure {
+        return Ok(loopback_admin());
+    }
+    if let Some(user) = &conn.cert_user {
+        return Ok(user.clone());
+    }
+    let authentication = app.authentication();
+    match bearer_token(headers) {
+        Some(Ok(token)) => {
+            // Issuers are disjoint (no JWT authenticator may claim the service-account
+            // issuer), so a token the JWT authenticators call theirs is never a
+            // service-account token: asking them first changes no answer, and costs nothing
+            // without a configuration file.
+            match authentication.authenticate(token).await {
+                Outcome::Accepted(user) => return Ok(UserInfo::clone(&user)),
+                Outcome::Refused(e) => {
+                    tracing::debug!(error = %e, "JWT rejected");
+                    return Err(unauthorized());
+                }
+                Outcome::NotOurs => {}
+            }
+            match app
+                .tokens
+                .authenticate(token, &[], &app.caches, app.store.as_ref())
+                .await
+            {
+                Ok(a) => Ok(a.user),
+                Err(e) => {
+                    tracing::debug!(error = %e, "bearer token rejected");
+                    Err(unauthorized())
+                }
+            }
+        }
+        Some(Err(())) => Err(unauthorized()),
+        None if anonymous_allowed(
+            app.opts.anonymous_auth,
+            authentication.anonymous.as_ref(),
+            method,
+            path,
+        ) =>
+        {
+            Ok(anonymous())
+        }
+        None => Err(unauthorized()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn by_default_only_probes_are_anonymous() {
+        use http::Method;
+        for path in ["/healthz", "/livez", "/readyz", "/readyz/etcd", "/version"] {
+            assert!(anonymous_allowed(None, None, &Method::GET, path), "{path}");
+            assert!(
+                !anonymous_allowed(None, None, &Method::POST, path),
+                "{path}"
+            );
+            assert!(
+                !anonymous_allowed(Some(false), None, &Method::GET, path),
+                "{path}"
+            );
+        }
+        for path in [
+            "/api",
+            "/metrics",
+            "/api/v1/namespaces",
+            "/readyzz",
+            "/versions",
+        ] {
+            assert!(!anonymous_allowed(None, None, &Method::GET, path), "{path}");
+            assert!(
+                anonymous_allowed(Some(true), None, &Method::GET, path),
+                "{path}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_files_anonymous_settings_replace_the_default() {
+        use http::Method;
+        use svc_core::config::authentication::AnonymousAuthCondition;
+        let only = |paths: &[&str]| AnonymousAuthConfig {
+            enabled: true,
+            conditions: paths
+                .iter()
+                .map(|p| AnonymousAuthCondition {
+                    path: p.to_string(),
+                })
+                .collect(),
+        };
+        let livez = only(&["/livez"]);
+        assert!(anonymous_allowed(
+            None,
+            Some(&livez),
+            &Method::GET,
+            "/livez"
+        ));
+        assert!(anonymous_allowed(
+            None,
+            Some(&livez),
+            &Method::POST,
+            "/livez"
+        ));
+        assert!(!anonymous_allowed(
+            None,
+            Some(&livez),
+            &Method::GET,
+            "/readyz"
+        ));
+        assert!(anonymous_allowed(
+            None,
+            Some(&only(&[])),
+            &Method::GET,
+            "/api"
+        ));
+        let off = AnonymousAuthConfig::default();
+        assert!(!anonymous_allowed(
+            None,
+            Some(&off),
+            &Method::GET,
+            "/readyz"
+        ));
+    }
+
+    #[test]
+    fn bearer_tokens_are_read_strictly() {
+        let h = |v: &str| {
+            let mut m = http::HeaderMap::new();
+            m.insert(http::header::AUTHORIZATION, v.parse().unwrap());
+            m
+        };
+        assert_eq!(bearer_token(&h("Bearer abc")), Some(Ok("abc")));
+        assert_eq!(bearer_token(&h("bearer  abc ")), Some(Ok("abc")));
+        assert_eq!(bearer_token(&h("Basic abc")), Some(Err(())));
+        assert_eq!(bearer_token(&h("Bearer")), Some(Err(())));
+        assert_eq!(bearer_token(&http::HeaderMap::new()), None);
+    }
+}

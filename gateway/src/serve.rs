@@ -1,0 +1,10 @@
+//! Connections and the request pipeline: the server state (`app`), TLS listeners, the
+//! HTTP/1.1 and h2 connection drivers, the per-request pipeline (authenticate, authorize,
+//! limit, route) and the in-process loopback client. Names no handler type.
+
+pub mod app;
+pub mod conn_limits;
+pub mod h2conn;
+pub mod loopback;
+pub mod pipeline;
+pub mod server;

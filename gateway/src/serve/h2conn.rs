@@ -1,0 +1,533 @@
+//! h2 connections, served with the `h2` crate: each request runs the pipeline in a task of its
+//! own, but once a watch's response head is out its stream is driven by the connection's task.
+//!
+//! The connection task keeps its watches in one `FuturesUnordered` (only woken members are
+//! polled) and, per wake-up, moves every ready watcher's frames (shared `Bytes`, no copies)
+//! into its h2 stream as far as that stream's flow-control window allows, then lets the
+//! connection write them all: one write per connection, not one per stream. A client that
+//! does not read gets nothing buffered for it: its watcher falls behind in the cache's ring
+//! and ends with its `ERROR` (410) as over HTTP/1.1. Timers are per connection too: one sleep
+//! aimed at the earliest bookmark or deadline of its watches, one shutdown signal.
+//!
+//! The limits hyper's builder set are kept: concurrent streams, header list size, rapid-reset
+//! bounds, a keepalive ping every 30 s while requests are in flight, the idle timeout (counted
+//! by [`Activity`]) and GOAWAY at shutdown.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt as _;
+use futures::stream::FuturesUnordered;
+use h2::server::SendResponse;
+use h2::{Reason, RecvStream, SendStream};
+use http::{HeaderValue, Method, Request, Response, header};
+use http_body_util::BodyExt as _;
+use parking_lot::Mutex;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{mpsc, watch};
+use tokio::time::{Instant, Sleep};
+
+use crate::http::respond::Body;
+use crate::http::rest::watch::{WatchHandoff, WatchStream};
+use crate::security::authn::ConnIdentity;
+use crate::serve::app::App;
+use crate::serve::conn_limits::{Activity, Busy, CLOSE_GRACE};
+use crate::serve::pipeline::{self, Caller, H2Body, RequestBody};
+
+/// Rapid reset (CVE-2023-44487): streams a client may open and reset before the server has
+/// accepted them; past it, GOAWAY (`ENHANCE_YOUR_CALM`). h2's default, made explicit.
+const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
+
+/// Streams the server may reset for a client's protocol errors before it ends the connection
+/// (the "MadeYouReset" variant of rapid reset). h2's default, made explicit.
+const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
+
+/// Flow-control windows and buffers as hyper set them.
+const STREAM_WINDOW: u32 = 1024 * 1024;
+const CONN_WINDOW: u32 = 1024 * 1024;
+const MAX_FRAME_SIZE: u32 = 16 * 1024;
+const MAX_SEND_BUFFER: usize = 400 * 1024;
+
+/// A keepalive ping while requests are in flight, and how long its answer may take.
+const PING_INTERVAL: Duration = Duration::from_secs(30);
+const PING_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The limits of one h2 connection, from the flags.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub max_concurrent_streams: u32,
+    pub max_header_list_size: u32,
+    pub idle_timeout: Duration,
+}
+
+fn builder(limits: &Limits) -> h2::server::Builder {
+    let mut b = h2::server::Builder::new();
+    b.max_concurrent_streams(limits.max_concurrent_streams)
+        .max_header_list_size(limits.max_header_list_size)
+        .max_pending_accept_reset_streams(MAX_PENDING_ACCEPT_RESET_STREAMS)
+        .max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESET_STREAMS))
+        .initial_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONN_WINDOW)
+        .max_frame_size(MAX_FRAME_SIZE)
+        .max_send_buffer_size(MAX_SEND_BUFFER);
+    b
+}
+
+/// Wake-up times of a connection's watches: each pending watch files its waker under the
+/// time it must be polled again; the connection's one sleep aims at the earliest. Entries
+/// left behind by a watch that moved on or ended only cause one spurious poll.
+#[derive(Default)]
+struct Timers {
+    due: BTreeMap<(Instant, u64), Waker>,
+    seq: u64,
+}
+
+impl Timers {
+    fn add(&mut self, at: Instant, waker: Waker) {
+        // Only tells equal deadlines apart: wrapping after 2^64 timers is harmless.
+        self.seq = self.seq.wrapping_add(1);
+        self.due.insert((at, self.seq), waker);
+    }
+
+    fn first(&self) -> Option<Instant> {
+        self.due.keys().next().map(|(at, _)| *at)
+    }
+
+    /// Wakes every watch due by `now`.
+    fn fire(&mut self, now: Instant) {
+        while let Some(entry) = self.due.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            entry.remove().wake();
+        }
+    }
+}
+
+/// What ends with a watch stream: the response body (its audit `ResponseComplete` guard and
+/// watch place) and the request's place in the connection's activity.
+struct Guards {
+    _body: Body,
+    _busy: Busy,
+}
+
+/// One watch stream on the connection: polled by the connection task only.
+struct WatchTask {
+    stream: WatchStream,
+    send: SendStream<Bytes>,
+    /// The part of the last chunk the stream's window has not let out yet.
+    pending: Bytes,
+    /// The wake-up filed in [`Timers`] for this watch.
+    armed: Option<Instant>,
+    timers: Arc<Mutex<Timers>>,
+    _guards: Guards,
+}
+
+impl WatchTask {
+    /// Ends the stream cleanly (at shutdown), dropping what the window held back.
+    fn finish(&mut self) {
+        let _ = self.send.send_data(Bytes::new(), true);
+    }
+
+    fn arm(&mut self, at: Instant, cx: &Context<'_>) {
+        if self.armed != Some(at) {
+            self.armed = Some(at);
+            self.timers.lock().add(at, cx.waker().clone());
+        }
+    }
+}
+
+impl Future for WatchTask {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = &mut *self;
+        loop {
+            if this.send.poll_reset(cx).is_ready() {
+                // The client reset the stream (or the connection is gone).
+                return Poll::Ready(());
+            }
+            if !this.pending.is_empty() {
+                this.send.reserve_capacity(this.pending.len());
+                let mut cap = this.send.capacity();
+                while cap == 0 {
+                    match this.send.poll_capacity(cx) {
+                        Poll::Ready(Some(Ok(n))) => cap = n,
+                        Poll::Ready(Some(Err(_)) | None) => return Poll::Ready(()),
+                        Poll::Pending => {
+                            // A client that does not read holds a chunk only until the
+                            // deadline: then the stream is reset.
+                            let deadline = this.stream.deadline();
+                            if Instant::now() >= deadline {
+                                this.send.send_reset(Reason::CANCEL);
+                                return Poll::Ready(());
+                            }
+                            this.arm(deadline, cx);
+                            return Poll::Pending;
+                        }
+                    }
+                }
+                let part = this.pending.split_to(cap.min(this.pending.len()));
+                if this.send.send_data(part, false).is_err() {
+                    return Poll::Ready(());
+                }
+                continue;
+            }
+            match this.stream.poll_chunk(cx) {
+                Poll::Ready(Some(chunk)) => this.pending = chunk,
+                Poll::Ready(None) => {
+                    let _ = this.send.send_data(Bytes::new(), true);
+                    return Poll::Ready(());
+                }
+                Poll::Pending => {
+                    let at = this.stream.wake_at();
+                    this.arm(at, cx);
+                    return Poll::Pending;
+                }
+            }
+        }
+    }
+}
+
+/// What every request task of a connection shares.
+struct Shared {
+    app: Arc<App>,
+    ident: Arc<ConnIdentity>,
+    activity: Arc<Activity>,
+    timers: Arc<Mutex<Timers>>,
+    watches: mpsc::Sender<WatchTask>,
+}
+
+type Signal = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+fn signal(rx: &watch::Receiver<bool>) -> Signal {
+    let mut rx = rx.clone();
+    Box::pin(async move { crate::base::lifecycle::until_set(&mut rx).await })
+}
+
+fn idle(activity: &Arc<Activity>, after: Duration) -> Signal {
+    let activity = activity.clone();
+    Box::pin(async move { activity.idle_for(after).await })
+}
+
+/// Serves one h2 connection until it ends: closed by the client, with GOAWAY once `stop` is
+/// set (watches end when the server's watch stop is set) or after the idle timeout.
+pub async fn serve<I>(
+    io: I,
+    app: Arc<App>,
+    ident: Arc<ConnIdentity>,
+    limits: Limits,
+    stop: watch::Receiver<bool>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let activity = Activity::new();
+    let mut stop_accepting = signal(&stop);
+    let mut idle_fut = idle(&activity, limits.idle_timeout);
+    let handshake = builder(&limits).handshake::<_, Bytes>(io);
+    let mut conn = tokio::select! {
+        r = handshake => match r {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!(error = %e, "h2 handshake failed");
+                return;
+            }
+        },
+        () = &mut stop_accepting => return,
+        () = &mut idle_fut => return,
+    };
+    let mut ping = conn.ping_pong();
+    let mut ping_timer = Box::pin(tokio::time::sleep(PING_INTERVAL));
+    let mut awaiting_pong = false;
+    let (watch_tx, mut watch_rx) =
+        mpsc::channel::<WatchTask>(limits.max_concurrent_streams.clamp(1, 4096) as usize);
+    let shared = Arc::new(Shared {
+        app: app.clone(),
+        ident,
+        activity: activity.clone(),
+        timers: Arc::new(Mutex::new(Timers::default())),
+        watches: watch_tx,
+    });
+    let mut stop_watches = signal(&app.stop_watches);
+    let mut watches_stopped = false;
+    let mut watches: FuturesUnordered<WatchTask> = FuturesUnordered::new();
+    let mut timer: Pin<Box<Sleep>> = Box::pin(tokio::time::sleep(Duration::ZERO));
+    let mut timer_at: Option<Instant> = None;
+    let mut closing = false;
+
+    let result = std::future::poll_fn(|cx| {
+        if !watches_stopped && stop_watches.as_mut().poll(cx).is_ready() {
+            watches_stopped = true;
+            for w in watches.iter_mut() {
+                w.finish();
+            }
+            watches.clear();
+        }
+        if !closing && stop_accepting.as_mut().poll(cx).is_ready() {
+            closing = true;
+            conn.graceful_shutdown();
+            idle_fut = idle(&activity, CLOSE_GRACE);
+        }
+        if idle_fut.as_mut().poll(cx).is_ready() {
+            if closing {
+                // Asked to close and still carrying nothing: drop it.
+                tracing::debug!("dropping a connection that did not close when asked");
+                return Poll::Ready(Ok(()));
+            }
+            tracing::debug!("closing an idle connection");
+            closing = true;
+            conn.graceful_shutdown();
+            idle_fut = idle(&activity, CLOSE_GRACE);
+            if idle_fut.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Ok(()));
+            }
+        }
+        while let Poll::Ready(Some(mut w)) = watch_rx.poll_recv(cx) {
+            if watches_stopped {
+                w.finish();
+            } else {
+                watches.push(w);
+            }
+        }
+        // Every woken watch moves its frames into its stream...
+        while let Poll::Ready(Some(())) = watches.poll_next_unpin(cx) {}
+        // ...the one timer wakes those whose bookmark or deadline is due...
+        let next = shared.timers.lock().first();
+        if let Some(at) = next {
+            if timer_at != Some(at) {
+                timer.as_mut().reset(at);
+                timer_at = Some(at);
+            }
+            if timer.as_mut().poll(cx).is_ready() {
+                timer_at = None;
+                shared.timers.lock().fire(Instant::now());
+                cx.waker().wake_by_ref();
+            }
+        }
+        if let Some(p) = ping.as_mut() {
+            if awaiting_pong && p.poll_pong(cx).is_ready() {
+                awaiting_pong = false;
+                ping_timer
+                    .as_mut()
+                    .reset(crate::base::deadline::Deadline::later(
+                        Instant::now(),
+                        PING_INTERVAL,
+                    ));
+            }
+            if ping_timer.as_mut().poll(cx).is_ready() {
+                if awaiting_pong {
+                    tracing::debug!("no answer to a keepalive ping: closing the connection");
+                    return Poll::Ready(Ok(()));
+                }
+                if activity.in_flight() > 0 && p.send_ping(h2::Ping::opaque()).is_ok() {
+                    awaiting_pong = true;
+                    ping_timer
+                        .as_mut()
+                        .reset(crate::base::deadline::Deadline::later(
+                            Instant::now(),
+                            PING_TIMEOUT,
+                        ));
+                } else {
+                    ping_timer
+                        .as_mut()
+                        .reset(crate::base::deadline::Deadline::later(
+                            Instant::now(),
+                            PING_INTERVAL,
+                        ));
+                }
+                cx.waker().wake_by_ref();
+            }
+        }
+        // ...and the connection writes them all, then takes new requests.
+        loop {
+            match conn.poll_accept(cx) {
+                Poll::Ready(Some(Ok((req, respond)))) => spawn_request(&shared, req, respond),
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e)),
+                Poll::Ready(None) => return Poll::Ready(Ok(())),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    })
+    .await;
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "h2 connection ended with an error");
+    }
+}
+
+/// Runs one request through the pipeline in its own task; a watch's stream then goes to the
+/// connection task, any other response is written from here.
+fn spawn_request(shared: &Arc<Shared>, req: Request<RecvStream>, respond: SendResponse<Bytes>) {
+    let busy = shared.activity.begin();
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        let head_only = req.method() == Method::HEAD;
+        let declared = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok());
+        let req = req.map(|recv| RequestBody::H2(H2Body::new(recv, declared)));
+        let caller = Caller::Connection(shared.ident.clone());
+        let resp = pipeline::handle(shared.app.clone(), caller, req).await;
+        let stream = resp
+            .extensions()
+            .get::<WatchHandoff>()
+            .and_then(WatchHandoff::take);
+        match stream {
+            Some(stream) => hand_over(&shared, respond, resp, stream, busy).await,
+            None => {
+                write_response(respond, resp, head_only).await;
+                drop(busy);
+            }
+        }
+    });
+}
+
+/// The response head without what h2 forbids, with `content-length` when the body's size is
+/// known and a `date`, as hyper wrote them.
+fn head(parts: http::response::Parts, len: Option<u64>) -> Response<()> {
+    let mut head = Response::from_parts(parts, ());
+    let headers = head.headers_mut();
+    for h in [
+        header::CONNECTION,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+    ] {
+        headers.remove(h);
+    }
+    headers.remove("keep-alive");
+    headers.remove("proxy-connection");
+    if let Some(len) = len
+        && !headers.contains_key(header::CONTENT_LENGTH)
+    {
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    }
+    if !headers.contains_key(header::DATE)
+        && let Ok(v) = HeaderValue::from_str(&httpdate::fmt_http_date(std::time::SystemTime::now()))
+    {
+        headers.insert(header::DATE, v);
+    }
+    head.extensions_mut().clear();
+    head
+}
+
+async fn hand_over(
+    shared: &Shared,
+    mut respond: SendResponse<Bytes>,
+    resp: Response<Body>,
+    stream: WatchStream,
+    busy: Busy,
+) {
+    let (parts, body) = resp.into_parts();
+    let Ok(send) = respond.send_response(head(parts, None), false) else {
+        return;
+    };
+    let task = WatchTask {
+        stream,
+        send,
+        pending: Bytes::new(),
+        armed: None,
+        timers: shared.timers.clone(),
+        _guards: Guards {
+            _body: body,
+            _busy: busy,
+        },
+    };
+    // Bounded by the connection's stream limit; fails only once the connection is gone.
+    let _ = shared.watches.send(task).await;
+}
+
+/// Writes a response body within the stream's flow-control window: never more than the client
+/// lets out is handed to h2.
+async fn write_response(mut respond: SendResponse<Bytes>, resp: Response<Body>, head_only: bool) {
+    use hyper::body::Body as _;
+    let (parts, mut body) = resp.into_parts();
+    let len = body.size_hint().exact();
+    let end = head_only || body.is_end_stream();
+    let Ok(mut send) = respond.send_response(head(parts, len), end) else {
+        return;
+    };
+    if end {
+        return;
+    }
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else {
+            send.send_reset(Reason::INTERNAL_ERROR);
+            return;
+        };
+        let Ok(mut data) = frame.into_data() else {
+            continue;
+        };
+        while !data.is_empty() {
+            send.reserve_capacity(data.len());
+            let cap = std::future::poll_fn(|cx| {
+                if send.capacity() > 0 {
+                    return Poll::Ready(Some(send.capacity()));
+                }
+                if send.poll_reset(cx).is_ready() {
+                    return Poll::Ready(None);
+                }
+                match send.poll_capacity(cx) {
+                    Poll::Ready(Some(Ok(n))) if n > 0 => Poll::Ready(Some(n)),
+                    Poll::Ready(Some(Ok(_))) => {
+                        cx.waker().wake_by_ref();
+                        Poll::Pending
+                    }
+                    Poll::Ready(Some(Err(_)) | None) => Poll::Ready(None),
+                    Poll::Pending => Poll::Pending,
+                }
+            })
+            .await;
+            let Some(cap) = cap else {
+                return;
+            };
+            let part = data.split_to(cap.min(data.len()));
+            if send.send_data(part, false).is_err() {
+                return;
+            }
+        }
+    }
+    let _ = send.send_data(Bytes::new(), true);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timers_wake_what_is_due_and_keep_the_rest() {
+        let mut t = Timers::default();
+        let now = Instant::now();
+        let woken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        struct Count(Arc<std::sync::atomic::AtomicUsize>);
+        impl std::task::Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let waker = Waker::from(Arc::new(Count(woken.clone())));
+        t.add(now + Duration::from_secs(5), waker.clone());
+        t.add(now, waker.clone());
+        t.add(now, waker);
+        assert_eq!(t.first(), Some(now));
+        t.fire(now);
+        assert_eq!(woken.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert_eq!(t.first(), Some(now + Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn a_watch_on_a_connection_stays_small() {
+        // The per-stream state the connection task keeps (the h2 crate's own stream state
+        // and the cache watcher come on top).
+        assert!(
+            std::mem::size_of::<WatchTask>() <= 512,
+            "{}",
+            std::mem::size_of::<WatchTask>()
+        );
+    }
+}

@@ -1,0 +1,682 @@
+//! The pipeline every request takes, whether it came from a socket or from a controller
+//! inside the server: route, authenticate, authorize, read the body, dispatch (resources,
+//! health, metrics, discovery, OpenAPI), compress, account; with tracing on, each request is
+//! a span (`trace.rs`) and everything it does runs in that span's context.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use opentelemetry::context::FutureExt as _;
+use svc_core::ApiError;
+
+use crate::base::deadline::Deadline;
+use crate::base::features::Feature;
+use crate::base::query::Query;
+use crate::base::router::{self, Route};
+use crate::http::respond::{self, Body};
+use crate::outbound::pki;
+use crate::security::authn::{self, ConnIdentity};
+use crate::security::authz::{Attributes, GROUP_MASTERS};
+use crate::serve::app::App;
+use crate::{
+    http::discovery, http::health, http::limits, http::openapi, http::rest, observe::metrics,
+    observe::trace, security::audit,
+};
+
+/// Who sent a request, before authentication has looked at it.
+pub enum Caller {
+    /// A client on a connection (its certificate, if any, already verified by TLS).
+    Connection(Arc<ConnIdentity>),
+    /// The server itself (a controller), acting as this user; authorization still applies.
+    Internal(pki::UserInfo),
+}
+
+/// A request body: still arriving from a client, or already in memory.
+pub enum RequestBody {
+    Stream(Incoming),
+    /// A request on an h2 connection served by `h2conn.rs`.
+    H2(H2Body),
+    Full(Bytes),
+}
+
+/// An h2 request body: gives flow-control capacity back as it is read, so the client may
+/// send more (what is read is bounded by [`RequestBody::read`]'s limit).
+pub struct H2Body {
+    recv: h2::RecvStream,
+    /// The `content-length` the client declared (0 when absent).
+    declared: u64,
+}
+
+impl H2Body {
+    pub fn new(recv: h2::RecvStream, declared: Option<u64>) -> Self {
+        H2Body {
+            recv,
+            declared: declared.unwrap_or(0),
+        }
+    }
+}
+
+impl hyper::body::Body for H2Body {
+    type Data = Bytes;
+    type Error = h2::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, h2::Error>>> {
+        match self.recv.poll_data(cx) {
+            std::task::Poll::Ready(Some(Ok(data))) => {
+                let _ = self.recv.flow_control().release_capacity(data.len());
+                std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(data))))
+            }
+            other => other.map(|d| d.map(|r| r.map(hyper::body::Frame::data))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.recv.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        let mut hint = hyper::body::SizeHint::new();
+        hint.set_lower(self.declared);
+        hint
+    }
+}
+
+impl RequestBody {
+    /// The whole body, refused with 413 past `max` bytes.
+    async fn read(self, max: usize) -> Result<Bytes, ApiError> {
+        match self {
+            RequestBody::Stream(body) => read_stream(body, max).await,
+            RequestBody::H2(body) => read_stream(body, max).await,
+            RequestBody::Full(b) if b.len() > max => Err(ApiError::RequestEntityTooLarge(format!(
+                "the request body exceeds the limit of {max} bytes"
+            ))),
+            RequestBody::Full(b) => Ok(b),
+        }
+    }
+}
+
+/// The Kubernetes verb of a request.
+fn verb_of(method: &Method, route: &Route, watch: bool) -> &'static str {
+    match (method, route) {
+        (&Method::GET | &Method::HEAD, Route::Resource(r)) => {
+            if watch {
+                "watch"
+            } else if r.name.is_some() {
+                "get"
+            } else {
+                "list"
+            }
+        }
+        (&Method::POST, _) => "create",
+        (&Method::PUT, _) => "update",
+        (&Method::PATCH, _) => "patch",
+        (&Method::DELETE, Route::Resource(r)) if r.name.is_none() => "deletecollection",
+        (&Method::DELETE, _) => "delete",
+        _ => "get",
+    }
+}
+
+/// Every request enters here: route, authenticate, authorize, dispatch, account.
+pub async fn handle(
+    app: Arc<App>,
+    caller: Caller,
+    mut req: Request<RequestBody>,
+) -> Response<Body> {
+    let start = Instant::now();
+    // The one branch tracing costs when it is off.
+    let traced_since = app.tracer.as_ref().map(|_| SystemTime::now());
+    let path = req.uri().path().to_string();
+    let query = Query::parse(req.uri().query());
+    let route = router::route(&path);
+    let gzip_header = req.headers().get(http::header::ACCEPT_ENCODING).cloned();
+    let watch = query.bool("watch").unwrap_or(false);
+    let verb = verb_of(req.method(), &route, watch);
+    let info = metrics::RequestInfo::new(req.method(), &route, &query, req.headers(), watch);
+    let inflight = app.metrics.start(&info);
+
+    let user = authenticate(&app, &caller, &req, &path).await;
+    let trace_cx = match (&app.tracer, traced_since) {
+        (Some(tracer), Some(since)) => Some(request_span(tracer, &req, &route, &user, since)),
+        _ => None,
+    };
+    let work = async {
+        match user {
+            Err(e) => {
+                let resp = respond::error(&e);
+                match &app.audit {
+                    None => (resp, None),
+                    Some(auditor) => {
+                        let begun = auditor.begin(&req, peer(&caller), &route, verb, None);
+                        let resp = match begun.record {
+                            Some(r) => r.failed_authentication(resp).await,
+                            None => resp,
+                        };
+                        (resp, Some(begun.audit_id))
+                    }
+                }
+            }
+            Ok(user) => {
+                // The one branch audit costs when it is off.
+                let Some(auditor) = &app.audit else {
+                    return (
+                        serve(&app, req, route, query, verb, &path, user, None).await,
+                        None,
+                    );
+                };
+                let begun = auditor.begin(&req, peer(&caller), &route, verb, Some(&user));
+                let resp = match begun.record {
+                    None => serve(&app, req, route, query, verb, &path, user, None).await,
+                    Some(r) => {
+                        req.extensions_mut().insert(r.annotations());
+                        match r.received().await {
+                            // blocking-strict: a request that cannot be audited is not served.
+                            Err(e) => respond::error(&e),
+                            Ok(()) => {
+                                serve_audited(&app, req, route, query, verb, &path, user, r).await
+                            }
+                        }
+                    }
+                };
+                (resp, Some(begun.audit_id))
+            }
+        }
+    };
+    let (resp, audit_id) = match &trace_cx {
+        None => work.await,
+        Some(cx) => work.with_context(cx.clone()).await,
+    };
+    let resp = if (verb == "get" || verb == "list")
+        && accepts_gzip(&gzip_header)
+        && app
+            .opts
+            .feature_gates
+            .enabled(Feature::APIResponseCompression)
+    {
+        gzip(resp, app.opts.response_compression_min_bytes).await
+    } else {
+        resp
+    };
+    let mut resp = resp;
+    if let Some(id) = audit_id {
+        resp.headers_mut().insert(audit::AUDIT_ID_HEADER, id);
+    }
+    let code = resp.status().as_u16();
+    if let Some(cx) = &trace_cx {
+        trace::end_request(cx, code);
+    }
+    drop(inflight);
+    app.metrics.observe(&info, code, start.elapsed());
+    tracing::debug!(verb, %path, code, elapsed_ms = start.elapsed().as_secs_f64() * 1e3, "request");
+    resp
+}
+
+fn peer(caller: &Caller) -> Option<std::net::SocketAddr> {
+    match caller {
+        Caller::Connection(ident) => ident.peer,
+        Caller::Internal(_) => None,
+    }
+}
+
+/// What lets a request run, held until its handler returns: nothing for `system:masters`
+/// (exempt, as Kubernetes' `exempt` priority level), a place under `--max-watches` for a
+/// watch, else seats of the read-only or mutating pool (`width` of them: more for a big
+/// list), waited for in the user's queue.
+#[derive(Default)]
+struct Admitted<'a> {
+    watch: Option<limits::Slot>,
+    _seat: Option<limits::Seat<'a>>,
+}
+
+async fn admit<'a>(
+    app: &'a App,
+    user: &pki::UserInfo,
+    mutating: bool,
+    verb: &str,
+    width: usize,
+) -> Result<Admitted<'a>, limits::Rejection> {
+    if user.in_group(GROUP_MASTERS) {
+        return Ok(Admitted::default());
+    }
+    if verb == "watch" {
+        return app
+            .watches
+            .try_acquire()
+            .map(|w| Admitted {
+                watch: Some(w),
+                _seat: None,
+            })
+            .ok_or_else(|| {
+                app.flow_metrics
+                    .rejected("watch", limits::Rejection::ConcurrencyLimit);
+                limits::Rejection::ConcurrencyLimit
+            });
+    }
+    let pool = if mutating {
+        &app.mutating_inflight
+    } else {
+        &app.readonly_inflight
+    };
+    pool.acquire_width(&user.username, width)
+        .await
+        .map(|s| Admitted {
+            watch: None,
+            _seat: Some(s),
+        })
+}
+
+/// The seats a request holds: a list of a stored kind as many as `limits::list_width` says
+/// for the watch cache's count of the kind (Kubernetes counts the whole resource too), and
+/// the `limit` if one is given; every other request one.
+fn list_width(app: &App, route: &Route, verb: &str, query: &Query) -> usize {
+    match route {
+        Route::Resource(r) if verb == "list" && r.info.stored && r.subresource.is_none() => {
+            let stored = app.caches.get(r.info).stats().objects;
+            limits::list_width(stored, query.get("limit").and_then(|l| l.parse().ok()))
+        }
+        _ => 1,
+    }
+}
+
+async fn authenticate(
+    app: &App,
+    caller: &Caller,
+    req: &Request<RequestBody>,
+    path: &str,
+) -> Result<pki::UserInfo, ApiError> {
+    match caller {
+        Caller::Connection(ident) => {
+            authn::authenticate(app, ident, req.method(), path, req.headers()).await
+        }
+        Caller::Internal(user) => Ok(user.clone()),
+    }
+}
+
+/// The request's span, begun when the request arrived: a child of the incoming `traceparent`
+/// when the authenticated user may set it, and the parent of a span recording the
+/// authentication just done.
+fn request_span(
+    tracer: &trace::Tracer,
+    req: &Request<RequestBody>,
+    route: &Route,
+    user: &Result<pki::UserInfo, ApiError>,
+    since: SystemTime,
+) -> opentelemetry::Context {
+    use opentelemetry::KeyValue;
+    let resource = match route {
+        Route::Resource(r) => Some((
+            r.info,
+            !r.namespace.is_empty(),
+            r.name.is_some(),
+            r.subresource.as_deref(),
+        )),
+        _ => None,
+    };
+    let name = trace::request_span_name(req.method(), resource);
+    let mut attributes = vec![
+        KeyValue::new("http.method", req.method().as_str().to_string()),
+        KeyValue::new(
+            "http.target",
+            req.uri()
+                .path_and_query()
+                .map_or_else(|| req.uri().path().to_string(), ToString::to_string),
+        ),
+        KeyValue::new(
+            "http.flavor",
+            match req.version() {
+                http::Version::HTTP_2 => "2",
+                http::Version::HTTP_10 => "1.0",
+                _ => "1.1",
+            },
+        ),
+    ];
+    if let Some(agent) = req
+        .headers()
+        .get(http::header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+    {
+        attributes.push(KeyValue::new("http.user_agent", agent.to_string()));
+    }
+    let cx = tracer.request_span(
+        name,
+        attributes,
+        trace::incoming(req.headers()),
+        user.as_ref().ok(),
+        since,
+    );
+    tracer.record_child(
+        &cx,
+        "authentication",
+        since,
+        SystemTime::now(),
+        user.as_ref().err().map(ToString::to_string),
+    );
+    cx
+}
+
+/// An audited request: [`serve`], with a `Panic` event (and a 500) if a handler panics,
+/// then the response stages.
+#[allow(clippy::too_many_arguments)]
+async fn serve_audited(
+    app: &Arc<App>,
+    req: Request<RequestBody>,
+    route: Route,
+    query: Query,
+    verb: &'static str,
+    path: &str,
+    user: pki::UserInfo,
+    mut record: audit::Record,
+) -> Response<Body> {
+    use futures::FutureExt as _;
+    let served = std::panic::AssertUnwindSafe(serve(
+        app,
+        req,
+        route,
+        query,
+        verb,
+        path,
+        user,
+        Some(&mut record),
+    ))
+    .catch_unwind()
+    .await;
+    match served {
+        Ok(resp) => record.finish(resp).await,
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            tracing::error!(%path, message, "a request handler panicked");
+            record.panicked(&message).await
+        }
+    }
+}
+
+/// Authorize, apply the in-flight limits, dispatch.
+#[allow(clippy::too_many_arguments)]
+async fn serve(
+    app: &Arc<App>,
+    req: Request<RequestBody>,
+    route: Route,
+    query: Query,
+    verb: &'static str,
+    path: &str,
+    user: pki::UserInfo,
+    record: Option<&mut audit::Record>,
+) -> Response<Body> {
+    let attrs = match &route {
+        Route::Resource(r) => Attributes::for_resource(r, verb),
+        _ => Attributes {
+            verb,
+            resource: None,
+            path,
+        },
+    };
+    let chain = app.authorizer();
+    let decision = trace::in_span(
+        app.tracer.as_ref(),
+        "authorization",
+        || vec![opentelemetry::KeyValue::new("verb", verb.to_string())],
+        chain.authorize_with_reason(&user, &attrs),
+        |r| r.as_ref().err().map(|(e, _)| e.to_string()),
+    )
+    .await;
+    if let Some(r) = &record {
+        let (d, reason) = match &decision {
+            Ok(reason) => ("allow", reason.as_str()),
+            Err((_, reason)) => ("forbid", reason.as_str()),
+        };
+        r.annotate(audit::DECISION_ANNOTATION, d);
+        r.annotate(audit::REASON_ANNOTATION, reason);
+    }
+    if let Err((e, _)) = decision {
+        return respond::error(&e);
+    }
+    let mutating = matches!(
+        *req.method(),
+        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+    );
+    // Held until the request is done: a seat of its pool, or a watch's place until its
+    // stream ends.
+    let width = list_width(app, &route, verb, &query);
+    let Admitted { watch, _seat } = match admit(app, &user, mutating, verb, width).await {
+        Ok(admitted) => admitted,
+        Err(why) => {
+            if let Some(r) = &record {
+                let limit = if verb == "watch" {
+                    "max-watches"
+                } else if mutating {
+                    "max-mutating-requests-inflight"
+                } else {
+                    "max-requests-inflight"
+                };
+                r.annotate(audit::RATE_LIMIT_ANNOTATION, limit);
+            }
+            return respond::error(&ApiError::TooManyRequests {
+                message: format!(
+                    "Too many requests, please try again later ({}).",
+                    why.reason()
+                ),
+                retry_after_seconds: Some(1),
+            });
+        }
+    };
+    if let Some(place) = watch {
+        return dispatch(app, req, route, query, user, record)
+            .await
+            .map(|body| {
+                respond::Body::new(body.map_frame(move |f| {
+                    let _held = &place;
+                    f
+                }))
+            });
+    }
+    if verb == "watch" {
+        return dispatch(app, req, route, query, user, record).await;
+    }
+    match tokio::time::timeout(
+        app.opts.request_timeout,
+        dispatch(app, req, route, query, user, record),
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(_) => respond::error(&ApiError::Timeout {
+            message: "request did not complete within the allowed duration".into(),
+            retry_after_seconds: None,
+        }),
+    }
+}
+
+async fn dispatch(
+    app: &Arc<App>,
+    req: Request<RequestBody>,
+    route: Route,
+    query: Query,
+    user: pki::UserInfo,
+    record: Option<&mut audit::Record>,
+) -> Response<Body> {
+    let is_get = req.method() == Method::GET || req.method() == Method::HEAD;
+    match route {
+        Route::Resource(r) => {
+            let (parts, body) = req.into_parts();
+            let body = if matches!(
+                parts.method,
+                Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+            ) {
+                match body.read(app.opts.max_request_body_bytes).await {
+                    Ok(b) => {
+                        if let Some(r) = record {
+                            r.request_body(&b);
+                        }
+                        b
+                    }
+                    Err(e) => return respond::error(&e),
+                }
+            } else {
+                Bytes::new()
+            };
+            rest::serve(
+                app,
+                rest::Call {
+                    parts,
+                    body,
+                    route: r,
+                    query,
+                    user,
+                    format: crate::http::negotiate::Format::Json,
+                },
+            )
+            .await
+        }
+        _ if !is_get => respond::error(&ApiError::MethodNotAllowed(format!(
+            "the server does not allow this method on the requested resource: {}",
+            req.method()
+        ))),
+        Route::Health { endpoint, check } => {
+            health::serve(app, endpoint, check.as_deref(), &query).await
+        }
+        Route::Metrics => {
+            respond::bytes_response(StatusCode::OK, metrics::CONTENT_TYPE, app.metrics.encode())
+        }
+        Route::NotFound => respond::error(&ApiError::PathNotFound(req.uri().path().to_string())),
+        Route::OpenApiV3Index => openapi::serve_index(),
+        Route::OpenApiV3 { group, version } => openapi::serve_group_version(&group, &version),
+        other => discovery::serve(&other, query.pretty()),
+    }
+}
+
+fn accepts_gzip(header: &Option<http::HeaderValue>) -> bool {
+    let Some(v) = header.as_ref().and_then(|h| h.to_str().ok()) else {
+        return false;
+    };
+    v.split(',').any(|part| {
+        let mut it = part.split(';').map(str::trim);
+        let coding = it.next().unwrap_or_default();
+        let refused = it.any(|p| p.replace(' ', "") == "q=0" || p.replace(' ', "") == "q=0.0");
+        (coding.eq_ignore_ascii_case("gzip") || coding == "*") && !refused
+    })
+}
+
+/// Compresses a complete response body with gzip (level 1: fastest, most of the gain on
+/// JSON). Streams (watches) are left alone, and so are bodies under `min_bytes`
+/// (`--response-compression-min-bytes`; 0, the default, compresses every body as the spec
+/// says).
+async fn gzip(resp: Response<Body>, min_bytes: usize) -> Response<Body> {
+    use hyper::body::Body as _;
+    if resp.headers().contains_key(http::header::CONTENT_ENCODING) {
+        return resp;
+    }
+    let Some(len) = resp.body().size_hint().exact() else {
+        return resp;
+    };
+    if len < min_bytes as u64 {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let Ok(collected) = body.collect().await else {
+        return respond::error(&ApiError::internal("reading a response body to compress"));
+    };
+    let plain = collected.to_bytes();
+    let compress = move || {
+        use std::io::Write as _;
+        let mut enc = flate2::write::GzEncoder::new(
+            Vec::with_capacity(plain.len() / 4),
+            flate2::Compression::fast(),
+        );
+        enc.write_all(&plain).and_then(|()| enc.finish())
+    };
+    // Large bodies are compressed off the async threads.
+    let out = if len > 1 << 20 {
+        tokio::task::spawn_blocking(compress)
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+    } else {
+        compress()
+    };
+    match out {
+        Ok(gz) => {
+            parts.headers.insert(
+                http::header::CONTENT_ENCODING,
+                http::HeaderValue::from_static("gzip"),
+            );
+            parts.headers.remove(http::header::CONTENT_LENGTH);
+            parts.headers.append(
+                http::header::VARY,
+                http::HeaderValue::from_static("Accept-Encoding"),
+            );
+            Response::from_parts(parts, respond::full(gz))
+        }
+        Err(e) => respond::error(&ApiError::internal(format!(
+            "compressing the response: {e}"
+        ))),
+    }
+}
+
+/// How much of an oversized body is read and discarded before the 413 goes out, so a client
+/// still writing it can read the answer instead of seeing a reset (Go's server does the same).
+const OVERSIZE_DISCARD: usize = 256 * 1024;
+const OVERSIZE_DISCARD_TIME: Duration = Duration::from_secs(1);
+
+/// Reads a request body, refusing more than `max` bytes with 413 without buffering them.
+async fn read_stream<B>(mut body: B, max: usize) -> Result<Bytes, ApiError>
+where
+    B: hyper::body::Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
+    let too_large = || {
+        ApiError::RequestEntityTooLarge(format!(
+            "the request body exceeds the limit of {max} bytes"
+        ))
+    };
+    let declared = hyper::body::Body::size_hint(&body).lower();
+    let mut buf = bytes::BytesMut::new();
+    let mut seen = 0usize;
+    let discard_until = tokio::time::Instant::now().later(OVERSIZE_DISCARD_TIME);
+    loop {
+        let oversize = seen > max || declared > max as u64;
+        if oversize
+            && (seen > max.saturating_add(OVERSIZE_DISCARD)
+                || tokio::time::Instant::now() > discard_until)
+        {
+            return Err(too_large());
+        }
+        let next = if oversize {
+            match tokio::time::timeout_at(discard_until, body.frame()).await {
+                Ok(f) => f,
+                Err(_) => return Err(too_large()),
+            }
+        } else {
+            body.frame().await
+        };
+        match next {
+            None if oversize => return Err(too_large()),
+            None => return Ok(buf.freeze()),
+            Some(Err(e)) if oversize => {
+                tracing::debug!(error = %e, "oversized body ended early");
+                return Err(too_large());
+            }
+            Some(Err(e)) => {
+                return Err(ApiError::bad_request(format!(
+                    "reading the request body: {e}"
+                )));
+            }
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    seen = seen.saturating_add(data.len());
+                    if seen <= max && declared <= max as u64 {
+                        buf.extend_from_slice(&data);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,314 @@
+//! Listeners, TLS, the choice of protocol (ALPN, or h2's preface), HTTP/1.1 connections
+//! (hyper) and graceful shutdown; h2 connections are served by `h2conn.rs`. Each request is
+//! handed to the pipeline (`pipeline.rs`).
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, ReadBuf};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
+
+use crate::base::flags::Options;
+use crate::outbound::pki;
+use crate::security::authn::ConnIdentity;
+use crate::serve::app::App;
+use crate::serve::conn_limits::{self, Activity, CLOSE_GRACE, ConnectionLimit, CountedBody};
+use crate::serve::h2conn;
+use crate::serve::pipeline::{self, Caller, RequestBody};
+
+/// Most header fields in one HTTP/1.1 request (hyper refuses more with 431). Go counts only
+/// bytes; this keeps the parser's table bounded while letting any ordinary request through.
+const H1_MAX_HEADERS: usize = 1024;
+
+/// The HTTP/1.1 connection builder with the limits of the flags.
+fn h1_builder(opts: &Options) -> http1::Builder {
+    let mut builder = http1::Builder::new();
+    // hyper's read buffer holds the whole request head, so it bounds its size (at least 8 KiB).
+    let max_head = opts.http_max_header_bytes.max(8192);
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(opts.http_header_read_timeout)
+        .max_buf_size(max_head)
+        .max_headers(H1_MAX_HEADERS);
+    builder
+}
+
+/// How connections of a listener are served: HTTP/1.1 by hyper, h2 by `h2conn.rs`.
+struct Builders {
+    h1: http1::Builder,
+    h2: h2conn::Limits,
+}
+
+pub async fn accept_loop(
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    app: Arc<App>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let builders = Arc::new(Builders {
+        h1: h1_builder(&app.opts),
+        h2: h2conn::Limits {
+            max_concurrent_streams: app.opts.http2_max_streams_per_connection,
+            max_header_list_size: u32::try_from(app.opts.http_max_header_bytes).unwrap_or(u32::MAX),
+            idle_timeout: app.opts.http_idle_timeout,
+        },
+    });
+    let cap = conn_limits::connection_cap(app.opts.max_connections);
+    let limit = ConnectionLimit::new(cap);
+    tracing::debug!(?cap, "connection cap");
+    // Every connection task holds a clone; at shutdown, `recv` returns once all have ended.
+    let (open_tx, mut open_rx) = tokio::sync::mpsc::channel::<()>(1);
+    loop {
+        // Room for one more connection first: past the cap, clients wait in the backlog.
+        let permit = tokio::select! {
+            p = limit.acquire() => p,
+            _ = crate::base::lifecycle::until_set(&mut stop) => break,
+        };
+        let (tcp, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = crate::base::lifecycle::until_set(&mut stop) => break,
+        };
+        let _ = tcp.set_nodelay(true);
+        let app = app.clone();
+        let builders = builders.clone();
+        let tls = tls.clone();
+        let stop = stop.clone();
+        let open = open_tx.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let _open = open;
+            match tls {
+                Some(tls) => {
+                    let handshake =
+                        tokio::time::timeout(app.opts.tls_handshake_timeout, tls.accept(tcp));
+                    let mut stop_handshake = stop.clone();
+                    let stream = tokio::select! {
+                        r = handshake => match r {
+                            Ok(Ok(s)) => s,
+                            Ok(Err(e)) => {
+                                tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                                return;
+                            }
+                            Err(_) => {
+                                tracing::debug!(%peer, "TLS handshake timed out");
+                                return;
+                            }
+                        },
+                        _ = crate::base::lifecycle::until_set(&mut stop_handshake) => return,
+                    };
+                    let session = stream.get_ref().1;
+                    let cert_user = session
+                        .peer_certificates()
+                        .and_then(|c| c.first())
+                        .and_then(|c| pki::user_from_client_cert(c.as_ref()));
+                    // ALPN's h2 skips looking at the first bytes; without it (or with
+                    // http/1.1) clients speaking h2 with prior knowledge are still served.
+                    let h2 = session.alpn_protocol() == Some(b"h2".as_slice());
+                    let ident = Arc::new(ConnIdentity {
+                        cert_user,
+                        insecure: false,
+                        peer: Some(peer),
+                    });
+                    if h2 {
+                        h2conn::serve(stream, app, ident, builders.h2.clone(), stop).await;
+                    } else {
+                        serve_either(&builders, stop, stream, app, ident).await;
+                    }
+                }
+                None => {
+                    let ident = Arc::new(ConnIdentity {
+                        cert_user: None,
+                        insecure: true,
+                        peer: Some(peer),
+                    });
+                    serve_either(&builders, stop, tcp, app, ident).await;
+                }
+            }
+        });
+    }
+    drop(listener);
+    drop(open_tx);
+    let timeout = app.opts.shutdown_timeout;
+    if tokio::time::timeout(timeout, open_rx.recv()).await.is_err() {
+        tracing::warn!(
+            ?timeout,
+            "requests still in flight at the end of the shutdown timeout"
+        );
+    }
+}
+
+/// The first bytes of every h2 connection (RFC 9113 §3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// A connection whose protocol ALPN did not settle: h2 if it starts with h2's preface (prior
+/// knowledge), else HTTP/1.1. A connection that sends neither within the idle timeout is
+/// dropped.
+async fn serve_either<I>(
+    builders: &Builders,
+    mut stop: watch::Receiver<bool>,
+    mut io: I,
+    app: Arc<App>,
+    ident: Arc<ConnIdentity>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let mut seen = Vec::with_capacity(H2_PREFACE.len());
+    let read = async {
+        let mut buf = [0u8; 24];
+        while seen.len() < H2_PREFACE.len() && H2_PREFACE.starts_with(&seen) {
+            let want = H2_PREFACE.len().saturating_sub(seen.len());
+            let Some(room) = buf.get_mut(..want) else {
+                return false;
+            };
+            match io.read(room).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => seen.extend_from_slice(room.get(..n).unwrap_or_default()),
+            }
+        }
+        true
+    };
+    let read = tokio::time::timeout(app.opts.http_idle_timeout, read);
+    let complete = tokio::select! {
+        r = read => matches!(r, Ok(true)),
+        _ = crate::base::lifecycle::until_set(&mut stop) => false,
+    };
+    if !complete {
+        return;
+    }
+    let io = Prefixed {
+        head: Bytes::from(seen),
+        io,
+    };
+    if io.head.as_ref() == H2_PREFACE {
+        h2conn::serve(io, app, ident, builders.h2.clone(), stop).await;
+    } else {
+        serve_h1(&builders.h1, stop, TokioIo::new(io), app, ident).await;
+    }
+}
+
+/// A connection with the bytes already read from it put back in front.
+struct Prefixed<I> {
+    head: Bytes,
+    io: I,
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Prefixed<I> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if !self.head.is_empty() {
+            let n = self.head.len().min(buf.remaining());
+            let part = self.head.split_to(n);
+            buf.put_slice(&part);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Prefixed<I> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// Serves one HTTP/1.1 connection until it ends: closed gracefully at shutdown or once it has
+/// carried no request for `--http-idle-timeout`.
+async fn serve_h1<I>(
+    builder: &http1::Builder,
+    mut stop: watch::Receiver<bool>,
+    io: I,
+    app: Arc<App>,
+    ident: Arc<ConnIdentity>,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let activity = Activity::new();
+    let idle_timeout = app.opts.http_idle_timeout;
+    let svc = service_fn({
+        let activity = activity.clone();
+        move |req| {
+            let app = app.clone();
+            let ident = ident.clone();
+            let busy = activity.begin();
+            // Boxed: hyper keeps its service future inline in the connection for the
+            // connection's whole life, so an unboxed pipeline future would cost every
+            // connection (every HTTP/1.1 watch) its ~8 KiB even after it has answered.
+            Box::pin(async move {
+                let req = req.map(RequestBody::Stream);
+                let resp = pipeline::handle(app, Caller::Connection(ident), req).await;
+                Ok::<_, std::convert::Infallible>(resp.map(|b| CountedBody::new(b, busy)))
+            })
+        }
+    });
+    let conn = builder.serve_connection(io, svc);
+    tokio::pin!(conn);
+    let mut closing = false;
+    let result = loop {
+        tokio::select! {
+            r = conn.as_mut() => break r,
+            _ = crate::base::lifecycle::until_set(&mut stop), if !closing => {
+                closing = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            _ = activity.idle_for(idle_timeout), if !closing => {
+                tracing::debug!("closing an idle connection");
+                closing = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            // One with nothing in flight after asking is dropped.
+            _ = activity.idle_for(CLOSE_GRACE), if closing => {
+                tracing::debug!("dropping a connection that did not close when asked");
+                break Ok(());
+            }
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "connection ended with an error");
+    }
+}
