@@ -2,6 +2,7 @@
 //! Command-line flags, feature gates, query strings, the router's path parsing, lifecycle
 //! signals, saturating deadlines, configuration-file reloading and `validate-config`.
 
+pub mod annotations;
 pub mod deadline;
 pub mod features;
 pub mod flags;

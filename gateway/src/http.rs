@@ -2,6 +2,7 @@
 //! in-flight limits, the REST handlers, discovery, OpenAPI and health. Uses the layers before
 //! it; knows nothing of listeners or connections.
 
+pub mod api;
 pub mod discovery;
 pub mod health;
 pub mod limits;
@@ -9,3 +10,4 @@ pub mod negotiate;
 pub mod openapi;
 pub mod respond;
 pub mod rest;
+pub mod stream;

@@ -4,3 +4,5 @@
 
 pub mod admission;
 pub mod caches;
+pub mod errors;
+pub mod state;

@@ -17,8 +17,9 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::base::flags::Options;
 use crate::controllers::{bootstrap, csr};
+use crate::outbound::egress::Egress;
 use crate::outbound::pki::{self, PkiOptions};
-use crate::serve::app::App;
+use crate::serve::app::{App, Parts};
 use crate::serve::server::accept_loop;
 
 /// A running server.
@@ -40,18 +41,18 @@ impl ServerHandle {
     /// Graceful shutdown: fail `/readyz`, keep serving for `--shutdown-delay-duration`, stop
     /// accepting, end watches, and wait (up to `--shutdown-timeout`) for requests in flight.
     pub async fn shutdown(self) {
-        self.app.shutting_down.store(true, Ordering::Release);
-        tracing::info!(delay = ?self.app.opts.shutdown_delay_duration, "shutdown started");
-        tokio::time::sleep(self.app.opts.shutdown_delay_duration).await;
+        self.app.api.shutting_down.store(true, Ordering::Release);
+        tracing::info!(delay = ?self.app.api.opts.shutdown_delay_duration, "shutdown started");
+        tokio::time::sleep(self.app.api.opts.shutdown_delay_duration).await;
         let _ = self.stop_watches.send(true);
         let _ = self.stop_accepting.send(true);
         for t in self.tasks {
             let _ = t.await;
         }
-        if let Some(audit) = &self.app.audit {
+        if let Some(audit) = &self.app.api.security.audit {
             audit.shutdown().await;
         }
-        if let Some(tracer) = &self.app.tracer {
+        if let Some(tracer) = &self.app.api.tracer {
             tracer.flush().await;
         }
         tracing::info!("shutdown complete");
@@ -64,7 +65,7 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
     if opts.storage_backend == crate::base::flags::StorageBackend::Etcd {
         // Connections are lazy: an unreachable etcd shows in /readyz and 503s, not here.
         let mut etcd = opts.etcd_config();
-        let dialer = opts.egress()?.dialer(Selection::Etcd);
+        let dialer = Egress::from_options(&opts)?.dialer(Selection::Etcd);
         if !dialer.is_direct() {
             tracing::info!(route = %dialer.describe(), "etcd connections use the egress selector");
             etcd.dialer = Some(svc_storage::etcd::EtcdDialer(Arc::new(
@@ -121,7 +122,7 @@ pub async fn start_with_store(
         tls_sans: opts.tls_sans.clone(),
         admin_kubeconfig_path: kubeconfig.clone(),
         server_url: format!("https://{host}:{}", addr.port()),
-        cluster_signing: opts.cluster_signing().map_err(anyhow::Error::msg)?,
+        cluster_signing: pki::SigningFiles::from_options(&opts).map_err(anyhow::Error::msg)?,
     };
     let cert_dir = opts.cert_dir();
     let pki = tokio::task::spawn_blocking(move || pki::ensure_pki(&cert_dir, &pki_opts))
@@ -145,39 +146,21 @@ pub async fn start_with_store(
         None => None,
         Some(path) => Some(crate::observe::trace::config::read(path).map_err(anyhow::Error::msg)?),
     };
-    let mut app = App::new(
-        opts.clone(),
-        store,
-        stop_watches_rx.clone(),
+    let parts = Parts {
+        stop_watches: stop_watches_rx.clone(),
         tokens,
-        tracing.as_ref(),
-    )
-    .context("starting traces")?;
-    app.egress = opts.egress()?;
-    let webhook_metrics =
-        crate::registry::admission::webhook::call::WebhookMetrics::register(&mut app.metrics);
-    let webhooks = crate::registry::admission::webhook::Webhooks::new(
-        &app.caches,
-        app.egress.clone(),
-        webhook_metrics,
-    );
-    app.admission = admission.with_webhooks(Arc::new(webhooks));
-    let webhook = match &opts.audit.audit_webhook_config_file {
-        None => None,
-        Some(path) => Some(std::sync::Arc::new(
-            crate::outbound::client::WebhookClient::from_kubeconfig_file(path, &app.egress)
-                .map_err(|e| anyhow::anyhow!("--audit-webhook-config-file: {e}"))?,
-        )
-            as std::sync::Arc<dyn crate::security::audit::webhook::Target>),
+        tracing,
+        admission,
+        egress: Egress::from_options(&opts)?,
     };
-    app.audit =
-        crate::security::audit::Auditor::from_options(&opts.audit, &app.metrics.audit, webhook)
-            .map_err(anyhow::Error::msg)?;
-    let app = Arc::new(app);
+    let app = Arc::new(App::new(opts.clone(), store, parts)?);
     let reload_task = start_authentication_config(&app, stop_watches_rx)?;
-    let authorization_reload = crate::security::authz::load::start(
-        &app,
-        crate::security::authz::load::connect_with(app.egress.clone()),
+    let authorization_reload = crate::security::authorization_config::start(
+        &app.api.security,
+        &opts,
+        &app.api.metrics.authz,
+        app.api.registry.stop_watches.clone(),
+        crate::security::authorization_config::connect_with(app.egress.clone()),
     )
     .map_err(|e| anyhow::anyhow!("--authorization-config: {e}"))?;
 
@@ -221,32 +204,32 @@ fn start_authentication_config(
     app: &Arc<App>,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<Option<JoinHandle<()>>> {
-    let Some(path) = app.opts.authentication_config.clone() else {
+    let Some(path) = app.api.opts.authentication_config.clone() else {
         return Ok(None);
     };
     let load = |app: &App, bytes: &[u8]| {
         let ctx = crate::security::jwt::LoadContext {
-            service_account_issuers: std::slice::from_ref(&app.opts.service_account_issuer),
-            anonymous_flag_set: app.opts.anonymous_auth.is_some(),
+            service_account_issuers: std::slice::from_ref(&app.api.opts.service_account_issuer),
+            anonymous_flag_set: app.api.opts.anonymous_auth.is_some(),
         };
-        crate::security::jwt::Authentication::load(bytes, &ctx, &app.jwt)
+        crate::security::jwt::Authentication::load(bytes, &ctx, &app.api.security.jwt)
     };
     let bytes = crate::base::reload::read_file(&path)
         .map_err(|e| anyhow::anyhow!("--authentication-config: {e}"))?;
     let loaded = load(app, &bytes)
         .map_err(|e| anyhow::anyhow!("--authentication-config {}: {e}", path.display()))?;
-    app.set_authentication(loaded);
+    app.api.security.set_authentication(loaded);
     let weak = Arc::downgrade(app);
     Ok(Some(crate::base::reload::spawn(
         "authentication",
         path,
-        app.opts.config_reload_interval,
-        app.authentication_reloads.clone(),
+        app.api.opts.config_reload_interval,
+        app.api.security.authentication_reloads.clone(),
         stop,
         move |bytes| {
             let app = weak.upgrade().ok_or("the server is gone")?;
             let loaded = load(&app, bytes).map_err(|e| e.to_string())?;
-            app.set_authentication(loaded);
+            app.api.security.set_authentication(loaded);
             Ok(())
         },
     )))

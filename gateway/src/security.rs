@@ -4,6 +4,8 @@
 
 pub mod audit;
 pub mod authn;
+pub mod authorization_config;
 pub mod authz;
 pub mod jwt;
+pub mod state;
 pub mod tokens;

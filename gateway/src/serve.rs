@@ -3,6 +3,7 @@
 //! limit, route) and the in-process loopback client. Names no handler type.
 
 pub mod app;
+pub mod audited;
 pub mod conn_limits;
 pub mod h2conn;
 pub mod loopback;

@@ -182,10 +182,10 @@ fn token_user(dir: &Path, tag: &str, api: &str, life: u32, bad_first: bool) -> (
 async fn exec_plugins_authenticate_get_runs() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let mut opts = svc_gateway::Options::for_tests(d.join("server"));
+    let mut opts = svc_gateway::base::flags::Options::for_tests(d.join("server"));
     opts.insecure_port = free_port();
     opts.log_level = "warn".into();
-    let server = svc_gateway::start(opts).await.unwrap();
+    let server = svc_gateway::run::start(opts).await.unwrap();
     let insecure = server.insecure_addr.unwrap();
     let admin: Value =
         serde_saphyr::from_str(&std::fs::read_to_string(&server.admin_kubeconfig).unwrap())

@@ -97,10 +97,10 @@ fn check(r: &Value, steps: &[u64]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hold_counts_every_stream_at_every_step() {
     let dir = tempfile::tempdir().unwrap();
-    let mut opts = svc_gateway::Options::for_tests(dir.path().join("server"));
+    let mut opts = svc_gateway::base::flags::Options::for_tests(dir.path().join("server"));
     opts.insecure_port = free_port();
     opts.log_level = "warn".into();
-    let server = svc_gateway::start(opts).await.unwrap();
+    let server = svc_gateway::run::start(opts).await.unwrap();
     let url = format!("http://{}", server.insecure_addr.unwrap());
     let a = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
 

@@ -301,10 +301,10 @@ fn start_etcd() -> (Etcd, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_scenario_against_every_target() {
     let dir = tempfile::tempdir().unwrap();
-    let mut opts = svc_gateway::Options::for_tests(dir.path().join("server"));
+    let mut opts = svc_gateway::base::flags::Options::for_tests(dir.path().join("server"));
     opts.insecure_port = free_port();
     opts.log_level = "warn".into();
-    let server = svc_gateway::start(opts).await.unwrap();
+    let server = svc_gateway::run::start(opts).await.unwrap();
     let url = format!("http://{}", server.insecure_addr.unwrap());
     let kubeconfig = server.admin_kubeconfig.display().to_string();
     let (etcd, etcd_url) = start_etcd();
@@ -748,16 +748,16 @@ fn refuses_non_loopback_targets() {
 /// the server grants users outside `system:masters` nothing on resources by itself).
 struct AllowUsers(&'static [&'static str]);
 
-impl svc_gateway::authz::Authorizer for AllowUsers {
+impl svc_gateway::security::authz::Authorizer for AllowUsers {
     fn name(&self) -> &str {
         "allow-users"
     }
     fn authorize<'a>(
         &'a self,
-        user: &'a svc_gateway::pki::UserInfo,
-        attrs: &'a svc_gateway::authz::Attributes<'a>,
-    ) -> svc_gateway::authz::DecisionFuture<'a> {
-        use svc_gateway::authz::Decision;
+        user: &'a svc_gateway::outbound::pki::UserInfo,
+        attrs: &'a svc_gateway::security::authz::Attributes<'a>,
+    ) -> svc_gateway::security::authz::DecisionFuture<'a> {
+        use svc_gateway::security::authz::Decision;
         let d = if attrs.resource.is_some() && self.0.contains(&user.username.as_str()) {
             Decision::Allow
         } else {
@@ -768,7 +768,7 @@ impl svc_gateway::authz::Authorizer for AllowUsers {
 }
 
 /// A kubeconfig for `user` with a client certificate from the server's CA (no groups).
-fn user_kubeconfig(server: &svc_gateway::ServerHandle, user: &str, dir: &Path) -> String {
+fn user_kubeconfig(server: &svc_gateway::run::ServerHandle, user: &str, dir: &Path) -> String {
     use base64::Engine;
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     let (cert, key) = server
@@ -798,13 +798,13 @@ fn user_kubeconfig(server: &svc_gateway::ServerHandle, user: &str, dir: &Path) -
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fairness_reports_the_writer_alone_and_beside_the_hammer() {
     let dir = tempfile::tempdir().unwrap();
-    let mut opts = svc_gateway::Options::for_tests(dir.path().join("server"));
+    let mut opts = svc_gateway::base::flags::Options::for_tests(dir.path().join("server"));
     opts.log_level = "warn".into();
     // One seat and a queue of one: any third list at once is refused, however much of the
     // hammer's time goes to reading answers rather than waiting for them.
     opts.max_requests_inflight = 1;
     opts.max_queued_requests_per_user = 1;
-    let server = svc_gateway::start(opts).await.unwrap();
+    let server = svc_gateway::run::start(opts).await.unwrap();
     server
         .app
         .set_authorizers(vec![Box::new(AllowUsers(&["lt-hammer", "lt-writer"]))]);

@@ -344,24 +344,6 @@ impl Options {
         }
     }
 
-    /// The CA files of `--cluster-signing-cert-file` and `--cluster-signing-key-file`, which
-    /// come together or not at all.
-    pub fn cluster_signing(&self) -> Result<Option<crate::outbound::pki::SigningFiles>, String> {
-        match (
-            &self.cluster_signing_cert_file,
-            &self.cluster_signing_key_file,
-        ) {
-            (None, None) => Ok(None),
-            (Some(cert), Some(key)) => Ok(Some(crate::outbound::pki::SigningFiles {
-                cert_file: cert.clone(),
-                key_file: key.clone(),
-            })),
-            _ => {
-                Err("--cluster-signing-cert-file and --cluster-signing-key-file go together".into())
-            }
-        }
-    }
-
     pub fn store_dir(&self) -> PathBuf {
         self.data_dir.join("store")
     }
@@ -384,16 +366,6 @@ impl Options {
             compaction_check_interval: (retention.checked_div(2).unwrap_or_default())
                 .clamp(Duration::from_millis(100), Duration::from_secs(10)),
             ..Default::default()
-        }
-    }
-
-    /// The dialers of `--egress-selector-config-file` (every connection direct without it).
-    pub fn egress(
-        &self,
-    ) -> Result<crate::outbound::egress::Egress, crate::outbound::egress::EgressError> {
-        match &self.egress_selector_config_file {
-            Some(path) => crate::outbound::egress::Egress::from_file(path),
-            None => Ok(crate::outbound::egress::Egress::direct()),
         }
     }
 

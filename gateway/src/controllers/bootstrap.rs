@@ -2,8 +2,6 @@
 //! of every namespace, and the namespace
 //! controller that empties a terminating namespace and then removes it.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -13,14 +11,12 @@ use http::StatusCode;
 use svc_core::kinds::{FINALIZER_KUBERNETES, Namespace, PHASE_TERMINATING, ServiceAccount};
 use svc_core::object;
 use svc_core::watch::Selector;
-use svc_core::{ApiError, Resource, registry};
+use svc_core::{ApiError, Resource, ResourceInfo, registry};
 use svc_storage::{KeyRange, StoreError};
 
-use crate::http::respond;
-use crate::http::rest::write::delete_all_in_namespace;
+use crate::registry::errors;
 use crate::serve::app::App;
 use crate::serve::loopback::Loopback;
-use svc_core::registry::{Kind, KindVisitor};
 
 /// The account every namespace has.
 pub const DEFAULT_SERVICE_ACCOUNT: &str = "default";
@@ -31,11 +27,14 @@ pub const SYSTEM_NAMESPACES: &[&str] =
 const NAMESPACE_RESYNC: Duration = Duration::from_secs(5);
 
 pub fn start(app: &Arc<App>) {
-    let synced = app.hooks.register("start-watch-caches");
-    app.caches
-        .start(app.store.clone(), app.stop_watches.clone(), synced);
+    let synced = app.api.hooks.register("start-watch-caches");
+    app.api.registry.caches.start(
+        app.api.registry.store.clone(),
+        app.api.registry.stop_watches.clone(),
+        synced,
+    );
 
-    let done = app.hooks.register("start-system-namespaces-controller");
+    let done = app.api.hooks.register("start-system-namespaces-controller");
     let a = app.clone();
     tokio::spawn(async move {
         loop {
@@ -52,13 +51,13 @@ pub fn start(app: &Arc<App>) {
         }
     });
     let a = app.clone();
-    let started = app.hooks.register("start-service-account-controller");
+    let started = app.api.hooks.register("start-service-account-controller");
     tokio::spawn(async move {
         started.store(true, Ordering::Release);
         service_account_controller(a).await;
     });
     let a = app.clone();
-    let started = app.hooks.register("start-namespace-controller");
+    let started = app.api.hooks.register("start-namespace-controller");
     tokio::spawn(async move {
         started.store(true, Ordering::Release);
         namespace_controller(a).await;
@@ -70,38 +69,54 @@ async fn ensure_system_namespaces(app: &App) -> Result<(), ApiError> {
         let mut ns = Namespace::default();
         ns.set_type_meta();
         ns.metadata.name = (*name).to_string();
-        object::prepare_create(&mut ns, &app.validator)?;
+        object::prepare_create(&mut ns, &app.api.registry.validator)?;
         let key = Bytes::from(Namespace::INFO.key("", name));
         let value = Bytes::from(object::encode_for_store(&ns)?);
-        match app.store.create(key, value).await {
+        match app.api.registry.store.create(key, value).await {
             Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
-            Err(e) => return Err(respond::store_error(e)),
+            Err(e) => return Err(errors::store_error(e)),
         }
     }
     Ok(())
 }
 
-/// What every stored namespaced kind has left in `ns` after one round of deletions.
-async fn delete_namespace_contents(app: &App, ns: &str) -> Result<usize, ApiError> {
-    type Left<'a> = Pin<Box<dyn Future<Output = Result<usize, ApiError>> + Send + 'a>>;
-    struct DeleteAll<'a> {
-        app: &'a App,
-        ns: &'a str,
-    }
-    impl<'a> KindVisitor for DeleteAll<'a> {
-        type Output = Left<'a>;
-        fn visit<T: Kind>(self) -> Left<'a> {
-            Box::pin(delete_all_in_namespace::<T>(self.app, self.ns))
-        }
-    }
-    let mut left = 0;
+/// Who deletes a terminating namespace's contents, as Kubernetes' namespace controller is
+/// named: its requests go through the whole pipeline (authorization, admission, audit,
+/// limits and metrics) like any client's.
+const NAMESPACE_CONTROLLER: &str = "system:svc-controller-manager:namespace-controller";
+
+/// The collection path of a namespaced kind in `ns`.
+fn collection_path(info: &ResourceInfo, ns: &str) -> String {
+    let root = if info.group.is_empty() {
+        format!("/api/{}", info.version)
+    } else {
+        format!("/apis/{}/{}", info.group, info.version)
+    };
+    format!("{root}/namespaces/{ns}/{}", info.plural)
+}
+
+/// One round of deletions in `ns` (a `deletecollection` of every stored namespaced kind),
+/// and what is left after it: objects that finalizers still hold.
+async fn delete_namespace_contents(
+    app: &App,
+    client: &Loopback,
+    ns: &str,
+) -> Result<usize, ApiError> {
+    let mut left = 0usize;
     for info in registry::all()
         .iter()
         .filter(|i| i.stored && i.namespaced())
     {
-        if let Some(f) = registry::visit(info, DeleteAll { app, ns }) {
-            left = f.await?.saturating_add(left);
-        }
+        let reply = client.delete(&collection_path(info, ns)).await?;
+        reply.into_result::<serde_json::Value>()?;
+        let remaining = app
+            .api
+            .registry
+            .store
+            .range(KeyRange::prefix(info.prefix(Some(ns))), None, 0)
+            .await
+            .map_err(errors::store_error)?;
+        left = left.saturating_add(remaining.kvs.len());
     }
     Ok(left)
 }
@@ -117,9 +132,9 @@ async fn service_account_controller(app: Arc<App>) {
         &app,
         "system:svc-controller-manager:serviceaccount-controller",
     );
-    let mut stop = app.stop_watches.clone();
-    let namespaces = app.caches.get(Namespace::INFO);
-    let accounts = app.caches.get(ServiceAccount::INFO);
+    let mut stop = app.api.registry.stop_watches.clone();
+    let namespaces = app.api.registry.caches.get(Namespace::INFO);
+    let accounts = app.api.registry.caches.get(ServiceAccount::INFO);
     loop {
         let seen = namespaces.revision().min(accounts.revision());
         if namespaces.is_ready()
@@ -142,8 +157,8 @@ async fn service_account_controller(app: Arc<App>) {
 }
 
 async fn ensure_default_accounts(app: &App, client: &Loopback) -> Result<(), ApiError> {
-    let accounts = app.caches.get(ServiceAccount::INFO);
-    let snapshot = app.caches.get(Namespace::INFO).snapshot()?;
+    let accounts = app.api.registry.caches.get(ServiceAccount::INFO);
+    let snapshot = app.api.registry.caches.get(Namespace::INFO).snapshot()?;
     let all = snapshot.list(
         &KeyRange::prefix(Namespace::INFO.prefix(None)),
         None,
@@ -190,13 +205,14 @@ async fn ensure_default_accounts(app: &App, client: &Loopback) -> Result<(), Api
 }
 
 async fn namespace_controller(app: Arc<App>) {
-    let mut stop = app.stop_watches.clone();
+    let mut stop = app.api.registry.stop_watches.clone();
+    let client = Loopback::controller(&app, NAMESPACE_CONTROLLER);
     loop {
-        if let Err(e) = sweep_terminating(&app).await {
+        if let Err(e) = sweep_terminating(&app, &client).await {
             tracing::warn!(error = %e, "namespace controller");
         }
         tokio::select! {
-            _ = app.namespace_changed.notified() => {}
+            _ = app.api.registry.namespace_changed.notified() => {}
             _ = tokio::time::sleep(NAMESPACE_RESYNC) => {}
             _ = crate::base::lifecycle::until_set(&mut stop) => return,
         }
@@ -205,32 +221,38 @@ async fn namespace_controller(app: Arc<App>) {
 
 /// Empties each terminating namespace; once nothing is left, drops the `kubernetes`
 /// finalizer, which deletes the namespace if no other finalizer holds it.
-async fn sweep_terminating(app: &App) -> Result<(), ApiError> {
+async fn sweep_terminating(app: &App, client: &Loopback) -> Result<(), ApiError> {
     let all = app
+        .api
+        .registry
         .store
         .range(KeyRange::prefix(Namespace::INFO.prefix(None)), None, 0)
         .await
-        .map_err(respond::store_error)?;
+        .map_err(errors::store_error)?;
     for kv in &all.kvs {
         let ns: Namespace = object::decode_from_store(kv)?;
         if ns.metadata.deletion_timestamp.is_none() {
             continue;
         }
         let name = ns.metadata.name.clone();
-        let left = delete_namespace_contents(app, &name).await?;
+        let left = delete_namespace_contents(app, client, &name).await?;
         if left > 0 {
             continue;
         }
         let mut done = ns.clone();
         done.spec.finalizers.retain(|f| f != FINALIZER_KUBERNETES);
         let result = if done.metadata.finalizers.is_empty() && done.spec.finalizers.is_empty() {
-            app.store
+            app.api
+                .registry
+                .store
                 .delete(kv.key.clone(), Some(kv.mod_revision))
                 .await
                 .map(|_| ())
         } else {
             let value = Bytes::from(object::encode_for_store(&done)?);
-            app.store
+            app.api
+                .registry
+                .store
                 .update(kv.key.clone(), value, kv.mod_revision)
                 .await
                 .map(|_| ())
@@ -238,7 +260,7 @@ async fn sweep_terminating(app: &App) -> Result<(), ApiError> {
         match result {
             Ok(()) => tracing::info!(namespace = %name, "namespace finalized"),
             Err(StoreError::Conflict { .. } | StoreError::NotFound) => {}
-            Err(e) => return Err(respond::store_error(e)),
+            Err(e) => return Err(errors::store_error(e)),
         }
     }
     Ok(())

@@ -60,7 +60,7 @@ pub(crate) trait CsrController: Send + Sync + 'static {
 }
 
 fn spawn<C: CsrController>(app: &Arc<App>, controller: C) {
-    let started = app.hooks.register(&format!("start-{}", C::NAME));
+    let started = app.api.hooks.register(&format!("start-{}", C::NAME));
     let app = app.clone();
     tokio::spawn(async move {
         started.store(true, Ordering::Release);
@@ -70,8 +70,13 @@ fn spawn<C: CsrController>(app: &Arc<App>, controller: C) {
 
 /// Runs passes over every request: on start, whenever one changes, and every `RESYNC`.
 async fn run<C: CsrController>(app: Arc<App>, controller: C) {
-    let cache = app.caches.get(CertificateSigningRequest::INFO).clone();
-    let mut stop = app.stop_watches.clone();
+    let cache = app
+        .api
+        .registry
+        .caches
+        .get(CertificateSigningRequest::INFO)
+        .clone();
+    let mut stop = app.api.registry.stop_watches.clone();
     let mut handled: HashMap<String, Revision> = HashMap::new();
     loop {
         // The watch is registered before a pass reads the state, so no change falls

@@ -4,18 +4,18 @@
 use std::sync::atomic::Ordering;
 
 use crate::base::query::Query;
+use crate::http::api::Api;
 use crate::http::respond::{self, Body};
-use crate::serve::app::App;
 use http::StatusCode;
 
 /// Runs every check that belongs to `endpoint`, in a fixed order.
-async fn run_checks(app: &App, endpoint: &str) -> Vec<(String, Result<(), String>)> {
+async fn run_checks(app: &Api, endpoint: &str) -> Vec<(String, Result<(), String>)> {
     let mut out: Vec<(String, Result<(), String>)> = vec![
         ("ping".into(), Ok(())),
         ("log".into(), Ok(())),
         (
             "etcd".into(),
-            app.store.health().await.map_err(|e| e.to_string()),
+            app.registry.store.health().await.map_err(|e| e.to_string()),
         ),
     ];
     if endpoint != "livez" {
@@ -24,7 +24,7 @@ async fn run_checks(app: &App, endpoint: &str) -> Vec<(String, Result<(), String
         // it, but not ready, so traffic goes elsewhere until writes work again.
         out.push((
             "etcd-readiness".into(),
-            app.store.ready().await.map_err(|e| e.to_string()),
+            app.registry.store.ready().await.map_err(|e| e.to_string()),
         ));
         out.push(("autoregister-completion".into(), Ok(())));
     }
@@ -53,7 +53,7 @@ async fn run_checks(app: &App, endpoint: &str) -> Vec<(String, Result<(), String
 }
 
 pub async fn serve(
-    app: &App,
+    app: &Api,
     endpoint: &str,
     check: Option<&str>,
     query: &Query,

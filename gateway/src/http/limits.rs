@@ -100,7 +100,7 @@ struct WaitLabels {
     execute: &'static str,
 }
 
-/// The flow-control metric families, shared by every pool; registered by `App::new`.
+/// The flow-control metric families, shared by every pool; registered by `Api::new`.
 #[derive(Clone)]
 pub struct FlowMetrics {
     inqueue: Family<LevelLabels, Gauge>,

@@ -13,7 +13,6 @@ use svc_core::table::IncludeObject;
 
 use crate::http::negotiate::Format;
 use svc_core::registry::Kind;
-use svc_storage::StoreError;
 
 /// The body type of every response: a full buffer or a stream (watches).
 pub type Body = BoxBody<Bytes, std::io::Error>;
@@ -216,30 +215,5 @@ pub fn watch_error_frame(format: Format, err: &ApiError) -> Bytes {
             .unwrap_or_default(),
         // Negotiation never picks these for a watch.
         Format::Yaml | Format::Table => Bytes::new(),
-    }
-}
-
-/// Maps a storage failure that the handler did not turn into something more specific.
-/// Conflicts and not-found are handled where the resource is known; this is the remainder.
-pub fn store_error(err: StoreError) -> ApiError {
-    match err {
-        StoreError::Compacted {
-            requested,
-            compacted,
-        } => ApiError::Expired(format!(
-            "The resourceVersion for the provided list is too old: requested {requested}, \
-             compacted at {compacted}"
-        )),
-        StoreError::FutureRevision { requested, current } => {
-            ApiError::too_large_resource_version(requested, current)
-        }
-        StoreError::Unavailable(msg) => {
-            ApiError::ServiceUnavailable(format!("storage unavailable: {msg}"))
-        }
-        StoreError::Closed => ApiError::ServiceUnavailable("storage is shutting down".into()),
-        StoreError::Corrupt { location, detail } => {
-            ApiError::Internal(format!("stored object at {location} is corrupt: {detail}"))
-        }
-        other => ApiError::Internal(other.to_string()),
     }
 }

@@ -27,14 +27,15 @@ pub use call::{Call, Selectors};
 
 use crate::base::features::Feature;
 use crate::base::query::ListOptions;
+use crate::http::api::Api;
 use crate::http::negotiate;
 use crate::http::respond::{self, Body};
 use crate::registry::caches::freshness::wait_for_revision;
-use crate::serve::app::App;
+use crate::registry::errors;
 use svc_core::registry::{Kind, KindVisitor};
 
 /// Serves one resource request with the handlers instantiated for the route's kind.
-pub async fn serve(app: &Arc<App>, call: Call) -> Response<Body> {
+pub async fn serve(app: &Arc<Api>, call: Call) -> Response<Body> {
     let info = call.route.info;
     let result = match registry::visit(info, Serve { app, call }) {
         Some(fut) => fut.await,
@@ -50,7 +51,7 @@ type Handled<'a> = Pin<Box<dyn Future<Output = Result<Response<Body>, ApiError>>
 
 /// The registry visitor that picks `serve_typed::<T>` for the kind of a route.
 struct Serve<'a> {
-    app: &'a Arc<App>,
+    app: &'a Arc<Api>,
     call: Call,
 }
 
@@ -61,7 +62,7 @@ impl<'a> KindVisitor for Serve<'a> {
     }
 }
 
-async fn serve_typed<T: Kind>(app: &Arc<App>, mut call: Call) -> Result<Response<Body>, ApiError> {
+async fn serve_typed<T: Kind>(app: &Arc<Api>, mut call: Call) -> Result<Response<Body>, ApiError> {
     let watch = call.query.bool("watch").unwrap_or(false);
     call.format = negotiate::response_format(&call.parts.headers, &app.opts.feature_gates, watch)?;
     let info = T::INFO;
@@ -109,7 +110,7 @@ fn method_not_allowed(m: &Method) -> ApiError {
 /// A request to `<object>/<sub>`: reads and writes of the part of the object the
 /// subresource owns (`status`, `approval`), or an action it performs (`token`).
 async fn serve_subresource<T: Kind>(
-    app: &Arc<App>,
+    app: &Arc<Api>,
     call: Call,
     sub: &str,
 ) -> Result<Response<Body>, ApiError> {
@@ -141,7 +142,7 @@ async fn serve_subresource<T: Kind>(
     }
 }
 
-async fn get<T: Kind>(app: &Arc<App>, call: &Call, name: &str) -> Result<Response<Body>, ApiError> {
+async fn get<T: Kind>(app: &Arc<Api>, call: &Call, name: &str) -> Result<Response<Body>, ApiError> {
     let ns = path_namespace::<T>(&call.route)?;
     let key = Bytes::from(T::INFO.key(ns, name));
     let min_rv = match call.query.get("resourceVersion") {
@@ -149,13 +150,14 @@ async fn get<T: Kind>(app: &Arc<App>, call: &Call, name: &str) -> Result<Respons
         Some(rv) => Some(parse_resource_version(rv)?),
     };
     if let Some(rv) = min_rv {
-        wait_for_revision(app.store.as_ref(), rv).await?;
+        wait_for_revision(app.registry.store.as_ref(), rv).await?;
     }
     let (kv, _) = app
+        .registry
         .store
         .get(key, None)
         .await
-        .map_err(respond::store_error)?;
+        .map_err(errors::store_error)?;
     let kv = kv.ok_or_else(|| ApiError::NotFound(object::subject::<T>(name)))?;
     let obj: T = object::decode_from_store(&kv)?;
     Ok(respond::object(
@@ -166,7 +168,7 @@ async fn get<T: Kind>(app: &Arc<App>, call: &Call, name: &str) -> Result<Respons
     ))
 }
 
-async fn list_or_watch<T: Kind>(app: &Arc<App>, call: Call) -> Result<Response<Body>, ApiError> {
+async fn list_or_watch<T: Kind>(app: &Arc<Api>, call: Call) -> Result<Response<Body>, ApiError> {
     let opts = ListOptions::from_query(&call.query)?;
     list::validate(&opts)?;
     if opts.watch

@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use crate::base::flags::Options;
+
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use svc_core::config::egress::{EgressSelectorConfiguration, PROTOCOL_HTTP_CONNECT, Selection};
@@ -74,6 +76,14 @@ impl Egress {
             controlplane: Dialer::direct(),
             etcd: Dialer::direct(),
             cluster: Dialer::direct(),
+        }
+    }
+
+    /// The dialers of `--egress-selector-config-file` (every connection direct without it).
+    pub fn from_options(opts: &Options) -> Result<Self, EgressError> {
+        match &opts.egress_selector_config_file {
+            Some(path) => Self::from_file(path),
+            None => Ok(Self::direct()),
         }
     }
 

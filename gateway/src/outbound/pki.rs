@@ -30,6 +30,8 @@ use rustls_pki_types::CertificateDer;
 
 use time::OffsetDateTime;
 
+use crate::base::flags::Options;
+
 use issue::{
     CertAuthority, ensure_admin_cert, ensure_sa_key, ensure_serving_cert, issue_client,
     load_or_create_ca, load_signing_ca, parse_cert_pem,
@@ -103,6 +105,26 @@ pub struct PkiOptions {
 pub struct SigningFiles {
     pub cert_file: PathBuf,
     pub key_file: PathBuf,
+}
+
+impl SigningFiles {
+    /// The CA files of `--cluster-signing-cert-file` and `--cluster-signing-key-file`, which
+    /// come together or not at all.
+    pub fn from_options(opts: &Options) -> Result<Option<SigningFiles>, String> {
+        match (
+            &opts.cluster_signing_cert_file,
+            &opts.cluster_signing_key_file,
+        ) {
+            (None, None) => Ok(None),
+            (Some(cert), Some(key)) => Ok(Some(SigningFiles {
+                cert_file: cert.clone(),
+                key_file: key.clone(),
+            })),
+            _ => {
+                Err("--cluster-signing-cert-file and --cluster-signing-key-file go together".into())
+            }
+        }
+    }
 }
 
 /// Everything that can go wrong creating, loading or using the PKI.

@@ -72,7 +72,7 @@ pub struct Attributes<'a> {
     pub dry_run: bool,
     /// The request's audit annotations (None when it is not audited): the chain copies the
     /// plugins' `Outcome::audit_annotations` there, whether they admitted or refused.
-    pub audit: Option<&'a crate::security::audit::Annotations>,
+    pub audit: Option<&'a crate::base::annotations::Annotations>,
 }
 
 /// Copies what plugins annotated so far to the request's audit event.

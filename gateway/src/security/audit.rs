@@ -24,18 +24,14 @@ pub use request::{
 };
 use request::{source_ips, user_agent};
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::Context;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use http::{HeaderValue, Response};
-use http_body_util::BodyExt;
-use hyper::body::{Body as _, Frame, SizeHint};
+use http::HeaderValue;
 use prometheus_client::metrics::counter::Counter;
 use svc_core::config::audit::{
     Evaluator, Event, Level, ObjectReference, Policy, RawJson, RequestAttributes,
@@ -46,7 +42,6 @@ use svc_core::user::UserInfo;
 
 use crate::base::flags::{AuditMode, AuditOptions, BatchOptions};
 use crate::base::router::Route;
-use crate::http::respond::{self, Body};
 use crate::observe::metrics::AuditMetrics;
 
 /// How long shutdown waits for batch buffers to drain.
@@ -422,136 +417,51 @@ impl Record {
             .map_err(|e| svc_core::ApiError::internal(format!("audit: {e}")))
     }
 
-    /// A request that failed authentication: one `ResponseStarted` event with its 401.
-    pub async fn failed_authentication(self, resp: Response<Body>) -> Response<Body> {
-        let (resp, status, _) = self.inspect(resp, false).await;
-        let _ = self.stage(Stage::ResponseStarted, Some(status), None).await;
-        resp
+    /// Whether the request is a watch: its `ResponseComplete` comes when the stream ends.
+    pub fn is_long_running(&self) -> bool {
+        self.long_running
     }
 
-    /// A handler that panicked: the `Panic` stage, and a 500 for the client.
-    pub async fn panicked(self, message: &str) -> Response<Body> {
-        let err = svc_core::ApiError::internal(format!("APIServer panic'd: {message}"));
-        let resp = respond::error(&err);
-        let (resp, status, _) = self.inspect(resp, false).await;
-        let _ = self.stage(Stage::Panic, Some(status), None).await;
-        resp
+    /// Whether the event records the response's object (level `RequestResponse`).
+    pub fn wants_response_object(&self) -> bool {
+        self.config.level >= Level::RequestResponse
     }
 
-    /// The end of the request: `ResponseComplete` now, or for a watch `ResponseStarted` now
-    /// and `ResponseComplete` when its stream ends.
-    pub async fn finish(self, resp: Response<Body>) -> Response<Body> {
-        if self.long_running && resp.status().is_success() {
-            let status = ResponseStatus {
-                code: resp.status().as_u16(),
-                ..Default::default()
-            };
-            let _ = self
-                .stage(Stage::ResponseStarted, Some(status.clone()), None)
-                .await;
-            return resp.map(|inner| {
-                AuditedStream {
-                    inner,
-                    end: Some((self, status)),
-                }
-                .boxed()
-            });
-        }
-        let (resp, status, response) = self
-            .inspect(resp, self.config.level >= Level::RequestResponse)
-            .await;
-        let _ = self
-            .stage(Stage::ResponseComplete, Some(status), response)
-            .await;
-        resp
+    /// A JSON response body as the event records it (managed fields left out when the policy
+    /// says so); None when it is not JSON.
+    pub fn response_object(&self, body: &[u8]) -> Option<RawJson> {
+        let stripped = if self.config.omit_managed_fields {
+            svc_core::config::audit::without_managed_fields(body)
+        } else {
+            None
+        };
+        RawJson::new(stripped.as_deref().unwrap_or(body))
     }
 
-    /// The response's status (with the `Status` body's message and reason for errors) and,
-    /// when `want_object`, its JSON body. Only complete (in-memory) bodies are read.
-    async fn inspect(
+    /// Emits one stage of the event (unless the policy omits it); Err when a backend that
+    /// must not lose events could not take it.
+    pub async fn emit(
         &self,
-        resp: Response<Body>,
-        want_object: bool,
-    ) -> (Response<Body>, ResponseStatus, Option<RawJson>) {
-        let code = resp.status().as_u16();
-        let mut status = ResponseStatus {
-            code,
-            ..Default::default()
-        };
-        let is_json = resp
-            .headers()
-            .get(http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|ct| ct.starts_with("application/json"));
-        let complete = resp.body().size_hint().exact().is_some();
-        if !(is_json && complete && (code >= 400 || want_object)) {
-            return (resp, status, None);
-        }
-        let (parts, body) = resp.into_parts();
-        let Ok(collected) = body.collect().await else {
-            return (
-                respond::error(&svc_core::ApiError::internal("reading a response body")),
-                status,
-                None,
-            );
-        };
-        let bytes = collected.to_bytes();
-        if code >= 400
-            && let Ok(s) = serde_json::from_slice::<ResponseStatus>(&bytes)
-        {
-            status = ResponseStatus {
-                metadata: BTreeMap::new(),
-                code,
-                ..s
-            };
-        }
-        let object = want_object
-            .then(|| {
-                let stripped = if self.config.omit_managed_fields {
-                    svc_core::config::audit::without_managed_fields(&bytes)
-                } else {
-                    None
-                };
-                RawJson::new(stripped.as_deref().unwrap_or(&bytes))
-            })
-            .flatten();
-        (
-            Response::from_parts(parts, respond::full(bytes)),
-            status,
-            object,
-        )
+        stage: Stage,
+        status: Option<ResponseStatus>,
+        response: Option<RawJson>,
+    ) -> Result<(), String> {
+        self.stage(stage, status, response).await
+    }
+
+    /// Hands the `ResponseComplete` stage to a guard that emits it when dropped: at the end
+    /// of a watch's stream, or when its client goes away.
+    pub fn complete_on_drop(self, status: ResponseStatus) -> CompleteOnDrop {
+        CompleteOnDrop(Some((self, status)))
     }
 }
 
-/// A watch stream's body: when it ends (or the client goes away), `ResponseComplete`.
-struct AuditedStream {
-    inner: Body,
-    end: Option<(Record, ResponseStatus)>,
-}
+/// Emits a long-running request's `ResponseComplete` stage when dropped.
+pub struct CompleteOnDrop(Option<(Record, ResponseStatus)>);
 
-impl hyper::body::Body for AuditedStream {
-    type Data = Bytes;
-    type Error = std::io::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl Drop for AuditedStream {
+impl Drop for CompleteOnDrop {
     fn drop(&mut self) {
-        let Some((record, status)) = self.end.take() else {
+        let Some((record, status)) = self.0.take() else {
             return;
         };
         if record.config.omit_stages.contains(Stage::ResponseComplete) {

@@ -9,11 +9,12 @@ use svc_core::user::UserInfo;
 
 use svc_core::config::authentication::AnonymousAuthConfig;
 
+use crate::registry::state::Registry;
 use crate::security::authz::{
     GROUP_AUTHENTICATED, GROUP_MASTERS, GROUP_UNAUTHENTICATED, USER_ANONYMOUS, public_path,
 };
 use crate::security::jwt::{self, Outcome};
-use crate::serve::app::App;
+use crate::security::state::Security;
 
 /// What the connection established about the caller before any request arrived.
 #[derive(Clone, Debug)]
@@ -83,7 +84,9 @@ fn anonymous_allowed(
 
 /// Finds the caller of a request that arrived on a connection.
 pub async fn authenticate(
-    app: &App,
+    security: &Security,
+    registry: &Registry,
+    anonymous_auth: Option<bool>,
     conn: &ConnIdentity,
     method: &http::Method,
     path: &str,
@@ -95,7 +98,7 @@ pub async fn authenticate(
     if let Some(user) = &conn.cert_user {
         return Ok(user.clone());
     }
-    let authentication = app.authentication();
+    let authentication = security.authentication();
     match bearer_token(headers) {
         Some(Ok(token)) => {
             // Issuers are disjoint (no JWT authenticator may claim the service-account
@@ -110,9 +113,9 @@ pub async fn authenticate(
                 }
                 Outcome::NotOurs => {}
             }
-            match app
+            match security
                 .tokens
-                .authenticate(token, &[], &app.caches, app.store.as_ref())
+                .authenticate(token, &[], &registry.caches, registry.store.as_ref())
                 .await
             {
                 Ok(a) => Ok(a.user),
@@ -124,7 +127,7 @@ pub async fn authenticate(
         }
         Some(Err(())) => Err(unauthorized()),
         None if anonymous_allowed(
-            app.opts.anonymous_auth,
+            anonymous_auth,
             authentication.anonymous.as_ref(),
             method,
             path,

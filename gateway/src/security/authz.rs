@@ -6,7 +6,6 @@
 //! the answer is 403, worded as Kubernetes words it. `webhook` asks a remote authorizer;
 //! `load` builds the configured part of the chain from `--authorization-config`.
 
-pub mod load;
 pub mod webhook;
 
 use std::future::Future;

@@ -1,10 +1,11 @@
-//! The shared state of a running server: options, store, metrics, traces, validation, health
-//! and shutdown signals.
+//! The state of a running server: what the handlers serve with (`Api`), and what only the
+//! serving side needs: the in-flight limits and the egress dialers.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
+use anyhow::Context as _;
 use svc_core::validation::declarative::{Mismatch, Mode, Validator};
 use svc_storage::Store;
 use tokio::sync::{Notify, watch};
@@ -13,36 +14,23 @@ use crate::base::features::Feature;
 use crate::base::flags::Options;
 use crate::base::lifecycle::PostStartHooks;
 use crate::base::reload::ReloadMetrics;
+use crate::http::api::Api;
 use crate::http::limits::{FairConfig, FairLimit, FlowMetrics, InflightLimit};
 use crate::observe::metrics::Metrics;
 use crate::observe::metrics::store::InstrumentedStore;
 use crate::observe::trace::{self, Tracer};
+use crate::outbound::client::WebhookClient;
 use crate::outbound::egress::Egress;
-use crate::registry::admission;
+use crate::registry::admission::{self, webhook::Webhooks, webhook::call::WebhookMetrics};
 use crate::registry::caches::Caches;
-use crate::security::jwt;
+use crate::registry::state::Registry;
+use crate::security::state::Security;
 use crate::security::tokens::Tokens;
-use crate::{security::audit, security::authz};
+use crate::security::{audit, jwt};
 
 pub struct App {
-    pub opts: Options,
-    pub store: Arc<dyn Store>,
-    pub metrics: Metrics,
-    pub hooks: PostStartHooks,
-    pub started: Instant,
-    /// Set when SIGTERM (or a test) starts shutdown: `/readyz` fails from then on.
-    pub shutting_down: AtomicBool,
-    /// Flips to true when long-running requests (watches) must end.
-    pub stop_watches: watch::Receiver<bool>,
-    /// Nudges the namespace controller when a namespace starts terminating.
-    pub namespace_changed: Notify,
-    /// One watch cache per served type: every list and watch is served from these.
-    pub caches: Caches,
-    /// Object validation on create and update: hand-written, and declarative per the
-    /// `DeclarativeValidation` gates.
-    pub validator: Validator,
-    /// Issues and verifies service-account tokens.
-    pub tokens: Tokens,
+    /// Everything the handlers serve with.
+    pub api: Arc<Api>,
     /// `--max-requests-inflight` and `--max-mutating-requests-inflight`.
     /// Each a pool of seats with fair queuing by user (`limits.rs`).
     pub readonly_inflight: FairLimit,
@@ -51,40 +39,33 @@ pub struct App {
     pub watches: InflightLimit,
     /// Rejections the pipeline counts itself (watches past `--max-watches`).
     pub flow_metrics: FlowMetrics,
-    /// The admission plugins every write goes through (empty unless flags enable some).
-    pub admission: admission::Chain,
-    /// Spans of requests (`--tracing-config-file`); `None`, the default, costs one branch
-    /// per request.
-    pub tracer: Option<Tracer>,
     /// How webhook clients (`controlplane`) dial out: `--egress-selector-config-file`.
     pub egress: Egress,
-    /// Who may do what: `system:masters`, the built-in policy, then configured authorizers;
-    /// replaced whole when the configuration changes.
-    authorizer: parking_lot::RwLock<Arc<authz::Chain>>,
-    /// Audit policy and backends; None when `--audit-policy-file` is unset, and then the
-    /// pipeline skips auditing on this one check.
-    pub audit: Option<Arc<audit::Auditor>>,
-    /// `--authentication-config` as loaded (JWT authenticators, anonymous access); replaced
-    /// whole when the file changes.
-    authentication: parking_lot::RwLock<Arc<jwt::Authentication>>,
-    /// The JWT authenticators' metrics and the issuers' key sources, kept across reloads.
-    pub jwt: jwt::Shared,
-    /// `apiserver_authentication_config_controller_automatic_reload*`.
-    pub authentication_reloads: ReloadMetrics,
-    /// `apiserver_authorization_config_controller_automatic_reload*`.
-    pub authorization_reloads: ReloadMetrics,
+}
+
+/// What a server is made of besides its options and store.
+pub struct Parts {
+    pub stop_watches: watch::Receiver<bool>,
+    pub tokens: Tokens,
+    /// `--tracing-config-file`, read.
+    pub tracing: Option<trace::TracingConfiguration>,
+    /// The admission plugins of the flags; the webhooks are added here.
+    pub admission: admission::Chain,
+    /// `--egress-selector-config-file`, read.
+    pub egress: Egress,
 }
 
 impl App {
     /// Every storage call goes through `store` wrapped in its timing metrics (and spans, with
     /// `tracing`). Needs a Tokio runtime when `tracing` is set.
-    pub fn new(
-        opts: Options,
-        store: Arc<dyn Store>,
-        stop_watches: watch::Receiver<bool>,
-        tokens: Tokens,
-        tracing: Option<&trace::TracingConfiguration>,
-    ) -> Result<Self, trace::TraceError> {
+    pub fn new(opts: Options, store: Arc<dyn Store>, parts: Parts) -> anyhow::Result<Self> {
+        let Parts {
+            stop_watches,
+            tokens,
+            tracing,
+            admission,
+            egress,
+        } = parts;
         let caches = Caches::new(&opts.watch_cache_config());
         let mut metrics = Metrics::new();
         metrics.register_collector(caches.collector());
@@ -97,7 +78,7 @@ impl App {
             metrics.registry_mut(),
             "apiserver_authorization_config_controller",
         );
-        let tracer = match tracing {
+        let tracer = match &tracing {
             None => None,
             Some(config) => {
                 let dropped = trace::DroppedSpans::default();
@@ -107,11 +88,23 @@ impl App {
                      full) or export_failed",
                     dropped.clone(),
                 );
-                Some(Tracer::start(config, dropped)?)
+                Some(Tracer::start(config, dropped).context("starting traces")?)
             }
         };
         let store = InstrumentedStore::wrap(store, metrics.store.clone(), tracer.clone());
         let validator = validator(&opts, &metrics);
+        let webhook_metrics = WebhookMetrics::register(&mut metrics);
+        let webhooks = Webhooks::new(&caches, egress.clone(), webhook_metrics);
+        let admission = admission.with_webhooks(Arc::new(webhooks));
+        let audit_webhook = match &opts.audit.audit_webhook_config_file {
+            None => None,
+            Some(path) => Some(Arc::new(
+                WebhookClient::from_kubeconfig_file(path, &egress)
+                    .map_err(|e| anyhow::anyhow!("--audit-webhook-config-file: {e}"))?,
+            ) as Arc<dyn audit::webhook::Target>),
+        };
+        let audit = audit::Auditor::from_options(&opts.audit, &metrics.audit, audit_webhook)
+            .map_err(anyhow::Error::msg)?;
         let flow_metrics = FlowMetrics::default();
         for (name, help, family) in flow_metrics.families() {
             metrics.register(name, help, family);
@@ -133,58 +126,39 @@ impl App {
             flow_metrics.clone(),
         );
         let watches = InflightLimit::new(opts.max_watches);
-        Ok(App {
-            opts,
+        let registry = Registry {
             store,
+            caches,
+            validator,
+            admission,
+            namespace_changed: Notify::new(),
+            stop_watches,
+        };
+        let security = Arc::new(Security::new(
+            tokens,
+            jwt,
+            audit,
+            authentication_reloads,
+            authorization_reloads,
+        ));
+        let api = Api {
+            opts,
+            registry,
+            security,
             metrics,
+            tracer,
             hooks: PostStartHooks::default(),
             started: Instant::now(),
             shutting_down: AtomicBool::new(false),
-            stop_watches,
-            namespace_changed: Notify::new(),
-            caches,
-            validator,
-            tokens,
-            authorizer: parking_lot::RwLock::new(Arc::new(authz::Chain::default())),
-            admission: admission::Chain::default(),
+        };
+        Ok(App {
+            api: Arc::new(api),
             readonly_inflight,
             mutating_inflight,
             watches,
             flow_metrics,
-            tracer,
-            audit: None,
-            authentication: Default::default(),
-            jwt,
-            authentication_reloads,
-            authorization_reloads,
-            egress: Egress::direct(),
+            egress,
         })
-    }
-}
-
-impl App {
-    /// The authorizer chain in force.
-    pub fn authorizer(&self) -> Arc<authz::Chain> {
-        self.authorizer.read().clone()
-    }
-
-    /// Replaces the configured authorizers (those after `system:masters` and the built-in
-    /// policy); requests already being authorized finish with the chain they started with.
-    pub fn set_authorizers(&self, configured: Vec<Box<dyn authz::Authorizer>>) {
-        *self.authorizer.write() = Arc::new(authz::Chain::new(configured));
-    }
-}
-
-impl App {
-    /// The authentication configuration in force.
-    pub fn authentication(&self) -> Arc<jwt::Authentication> {
-        self.authentication.read().clone()
-    }
-
-    /// Puts a newly loaded authentication configuration in force; requests already being
-    /// authenticated finish with the one they started with.
-    pub fn set_authentication(&self, config: jwt::Authentication) {
-        *self.authentication.write() = Arc::new(config);
     }
 }
 

@@ -33,7 +33,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, Sleep};
 
 use crate::http::respond::Body;
-use crate::http::rest::watch::{WatchHandoff, WatchStream};
+use crate::http::stream::{WatchHandoff, WatchStream};
 use crate::security::authn::ConnIdentity;
 use crate::serve::app::App;
 use crate::serve::conn_limits::{Activity, Busy, CLOSE_GRACE};
@@ -253,7 +253,7 @@ pub async fn serve<I>(
         timers: Arc::new(Mutex::new(Timers::default())),
         watches: watch_tx,
     });
-    let mut stop_watches = signal(&app.stop_watches);
+    let mut stop_watches = signal(&app.api.registry.stop_watches);
     let mut watches_stopped = false;
     let mut watches: FuturesUnordered<WatchTask> = FuturesUnordered::new();
     let mut timer: Pin<Box<Sleep>> = Box::pin(tokio::time::sleep(Duration::ZERO));

@@ -22,6 +22,7 @@ use crate::outbound::pki;
 use crate::security::authn::{self, ConnIdentity};
 use crate::security::authz::{Attributes, GROUP_MASTERS};
 use crate::serve::app::App;
+use crate::serve::audited;
 use crate::{
     http::discovery, http::health, http::limits, http::openapi, http::rest, observe::metrics,
     observe::trace, security::audit,
@@ -131,7 +132,7 @@ pub async fn handle(
 ) -> Response<Body> {
     let start = Instant::now();
     // The one branch tracing costs when it is off.
-    let traced_since = app.tracer.as_ref().map(|_| SystemTime::now());
+    let traced_since = app.api.tracer.as_ref().map(|_| SystemTime::now());
     let path = req.uri().path().to_string();
     let query = Query::parse(req.uri().query());
     let route = router::route(&path);
@@ -139,10 +140,10 @@ pub async fn handle(
     let watch = query.bool("watch").unwrap_or(false);
     let verb = verb_of(req.method(), &route, watch);
     let info = metrics::RequestInfo::new(req.method(), &route, &query, req.headers(), watch);
-    let inflight = app.metrics.start(&info);
+    let inflight = app.api.metrics.start(&info);
 
     let user = authenticate(&app, &caller, &req, &path).await;
-    let trace_cx = match (&app.tracer, traced_since) {
+    let trace_cx = match (&app.api.tracer, traced_since) {
         (Some(tracer), Some(since)) => Some(request_span(tracer, &req, &route, &user, since)),
         _ => None,
     };
@@ -150,12 +151,12 @@ pub async fn handle(
         match user {
             Err(e) => {
                 let resp = respond::error(&e);
-                match &app.audit {
+                match &app.api.security.audit {
                     None => (resp, None),
                     Some(auditor) => {
                         let begun = auditor.begin(&req, peer(&caller), &route, verb, None);
                         let resp = match begun.record {
-                            Some(r) => r.failed_authentication(resp).await,
+                            Some(r) => audited::failed_authentication(r, resp).await,
                             None => resp,
                         };
                         (resp, Some(begun.audit_id))
@@ -164,7 +165,7 @@ pub async fn handle(
             }
             Ok(user) => {
                 // The one branch audit costs when it is off.
-                let Some(auditor) = &app.audit else {
+                let Some(auditor) = &app.api.security.audit else {
                     return (
                         serve(&app, req, route, query, verb, &path, user, None).await,
                         None,
@@ -195,11 +196,12 @@ pub async fn handle(
     let resp = if (verb == "get" || verb == "list")
         && accepts_gzip(&gzip_header)
         && app
+            .api
             .opts
             .feature_gates
             .enabled(Feature::APIResponseCompression)
     {
-        gzip(resp, app.opts.response_compression_min_bytes).await
+        gzip(resp, app.api.opts.response_compression_min_bytes).await
     } else {
         resp
     };
@@ -212,7 +214,7 @@ pub async fn handle(
         trace::end_request(cx, code);
     }
     drop(inflight);
-    app.metrics.observe(&info, code, start.elapsed());
+    app.api.metrics.observe(&info, code, start.elapsed());
     tracing::debug!(verb, %path, code, elapsed_ms = start.elapsed().as_secs_f64() * 1e3, "request");
     resp
 }
@@ -277,7 +279,7 @@ async fn admit<'a>(
 fn list_width(app: &App, route: &Route, verb: &str, query: &Query) -> usize {
     match route {
         Route::Resource(r) if verb == "list" && r.info.stored && r.subresource.is_none() => {
-            let stored = app.caches.get(r.info).stats().objects;
+            let stored = app.api.registry.caches.get(r.info).stats().objects;
             limits::list_width(stored, query.get("limit").and_then(|l| l.parse().ok()))
         }
         _ => 1,
@@ -292,7 +294,16 @@ async fn authenticate(
 ) -> Result<pki::UserInfo, ApiError> {
     match caller {
         Caller::Connection(ident) => {
-            authn::authenticate(app, ident, req.method(), path, req.headers()).await
+            authn::authenticate(
+                &app.api.security,
+                &app.api.registry,
+                app.api.opts.anonymous_auth,
+                ident,
+                req.method(),
+                path,
+                req.headers(),
+            )
+            .await
         }
         Caller::Internal(user) => Ok(user.clone()),
     }
@@ -387,7 +398,7 @@ async fn serve_audited(
     .catch_unwind()
     .await;
     match served {
-        Ok(resp) => record.finish(resp).await,
+        Ok(resp) => audited::finish(record, resp).await,
         Err(panic) => {
             let message = panic
                 .downcast_ref::<&str>()
@@ -395,7 +406,7 @@ async fn serve_audited(
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_default();
             tracing::error!(%path, message, "a request handler panicked");
-            record.panicked(&message).await
+            audited::panicked(record, &message).await
         }
     }
 }
@@ -420,9 +431,9 @@ async fn serve(
             path,
         },
     };
-    let chain = app.authorizer();
+    let chain = app.api.security.authorizer();
     let decision = trace::in_span(
-        app.tracer.as_ref(),
+        app.api.tracer.as_ref(),
         "authorization",
         || vec![opentelemetry::KeyValue::new("verb", verb.to_string())],
         chain.authorize_with_reason(&user, &attrs),
@@ -483,7 +494,7 @@ async fn serve(
         return dispatch(app, req, route, query, user, record).await;
     }
     match tokio::time::timeout(
-        app.opts.request_timeout,
+        app.api.opts.request_timeout,
         dispatch(app, req, route, query, user, record),
     )
     .await
@@ -512,7 +523,7 @@ async fn dispatch(
                 parts.method,
                 Method::POST | Method::PUT | Method::PATCH | Method::DELETE
             ) {
-                match body.read(app.opts.max_request_body_bytes).await {
+                match body.read(app.api.opts.max_request_body_bytes).await {
                     Ok(b) => {
                         if let Some(r) = record {
                             r.request_body(&b);
@@ -525,7 +536,7 @@ async fn dispatch(
                 Bytes::new()
             };
             rest::serve(
-                app,
+                &app.api,
                 rest::Call {
                     parts,
                     body,
@@ -542,11 +553,13 @@ async fn dispatch(
             req.method()
         ))),
         Route::Health { endpoint, check } => {
-            health::serve(app, endpoint, check.as_deref(), &query).await
+            health::serve(&app.api, endpoint, check.as_deref(), &query).await
         }
-        Route::Metrics => {
-            respond::bytes_response(StatusCode::OK, metrics::CONTENT_TYPE, app.metrics.encode())
-        }
+        Route::Metrics => respond::bytes_response(
+            StatusCode::OK,
+            metrics::CONTENT_TYPE,
+            app.api.metrics.encode(),
+        ),
         Route::NotFound => respond::error(&ApiError::PathNotFound(req.uri().path().to_string())),
         Route::OpenApiV3Index => openapi::serve_index(),
         Route::OpenApiV3 { group, version } => openapi::serve_group_version(&group, &version),

@@ -54,14 +54,15 @@ pub async fn accept_loop(
     mut stop: watch::Receiver<bool>,
 ) {
     let builders = Arc::new(Builders {
-        h1: h1_builder(&app.opts),
+        h1: h1_builder(&app.api.opts),
         h2: h2conn::Limits {
-            max_concurrent_streams: app.opts.http2_max_streams_per_connection,
-            max_header_list_size: u32::try_from(app.opts.http_max_header_bytes).unwrap_or(u32::MAX),
-            idle_timeout: app.opts.http_idle_timeout,
+            max_concurrent_streams: app.api.opts.http2_max_streams_per_connection,
+            max_header_list_size: u32::try_from(app.api.opts.http_max_header_bytes)
+                .unwrap_or(u32::MAX),
+            idle_timeout: app.api.opts.http_idle_timeout,
         },
     });
-    let cap = conn_limits::connection_cap(app.opts.max_connections);
+    let cap = conn_limits::connection_cap(app.api.opts.max_connections);
     let limit = ConnectionLimit::new(cap);
     tracing::debug!(?cap, "connection cap");
     // Every connection task holds a clone; at shutdown, `recv` returns once all have ended.
@@ -96,7 +97,7 @@ pub async fn accept_loop(
             match tls {
                 Some(tls) => {
                     let handshake =
-                        tokio::time::timeout(app.opts.tls_handshake_timeout, tls.accept(tcp));
+                        tokio::time::timeout(app.api.opts.tls_handshake_timeout, tls.accept(tcp));
                     let mut stop_handshake = stop.clone();
                     let stream = tokio::select! {
                         r = handshake => match r {
@@ -144,7 +145,7 @@ pub async fn accept_loop(
     }
     drop(listener);
     drop(open_tx);
-    let timeout = app.opts.shutdown_timeout;
+    let timeout = app.api.opts.shutdown_timeout;
     if tokio::time::timeout(timeout, open_rx.recv()).await.is_err() {
         tracing::warn!(
             ?timeout,
@@ -183,7 +184,7 @@ async fn serve_either<I>(
         }
         true
     };
-    let read = tokio::time::timeout(app.opts.http_idle_timeout, read);
+    let read = tokio::time::timeout(app.api.opts.http_idle_timeout, read);
     let complete = tokio::select! {
         r = read => matches!(r, Ok(true)),
         _ = crate::base::lifecycle::until_set(&mut stop) => false,
@@ -269,7 +270,7 @@ async fn serve_h1<I>(
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
     let activity = Activity::new();
-    let idle_timeout = app.opts.http_idle_timeout;
+    let idle_timeout = app.api.opts.http_idle_timeout;
     let svc = service_fn({
         let activity = activity.clone();
         move |req| {

@@ -122,7 +122,7 @@ impl CsrController for Approver {
         {
             return Ok(Synced::Nothing);
         }
-        let Some(message) = approval(&self.app.authorizer(), csr).await else {
+        let Some(message) = approval(&self.app.api.security.authorizer(), csr).await else {
             return Ok(Synced::Nothing);
         };
         let mut next = csr.clone();

@@ -38,7 +38,7 @@ impl Signer {
         Signer {
             client: Loopback::controller(app, USER),
             pki,
-            max_validity: app.opts.cluster_signing_duration,
+            max_validity: app.api.opts.cluster_signing_duration,
         }
     }
 

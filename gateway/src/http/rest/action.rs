@@ -13,13 +13,13 @@ use svc_core::status::Subject;
 
 use super::call::Call;
 use super::token;
+use crate::http::api::Api;
 use crate::http::respond::Body;
-use crate::serve::app::App;
 use svc_core::registry::Kind;
 
 /// `POST <object>/<sub>`: the action `sub` performs on the object `name`.
 pub(super) async fn create<T: Kind>(
-    app: &Arc<App>,
+    app: &Arc<Api>,
     call: &Call,
     sub: &str,
     name: &str,
@@ -36,7 +36,7 @@ pub(super) async fn create<T: Kind>(
 
 /// `POST <collection>` of a kind that is not stored: the answer to the request it carries.
 pub(super) async fn review<T: Kind>(
-    app: &Arc<App>,
+    app: &Arc<Api>,
     call: &Call,
 ) -> Result<Response<Body>, ApiError> {
     if (T::INFO.group, T::INFO.plural) == (auth::GROUP, "tokenreviews") {

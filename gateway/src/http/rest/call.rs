@@ -15,19 +15,22 @@ use svc_storage::{KeyValue, Revision, StoreError};
 
 use crate::base::query::{ListOptions, Query};
 use crate::base::router::ResourceRoute;
+use crate::http::api::Api;
 use crate::http::negotiate::Format;
-use crate::http::respond;
 use crate::outbound::pki::UserInfo;
 use crate::registry::admission::{self, Operation};
+use crate::registry::errors;
 use crate::security::authz::Attributes;
-use crate::serve::app::App;
 
 /// Checks that the caller may also do `verb` to the request's object: apply that creates
 /// needs `create` besides `patch`, force deletion needs `unsafe-delete-ignore-read-errors`
 /// besides `delete`, as Kubernetes asks.
-pub(super) async fn authorize_also(app: &App, call: &Call, verb: &str) -> Result<(), ApiError> {
+pub(super) async fn authorize_also(app: &Api, call: &Call, verb: &str) -> Result<(), ApiError> {
     let attrs = Attributes::for_resource(&call.route, verb);
-    app.authorizer().authorize(&call.user, &attrs).await
+    app.security
+        .authorizer()
+        .authorize(&call.user, &attrs)
+        .await
 }
 
 /// What admission plugins see of a write of `T` by this call to `namespace`/`name`.
@@ -144,49 +147,55 @@ pub fn field_manager(call: &Call, required: bool) -> Result<String, ApiError> {
 
 /// The stored object at `key`, decoded, with its key-value.
 pub(super) async fn read_current<T: Resource>(
-    app: &App,
+    app: &Api,
     key: &Bytes,
     name: &str,
 ) -> Result<(T, KeyValue), ApiError> {
     let (kv, _) = app
+        .registry
         .store
         .get(key.clone(), None)
         .await
-        .map_err(respond::store_error)?;
+        .map_err(errors::store_error)?;
     let kv = kv.ok_or_else(|| ApiError::NotFound(object::subject::<T>(name)))?;
     Ok((object::decode_from_store(&kv)?, kv))
 }
 
 /// The time to live a write gives `T`'s objects: `--event-ttl` for kinds that expire, none
 /// for the others or when the flag is 0 (as Kubernetes treats `--event-ttl=0`).
-fn ttl_of<T: Resource>(app: &App) -> Option<Duration> {
+fn ttl_of<T: Resource>(app: &Api) -> Option<Duration> {
     let ttl = app.opts.event_ttl;
     (T::INFO.expires && !ttl.is_zero()).then_some(ttl)
 }
 
 /// Creates `T`'s object at `key`, expiring if the kind expires.
 pub(super) async fn store_create<T: Resource>(
-    app: &App,
+    app: &Api,
     key: Bytes,
     value: Bytes,
 ) -> Result<KeyValue, StoreError> {
     match ttl_of::<T>(app) {
-        Some(ttl) => app.store.create_with_ttl(key, value, ttl).await,
-        None => app.store.create(key, value).await,
+        Some(ttl) => app.registry.store.create_with_ttl(key, value, ttl).await,
+        None => app.registry.store.create(key, value).await,
     }
 }
 
 /// Updates `T`'s object at `key` (compare-and-swap on `expected`); an expiring kind's time to
 /// live starts again, as Kubernetes gives every event write the full TTL.
 pub(super) async fn store_update<T: Resource>(
-    app: &App,
+    app: &Api,
     key: Bytes,
     value: Bytes,
     expected: Revision,
 ) -> Result<KeyValue, StoreError> {
     match ttl_of::<T>(app) {
-        Some(ttl) => app.store.update_with_ttl(key, value, expected, ttl).await,
-        None => app.store.update(key, value, expected).await,
+        Some(ttl) => {
+            app.registry
+                .store
+                .update_with_ttl(key, value, expected, ttl)
+                .await
+        }
+        None => app.registry.store.update(key, value, expected).await,
     }
 }
 
@@ -204,6 +213,6 @@ pub(super) fn map_write_error<T: Resource>(e: StoreError, name: &str) -> ApiErro
         StoreError::AlreadyExists { .. } => ApiError::AlreadyExists(object::subject::<T>(name)),
         StoreError::Conflict { .. } => conflict::<T>(name),
         StoreError::NotFound => ApiError::NotFound(object::subject::<T>(name)),
-        other => respond::store_error(other),
+        other => errors::store_error(other),
     }
 }

@@ -18,9 +18,10 @@ use svc_storage::{KeyRange, StoreError};
 use super::call::{Call, Selectors};
 use crate::base::features::Feature;
 use crate::base::query::{ListOptions, RvMatch};
+use crate::http::api::Api;
 use crate::http::respond::{self, Body};
 use crate::registry::caches::freshness::{wait_for_cache, wait_for_consistent};
-use crate::serve::app::App;
+use crate::registry::errors;
 use svc_core::registry::Kind;
 
 /// Rejects the combinations the spec's list table marks invalid (400).
@@ -158,12 +159,12 @@ impl From<ListResult> for Page {
 }
 
 pub(super) async fn list<T: Kind>(
-    app: &Arc<App>,
+    app: &Arc<Api>,
     call: &Call,
     opts: &ListOptions,
     sel: Selectors,
 ) -> Result<Response<Body>, ApiError> {
-    let cache = app.caches.get(T::INFO);
+    let cache = app.registry.caches.get(T::INFO);
     let prefix = T::INFO.prefix(Some(&call.route.namespace));
     let limit = opts.limit.map(|l| l as usize);
     let selector = Selector::new(sel.labels, sel.fields);
@@ -176,10 +177,11 @@ pub(super) async fn list<T: Kind>(
             // Past this cache: another gateway's token while this cache catches up (wait), or
             // past the store itself, which no server could have written.
             let current = app
+                .registry
                 .store
                 .current_revision()
                 .await
-                .map_err(respond::store_error)?;
+                .map_err(errors::store_error)?;
             if t.rv > current {
                 return Err(ApiError::bad_request(
                     "continue key is not valid: its resource version is in the future",
@@ -194,7 +196,7 @@ pub(super) async fn list<T: Kind>(
     } else {
         match opts.resource_version.as_deref() {
             None => {
-                wait_for_consistent(app.store.as_ref(), cache).await?;
+                wait_for_consistent(app.registry.store.as_ref(), cache).await?;
                 (None, None)
             }
             Some("0") => (None, None),
@@ -279,7 +281,7 @@ pub(super) async fn list<T: Kind>(
 /// A list at an exact revision the cache no longer holds, read from the store's history
 /// (410 once the store has compacted it too).
 async fn list_from_store(
-    app: &App,
+    app: &Api,
     cache: &WatchCache,
     prefix: &[u8],
     revision: i64,
@@ -305,6 +307,7 @@ async fn list_from_store(
     let page_size = limit.map(|l| l.max(64)).unwrap_or(0);
     'pages: loop {
         let res = app
+            .registry
             .store
             .range(range.clone(), Some(revision), page_size)
             .await
@@ -315,7 +318,7 @@ async fn list_from_store(
                 } => ApiError::Expired(format!(
                     "too old resource version: {requested} ({compacted})"
                 )),
-                other => respond::store_error(other),
+                other => errors::store_error(other),
             })?;
         for (i, kv) in res.kvs.iter().enumerate() {
             let obj = Arc::new(ingest(kv)?);
@@ -347,10 +350,11 @@ async fn list_from_store(
                 end,
             };
             let r = app
+                .registry
                 .store
                 .range(rest, Some(revision), 0)
                 .await
-                .map_err(respond::store_error)?;
+                .map_err(errors::store_error)?;
             Some(r.kvs.len())
         }
         _ => None,

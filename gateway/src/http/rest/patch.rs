@@ -23,9 +23,9 @@ use super::call::{
     path_namespace, read_current, response_warnings, store_create,
 };
 use super::write::{self, Committed, check_namespace_open};
+use crate::http::api::Api;
 use crate::http::respond::{self, Body};
 use crate::registry::admission::{Operation, Outcome};
-use crate::serve::app::App;
 use svc_core::registry::Kind;
 
 /// How often a patch retries against a concurrent write before giving up with 409.
@@ -93,7 +93,7 @@ fn decode_patched<T: Resource>(v: Value, problems: &mut Vec<String>) -> Result<T
 }
 
 pub async fn patch<T: Kind>(
-    app: &Arc<App>,
+    app: &Arc<Api>,
     call: &Call,
     name: &str,
 ) -> Result<Response<Body>, ApiError> {
@@ -205,14 +205,15 @@ pub async fn patch<T: Kind>(
         object::apply_request_namespace(&mut next, &ns)?;
         let mut outcome = Outcome::default();
         let attrs = admission_attributes::<T>(call, Operation::Update, &ns, name, dry_run);
-        app.admission
+        app.registry
+            .admission
             .mutate(&attrs, &mut next, Some(&current), &mut outcome)
             .await?;
         object::prepare_update_via(
             &mut next,
             &current,
             call.route.subresource.as_deref(),
-            &app.validator,
+            &app.registry.validator,
         )?;
         if !is_apply {
             let body_entries = next.meta().managed_fields.clone();
@@ -225,7 +226,8 @@ pub async fn patch<T: Kind>(
                 &body_entries,
             )?;
         }
-        app.admission
+        app.registry
+            .admission
             .validate(&attrs, Some(&next), Some(&current), &mut outcome)
             .await?;
         let warnings = response_warnings(&warnings, &outcome);
@@ -249,7 +251,7 @@ pub async fn patch<T: Kind>(
 /// writer created it first, so the caller applies to that one instead.
 #[allow(clippy::too_many_arguments)] // one call site; a struct would only rename the list
 async fn apply_create<T: Kind>(
-    app: &Arc<App>,
+    app: &Arc<Api>,
     call: &Call,
     ns: &str,
     name: &str,
@@ -279,15 +281,17 @@ async fn apply_create<T: Kind>(
     object::apply_request_namespace(&mut obj, ns)?;
     let mut outcome = Outcome::default();
     let attrs = admission_attributes::<T>(call, Operation::Create, ns, name, dry_run);
-    app.admission
+    app.registry
+        .admission
         .mutate(&attrs, &mut obj, None, &mut outcome)
         .await?;
     object::apply_request_namespace(&mut obj, ns)?;
     check_namespace_open::<T>(app, ns, name).await?;
     let managed_fields = obj.meta().managed_fields.clone();
-    object::prepare_create_by(&mut obj, &call.user, &app.validator)?;
+    object::prepare_create_by(&mut obj, &call.user, &app.registry.validator)?;
     obj.meta_mut().managed_fields = managed_fields;
-    app.admission
+    app.registry
+        .admission
         .validate(&attrs, Some(&obj), None, &mut outcome)
         .await?;
     let warnings = response_warnings(&warnings, &outcome);

@@ -15,16 +15,16 @@ use svc_core::meta::Time;
 use svc_core::{ApiError, ObjectMeta, Resource};
 
 use super::call::{Call, admission_attributes, path_namespace, read_current, response_warnings};
+use crate::http::api::Api;
 use crate::http::negotiate::{self, Format};
 use crate::http::respond::{self, Body};
 use crate::registry::admission::{Operation, Outcome};
 use crate::security::jwt::Outcome as JwtOutcome;
 use crate::security::tokens::BoundSecret;
-use crate::serve::app::App;
 use svc_core::registry::Kind;
 
 /// A request body of `T`, with the `apiVersion` it named (either of the group's names).
-fn decode<T: Kind>(app: &App, call: &Call) -> Result<(T, String), ApiError> {
+fn decode<T: Kind>(app: &Api, call: &Call) -> Result<(T, String), ApiError> {
     let format = negotiate::request_format(&call.parts.headers, &app.opts.feature_gates)?;
     if call.body.is_empty() {
         return Err(ApiError::bad_request("the request body is empty"));
@@ -129,7 +129,7 @@ fn invalid<T: Resource>(obj: &T, errs: svc_core::validation::ErrorList) -> ApiEr
 
 /// `POST serviceaccounts/<name>/token`.
 pub(super) async fn create_token(
-    app: &Arc<App>,
+    app: &Arc<Api>,
     call: &Call,
     name: &str,
 ) -> Result<Response<Body>, ApiError> {
@@ -139,24 +139,26 @@ pub(super) async fn create_token(
     // Admission sees a create of `serviceaccounts/token` whose object is the TokenRequest.
     let mut outcome = Outcome::default();
     let attrs = admission_attributes::<ServiceAccount>(call, Operation::Create, &ns, name, dry_run);
-    app.admission
+    app.registry
+        .admission
         .mutate(&attrs, &mut req, None, &mut outcome)
         .await?;
     let errs = req.validate();
     if !errs.is_empty() {
         return Err(invalid(&req, errs));
     }
-    app.admission
+    app.registry
+        .admission
         .validate(&attrs, Some(&req), None, &mut outcome)
         .await?;
     let sa_key = bytes::Bytes::from(ServiceAccount::INFO.key(&ns, name));
     let (sa, _) = read_current::<ServiceAccount>(app, &sa_key, name).await?;
     let audiences = if req.spec.audiences.is_empty() {
-        app.tokens.api_audiences().to_vec()
+        app.security.tokens.api_audiences().to_vec()
     } else {
         req.spec.audiences.clone()
     };
-    let seconds = app.tokens.granted_seconds(
+    let seconds = app.security.tokens.granted_seconds(
         req.spec
             .expiration_seconds
             .unwrap_or(DEFAULT_EXPIRATION_SECONDS),
@@ -183,6 +185,7 @@ pub(super) async fn create_token(
         });
     }
     let issued = app
+        .security
         .tokens
         .issue(&sa, audiences.clone(), seconds, bound.as_ref())?;
     req.metadata = ObjectMeta {
@@ -205,7 +208,7 @@ pub(super) async fn create_token(
 
 /// `POST tokenreviews`: a bad or foreign token is an answer (`authenticated: false` with
 /// the reason), not an HTTP error.
-pub(super) async fn review_token(app: &Arc<App>, call: &Call) -> Result<Response<Body>, ApiError> {
+pub(super) async fn review_token(app: &Arc<Api>, call: &Call) -> Result<Response<Body>, ApiError> {
     let (mut review, api_version) = decode::<TokenReview>(app, call)?;
     if review.spec.token.is_empty() {
         return Err(ApiError::bad_request(
@@ -217,11 +220,11 @@ pub(super) async fn review_token(app: &Arc<App>, call: &Call) -> Result<Response
     // The JWT authenticators know no audiences of their own: as Kubernetes wraps them
     // (audience-agnostic), a token they accept answers for this server's audiences that the
     // review asks about (all of them when it names none).
-    let authentication = app.authentication();
+    let authentication = app.security.authentication();
     match authentication.authenticate(&review.spec.token).await {
         JwtOutcome::NotOurs => {}
         JwtOutcome::Accepted(user) => {
-            let ours = app.tokens.api_audiences();
+            let ours = app.security.tokens.api_audiences();
             let audiences: Vec<String> = if review.spec.audiences.is_empty() {
                 ours.to_vec()
             } else {
@@ -250,12 +253,13 @@ pub(super) async fn review_token(app: &Arc<App>, call: &Call) -> Result<Response
         }
     }
     match app
+        .security
         .tokens
         .authenticate(
             &review.spec.token,
             &review.spec.audiences,
-            &app.caches,
-            app.store.as_ref(),
+            &app.registry.caches,
+            app.registry.store.as_ref(),
         )
         .await
     {

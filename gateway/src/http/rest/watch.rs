@@ -1,217 +1,36 @@
-//! Watch streams served from the watch cache. A [`WatchStream`] drives one cache `Watcher`
-//! (no task or channel per watch): polled, it drains a batch of shared pre-encoded frames and
-//! yields them as one chunk, adds bookmarks when due, and ends at `timeoutSeconds` or after
-//! an `ERROR` frame (410 when the client fell off the history ring). Its server keeps the
-//! clock and the shutdown signal: over HTTP/1.1 the response body ([`WatchBody`]) has a
-//! timer of its own; over h2 the connection task (`h2conn.rs`) takes the stream from the
-//! response ([`WatchHandoff`]) and drives all of its watches with one timer.
+//! The watch handler: where a watch starts (consistent, from a revision, with initial
+//! events), its selector, format and deadline, and the cache watcher it reads; the stream
+//! itself is `http::stream`'s.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, Response, StatusCode, header};
-use http_body_util::BodyExt;
-use hyper::body::Frame;
-use parking_lot::Mutex;
 use rand::Rng;
 use svc_core::ApiError;
 use svc_core::object::parse_resource_version;
-use svc_core::watch::{FrameFormat, Selector, WatchRequest, WatchStart, Watcher};
+use svc_core::watch::{FrameFormat, Selector, WatchRequest, WatchStart};
 
 use super::call::{Call, Selectors};
 use crate::base::query::ListOptions;
+use crate::http::api::Api;
 use crate::http::negotiate::Format;
 use crate::http::respond::{self, Body};
-use crate::observe::metrics::{OpenWatch, WatchEvents};
+use crate::http::stream::WatchStream;
 use crate::registry::caches::freshness::{wait_for_cache, wait_for_consistent};
-use crate::serve::app::App;
 use svc_core::registry::Kind;
 
 /// The longest `timeoutSeconds` honoured: a watch open longer than a year ends anyway when the
 /// server restarts, and a longer deadline would overflow the clock.
 const MAX_WATCH_TIMEOUT: Duration = Duration::from_secs(366 * 24 * 3600);
 
-/// Bytes of frames coalesced into one write (one chunk) per wake-up.
-const MAX_BATCH_BYTES: usize = 64 * 1024;
-
-/// One watch stream, polled by whoever serves the connection: an HTTP/1.1 response body
-/// ([`WatchBody`]) or the h2 connection task (`h2conn.rs`). It keeps no timer and no stop
-/// future of its own: its server wakes it at [`WatchStream::wake_at`] and ends it at shutdown.
-pub struct WatchStream {
-    watcher: Option<Watcher>,
-    /// Frames to send before anything else (an `ERROR` for a watch that could not start).
-    first: Option<Bytes>,
-    deadline: tokio::time::Instant,
-    done: bool,
-    /// The last drain left nothing ready: wait for the watcher before draining again.
-    idle: bool,
-    /// Counts this watch as open until the stream is dropped.
-    _open: OpenWatch,
-    sent: WatchEvents,
-}
-
-fn coalesce(frames: Vec<Bytes>, bytes: usize) -> Bytes {
-    if frames.len() == 1 {
-        // One frame: hand out the shared bytes themselves, no copy.
-        return frames.into_iter().next().unwrap_or_default();
-    }
-    let mut buf = BytesMut::with_capacity(bytes);
-    for f in &frames {
-        buf.extend_from_slice(f);
-    }
-    buf.freeze()
-}
-
-impl WatchStream {
-    /// The next chunk to write, `Ready(None)` once the stream is over, or `Pending` with `cx`
-    /// registered to be woken when the watcher has something. Time is not watched here: the
-    /// caller also wakes the stream at [`Self::wake_at`] (a bookmark or the deadline is due).
-    pub fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
-        if let Some(f) = self.first.take() {
-            self.done = self.watcher.is_none();
-            self.sent.record(std::slice::from_ref(&f));
-            return Poll::Ready(Some(f));
-        }
-        if self.done {
-            return Poll::Ready(None);
-        }
-        let Some(watcher) = self.watcher.as_mut() else {
-            return Poll::Ready(None);
-        };
-        loop {
-            if tokio::time::Instant::now() >= self.deadline {
-                // A last bookmark tells the client how far it got, so it can resume.
-                self.done = true;
-                return Poll::Ready(watcher.final_bookmark());
-            }
-            // A bookmark that fell due while idle still needs the drain that adds it.
-            let bookmark_due = self.idle
-                && watcher
-                    .next_bookmark_at()
-                    .is_some_and(|b| b <= Instant::now());
-            if self.idle && !bookmark_due {
-                self.idle = false;
-            } else {
-                self.idle = false;
-                let d = watcher.drain(MAX_BATCH_BYTES, Instant::now());
-                if d.finished {
-                    self.done = true;
-                }
-                if !d.frames.is_empty() {
-                    self.sent.record(&d.frames);
-                    // Nothing else was ready: next time wait first instead of draining again
-                    // for nothing (one drain per wake-up, not two).
-                    self.idle = !d.more;
-                    return Poll::Ready(Some(coalesce(d.frames, d.bytes)));
-                }
-                if self.done {
-                    return Poll::Ready(None);
-                }
-                if d.more {
-                    continue;
-                }
-            }
-            if Pin::new(&mut watcher.ready()).poll(cx).is_pending() {
-                return Poll::Pending;
-            }
-        }
-    }
-
-    /// When the stream must be polled again even if the watcher stays quiet: its next
-    /// bookmark or its deadline, whichever comes first.
-    pub fn wake_at(&self) -> tokio::time::Instant {
-        self.watcher
-            .as_ref()
-            .and_then(Watcher::next_bookmark_at)
-            .map(tokio::time::Instant::from_std)
-            .map_or(self.deadline, |b| b.min(self.deadline))
-    }
-
-    /// The end of `timeoutSeconds`.
-    pub fn deadline(&self) -> tokio::time::Instant {
-        self.deadline
-    }
-}
-
-/// Where a watch response keeps its stream until a server takes it: the h2 connection task
-/// takes it from the response's extensions; an HTTP/1.1 body takes it when first polled.
-#[derive(Clone)]
-pub struct WatchHandoff(Arc<Mutex<Option<WatchStream>>>);
-
-impl WatchHandoff {
-    pub fn take(&self) -> Option<WatchStream> {
-        self.0.lock().take()
-    }
-}
-
-/// A watch response body for HTTP/1.1 (one per connection task): the stream with its own
-/// timer (moved only when its target changes: re-arming on every wake-up showed in profiles)
-/// and its own shutdown future, both made when first polled (never, over h2).
-struct WatchBody {
-    handoff: Option<WatchHandoff>,
-    stream: Option<WatchStream>,
-    timer: Option<Pin<Box<tokio::time::Sleep>>>,
-    stop_rx: tokio::sync::watch::Receiver<bool>,
-    stop: Option<Pin<Box<dyn Future<Output = ()> + Send + Sync>>>,
-}
-
-impl hyper::body::Body for WatchBody {
-    type Data = Bytes;
-    type Error = std::io::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
-        let this = &mut *self;
-        if let Some(h) = this.handoff.take() {
-            this.stream = h.take();
-        }
-        let Some(stream) = this.stream.as_mut() else {
-            return Poll::Ready(None);
-        };
-        let stop = this.stop.get_or_insert_with(|| {
-            let mut rx = this.stop_rx.clone();
-            Box::pin(async move { crate::base::lifecycle::until_set(&mut rx).await })
-        });
-        if stop.as_mut().poll(cx).is_ready() {
-            this.stream = None;
-            return Poll::Ready(None);
-        }
-        loop {
-            match stream.poll_chunk(cx) {
-                Poll::Ready(Some(chunk)) => return Poll::Ready(Some(Ok(Frame::data(chunk)))),
-                Poll::Ready(None) => {
-                    this.stream = None;
-                    return Poll::Ready(None);
-                }
-                Poll::Pending => {}
-            }
-            let wake_at = stream.wake_at();
-            let timer = this
-                .timer
-                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(wake_at)));
-            if timer.deadline() != wake_at {
-                timer.as_mut().reset(wake_at);
-            }
-            if timer.as_mut().poll(cx).is_pending() {
-                return Poll::Pending;
-            }
-        }
-    }
-}
-
 pub async fn watch<T: Kind>(
-    app: &Arc<App>,
+    app: &Arc<Api>,
     call: Call,
     opts: ListOptions,
     sel: Selectors,
 ) -> Result<Response<Body>, ApiError> {
-    let cache = app.caches.get(T::INFO);
+    let cache = app.registry.caches.get(T::INFO);
     let rv = opts.resource_version.as_deref();
     let initial = match (rv, opts.send_initial_events) {
         (_, Some(v)) => v,
@@ -222,7 +41,7 @@ pub async fn watch<T: Kind>(
     // the store's current revision.
     let start = match rv {
         None => {
-            wait_for_consistent(app.store.as_ref(), cache).await?;
+            wait_for_consistent(app.registry.store.as_ref(), cache).await?;
             if initial {
                 WatchStart::InitialEvents {
                     end_bookmark: opts.allow_watch_bookmarks
@@ -286,25 +105,14 @@ pub async fn watch<T: Kind>(
         .metrics
         .watch_opened(T::INFO, !call.route.namespace.is_empty());
     let deadline = crate::base::deadline::Deadline::later(tokio::time::Instant::now(), timeout);
-    let stream = WatchStream {
+    let stream = WatchStream::new(
         watcher,
         first,
         deadline,
-        done: false,
-        idle: false,
-        _open: open,
-        sent: app.metrics.watch_events(T::INFO),
-    };
-    let handoff = WatchHandoff(Arc::new(Mutex::new(Some(stream))));
-    let body = WatchBody {
-        handoff: Some(handoff.clone()),
-        stream: None,
-        timer: None,
-        stop_rx: app.stop_watches.clone(),
-        stop: None,
-    };
-    let mut resp = Response::new(BodyExt::boxed(body));
-    resp.extensions_mut().insert(handoff);
+        open,
+        app.metrics.watch_events(T::INFO),
+    );
+    let mut resp = stream.into_response(app.registry.stop_watches.clone());
     *resp.status_mut() = StatusCode::OK;
     let content_type = match format {
         Format::Json | Format::Yaml | Format::Table => HeaderValue::from_static("application/json"),

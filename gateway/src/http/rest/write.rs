@@ -20,10 +20,11 @@ use super::call::{
     path_namespace, read_current, response_warnings, store_create, store_update,
 };
 use crate::base::features::Feature;
+use crate::http::api::Api;
 use crate::http::negotiate::{self, Format};
 use crate::http::respond::{self, Body};
 use crate::registry::admission::{Operation, Outcome};
-use crate::serve::app::App;
+use crate::registry::errors;
 use svc_core::registry::Kind;
 
 /// How often a create retries a `generateName` collision, and an unconditional update a
@@ -32,7 +33,7 @@ const MAX_RETRIES: usize = 8;
 
 /// Decodes a request body in the format its `Content-Type` names, with the warnings field
 /// validation produces (unknown and duplicate JSON fields; `Strict` refuses them).
-fn decode_body<T: Kind>(app: &App, call: &Call) -> Result<(T, Vec<String>), ApiError> {
+fn decode_body<T: Kind>(app: &Api, call: &Call) -> Result<(T, Vec<String>), ApiError> {
     let format = negotiate::request_format(&call.parts.headers, &app.opts.feature_gates)?;
     let validation = FieldValidation::parse(call.query.get("fieldValidation"))?;
     if call.body.is_empty() {
@@ -107,7 +108,7 @@ fn record_update<T: Kind>(call: &Call, old: Option<&T>, next: &mut T) -> Result<
 
 /// Namespaced objects may only be created in a namespace that exists and is not terminating.
 pub(super) async fn check_namespace_open<T: Kind>(
-    app: &App,
+    app: &Api,
     ns: &str,
     name: &str,
 ) -> Result<(), ApiError> {
@@ -116,10 +117,11 @@ pub(super) async fn check_namespace_open<T: Kind>(
     }
     let key = Bytes::from(Namespace::INFO.key("", ns));
     let (kv, _) = app
+        .registry
         .store
         .get(key, None)
         .await
-        .map_err(respond::store_error)?;
+        .map_err(errors::store_error)?;
     let kv = kv.ok_or_else(|| ApiError::NotFound(Subject::new("", "namespaces", ns)))?;
     let nsobj: Namespace = object::decode_from_store(&kv)?;
     if nsobj.metadata.deletion_timestamp.is_some() {
@@ -132,12 +134,12 @@ pub(super) async fn check_namespace_open<T: Kind>(
     Ok(())
 }
 
-pub async fn create<T: Kind>(app: &Arc<App>, call: &Call) -> Result<Response<Body>, ApiError> {
+pub async fn create<T: Kind>(app: &Arc<Api>, call: &Call) -> Result<Response<Body>, ApiError> {
     let dry_run = call.query.dry_run()?;
     let (mut obj, warnings): (T, _) = decode_body(app, call)?;
     object::apply_request_namespace(&mut obj, &call.route.namespace)?;
     let mut outcome = Outcome::default();
-    if !app.admission.is_empty() {
+    if !app.registry.admission.is_empty() {
         let name = obj.meta().name.clone();
         let attrs = admission_attributes::<T>(
             call,
@@ -146,7 +148,8 @@ pub async fn create<T: Kind>(app: &Arc<App>, call: &Call) -> Result<Response<Bod
             &name,
             dry_run,
         );
-        app.admission
+        app.registry
+            .admission
             .mutate(&attrs, &mut obj, None, &mut outcome)
             .await?;
         // A plugin may not move the object to another namespace than the path's.
@@ -157,22 +160,24 @@ pub async fn create<T: Kind>(app: &Arc<App>, call: &Call) -> Result<Response<Bod
     let requester = &call.user;
     for _ in 0..MAX_RETRIES {
         let mut candidate = obj.clone();
-        object::prepare_create_by(&mut candidate, requester, &app.validator)?;
+        object::prepare_create_by(&mut candidate, requester, &app.registry.validator)?;
         record_update(call, None, &mut candidate)?;
         let name = candidate.meta().name.clone();
         check_namespace_open::<T>(app, &ns, &name).await?;
         let attrs = admission_attributes::<T>(call, Operation::Create, &ns, &name, dry_run);
-        app.admission
+        app.registry
+            .admission
             .validate(&attrs, Some(&candidate), None, &mut outcome)
             .await?;
         let warnings = response_warnings(&warnings, &outcome);
         let key = Bytes::from(T::INFO.key(&ns, &name));
         if dry_run {
             let (existing, _) = app
+                .registry
                 .store
                 .get(key, None)
                 .await
-                .map_err(respond::store_error)?;
+                .map_err(errors::store_error)?;
             if existing.is_some() {
                 if generated {
                     continue;
@@ -214,7 +219,7 @@ pub async fn create<T: Kind>(app: &Arc<App>, call: &Call) -> Result<Response<Bod
 }
 
 pub async fn update<T: Kind>(
-    app: &Arc<App>,
+    app: &Arc<Api>,
     call: &Call,
     name: &str,
 ) -> Result<Response<Body>, ApiError> {
@@ -258,17 +263,19 @@ pub async fn update<T: Kind>(
         let mut next = obj.clone();
         let mut outcome = Outcome::default();
         let attrs = admission_attributes::<T>(call, Operation::Update, &ns, name, dry_run);
-        app.admission
+        app.registry
+            .admission
             .mutate(&attrs, &mut next, Some(&current), &mut outcome)
             .await?;
         object::prepare_update_via(
             &mut next,
             &current,
             call.route.subresource.as_deref(),
-            &app.validator,
+            &app.registry.validator,
         )?;
         record_update(call, Some(&current), &mut next)?;
-        app.admission
+        app.registry
+            .admission
             .validate(&attrs, Some(&next), Some(&current), &mut outcome)
             .await?;
         match commit_update(app, &key, &kv, current, next, dry_run, name).await? {
@@ -295,7 +302,7 @@ pub(super) enum Committed<T> {
 /// for a dry run, the deletion when the last finalizer of a terminating object is gone, and
 /// otherwise a compare-and-swap write on `kv`'s revision.
 pub(super) async fn commit_update<T: Kind>(
-    app: &App,
+    app: &Api,
     key: &Bytes,
     kv: &KeyValue,
     current: T,
@@ -316,7 +323,8 @@ pub(super) async fn commit_update<T: Kind>(
         && next.meta().finalizers.is_empty()
         && !next.has_kind_finalizers();
     let written = if finished {
-        app.store
+        app.registry
+            .store
             .delete(key.clone(), Some(kv.mod_revision))
             .await
             .map(|(_, rev)| rev)
@@ -394,7 +402,7 @@ fn invalid_delete(field: &str, message: &str) -> ApiError {
 }
 
 pub async fn delete<T: Kind>(
-    app: &Arc<App>,
+    app: &Arc<Api>,
     call: &Call,
     name: &str,
 ) -> Result<Response<Body>, ApiError> {
@@ -428,7 +436,8 @@ pub async fn delete<T: Kind>(
             // finalizers and preconditions, as the spec's alpha force deletion does.
             tracing::warn!(key = %String::from_utf8_lossy(&key), error = %e,
                 "unsafe deletion of a corrupt object");
-            app.store
+            app.registry
+                .store
                 .delete(key.clone(), None)
                 .await
                 .map_err(|e| map_write_error::<T>(e, name))?;
@@ -450,7 +459,7 @@ pub async fn delete<T: Kind>(
 /// `ignoreStoreReadErrorWithClusterBreakingPotential=true`: honoured only with the
 /// `AllowUnsafeMalformedObjectDeletion` gate (otherwise the option does nothing, as an alpha
 /// field behind a disabled gate), and never together with dry-run.
-fn unsafe_delete_requested(app: &App, call: &Call, dry_run: bool) -> Result<bool, ApiError> {
+fn unsafe_delete_requested(app: &Api, call: &Call, dry_run: bool) -> Result<bool, ApiError> {
     if !call
         .query
         .bool("ignoreStoreReadErrorWithClusterBreakingPotential")?
@@ -471,22 +480,19 @@ fn unsafe_delete_requested(app: &App, call: &Call, dry_run: bool) -> Result<bool
 }
 
 /// Whether the record at `key` cannot be read or decoded (the corrupt-object case).
-async fn is_corrupt<T: Kind>(app: &App, key: &Bytes) -> bool {
-    match app.store.get(key.clone(), None).await {
+async fn is_corrupt<T: Kind>(app: &Api, key: &Bytes) -> bool {
+    match app.registry.store.get(key.clone(), None).await {
         Err(StoreError::Corrupt { .. }) => true,
         Ok((Some(kv), _)) => object::decode_from_store::<T>(&kv).is_err(),
         _ => false,
     }
 }
 
-/// The user the namespace controller's sweep deletes as.
-const NAMESPACE_CONTROLLER: &str = "system:svc-controller-manager:namespace-controller";
-
 /// Deletes one object, or marks it terminating when finalizers hold it. Returns what the
 /// client sees: the deleted object (200) or the terminating one (200; 202 while finalizing).
 /// Validating admission sees the stored object first (deletes have no mutating phase).
 async fn delete_one<T: Kind>(
-    app: &App,
+    app: &Api,
     key: &Bytes,
     name: &str,
     pre: &Preconditions,
@@ -519,7 +525,7 @@ async fn delete_one<T: Kind>(
                 ),
             });
         }
-        if !app.admission.is_empty() {
+        if !app.registry.admission.is_empty() {
             let attrs = crate::registry::admission::Attributes {
                 operation: Operation::Delete,
                 info: T::INFO,
@@ -530,7 +536,8 @@ async fn delete_one<T: Kind>(
                 dry_run,
                 audit,
             };
-            app.admission
+            app.registry
+                .admission
                 .validate::<T>(&attrs, None, Some(&current), &mut Outcome::default())
                 .await?;
         }
@@ -549,7 +556,7 @@ async fn delete_one<T: Kind>(
                 Ok(new_kv) => {
                     current.meta_mut().resource_version = new_kv.mod_revision.to_string();
                     if T::INFO.kind == Namespace::INFO.kind {
-                        app.namespace_changed.notify_one();
+                        app.registry.namespace_changed.notify_one();
                     }
                     return Ok((current, StatusCode::OK));
                 }
@@ -560,7 +567,12 @@ async fn delete_one<T: Kind>(
         if dry_run {
             return Ok((current, StatusCode::OK));
         }
-        match app.store.delete(key.clone(), Some(kv.mod_revision)).await {
+        match app
+            .registry
+            .store
+            .delete(key.clone(), Some(kv.mod_revision))
+            .await
+        {
             Ok(_) => return Ok((current, StatusCode::OK)),
             Err(StoreError::Conflict { .. }) => continue,
             Err(e) => return Err(map_write_error::<T>(e, name)),
@@ -570,7 +582,7 @@ async fn delete_one<T: Kind>(
 }
 
 pub async fn delete_collection<T: Kind>(
-    app: &Arc<App>,
+    app: &Arc<Api>,
     call: &Call,
 ) -> Result<Response<Body>, ApiError> {
     let (opts, dry_run) = delete_options(call)?;
@@ -579,10 +591,11 @@ pub async fn delete_collection<T: Kind>(
     let ns = call.route.namespace.clone();
     let prefix = T::INFO.prefix(Some(&ns));
     let range = app
+        .registry
         .store
         .range(KeyRange::prefix(prefix), None, 0)
         .await
-        .map_err(respond::store_error)?;
+        .map_err(errors::store_error)?;
     let pre = opts.preconditions.unwrap_or_default();
     for kv in &range.kvs {
         let obj: T = object::decode_from_store(kv)?;
@@ -609,47 +622,4 @@ pub async fn delete_collection<T: Kind>(
         &Status::success(None),
         call.query.pretty(),
     ))
-}
-
-/// Deletes every object of type `T` in namespace `ns` (the namespace controller's sweep) and
-/// returns how many remain.
-pub async fn delete_all_in_namespace<T: Kind>(app: &App, ns: &str) -> Result<usize, ApiError> {
-    // Who admission sees deleting: the controller, as Kubernetes' namespace controller is.
-    let namespace_controller = svc_core::user::UserInfo {
-        username: NAMESPACE_CONTROLLER.into(),
-        groups: vec![svc_core::user::GROUP_AUTHENTICATED.into()],
-        ..Default::default()
-    };
-    let range = app
-        .store
-        .range(KeyRange::prefix(T::INFO.prefix(Some(ns))), None, 0)
-        .await
-        .map_err(respond::store_error)?;
-    let prefix_len = T::INFO.prefix(Some(ns)).len();
-    for kv in &range.kvs {
-        let name =
-            String::from_utf8_lossy(kv.key.get(prefix_len..).unwrap_or_default()).to_string();
-        let none = Preconditions::default();
-        match delete_one::<T>(
-            app,
-            &kv.key,
-            &name,
-            &none,
-            false,
-            &namespace_controller,
-            None,
-        )
-        .await
-        {
-            Ok(_) | Err(ApiError::NotFound(_)) => {}
-            Err(e) => return Err(e),
-        }
-    }
-    // Objects held by their own finalizers are still there; the caller retries later.
-    let left = app
-        .store
-        .range(KeyRange::prefix(T::INFO.prefix(Some(ns))), None, 0)
-        .await
-        .map_err(respond::store_error)?;
-    Ok(left.kvs.len())
 }

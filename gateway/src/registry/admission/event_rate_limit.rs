@@ -88,7 +88,7 @@ impl Validating for EventRateLimit {
             .check(&subject, self.now())
             .inspect_err(|_| {
                 out.annotate(
-                    crate::security::audit::RATE_LIMIT_ANNOTATION,
+                    crate::base::annotations::RATE_LIMIT_ANNOTATION,
                     "EventRateLimit",
                 )
             })

@@ -8,7 +8,7 @@ use svc_core::watch::WatchCache;
 use svc_storage::Store;
 
 use crate::base::deadline::Deadline;
-use crate::http::respond;
+use crate::registry::errors;
 
 /// How long a read for a future resourceVersion waits for the store to reach it before 504.
 const FUTURE_RV_WAIT: Duration = Duration::from_secs(3);
@@ -34,7 +34,7 @@ pub async fn wait_for_consistent(store: &dyn Store, cache: &WatchCache) -> Resul
     let current = store
         .current_revision()
         .await
-        .map_err(respond::store_error)?;
+        .map_err(errors::store_error)?;
     wait_for_cache(cache, current).await
 }
 
@@ -46,7 +46,7 @@ pub async fn wait_for_revision(store: &dyn Store, rv: i64) -> Result<i64, ApiErr
         let current = store
             .current_revision()
             .await
-            .map_err(respond::store_error)?;
+            .map_err(errors::store_error)?;
         if current >= rv {
             return Ok(current);
         }

@@ -15,15 +15,19 @@ use svc_core::config::authorization::{
     compile_match_condition,
 };
 use svc_core::user::UserInfo;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::webhook::{FailurePolicy, Settings, Transport, WebhookAuthorizer};
-use super::{AlwaysAllow, AlwaysDeny, Attributes, Authorizer, Decision, DecisionFuture};
+use crate::base::flags::Options;
 use crate::base::reload;
 use crate::observe::metrics::authz::AuthzMetrics;
 use crate::outbound::client::WebhookClient;
 use crate::outbound::egress::Egress;
-use crate::serve::app::App;
+use crate::security::authz::webhook::{FailurePolicy, Settings, Transport, WebhookAuthorizer};
+use crate::security::authz::{
+    AlwaysAllow, AlwaysDeny, Attributes, Authorizer, Decision, DecisionFuture,
+};
+use crate::security::state::Security;
 
 /// Makes the transport of a webhook from its `connectionInfo`.
 pub type Connect =
@@ -142,27 +146,34 @@ impl Authorizer for Instrumented {
 /// Loads `--authorization-config` when given (an error stops the start) and re-reads it
 /// through `reload.rs` every `--config-reload-interval` until shutdown: a changed file that
 /// loads and builds replaces the configured authorizers, anything else leaves them alone.
-pub fn start(app: &Arc<App>, connect: Box<Connect>) -> Result<Option<JoinHandle<()>>, String> {
-    let Some(path) = app.opts.authorization_config.clone() else {
+pub fn start(
+    security: &Arc<Security>,
+    opts: &Options,
+    metrics: &AuthzMetrics,
+    stop: watch::Receiver<bool>,
+    connect: Box<Connect>,
+) -> Result<Option<JoinHandle<()>>, String> {
+    let Some(path) = opts.authorization_config.clone() else {
         return Ok(None);
     };
     let bytes = reload::read_file(&path)?;
     let config = load(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
-    app.set_authorizers(build(&config, &app.metrics.authz, &*connect)?);
+    security.set_authorizers(build(&config, metrics, &*connect)?);
     tracing::info!(path = %path.display(), authorizers = config.authorizers.len(),
         "authorization configuration loaded");
-    let target = app.clone();
+    let target = security.clone();
+    let metrics = metrics.clone();
     let apply = move |bytes: &[u8]| {
         let config = load(bytes)?;
-        target.set_authorizers(build(&config, &target.metrics.authz, &*connect)?);
+        target.set_authorizers(build(&config, &metrics, &*connect)?);
         Ok(())
     };
     Ok(Some(reload::spawn(
         "authorization",
         path,
-        app.opts.config_reload_interval,
-        app.authorization_reloads.clone(),
-        app.stop_watches.clone(),
+        opts.config_reload_interval,
+        security.authorization_reloads.clone(),
+        stop,
         apply,
     )))
 }
@@ -206,10 +217,10 @@ mod tests {
         };
         assert_eq!(
             built[0].authorize(&user, &attrs).await,
-            Decision::NoOpinion(super::super::ALWAYS_DENY_REASON.into())
+            Decision::NoOpinion(crate::security::authz::ALWAYS_DENY_REASON.into())
         );
         assert_eq!(built[1].authorize(&user, &attrs).await, Decision::Allow);
-        let chain = super::super::Chain::new(built);
+        let chain = crate::security::authz::Chain::new(built);
         assert!(chain.authorize(&user, &attrs).await.is_ok());
         let scrape = metrics.encode();
         assert!(

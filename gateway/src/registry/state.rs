@@ -1,0 +1,28 @@
+//! What every typed operation reads and writes through: the store (wrapped in its metrics),
+//! the watch caches, object validation, the admission chain, and the signals the namespace
+//! controller and long-running reads listen to.
+
+use std::sync::Arc;
+
+use svc_core::validation::declarative::Validator;
+use svc_storage::Store;
+use tokio::sync::{Notify, watch};
+
+use crate::registry::admission;
+use crate::registry::caches::Caches;
+
+pub struct Registry {
+    /// Every storage call goes through this (timed, and traced with `tracing`).
+    pub store: Arc<dyn Store>,
+    /// One watch cache per served type: every list and watch is served from these.
+    pub caches: Caches,
+    /// Object validation on create and update: hand-written, and declarative per the
+    /// `DeclarativeValidation` gates.
+    pub validator: Validator,
+    /// The admission plugins every write goes through (empty unless flags enable some).
+    pub admission: admission::Chain,
+    /// Nudges the namespace controller when a namespace starts terminating.
+    pub namespace_changed: Notify,
+    /// Flips to true when long-running requests (watches) must end.
+    pub stop_watches: watch::Receiver<bool>,
+}
