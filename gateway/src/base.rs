@@ -11,3 +11,4 @@ pub mod query;
 pub mod reload;
 pub mod router;
 pub mod validate_config;
+pub mod verb;

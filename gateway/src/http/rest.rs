@@ -27,6 +27,7 @@ pub use call::{Call, Selectors};
 
 use crate::base::features::Feature;
 use crate::base::query::ListOptions;
+use crate::base::verb::Verb;
 use crate::http::api::Api;
 use crate::http::negotiate;
 use crate::http::respond::{self, Body};
@@ -71,18 +72,13 @@ async fn serve_typed<T: Kind>(app: &Arc<Api>, mut call: Call) -> Result<Response
     if let Some(sub) = call.route.subresource.clone() {
         return serve_subresource::<T>(app, call, &sub).await;
     }
-    let verb = match (&method, &name) {
-        (&Method::GET | &Method::HEAD, Some(_)) => "get",
-        (&Method::GET | &Method::HEAD, None) if watch => "watch",
-        (&Method::GET | &Method::HEAD, None) => "list",
-        (&Method::POST, None) => "create",
-        (&Method::PUT, Some(_)) => "update",
-        (&Method::PATCH, Some(_)) => "patch",
-        (&Method::DELETE, Some(_)) => "delete",
-        (&Method::DELETE, None) => "deletecollection",
-        _ => "",
+    // A write to a collection other than create, or to a named object by POST, has no verb
+    // of its own (`Verb::of` names it by method alone): it is not served.
+    let verb = match (call.verb, &name) {
+        (Verb::Create, Some(_)) | (Verb::Update | Verb::Patch, None) => None,
+        (v, _) => Some(v.as_str()),
     };
-    if !info.verbs.contains(&verb) {
+    if !verb.is_some_and(|v| info.verbs.contains(&v)) {
         return Err(method_not_allowed(&method));
     }
     if !info.stored {
@@ -124,20 +120,13 @@ async fn serve_subresource<T: Kind>(
         )));
     };
     let method = call.parts.method.clone();
-    let verb = match method {
-        Method::GET | Method::HEAD => "get",
-        Method::POST => "create",
-        Method::PUT => "update",
-        Method::PATCH => "patch",
-        _ => "",
-    };
-    if !served.verbs.contains(&verb) {
+    if !served.verbs.contains(&call.verb.as_str()) {
         return Err(method_not_allowed(&method));
     }
-    match verb {
-        "get" => get::<T>(app, &call, &name).await,
-        "update" => write::update::<T>(app, &call, &name).await,
-        "patch" => patch::patch::<T>(app, &call, &name).await,
+    match call.verb {
+        Verb::Get => get::<T>(app, &call, &name).await,
+        Verb::Update => write::update::<T>(app, &call, &name).await,
+        Verb::Patch => patch::patch::<T>(app, &call, &name).await,
         _ => action::create::<T>(app, &call, sub, &name).await,
     }
 }

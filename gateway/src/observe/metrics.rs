@@ -25,6 +25,7 @@ use svc_core::ResourceInfo;
 
 use crate::base::query::Query;
 use crate::base::router::Route;
+use crate::base::verb::Verb;
 
 /// The one exposition format served: what `prometheus-client` writes. Prometheus asks for it
 /// first, and Python's `prometheus_client.openmetrics.parser` reads it.
@@ -115,11 +116,11 @@ impl RequestInfo {
     /// APPLY; scope is `resource` for a named object or a create, else `namespace` or
     /// `cluster`; requests outside the resource API have empty group, version and resource.
     pub fn new(
+        verb: Verb,
         method: &Method,
         route: &Route,
         query: &Query,
         headers: &HeaderMap,
-        watch: bool,
     ) -> Self {
         let resource = match route {
             Route::Resource(r) => Some(r),
@@ -138,21 +139,24 @@ impl RequestInfo {
                 .and_then(|v| v.split(';').next())
                 .is_some_and(|ct| ct.trim().starts_with("application/apply-patch+"))
         };
-        let verb = match *method {
-            Method::GET | Method::HEAD if watch => "WATCH",
-            Method::GET | Method::HEAD if scope == "resource" || scope.is_empty() => "GET",
-            Method::GET | Method::HEAD => "LIST",
-            Method::POST => "POST",
-            Method::PUT => "PUT",
-            Method::PATCH if is_apply() => "APPLY",
-            Method::PATCH => "PATCH",
-            Method::DELETE => "DELETE",
-            _ => "other",
-        };
-        let request_kind = match *method {
-            _ if watch => None,
-            Method::POST | Method::PUT | Method::PATCH | Method::DELETE => Some("mutating"),
+        let known = matches!(
+            *method,
+            Method::GET
+                | Method::HEAD
+                | Method::POST
+                | Method::PUT
+                | Method::PATCH
+                | Method::DELETE
+        );
+        let request_kind = match verb {
+            Verb::Watch => None,
+            v if v.is_mutating() => Some("mutating"),
             _ => Some("readOnly"),
+        };
+        let verb = if known {
+            verb.metric_label(verb == Verb::Patch && is_apply())
+        } else {
+            "other"
         };
         RequestInfo {
             labels: LatencyLabels {
@@ -608,7 +612,9 @@ mod tests {
             headers.insert(http::header::CONTENT_TYPE, ct.parse().unwrap());
         }
         let watch = query.bool("watch").unwrap_or(false);
-        RequestInfo::new(&method, &router::route(path), &query, &headers, watch).labels
+        let route = router::route(path);
+        let verb = Verb::of(&method, &route, watch);
+        RequestInfo::new(verb, &method, &route, &query, &headers).labels
     }
 
     #[test]

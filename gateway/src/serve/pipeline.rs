@@ -17,6 +17,7 @@ use crate::base::deadline::Deadline;
 use crate::base::features::Feature;
 use crate::base::query::Query;
 use crate::base::router::{self, Route};
+use crate::base::verb::Verb;
 use crate::http::respond::{self, Body};
 use crate::outbound::pki;
 use crate::security::authn::{self, ConnIdentity};
@@ -103,27 +104,6 @@ impl RequestBody {
     }
 }
 
-/// The Kubernetes verb of a request.
-fn verb_of(method: &Method, route: &Route, watch: bool) -> &'static str {
-    match (method, route) {
-        (&Method::GET | &Method::HEAD, Route::Resource(r)) => {
-            if watch {
-                "watch"
-            } else if r.name.is_some() {
-                "get"
-            } else {
-                "list"
-            }
-        }
-        (&Method::POST, _) => "create",
-        (&Method::PUT, _) => "update",
-        (&Method::PATCH, _) => "patch",
-        (&Method::DELETE, Route::Resource(r)) if r.name.is_none() => "deletecollection",
-        (&Method::DELETE, _) => "delete",
-        _ => "get",
-    }
-}
-
 /// Every request enters here: route, authenticate, authorize, dispatch, account.
 pub async fn handle(
     app: Arc<App>,
@@ -138,8 +118,8 @@ pub async fn handle(
     let route = router::route(&path);
     let gzip_header = req.headers().get(http::header::ACCEPT_ENCODING).cloned();
     let watch = query.bool("watch").unwrap_or(false);
-    let verb = verb_of(req.method(), &route, watch);
-    let info = metrics::RequestInfo::new(req.method(), &route, &query, req.headers(), watch);
+    let verb = Verb::of(req.method(), &route, watch);
+    let info = metrics::RequestInfo::new(verb, req.method(), &route, &query, req.headers());
     let inflight = app.api.metrics.start(&info);
 
     let user = authenticate(&app, &caller, &req, &path).await;
@@ -154,7 +134,7 @@ pub async fn handle(
                 match &app.api.security.audit {
                     None => (resp, None),
                     Some(auditor) => {
-                        let begun = auditor.begin(&req, peer(&caller), &route, verb, None);
+                        let begun = auditor.begin(&req, peer(&caller), &route, verb.as_str(), None);
                         let resp = match begun.record {
                             Some(r) => audited::failed_authentication(r, resp).await,
                             None => resp,
@@ -171,7 +151,7 @@ pub async fn handle(
                         None,
                     );
                 };
-                let begun = auditor.begin(&req, peer(&caller), &route, verb, Some(&user));
+                let begun = auditor.begin(&req, peer(&caller), &route, verb.as_str(), Some(&user));
                 let resp = match begun.record {
                     None => serve(&app, req, route, query, verb, &path, user, None).await,
                     Some(r) => {
@@ -193,7 +173,7 @@ pub async fn handle(
         None => work.await,
         Some(cx) => work.with_context(cx.clone()).await,
     };
-    let resp = if (verb == "get" || verb == "list")
+    let resp = if matches!(verb, Verb::Get | Verb::List)
         && accepts_gzip(&gzip_header)
         && app
             .api
@@ -215,7 +195,7 @@ pub async fn handle(
     }
     drop(inflight);
     app.api.metrics.observe(&info, code, start.elapsed());
-    tracing::debug!(verb, %path, code, elapsed_ms = start.elapsed().as_secs_f64() * 1e3, "request");
+    tracing::debug!(verb = verb.as_str(), %path, code, elapsed_ms = start.elapsed().as_secs_f64() * 1e3, "request");
     resp
 }
 
@@ -239,14 +219,13 @@ struct Admitted<'a> {
 async fn admit<'a>(
     app: &'a App,
     user: &pki::UserInfo,
-    mutating: bool,
-    verb: &str,
+    verb: Verb,
     width: usize,
 ) -> Result<Admitted<'a>, limits::Rejection> {
     if user.in_group(GROUP_MASTERS) {
         return Ok(Admitted::default());
     }
-    if verb == "watch" {
+    if verb == Verb::Watch {
         return app
             .watches
             .try_acquire()
@@ -260,7 +239,7 @@ async fn admit<'a>(
                 limits::Rejection::ConcurrencyLimit
             });
     }
-    let pool = if mutating {
+    let pool = if verb.is_mutating() {
         &app.mutating_inflight
     } else {
         &app.readonly_inflight
@@ -276,9 +255,9 @@ async fn admit<'a>(
 /// The seats a request holds: a list of a stored kind as many as `limits::list_width` says
 /// for the watch cache's count of the kind (Kubernetes counts the whole resource too), and
 /// the `limit` if one is given; every other request one.
-fn list_width(app: &App, route: &Route, verb: &str, query: &Query) -> usize {
+fn list_width(app: &App, route: &Route, verb: Verb, query: &Query) -> usize {
     match route {
-        Route::Resource(r) if verb == "list" && r.info.stored && r.subresource.is_none() => {
+        Route::Resource(r) if verb == Verb::List && r.info.stored && r.subresource.is_none() => {
             let stored = app.api.registry.caches.get(r.info).stats().objects;
             limits::list_width(stored, query.get("limit").and_then(|l| l.parse().ok()))
         }
@@ -379,7 +358,7 @@ async fn serve_audited(
     req: Request<RequestBody>,
     route: Route,
     query: Query,
-    verb: &'static str,
+    verb: Verb,
     path: &str,
     user: pki::UserInfo,
     mut record: audit::Record,
@@ -418,15 +397,15 @@ async fn serve(
     req: Request<RequestBody>,
     route: Route,
     query: Query,
-    verb: &'static str,
+    verb: Verb,
     path: &str,
     user: pki::UserInfo,
     record: Option<&mut audit::Record>,
 ) -> Response<Body> {
     let attrs = match &route {
-        Route::Resource(r) => Attributes::for_resource(r, verb),
+        Route::Resource(r) => Attributes::for_resource(r, verb.as_str()),
         _ => Attributes {
-            verb,
+            verb: verb.as_str(),
             resource: None,
             path,
         },
@@ -451,20 +430,16 @@ async fn serve(
     if let Err((e, _)) = decision {
         return respond::error(&e);
     }
-    let mutating = matches!(
-        *req.method(),
-        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
-    );
     // Held until the request is done: a seat of its pool, or a watch's place until its
     // stream ends.
     let width = list_width(app, &route, verb, &query);
-    let Admitted { watch, _seat } = match admit(app, &user, mutating, verb, width).await {
+    let Admitted { watch, _seat } = match admit(app, &user, verb, width).await {
         Ok(admitted) => admitted,
         Err(why) => {
             if let Some(r) = &record {
-                let limit = if verb == "watch" {
+                let limit = if verb == Verb::Watch {
                     "max-watches"
-                } else if mutating {
+                } else if verb.is_mutating() {
                     "max-mutating-requests-inflight"
                 } else {
                     "max-requests-inflight"
@@ -481,7 +456,7 @@ async fn serve(
         }
     };
     if let Some(place) = watch {
-        return dispatch(app, req, route, query, user, record)
+        return dispatch(app, req, route, query, verb, user, record)
             .await
             .map(|body| {
                 respond::Body::new(body.map_frame(move |f| {
@@ -490,12 +465,12 @@ async fn serve(
                 }))
             });
     }
-    if verb == "watch" {
-        return dispatch(app, req, route, query, user, record).await;
+    if verb == Verb::Watch {
+        return dispatch(app, req, route, query, verb, user, record).await;
     }
     match tokio::time::timeout(
         app.api.opts.request_timeout,
-        dispatch(app, req, route, query, user, record),
+        dispatch(app, req, route, query, verb, user, record),
     )
     .await
     {
@@ -512,6 +487,7 @@ async fn dispatch(
     req: Request<RequestBody>,
     route: Route,
     query: Query,
+    verb: Verb,
     user: pki::UserInfo,
     record: Option<&mut audit::Record>,
 ) -> Response<Body> {
@@ -542,6 +518,7 @@ async fn dispatch(
                     body,
                     route: r,
                     query,
+                    verb,
                     user,
                     format: crate::http::negotiate::Format::Json,
                 },

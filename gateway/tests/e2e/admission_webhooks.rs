@@ -580,7 +580,7 @@ async fn a_dry_run_never_reaches_a_webhook_with_side_effects() {
     server
         .handle()
         .app
-        .store
+        .api.registry.store
         .create(Bytes::from(key), Bytes::from(value))
         .await
         .unwrap();

@@ -64,7 +64,7 @@ async fn each_operation_needs_its_own_verbs() {
     let sa = "/api/v1/namespaces/az/serviceaccounts";
 
     // Only patch: apply to an existing object works, apply that would create is refused.
-    app.set_authorizers(vec![Box::new(Grants {
+    app.api.security.set_authorizers(vec![Box::new(Grants {
         user: "jane",
         allowed: &["serviceaccounts:patch", "serviceaccounts:get"],
     })]);
@@ -101,7 +101,7 @@ async fn each_operation_needs_its_own_verbs() {
          \"serviceaccounts\" in API group \"\" in the namespace \"az\""
     );
     // With create too, the same apply creates.
-    app.set_authorizers(vec![Box::new(Grants {
+    app.api.security.set_authorizers(vec![Box::new(Grants {
         user: "jane",
         allowed: &["serviceaccounts:patch", "serviceaccounts:create"],
     })]);
@@ -121,7 +121,7 @@ async fn each_operation_needs_its_own_verbs() {
 
     // Force deletion needs delete and unsafe-delete-ignore-read-errors.
     let force = format!("{sa}/fresh?ignoreStoreReadErrorWithClusterBreakingPotential=true");
-    app.set_authorizers(vec![Box::new(Grants {
+    app.api.security.set_authorizers(vec![Box::new(Grants {
         user: "jane",
         allowed: &["serviceaccounts:delete"],
     })]);
@@ -134,7 +134,7 @@ async fn each_operation_needs_its_own_verbs() {
             .contains("cannot unsafe-delete-ignore-read-errors resource \"serviceaccounts\""),
         "{st}"
     );
-    app.set_authorizers(vec![Box::new(Grants {
+    app.api.security.set_authorizers(vec![Box::new(Grants {
         user: "jane",
         allowed: &[
             "serviceaccounts:delete",
@@ -157,7 +157,7 @@ async fn each_operation_needs_its_own_verbs() {
             .contains("cannot create resource \"serviceaccounts/token\""),
         "{st}"
     );
-    app.set_authorizers(vec![Box::new(Grants {
+    app.api.security.set_authorizers(vec![Box::new(Grants {
         user: "jane",
         allowed: &["serviceaccounts/token:create"],
     })]);
@@ -176,7 +176,7 @@ async fn requests_past_the_inflight_limits_get_429_with_retry_after() {
     .await;
     let admin = srv.admin();
     create_namespace(&admin, "busy").await;
-    srv.handle().app.set_authorizers(vec![Box::new(Grants {
+    srv.handle().app.api.security.set_authorizers(vec![Box::new(Grants {
         user: "bob",
         allowed: &["serviceaccounts:get", "serviceaccounts:create"],
     })]);

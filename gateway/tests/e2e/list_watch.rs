@@ -425,7 +425,7 @@ async fn list_from_cache_snapshot_gate_decides_where_past_revisions_are_read() {
             .unwrap();
 
         // Write until the store has compacted both revisions away.
-        let store = srv.handle().app.store.clone();
+        let store = srv.handle().app.api.registry.store.clone();
         let key = bytes::Bytes::from_static(b"/registry/serviceaccounts/lw/a");
         let mut compacted = false;
         for i in 0..200 {
@@ -471,7 +471,7 @@ async fn list_from_cache_snapshot_gate_decides_where_past_revisions_are_read() {
             let stats = srv
                 .handle()
                 .app
-                .caches
+                .api.registry.caches
                 .get(<svc_core::kinds::ServiceAccount as svc_core::Resource>::INFO)
                 .stats();
             assert_eq!(stats.snapshots, 0);

@@ -145,7 +145,7 @@ async fn gateway(endpoint: &str, rate: Option<u32>) -> TestServer {
 
 /// Sends the spans the gateway has queued and waits for the export.
 async fn flush(srv: &TestServer) {
-    srv.handle().app.tracer.as_ref().unwrap().flush().await;
+    srv.handle().app.api.tracer.as_ref().unwrap().flush().await;
 }
 
 fn traceparent(trace: &str, span: &str, sampled: bool) -> String {

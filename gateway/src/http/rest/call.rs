@@ -15,6 +15,7 @@ use svc_storage::{KeyValue, Revision, StoreError};
 
 use crate::base::query::{ListOptions, Query};
 use crate::base::router::ResourceRoute;
+use crate::base::verb::Verb;
 use crate::http::api::Api;
 use crate::http::negotiate::Format;
 use crate::outbound::pki::UserInfo;
@@ -69,6 +70,8 @@ pub struct Call {
     pub body: Bytes,
     pub route: ResourceRoute,
     pub query: Query,
+    /// The request's verb, as the pipeline computed it.
+    pub verb: Verb,
     pub user: UserInfo,
     /// The negotiated response format (set before a handler runs).
     pub format: Format,
