@@ -1,7 +1,8 @@
 //! The invariants ARCHITECTURE.md states, checked against the code: which crate may depend
-//! on which, what core and storage may never name, and the one-way order of the gateway's
-//! modules. Each checker is a plain function over text, so the tests below also feed it a
-//! deliberately broken input and expect it to object.
+//! on which, what core and storage may never name, and that a kind is one file and one
+//! registry line (the gateway's layers have their own test, `gateway/tests/layers.rs`). Each
+//! checker is a plain function over text, so the tests below also feed it a deliberately
+//! broken input and expect it to object.
 // Test and harness code: a panic on a broken expectation is the point, and arithmetic and
 // indexing on test data are checked by the assertions that follow.
 #![allow(
@@ -12,7 +13,6 @@
     clippy::arithmetic_side_effects
 )]
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 fn root() -> PathBuf {
@@ -163,223 +163,8 @@ fn loadtest_links_no_crate_of_ours() {
     assert!(names.is_empty(), "loadtest names our crates: {names:#?}");
 }
 
-/// The gateway's modules, lowest first: a module may use only modules before it (and its own
-/// descendants). Submodules listed here are ranked on their own; others take their
-/// nearest listed ancestor's rank.
-const GATEWAY_ORDER: &[&str] = &[
-    "features",
-    "query",
-    "router",
-    "kind",
-    "lifecycle",
-    "limits",
-    "conn_limits",
-    "trace",
-    "metrics",
-    "pki",
-    "egress",
-    "client",
-    "validate",
-    "config",
-    "reload",
-    "negotiate",
-    "authz",
-    "authz::webhook",
-    "respond",
-    "audit::log",
-    "audit::request",
-    "audit::buffer",
-    "audit::webhook",
-    "audit",
-    "caches::freshness",
-    "caches",
-    "tokens",
-    "jwt::oidc",
-    "jwt::claims",
-    "jwt",
-    "discovery",
-    "openapi",
-    "admission::event_rate_limit",
-    "admission::webhook::rules",
-    "admission::webhook::call",
-    "admission::webhook",
-    "admission",
-    "app",
-    "authz::load",
-    "authn",
-    "health",
-    "rest::call",
-    "rest::token",
-    "rest::action",
-    "rest::list",
-    "rest::watch",
-    "rest::write",
-    "rest::patch",
-    "rest",
-    "pipeline",
-    "h2conn",
-    "loopback",
-    "bootstrap",
-    "controllers",
-    "server",
-];
-
-/// The module paths (`rest::call`) a line of Rust names through `crate::` or `super::`,
-/// with `crate::{a, b::c}` groups expanded. `module` is the path of the file's own module.
-fn referenced_modules(module: &str, line: &str) -> Vec<String> {
-    let code = line.split("//").next().unwrap_or_default();
-    let mut out = Vec::new();
-    let parent = module.rsplit_once("::").map(|(p, _)| p.to_string());
-    for (prefix, base) in [("crate::", None), ("super::", parent)] {
-        if prefix == "super::" && base.is_none() {
-            continue;
-        }
-        let mut rest = code;
-        while let Some(i) = rest.find(prefix) {
-            // `crate::` inside a longer identifier (`svc_crate::`) is not ours.
-            let before = rest[..i].chars().last();
-            rest = &rest[i + prefix.len()..];
-            if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
-                continue;
-            }
-            let heads: Vec<String> = if let Some(group) = rest.strip_prefix('{') {
-                let end = group.find('}').unwrap_or(group.len());
-                group[..end]
-                    .split(',')
-                    .map(|p| p.trim().to_string())
-                    .filter(|p| !p.is_empty())
-                    .collect()
-            } else {
-                let end = rest
-                    .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
-                    .unwrap_or(rest.len());
-                vec![rest[..end].to_string()]
-            };
-            for h in heads {
-                let segs: Vec<&str> = h
-                    .split("::")
-                    .take_while(|s| s.chars().next().is_some_and(|c| c.is_ascii_lowercase()))
-                    .collect();
-                if segs.is_empty() {
-                    continue;
-                }
-                let path = match &base {
-                    Some(b) => format!("{b}::{}", segs.join("::")),
-                    None => segs.join("::"),
-                };
-                out.push(path);
-            }
-        }
-    }
-    out
-}
-
-/// The rank of a module path: its own, or its nearest ranked ancestor's.
-fn rank(order: &[&str], module: &str) -> Option<usize> {
-    let mut m = module;
-    loop {
-        if let Some(i) = order.iter().position(|o| *o == m) {
-            return Some(i);
-        }
-        m = m.rsplit_once("::")?.0;
-    }
-}
-
-/// Every reference from a module to one ranked above it, as `module -> target`.
-fn layer_violations(order: &[&str], files: &[(String, String)]) -> Vec<String> {
-    let mut out = Vec::new();
-    for (module, text) in files {
-        let Some(own) = rank(order, module) else {
-            continue;
-        };
-        for line in text.lines() {
-            for target in referenced_modules(module, line) {
-                if target == *module || target.starts_with(&format!("{module}::")) {
-                    continue;
-                }
-                let Some(r) = rank(order, &target) else {
-                    out.push(format!("{module} -> {target} (not in the layer list)"));
-                    continue;
-                };
-                if r > own {
-                    out.push(format!("{module} -> {target}"));
-                }
-            }
-        }
-    }
-    out.sort();
-    out.dedup();
-    out
-}
-
-fn gateway_modules() -> Vec<(String, String)> {
-    let src = root().join("gateway/src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
-    files
-        .into_iter()
-        .filter_map(|f| {
-            let rel = f.strip_prefix(&src).ok()?.with_extension("");
-            let module = rel.to_string_lossy().replace('/', "::");
-            if module == "lib" || module == "main" {
-                return None;
-            }
-            Some((module, std::fs::read_to_string(&f).ok()?))
-        })
-        .collect()
-}
-
-#[test]
-fn gateway_modules_point_one_way() {
-    let modules = gateway_modules();
-    let unranked: Vec<&str> = modules
-        .iter()
-        .map(|(m, _)| m.as_str())
-        .filter(|m| rank(GATEWAY_ORDER, m).is_none())
-        .collect();
-    assert!(
-        unranked.is_empty(),
-        "add these gateway modules to GATEWAY_ORDER: {unranked:?}"
-    );
-    let violations = layer_violations(GATEWAY_ORDER, &modules);
-    assert!(
-        violations.is_empty(),
-        "gateway modules that point upward: {violations:#?}"
-    );
-}
-
 #[test]
 fn the_checkers_object_to_broken_inputs() {
-    // rest's leaf pointing up at a handler and (grouped) at the server; two siblings
-    // calling each other; patch building on write, which is allowed.
-    let files = vec![
-        (
-            "rest::call".to_string(),
-            "use crate::rest::patch::apply;\nuse crate::{app::App, server};".to_string(),
-        ),
-        ("respond".to_string(), "use super::rest::Kind;".to_string()),
-        (
-            "rest::list".to_string(),
-            "use super::watch::watch;".to_string(),
-        ),
-        (
-            "rest::patch".to_string(),
-            "use super::write::commit; // fine".to_string(),
-        ),
-    ];
-    let v = layer_violations(GATEWAY_ORDER, &files);
-    assert_eq!(
-        v,
-        vec![
-            "rest::call -> rest::patch::apply".to_string(),
-            "rest::call -> server".to_string(),
-            "rest::list -> rest::watch::watch".to_string(),
-        ],
-        "{v:?}"
-    );
-    // `super::` from a top-level module has no parent to name; ignored rather than misread.
-    assert!(referenced_modules("respond", "use super::rest::Kind;").is_empty());
-
     let bad_core = "[dependencies]\nhyper.workspace = true\nsvc-gateway.workspace = true\n\
                     serde.workspace = true\n[dev-dependencies]\nhttp = \"1\"\n";
     assert_eq!(
@@ -397,16 +182,6 @@ fn the_checkers_object_to_broken_inputs() {
     let found = forbidden_names(&dir, &["hyper::", "http::"]);
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(found.len(), 1, "{found:?}");
-}
-
-#[test]
-fn every_gateway_module_appears_once_in_the_order() {
-    let mut seen = BTreeMap::new();
-    for m in GATEWAY_ORDER {
-        *seen.entry(*m).or_insert(0) += 1;
-    }
-    let dup: Vec<_> = seen.into_iter().filter(|(_, n)| *n > 1).collect();
-    assert!(dup.is_empty(), "{dup:?}");
 }
 
 /// The kind names declared in `core/src/kinds/` (`kind: "ServiceAccount",` in an INFO).

@@ -807,7 +807,9 @@ async fn fairness_reports_the_writer_alone_and_beside_the_hammer() {
     let server = svc_gateway::run::start(opts).await.unwrap();
     server
         .app
-        .api.security.set_authorizers(vec![Box::new(AllowUsers(&["lt-hammer", "lt-writer"]))]);
+        .api
+        .security
+        .set_authorizers(vec![Box::new(AllowUsers(&["lt-hammer", "lt-writer"]))]);
     let hammer = user_kubeconfig(&server, "lt-hammer", dir.path());
     let writer = user_kubeconfig(&server, "lt-writer", dir.path());
     let r = &loadtest(

@@ -580,7 +580,9 @@ async fn a_dry_run_never_reaches_a_webhook_with_side_effects() {
     server
         .handle()
         .app
-        .api.registry.store
+        .api
+        .registry
+        .store
         .create(Bytes::from(key), Bytes::from(value))
         .await
         .unwrap();

@@ -176,10 +176,14 @@ async fn requests_past_the_inflight_limits_get_429_with_retry_after() {
     .await;
     let admin = srv.admin();
     create_namespace(&admin, "busy").await;
-    srv.handle().app.api.security.set_authorizers(vec![Box::new(Grants {
-        user: "bob",
-        allowed: &["serviceaccounts:get", "serviceaccounts:create"],
-    })]);
+    srv.handle()
+        .app
+        .api
+        .security
+        .set_authorizers(vec![Box::new(Grants {
+            user: "bob",
+            allowed: &["serviceaccounts:get", "serviceaccounts:create"],
+        })]);
     let bob = srv.user("bob", &[]);
     let sa = "/api/v1/namespaces/busy/serviceaccounts";
     // A read for a revision far in the future waits (3 s) before its 504: it holds the one

@@ -46,7 +46,9 @@ async fn a_flooding_user_gets_its_share_and_another_user_still_gets_through() {
     let admin = srv.admin();
     create_namespace(&admin, "fair").await;
     let app = srv.handle().app.clone();
-    app.api.security.set_authorizers(vec![Box::new(AllowUsers(&["flood", "patient"]))]);
+    app.api
+        .security
+        .set_authorizers(vec![Box::new(AllowUsers(&["flood", "patient"]))]);
     let (flood, patient) = (srv.user("flood", &[]), srv.user("patient", &[]));
     let sa = "/api/v1/namespaces/fair/serviceaccounts/default";
     // A read for a revision far in the future holds its seat about 3 s before its 504: two
@@ -142,7 +144,9 @@ async fn a_request_waits_at_most_the_queue_wait() {
     let admin = srv.admin();
     create_namespace(&admin, "wait").await;
     let app = srv.handle().app.clone();
-    app.api.security.set_authorizers(vec![Box::new(AllowUsers(&["holder", "waiter"]))]);
+    app.api
+        .security
+        .set_authorizers(vec![Box::new(AllowUsers(&["holder", "waiter"]))]);
     let holder = srv.user("holder", &[]);
     let sa = "/api/v1/namespaces/wait/serviceaccounts/default";
     let slow = format!("{sa}?resourceVersion=999999999");
@@ -186,7 +190,9 @@ async fn watches_past_the_watch_limit_get_429_and_places_are_given_back() {
     let admin = srv.admin();
     create_namespace(&admin, "w").await;
     let app = srv.handle().app.clone();
-    app.api.security.set_authorizers(vec![Box::new(AllowUsers(&["watcher"]))]);
+    app.api
+        .security
+        .set_authorizers(vec![Box::new(AllowUsers(&["watcher"]))]);
     let watcher = srv.user("watcher", &[]);
     let path = "/api/v1/namespaces/w/serviceaccounts?watch=true";
     let first = watcher.watch(path).await;

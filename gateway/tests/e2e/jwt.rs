@@ -84,7 +84,9 @@ async fn start(file: &Path, text: &str) -> (TestServer, Recorder) {
     let rec = Recorder::default();
     srv.handle()
         .app
-        .api.security.set_authorizers(vec![Box::new(rec.clone())]);
+        .api
+        .security
+        .set_authorizers(vec![Box::new(rec.clone())]);
     (srv, rec)
 }
 

@@ -471,7 +471,9 @@ async fn list_from_cache_snapshot_gate_decides_where_past_revisions_are_read() {
             let stats = srv
                 .handle()
                 .app
-                .api.registry.caches
+                .api
+                .registry
+                .caches
                 .get(<svc_core::kinds::ServiceAccount as svc_core::Resource>::INFO)
                 .stats();
             assert_eq!(stats.snapshots, 0);

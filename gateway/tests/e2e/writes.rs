@@ -278,7 +278,9 @@ async fn plant_corrupt(srv: &TestServer, name: &str) {
     let key = format!("/registry/serviceaccounts/w/{name}");
     srv.handle()
         .app
-        .api.registry.store
+        .api
+        .registry
+        .store
         .create(Bytes::from(key), Bytes::from_static(b"\xff not an object"))
         .await
         .unwrap();
