@@ -4,13 +4,15 @@
 //! token, never past the token's expiry); the account (and the bound Secret) are looked up
 //! every time, so deleting or recreating one revokes its tokens at once.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::hash_map::RandomState;
+use std::num::NonZeroUsize;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use lru::LruCache;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use svc_core::kinds::{Secret, ServiceAccount};
@@ -84,46 +86,49 @@ pub struct Authenticated {
 #[error("{0}")]
 pub struct Rejected(pub String);
 
-/// A bounded map of verified credentials by token hash, dropped oldest first; an entry past
-/// its life is dropped when looked up. Service-account tokens keep their claims in one, the
-/// JWT authenticators their users.
+/// Recently verified tokens by their SHA-256 (never the token itself), least recently used
+/// evicted first, in a randomly keyed map (so lookup timing says nothing about a token).
 pub(crate) struct HashCache<V> {
-    pub(crate) by_hash: HashMap<[u8; 32], V>,
-    order: VecDeque<[u8; 32]>,
-    capacity: usize,
+    entries: LruCache<[u8; 32], V, RandomState>,
 }
 
 /// At most [`CACHE_CAPACITY`] entries.
 impl<V> Default for HashCache<V> {
     fn default() -> Self {
+        Self::with_capacity(CACHE_CAPACITY)
+    }
+}
+
+impl<V> HashCache<V> {
+    pub(crate) fn with_capacity(capacity: usize) -> Self {
+        let capacity = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
         Self {
-            by_hash: HashMap::new(),
-            order: VecDeque::new(),
-            capacity: CACHE_CAPACITY,
+            entries: LruCache::with_hasher(capacity, RandomState::new()),
         }
     }
 }
 
 impl<V: Clone> HashCache<V> {
-    /// The entry for `hash` while `live` holds for it.
+    /// The entry for `hash` while `live` holds for it; a dead one is dropped.
     pub(crate) fn get(&mut self, hash: &[u8; 32], live: impl FnOnce(&V) -> bool) -> Option<V> {
-        let value = self.by_hash.get(hash)?;
+        let value = self.entries.get(hash)?;
         if !live(value) {
-            self.by_hash.remove(hash);
+            self.entries.pop(hash);
             return None;
         }
         Some(value.clone())
     }
 
     pub(crate) fn insert(&mut self, hash: [u8; 32], value: V) {
-        if self.by_hash.insert(hash, value).is_none() {
-            self.order.push_back(hash);
-        }
-        while self.order.len() > self.capacity {
-            if let Some(old) = self.order.pop_front() {
-                self.by_hash.remove(&old);
-            }
-        }
+        self.entries.put(hash, value);
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub(crate) fn contains(&self, hash: &[u8; 32]) -> bool {
+        self.entries.contains(hash)
     }
 }
 
@@ -539,7 +544,7 @@ mod tests {
             h[..8].copy_from_slice(&(i as u64).to_le_bytes());
             c.insert(h, claims(1_000));
         }
-        assert_eq!(c.by_hash.len(), CACHE_CAPACITY);
+        assert_eq!(c.len(), CACHE_CAPACITY);
         let mut h = [0u8; 32];
         h[..8].copy_from_slice(&((CACHE_CAPACITY + 9) as u64).to_le_bytes());
         assert!(c.get(&h, |c| unexpired(c, 0)).is_some());
@@ -553,7 +558,34 @@ mod tests {
                 .is_none(),
             "expired entries are not served"
         );
-        assert!(!c.by_hash.contains_key(&h), "and are dropped");
+        assert!(!c.contains(&h), "and are dropped");
+    }
+
+    /// A token dropped when it expired and cached again must stay cached: the old queue-based
+    /// cache kept a stale place for it in its eviction order, which later evicted the live
+    /// entry while newer ones stayed.
+    #[test]
+    fn a_token_cached_again_after_expiring_is_not_evicted_by_its_old_place() {
+        let mut c: HashCache<i64> = HashCache::with_capacity(3);
+        let key = |i: u8| [i; 32];
+        c.insert(key(1), 1);
+        assert!(c.get(&key(1), |_| false).is_none(), "expired: dropped");
+        c.insert(key(1), 2);
+        c.insert(key(2), 2);
+        c.insert(key(3), 2);
+        // Full: the next entry evicts the least recently used one, key 1 (cached again first),
+        // and only it.
+        assert_eq!(c.get(&key(1), |_| true), Some(2));
+        c.insert(key(4), 2);
+        assert_eq!(c.len(), 3);
+        assert_eq!(c.get(&key(1), |_| true), Some(2), "used last: kept");
+        assert!(
+            c.get(&key(2), |_| true).is_none(),
+            "least recently used: evicted"
+        );
+        for k in [3, 4] {
+            assert_eq!(c.get(&key(k), |_| true), Some(2), "key {k}");
+        }
     }
 
     #[test]

@@ -8,13 +8,14 @@
 //! ([`WebhookClient`]), or a scripted one in tests. Match conditions are CEL programs
 //! compiled at load, run under the default cost budget.
 
-use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
+use std::num::NonZeroUsize;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use lru::LruCache;
 use parking_lot::Mutex;
 use serde_json::Value;
 use svc_core::cel::{self, Activation};
@@ -295,50 +296,28 @@ pub fn review_spec(user: &UserInfo, attrs: &Attributes<'_>) -> SubjectAccessRevi
 /// A bounded map from review spec to decision: entries expire after their time to live, and
 /// when full the least recently used entry makes room.
 pub struct DecisionCache {
-    inner: Mutex<CacheInner>,
-    capacity: usize,
+    entries: Mutex<LruCache<String, (Decision, Instant)>>,
     clock: Arc<dyn Clock>,
-}
-
-#[derive(Default)]
-struct CacheInner {
-    entries: HashMap<String, CacheEntry>,
-    /// Last use → key: the first is the least recently used.
-    recency: BTreeMap<u64, String>,
-    tick: u64,
-}
-
-struct CacheEntry {
-    decision: Decision,
-    expires: Instant,
-    used: u64,
 }
 
 impl DecisionCache {
     pub fn new(capacity: usize, clock: Arc<dyn Clock>) -> Self {
+        let capacity = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
         DecisionCache {
-            inner: Mutex::new(CacheInner::default()),
-            capacity: capacity.max(1),
+            entries: Mutex::new(LruCache::new(capacity)),
             clock,
         }
     }
 
     pub fn get(&self, key: &str) -> Option<Decision> {
         let now = self.clock.now();
-        let mut inner = self.inner.lock();
-        let inner = &mut *inner;
-        let entry = inner.entries.get_mut(key)?;
-        if entry.expires <= now {
-            let used = entry.used;
-            inner.entries.remove(key);
-            inner.recency.remove(&used);
+        let mut entries = self.entries.lock();
+        let (decision, expires) = entries.get(key)?;
+        if *expires <= now {
+            entries.pop(key);
             return None;
         }
-        inner.tick = inner.tick.saturating_add(1);
-        let key = inner.recency.remove(&entry.used).unwrap_or_default();
-        entry.used = inner.tick;
-        inner.recency.insert(inner.tick, key);
-        Some(entry.decision.clone())
+        Some(decision.clone())
     }
 
     /// Keeps `decision` for `ttl` (a zero `ttl` keeps nothing).
@@ -347,31 +326,11 @@ impl DecisionCache {
             return;
         }
         let expires = self.clock.now().later(ttl);
-        let mut inner = self.inner.lock();
-        if let Some(old) = inner.entries.remove(&key) {
-            inner.recency.remove(&old.used);
-        }
-        while inner.entries.len() >= self.capacity {
-            let Some((_, oldest)) = inner.recency.pop_first() else {
-                break;
-            };
-            inner.entries.remove(&oldest);
-        }
-        inner.tick = inner.tick.saturating_add(1);
-        let used = inner.tick;
-        inner.recency.insert(used, key.clone());
-        inner.entries.insert(
-            key,
-            CacheEntry {
-                decision,
-                expires,
-                used,
-            },
-        );
+        self.entries.lock().put(key, (decision, expires));
     }
 
     pub fn len(&self) -> usize {
-        self.inner.lock().entries.len()
+        self.entries.lock().len()
     }
 
     pub fn is_empty(&self) -> bool {

@@ -42,7 +42,7 @@ fn the_token_cache_is_bounded_and_forgets_expired_entries() {
         h[..8].copy_from_slice(&(i as u64).to_le_bytes());
         c.insert(h, (user.clone(), later));
     }
-    assert_eq!(c.by_hash.len(), crate::security::tokens::CACHE_CAPACITY);
+    assert_eq!(c.len(), crate::security::tokens::CACHE_CAPACITY);
     let live = |(_, until): &(Arc<UserInfo>, Instant)| *until > Instant::now();
     assert!(c.get(&[0; 32], live).is_none(), "the oldest went first");
     let h = [9; 32];
