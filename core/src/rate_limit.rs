@@ -16,15 +16,17 @@ use crate::config::event_rate_limit::{
 };
 use crate::kinds::Event;
 
-/// Allowance is counted in billionths of a request, so that `qps` requests per second is
-/// `qps` units per nanosecond and the arithmetic is exact.
-const UNIT: u128 = 1_000_000_000;
+/// Allowance is counted in trillionths of a request, so that a rate of `milli_qps`
+/// thousandths of a request per second is `milli_qps` units per nanosecond and the
+/// arithmetic is exact.
+const UNIT: u128 = 1_000_000_000_000;
 
 /// A token bucket: starts with `burst`, gains `qps` per second up to `burst`, and each accepted
 /// request takes one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TokenBucket {
-    qps: u64,
+    /// The refill rate in thousandths of a request per second.
+    milli_qps: u64,
     burst: u64,
     /// Allowance in units of `1 / UNIT` requests.
     units: u128,
@@ -35,10 +37,22 @@ impl TokenBucket {
     /// A full bucket at time `now` (nanoseconds).
     pub fn full(qps: u32, burst: u32, now: u64) -> Self {
         TokenBucket {
-            qps: u64::from(qps),
+            milli_qps: u64::from(qps).saturating_mul(1000),
             burst: u64::from(burst),
             units: u128::from(burst) * UNIT,
             last: now,
+        }
+    }
+
+    /// A full bucket at time `now` refilled at a rate that may be fractional (`0.5` is one
+    /// request every two seconds), kept to the thousandth and at least that.
+    pub fn full_at_rate(qps: f64, burst: u32, now: u64) -> Self {
+        // `as` saturates (NaN gives 0): a rate beyond u64 thousandths is as good as unlimited.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let milli_qps = (qps * 1000.0).round() as u64;
+        TokenBucket {
+            milli_qps: milli_qps.max(1),
+            ..Self::full(0, burst, now)
         }
     }
 
@@ -47,7 +61,7 @@ impl TokenBucket {
         let elapsed = now.saturating_sub(self.last);
         self.last = self.last.max(now);
         let cap = u128::from(self.burst) * UNIT;
-        let added = u128::from(elapsed).saturating_mul(u128::from(self.qps));
+        let added = u128::from(elapsed).saturating_mul(u128::from(self.milli_qps));
         self.units = self.units.saturating_add(added).min(cap);
     }
 
@@ -59,8 +73,8 @@ impl TokenBucket {
             return Ok(());
         }
         let missing = UNIT.saturating_sub(self.units);
-        let qps = u128::from(self.qps.max(1));
-        let nanos = missing.div_ceil(qps);
+        let rate = u128::from(self.milli_qps.max(1));
+        let nanos = missing.div_ceil(rate);
         Err(Duration::from_nanos(
             u64::try_from(nanos).unwrap_or(u64::MAX),
         ))

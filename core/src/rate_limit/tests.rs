@@ -207,3 +207,19 @@ fn large_rates_do_not_overflow() {
     assert_eq!(b.available(u64::MAX), i32::MAX as u64);
     assert!(b.try_take(u64::MAX).is_ok());
 }
+
+#[test]
+fn a_fractional_rate_refills_to_the_thousandth() {
+    const SECOND: u64 = 1_000_000_000;
+    let mut b = TokenBucket::full_at_rate(0.5, 1, 0);
+    assert!(b.try_take(0).is_ok());
+    // Half a request a second: the next one is two seconds away, not one (integer `qps`
+    // would have rounded the rate to 0 or 1).
+    assert_eq!(b.try_take(0), Err(Duration::from_secs(2)));
+    assert!(b.try_take(SECOND).is_err());
+    assert!(b.try_take(2 * SECOND).is_ok());
+    // A rate below a thousandth is kept at one thousandth rather than never refilling.
+    let mut slow = TokenBucket::full_at_rate(0.0, 1, 0);
+    assert!(slow.try_take(0).is_ok());
+    assert_eq!(slow.try_take(0), Err(Duration::from_secs(1000)));
+}

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 
 use super::Sink;
 use crate::base::deadline::Deadline;
+use svc_core::rate_limit::TokenBucket;
 
 #[derive(Clone, Debug)]
 pub struct BatchConfig {
@@ -88,7 +89,9 @@ async fn run(
     failed: prometheus_client::metrics::counter::Counter,
 ) {
     let max = config.max_batch_size.max(1);
-    let mut bucket = config.throttle.map(|(qps, burst)| Bucket::new(qps, burst));
+    let mut bucket = config
+        .throttle
+        .map(|(qps, burst)| Throttle::new(qps, burst));
     let mut batch = Vec::with_capacity(max.min(1024));
     let mut closing = false;
     while !closing {
@@ -138,37 +141,34 @@ async fn run(
     }
 }
 
-/// A token bucket: `burst` tokens, refilled at `qps` a second.
-struct Bucket {
-    qps: f64,
-    burst: f64,
-    tokens: f64,
-    at: Instant,
+/// The batch throttle: core's token bucket (`burst` batches, refilled at `qps` a second),
+/// on a monotonic clock of its own.
+struct Throttle {
+    bucket: TokenBucket,
+    origin: Instant,
 }
 
-impl Bucket {
+impl Throttle {
     fn new(qps: f32, burst: usize) -> Self {
-        Bucket {
-            qps: f64::from(qps).max(0.001),
-            burst: (burst.max(1)) as f64,
-            tokens: (burst.max(1)) as f64,
-            at: Instant::now(),
+        let burst = u32::try_from(burst.max(1)).unwrap_or(u32::MAX);
+        Throttle {
+            bucket: TokenBucket::full_at_rate(f64::from(qps), burst, 0),
+            origin: Instant::now(),
         }
     }
 
+    fn now(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Waits until a batch may go, and takes its token.
     async fn take(&mut self) {
-        let now = Instant::now();
-        self.tokens = (self.tokens
-            + now.saturating_duration_since(self.at).as_secs_f64() * self.qps)
-            .min(self.burst);
-        self.at = now;
-        if self.tokens < 1.0 {
-            let wait = Duration::from_secs_f64((1.0 - self.tokens) / self.qps);
-            tokio::time::sleep(wait).await;
-            self.tokens = 1.0;
-            self.at = Instant::now();
+        loop {
+            match self.bucket.try_take(self.now()) {
+                Ok(()) => return,
+                Err(wait) => tokio::time::sleep(wait).await,
+            }
         }
-        self.tokens -= 1.0;
     }
 }
 
