@@ -17,7 +17,7 @@
 //! store wrapper (`metrics/store.rs`) finds its parent without it being passed down; spawned
 //! tasks and watch streams, polled outside it, make no spans. A webhook call (authorization,
 //! admission) is traced the same way: wrapped in [`in_span`] (`webhook` spans, `SpanKind`
-//! aside), with [`outgoing_traceparent`] on its request so the webhook can join the trace.
+//! aside), with [`inject_current`] on its request so the webhook can join the trace.
 
 pub mod config;
 pub mod export;
@@ -28,6 +28,7 @@ use std::str::FromStr;
 use std::time::SystemTime;
 
 use opentelemetry::context::FutureExt as _;
+use opentelemetry::propagation::{Injector, TextMapPropagator as _};
 use opentelemetry::trace::{
     Link, Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
     TraceState, Tracer as _, TracerProvider as _,
@@ -35,6 +36,7 @@ use opentelemetry::trace::{
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_otlp::WithExportConfig as _;
 use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider, SpanExporter as _};
 use svc_core::user::UserInfo;
 
@@ -213,23 +215,24 @@ pub fn end_request(cx: &Context, code: u16) {
     span.end();
 }
 
-/// The `traceparent` header of the current span, for a request this server sends (a webhook
-/// call) while serving one with tracing on; its flag says whether the request is sampled, so
-/// the webhook follows the same decision.
-pub fn outgoing_traceparent() -> Option<http::HeaderValue> {
-    let cx = Context::current();
-    let span = cx.span();
-    let sc = span.span_context();
-    if !sc.is_valid() {
-        return None;
+/// Adds the current span's W3C `traceparent` (and `tracestate`) to a request this server
+/// sends (a webhook call) while serving one with tracing on, through OpenTelemetry's own
+/// propagator; its flag says whether the request is sampled, so the webhook follows the same
+/// decision. Nothing is added outside a span.
+pub fn inject_current(headers: &mut http::HeaderMap) {
+    struct Headers<'a>(&'a mut http::HeaderMap);
+    impl Injector for Headers<'_> {
+        fn set(&mut self, key: &str, value: String) {
+            if let (Ok(name), Ok(value)) = (
+                http::HeaderName::from_bytes(key.as_bytes()),
+                http::HeaderValue::from_str(&value),
+            ) && !value.is_empty()
+            {
+                self.0.insert(name, value);
+            }
+        }
     }
-    http::HeaderValue::from_str(&format!(
-        "00-{}-{}-{:02x}",
-        sc.trace_id(),
-        sc.span_id(),
-        sc.trace_flags().to_u8()
-    ))
-    .ok()
+    TraceContextPropagator::new().inject_context(&Context::current(), &mut Headers(headers));
 }
 
 /// The W3C `traceparent` of a request, if it has a valid one (`tracestate` kept when it
@@ -253,6 +256,12 @@ pub fn incoming(headers: &http::HeaderMap) -> Option<SpanContext> {
 
 /// `version-traceid-parentid-flags`, lowercase hex; version `ff` and all-zero ids are
 /// invalid; version 00 has exactly these four fields, later versions may append more.
+///
+/// Incoming headers are read here rather than by OpenTelemetry's `TraceContextPropagator`
+/// (which writes outgoing ones, [`inject_current`]): the propagator parses fields with
+/// `from_str_radix`, so it accepts what the W3C specification says to ignore (a 31-digit
+/// trace ID, a one-digit version or flags field, a `+`), and a client's malformed header
+/// would then become the parent of our spans.
 pub fn parse_traceparent(value: &[u8]) -> Option<SpanContext> {
     let s = std::str::from_utf8(value).ok()?.trim_matches([' ', '\t']);
     let mut fields = s.split('-');

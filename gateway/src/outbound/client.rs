@@ -318,9 +318,10 @@ impl WebhookClient {
         if let Some(a) = authorization {
             request = request.header(http::header::AUTHORIZATION, &*a);
         }
-        let request = request
+        let mut request = request
             .body(Full::new(body))
             .map_err(|e| fail(e.to_string()))?;
+        crate::observe::trace::inject_current(request.headers_mut());
         let response = pool.request(request).await.map_err(|e| {
             use std::error::Error as _;
             let mut message = e.to_string();

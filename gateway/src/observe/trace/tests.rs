@@ -93,20 +93,30 @@ fn a_valid_traceparent_is_read() {
 
 #[test]
 fn the_current_span_is_passed_on_to_outgoing_requests() {
-    assert!(outgoing_traceparent().is_none(), "no span, no header");
+    let outgoing = || {
+        let mut h = http::HeaderMap::new();
+        inject_current(&mut h);
+        h
+    };
+    assert!(outgoing().is_empty(), "no span, no header");
     let cx = Context::new().with_remote_span_context(parent(true));
     let _guard = cx.attach();
     assert_eq!(
-        outgoing_traceparent().unwrap(),
+        outgoing()["traceparent"],
         format!("00-{TRACE}-{SPAN}-01").as_str()
     );
     drop(_guard);
     let cx = Context::new().with_remote_span_context(parent(false));
     let _guard = cx.attach();
+    let h = outgoing();
     assert_eq!(
-        outgoing_traceparent().unwrap(),
+        h["traceparent"],
         format!("00-{TRACE}-{SPAN}-00").as_str(),
         "not sampled here, so not downstream either"
+    );
+    assert!(
+        !h.contains_key("tracestate"),
+        "an empty tracestate is not sent"
     );
 }
 
