@@ -5,4 +5,6 @@
 pub mod admission;
 pub mod caches;
 pub mod errors;
+pub mod read;
 pub mod state;
+pub mod write;

@@ -6,6 +6,7 @@
 //! other (this file picks one); `patch` builds on `write`'s commit step, never the reverse.
 
 mod action;
+mod body;
 mod call;
 pub mod list;
 pub mod patch;
@@ -17,9 +18,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use http::{Method, Response, StatusCode};
-use svc_core::object::{self, parse_resource_version};
+use svc_core::object::parse_resource_version;
 use svc_core::{ApiError, registry};
 
 use call::path_namespace;
@@ -31,8 +31,6 @@ use crate::base::verb::Verb;
 use crate::http::api::Api;
 use crate::http::negotiate;
 use crate::http::respond::{self, Body};
-use crate::registry::caches::freshness::wait_for_revision;
-use crate::registry::errors;
 use svc_core::registry::{Kind, KindVisitor};
 
 /// Serves one resource request with the handlers instantiated for the route's kind.
@@ -133,22 +131,11 @@ async fn serve_subresource<T: Kind>(
 
 async fn get<T: Kind>(app: &Arc<Api>, call: &Call, name: &str) -> Result<Response<Body>, ApiError> {
     let ns = path_namespace::<T>(&call.route)?;
-    let key = Bytes::from(T::INFO.key(ns, name));
     let min_rv = match call.query.get("resourceVersion") {
         None | Some("") | Some("0") => None,
         Some(rv) => Some(parse_resource_version(rv)?),
     };
-    if let Some(rv) = min_rv {
-        wait_for_revision(app.registry.store.as_ref(), rv).await?;
-    }
-    let (kv, _) = app
-        .registry
-        .store
-        .get(key, None)
-        .await
-        .map_err(errors::store_error)?;
-    let kv = kv.ok_or_else(|| ApiError::NotFound(object::subject::<T>(name)))?;
-    let obj: T = object::decode_from_store(&kv)?;
+    let obj: T = crate::registry::read::get(&app.registry, ns, name, min_rv).await?;
     Ok(respond::object(
         StatusCode::OK,
         &obj,

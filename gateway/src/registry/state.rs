@@ -3,6 +3,7 @@
 //! controller and long-running reads listen to.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use svc_core::validation::declarative::Validator;
 use svc_storage::Store;
@@ -25,4 +26,6 @@ pub struct Registry {
     pub namespace_changed: Notify,
     /// Flips to true when long-running requests (watches) must end.
     pub stop_watches: watch::Receiver<bool>,
+    /// `--event-ttl`: how long a write keeps an object of a kind that expires.
+    pub event_ttl: Duration,
 }

@@ -123,10 +123,12 @@ impl<V: Clone> HashCache<V> {
         self.entries.put(hash, value);
     }
 
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
+    #[cfg(test)]
     pub(crate) fn contains(&self, hash: &[u8; 32]) -> bool {
         self.entries.contains(hash)
     }

@@ -133,6 +133,7 @@ impl App {
             admission,
             namespace_changed: Notify::new(),
             stop_watches,
+            event_ttl: opts.event_ttl,
         };
         let security = Arc::new(Security::new(
             tokens,

@@ -2,16 +2,12 @@
 //! selectors, the field manager, reading the current object with its error mapping, and the
 //! store writes that give expiring kinds their time to live.
 
-use std::time::Duration;
-
 use bytes::Bytes;
 use http::{header, request};
-use svc_core::object;
 use svc_core::resource::field_value;
 use svc_core::selector::{FieldSelector, LabelSelector};
 use svc_core::status::StatusCause;
 use svc_core::{ApiError, Resource};
-use svc_storage::{KeyValue, Revision, StoreError};
 
 use crate::base::query::{ListOptions, Query};
 use crate::base::router::ResourceRoute;
@@ -19,8 +15,8 @@ use crate::base::verb::Verb;
 use crate::http::api::Api;
 use crate::http::negotiate::Format;
 use crate::outbound::pki::UserInfo;
-use crate::registry::admission::{self, Operation};
-use crate::registry::errors;
+use crate::registry::admission::{self};
+use crate::registry::write::WriteRequest;
 use crate::security::authz::Attributes;
 
 /// Checks that the caller may also do `verb` to the request's object: apply that creates
@@ -32,26 +28,6 @@ pub(super) async fn authorize_also(app: &Api, call: &Call, verb: &str) -> Result
         .authorizer()
         .authorize(&call.user, &attrs)
         .await
-}
-
-/// What admission plugins see of a write of `T` by this call to `namespace`/`name`.
-pub(super) fn admission_attributes<'a, T: Resource>(
-    call: &'a Call,
-    operation: Operation,
-    namespace: &'a str,
-    name: &'a str,
-    dry_run: bool,
-) -> admission::Attributes<'a> {
-    admission::Attributes {
-        operation,
-        info: T::INFO,
-        subresource: call.route.subresource.as_deref(),
-        namespace,
-        name,
-        user: &call.user,
-        dry_run,
-        audit: call.parts.extensions.get(),
-    }
 }
 
 /// The warnings of a response: field validation's, then admission's.
@@ -75,6 +51,18 @@ pub struct Call {
     pub user: UserInfo,
     /// The negotiated response format (set before a handler runs).
     pub format: Format,
+}
+
+impl Call {
+    /// Who writes and how, for the registry's typed writes.
+    pub fn write_request(&self, dry_run: bool) -> WriteRequest<'_> {
+        WriteRequest {
+            user: &self.user,
+            subresource: self.route.subresource.as_deref(),
+            dry_run,
+            audit: self.parts.extensions.get(),
+        }
+    }
 }
 
 /// The namespace of an object route, validated.
@@ -146,76 +134,4 @@ pub fn field_manager(call: &Call, required: bool) -> Result<String, ApiError> {
         });
     }
     Ok(manager)
-}
-
-/// The stored object at `key`, decoded, with its key-value.
-pub(super) async fn read_current<T: Resource>(
-    app: &Api,
-    key: &Bytes,
-    name: &str,
-) -> Result<(T, KeyValue), ApiError> {
-    let (kv, _) = app
-        .registry
-        .store
-        .get(key.clone(), None)
-        .await
-        .map_err(errors::store_error)?;
-    let kv = kv.ok_or_else(|| ApiError::NotFound(object::subject::<T>(name)))?;
-    Ok((object::decode_from_store(&kv)?, kv))
-}
-
-/// The time to live a write gives `T`'s objects: `--event-ttl` for kinds that expire, none
-/// for the others or when the flag is 0 (as Kubernetes treats `--event-ttl=0`).
-fn ttl_of<T: Resource>(app: &Api) -> Option<Duration> {
-    let ttl = app.opts.event_ttl;
-    (T::INFO.expires && !ttl.is_zero()).then_some(ttl)
-}
-
-/// Creates `T`'s object at `key`, expiring if the kind expires.
-pub(super) async fn store_create<T: Resource>(
-    app: &Api,
-    key: Bytes,
-    value: Bytes,
-) -> Result<KeyValue, StoreError> {
-    match ttl_of::<T>(app) {
-        Some(ttl) => app.registry.store.create_with_ttl(key, value, ttl).await,
-        None => app.registry.store.create(key, value).await,
-    }
-}
-
-/// Updates `T`'s object at `key` (compare-and-swap on `expected`); an expiring kind's time to
-/// live starts again, as Kubernetes gives every event write the full TTL.
-pub(super) async fn store_update<T: Resource>(
-    app: &Api,
-    key: Bytes,
-    value: Bytes,
-    expected: Revision,
-) -> Result<KeyValue, StoreError> {
-    match ttl_of::<T>(app) {
-        Some(ttl) => {
-            app.registry
-                .store
-                .update_with_ttl(key, value, expected, ttl)
-                .await
-        }
-        None => app.registry.store.update(key, value, expected).await,
-    }
-}
-
-pub(super) fn conflict<T: Resource>(name: &str) -> ApiError {
-    ApiError::Conflict {
-        subject: object::subject::<T>(name),
-        message: "the object has been modified; please apply your changes to the latest version \
-                  and try again"
-            .into(),
-    }
-}
-
-pub(super) fn map_write_error<T: Resource>(e: StoreError, name: &str) -> ApiError {
-    match e {
-        StoreError::AlreadyExists { .. } => ApiError::AlreadyExists(object::subject::<T>(name)),
-        StoreError::Conflict { .. } => conflict::<T>(name),
-        StoreError::NotFound => ApiError::NotFound(object::subject::<T>(name)),
-        other => errors::store_error(other),
-    }
 }

@@ -6,29 +6,25 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use http::{Response, StatusCode, header};
 use serde_json::{Value, json};
 use svc_core::meta::Time;
-use svc_core::object::{self, parse_resource_version};
+use svc_core::object;
 use svc_core::patch::decode::{self, FieldValidation};
 use svc_core::patch::managed::{self, Writer};
 use svc_core::patch::{self as core_patch, PatchType};
+use svc_core::registry::Kind;
 use svc_core::status::StatusCause;
 use svc_core::{ApiError, Resource};
-use svc_storage::StoreError;
 
-use super::call::{
-    Call, admission_attributes, authorize_also, conflict, field_manager, map_write_error,
-    path_namespace, read_current, response_warnings, store_create,
-};
-use super::write::{self, Committed, check_namespace_open};
+use super::call::{Call, authorize_also, field_manager, path_namespace};
+use super::write::written_response;
 use crate::http::api::Api;
-use crate::http::respond::{self, Body};
-use crate::registry::admission::{Operation, Outcome};
-use svc_core::registry::Kind;
+use crate::http::respond::Body;
+use crate::registry;
+use crate::registry::write::{Fields, WriteRequest};
 
-/// How often a patch retries against a concurrent write before giving up with 409.
+/// How often an apply that finds its object created concurrently starts again.
 const MAX_RETRIES: usize = 8;
 
 /// The body of an apply request: YAML, of which JSON is a subset. Duplicate keys are
@@ -132,7 +128,6 @@ pub async fn patch<T: Kind>(
         return Err(ApiError::bad_request("the request body is empty"));
     }
     let ns = path_namespace::<T>(&call.route)?.to_string();
-    let key = Bytes::from(T::INFO.key(&ns, name));
     let api_version = T::INFO.api_version();
 
     // Problems in the patch body itself (duplicate keys) are the same on every retry.
@@ -150,31 +145,21 @@ pub async fn patch<T: Kind>(
         }
         None
     };
-
-    for _ in 0..MAX_RETRIES {
+    let req = call.write_request(dry_run);
+    let fields = match is_apply {
+        true => Fields::Applied,
+        false => Fields::Update { manager: &manager },
+    };
+    // The patch is applied to the stored object, and again to a newer one after a
+    // concurrent write, as Kubernetes does.
+    let mut change = |current: &T| {
         let writer = Writer {
             kind: T::INFO.kind,
             api_version: &api_version,
             manager: &manager,
             now: Time::now(),
         };
-        let mut problems = body_problems.clone();
-        let (current, kv) = match read_current::<T>(app, &key, name).await {
-            Ok(c) => c,
-            Err(ApiError::NotFound(_)) if let Some(config) = &apply_config => {
-                authorize_also(app, call, "create").await?;
-                match apply_create::<T>(
-                    app, call, &ns, name, &writer, config, dry_run, problems, validation,
-                )
-                .await?
-                {
-                    Some(resp) => return Ok(resp),
-                    None => continue, // created concurrently: apply to it
-                }
-            }
-            Err(e) => return Err(e),
-        };
-        let current_value = serde_json::to_value(&current).map_err(ApiError::internal)?;
+        let current_value = serde_json::to_value(current).map_err(ApiError::internal)?;
         let patched = match &apply_config {
             Some(config) => managed::apply(
                 &writer,
@@ -185,84 +170,78 @@ pub async fn patch<T: Kind>(
             )?,
             None => core_patch::apply_patch(T::INFO.kind, patch_type, &current_value, &call.body)?,
         };
-        let mut next: T = decode_patched(patched, &mut problems)?;
-        let warnings = validation.check(problems)?;
-
-        // A resourceVersion in the patch makes it conditional.
-        let precondition = match next.meta().resource_version.as_str() {
-            "" => None,
-            rv => Some(parse_resource_version(rv)?),
-        };
-        if precondition.is_some_and(|rv| rv != kv.mod_revision) {
-            return Err(conflict::<T>(name));
-        }
-        if next.meta().name != name {
-            return Err(ApiError::bad_request(format!(
-                "the name of the object ({}) does not match the name on the URL ({name})",
-                next.meta().name
-            )));
-        }
-        object::apply_request_namespace(&mut next, &ns)?;
-        let mut outcome = Outcome::default();
-        let attrs = admission_attributes::<T>(call, Operation::Update, &ns, name, dry_run);
-        app.registry
-            .admission
-            .mutate(&attrs, &mut next, Some(&current), &mut outcome)
-            .await?;
-        object::prepare_update_via(
-            &mut next,
-            &current,
-            call.route.subresource.as_deref(),
-            &app.registry.validator,
-        )?;
-        if !is_apply {
-            let body_entries = next.meta().managed_fields.clone();
-            let next_value = serde_json::to_value(&next).map_err(ApiError::internal)?;
-            next.meta_mut().managed_fields = managed::update(
-                &writer,
-                Some(&current_value),
-                &next_value,
-                &current.meta().managed_fields,
-                &body_entries,
-            )?;
-        }
-        app.registry
-            .admission
-            .validate(&attrs, Some(&next), Some(&current), &mut outcome)
-            .await?;
-        let warnings = response_warnings(&warnings, &outcome);
-        let ok = |obj: &T| {
-            respond::with_warnings(
-                respond::object(StatusCode::OK, obj, call.format, call.query.pretty()),
-                &warnings,
-            )
-        };
-        match write::commit_update(app, &key, &kv, current, next, dry_run, name).await? {
-            Committed::Done(obj) => return Ok(ok(&obj)),
-            // The patch is re-applied to the newer object, as Kubernetes does; one that
-            // carries a resourceVersion then fails the check above with 409.
-            Committed::Stale => continue,
+        let mut problems = body_problems.clone();
+        let next: T = decode_patched(patched, &mut problems)?;
+        Ok((next, validation.check(problems)?))
+    };
+    for _ in 0..MAX_RETRIES {
+        match registry::write::update(&app.registry, &req, &ns, name, &mut change, fields).await {
+            Ok(updated) => {
+                return Ok(written_response(
+                    call,
+                    StatusCode::OK,
+                    &updated.written,
+                    &updated.warnings,
+                ));
+            }
+            Err(ApiError::NotFound(_)) if let Some(config) = &apply_config => {
+                authorize_also(app, call, "create").await?;
+                let create = ApplyCreate {
+                    ns: &ns,
+                    name,
+                    manager: &manager,
+                    config,
+                    problems: body_problems.clone(),
+                    validation,
+                };
+                match apply_create::<T>(app, call, &req, create).await {
+                    // Created concurrently: apply to that object instead.
+                    Err(ApiError::AlreadyExists(_)) => continue,
+                    created => return created,
+                }
+            }
+            Err(e) => return Err(e),
         }
     }
-    Err(conflict::<T>(name))
+    Err(registry::write::conflict::<T>(name))
 }
 
-/// Apply to a missing object creates it (the verb is then create). `None` when another
-/// writer created it first, so the caller applies to that one instead.
-#[allow(clippy::too_many_arguments)] // one call site; a struct would only rename the list
+/// What an apply to a missing object creates it from.
+struct ApplyCreate<'a> {
+    ns: &'a str,
+    name: &'a str,
+    manager: &'a str,
+    config: &'a Value,
+    problems: Vec<String>,
+    validation: FieldValidation,
+}
+
+/// Apply to a missing object creates it (the verb is then create): the configuration applied
+/// to an empty object of the kind, created through the registry with the managed fields the
+/// apply computed. `AlreadyExists` when another writer created it first.
 async fn apply_create<T: Kind>(
     app: &Arc<Api>,
     call: &Call,
-    ns: &str,
-    name: &str,
-    writer: &Writer<'_>,
-    config: &Value,
-    dry_run: bool,
-    mut problems: Vec<String>,
-    validation: FieldValidation,
-) -> Result<Option<Response<Body>>, ApiError> {
+    req: &WriteRequest<'_>,
+    create: ApplyCreate<'_>,
+) -> Result<Response<Body>, ApiError> {
+    let ApplyCreate {
+        ns,
+        name,
+        manager,
+        config,
+        mut problems,
+        validation,
+    } = create;
+    let api_version = T::INFO.api_version();
+    let writer = Writer {
+        kind: T::INFO.kind,
+        api_version: &api_version,
+        manager,
+        now: Time::now(),
+    };
     let mut stub = json!({
-        "apiVersion": T::INFO.api_version(),
+        "apiVersion": api_version,
         "kind": T::INFO.kind,
         "metadata": {"name": name},
     });
@@ -271,47 +250,18 @@ async fn apply_create<T: Kind>(
     {
         metadata.insert("namespace".into(), json!(ns));
     }
-    let applied = managed::apply(writer, &stub, config, &[], false)?;
-    let mut obj: T = decode_patched(applied, &mut problems)?;
+    let applied = managed::apply(&writer, &stub, config, &[], false)?;
+    let obj: T = decode_patched(applied, &mut problems)?;
     let warnings = validation.check(problems)?;
     if !obj.meta().resource_version.is_empty() {
         // A precondition on an object that does not exist cannot hold.
         return Err(ApiError::NotFound(object::subject::<T>(name)));
     }
-    object::apply_request_namespace(&mut obj, ns)?;
-    let mut outcome = Outcome::default();
-    let attrs = admission_attributes::<T>(call, Operation::Create, ns, name, dry_run);
-    app.registry
-        .admission
-        .mutate(&attrs, &mut obj, None, &mut outcome)
-        .await?;
-    object::apply_request_namespace(&mut obj, ns)?;
-    check_namespace_open::<T>(app, ns, name).await?;
-    let managed_fields = obj.meta().managed_fields.clone();
-    object::prepare_create_by(&mut obj, &call.user, &app.registry.validator)?;
-    obj.meta_mut().managed_fields = managed_fields;
-    app.registry
-        .admission
-        .validate(&attrs, Some(&obj), None, &mut outcome)
-        .await?;
-    let warnings = response_warnings(&warnings, &outcome);
-    let created = |obj: &T| {
-        respond::with_warnings(
-            respond::object(StatusCode::CREATED, obj, call.format, call.query.pretty()),
-            &warnings,
-        )
-    };
-    let key = Bytes::from(T::INFO.key(ns, name));
-    if dry_run {
-        return Ok(Some(created(&obj)));
-    }
-    let value = Bytes::from(object::encode_for_store(&obj)?);
-    match store_create::<T>(app, key, value).await {
-        Ok(kv) => {
-            obj.meta_mut().resource_version = kv.mod_revision.to_string();
-            Ok(Some(created(&obj)))
-        }
-        Err(StoreError::AlreadyExists { .. }) => Ok(None),
-        Err(e) => Err(map_write_error::<T>(e, name)),
-    }
+    let written = registry::write::create(&app.registry, req, ns, obj, Fields::Applied).await?;
+    Ok(written_response(
+        call,
+        StatusCode::CREATED,
+        &written,
+        &warnings,
+    ))
 }

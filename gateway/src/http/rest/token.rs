@@ -14,75 +14,21 @@ use svc_core::kinds::{Secret, ServiceAccount, TokenRequest, TokenRequestStatus, 
 use svc_core::meta::Time;
 use svc_core::{ApiError, ObjectMeta, Resource};
 
-use super::call::{Call, admission_attributes, path_namespace, read_current, response_warnings};
+use super::body::{self, Versions};
+use super::call::{Call, path_namespace, response_warnings};
 use crate::http::api::Api;
-use crate::http::negotiate::{self, Format};
+use crate::http::negotiate::Format;
 use crate::http::respond::{self, Body};
 use crate::registry::admission::{Operation, Outcome};
+use crate::registry::write::read_current;
 use crate::security::jwt::Outcome as JwtOutcome;
 use crate::security::tokens::BoundSecret;
 use svc_core::registry::Kind;
 
 /// A request body of `T`, with the `apiVersion` it named (either of the group's names).
-fn decode<T: Kind>(app: &Api, call: &Call) -> Result<(T, String), ApiError> {
-    let format = negotiate::request_format(&call.parts.headers, &app.opts.feature_gates)?;
-    if call.body.is_empty() {
-        return Err(ApiError::bad_request("the request body is empty"));
-    }
-    let bad = |e: &dyn std::fmt::Display| {
-        ApiError::bad_request(format!("error decoding {} body: {e}", T::INFO.kind))
-    };
-    let (mut obj, api_version, kind): (T, String, String) = match format {
-        Format::Json | Format::Yaml | Format::Cbor => {
-            let value: Value = match format {
-                Format::Json => serde_json::from_slice(&call.body).map_err(|e| bad(&e))?,
-                Format::Yaml => codec::yaml::decode(&call.body)?,
-                _ => codec::cbor::decode(&call.body)?,
-            };
-            let text = |k: &str| {
-                value
-                    .get(k)
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string()
-            };
-            let (av, kind) = (text("apiVersion"), text("kind"));
-            (
-                serde_json::from_value(value).map_err(|e| bad(&e))?,
-                av,
-                kind,
-            )
-        }
-        Format::Protobuf(_) => {
-            let (tm, raw) = codec::decode_envelope(&call.body)?;
-            (T::from_proto_bytes(&raw)?, tm.api_version, tm.kind)
-        }
-        Format::Table => {
-            return Err(ApiError::UnsupportedMediaType(
-                "a Table is not a request body".into(),
-            ));
-        }
-    };
-    if !kind.is_empty() && kind != T::INFO.kind {
-        return Err(ApiError::bad_request(format!(
-            "the kind in the body ({kind}) does not match the expected kind ({})",
-            T::INFO.kind
-        )));
-    }
-    if !api_version.is_empty() && !is_authentication_v1(&api_version) {
-        return Err(ApiError::bad_request(format!(
-            "the API version in the data ({api_version}) does not match the expected API \
-             version ({})",
-            T::INFO.api_version()
-        )));
-    }
-    let api_version = if api_version.is_empty() {
-        T::INFO.api_version()
-    } else {
-        api_version
-    };
-    obj.set_type_meta();
-    Ok((obj, api_version))
+fn decode<T: Kind>(app: &Api, call: &Call) -> Result<(T, String, Vec<String>), ApiError> {
+    let decoded = body::decode_object::<T>(app, call, Versions::Accepted(is_authentication_v1))?;
+    Ok((decoded.object, decoded.api_version, decoded.warnings))
 }
 
 /// `obj` as a 201 in the negotiated format, under the `apiVersion` the client used.
@@ -133,12 +79,13 @@ pub(super) async fn create_token(
     call: &Call,
     name: &str,
 ) -> Result<Response<Body>, ApiError> {
-    let (mut req, api_version) = decode::<TokenRequest>(app, call)?;
+    let (mut req, api_version, warnings) = decode::<TokenRequest>(app, call)?;
     let dry_run = call.query.dry_run()?;
     let ns = path_namespace::<ServiceAccount>(&call.route)?.to_string();
     // Admission sees a create of `serviceaccounts/token` whose object is the TokenRequest.
     let mut outcome = Outcome::default();
-    let attrs = admission_attributes::<ServiceAccount>(call, Operation::Create, &ns, name, dry_run);
+    let write = call.write_request(dry_run);
+    let attrs = write.attributes::<ServiceAccount>(Operation::Create, &ns, name);
     app.registry
         .admission
         .mutate(&attrs, &mut req, None, &mut outcome)
@@ -152,7 +99,7 @@ pub(super) async fn create_token(
         .validate(&attrs, Some(&req), None, &mut outcome)
         .await?;
     let sa_key = bytes::Bytes::from(ServiceAccount::INFO.key(&ns, name));
-    let (sa, _) = read_current::<ServiceAccount>(app, &sa_key, name).await?;
+    let (sa, _) = read_current::<ServiceAccount>(&app.registry, &sa_key, name).await?;
     let audiences = if req.spec.audiences.is_empty() {
         app.security.tokens.api_audiences().to_vec()
     } else {
@@ -166,7 +113,7 @@ pub(super) async fn create_token(
     let mut bound = None;
     if let Some(b) = &mut req.spec.bound_object_ref {
         let key = bytes::Bytes::from(Secret::INFO.key(&ns, &b.name));
-        let (secret, _) = read_current::<Secret>(app, &key, &b.name).await?;
+        let (secret, _) = read_current::<Secret>(&app.registry, &key, &b.name).await?;
         if !b.uid.is_empty() && b.uid != secret.metadata.uid {
             return Err(ApiError::Conflict {
                 subject: svc_core::status::Subject::new("", "secrets", &b.name),
@@ -202,14 +149,14 @@ pub(super) async fn create_token(
     };
     Ok(respond::with_warnings(
         created(call, &req, &api_version),
-        &response_warnings(&[], &outcome),
+        &response_warnings(&warnings, &outcome),
     ))
 }
 
 /// `POST tokenreviews`: a bad or foreign token is an answer (`authenticated: false` with
 /// the reason), not an HTTP error.
 pub(super) async fn review_token(app: &Arc<Api>, call: &Call) -> Result<Response<Body>, ApiError> {
-    let (mut review, api_version) = decode::<TokenReview>(app, call)?;
+    let (mut review, api_version, warnings) = decode::<TokenReview>(app, call)?;
     if review.spec.token.is_empty() {
         return Err(ApiError::bad_request(
             "token is required for TokenReview in authentication",
@@ -244,12 +191,18 @@ pub(super) async fn review_token(app: &Arc<Api>, call: &Call) -> Result<Response
                 review.status.audiences = audiences;
             }
             review.metadata.creation_timestamp = Some(Time::now());
-            return Ok(created(call, &review, &api_version));
+            return Ok(respond::with_warnings(
+                created(call, &review, &api_version),
+                &warnings,
+            ));
         }
         JwtOutcome::Refused(e) => {
             review.status.error = e;
             review.metadata.creation_timestamp = Some(Time::now());
-            return Ok(created(call, &review, &api_version));
+            return Ok(respond::with_warnings(
+                created(call, &review, &api_version),
+                &warnings,
+            ));
         }
     }
     match app
@@ -271,5 +224,8 @@ pub(super) async fn review_token(app: &Arc<Api>, call: &Call) -> Result<Response
         Err(e) => review.status.error = e.to_string(),
     }
     review.metadata.creation_timestamp = Some(Time::now());
-    Ok(created(call, &review, &api_version))
+    Ok(respond::with_warnings(
+        created(call, &review, &api_version),
+        &warnings,
+    ))
 }

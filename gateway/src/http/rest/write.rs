@@ -1,223 +1,64 @@
-//! Create, update (PUT), delete and deletecollection, with optimistic concurrency on the
-//! store revision, namespace lifecycle checks, finalizers and dry-run.
+//! The handlers of create (POST), update (PUT), delete and deletecollection: the request
+//! body decoded (the one decoder of object bodies, [`decode_body`]), delete options and
+//! dry-run read from the request, the registry's typed write called, its answer encoded.
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use http::{Response, StatusCode};
-use svc_core::codec::{self, DeleteOptions, Preconditions};
-use svc_core::kinds::Namespace;
-use svc_core::meta::Time;
-use svc_core::object::{self, parse_resource_version};
-use svc_core::patch::decode::{self, FieldValidation};
-use svc_core::patch::managed::{self, Writer};
-use svc_core::status::Subject;
-use svc_core::{ApiError, Resource, Status};
-use svc_storage::{KeyRange, KeyValue, StoreError};
+use svc_core::codec::{self, DeleteOptions};
+use svc_core::registry::Kind;
+use svc_core::{ApiError, Status};
 
-use super::call::{
-    Call, admission_attributes, authorize_also, conflict, field_manager, map_write_error,
-    path_namespace, read_current, response_warnings, store_create, store_update,
-};
+use super::body::{self, Versions};
+use super::call::{Call, authorize_also, field_manager, path_namespace, response_warnings};
 use crate::base::features::Feature;
 use crate::http::api::Api;
 use crate::http::negotiate::{self, Format};
 use crate::http::respond::{self, Body};
-use crate::registry::admission::{Operation, Outcome};
-use crate::registry::errors;
-use svc_core::registry::Kind;
+use crate::registry;
+use crate::registry::write::{Deletion, Fields, Written};
 
-/// How often a create retries a `generateName` collision, and an unconditional update a
-/// concurrent write, before giving up.
-const MAX_RETRIES: usize = 8;
-
-/// Decodes a request body in the format its `Content-Type` names, with the warnings field
-/// validation produces (unknown and duplicate JSON fields; `Strict` refuses them).
+/// The object in the request body, with field validation's warnings.
 fn decode_body<T: Kind>(app: &Api, call: &Call) -> Result<(T, Vec<String>), ApiError> {
-    let format = negotiate::request_format(&call.parts.headers, &app.opts.feature_gates)?;
-    let validation = FieldValidation::parse(call.query.get("fieldValidation"))?;
-    if call.body.is_empty() {
-        return Err(ApiError::bad_request("the request body is empty"));
-    }
-    match format {
-        Format::Json => {
-            let (value, mut problems) = decode::parse_json(&call.body).map_err(|e| {
-                ApiError::bad_request(format!("error decoding {} body: {e}", T::INFO.kind))
-            })?;
-            let (mut obj, unknown): (T, _) = decode::decode_value(value).map_err(|e| {
-                ApiError::bad_request(format!("error decoding {} body: {e}", T::INFO.kind))
-            })?;
-            problems.extend(unknown);
-            let warnings = validation.check(problems)?;
-            object::check_type_meta(&obj)?;
-            obj.set_type_meta();
-            Ok((obj, warnings))
-        }
-        // YAML and CBOR go through a JSON value, so unknown fields are found the same way
-        // (both parsers refuse duplicate keys themselves).
-        Format::Yaml | Format::Cbor => {
-            let value: serde_json::Value = if format == Format::Yaml {
-                codec::yaml::decode(&call.body)?
-            } else {
-                codec::cbor::decode(&call.body)?
-            };
-            let (mut obj, unknown): (T, _) = decode::decode_value(value).map_err(|e| {
-                ApiError::bad_request(format!("error decoding {} body: {e}", T::INFO.kind))
-            })?;
-            let warnings = validation.check(unknown)?;
-            object::check_type_meta(&obj)?;
-            obj.set_type_meta();
-            Ok((obj, warnings))
-        }
-        Format::Protobuf(_) => Ok((codec::decode_protobuf(&call.body)?, vec![])),
-        Format::Table => Err(ApiError::UnsupportedMediaType(
-            "a Table is not a request body".into(),
-        )),
-    }
+    let decoded = body::decode_object::<T>(app, call, Versions::Own)?;
+    Ok((decoded.object, decoded.warnings))
 }
 
-/// Records a non-apply write in `next`'s `managedFields` as an `Update` by the request's
-/// field manager; `old` is `None` on create.
-fn record_update<T: Kind>(call: &Call, old: Option<&T>, next: &mut T) -> Result<(), ApiError> {
-    let manager = field_manager(call, false)?;
-    let api_version = T::INFO.api_version();
-    let writer = Writer {
-        kind: T::INFO.kind,
-        api_version: &api_version,
-        manager: &manager,
-        now: Time::now(),
-    };
-    let old_value = old
-        .map(serde_json::to_value)
-        .transpose()
-        .map_err(ApiError::internal)?;
-    let current = old
-        .map(|o| o.meta().managed_fields.clone())
-        .unwrap_or_default();
-    let body_entries = std::mem::take(&mut next.meta_mut().managed_fields);
-    let new_value = serde_json::to_value(&*next).map_err(ApiError::internal)?;
-    next.meta_mut().managed_fields = managed::update(
-        &writer,
-        old_value.as_ref(),
-        &new_value,
-        &current,
-        &body_entries,
-    )?;
-    Ok(())
-}
-
-/// Namespaced objects may only be created in a namespace that exists and is not terminating.
-pub(super) async fn check_namespace_open<T: Kind>(
-    app: &Api,
-    ns: &str,
-    name: &str,
-) -> Result<(), ApiError> {
-    if !T::INFO.namespaced() {
-        return Ok(());
-    }
-    let key = Bytes::from(Namespace::INFO.key("", ns));
-    let (kv, _) = app
-        .registry
-        .store
-        .get(key, None)
-        .await
-        .map_err(errors::store_error)?;
-    let kv = kv.ok_or_else(|| ApiError::NotFound(Subject::new("", "namespaces", ns)))?;
-    let nsobj: Namespace = object::decode_from_store(&kv)?;
-    if nsobj.metadata.deletion_timestamp.is_some() {
-        return Err(ApiError::Forbidden(format!(
-            "{} \"{name}\" is forbidden: unable to create new content in namespace {ns} because \
-             it is being terminated",
-            T::INFO.plural
-        )));
-    }
-    Ok(())
-}
-
+/// POST: a new object from the body, created through the registry; 201 with it.
 pub async fn create<T: Kind>(app: &Arc<Api>, call: &Call) -> Result<Response<Body>, ApiError> {
     let dry_run = call.query.dry_run()?;
-    let (mut obj, warnings): (T, _) = decode_body(app, call)?;
-    object::apply_request_namespace(&mut obj, &call.route.namespace)?;
-    let mut outcome = Outcome::default();
-    if !app.registry.admission.is_empty() {
-        let name = obj.meta().name.clone();
-        let attrs = admission_attributes::<T>(
-            call,
-            Operation::Create,
-            &call.route.namespace,
-            &name,
-            dry_run,
-        );
-        app.registry
-            .admission
-            .mutate(&attrs, &mut obj, None, &mut outcome)
-            .await?;
-        // A plugin may not move the object to another namespace than the path's.
-        object::apply_request_namespace(&mut obj, &call.route.namespace)?;
-    }
-    let ns = obj.meta().namespace.clone();
-    let generated = obj.meta().name.is_empty() && !obj.meta().generate_name.is_empty();
-    let requester = &call.user;
-    for _ in 0..MAX_RETRIES {
-        let mut candidate = obj.clone();
-        object::prepare_create_by(&mut candidate, requester, &app.registry.validator)?;
-        record_update(call, None, &mut candidate)?;
-        let name = candidate.meta().name.clone();
-        check_namespace_open::<T>(app, &ns, &name).await?;
-        let attrs = admission_attributes::<T>(call, Operation::Create, &ns, &name, dry_run);
-        app.registry
-            .admission
-            .validate(&attrs, Some(&candidate), None, &mut outcome)
-            .await?;
-        let warnings = response_warnings(&warnings, &outcome);
-        let key = Bytes::from(T::INFO.key(&ns, &name));
-        if dry_run {
-            let (existing, _) = app
-                .registry
-                .store
-                .get(key, None)
-                .await
-                .map_err(errors::store_error)?;
-            if existing.is_some() {
-                if generated {
-                    continue;
-                }
-                return Err(ApiError::AlreadyExists(object::subject::<T>(&name)));
-            }
-            return Ok(respond::with_warnings(
-                respond::object(
-                    StatusCode::CREATED,
-                    &candidate,
-                    call.format,
-                    call.query.pretty(),
-                ),
-                &warnings,
-            ));
-        }
-        let value = Bytes::from(object::encode_for_store(&candidate)?);
-        match store_create::<T>(app, key, value).await {
-            Ok(kv) => {
-                candidate.meta_mut().resource_version = kv.mod_revision.to_string();
-                return Ok(respond::with_warnings(
-                    respond::object(
-                        StatusCode::CREATED,
-                        &candidate,
-                        call.format,
-                        call.query.pretty(),
-                    ),
-                    &warnings,
-                ));
-            }
-            Err(StoreError::AlreadyExists { .. }) if generated => continue,
-            Err(e) => return Err(map_write_error::<T>(e, &name)),
-        }
-    }
-    Err(ApiError::ServiceUnavailable(format!(
-        "could not find a free name for generateName {:?} after {MAX_RETRIES} tries",
-        obj.meta().generate_name
-    )))
+    let (obj, warnings): (T, _) = decode_body(app, call)?;
+    let manager = field_manager(call, false)?;
+    let written = registry::write::create(
+        &app.registry,
+        &call.write_request(dry_run),
+        &call.route.namespace,
+        obj,
+        Fields::Update { manager: &manager },
+    )
+    .await?;
+    Ok(written_response(
+        call,
+        StatusCode::CREATED,
+        &written,
+        &warnings,
+    ))
 }
 
+/// The response to a write: the object, with field validation's and admission's warnings.
+pub(super) fn written_response<T: Kind>(
+    call: &Call,
+    code: StatusCode,
+    written: &Written<T>,
+    warnings: &[String],
+) -> Response<Body> {
+    respond::with_warnings(
+        respond::object(code, &written.object, call.format, call.query.pretty()),
+        &response_warnings(warnings, &written.outcome),
+    )
+}
+
+/// PUT: the body replaces the stored object (creating it where the kind allows that).
 pub async fn update<T: Kind>(
     app: &Arc<Api>,
     call: &Call,
@@ -226,120 +67,32 @@ pub async fn update<T: Kind>(
     let dry_run = call.query.dry_run()?;
     let (mut obj, warnings): (T, _) = decode_body(app, call)?;
     let ns = path_namespace::<T>(&call.route)?.to_string();
-    object::apply_request_namespace(&mut obj, &ns)?;
     if obj.meta().name.is_empty() {
         obj.meta_mut().name = name.to_string();
-    } else if obj.meta().name != name {
-        return Err(ApiError::bad_request(format!(
-            "the name of the object ({}) does not match the name on the URL ({name})",
-            obj.meta().name
-        )));
     }
-    let precondition = match obj.meta().resource_version.as_str() {
-        "" => None,
-        rv => Some(parse_resource_version(rv)?),
-    };
-    let key = Bytes::from(T::INFO.key(&ns, name));
-    let ok = |obj: &T, outcome: &Outcome| {
-        respond::with_warnings(
-            respond::object(StatusCode::OK, obj, call.format, call.query.pretty()),
-            &response_warnings(&warnings, outcome),
-        )
-    };
-    for _ in 0..MAX_RETRIES {
-        let (current, kv) = match read_current::<T>(app, &key, name).await {
-            Ok(c) => c,
-            Err(ApiError::NotFound(s))
-                if !T::INFO.allow_create_on_update || call.route.subresource.is_some() =>
-            {
-                return Err(ApiError::NotFound(s));
-            }
-            Err(ApiError::NotFound(_)) => return create::<T>(app, call).await,
-            Err(e) => return Err(e),
-        };
-        if precondition.is_some_and(|rv| rv != kv.mod_revision) {
-            return Err(conflict::<T>(name));
+    let manager = field_manager(call, false)?;
+    let req = call.write_request(dry_run);
+    let mut change = |_: &T| Ok((obj.clone(), warnings.clone()));
+    let fields = Fields::Update { manager: &manager };
+    match registry::write::update(&app.registry, &req, &ns, name, &mut change, fields).await {
+        Ok(updated) => Ok(written_response(
+            call,
+            StatusCode::OK,
+            &updated.written,
+            &updated.warnings,
+        )),
+        Err(ApiError::NotFound(_))
+            if T::INFO.allow_create_on_update && call.route.subresource.is_none() =>
+        {
+            let written = registry::write::create(&app.registry, &req, &ns, obj, fields).await?;
+            Ok(written_response(
+                call,
+                StatusCode::CREATED,
+                &written,
+                &warnings,
+            ))
         }
-        let mut next = obj.clone();
-        let mut outcome = Outcome::default();
-        let attrs = admission_attributes::<T>(call, Operation::Update, &ns, name, dry_run);
-        app.registry
-            .admission
-            .mutate(&attrs, &mut next, Some(&current), &mut outcome)
-            .await?;
-        object::prepare_update_via(
-            &mut next,
-            &current,
-            call.route.subresource.as_deref(),
-            &app.registry.validator,
-        )?;
-        record_update(call, Some(&current), &mut next)?;
-        app.registry
-            .admission
-            .validate(&attrs, Some(&next), Some(&current), &mut outcome)
-            .await?;
-        match commit_update(app, &key, &kv, current, next, dry_run, name).await? {
-            Committed::Done(obj) => return Ok(ok(&obj, &outcome)),
-            // An unconditional update retries against the newer object; a conditional one
-            // reports the conflict.
-            Committed::Stale if precondition.is_none() => continue,
-            Committed::Stale => return Err(conflict::<T>(name)),
-        }
-    }
-    Err(conflict::<T>(name))
-}
-
-/// What committing a prepared update did.
-pub(super) enum Committed<T> {
-    /// The object as stored now (unchanged, written, deleted, or as a dry run would store it).
-    Done(T),
-    /// Another write got in since `kv` was read: read again and retry, or report a conflict.
-    Stale,
-}
-
-/// Commits `next` over the stored `current` (read as `kv`), the last step of every update
-/// and patch: nothing when nothing changed (no new resourceVersion, no watch event), nothing
-/// for a dry run, the deletion when the last finalizer of a terminating object is gone, and
-/// otherwise a compare-and-swap write on `kv`'s revision.
-pub(super) async fn commit_update<T: Kind>(
-    app: &Api,
-    key: &Bytes,
-    kv: &KeyValue,
-    current: T,
-    mut next: T,
-    dry_run: bool,
-    name: &str,
-) -> Result<Committed<T>, ApiError> {
-    next.meta_mut().resource_version.clear();
-    let value = object::encode_for_store(&next)?;
-    if value == kv.value {
-        return Ok(Committed::Done(current));
-    }
-    if dry_run {
-        next.meta_mut().resource_version = kv.mod_revision.to_string();
-        return Ok(Committed::Done(next));
-    }
-    let finished = next.meta().deletion_timestamp.is_some()
-        && next.meta().finalizers.is_empty()
-        && !next.has_kind_finalizers();
-    let written = if finished {
-        app.registry
-            .store
-            .delete(key.clone(), Some(kv.mod_revision))
-            .await
-            .map(|(_, rev)| rev)
-    } else {
-        store_update::<T>(app, key.clone(), Bytes::from(value), kv.mod_revision)
-            .await
-            .map(|kv| kv.mod_revision)
-    };
-    match written {
-        Ok(rev) => {
-            next.meta_mut().resource_version = rev.to_string();
-            Ok(Committed::Done(next))
-        }
-        Err(StoreError::Conflict { .. }) => Ok(Committed::Stale),
-        Err(e) => Err(map_write_error::<T>(e, name)),
+        Err(e) => Err(e),
     }
 }
 
@@ -408,39 +161,34 @@ pub async fn delete<T: Kind>(
 ) -> Result<Response<Body>, ApiError> {
     let (opts, dry_run) = delete_options(call)?;
     let ns = path_namespace::<T>(&call.route)?.to_string();
-    let key = Bytes::from(T::INFO.key(&ns, name));
     let pre = opts.preconditions.unwrap_or_default();
     let unsafe_delete = unsafe_delete_requested(app, call, dry_run)?;
     if unsafe_delete {
         authorize_also(app, call, "unsafe-delete-ignore-read-errors").await?;
     }
-    match delete_one::<T>(
-        app,
-        &key,
-        name,
-        &pre,
-        dry_run,
-        &call.user,
-        call.parts.extensions.get(),
-    )
-    .await
-    {
-        Ok((obj, code)) => Ok(respond::object(
-            code,
-            &obj,
-            call.format,
-            call.query.pretty(),
-        )),
-        Err(e) if unsafe_delete && is_corrupt::<T>(app, &key).await => {
+    let req = call.write_request(dry_run);
+    match registry::write::delete::<T>(&app.registry, &req, &ns, name, &pre).await {
+        Ok((obj, deletion)) => {
+            let code = match deletion {
+                Deletion::Removed | Deletion::Terminating => StatusCode::OK,
+                Deletion::Finalizing => StatusCode::ACCEPTED,
+            };
+            Ok(respond::object(
+                code,
+                &obj,
+                call.format,
+                call.query.pretty(),
+            ))
+        }
+        Err(e)
+            if unsafe_delete
+                && registry::write::is_corrupt::<T>(&app.registry, &ns, name).await =>
+        {
             // The object cannot be read: remove the record unconditionally, ignoring
             // finalizers and preconditions, as the spec's alpha force deletion does.
-            tracing::warn!(key = %String::from_utf8_lossy(&key), error = %e,
+            tracing::warn!(namespace = %ns, name, error = %e,
                 "unsafe deletion of a corrupt object");
-            app.registry
-                .store
-                .delete(key.clone(), None)
-                .await
-                .map_err(|e| map_write_error::<T>(e, name))?;
+            registry::write::delete_unreadable::<T>(&app.registry, &ns, name).await?;
             Ok(respond::json(
                 StatusCode::OK,
                 &Status::success(Some(svc_core::status::StatusDetails {
@@ -479,144 +227,23 @@ fn unsafe_delete_requested(app: &Api, call: &Call, dry_run: bool) -> Result<bool
     Ok(true)
 }
 
-/// Whether the record at `key` cannot be read or decoded (the corrupt-object case).
-async fn is_corrupt<T: Kind>(app: &Api, key: &Bytes) -> bool {
-    match app.registry.store.get(key.clone(), None).await {
-        Err(StoreError::Corrupt { .. }) => true,
-        Ok((Some(kv), _)) => object::decode_from_store::<T>(&kv).is_err(),
-        _ => false,
-    }
-}
-
-/// Deletes one object, or marks it terminating when finalizers hold it. Returns what the
-/// client sees: the deleted object (200) or the terminating one (200; 202 while finalizing).
-/// Validating admission sees the stored object first (deletes have no mutating phase).
-async fn delete_one<T: Kind>(
-    app: &Api,
-    key: &Bytes,
-    name: &str,
-    pre: &Preconditions,
-    dry_run: bool,
-    user: &svc_core::user::UserInfo,
-    audit: Option<&crate::security::audit::Annotations>,
-) -> Result<(T, StatusCode), ApiError> {
-    for _ in 0..MAX_RETRIES {
-        let (mut current, kv) = read_current::<T>(app, key, name).await?;
-        if let Some(uid) = pre.uid.as_deref()
-            && uid != current.meta().uid
-        {
-            return Err(ApiError::Conflict {
-                subject: object::subject::<T>(name),
-                message: format!(
-                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                    current.meta().uid
-                ),
-            });
-        }
-        if let Some(rv) = pre.resource_version.as_deref()
-            && rv != current.meta().resource_version
-        {
-            return Err(ApiError::Conflict {
-                subject: object::subject::<T>(name),
-                message: format!(
-                    "Precondition failed: ResourceVersion in precondition: {rv}, \
-                         ResourceVersion in object meta: {}",
-                    current.meta().resource_version
-                ),
-            });
-        }
-        if !app.registry.admission.is_empty() {
-            let attrs = crate::registry::admission::Attributes {
-                operation: Operation::Delete,
-                info: T::INFO,
-                subresource: None,
-                namespace: &current.meta().namespace,
-                name,
-                user,
-                dry_run,
-                audit,
-            };
-            app.registry
-                .admission
-                .validate::<T>(&attrs, None, Some(&current), &mut Outcome::default())
-                .await?;
-        }
-        if !current.meta().finalizers.is_empty() || current.has_kind_finalizers() {
-            if current.meta().deletion_timestamp.is_some() {
-                return Ok((current, StatusCode::ACCEPTED));
-            }
-            current.meta_mut().deletion_timestamp = Some(Time::now());
-            current.meta_mut().deletion_grace_period_seconds = Some(0);
-            current.mark_terminating();
-            if dry_run {
-                return Ok((current, StatusCode::ACCEPTED));
-            }
-            let value = Bytes::from(object::encode_for_store(&current)?);
-            match store_update::<T>(app, key.clone(), value, kv.mod_revision).await {
-                Ok(new_kv) => {
-                    current.meta_mut().resource_version = new_kv.mod_revision.to_string();
-                    if T::INFO.kind == Namespace::INFO.kind {
-                        app.registry.namespace_changed.notify_one();
-                    }
-                    return Ok((current, StatusCode::OK));
-                }
-                Err(StoreError::Conflict { .. }) => continue,
-                Err(e) => return Err(map_write_error::<T>(e, name)),
-            }
-        }
-        if dry_run {
-            return Ok((current, StatusCode::OK));
-        }
-        match app
-            .registry
-            .store
-            .delete(key.clone(), Some(kv.mod_revision))
-            .await
-        {
-            Ok(_) => return Ok((current, StatusCode::OK)),
-            Err(StoreError::Conflict { .. }) => continue,
-            Err(e) => return Err(map_write_error::<T>(e, name)),
-        }
-    }
-    Err(conflict::<T>(name))
-}
-
 pub async fn delete_collection<T: Kind>(
     app: &Arc<Api>,
     call: &Call,
 ) -> Result<Response<Body>, ApiError> {
     let (opts, dry_run) = delete_options(call)?;
     let list_opts = crate::base::query::ListOptions::from_query(&call.query)?;
-    let selector = super::Selectors::parse::<T>(&list_opts)?;
-    let ns = call.route.namespace.clone();
-    let prefix = T::INFO.prefix(Some(&ns));
-    let range = app
-        .registry
-        .store
-        .range(KeyRange::prefix(prefix), None, 0)
-        .await
-        .map_err(errors::store_error)?;
+    let selectors = super::Selectors::parse::<T>(&list_opts)?;
     let pre = opts.preconditions.unwrap_or_default();
-    for kv in &range.kvs {
-        let obj: T = object::decode_from_store(kv)?;
-        if !selector.matches(&obj) {
-            continue;
-        }
-        match delete_one::<T>(
-            app,
-            &kv.key,
-            &obj.meta().name,
-            &pre,
-            dry_run,
-            &call.user,
-            call.parts.extensions.get(),
-        )
-        .await
-        {
-            Ok(_) | Err(ApiError::NotFound(_)) => {}
-            Err(e) => return Err(e),
-        }
-    }
+    let req = call.write_request(dry_run);
+    registry::write::delete_collection::<T>(
+        &app.registry,
+        &req,
+        &call.route.namespace,
+        |obj: &T| selectors.matches(obj),
+        &pre,
+    )
+    .await?;
     Ok(respond::json(
         StatusCode::OK,
         &Status::success(None),
