@@ -5,6 +5,8 @@
 pub mod admission;
 pub mod caches;
 pub mod errors;
+pub mod list;
 pub mod read;
 pub mod state;
+pub mod watch;
 pub mod write;

@@ -146,7 +146,7 @@ async fn get<T: Kind>(app: &Arc<Api>, call: &Call, name: &str) -> Result<Respons
 
 async fn list_or_watch<T: Kind>(app: &Arc<Api>, call: Call) -> Result<Response<Body>, ApiError> {
     let opts = ListOptions::from_query(&call.query)?;
-    list::validate(&opts)?;
+    crate::registry::list::validate(&opts)?;
     if opts.watch
         && opts.send_initial_events.is_some()
         && !app.opts.feature_gates.enabled(Feature::WatchList)

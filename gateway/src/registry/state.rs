@@ -28,4 +28,8 @@ pub struct Registry {
     pub stop_watches: watch::Receiver<bool>,
     /// `--event-ttl`: how long a write keeps an object of a kind that expires.
     pub event_ttl: Duration,
+    /// How long a list's continue token stays good (410 after).
+    pub continue_token_ttl: Duration,
+    /// `ListFromCacheSnapshot`: lists at a past revision read the caches' snapshots first.
+    pub lists_from_snapshots: bool,
 }

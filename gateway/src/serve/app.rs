@@ -134,6 +134,8 @@ impl App {
             namespace_changed: Notify::new(),
             stop_watches,
             event_ttl: opts.event_ttl,
+            continue_token_ttl: opts.continue_token_ttl,
+            lists_from_snapshots: opts.feature_gates.enabled(Feature::ListFromCacheSnapshot),
         };
         let security = Arc::new(Security::new(
             tokens,

@@ -1,15 +1,13 @@
-//! The watch handler: where a watch starts (consistent, from a revision, with initial
-//! events), its selector, format and deadline, and the cache watcher it reads; the stream
-//! itself is `http::stream`'s.
+//! The watch handler: a watch's frame format, selector and deadline, its start asked of the
+//! registry (`registry::watch`), and the response that streams it (`http::stream`).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::{HeaderValue, Response, StatusCode, header};
 use rand::Rng;
 use svc_core::ApiError;
-use svc_core::object::parse_resource_version;
-use svc_core::watch::{FrameFormat, Selector, WatchRequest, WatchStart};
+use svc_core::watch::{FrameFormat, Selector};
 
 use super::call::{Call, Selectors};
 use crate::base::query::ListOptions;
@@ -17,7 +15,8 @@ use crate::http::api::Api;
 use crate::http::negotiate::Format;
 use crate::http::respond::{self, Body};
 use crate::http::stream::WatchStream;
-use crate::registry::caches::freshness::{wait_for_cache, wait_for_consistent};
+use crate::registry;
+use crate::registry::watch::WatchFrom;
 use svc_core::registry::Kind;
 
 /// The longest `timeoutSeconds` honoured: a watch open longer than a year ends anyway when the
@@ -30,66 +29,29 @@ pub async fn watch<T: Kind>(
     opts: ListOptions,
     sel: Selectors,
 ) -> Result<Response<Body>, ApiError> {
-    let cache = app.registry.caches.get(T::INFO);
-    let rv = opts.resource_version.as_deref();
-    let initial = match (rv, opts.send_initial_events) {
-        (_, Some(v)) => v,
-        (None | Some("0"), None) => true,
-        (Some(_), None) => false,
-    };
-    // Where the stream starts; "unset" reads are consistent: the cache first catches up with
-    // the store's current revision.
-    let start = match rv {
-        None => {
-            wait_for_consistent(app.registry.store.as_ref(), cache).await?;
-            if initial {
-                WatchStart::InitialEvents {
-                    end_bookmark: opts.allow_watch_bookmarks
-                        && opts.send_initial_events == Some(true),
-                }
-            } else {
-                WatchStart::Now
-            }
-        }
-        Some("0") if initial => WatchStart::InitialEvents {
-            end_bookmark: opts.allow_watch_bookmarks && opts.send_initial_events == Some(true),
-        },
-        Some("0") => WatchStart::Now,
-        Some(v) => {
-            let v = parse_resource_version(v)?;
-            wait_for_cache(cache, v).await?;
-            if initial {
-                WatchStart::InitialEvents {
-                    end_bookmark: opts.allow_watch_bookmarks,
-                }
-            } else {
-                WatchStart::After(v)
-            }
-        }
-    };
     let format = call.format;
-    let req = WatchRequest {
+    let frames = match format {
+        Format::Json => FrameFormat::Json,
+        Format::Protobuf(_) => FrameFormat::Protobuf,
+        Format::Cbor => FrameFormat::CborSeq,
+        Format::Yaml | Format::Table => {
+            return Err(ApiError::NotAcceptable(
+                "watch streams are served as JSON, protobuf or CBOR sequences".into(),
+            ));
+        }
+    };
+    let start = WatchFrom {
         namespace: (!call.route.namespace.is_empty()).then(|| call.route.namespace.clone()),
         selector: Selector::new(sel.labels, sel.fields),
-        start,
+        resource_version: opts.resource_version.as_deref(),
+        send_initial_events: opts.send_initial_events,
         bookmarks: opts.allow_watch_bookmarks,
-        format: match format {
-            Format::Json => FrameFormat::Json,
-            Format::Protobuf(_) => FrameFormat::Protobuf,
-            Format::Cbor => FrameFormat::CborSeq,
-            Format::Yaml | Format::Table => {
-                return Err(ApiError::NotAcceptable(
-                    "watch streams are served as JSON, protobuf or CBOR sequences".into(),
-                ));
-            }
-        },
+        format: frames,
     };
-    let (watcher, first) = match cache.watch(req, Instant::now()) {
+    let (watcher, first) = match registry::watch::start::<T>(&app.registry, start).await? {
         Ok(w) => (Some(w), None),
-        Err(e @ (ApiError::Expired(_) | ApiError::Gone(_))) => {
-            (None, Some(respond::watch_error_frame(format, &e)))
-        }
-        Err(e) => return Err(e),
+        // A start the history no longer holds is the stream's only frame (410).
+        Err(e) => (None, Some(respond::watch_error_frame(format, &e))),
     };
 
     let timeout = match opts.timeout_seconds {

@@ -1,0 +1,84 @@
+//! Where a watch starts, by Kubernetes' resourceVersion rules: unset is a consistent start
+//! (the cache first catches up with the store's current revision), `0` is any recent point,
+//! a revision is "after that one" once the cache has reached it; `sendInitialEvents` (and its
+//! defaults) decides whether the current state comes first, ended by a bookmark when asked.
+//! The answer is the cache's watcher, which the HTTP side streams.
+
+use std::time::Instant;
+
+use svc_core::ApiError;
+use svc_core::object::parse_resource_version;
+use svc_core::registry::Kind;
+use svc_core::watch::{FrameFormat, Selector, WatchRequest, WatchStart, Watcher};
+
+use crate::registry::caches::freshness::{wait_for_cache, wait_for_consistent};
+use crate::registry::state::Registry;
+
+/// What a watch asks for.
+pub struct WatchFrom<'a> {
+    /// The namespace watched; None for all.
+    pub namespace: Option<String>,
+    pub selector: Selector,
+    pub resource_version: Option<&'a str>,
+    pub send_initial_events: Option<bool>,
+    pub bookmarks: bool,
+    pub format: FrameFormat,
+}
+
+/// Starts a watch of `T`. The outer error is the request's (a bad resourceVersion, a cache
+/// that did not catch up in time); the inner one is a start the history no longer holds
+/// (410), which Kubernetes sends as the stream's only frame rather than as the response.
+pub async fn start<T: Kind>(
+    registry: &Registry,
+    from: WatchFrom<'_>,
+) -> Result<Result<Watcher, ApiError>, ApiError> {
+    let cache = registry.caches.get(T::INFO);
+    let rv = from.resource_version;
+    let initial = match (rv, from.send_initial_events) {
+        (_, Some(v)) => v,
+        (None | Some("0"), None) => true,
+        (Some(_), None) => false,
+    };
+    // An explicit `sendInitialEvents=true` with bookmarks ends the initial events with the
+    // `initial-events-end` bookmark; so does any initial listing from a given revision.
+    let asked_end = from.bookmarks && from.send_initial_events == Some(true);
+    let start = match rv {
+        None => {
+            wait_for_consistent(registry.store.as_ref(), cache).await?;
+            if initial {
+                WatchStart::InitialEvents {
+                    end_bookmark: asked_end,
+                }
+            } else {
+                WatchStart::Now
+            }
+        }
+        Some("0") if initial => WatchStart::InitialEvents {
+            end_bookmark: asked_end,
+        },
+        Some("0") => WatchStart::Now,
+        Some(v) => {
+            let v = parse_resource_version(v)?;
+            wait_for_cache(cache, v).await?;
+            if initial {
+                WatchStart::InitialEvents {
+                    end_bookmark: from.bookmarks,
+                }
+            } else {
+                WatchStart::After(v)
+            }
+        }
+    };
+    let req = WatchRequest {
+        namespace: from.namespace,
+        selector: from.selector,
+        start,
+        bookmarks: from.bookmarks,
+        format: from.format,
+    };
+    match cache.watch(req, Instant::now()) {
+        Ok(w) => Ok(Ok(w)),
+        Err(e @ (ApiError::Expired(_) | ApiError::Gone(_))) => Ok(Err(e)),
+        Err(e) => Err(e),
+    }
+}
