@@ -392,6 +392,39 @@ fn circles(modules: &[Module]) -> Vec<Vec<String>> {
     out
 }
 
+/// Names that mean HTTP: the registry layer uses none of them (in code; comments may).
+const HTTP_NAMES: &[&str] = &[
+    "http::",
+    "hyper::",
+    "h2::",
+    "Response<",
+    "StatusCode",
+    "HeaderMap",
+];
+
+/// The lines of `layer`'s modules that name HTTP, as `module: line`.
+fn http_in(layer: &str, modules: &[Module]) -> Vec<String> {
+    let mut out = Vec::new();
+    for m in modules.iter().filter(|m| within(&m.path, layer)) {
+        for line in m.text.lines() {
+            let code = line.split("//").next().unwrap_or_default();
+            if HTTP_NAMES.iter().any(|n| code.contains(n)) {
+                out.push(format!("{}: {}", m.path, line.trim()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_registry_names_no_http_type() {
+    let found = http_in("registry", &modules());
+    assert!(
+        found.is_empty(),
+        "the registry layer names HTTP: {found:#?}"
+    );
+}
+
 #[test]
 fn every_module_points_down_the_house() {
     let modules = modules();
@@ -479,6 +512,15 @@ fn the_checkers_object_to_a_broken_tree() {
     assert_eq!(
         root_definitions("//! doc\npub mod base;\npub mod nowhere;\npub use base::X;\n"),
         vec!["pub mod nowhere;", "pub use base::X;"]
+    );
+    let http = vec![
+        module("registry::write", "use http::StatusCode; // returns a code"),
+        module("registry::read", "// a Response<Body> is the handler's"),
+        module("http::rest", "use http::StatusCode;"),
+    ];
+    assert_eq!(
+        http_in("registry", &http),
+        vec!["registry::write: use http::StatusCode; // returns a code"]
     );
     let circle = vec![
         module("security::authn", "use crate::security::authz::Attributes;"),
