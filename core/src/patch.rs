@@ -45,9 +45,10 @@ impl PatchType {
     }
 }
 
-/// Applies a non-apply patch of `kind` to `original`.
+/// Applies a non-apply patch to `original`, an object of the kind whose merge strategies are
+/// `kind`.
 pub fn apply_patch(
-    kind: &str,
+    kind: strategy::MergeStrategies,
     patch_type: PatchType,
     original: &serde_json::Value,
     patch: &[u8],

@@ -5,7 +5,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::meta::ObjectMeta;
-use crate::patch::strategy::Strategy;
+use crate::patch::strategy::{MergeStrategies, Strategy};
 use crate::user::UserInfo;
 use crate::validation::declarative::Rule;
 use crate::validation::{ErrorList, NameRule};
@@ -106,6 +106,11 @@ impl ResourceInfo {
 
     pub fn namespaced(&self) -> bool {
         self.scope == Scope::Namespaced
+    }
+
+    /// The merge strategies strategic merge patch and apply use for this kind.
+    pub const fn strategies(&self) -> MergeStrategies {
+        MergeStrategies::new(self.merge_strategies)
     }
 
     /// The store key of one object: `/registry/<plural>/[<namespace>/]<name>`.

@@ -153,7 +153,7 @@ pub async fn patch<T: Kind>(
 
     for _ in 0..MAX_RETRIES {
         let writer = Writer {
-            kind: T::INFO.kind,
+            kind: T::INFO.strategies(),
             api_version: &api_version,
             manager: &manager,
             now: Time::now(),
@@ -183,7 +183,12 @@ pub async fn patch<T: Kind>(
                 &current.meta().managed_fields,
                 force,
             )?,
-            None => core_patch::apply_patch(T::INFO.kind, patch_type, &current_value, &call.body)?,
+            None => core_patch::apply_patch(
+                T::INFO.strategies(),
+                patch_type,
+                &current_value,
+                &call.body,
+            )?,
         };
         let mut next: T = decode_patched(patched, &mut problems)?;
         let warnings = validation.check(problems)?;

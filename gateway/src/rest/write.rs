@@ -81,7 +81,7 @@ fn record_update<T: Kind>(call: &Call, old: Option<&T>, next: &mut T) -> Result<
     let manager = field_manager(call, false)?;
     let api_version = T::INFO.api_version();
     let writer = Writer {
-        kind: T::INFO.kind,
+        kind: T::INFO.strategies(),
         api_version: &api_version,
         manager: &manager,
         now: Time::now(),
