@@ -2,8 +2,11 @@
 //! recognise them; every error names its field.
 
 pub mod declarative;
+mod path;
 
 use rand::seq::IndexedRandom;
+
+pub use path::Path;
 
 use crate::meta::ObjectMeta;
 use crate::status::StatusCause;

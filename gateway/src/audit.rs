@@ -37,7 +37,7 @@ use http::{HeaderValue, Response};
 use http_body_util::BodyExt;
 use hyper::body::{Body as _, Frame, SizeHint};
 use prometheus_client::metrics::counter::Counter;
-use svc_core::config::audit::{
+use svc_config::audit::{
     Evaluator, Event, Level, ObjectReference, Policy, RawJson, RequestAttributes,
     RequestAuditConfig, ResourceAttributes, ResponseStatus, Stage,
 };
@@ -86,7 +86,7 @@ impl Auditor {
         };
         let bytes = std::fs::read(policy_file)
             .map_err(|e| format!("reading --audit-policy-file {}: {e}", policy_file.display()))?;
-        let policy: Policy = svc_core::config::load(&bytes)
+        let policy: Policy = svc_config::load(&bytes)
             .map_err(|e| format!("--audit-policy-file {}: {e}", policy_file.display()))?;
         let mut sinks: Vec<(Arc<dyn Sink>, AuditMode, BatchOptions)> = Vec::new();
         if let Some(path) = &opts.audit_log_path {
@@ -364,7 +364,7 @@ impl Record {
             return;
         }
         let stripped = if self.config.omit_managed_fields {
-            svc_core::config::audit::without_managed_fields(body)
+            svc_config::audit::without_managed_fields(body)
         } else {
             None
         };
@@ -382,7 +382,7 @@ impl Record {
             .flatten();
         Event {
             kind: "Event".into(),
-            api_version: svc_core::config::audit::API_VERSION.into(),
+            api_version: svc_config::audit::API_VERSION.into(),
             level: self.config.level,
             audit_id: self.audit_id.clone(),
             stage,
@@ -508,7 +508,7 @@ impl Record {
         let object = want_object
             .then(|| {
                 let stripped = if self.config.omit_managed_fields {
-                    svc_core::config::audit::without_managed_fields(&bytes)
+                    svc_config::audit::without_managed_fields(&bytes)
                 } else {
                     None
                 };

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use svc_core::config::egress::Selection;
+use svc_config::egress::Selection;
 use svc_storage::Store;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;

@@ -5,10 +5,9 @@
 //! the spec is fixed at creation, the requester is recorded from the authenticated user, a
 //! plain update keeps the stored status, `/approval` changes only the conditions and
 //! `/status` only the certificate and the conditions other than Approved and Denied.
-//! Validation is in `validation`, PEM and X.509 parsing in `pem`, the protobuf form in
-//! `wire`.
+//! Validation is in `validation` (PEM and X.509 parsing in the crate's `pem`), the protobuf
+//! form in `wire`.
 
-pub(crate) mod pem;
 mod validation;
 mod wire;
 
@@ -30,7 +29,7 @@ use crate::table::{age, human_duration};
 use crate::user::UserInfo;
 use crate::validation::{ErrorList, NameRule};
 
-pub use pem::{PemBlock, decode_pem, parse_request};
+pub use crate::pem::{PemBlock, decode_pem, parse_request};
 
 /// Condition types with a meaning to the server; each may only be `True`.
 pub const CONDITION_APPROVED: &str = "Approved";

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use svc_core::config::audit::Event;
+use svc_config::audit::Event;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -175,7 +175,7 @@ impl Bucket {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use svc_core::config::audit::{Level, Stage};
+    use svc_config::audit::{Level, Stage};
 
     fn event(id: usize) -> Arc<Event> {
         Arc::new(Event {

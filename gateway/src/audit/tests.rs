@@ -22,10 +22,9 @@ impl Sink for Recorder {
 }
 
 fn auditor(policy: &str) -> (Arc<Auditor>, Arc<Recorder>) {
-    let policy: Policy = svc_core::config::load(
-        format!("apiVersion: audit.svc.io/v1\nkind: Policy\n{policy}").as_bytes(),
-    )
-    .unwrap();
+    let policy: Policy =
+        svc_config::load(format!("apiVersion: audit.svc.io/v1\nkind: Policy\n{policy}").as_bytes())
+            .unwrap();
     let rec = Arc::new(Recorder::default());
     let batch = crate::config::Options::for_tests(".".into())
         .audit
