@@ -20,6 +20,7 @@ use std::fmt;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use svc_core::strict;
 use svc_core::validation::ErrorList;
 
 pub use svc_cel::Duration;
@@ -115,8 +116,17 @@ impl std::error::Error for ConfigError {}
 pub fn parse_document(bytes: &[u8]) -> Result<Value, ConfigError> {
     let trimmed = bytes.trim_ascii_start();
     if trimmed.first() == Some(&b'{') {
-        return serde_json::from_slice(trimmed)
-            .map_err(|e| ConfigError::one("document", "", "FieldValueInvalid", e.to_string()));
+        let (doc, duplicates) = strict::parse_json(trimmed)
+            .map_err(|e| ConfigError::one("document", "", "FieldValueInvalid", e.to_string()))?;
+        if let Some(first) = duplicates.first() {
+            return Err(ConfigError::one(
+                "document",
+                "",
+                "FieldValueInvalid",
+                first.clone(),
+            ));
+        }
+        return Ok(doc);
     }
     svc_core::codec::yaml::decode::<Value>(bytes)
         .map_err(|e| ConfigError::one("document", "", "FieldValueInvalid", e.to_string()))
@@ -173,23 +183,20 @@ pub fn check_type_meta<T: ConfigKind>(doc: &Value) -> Result<(), ConfigError> {
     }
 }
 
-/// Decodes `doc` into `T`, listing every unknown field with its path (`apiVersion` and
-/// `kind` at the top are allowed whether or not `T` names them). A type error names its
-/// path too.
+/// Decodes `doc` into `T` with core's strict decoder, listing every unknown field with its
+/// path (`apiVersion` and `kind` at the top are allowed whether or not `T` names them). A
+/// type error names its path too.
 pub fn decode_strict<T: DeserializeOwned>(doc: Value) -> Result<T, ErrorList> {
-    let mut unknown = Vec::new();
-    let mut track = serde_path_to_error::Track::new();
-    let de = serde_path_to_error::Deserializer::new(doc, &mut track);
-    let decoded = serde_ignored::deserialize(de, |p| {
-        let path = format_path(&p);
-        if path != "apiVersion" && path != "kind" {
-            unknown.push(path);
-        }
-    });
     let mut errors = ErrorList::default();
-    match decoded {
-        Ok(value) if unknown.is_empty() => Ok(value),
-        Ok(_) => {
+    match strict::decode(doc) {
+        Ok((value, unknown)) => {
+            let unknown: Vec<String> = unknown
+                .into_iter()
+                .filter(|p| p != "apiVersion" && p != "kind")
+                .collect();
+            if unknown.is_empty() {
+                return Ok(value);
+            }
             for path in unknown {
                 let name = path.rsplit('.').next().unwrap_or(&path).to_string();
                 errors.push(
@@ -201,29 +208,12 @@ pub fn decode_strict<T: DeserializeOwned>(doc: Value) -> Result<T, ErrorList> {
             Err(errors)
         }
         Err(e) => {
-            let path = track.path().to_string();
-            let field = if path == "." { String::new() } else { path };
-            errors.push(&field, "FieldValueInvalid", format!("Invalid value: {e}"));
+            errors.push(
+                &e.path,
+                "FieldValueInvalid",
+                format!("Invalid value: {}", e.message),
+            );
             Err(errors)
-        }
-    }
-}
-
-fn format_path(p: &serde_ignored::Path<'_>) -> String {
-    use serde_ignored::Path as P;
-    match p {
-        P::Root => String::new(),
-        P::Seq { parent, index } => format!("{}[{index}]", format_path(parent)),
-        P::Map { parent, key } => {
-            let parent = format_path(parent);
-            if parent.is_empty() {
-                key.clone()
-            } else {
-                format!("{parent}.{key}")
-            }
-        }
-        P::Some { parent } | P::NewtypeStruct { parent } | P::NewtypeVariant { parent } => {
-            format_path(parent)
         }
     }
 }
@@ -288,6 +278,15 @@ mod tests {
                 r#"items[1].colour: unknown field "colour""#
             ]
         );
+    }
+
+    #[test]
+    fn duplicate_keys_are_refused_in_json_as_in_yaml() {
+        let json = br#"{"apiVersion":"sample.svc.io/v1","kind":"Sample","items":[],"items":[]}"#;
+        let err = load::<Sample>(json).unwrap_err();
+        assert_eq!(err.lines(), [r#"duplicate field "items""#]);
+        let yaml = b"apiVersion: sample.svc.io/v1\nkind: Sample\nitems: []\nitems: []\n";
+        assert!(load::<Sample>(yaml).is_err());
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! svc-core: the object model and API machinery, free of I/O.
 //!
 //! Types and metadata rules (`meta`, `object`, `kinds`, `resource`, `registry`), `Status`
-//! errors, validation, label and field selectors, codecs (`codec`: JSON, YAML, protobuf,
+//! errors, validation, label and field selectors, strict decoding (`strict`: unknown and
+//! duplicate fields with their paths, `fieldValidation`), codecs (`codec`: JSON, YAML, protobuf,
 //! CBOR), patches and server-side apply (`patch`), the watch cache's structures (`watch`),
 //! PEM and X.509 checks (`pem`), and the key layout objects use in the store.
 //!
@@ -19,6 +20,7 @@ pub mod registry;
 pub mod resource;
 pub mod selector;
 pub mod status;
+pub mod strict;
 pub mod table;
 pub mod user;
 pub mod validation;

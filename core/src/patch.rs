@@ -6,7 +6,6 @@
 //! and out (`serde_json::to_value`, then `object::decode_json`-style checks), which is what
 //! Kubernetes does too (it patches the versioned JSON and decodes the result).
 
-pub mod decode;
 pub mod fieldset;
 pub mod json_patch;
 pub mod managed;

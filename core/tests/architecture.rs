@@ -155,7 +155,11 @@ fn core_knows_no_http_no_sockets_no_disks_and_no_backend() {
     for (krate, allowed) in CRATE_RULES {
         // Storage is below the object model, not sans-IO: only its arrows to our crates are
         // checked here (its own test covers the rest).
-        let io = if *krate == "storage" { &[][..] } else { IO_CRATES };
+        let io = if *krate == "storage" {
+            &[][..]
+        } else {
+            IO_CRATES
+        };
         let bad = forbidden_dependencies(&manifest(krate), io, allowed);
         assert!(bad.is_empty(), "{krate} depends on {bad:?}");
         if *krate == "storage" {

@@ -4,11 +4,11 @@
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
-use super::decode::{self, FieldValidation};
 use super::fieldset::{FieldSet, Path, to_field_set};
 use super::managed::{self, Writer};
 use super::{PatchType, apply_patch, merge};
 use crate::meta::{ManagedFieldsEntry, Time};
+use crate::strict::{self, FieldValidation};
 
 use super::strategy::MergeStrategies;
 
@@ -523,13 +523,13 @@ fn apply_rejects_managed_fields_in_config() {
 #[test]
 fn field_validation_finds_unknown_and_duplicate_fields() {
     let (v, dups) =
-        decode::parse_json(br#"{"metadata":{"name":"a","name":"b"},"spec":{"foo":1}}"#).unwrap();
+        strict::parse_json(br#"{"metadata":{"name":"a","name":"b"},"spec":{"foo":1}}"#).unwrap();
     assert_eq!(dups, vec!["duplicate field \"metadata.name\""]);
     assert_eq!(v["metadata"]["name"], "b");
-    let (sa, unknown) = decode::decode_value::<crate::kinds::ServiceAccount>(v).unwrap();
+    let (sa, unknown) = strict::decode_value::<crate::kinds::ServiceAccount>(v).unwrap();
     assert_eq!(sa.metadata.name, "b");
     assert_eq!(unknown, vec!["unknown field \"spec\""]);
-    let (_, unknown) = decode::decode_value::<crate::kinds::ServiceAccount>(
+    let (_, unknown) = strict::decode_value::<crate::kinds::ServiceAccount>(
         json!({"secrets": [{"name": "x", "bogus": 1}]}),
     )
     .unwrap();

@@ -11,10 +11,10 @@ use http::{Response, StatusCode, header};
 use serde_json::{Value, json};
 use svc_core::meta::Time;
 use svc_core::object::{self, parse_resource_version};
-use svc_core::patch::decode::{self, FieldValidation};
 use svc_core::patch::managed::{self, Writer};
 use svc_core::patch::{self as core_patch, PatchType};
 use svc_core::status::StatusCause;
+use svc_core::strict::{self as decode, FieldValidation};
 use svc_core::{ApiError, Resource};
 use svc_storage::StoreError;
 

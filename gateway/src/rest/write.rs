@@ -9,9 +9,9 @@ use svc_core::codec::{self, DeleteOptions, Preconditions};
 use svc_core::kinds::Namespace;
 use svc_core::meta::Time;
 use svc_core::object::{self, parse_resource_version};
-use svc_core::patch::decode::{self, FieldValidation};
 use svc_core::patch::managed::{self, Writer};
 use svc_core::status::Subject;
+use svc_core::strict::{self as decode, FieldValidation};
 use svc_core::{ApiError, Resource, Status};
 use svc_storage::{KeyRange, KeyValue, StoreError};
 

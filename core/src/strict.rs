@@ -1,6 +1,9 @@
-//! Field validation (`fieldValidation=Strict|Warn|Ignore`): decoding a body while collecting
-//! the unknown and duplicate fields Kubernetes reports, as `unknown field "spec.foo"` and
-//! `duplicate field "metadata.name"`.
+//! The one strict decoder, for request bodies and configuration files alike: decoding a JSON
+//! value into a type while collecting every field the type does not know, with its path
+//! (`spec.foo`, `items[1].colour`), naming the path of a type error, and finding duplicate
+//! keys in JSON. Request bodies turn what it finds into `fieldValidation=Strict|Warn|Ignore`
+//! as Kubernetes does (`unknown field "spec.foo"`, `duplicate field "metadata.name"`);
+//! svc-config turns it into field errors, always strict.
 
 use std::cell::RefCell;
 use std::fmt;
@@ -65,12 +68,36 @@ pub fn parse_json(bytes: &[u8]) -> Result<(Value, Vec<String>), serde_json::Erro
     Ok((v, dups))
 }
 
-/// Decodes `value` into `T` and reports each field `T` does not know as
-/// `unknown field "<path>"`.
-pub fn decode_value<T: DeserializeOwned>(value: Value) -> Result<(T, Vec<String>), String> {
+/// A value that does not fit the type: the path of the field at fault (empty for the
+/// whole document) and serde's message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TypeError {
+    pub path: String,
+    pub message: String,
+}
+
+/// Decodes `value` into `T`, returning with it the path of every field `T` does not know
+/// (`spec.foo`, `items[1].colour`), in document order.
+pub fn decode<T: DeserializeOwned>(value: Value) -> Result<(T, Vec<String>), TypeError> {
     let mut unknown = vec![];
-    let obj = serde_ignored::deserialize(value, |p| unknown.push(format_path(&p)))
-        .map_err(|e| e.to_string())?;
+    let mut track = serde_path_to_error::Track::new();
+    let de = serde_path_to_error::Deserializer::new(value, &mut track);
+    match serde_ignored::deserialize(de, |p| unknown.push(format_path(&p))) {
+        Ok(obj) => Ok((obj, unknown)),
+        Err(e) => {
+            let path = track.path().to_string();
+            Err(TypeError {
+                path: if path == "." { String::new() } else { path },
+                message: e.to_string(),
+            })
+        }
+    }
+}
+
+/// Decodes a request body's `value` into `T` and reports each field `T` does not know as
+/// `unknown field "<path>"`, as Kubernetes words it for `fieldValidation`.
+pub fn decode_value<T: DeserializeOwned>(value: Value) -> Result<(T, Vec<String>), String> {
+    let (obj, unknown) = decode(value).map_err(|e| e.message)?;
     Ok((
         obj,
         unknown
@@ -80,6 +107,8 @@ pub fn decode_value<T: DeserializeOwned>(value: Value) -> Result<(T, Vec<String>
     ))
 }
 
+/// The path of a field as `serde_ignored` reports it: names joined by `.`, list items as
+/// `[i]`.
 fn format_path(p: &serde_ignored::Path<'_>) -> String {
     use serde_ignored::Path as P;
     match p {
@@ -169,5 +198,41 @@ impl<'de> Visitor<'de> for Dups<'_> {
             }
         }
         Ok(Value::Object(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::Deserialize;
+    use serde_json::json;
+
+    use super::*;
+
+    #[derive(Debug, Deserialize)]
+    struct Doc {
+        #[serde(default)]
+        items: Vec<Item>,
+    }
+
+    #[derive(Debug, Deserialize)]
+    struct Item {
+        #[serde(default)]
+        count: i32,
+    }
+
+    #[test]
+    fn unknown_fields_and_type_errors_carry_their_paths() {
+        let (doc, unknown) =
+            decode::<Doc>(json!({"extra": 1, "items": [{"count": 1}, {"colour": "red"}]})).unwrap();
+        assert_eq!(doc.items.len(), 2);
+        assert_eq!(doc.items[0].count, 1);
+        assert_eq!(unknown, ["extra", "items[1].colour"]);
+        let err = decode::<Doc>(json!({"items": [{"count": "lots"}]})).unwrap_err();
+        assert_eq!(err.path, "items[0].count");
+        let err = decode::<Doc>(json!("text")).unwrap_err();
+        assert_eq!(err.path, "");
+        // Request bodies read the same findings in Kubernetes' words.
+        let (_, problems) = decode_value::<Doc>(json!({"extra": 1})).unwrap();
+        assert_eq!(problems, [r#"unknown field "extra""#]);
     }
 }
