@@ -10,6 +10,7 @@
 //! our crates it depends only on the `svc-storage` contract types and on `svc-cel` (webhook
 //! match conditions). Configuration (`svc-config`) stands above it.
 
+pub mod ambient;
 pub mod codec;
 pub mod kinds;
 pub mod meta;

@@ -191,11 +191,13 @@ pub trait Resource: Serialize + DeserializeOwned + Clone + Send + Sync + 'static
 
     /// A write through the subresource `sub` (listed in `INFO.subresources`): `self` is the
     /// object as sent, `old` the stored one; keep from `self` only what the subresource may
-    /// change. The default refuses: a kind serves no writable subresource unless it says so.
+    /// change, and stamp what it records with `now`. The default refuses: a kind serves no
+    /// writable subresource unless it says so.
     fn prepare_for_subresource_update(
         &mut self,
         sub: &str,
         _old: &Self,
+        _now: crate::meta::Time,
     ) -> Result<(), crate::status::ApiError> {
         Err(crate::status::ApiError::MethodNotAllowed(format!(
             "the server does not allow updates through the {sub} subresource of {}",

@@ -70,7 +70,7 @@ async fn ensure_system_namespaces(app: &App) -> Result<(), ApiError> {
         let mut ns = Namespace::default();
         ns.set_type_meta();
         ns.metadata.name = (*name).to_string();
-        object::prepare_create(&mut ns, &app.validator)?;
+        object::prepare_create(&mut ns, &svc_core::ambient::System, &app.validator)?;
         let key = Bytes::from(Namespace::INFO.key("", name));
         let value = Bytes::from(object::encode_for_store(&ns)?);
         match app.store.create(key, value).await {

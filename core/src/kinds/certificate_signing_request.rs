@@ -380,13 +380,18 @@ impl Resource for CertificateSigningRequest {
         }
     }
 
-    fn prepare_for_subresource_update(&mut self, sub: &str, old: &Self) -> Result<(), ApiError> {
+    fn prepare_for_subresource_update(
+        &mut self,
+        sub: &str,
+        old: &Self,
+        now: Time,
+    ) -> Result<(), ApiError> {
         // Through a subresource the spec is never changed, whatever the body says.
         self.spec = old.spec.clone();
         match sub {
             SUBRESOURCE_APPROVAL => {
                 // Only the conditions: the certificate stays as stored.
-                populate_condition_timestamps(&mut self.status.conditions, &old.status);
+                populate_condition_timestamps(&mut self.status.conditions, &old.status, now);
                 self.status.certificate = old.status.certificate.clone();
                 Ok(())
             }
@@ -395,7 +400,7 @@ impl Resource for CertificateSigningRequest {
                 // stored form, and adding or removing one is refused by validation.
                 preserve_conditions(&mut self.status, &old.status, CONDITION_APPROVED);
                 preserve_conditions(&mut self.status, &old.status, CONDITION_DENIED);
-                populate_condition_timestamps(&mut self.status.conditions, &old.status);
+                populate_condition_timestamps(&mut self.status.conditions, &old.status, now);
                 Ok(())
             }
             other => Err(ApiError::MethodNotAllowed(format!(
@@ -443,13 +448,13 @@ fn indices(conditions: &[CertificateSigningRequestCondition], ty: &str) -> Vec<u
         .collect()
 }
 
-/// Defaults `lastUpdateTime` to now, and `lastTransitionTime` to the stored one of a
-/// condition with the same type and status, else to now.
+/// Defaults `lastUpdateTime` to `now`, and `lastTransitionTime` to the stored one of a
+/// condition with the same type and status, else to `now`.
 fn populate_condition_timestamps(
     conditions: &mut [CertificateSigningRequestCondition],
     old: &CertificateSigningRequestStatus,
+    now: Time,
 ) {
-    let now = Time::now();
     for c in conditions {
         if c.last_update_time.is_none() {
             c.last_update_time = Some(now);

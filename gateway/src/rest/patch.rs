@@ -217,6 +217,7 @@ pub async fn patch<T: Kind>(
             &mut next,
             &current,
             call.route.subresource.as_deref(),
+            &svc_core::ambient::System,
             &app.validator,
         )?;
         if !is_apply {
@@ -290,7 +291,12 @@ async fn apply_create<T: Kind>(
     object::apply_request_namespace(&mut obj, ns)?;
     check_namespace_open::<T>(app, ns, name).await?;
     let managed_fields = obj.meta().managed_fields.clone();
-    object::prepare_create_by(&mut obj, &call.user, &app.validator)?;
+    object::prepare_create_by(
+        &mut obj,
+        &call.user,
+        &svc_core::ambient::System,
+        &app.validator,
+    )?;
     obj.meta_mut().managed_fields = managed_fields;
     app.admission
         .validate(&attrs, Some(&obj), None, &mut outcome)

@@ -157,7 +157,12 @@ pub async fn create<T: Kind>(app: &Arc<App>, call: &Call) -> Result<Response<Bod
     let requester = &call.user;
     for _ in 0..MAX_RETRIES {
         let mut candidate = obj.clone();
-        object::prepare_create_by(&mut candidate, requester, &app.validator)?;
+        object::prepare_create_by(
+            &mut candidate,
+            requester,
+            &svc_core::ambient::System,
+            &app.validator,
+        )?;
         record_update(call, None, &mut candidate)?;
         let name = candidate.meta().name.clone();
         check_namespace_open::<T>(app, &ns, &name).await?;
@@ -265,6 +270,7 @@ pub async fn update<T: Kind>(
             &mut next,
             &current,
             call.route.subresource.as_deref(),
+            &svc_core::ambient::System,
             &app.validator,
         )?;
         record_update(call, Some(&current), &mut next)?;
