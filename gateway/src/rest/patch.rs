@@ -39,9 +39,8 @@ fn parse_apply_body(body: &[u8]) -> Result<(Value, Vec<String>), ApiError> {
     }
     let text = std::str::from_utf8(body)
         .map_err(|_| ApiError::bad_request("error decoding YAML: the body is not UTF-8"))?;
-    let opts = serde_saphyr::Options {
+    let opts = serde_saphyr::options! {
         duplicate_keys: serde_saphyr::DuplicateKeyPolicy::Error,
-        ..Default::default()
     };
     let v: Value = serde_saphyr::from_str_with_options(text, opts)
         .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
