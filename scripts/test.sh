@@ -46,14 +46,26 @@ fi
 cargo fmt --all -- --check
 
 # Dependency shape: nothing in the server's build runs a protobuf code generator (they need
-# protoc), and svc-core sees only the Store contract, none of the backends' crates.
+# protoc), svc-core, svc-cel and svc-config see only the Store contract, none of the
+# backends' crates, and the three point one way (cel, then core, then config).
 if cargo tree -p svc-gateway -e normal,build --prefix none |
   grep -E '^(prost-build|tonic-build|tonic-prost-build|protobuf-src) '; then
   echo "svc-gateway's build depends on a protobuf code generator (see above)" >&2
   exit 1
 fi
-if cargo tree -p svc-core -e normal --prefix none | grep -E '^(redb|tonic|tonic-prost|h2|hyper|crc32fast) '; then
-  echo "svc-core depends on a storage backend's crates (see above); it needs only the contract" >&2
+for krate in svc-cel svc-core svc-config; do
+  if cargo tree -p "$krate" -e normal --prefix none | grep -E '^(redb|tonic|tonic-prost|h2|hyper|crc32fast) '; then
+    echo "$krate depends on a storage backend's crates (see above); it needs only the contract" >&2
+    exit 1
+  fi
+done
+# The sans-IO crates point one way: cel stands on nothing of ours, core never links config.
+if cargo tree -p svc-cel -e normal --prefix none | grep -E '^svc-(core|config|storage) '; then
+  echo "svc-cel depends on another crate of ours (see above)" >&2
+  exit 1
+fi
+if cargo tree -p svc-core -e normal --prefix none | grep -E '^svc-config '; then
+  echo "svc-core depends on svc-config (see above)" >&2
   exit 1
 fi
 

@@ -33,11 +33,11 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use svc_core::config::event_rate_limit::{
+use svc_config::event_rate_limit::{
     Configuration, DEFAULT_CACHE_SIZE, Limit, NAMESPACE, SERVER, SOURCE_AND_OBJECT, USER,
 };
+use svc_config::rate_limit::{EventRateLimiter, Subject};
 use svc_core::kinds::{Event, ObjectReference};
-use svc_core::rate_limit::{EventRateLimiter, Subject};
 
 fn limiter(type_: &str) -> EventRateLimiter {
     let config = Configuration {

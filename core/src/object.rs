@@ -4,7 +4,7 @@
 
 use svc_storage::KeyValue;
 
-use crate::meta::Time;
+use crate::ambient::Ambient;
 use crate::resource::Resource;
 use crate::status::{ApiError, Subject};
 use crate::user::UserInfo;
@@ -78,9 +78,14 @@ fn invalid<T: Resource>(obj: &T, errs: ErrorList) -> ApiError {
 /// Everything a create does to an object before it is stored: server-set metadata, defaulting,
 /// validation (hand-written, and declarative as `validator` says). `generateName` is resolved
 /// here; on a name collision the caller calls again. This is a create made by the server
-/// itself, with no requester to record.
-pub fn prepare_create<T: Resource>(obj: &mut T, validator: &Validator) -> Result<(), ApiError> {
-    prepare_create_by(obj, &UserInfo::default(), validator)
+/// itself, with no requester to record. The uid, creation time and generated name come from
+/// `ambient`.
+pub fn prepare_create<T: Resource>(
+    obj: &mut T,
+    ambient: &dyn Ambient,
+    validator: &Validator,
+) -> Result<(), ApiError> {
+    prepare_create_by(obj, &UserInfo::default(), ambient, validator)
 }
 
 /// `prepare_create` for a request made by `user`, whom kinds that record their requester
@@ -88,14 +93,15 @@ pub fn prepare_create<T: Resource>(obj: &mut T, validator: &Validator) -> Result
 pub fn prepare_create_by<T: Resource>(
     obj: &mut T,
     user: &UserInfo,
+    ambient: &dyn Ambient,
     validator: &Validator,
 ) -> Result<(), ApiError> {
     let meta = obj.meta_mut();
     if meta.name.is_empty() && !meta.generate_name.is_empty() {
-        meta.name = validation::generate_name(&meta.generate_name);
+        meta.name = validation::generate_name(&meta.generate_name, ambient);
     }
-    meta.uid = uuid::Uuid::new_v4().to_string();
-    meta.creation_timestamp = Some(Time::now());
+    meta.uid = ambient.new_uid();
+    meta.creation_timestamp = Some(ambient.now());
     meta.resource_version.clear();
     meta.deletion_timestamp = None;
     meta.deletion_grace_period_seconds = None;
@@ -145,11 +151,13 @@ pub fn prepare_update<T: Resource>(
 /// Prepares an update made through `subresource` (`status`, `approval`), or of the object
 /// itself when `None`. Through a subresource only that part changes: metadata stays as
 /// stored (Kubernetes' `ResetObjectMetaForStatus`), the kind keeps from `obj` only what the
-/// subresource owns, and the kind's subresource validation applies.
+/// subresource owns, and the kind's subresource validation applies. Times a subresource
+/// write records (CertificateSigningRequest's conditions) are `ambient`'s.
 pub fn prepare_update_via<T: Resource>(
     obj: &mut T,
     old: &T,
     subresource: Option<&str>,
+    ambient: &dyn Ambient,
     validator: &Validator,
 ) -> Result<(), ApiError> {
     let Some(sub) = subresource else {
@@ -160,7 +168,7 @@ pub fn prepare_update_via<T: Resource>(
     *obj.meta_mut() = old.meta().clone();
     obj.meta_mut().resource_version = resource_version;
     obj.meta_mut().managed_fields = managed_fields;
-    obj.prepare_for_subresource_update(sub, old)?;
+    obj.prepare_for_subresource_update(sub, old, ambient.now())?;
     // The subresource's own rules first (what it may change), then the object as a whole.
     answer(obj, obj.validate_subresource_update(sub, old))?;
     let mut errs =
@@ -210,6 +218,7 @@ pub fn parse_resource_version(rv: &str) -> Result<i64, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ambient::{Fixed, System};
     use crate::kinds::{Namespace, ServiceAccount};
     use bytes::Bytes;
 
@@ -244,7 +253,7 @@ mod tests {
             decode_json(br#"{"metadata":{"generateName":"build-","resourceVersion":"5"}}"#)
                 .unwrap();
         apply_request_namespace(&mut sa, "ci").unwrap();
-        prepare_create(&mut sa, &Validator::default()).unwrap();
+        prepare_create(&mut sa, &System, &Validator::default()).unwrap();
         assert!(sa.metadata.name.starts_with("build-"));
         assert_eq!(sa.metadata.namespace, "ci");
         assert_eq!(sa.metadata.uid.len(), 36);
@@ -252,7 +261,7 @@ mod tests {
         assert!(sa.metadata.resource_version.is_empty());
 
         let mut bad: Namespace = decode_json(br#"{"metadata":{"name":"No"}}"#).unwrap();
-        let e = prepare_create(&mut bad, &Validator::default()).unwrap_err();
+        let e = prepare_create(&mut bad, &System, &Validator::default()).unwrap_err();
         assert_eq!(e.code(), 422);
         let mut other: ServiceAccount =
             decode_json(br#"{"metadata":{"name":"a","namespace":"x"}}"#).unwrap();
@@ -263,9 +272,33 @@ mod tests {
     }
 
     #[test]
+    fn a_fixed_ambient_makes_creates_deterministic() {
+        let at: crate::meta::Time =
+            serde_json::from_value(serde_json::json!("2024-05-06T07:08:09Z")).unwrap();
+        let create = || {
+            let ambient = Fixed::new(at);
+            let mut sa: ServiceAccount =
+                decode_json(br#"{"metadata":{"generateName":"build-","namespace":"ci"}}"#).unwrap();
+            prepare_create(&mut sa, &ambient, &Validator::default()).unwrap();
+            serde_json::to_value(&sa).unwrap()
+        };
+        let first = create();
+        assert_eq!(first, create());
+        assert_eq!(
+            first["metadata"]["creationTimestamp"],
+            "2024-05-06T07:08:09Z"
+        );
+        assert_eq!(first["metadata"]["name"], "build-bbbbb");
+        assert_eq!(
+            first["metadata"]["uid"],
+            "00000000-0000-4000-8000-000000000001"
+        );
+    }
+
+    #[test]
     fn update_keeps_server_fields() {
         let mut old: Namespace = decode_json(br#"{"metadata":{"name":"a"}}"#).unwrap();
-        prepare_create(&mut old, &Validator::default()).unwrap();
+        prepare_create(&mut old, &System, &Validator::default()).unwrap();
         let mut new: Namespace = decode_json(
             br#"{"metadata":{"name":"a","labels":{"x":"y"}},"status":{"phase":"Gone"}}"#,
         )

@@ -6,7 +6,6 @@
 //! and out (`serde_json::to_value`, then `object::decode_json`-style checks), which is what
 //! Kubernetes does too (it patches the versioned JSON and decodes the result).
 
-pub mod decode;
 pub mod fieldset;
 pub mod json_patch;
 pub mod managed;
@@ -45,9 +44,10 @@ impl PatchType {
     }
 }
 
-/// Applies a non-apply patch of `kind` to `original`.
+/// Applies a non-apply patch to `original`, an object of the kind whose merge strategies are
+/// `kind`.
 pub fn apply_patch(
-    kind: &str,
+    kind: strategy::MergeStrategies,
     patch_type: PatchType,
     original: &serde_json::Value,
     patch: &[u8],

@@ -5,7 +5,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::meta::ObjectMeta;
-use crate::patch::strategy::Strategy;
+use crate::patch::strategy::{MergeStrategies, Strategy};
 use crate::user::UserInfo;
 use crate::validation::declarative::Rule;
 use crate::validation::{ErrorList, NameRule};
@@ -108,6 +108,11 @@ impl ResourceInfo {
         self.scope == Scope::Namespaced
     }
 
+    /// The merge strategies strategic merge patch and apply use for this kind.
+    pub const fn strategies(&self) -> MergeStrategies {
+        MergeStrategies::new(self.merge_strategies)
+    }
+
     /// The store key of one object: `/registry/<plural>/[<namespace>/]<name>`.
     pub fn key(&self, namespace: &str, name: &str) -> Vec<u8> {
         let mut k = self.prefix(Some(namespace));
@@ -186,11 +191,13 @@ pub trait Resource: Serialize + DeserializeOwned + Clone + Send + Sync + 'static
 
     /// A write through the subresource `sub` (listed in `INFO.subresources`): `self` is the
     /// object as sent, `old` the stored one; keep from `self` only what the subresource may
-    /// change. The default refuses: a kind serves no writable subresource unless it says so.
+    /// change, and stamp what it records with `now`. The default refuses: a kind serves no
+    /// writable subresource unless it says so.
     fn prepare_for_subresource_update(
         &mut self,
         sub: &str,
         _old: &Self,
+        _now: crate::meta::Time,
     ) -> Result<(), crate::status::ApiError> {
         Err(crate::status::ApiError::MethodNotAllowed(format!(
             "the server does not allow updates through the {sub} subresource of {}",

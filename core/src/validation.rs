@@ -2,9 +2,11 @@
 //! recognise them; every error names its field.
 
 pub mod declarative;
+mod path;
 
-use rand::seq::IndexedRandom;
+pub use path::Path;
 
+use crate::ambient::Ambient;
 use crate::meta::ObjectMeta;
 use crate::status::StatusCause;
 
@@ -14,10 +16,7 @@ const QUALIFIED_NAME_MAX: usize = 63;
 const LABEL_VALUE_MAX: usize = 63;
 /// Kubernetes' limit on the total size of all annotations of an object.
 pub const ANNOTATIONS_MAX_BYTES: usize = 256 * 1024;
-/// Characters Kubernetes uses for `generateName` suffixes (no vowels, no confusable digits).
-const GENERATE_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-const GENERATE_SUFFIX_LEN: usize = 5;
-const GENERATE_PREFIX_MAX: usize = DNS1123_SUBDOMAIN_MAX - GENERATE_SUFFIX_LEN;
+const GENERATE_PREFIX_MAX: usize = DNS1123_SUBDOMAIN_MAX - crate::ambient::SUFFIX_LEN;
 
 /// Collects field errors; becomes the `causes` of a 422 `Invalid` error.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -298,18 +297,14 @@ pub fn validate_object_meta_update(new: &ObjectMeta, old: &ObjectMeta) -> ErrorL
     errs
 }
 
-/// A name for `generateName`: the prefix (trimmed so the result fits) plus a random suffix.
-pub fn generate_name(prefix: &str) -> String {
+/// A name for `generateName`: the prefix (trimmed so the result fits) plus a random suffix
+/// drawn from `ambient`.
+pub fn generate_name(prefix: &str, ambient: &dyn Ambient) -> String {
     let mut end = prefix.len().min(GENERATE_PREFIX_MAX);
     while !prefix.is_char_boundary(end) {
         end = end.saturating_sub(1);
     }
-    let mut rng = rand::rng();
-    let suffix: String = (0..GENERATE_SUFFIX_LEN)
-        .filter_map(|_| GENERATE_ALPHABET.choose(&mut rng))
-        .map(|&c| char::from(c))
-        .collect();
-    format!("{}{}", &prefix[..end], suffix)
+    format!("{}{}", &prefix[..end], ambient.random_suffix())
 }
 
 #[cfg(test)]
@@ -378,10 +373,11 @@ mod tests {
 
     #[test]
     fn generated_names_fit_and_vary() {
-        let a = generate_name("web-");
+        let sys = crate::ambient::System;
+        let a = generate_name("web-", &sys);
         assert!(a.starts_with("web-") && a.len() == 9, "{a}");
-        assert_ne!(generate_name("web-"), generate_name("web-"));
-        let long = generate_name(&"p".repeat(300));
+        assert_ne!(generate_name("web-", &sys), generate_name("web-", &sys));
+        let long = generate_name(&"p".repeat(300), &sys);
         assert_eq!(long.len(), 253);
         assert!(dns1123_subdomain(&long).is_ok());
     }

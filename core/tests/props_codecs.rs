@@ -31,11 +31,15 @@ fn config() -> ProptestConfig {
     }
 }
 
-/// Strings as clients send them: mostly plain, sometimes any Unicode.
+/// Strings as clients send them: mostly plain, sometimes any Unicode, sometimes what YAML
+/// must quote (leading or trailing blanks, indicators, words it would read as other types).
 fn text() -> impl Strategy<Value = String> {
     prop_oneof![
         3 => "[a-z0-9.-]{0,20}",
         1 => any::<String>(),
+        1 => "[ \t]?[a-z0-9 :#'\"&*!|>%@`,\\[\\]{}-]{0,8}[ \t]?",
+        1 => prop::sample::select(vec!["yes", "No", "on", "null", "~", "0.0.0.0", "1e3", "0o17", ".inf"])
+            .prop_map(String::from),
     ]
 }
 
@@ -316,10 +320,14 @@ fn yaml_keeps_trailing_spaces() {
     sa.set_type_meta();
     let bytes = yaml::encode(&sa).unwrap();
     assert_eq!(yaml::decode::<ServiceAccount>(&bytes).unwrap(), sa);
+    // The writer quotes them, so the document stays block YAML (serde-saphyr 0.0 did not,
+    // and such documents were written as JSON).
+    assert!(String::from_utf8_lossy(&bytes).contains("name: a\n"));
     sa.metadata.annotations = BTreeMap::from([("key ends in a space ".into(), "v".into())]);
     let bytes = yaml::encode(&sa).unwrap();
     assert_eq!(yaml::decode::<ServiceAccount>(&bytes).unwrap(), sa);
-    // Documents without such strings stay block YAML.
+    assert!(String::from_utf8_lossy(&bytes).contains("name: a\n"));
+    // Documents without such strings are block YAML too.
     sa.metadata.annotations.clear();
     sa.metadata.finalizers.clear();
     let bytes = yaml::encode(&sa).unwrap();

@@ -16,6 +16,7 @@ use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 use svc_core::meta::{ManagedFieldsEntry, Time};
 use svc_core::patch::managed::{self, Writer};
+use svc_core::patch::strategy::MergeStrategies;
 use svc_core::patch::{PatchType, apply_patch, merge};
 
 fn config() -> ProptestConfig {
@@ -23,6 +24,13 @@ fn config() -> ProptestConfig {
         failure_persistence: None,
         ..ProptestConfig::with_cases(256)
     }
+}
+
+/// The merge strategies of a kind by name; a kind nobody serves declares none.
+fn strat(kind: &str) -> MergeStrategies {
+    svc_core::registry::by_kind(kind)
+        .map(|i| i.strategies())
+        .unwrap_or_default()
 }
 
 const KINDS: &[&str] = &[
@@ -182,7 +190,7 @@ fn entries() -> impl Strategy<Value = Vec<ManagedFieldsEntry>> {
 
 fn writer<'a>(kind: &'a str, manager: &'a str) -> Writer<'a> {
     Writer {
-        kind,
+        kind: strat(kind),
         api_version: "v1",
         manager,
         now: Time::now(),
@@ -204,7 +212,7 @@ proptest! {
         let ops_bytes = serde_json::to_vec(&ops).unwrap();
         for patch in [&doc_bytes, &ops_bytes, &noise] {
             for t in [PatchType::Json, PatchType::Merge, PatchType::Strategic, PatchType::Apply] {
-                let _ = apply_patch(kind, t, &original, patch);
+                let _ = apply_patch(strat(kind), t, &original, patch);
             }
         }
     }
@@ -240,7 +248,7 @@ proptest! {
         let body = serde_json::to_vec(&patch).unwrap();
         let ct = PatchType::from_content_type("application/merge-patch+json; charset=utf-8");
         prop_assert_eq!(ct, Some(PatchType::Merge));
-        let out = apply_patch("ServiceAccount", PatchType::Merge, &from, &body).unwrap();
+        let out = apply_patch(strat("ServiceAccount"), PatchType::Merge, &from, &body).unwrap();
         prop_assert_eq!(&out, &to);
     }
 
@@ -260,7 +268,7 @@ fn self_doubling_copies_are_refused_not_an_exhausted_memory() {
         .map(|i| json!({"op": "copy", "from": "", "path": format!("/spec/c{i}")}))
         .collect();
     let err = apply_patch(
-        "ServiceAccount",
+        strat("ServiceAccount"),
         PatchType::Json,
         &doc,
         &serde_json::to_vec(&ops).unwrap(),
@@ -277,7 +285,7 @@ fn self_doubling_copies_are_refused_not_an_exhausted_memory() {
         .map(|i| json!({"op": "copy", "from": "", "path": format!("/spec/c{i}")}))
         .collect();
     let out = apply_patch(
-        "ServiceAccount",
+        strat("ServiceAccount"),
         PatchType::Json,
         &doc,
         &serde_json::to_vec(&few).unwrap(),
@@ -308,7 +316,7 @@ fn patches_that_nest_deeper_than_a_body_may_are_refused() {
         ops.push(json!({"op": "move", "from": "/t", "path": "/spec"}));
     }
     let err = apply_patch(
-        "ServiceAccount",
+        strat("ServiceAccount"),
         PatchType::Json,
         &doc,
         &serde_json::to_vec(&ops).unwrap(),
@@ -330,7 +338,7 @@ fn patches_that_nest_deeper_than_a_body_may_are_refused() {
     let deep_doc = json!({"metadata": {"name": "a"}, "spec": spec});
     let add = json!([{"op": "add", "path": path, "value": nested}]);
     let err = apply_patch(
-        "ServiceAccount",
+        strat("ServiceAccount"),
         PatchType::Json,
         &deep_doc,
         &serde_json::to_vec(&add).unwrap(),
@@ -339,7 +347,7 @@ fn patches_that_nest_deeper_than_a_body_may_are_refused() {
     assert_eq!(err.code(), 422, "{err}");
     // Within the bound it applies: 20 rounds nest spec 20 levels.
     let out = apply_patch(
-        "ServiceAccount",
+        strat("ServiceAccount"),
         PatchType::Json,
         &doc,
         &serde_json::to_vec(&ops[..60]).unwrap(),

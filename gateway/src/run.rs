@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use anyhow::Context;
-use svc_core::config::egress::Selection;
+use svc_config::egress::Selection;
 use svc_storage::Store;
 use tokio::net::TcpListener;
 use tokio::sync::watch;

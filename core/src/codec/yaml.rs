@@ -10,31 +10,22 @@ use crate::status::ApiError;
 pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let text = std::str::from_utf8(body)
         .map_err(|e| ApiError::bad_request(format!("error decoding YAML body: {e}")))?;
-    let options = serde_saphyr::Options {
+    let options = serde_saphyr::options! {
         duplicate_keys: serde_saphyr::DuplicateKeyPolicy::Error,
-        ..Default::default()
     };
     serde_saphyr::from_str_with_options(text, options)
         .map_err(|e| ApiError::bad_request(format!("error decoding YAML body: {e}")))
 }
 
-/// Encodes a value as a YAML document.
-///
-/// The YAML writer emits a string (key or value) that ends in a space as a plain scalar, which
-/// every reader trims (`"a "` comes back as `"a"`). A document holding such a string is
-/// therefore written as JSON instead, which is also YAML and keeps every string as it is. In
-/// compact JSON a space followed by `"` occurs only where a string ends in a space.
+/// Encodes a value as a YAML document. Sequences under a key are indented one step, as this
+/// server has always written them.
 pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, ApiError> {
-    let err = |e: &dyn std::fmt::Display| ApiError::internal(format!("encoding YAML: {e}"));
-    let json = serde_json::to_vec(value).map_err(|e| err(&e))?;
-    if json.windows(2).any(|w| w == b" \"") {
-        let mut pretty = serde_json::to_vec_pretty(value).map_err(|e| err(&e))?;
-        pretty.push(b'\n');
-        return Ok(pretty);
-    }
-    serde_saphyr::to_string(value)
+    let options = serde_saphyr::ser_options! {
+        compact_list_indent: false,
+    };
+    serde_saphyr::to_string_with_options(value, options)
         .map(String::into_bytes)
-        .map_err(|e| err(&e))
+        .map_err(|e| ApiError::internal(format!("encoding YAML: {e}")))
 }
 
 /// Re-encodes canonical JSON bytes as YAML.
@@ -62,6 +53,61 @@ mod tests {
         // JSON is YAML.
         let j: ServiceAccount = decode(br#"{"metadata":{"name":"j"}}"#).unwrap();
         assert_eq!(j.metadata.name, "j");
+    }
+
+    #[test]
+    fn strings_that_need_quoting_come_back_as_they_were() {
+        // serde-saphyr 0.0 wrote a string ending in a space as a plain scalar, which readers
+        // trim; encode wrote such documents as JSON. 2.x quotes them, so YAML is written
+        // always and these must round-trip through it.
+        let tricky = [
+            "a ",
+            " a",
+            "a\t",
+            " ",
+            "",
+            "a \n",
+            "a\n ",
+            "yes",
+            "no",
+            "on",
+            "null",
+            "~",
+            "0.0.0.0",
+            "1e3",
+            "0x1f",
+            "2024-01-01T00:00:00Z",
+            "- a",
+            "a: b",
+            "#a",
+            "a #b",
+            "'",
+            "\"",
+            "{",
+            "[",
+            "*a",
+            "&a",
+            "!a",
+            "%a",
+            "@a",
+            "`a",
+            "a\u{85}b",
+            "\u{feff}a",
+        ];
+        let map: serde_json::Map<String, serde_json::Value> = tricky
+            .iter()
+            .map(|s| {
+                (
+                    (*s).to_string(),
+                    serde_json::Value::String((*s).to_string()),
+                )
+            })
+            .collect();
+        let value = serde_json::json!({"data": map, "list": tricky});
+        let text = encode(&value).unwrap();
+        assert!(!text.starts_with(b"{"), "written as YAML, not JSON");
+        let back: serde_json::Value = decode(&text).unwrap();
+        assert_eq!(back, value, "{}", String::from_utf8_lossy(&text));
     }
 
     #[test]

@@ -137,8 +137,8 @@ pub struct MatchCondition {
 /// The CEL environment of `matchConditions`: `object`, `oldObject` and `request` (the
 /// AdmissionRequest without its objects). Kubernetes' `authorizer` variable is not offered:
 /// an expression using it does not compile.
-pub fn match_condition_env() -> crate::cel::Env {
-    use crate::cel::{Env, Type};
+pub fn match_condition_env() -> svc_cel::Env {
+    use svc_cel::{Env, Type};
     Env::new()
         .var("object", Type::Dyn)
         .var("oldObject", Type::Dyn)
@@ -148,9 +148,9 @@ pub fn match_condition_env() -> crate::cel::Env {
 /// Compiles a match condition, which must produce a bool.
 pub fn compile_match_condition(
     expression: &str,
-) -> Result<crate::cel::Program, crate::cel::CompileError> {
-    let program = crate::cel::compile(expression, &match_condition_env())?;
-    program.expect(&[crate::cel::Type::Bool])?;
+) -> Result<svc_cel::Program, svc_cel::CompileError> {
+    let program = svc_cel::compile(expression, &match_condition_env())?;
+    program.expect(&[svc_cel::Type::Bool])?;
     Ok(program)
 }
 

@@ -5,10 +5,9 @@
 //! the spec is fixed at creation, the requester is recorded from the authenticated user, a
 //! plain update keeps the stored status, `/approval` changes only the conditions and
 //! `/status` only the certificate and the conditions other than Approved and Denied.
-//! Validation is in `validation`, PEM and X.509 parsing in `pem`, the protobuf form in
-//! `wire`.
+//! Validation is in `validation` (PEM and X.509 parsing in the crate's `pem`), the protobuf
+//! form in `wire`.
 
-pub(crate) mod pem;
 mod validation;
 mod wire;
 
@@ -30,7 +29,7 @@ use crate::table::{age, human_duration};
 use crate::user::UserInfo;
 use crate::validation::{ErrorList, NameRule};
 
-pub use pem::{PemBlock, decode_pem, parse_request};
+pub use crate::pem::{PemBlock, decode_pem, parse_request};
 
 /// Condition types with a meaning to the server; each may only be `True`.
 pub const CONDITION_APPROVED: &str = "Approved";
@@ -381,13 +380,18 @@ impl Resource for CertificateSigningRequest {
         }
     }
 
-    fn prepare_for_subresource_update(&mut self, sub: &str, old: &Self) -> Result<(), ApiError> {
+    fn prepare_for_subresource_update(
+        &mut self,
+        sub: &str,
+        old: &Self,
+        now: Time,
+    ) -> Result<(), ApiError> {
         // Through a subresource the spec is never changed, whatever the body says.
         self.spec = old.spec.clone();
         match sub {
             SUBRESOURCE_APPROVAL => {
                 // Only the conditions: the certificate stays as stored.
-                populate_condition_timestamps(&mut self.status.conditions, &old.status);
+                populate_condition_timestamps(&mut self.status.conditions, &old.status, now);
                 self.status.certificate = old.status.certificate.clone();
                 Ok(())
             }
@@ -396,7 +400,7 @@ impl Resource for CertificateSigningRequest {
                 // stored form, and adding or removing one is refused by validation.
                 preserve_conditions(&mut self.status, &old.status, CONDITION_APPROVED);
                 preserve_conditions(&mut self.status, &old.status, CONDITION_DENIED);
-                populate_condition_timestamps(&mut self.status.conditions, &old.status);
+                populate_condition_timestamps(&mut self.status.conditions, &old.status, now);
                 Ok(())
             }
             other => Err(ApiError::MethodNotAllowed(format!(
@@ -444,13 +448,13 @@ fn indices(conditions: &[CertificateSigningRequestCondition], ty: &str) -> Vec<u
         .collect()
 }
 
-/// Defaults `lastUpdateTime` to now, and `lastTransitionTime` to the stored one of a
-/// condition with the same type and status, else to now.
+/// Defaults `lastUpdateTime` to `now`, and `lastTransitionTime` to the stored one of a
+/// condition with the same type and status, else to `now`.
 fn populate_condition_timestamps(
     conditions: &mut [CertificateSigningRequestCondition],
     old: &CertificateSigningRequestStatus,
+    now: Time,
 ) {
-    let now = Time::now();
     for c in conditions {
         if c.last_update_time.is_none() {
             c.last_update_time = Some(now);

@@ -8,7 +8,7 @@ use std::fmt;
 
 use serde_json::{Map, Value};
 
-use super::strategy::{Strategy, child, strategy};
+use super::strategy::{MergeStrategies, Strategy, child};
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum PathElement {
@@ -209,28 +209,28 @@ fn stripped(p: &Path) -> bool {
 /// The field set of an applied configuration, by the rules of structured-merge-diff's
 /// `ToFieldSet`: scalars, atomic values, list items and free-form map entries are members;
 /// struct fields holding a non-empty object are only parents.
-pub fn to_field_set(kind: &str, v: &Value) -> FieldSet {
+pub fn to_field_set(kind: MergeStrategies, v: &Value) -> FieldSet {
     let mut out = BTreeSet::new();
     walk(kind, "", v, &mut vec![], &mut out, false);
     FieldSet(out.into_iter().filter(|p| !stripped(p)).collect())
 }
 
 /// Every path that holds a value, parents included: what `compare` diffs.
-pub fn all_paths(kind: &str, v: &Value) -> FieldSet {
+pub fn all_paths(kind: MergeStrategies, v: &Value) -> FieldSet {
     let mut out = BTreeSet::new();
     walk(kind, "", v, &mut vec![], &mut out, true);
     FieldSet(out.into_iter().filter(|p| !stripped(p)).collect())
 }
 
 fn walk(
-    kind: &str,
+    kind: MergeStrategies,
     spath: &str,
     v: &Value,
     prefix: &mut Vec<PathElement>,
     out: &mut BTreeSet<Path>,
     full: bool,
 ) {
-    let strat = strategy(kind, spath);
+    let strat = kind.get(spath);
     match v {
         Value::Object(m) => {
             if strat == Some(Strategy::Atomic) {

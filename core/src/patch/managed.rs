@@ -6,7 +6,7 @@
 use serde_json::{Map, Value};
 
 use super::fieldset::{FieldSet, Path, all_paths, remove_at, to_field_set, value_at};
-use super::strategy::{Strategy, child, strategy};
+use super::strategy::{MergeStrategies, Strategy, child};
 use crate::meta::{ManagedFieldsEntry, Time};
 use crate::status::{ApiError, StatusCause};
 
@@ -14,10 +14,10 @@ pub const OPERATION_APPLY: &str = "Apply";
 pub const OPERATION_UPDATE: &str = "Update";
 pub const FIELDS_V1: &str = "FieldsV1";
 
-/// Who is writing, and when.
+/// Who is writing, and when; `kind` is the merge strategies of the object's kind.
 #[derive(Clone, Debug)]
 pub struct Writer<'a> {
-    pub kind: &'a str,
+    pub kind: MergeStrategies,
     pub api_version: &'a str,
     pub manager: &'a str,
     pub now: Time,
@@ -38,7 +38,7 @@ impl Comparison {
 }
 
 /// Diffs two objects: paths only in `new`, only in `old`, and leaves whose value changed.
-pub fn compare(kind: &str, old: &Value, new: &Value) -> Comparison {
+pub fn compare(kind: MergeStrategies, old: &Value, new: &Value) -> Comparison {
     let a = all_paths(kind, old);
     let b = all_paths(kind, new);
     let modified = FieldSet(
@@ -318,9 +318,9 @@ fn conflict_error(conflicts: Vec<(String, Path)>) -> ApiError {
 
 /// Merges an applied configuration into the live object: objects field by field, keyed
 /// lists item by item, sets by value, everything else replaced. `null` removes.
-pub fn merge(kind: &str, path: &str, live: &Value, config: &Value) -> Value {
+pub fn merge(kind: MergeStrategies, path: &str, live: &Value, config: &Value) -> Value {
     match (live, config) {
-        (Value::Object(l), Value::Object(c)) if strategy(kind, path) != Some(Strategy::Atomic) => {
+        (Value::Object(l), Value::Object(c)) if kind.get(path) != Some(Strategy::Atomic) => {
             let mut out = l.clone();
             for (k, cv) in c {
                 if cv.is_null() {
@@ -335,7 +335,7 @@ pub fn merge(kind: &str, path: &str, live: &Value, config: &Value) -> Value {
             }
             Value::Object(out)
         }
-        (Value::Array(l), Value::Array(c)) => match strategy(kind, path) {
+        (Value::Array(l), Value::Array(c)) => match kind.get(path) {
             Some(Strategy::Keyed(key)) => {
                 let mut out = l.clone();
                 for item in c {

@@ -5,7 +5,7 @@
 
 use serde_json::{Map, Value};
 
-use super::strategy::{Strategy, child, strategy};
+use super::strategy::{MergeStrategies, Strategy, child};
 use crate::status::ApiError;
 
 const PATCH: &str = "$patch";
@@ -13,8 +13,9 @@ const RETAIN_KEYS: &str = "$retainKeys";
 const DELETE_FROM_PRIMITIVE_LIST: &str = "$deleteFromPrimitiveList/";
 const SET_ELEMENT_ORDER: &str = "$setElementOrder/";
 
-/// Applies strategic merge patch `patch` to `original`, an object of `kind`.
-pub fn apply(kind: &str, original: &Value, patch: &Value) -> Result<Value, ApiError> {
+/// Applies strategic merge patch `patch` to `original`, an object of the kind whose merge
+/// strategies are `kind`.
+pub fn apply(kind: MergeStrategies, original: &Value, patch: &Value) -> Result<Value, ApiError> {
     let (Value::Object(o), Value::Object(p)) = (original, patch) else {
         return Err(ApiError::bad_request(
             "error decoding patch: a strategic merge patch must be a JSON object",
@@ -30,7 +31,7 @@ pub fn apply(kind: &str, original: &Value, patch: &Value) -> Result<Value, ApiEr
 
 /// Merges `patch` into `orig`; `None` when the patch says `$patch: delete`.
 fn merge_map(
-    kind: &str,
+    kind: MergeStrategies,
     path: &str,
     orig: &Map<String, Value>,
     patch: &Map<String, Value>,
@@ -62,7 +63,7 @@ fn merge_map(
             continue;
         }
         let cp = child(path, k);
-        let strat = strategy(kind, &cp);
+        let strat = kind.get(&cp);
         match pv {
             Value::Null => {
                 out.remove(k);
@@ -101,7 +102,7 @@ fn merge_map(
             let Value::Array(order) = v else {
                 return Err(format!("{k}: the value must be a list"));
             };
-            let key = match strategy(kind, &child(path, field)) {
+            let key = match kind.get(&child(path, field)) {
                 Some(Strategy::Keyed(key)) => Some(key),
                 _ => None,
             };
@@ -128,7 +129,7 @@ fn merge_map(
 /// Merges a list of objects on `key`: items with the same key merge, `$patch: delete` items
 /// remove theirs, new ones are appended, and a `{"$patch": "replace"}` item replaces all.
 fn merge_keyed(
-    kind: &str,
+    kind: MergeStrategies,
     path: &str,
     base: &[Value],
     items: &[Value],

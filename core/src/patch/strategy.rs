@@ -2,6 +2,10 @@
 //! by a field. `metadata`'s are here; each kind declares its own in its `ResourceInfo`.
 //! Strategic merge patch and server-side apply both read them, as Kubernetes derives both
 //! from the same struct tags (`patchStrategy`/`patchMergeKey` and `listType`/`listMapKey`).
+//!
+//! The patch algorithms receive a kind's table as a `MergeStrategies` value, looked up once
+//! by their caller (`ResourceInfo::strategies`); nothing here reaches the registry, so the
+//! patch code sits below the kinds rather than in a circle with them.
 
 /// How a field is merged. Fields not in the table are structs (objects: merged field by
 /// field) or atomic (lists and scalars: replaced whole).
@@ -27,14 +31,27 @@ const OBJECT_META: &[(&str, Strategy)] = &[
     ("metadata.managedFields", Strategy::Atomic),
 ];
 
-/// The declared strategy of the field at `path` (dotted field names) of `kind`, if any.
-pub fn strategy(kind: &str, path: &str) -> Option<Strategy> {
-    let kind_table = crate::registry::by_kind(kind).map_or(&[][..], |r| r.merge_strategies);
-    OBJECT_META
-        .iter()
-        .chain(kind_table)
-        .find(|(p, _)| *p == path)
-        .map(|(_, s)| *s)
+/// A kind's declared merge strategies; metadata's, shared by every kind, are added on
+/// lookup. The default is a kind that declares none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MergeStrategies {
+    kind: &'static [(&'static str, Strategy)],
+}
+
+impl MergeStrategies {
+    /// The strategies of a kind whose own table is `kind` (`ResourceInfo.merge_strategies`).
+    pub const fn new(kind: &'static [(&'static str, Strategy)]) -> Self {
+        MergeStrategies { kind }
+    }
+
+    /// The declared strategy of the field at `path` (dotted field names), if any.
+    pub fn get(&self, path: &str) -> Option<Strategy> {
+        OBJECT_META
+            .iter()
+            .chain(self.kind)
+            .find(|(p, _)| *p == path)
+            .map(|(_, s)| *s)
+    }
 }
 
 /// `path` extended by `field`.
@@ -52,19 +69,15 @@ mod tests {
 
     #[test]
     fn table_lookups() {
-        assert_eq!(
-            strategy("ServiceAccount", "secrets"),
-            Some(Strategy::Keyed("name"))
-        );
-        assert_eq!(
-            strategy("ServiceAccount", "imagePullSecrets"),
-            Some(Strategy::Atomic)
-        );
-        assert_eq!(
-            strategy("Namespace", "metadata.finalizers"),
-            Some(Strategy::Set)
-        );
-        assert_eq!(strategy("Namespace", "secrets"), None);
+        const SA: MergeStrategies = MergeStrategies::new(&[
+            ("secrets", Strategy::Keyed("name")),
+            ("imagePullSecrets", Strategy::Atomic),
+        ]);
+        assert_eq!(SA.get("secrets"), Some(Strategy::Keyed("name")));
+        assert_eq!(SA.get("imagePullSecrets"), Some(Strategy::Atomic));
+        let none = MergeStrategies::default();
+        assert_eq!(none.get("metadata.finalizers"), Some(Strategy::Set));
+        assert_eq!(none.get("secrets"), None);
         assert_eq!(child("", "metadata"), "metadata");
         assert_eq!(child("metadata", "labels"), "metadata.labels");
     }

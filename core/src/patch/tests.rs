@@ -4,21 +4,38 @@
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
-use super::decode::{self, FieldValidation};
 use super::fieldset::{FieldSet, Path, to_field_set};
 use super::managed::{self, Writer};
 use super::{PatchType, apply_patch, merge};
 use crate::meta::{ManagedFieldsEntry, Time};
+use crate::strict::{self, FieldValidation};
 
-const SA: &str = "ServiceAccount";
+use super::strategy::MergeStrategies;
+
+/// ServiceAccount's merge strategies, as the handlers look them up.
+fn sa_strategies() -> MergeStrategies {
+    <crate::kinds::ServiceAccount as crate::Resource>::INFO.strategies()
+}
 
 fn check_json(before: Value, patch: Value, after: Value) {
-    let got = apply_patch(SA, PatchType::Json, &before, patch.to_string().as_bytes()).unwrap();
+    let got = apply_patch(
+        sa_strategies(),
+        PatchType::Json,
+        &before,
+        patch.to_string().as_bytes(),
+    )
+    .unwrap();
     assert_eq!(got, after, "json patch {patch}");
 }
 
 fn check_json_err(before: Value, patch: Value, code: u16) {
-    let e = apply_patch(SA, PatchType::Json, &before, patch.to_string().as_bytes()).unwrap_err();
+    let e = apply_patch(
+        sa_strategies(),
+        PatchType::Json,
+        &before,
+        patch.to_string().as_bytes(),
+    )
+    .unwrap_err();
     assert_eq!(e.code(), code, "json patch {patch}: {e}");
 }
 
@@ -104,7 +121,13 @@ fn json_patch_table() {
 }
 
 fn check_merge(before: Value, patch: Value, after: Value) {
-    let got = apply_patch(SA, PatchType::Merge, &before, patch.to_string().as_bytes()).unwrap();
+    let got = apply_patch(
+        sa_strategies(),
+        PatchType::Merge,
+        &before,
+        patch.to_string().as_bytes(),
+    )
+    .unwrap();
     assert_eq!(got, after, "merge patch {patch}");
 }
 
@@ -133,15 +156,15 @@ fn merge_patch_table() {
         json!({"metadata": {"labels": {"a": null, "c": "3"}}, "secrets": [{"name": "y"}]}),
         json!({"metadata": {"labels": {"b": "2", "c": "3"}}, "secrets": [{"name": "y"}]}),
     );
-    let e = apply_patch(SA, PatchType::Merge, &json!({}), b"[1]").unwrap_err();
+    let e = apply_patch(sa_strategies(), PatchType::Merge, &json!({}), b"[1]").unwrap_err();
     assert_eq!(e.code(), 400);
-    let e = apply_patch(SA, PatchType::Merge, &json!({}), b"{").unwrap_err();
+    let e = apply_patch(sa_strategies(), PatchType::Merge, &json!({}), b"{").unwrap_err();
     assert_eq!(e.code(), 400);
 }
 
 fn check_strategic(before: Value, patch: Value, after: Value) {
     let got = apply_patch(
-        SA,
+        sa_strategies(),
         PatchType::Strategic,
         &before,
         patch.to_string().as_bytes(),
@@ -218,7 +241,13 @@ fn strategic_patch_table() {
         json!({"metadata": {"$patch": "explode"}}),
         json!({"metadata": {"$deleteFromPrimitiveList/finalizers": "f1"}}),
     ] {
-        let e = apply_patch(SA, PatchType::Strategic, &sa, bad.to_string().as_bytes()).unwrap_err();
+        let e = apply_patch(
+            sa_strategies(),
+            PatchType::Strategic,
+            &sa,
+            bad.to_string().as_bytes(),
+        )
+        .unwrap_err();
         assert_eq!(e.code(), 400, "{bad}: {e}");
     }
 }
@@ -232,7 +261,7 @@ fn field_sets_encode_as_fields_v1() {
         "imagePullSecrets": [{"name": "p"}],
         "automountServiceAccountToken": false
     });
-    let set = to_field_set(SA, &v);
+    let set = to_field_set(sa_strategies(), &v);
     let fields = set.to_fields_v1();
     assert_eq!(
         fields,
@@ -261,7 +290,7 @@ fn t0() -> Time {
 
 fn writer(manager: &str) -> Writer<'_> {
     Writer {
-        kind: SA,
+        kind: sa_strategies(),
         api_version: "v1",
         manager,
         now: t0(),
@@ -494,13 +523,13 @@ fn apply_rejects_managed_fields_in_config() {
 #[test]
 fn field_validation_finds_unknown_and_duplicate_fields() {
     let (v, dups) =
-        decode::parse_json(br#"{"metadata":{"name":"a","name":"b"},"spec":{"foo":1}}"#).unwrap();
+        strict::parse_json(br#"{"metadata":{"name":"a","name":"b"},"spec":{"foo":1}}"#).unwrap();
     assert_eq!(dups, vec!["duplicate field \"metadata.name\""]);
     assert_eq!(v["metadata"]["name"], "b");
-    let (sa, unknown) = decode::decode_value::<crate::kinds::ServiceAccount>(v).unwrap();
+    let (sa, unknown) = strict::decode_value::<crate::kinds::ServiceAccount>(v).unwrap();
     assert_eq!(sa.metadata.name, "b");
     assert_eq!(unknown, vec!["unknown field \"spec\""]);
-    let (_, unknown) = decode::decode_value::<crate::kinds::ServiceAccount>(
+    let (_, unknown) = strict::decode_value::<crate::kinds::ServiceAccount>(
         json!({"secrets": [{"name": "x", "bogus": 1}]}),
     )
     .unwrap();

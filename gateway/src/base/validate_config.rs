@@ -8,7 +8,7 @@ use std::io::Read as _;
 use std::path::PathBuf;
 
 use serde_json::{Value, json};
-use svc_core::config::{ConfigError, parse_document, registry, type_meta};
+use svc_config::{ConfigError, parse_document, registry, type_meta};
 
 /// Files larger than this are refused unread: configuration files are small, and the whole
 /// file is held in memory.

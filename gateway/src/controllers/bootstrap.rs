@@ -69,7 +69,11 @@ async fn ensure_system_namespaces(app: &App) -> Result<(), ApiError> {
         let mut ns = Namespace::default();
         ns.set_type_meta();
         ns.metadata.name = (*name).to_string();
-        object::prepare_create(&mut ns, &app.api.registry.validator)?;
+        object::prepare_create(
+            &mut ns,
+            &svc_core::ambient::System,
+            &app.api.registry.validator,
+        )?;
         let key = Bytes::from(Namespace::INFO.key("", name));
         let value = Bytes::from(object::encode_for_store(&ns)?);
         match app.api.registry.store.create(key, value).await {

@@ -248,7 +248,7 @@ impl AuditMetrics {
             "Counter of policy levels for audit events (1 per request).",
             level_family.clone(),
         );
-        let levels = svc_core::config::audit::Level::ALL
+        let levels = svc_config::audit::Level::ALL
             .map(|level| level_family.get_or_create_owned(&LevelLabels { level }));
         AuditMetrics {
             events,
@@ -262,8 +262,8 @@ impl AuditMetrics {
         self.errors.get_or_create_owned(&PluginLabels { plugin })
     }
 
-    pub fn level(&self, level: svc_core::config::audit::Level) -> &Counter {
-        use svc_core::config::audit::Level;
+    pub fn level(&self, level: svc_config::audit::Level) -> &Counter {
+        use svc_config::audit::Level;
         let [none, metadata, request, request_response] = &self.levels;
         match level {
             Level::None => none,

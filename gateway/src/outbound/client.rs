@@ -26,8 +26,8 @@ use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use svc_core::config::egress::Selection;
-use svc_core::config::kubeconfig::{self, AuthInfo, Cluster, Config};
+use svc_config::egress::Selection;
+use svc_config::kubeconfig::{self, AuthInfo, Cluster, Config};
 use tokio_rustls::TlsConnector;
 
 use crate::outbound::egress::{self, Dialer, Egress, Stream};
@@ -111,7 +111,7 @@ impl WebhookClient {
         let shown = path.display();
         let bytes = std::fs::read(path)
             .map_err(|e| ClientError::Config(format!("reading {shown}: {e}")))?;
-        let cfg: Config = svc_core::config::load(&bytes).map_err(|mut e| {
+        let cfg: Config = svc_config::load(&bytes).map_err(|mut e| {
             e.subject = shown.to_string();
             ClientError::Config(e.to_string())
         })?;

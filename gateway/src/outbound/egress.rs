@@ -17,8 +17,8 @@ use crate::base::flags::Options;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use svc_core::config::egress::{EgressSelectorConfiguration, PROTOCOL_HTTP_CONNECT, Selection};
-use svc_core::config::{self, ConfigError};
+use svc_config::ConfigError;
+use svc_config::egress::{EgressSelectorConfiguration, PROTOCOL_HTTP_CONNECT, Selection};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpStream, UnixStream};
 use tokio_rustls::TlsConnector;
@@ -93,7 +93,7 @@ impl Egress {
             path: path.to_path_buf(),
             source,
         })?;
-        let cfg: EgressSelectorConfiguration = config::load(&bytes).map_err(|mut source| {
+        let cfg: EgressSelectorConfiguration = svc_config::load(&bytes).map_err(|mut source| {
             source.subject = path.display().to_string();
             EgressError::Config {
                 path: path.to_path_buf(),
@@ -158,7 +158,7 @@ impl Egress {
 }
 
 fn tcp_proxy(
-    tcp: &svc_core::config::egress::TcpTransport,
+    tcp: &svc_config::egress::TcpTransport,
     file: &Path,
     at: &str,
 ) -> Result<Proxy, EgressError> {

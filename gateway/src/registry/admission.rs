@@ -24,8 +24,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde_json::Value;
-use svc_core::config::admission::{AdmissionConfiguration, PluginSource};
-use svc_core::config::{self, ConfigError};
+use svc_config::ConfigError;
+use svc_config::admission::{AdmissionConfiguration, PluginSource};
 use svc_core::object;
 use svc_core::resource::ResourceInfo;
 use svc_core::user::UserInfo;
@@ -409,7 +409,7 @@ pub fn enabled_plugins(enable: &[String], disable: &[String]) -> Result<Vec<&'st
 fn read_admission_configuration(path: &Path) -> Result<AdmissionConfiguration, String> {
     let bytes = std::fs::read(path)
         .map_err(|e| format!("--admission-control-config-file {}: {e}", path.display()))?;
-    config::load::<AdmissionConfiguration>(&bytes).map_err(|e| in_file(path, e))
+    svc_config::load::<AdmissionConfiguration>(&bytes).map_err(|e| in_file(path, e))
 }
 
 /// Plugin `name`'s configuration document from the AdmissionConfiguration at `path`, and
@@ -432,7 +432,7 @@ fn plugin_configuration(
             };
             let bytes = std::fs::read(&resolved)
                 .map_err(|e| format!("admission plugin {name}: {}: {e}", resolved.display()))?;
-            config::parse_document(&bytes)
+            svc_config::parse_document(&bytes)
                 .map(|v| Some((v, resolved.display().to_string())))
                 .map_err(|e| format!("admission plugin {name}: {}", in_file(&resolved, e)))
         }

@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use svc_core::ambient::System;
 use svc_core::codec::Preconditions;
 use svc_core::kinds::Namespace;
 use svc_core::meta::Time;
@@ -81,7 +82,7 @@ pub struct Written<T> {
 fn record_update<T: Kind>(manager: &str, old: Option<&T>, next: &mut T) -> Result<(), ApiError> {
     let api_version = T::INFO.api_version();
     let writer = Writer {
-        kind: T::INFO.kind,
+        kind: T::INFO.strategies(),
         api_version: &api_version,
         manager,
         now: Time::now(),
@@ -233,12 +234,12 @@ pub async fn create<T: Kind>(
         let mut candidate = obj.clone();
         match fields {
             Fields::Update { manager } => {
-                object::prepare_create_by(&mut candidate, req.user, &registry.validator)?;
+                object::prepare_create_by(&mut candidate, req.user, &System, &registry.validator)?;
                 record_update(manager, None, &mut candidate)?;
             }
             Fields::Applied => {
                 let applied = candidate.meta().managed_fields.clone();
-                object::prepare_create_by(&mut candidate, req.user, &registry.validator)?;
+                object::prepare_create_by(&mut candidate, req.user, &System, &registry.validator)?;
                 candidate.meta_mut().managed_fields = applied;
             }
         }
@@ -335,7 +336,13 @@ pub async fn update<T: Kind>(
             .admission
             .mutate(&attrs, &mut next, Some(&current), &mut outcome)
             .await?;
-        object::prepare_update_via(&mut next, &current, req.subresource, &registry.validator)?;
+        object::prepare_update_via(
+            &mut next,
+            &current,
+            req.subresource,
+            &System,
+            &registry.validator,
+        )?;
         if let Fields::Update { manager } = fields {
             record_update(manager, Some(&current), &mut next)?;
         }

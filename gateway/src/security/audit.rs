@@ -33,7 +33,7 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use http::HeaderValue;
 use prometheus_client::metrics::counter::Counter;
-use svc_core::config::audit::{
+use svc_config::audit::{
     Evaluator, Event, Level, ObjectReference, Policy, RawJson, RequestAttributes,
     RequestAuditConfig, ResourceAttributes, ResponseStatus, Stage,
 };
@@ -81,7 +81,7 @@ impl Auditor {
         };
         let bytes = std::fs::read(policy_file)
             .map_err(|e| format!("reading --audit-policy-file {}: {e}", policy_file.display()))?;
-        let policy: Policy = svc_core::config::load(&bytes)
+        let policy: Policy = svc_config::load(&bytes)
             .map_err(|e| format!("--audit-policy-file {}: {e}", policy_file.display()))?;
         let mut sinks: Vec<(Arc<dyn Sink>, AuditMode, BatchOptions)> = Vec::new();
         if let Some(path) = &opts.audit_log_path {
@@ -359,7 +359,7 @@ impl Record {
             return;
         }
         let stripped = if self.config.omit_managed_fields {
-            svc_core::config::audit::without_managed_fields(body)
+            svc_config::audit::without_managed_fields(body)
         } else {
             None
         };
@@ -377,7 +377,7 @@ impl Record {
             .flatten();
         Event {
             kind: "Event".into(),
-            api_version: svc_core::config::audit::API_VERSION.into(),
+            api_version: svc_config::audit::API_VERSION.into(),
             level: self.config.level,
             audit_id: self.audit_id.clone(),
             stage,
@@ -431,7 +431,7 @@ impl Record {
     /// says so); None when it is not JSON.
     pub fn response_object(&self, body: &[u8]) -> Option<RawJson> {
         let stripped = if self.config.omit_managed_fields {
-            svc_core::config::audit::without_managed_fields(body)
+            svc_config::audit::without_managed_fields(body)
         } else {
             None
         };

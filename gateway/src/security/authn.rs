@@ -7,7 +7,7 @@
 use svc_core::ApiError;
 use svc_core::user::UserInfo;
 
-use svc_core::config::authentication::AnonymousAuthConfig;
+use svc_config::authentication::AnonymousAuthConfig;
 
 use crate::registry::state::Registry;
 use crate::security::authz::{
@@ -175,7 +175,7 @@ mod tests {
     #[test]
     fn the_files_anonymous_settings_replace_the_default() {
         use http::Method;
-        use svc_core::config::authentication::AnonymousAuthCondition;
+        use svc_config::authentication::AnonymousAuthCondition;
         let only = |paths: &[&str]| AnonymousAuthConfig {
             enabled: true,
             conditions: paths

@@ -9,8 +9,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use svc_core::cel;
-use svc_core::config::authorization::{
+use svc_config::authorization::{
     self as cfg, AuthorizationConfiguration, FAILURE_POLICY_DENY, WebhookConfiguration,
     compile_match_condition,
 };
@@ -50,7 +49,7 @@ pub fn connect_with(egress: Egress) -> Box<Connect> {
 
 /// A webhook's match conditions, compiled (validation compiled them already; this keeps the
 /// programs).
-fn compile_conditions(w: &WebhookConfiguration) -> Result<Vec<cel::Program>, String> {
+fn compile_conditions(w: &WebhookConfiguration) -> Result<Vec<svc_cel::Program>, String> {
     w.match_conditions
         .iter()
         .map(|c| compile_match_condition(&c.expression).map_err(|e| e.to_string()))
@@ -179,7 +178,7 @@ pub fn start(
 }
 
 fn load(bytes: &[u8]) -> Result<AuthorizationConfiguration, String> {
-    svc_core::config::load::<AuthorizationConfiguration>(bytes).map_err(|e| e.to_string())
+    svc_config::load::<AuthorizationConfiguration>(bytes).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -193,7 +192,7 @@ mod tests {
 
     #[tokio::test]
     async fn built_ins_are_built_in_order_and_counted() {
-        let config = svc_core::config::load::<AuthorizationConfiguration>(
+        let config = svc_config::load::<AuthorizationConfiguration>(
             b"apiVersion: apiserver.svc.io/v1\nkind: AuthorizationConfiguration\nauthorizers:\n\
               - {type: AlwaysDeny, name: first}\n- {type: AlwaysAllow, name: second}\n",
         )
@@ -234,7 +233,7 @@ mod tests {
 
     #[test]
     fn a_webhook_that_cannot_connect_fails_the_build() {
-        let config = svc_core::config::load::<AuthorizationConfiguration>(
+        let config = svc_config::load::<AuthorizationConfiguration>(
             br#"{"apiVersion":"apiserver.svc.io/v1beta1","kind":"AuthorizationConfiguration",
             "authorizers":[{"type":"Webhook","name":"w","webhook":{"timeout":"1s",
             "subjectAccessReviewVersion":"v1","matchConditionSubjectAccessReviewVersion":"v1",

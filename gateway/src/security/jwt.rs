@@ -22,8 +22,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use serde_json::Value;
-use svc_core::config::authentication::{AnonymousAuthConfig, AuthenticationConfiguration};
-use svc_core::config::{ConfigError, Path};
+use svc_config::authentication::{AnonymousAuthConfig, AuthenticationConfiguration};
+use svc_config::{ConfigError, Path};
 use svc_core::user::{GROUP_AUTHENTICATED, UserInfo};
 use svc_core::validation::ErrorList;
 
@@ -87,7 +87,7 @@ impl Shared {
     /// The running key source for `issuer`, or a new one (fetching in the background).
     fn source(
         &self,
-        issuer: &svc_core::config::authentication::Issuer,
+        issuer: &svc_config::authentication::Issuer,
     ) -> Result<Arc<KeySource>, String> {
         let id = SourceId::of(issuer);
         let mut sources = self.sources.lock();
@@ -152,7 +152,7 @@ impl Authentication {
     /// Decodes, validates and compiles a configuration file's content; every error is listed
     /// with its field path. Issuers already known keep their fetched keys.
     pub fn load(bytes: &[u8], ctx: &LoadContext<'_>, shared: &Shared) -> Result<Self, ConfigError> {
-        let config: AuthenticationConfiguration = svc_core::config::load(bytes)?;
+        let config: AuthenticationConfiguration = svc_config::load(bytes)?;
         Self::from_config(&config, ctx, shared)
     }
 

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::Response;
 use http_body_util::BodyExt;
 use hyper::body::{Body as _, Frame, SizeHint};
-use svc_core::config::audit::{RawJson, ResponseStatus, Stage};
+use svc_config::audit::{RawJson, ResponseStatus, Stage};
 
 use crate::http::respond::{self, Body};
 use crate::security::audit::{CompleteOnDrop, Record};

@@ -21,7 +21,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use serde_json::json;
-use svc_core::config::subject_access_review::decode_request;
+use svc_config::subject_access_review::decode_request;
 use svc_gateway::outbound::pki::{self, PkiOptions};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;

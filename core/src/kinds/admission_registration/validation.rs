@@ -14,7 +14,7 @@ use super::{
     MIN_TIMEOUT_SECONDS, REINVOCATION_IF_NEEDED, REINVOCATION_NEVER, SIDE_EFFECTS_NONE,
     SIDE_EFFECTS_NONE_ON_DRY_RUN, Webhook, WebhookClientConfig,
 };
-use crate::config::Path;
+use crate::validation::Path;
 use crate::validation::{ErrorList, dns1123_subdomain, label_value, qualified_name};
 
 /// Kubernetes' bound on `matchConditions`.

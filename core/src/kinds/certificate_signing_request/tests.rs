@@ -210,7 +210,13 @@ fn create_records_the_requester_and_clears_status() {
         groups: vec!["dev".into(), "system:authenticated".into()],
         extra: BTreeMap::from([("scopes".into(), vec!["a".into()])]),
     };
-    object::prepare_create_by(&mut csr, &user, &Validator::default()).unwrap();
+    object::prepare_create_by(
+        &mut csr,
+        &user,
+        &crate::ambient::System,
+        &Validator::default(),
+    )
+    .unwrap();
     assert_eq!(csr.spec.username, "jane");
     assert_eq!(csr.spec.uid, "u-1");
     assert_eq!(csr.spec.groups, user.groups);
@@ -226,7 +232,13 @@ fn stored() -> CertificateSigningRequest {
         groups: vec!["dev".into()],
         ..Default::default()
     };
-    object::prepare_create_by(&mut csr, &user, &Validator::default()).unwrap();
+    object::prepare_create_by(
+        &mut csr,
+        &user,
+        &crate::ambient::System,
+        &Validator::default(),
+    )
+    .unwrap();
     csr.metadata.resource_version = "5".into();
     csr
 }
@@ -247,7 +259,13 @@ fn update_errors(
 ) -> Vec<String> {
     let mut new = old.clone();
     edit(&mut new);
-    match prepare_update_via(&mut new, old, sub, &Validator::default()) {
+    match prepare_update_via(
+        &mut new,
+        old,
+        sub,
+        &crate::ambient::System,
+        &Validator::default(),
+    ) {
         Ok(()) => vec![],
         Err(ApiError::Invalid { causes, .. }) => causes.into_iter().map(|c| c.field).collect(),
         Err(e) => panic!("unexpected error {e}"),
@@ -451,6 +469,7 @@ fn subresources_keep_what_they_do_not_own() {
         &mut new,
         &old,
         Some(SUBRESOURCE_STATUS),
+        &crate::ambient::System,
         &Validator::default(),
     )
     .unwrap();
@@ -458,7 +477,14 @@ fn subresources_keep_what_they_do_not_own() {
     assert_eq!(new.status.certificate, CERTIFICATE.as_bytes());
     // Another subresource is not served.
     let mut other = old.clone();
-    let e = prepare_update_via(&mut other, &old, Some("scale"), &Validator::default()).unwrap_err();
+    let e = prepare_update_via(
+        &mut other,
+        &old,
+        Some("scale"),
+        &crate::ambient::System,
+        &Validator::default(),
+    )
+    .unwrap_err();
     assert_eq!(e.code(), 405);
 }
 
@@ -475,6 +501,7 @@ fn condition_timestamps_are_defaulted() {
         &mut new,
         &old,
         Some(SUBRESOURCE_APPROVAL),
+        &crate::ambient::System,
         &Validator::default(),
     )
     .unwrap();

@@ -6,11 +6,11 @@
 //! change the spec or remove a known condition; only `/approval` changes Approved and Denied,
 //! and only `/status` sets the certificate, once, after approval and not after failure.
 
-use super::pem::{parse_request, validate_certificate};
 use super::{
     CONDITION_APPROVED, CONDITION_DENIED, CONDITION_FAILED, CertificateSigningRequest,
     CertificateSigningRequestCondition, KEY_USAGES, MIN_EXPIRATION_SECONDS,
 };
+use crate::pem::{parse_request, validate_certificate};
 use crate::validation::{ErrorList, dns1123_label, dns1123_subdomain};
 
 /// Condition types that may only be `True`.

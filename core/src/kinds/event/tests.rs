@@ -220,6 +220,7 @@ fn create_rejections_are_422_with_causes() {
     e.metadata.name = "Not_A_Name".into();
     let err = object::prepare_create(
         &mut e,
+        &crate::ambient::System,
         &crate::validation::declarative::Validator::default(),
     )
     .unwrap_err();
@@ -236,6 +237,7 @@ fn create_rejections_are_422_with_causes() {
     let mut ok = valid();
     object::prepare_create(
         &mut ok,
+        &crate::ambient::System,
         &crate::validation::declarative::Validator::default(),
     )
     .unwrap();
@@ -338,6 +340,7 @@ fn updates_may_change_only_the_series_and_metadata() {
     let mut stored = valid();
     object::prepare_create(
         &mut stored,
+        &crate::ambient::System,
         &crate::validation::declarative::Validator::default(),
     )
     .unwrap();

@@ -256,10 +256,10 @@ fn run_sa(mode: Mode, body: Value, old: Option<Value>) -> (Vec<(String, String)>
     let (v, seen) = recording(mode);
     let mut obj = sa(body);
     let result = match old {
-        None => prepare_create(&mut obj, &v),
+        None => prepare_create(&mut obj, &crate::ambient::System, &v),
         Some(old) => {
             let mut old = sa(old);
-            prepare_create(&mut old, &Validator::default()).unwrap();
+            prepare_create(&mut old, &crate::ambient::System, &Validator::default()).unwrap();
             prepare_update(&mut obj, &old, &v)
         }
     };
@@ -322,7 +322,7 @@ fn shipped_rules_agree_with_the_handwritten_validation() {
         let (v, seen) = recording(Mode::Compare);
         let mut ns: Namespace =
             decode_json(json!({"metadata": {"name": name}}).to_string().as_bytes()).unwrap();
-        let created = prepare_create(&mut ns, &v);
+        let created = prepare_create(&mut ns, &crate::ambient::System, &v);
         assert_eq!(created.is_ok(), name == "ok", "{name:?}");
         assert!(seen.lock().is_empty(), "mismatch on namespace {name:?}");
     }

@@ -5,8 +5,8 @@
 
 use serde_json::Value;
 use svc_core::codec;
-use svc_core::patch::decode::{self, FieldValidation};
 use svc_core::registry::Kind;
+use svc_core::strict::{self as decode, FieldValidation};
 use svc_core::{ApiError, object};
 
 use super::call::Call;

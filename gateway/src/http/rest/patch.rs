@@ -10,11 +10,11 @@ use http::{Response, StatusCode, header};
 use serde_json::{Value, json};
 use svc_core::meta::Time;
 use svc_core::object;
-use svc_core::patch::decode::{self, FieldValidation};
 use svc_core::patch::managed::{self, Writer};
 use svc_core::patch::{self as core_patch, PatchType};
 use svc_core::registry::Kind;
 use svc_core::status::StatusCause;
+use svc_core::strict::{self as decode, FieldValidation};
 use svc_core::{ApiError, Resource};
 
 use super::call::{Call, authorize_also, field_manager, path_namespace};
@@ -35,9 +35,8 @@ fn parse_apply_body(body: &[u8]) -> Result<(Value, Vec<String>), ApiError> {
     }
     let text = std::str::from_utf8(body)
         .map_err(|_| ApiError::bad_request("error decoding YAML: the body is not UTF-8"))?;
-    let opts = serde_saphyr::Options {
+    let opts = serde_saphyr::options! {
         duplicate_keys: serde_saphyr::DuplicateKeyPolicy::Error,
-        ..Default::default()
     };
     let v: Value = serde_saphyr::from_str_with_options(text, opts)
         .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
@@ -154,7 +153,7 @@ pub async fn patch<T: Kind>(
     // concurrent write, as Kubernetes does.
     let mut change = |current: &T| {
         let writer = Writer {
-            kind: T::INFO.kind,
+            kind: T::INFO.strategies(),
             api_version: &api_version,
             manager: &manager,
             now: Time::now(),
@@ -168,7 +167,12 @@ pub async fn patch<T: Kind>(
                 &current.meta().managed_fields,
                 force,
             )?,
-            None => core_patch::apply_patch(T::INFO.kind, patch_type, &current_value, &call.body)?,
+            None => core_patch::apply_patch(
+                T::INFO.strategies(),
+                patch_type,
+                &current_value,
+                &call.body,
+            )?,
         };
         let mut problems = body_problems.clone();
         let next: T = decode_patched(patched, &mut problems)?;
@@ -235,7 +239,7 @@ async fn apply_create<T: Kind>(
     } = create;
     let api_version = T::INFO.api_version();
     let writer = Writer {
-        kind: T::INFO.kind,
+        kind: T::INFO.strategies(),
         api_version: &api_version,
         manager,
         now: Time::now(),

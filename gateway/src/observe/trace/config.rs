@@ -1,15 +1,15 @@
 //! The TracingConfiguration file (`--tracing-config-file`): where spans go and how many of
 //! the requests that arrive without a sampled parent are traced. The type and its rules are
-//! `svc_core::config::tracing`'s (shared with `validate-config`); here it is read and dialled.
+//! `svc_config::tracing`'s (shared with `validate-config`); here it is read and dialled.
 
-pub use svc_core::config::tracing::{
+pub use svc_config::tracing::{
     DEFAULT_ENDPOINT, MAX_SAMPLING_RATE_PER_MILLION as PER_MILLION, TracingConfiguration,
 };
 
 /// Reads and checks the file of `--tracing-config-file`; the error names the file.
 pub fn read(path: &std::path::Path) -> Result<TracingConfiguration, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
-    svc_core::config::load::<TracingConfiguration>(&bytes).map_err(|mut e| {
+    svc_config::load::<TracingConfiguration>(&bytes).map_err(|mut e| {
         e.subject = path.display().to_string();
         e.to_string()
     })
@@ -43,7 +43,7 @@ mod tests {
     use super::*;
 
     fn load(doc: &str) -> Result<TracingConfiguration, Vec<String>> {
-        svc_core::config::load::<TracingConfiguration>(doc.as_bytes()).map_err(|e| e.lines())
+        svc_config::load::<TracingConfiguration>(doc.as_bytes()).map_err(|e| e.lines())
     }
 
     #[test]

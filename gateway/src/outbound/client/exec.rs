@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use svc_core::config::exec_credential::{ExecCredential, INFO_ENV};
-use svc_core::config::kubeconfig;
+use svc_config::exec_credential::{ExecCredential, INFO_ENV};
+use svc_config::kubeconfig;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use super::{ClientError, Pool};
@@ -269,7 +269,7 @@ async fn head(mut r: impl AsyncRead + Unpin, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use svc_core::config::exec_credential::V1;
+    use svc_config::exec_credential::V1;
 
     fn set_exec(p: &Path) {
         use std::os::unix::fs::PermissionsExt;
@@ -294,7 +294,7 @@ mod tests {
         let cluster = kubeconfig::Cluster {
             server: "https://127.0.0.1:1/hook".into(),
             extensions: vec![kubeconfig::NamedExtension {
-                name: svc_core::config::exec_credential::CLUSTER_EXTENSION.into(),
+                name: svc_config::exec_credential::CLUSTER_EXTENSION.into(),
                 extension: serde_json::json!({"audience": "hook"}),
             }],
             ..Default::default()

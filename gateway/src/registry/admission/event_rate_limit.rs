@@ -1,6 +1,6 @@
 //! The `EventRateLimit` admission plugin: Event creates and updates are charged to token
 //! buckets (server-wide, per namespace, per user, per source and object; the limiter is
-//! `svc_core::rate_limit`), and one over a limit gets 429 `TooManyRequests` with
+//! `svc_config::rate_limit`), and one over a limit gets 429 `TooManyRequests` with
 //! `Retry-After`. Dry-run requests are not charged, as in Kubernetes: they never reach the
 //! store, so they cost it nothing.
 
@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use serde_json::Value;
-use svc_core::config::event_rate_limit::Configuration;
+use svc_config::event_rate_limit::Configuration;
+use svc_config::rate_limit::{EventRateLimiter, Subject};
 use svc_core::kinds::Event;
-use svc_core::rate_limit::{EventRateLimiter, Subject};
-use svc_core::{ApiError, Resource, config};
+use svc_core::{ApiError, Resource};
 
 use super::{AdmissionObject, Attributes, Operation, Outcome, Plugin, Validating};
 
@@ -42,7 +42,7 @@ pub fn build(config: Option<Value>) -> Result<Plugin, String> {
         "a configuration is required: name the plugin in --admission-control-config-file"
             .to_string()
     })?;
-    let config: Configuration = config::load_value(doc).map_err(|e| e.to_string())?;
+    let config: Configuration = svc_config::load_value(doc).map_err(|e| e.to_string())?;
     Ok(Plugin {
         mutating: None,
         validating: Some(std::sync::Arc::new(EventRateLimit::new(&config))),

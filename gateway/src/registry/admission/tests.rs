@@ -280,10 +280,9 @@ async fn an_empty_chain_changes_nothing() {
 #[tokio::test]
 async fn event_rate_limit_charges_event_creates_and_updates_but_not_dry_runs() {
     let config = LIMITS.replace("Namespace", "Server");
-    let plugin = event_rate_limit::build(Some(
-        svc_core::config::parse_document(config.as_bytes()).unwrap(),
-    ))
-    .unwrap();
+    let plugin =
+        event_rate_limit::build(Some(svc_config::parse_document(config.as_bytes()).unwrap()))
+            .unwrap();
     let chain = Chain::new(vec![("EventRateLimit", plugin)]);
     let user = UserInfo::default();
     let event = Event::default();

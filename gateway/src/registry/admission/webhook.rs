@@ -28,8 +28,8 @@ use async_trait::async_trait;
 use base64::Engine;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use svc_core::cel::{Activation, DEFAULT_BUDGET, Program};
-use svc_core::config::admission_review::{
+use svc_cel::{Activation, DEFAULT_BUDGET, Program};
+use svc_config::admission_review::{
     AdmissionRequest, AdmissionResponse, GroupVersionKind, GroupVersionResource,
 };
 use svc_core::kinds::admission_registration::{

@@ -9,13 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use svc_core::config::audit::Event;
+use svc_config::audit::Event;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::Sink;
 use crate::base::deadline::Deadline;
-use svc_core::rate_limit::TokenBucket;
+use svc_config::rate_limit::TokenBucket;
 
 #[derive(Clone, Debug)]
 pub struct BatchConfig {
@@ -175,7 +175,7 @@ impl Throttle {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use svc_core::config::audit::{Level, Stage};
+    use svc_config::audit::{Level, Stage};
 
     fn event(id: usize) -> Arc<Event> {
         Arc::new(Event {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use futures::future::BoxFuture;
-use svc_core::config::audit::Event;
+use svc_config::audit::Event;
 
 use super::Sink;
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use rand::Rng;
-use svc_core::config::audit::{Event, EventList};
+use svc_config::audit::{Event, EventList};
 
 use super::Sink;
 

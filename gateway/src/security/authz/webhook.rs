@@ -18,8 +18,8 @@ use bytes::Bytes;
 use lru::LruCache;
 use parking_lot::Mutex;
 use serde_json::Value;
-use svc_core::cel::{self, Activation};
-use svc_core::config::subject_access_review::{
+use svc_cel::Activation;
+use svc_config::subject_access_review::{
     self as sar, NonResourceAttributes, ResourceAttributes, SubjectAccessReviewSpec,
 };
 use svc_core::user::UserInfo;
@@ -115,7 +115,7 @@ pub struct Settings {
 
 pub struct WebhookAuthorizer {
     settings: Settings,
-    conditions: Vec<cel::Program>,
+    conditions: Vec<svc_cel::Program>,
     transport: Arc<dyn Transport>,
     cache: DecisionCache,
     metrics: AuthzMetrics,
@@ -124,7 +124,7 @@ pub struct WebhookAuthorizer {
 impl WebhookAuthorizer {
     pub fn new(
         settings: Settings,
-        conditions: Vec<cel::Program>,
+        conditions: Vec<svc_cel::Program>,
         transport: Arc<dyn Transport>,
         metrics: AuthzMetrics,
     ) -> Self {
@@ -139,7 +139,7 @@ impl WebhookAuthorizer {
 
     pub fn with_cache(
         settings: Settings,
-        conditions: Vec<cel::Program>,
+        conditions: Vec<svc_cel::Program>,
         transport: Arc<dyn Transport>,
         metrics: AuthzMetrics,
         cache: DecisionCache,
@@ -169,7 +169,7 @@ impl WebhookAuthorizer {
         let request: Value = serde_json::to_value(spec).ok()?;
         let vars = Activation::new().bind("request", request);
         for c in &self.conditions {
-            match c.eval_bool(&vars, cel::DEFAULT_BUDGET) {
+            match c.eval_bool(&vars, svc_cel::DEFAULT_BUDGET) {
                 Ok(true) => {}
                 Ok(false) => return Some(false),
                 Err(e) => {

@@ -7,9 +7,9 @@
 use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
-use svc_core::cel::{self, Activation, Env, EvalError, Program, Type};
-use svc_core::config::Path;
-use svc_core::config::authentication::{
+use svc_cel::{Activation, Env, EvalError, Program, Type};
+use svc_config::Path;
+use svc_config::authentication::{
     ClaimMappings, ClaimValidationRule, JwtAuthenticator, PrefixedClaimOrExpression,
     UserValidationRule,
 };
@@ -34,7 +34,7 @@ impl Expr {
     /// keys) and checks that it can produce what is asked for.
     pub fn compile(text: &str, input: &'static str, produces: Produces) -> Result<Self, String> {
         let env = Env::new().var(input, Type::map(Type::String, Type::Dyn));
-        let program = cel::compile(text, &env).map_err(|e| e.to_string())?;
+        let program = svc_cel::compile(text, &env).map_err(|e| e.to_string())?;
         let allowed = match produces {
             Produces::Bool => vec![Type::Bool],
             Produces::String => vec![Type::String],
@@ -51,7 +51,7 @@ impl Expr {
     /// Evaluates with `vars` bound, within the cost budget, as JSON. An evaluation that runs
     /// out of budget is logged: it is a token built to be expensive, or a rule to rewrite.
     pub fn eval(&self, vars: &Activation) -> Result<Value, String> {
-        match self.program.eval(vars, cel::DEFAULT_BUDGET) {
+        match self.program.eval(vars, svc_cel::DEFAULT_BUDGET) {
             Ok(v) => Ok(v.to_json()),
             Err(e @ EvalError::CostLimitExceeded) => {
                 tracing::warn!(

@@ -19,7 +19,7 @@ use jsonwebtoken::{Algorithm, DecodingKey};
 use rustls::ClientConfig;
 use rustls_pki_types::{CertificateDer, ServerName};
 use serde::Deserialize;
-use svc_core::config::authentication::{Issuer, ca_certificates};
+use svc_config::authentication::{Issuer, ca_certificates};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 

@@ -2,7 +2,7 @@
 //! without expressions (the e2e suite signs real tokens against a real issuer).
 
 use serde_json::json;
-use svc_core::config::authentication::{
+use svc_config::authentication::{
     ClaimMappings, ClaimValidationRule, JwtAuthenticator, PrefixedClaimOrExpression,
 };
 
@@ -72,7 +72,7 @@ fn claims_map_to_a_user_as_kubernetes_maps_them() {
         ClaimMappings {
             username: claim("email", "oidc:"),
             groups: claim("groups", "g:"),
-            uid: svc_core::config::authentication::ClaimOrExpression {
+            uid: svc_config::authentication::ClaimOrExpression {
                 claim: "sub".into(),
                 expression: String::new(),
             },
@@ -124,7 +124,7 @@ fn claims_map_to_a_user_as_kubernetes_maps_them() {
 
 #[test]
 fn anonymous_conditions_are_exact_paths() {
-    use svc_core::config::authentication::AnonymousAuthCondition;
+    use svc_config::authentication::AnonymousAuthCondition;
     let c = AnonymousAuthConfig {
         enabled: true,
         conditions: vec![AnonymousAuthCondition {
@@ -157,7 +157,7 @@ fn expressions_map_claims_and_stop_at_their_budget() {
             ..Default::default()
         }],
     );
-    a.user_validation_rules = vec![svc_core::config::authentication::UserValidationRule {
+    a.user_validation_rules = vec![svc_config::authentication::UserValidationRule {
         expression: "user.groups.all(g, g != 'banned')".into(),
         message: "banned".into(),
     }];

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use svc_core::config::audit::{Event, Policy};
+use svc_config::audit::{Event, Policy};
 use svc_core::user::UserInfo;
 
 use super::*;
@@ -27,10 +27,9 @@ impl Sink for Recorder {
 }
 
 fn auditor(policy: &str) -> (Arc<Auditor>, Arc<Recorder>) {
-    let policy: Policy = svc_core::config::load(
-        format!("apiVersion: audit.svc.io/v1\nkind: Policy\n{policy}").as_bytes(),
-    )
-    .unwrap();
+    let policy: Policy =
+        svc_config::load(format!("apiVersion: audit.svc.io/v1\nkind: Policy\n{policy}").as_bytes())
+            .unwrap();
     let rec = Arc::new(Recorder::default());
     let batch = crate::base::flags::Options::for_tests(".".into())
         .audit

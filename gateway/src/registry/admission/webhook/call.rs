@@ -10,10 +10,10 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
-use svc_core::ApiError;
-use svc_core::config::admission_review::{
+use svc_config::admission_review::{
     API_VERSION, AdmissionRequest, AdmissionResponse, AdmissionReview, ResponseStatus,
 };
+use svc_core::ApiError;
 
 use crate::observe::metrics::Metrics;
 use crate::outbound::client::WebhookClient;

@@ -71,13 +71,13 @@ impl Clock for FakeClock {
 
 /// Holds when the namespace is not `skip`; fails to evaluate (no such key) in namespace
 /// `broken`.
-fn not_skipped() -> Vec<cel::Program> {
+fn not_skipped() -> Vec<svc_cel::Program> {
     [
         "request.resourceAttributes.namespace != 'broken' || request.noSuchField == 'x'",
         "request.resourceAttributes.namespace != 'skip'",
     ]
     .iter()
-    .map(|e| svc_core::config::authorization::compile_match_condition(e).unwrap())
+    .map(|e| svc_config::authorization::compile_match_condition(e).unwrap())
     .collect()
 }
 
