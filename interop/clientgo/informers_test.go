@@ -102,8 +102,12 @@ func TestSharedInformersConverge(t *testing.T) {
 	}
 	nsFactory.Start(ctx.Done())
 	factory.Start(ctx.Done())
-	defer nsFactory.Shutdown()
-	defer factory.Shutdown()
+	defer func() {
+		// Shutdown waits for the informers, which stop when the context is cancelled.
+		cancel()
+		nsFactory.Shutdown()
+		factory.Shutdown()
+	}()
 	for typ, ok := range nsFactory.WaitForCacheSync(ctx.Done()) {
 		if !ok {
 			t.Fatalf("%v did not sync", typ)

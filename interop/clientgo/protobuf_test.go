@@ -53,7 +53,7 @@ func TestProtobufCoreGroup(t *testing.T) {
 	if sa.Name != "pb-robot" || sa.Labels["format"] != "protobuf" || sa.UID == "" {
 		t.Fatalf("created ServiceAccount decoded wrong: %+v", sa.ObjectMeta)
 	}
-	sec, err := core.Secrets(ns).Create(ctx, &corev1.Secret{
+	_, err = core.Secrets(ns).Create(ctx, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: "pb-secret"},
 		Data:       map[string][]byte{"bin": {0, 1, 2, 255}},
 		Type:       corev1.SecretTypeOpaque,

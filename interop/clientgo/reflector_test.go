@@ -48,6 +48,15 @@ func (c *countingLW) WatchWithContext(ctx context.Context, o metav1.ListOptions)
 	return w, err
 }
 
+// List and Watch complete cache.ListerWatcher; the reflector calls the ...WithContext forms.
+func (c *countingLW) List(o metav1.ListOptions) (runtime.Object, error) {
+	return c.ListWithContext(context.Background(), o)
+}
+
+func (c *countingLW) Watch(o metav1.ListOptions) (watch.Interface, error) {
+	return c.WatchWithContext(context.Background(), o)
+}
+
 // initialSyncs counts full resyncs: plain lists plus streaming lists (sendInitialEvents=true).
 func (c *countingLW) initialSyncs() (lists, watchLists int) {
 	c.mu.Lock()
