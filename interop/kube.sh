@@ -25,6 +25,9 @@ ETCD_DIR="$CACHE/etcd-$ETCD_VERSION"
 KUBE_APISERVER="$K8S_DIR/kube-apiserver"
 ETCD="$ETCD_DIR/etcd"
 
+INTEROP_DIR=$HERE
+# shellcheck source=lib.sh
+source "$HERE/lib.sh"
 log() { echo "kube.sh: $*" >&2; }
 
 build_one() { # name module-dir out-binary package ldflags
@@ -52,12 +55,6 @@ cmd_build() {
 		k8s.io/kubernetes/cmd/kube-apiserver \
 		"-X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
 	build_one etcd "$HERE/build/etcd" "$ETCD" . ""
-}
-
-free_port() {
-	# Ask the kernel for a free loopback port (bind to 0, read it back, release it).
-	python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null ||
-		go run "$HERE/build/freeport/main.go"
 }
 
 gen_pki() { # DIR
@@ -93,21 +90,20 @@ gen_pki() { # DIR
 
 b64() { base64 -w0 <"$1"; }
 
-wait_ready() { # url log pid
-	local url=$1 logf=$2 pid=$3 deadline=$((SECONDS + ${KUBE_READY_TIMEOUT:-120}))
+wait_ready() { # port path log pid
+	local port=$1 path=$2 logf=$3 pid=$4 deadline=$((SECONDS + ${KUBE_READY_TIMEOUT:-120}))
 	while ((SECONDS < deadline)); do
 		if ! kill -0 "$pid" 2>/dev/null; then
 			log "process $pid exited; log tail:"
 			tail -n 40 "$logf" >&2
 			return 1
 		fi
-		if [[ $(curl -s -o /dev/null -w '%{http_code}' --cacert "$D/pki/ca.crt" \
-			--cert "$D/pki/admin.crt" --key "$D/pki/admin.key" "$url" 2>/dev/null) == 200 ]]; then
+		if [[ $(https_status 127.0.0.1 "$port" "$path" "$D/pki/ca.crt" "$D/pki/admin.crt" "$D/pki/admin.key") == 200 ]]; then
 			return 0
 		fi
 		sleep 0.5
 	done
-	log "$url not ready after ${KUBE_READY_TIMEOUT:-120} s; log tail:"
+	log "https://127.0.0.1:$port$path not ready after ${KUBE_READY_TIMEOUT:-120} s; log tail:"
 	tail -n 40 "$logf" >&2
 	return 1
 }
@@ -135,11 +131,11 @@ cmd_start() {
 		--listen-peer-urls "http://127.0.0.1:$etcd_peer" --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer" \
 		--initial-cluster "interop=http://127.0.0.1:$etcd_peer" \
 		--listen-metrics-urls "" --quota-backend-bytes 8589934592 \
-		--log-level warn >"$D/etcd.log" 2>&1 &
+		--log-level warn >>"$D/etcd.log" 2>&1 &
 	echo $! >"$D/etcd.pid"
 	echo "http://127.0.0.1:$etcd_client" >"$D/etcd.url"
 	local deadline=$((SECONDS + 30))
-	until curl -s "http://127.0.0.1:$etcd_client/health" | grep -q '"health":"true"'; do
+	until http_get 127.0.0.1 "$etcd_client" /health | grep -q '"health":"true"'; do
 		if ((SECONDS > deadline)) || ! kill -0 "$(cat "$D/etcd.pid")" 2>/dev/null; then
 			log "etcd did not start; log tail:"
 			tail -n 40 "$D/etcd.log" >&2
@@ -165,7 +161,7 @@ cmd_start() {
 		--profiling=false \
 		--endpoint-reconciler-type=none \
 		--v=1 \
-		${KUBE_APISERVER_EXTRA_FLAGS:-} >"$D/kube-apiserver.log" 2>&1 &
+		${KUBE_APISERVER_EXTRA_FLAGS:-} >>"$D/kube-apiserver.log" 2>&1 &
 	echo $! >"$D/kube-apiserver.pid"
 
 	cat >"$D/admin.kubeconfig" <<-EOF
@@ -187,33 +183,17 @@ cmd_start() {
 		current-context: admin
 	EOF
 
-	wait_ready "https://127.0.0.1:$port/readyz" "$D/kube-apiserver.log" "$(cat "$D/kube-apiserver.pid")" || {
+	wait_ready "$port" /readyz "$D/kube-apiserver.log" "$(cat "$D/kube-apiserver.pid")" || {
 		cmd_stop "$D"
 		return 1
 	}
 	log "kube-apiserver ready at https://127.0.0.1:$port (kubeconfig $D/admin.kubeconfig)"
 }
 
-stop_pid() { # pidfile
-	local f=$1 pid
-	[[ -f $f ]] || return 0
-	pid=$(cat "$f")
-	if kill -0 "$pid" 2>/dev/null; then
-		kill -TERM "$pid" 2>/dev/null || true
-		local deadline=$((SECONDS + ${KUBE_STOP_TIMEOUT:-15}))
-		while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
-		if kill -0 "$pid" 2>/dev/null; then
-			log "pid $pid did not end after TERM; KILL"
-			kill -KILL "$pid" 2>/dev/null || true
-		fi
-	fi
-	rm -f "$f"
-}
-
 cmd_stop() {
 	local d=${1:?usage: kube.sh stop DIR}
-	stop_pid "$d/kube-apiserver.pid"
-	stop_pid "$d/etcd.pid"
+	stop_pidfile "$d/kube-apiserver.pid" "${KUBE_STOP_TIMEOUT:-15}"
+	stop_pidfile "$d/etcd.pid" "${KUBE_STOP_TIMEOUT:-15}"
 }
 
 case "${1:-}" in
