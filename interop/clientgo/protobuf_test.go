@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
@@ -129,4 +130,29 @@ func TestProtobufCoreGroup(t *testing.T) {
 	if rec.count(kubeProtobuf+";stream=watch") != 1 {
 		t.Errorf("watch response content types: %v", rec.all())
 	}
+
+	// Errors come back as a Status, in protobuf as kube-apiserver sends them, and client-go
+	// decodes their reasons either way.
+	t.Run("ErrorsInProtobuf", func(t *testing.T) {
+		before := len(rec.all())
+		if _, err := core.Secrets(ns).Get(ctx, "missing", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Fatalf("get of a missing secret: %v, want 404 NotFound", err)
+		}
+		_, err := core.ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "pb-robot"}}, metav1.CreateOptions{})
+		if !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("second create: %v, want 409 AlreadyExists", err)
+		}
+		var notProto []string
+		for _, s := range rec.all()[before:] {
+			if !strings.Contains(s, "-> "+kubeProtobuf) {
+				notProto = append(notProto, s)
+			}
+		}
+		if len(notProto) == 2 && tg.suffix == "svc.io" && strings.HasSuffix(notProto[0], "-> application/json") {
+			t.Skip("known difference: see FINDINGS.md #4 (error Status answered in JSON to a protobuf client)")
+		}
+		if len(notProto) > 0 {
+			t.Fatalf("error answers not in protobuf: %v", notProto)
+		}
+	})
 }
