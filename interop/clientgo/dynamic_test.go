@@ -12,6 +12,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
+	"math/big"
 	"net/http"
 	"strings"
 	"testing"
@@ -297,4 +298,49 @@ func TestDynamicCSR(t *testing.T) {
 	if c := conditionTypes(denied); len(c) != 1 || c[0] != "Denied=True" {
 		t.Fatalf("conditions after denial %v", c)
 	}
+
+	// The signer's part: the certificate goes in through /status, once. (kube-apiserver also
+	// accepts a certificate on a denied request; that is left alone here.)
+	t.Run("StatusCertificate", func(t *testing.T) {
+		cur, err := csrs.Get(ctx, names[0], metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = unstructured.SetNestedField(cur.Object, base64.StdEncoding.EncodeToString(selfSignedPEM(t, "first")), "status", "certificate")
+		issued, err := csrs.Update(ctx, cur, metav1.UpdateOptions{}, "status")
+		if err != nil {
+			t.Fatalf("set status.certificate: %v", err)
+		}
+		if c, _, _ := unstructured.NestedString(issued.Object, "status", "certificate"); c == "" {
+			t.Fatal("status.certificate not stored")
+		}
+		if c := conditionTypes(issued); len(c) != 1 || c[0] != "Approved=True" {
+			t.Fatalf("conditions after /status %v", c)
+		}
+		_ = unstructured.SetNestedField(issued.Object, base64.StdEncoding.EncodeToString(selfSignedPEM(t, "second")), "status", "certificate")
+		if _, err := csrs.Update(ctx, issued, metav1.UpdateOptions{}, "status"); !apierrors.IsInvalid(err) {
+			t.Fatalf("replacing an issued certificate: %v, want 422 Invalid", err)
+		}
+	})
+}
+
+func selfSignedPEM(t *testing.T, cn string) []byte {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()),
+		Subject:      pkix.Name{CommonName: cn},
+		NotBefore:    time.Now().Add(-time.Minute),
+		NotAfter:     time.Now().Add(time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }

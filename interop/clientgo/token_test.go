@@ -17,6 +17,7 @@ import (
 )
 
 type reviewResult struct {
+	audiences     []string
 	authenticated bool
 	username      string
 	groups        []string
@@ -27,10 +28,23 @@ type reviewResult struct {
 // gateway) with the dynamic client.
 func tokenReview(t *testing.T, ctx context.Context, tg *target, token string) reviewResult {
 	t.Helper()
+	return tokenReviewAudiences(t, ctx, tg, token, nil)
+}
+
+func tokenReviewAudiences(t *testing.T, ctx context.Context, tg *target, token string, audiences []string) reviewResult {
+	t.Helper()
+	spec := map[string]any{"token": token}
+	if audiences != nil {
+		var a []any
+		for _, s := range audiences {
+			a = append(a, s)
+		}
+		spec["audiences"] = a
+	}
 	review := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": tg.group("authentication") + "/v1",
 		"kind":       "TokenReview",
-		"spec":       map[string]any{"token": token},
+		"spec":       spec,
 	}}
 	out, err := tg.dyn.Resource(tg.gvr("authentication", "tokenreviews")).Create(ctx, review, metav1.CreateOptions{})
 	if err != nil {
@@ -41,6 +55,7 @@ func tokenReview(t *testing.T, ctx context.Context, tg *target, token string) re
 	r.username, _, _ = unstructured.NestedString(out.Object, "status", "user", "username")
 	r.groups, _, _ = unstructured.NestedStringSlice(out.Object, "status", "user", "groups")
 	r.errText, _, _ = unstructured.NestedString(out.Object, "status", "error")
+	r.audiences, _, _ = unstructured.NestedStringSlice(out.Object, "status", "audiences")
 	return r
 }
 
@@ -120,6 +135,23 @@ func TestTokenRequestAndReview(t *testing.T) {
 		}
 		return nil
 	})
+
+	// Audiences: a token for a custom audience is valid for that audience only.
+	custom, err := core.ServiceAccounts(ns).CreateToken(ctx, "robot", &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &expiry, Audiences: []string{"interop.example.com"}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("TokenRequest with an audience: %v", err)
+	}
+	if !slices.Equal(custom.Spec.Audiences, []string{"interop.example.com"}) {
+		t.Fatalf("TokenRequest answered audiences %v", custom.Spec.Audiences)
+	}
+	if r := tokenReviewAudiences(t, ctx, tg, custom.Status.Token, []string{"interop.example.com"}); !r.authenticated || !slices.Equal(r.audiences, []string{"interop.example.com"}) {
+		t.Fatalf("TokenReview for its audience: %+v", r)
+	}
+	if r := tokenReview(t, ctx, tg, custom.Status.Token); r.authenticated {
+		t.Fatalf("a token for another audience was accepted for the server's own: %+v", r)
+	}
 
 	if r := tokenReview(t, ctx, tg, "not-a-token"); r.authenticated || r.errText == "" {
 		t.Fatalf("TokenReview of garbage %+v, want authenticated=false with an error", r)
