@@ -24,7 +24,9 @@ log() { echo "run.sh: $*" >&2; }
 # The gateway runs with a 2 s watch-cache history window (so the restart test can force a 410
 # quickly), a short shutdown, and WatchList on: the spec has streaming lists off by default,
 # kube-apiserver 1.37 has them on, and the WatchList test is about the streaming path.
-GATEWAY_FLAGS="--watch-cache-history-window=2s --shutdown-timeout=5s --feature-gates=WatchList=true"
+# Both servers run with the alpha gate CBORServingAndStorage on, for TestCBORCoreGroup.
+GATEWAY_FLAGS="--watch-cache-history-window=2s --shutdown-timeout=5s --feature-gates=WatchList=true,CBORServingAndStorage=true"
+export KUBE_APISERVER_EXTRA_FLAGS="--feature-gates=CBORServingAndStorage=true ${KUBE_APISERVER_EXTRA_FLAGS:-}"
 
 cleanup() {
 	local rc=$?

@@ -12,5 +12,10 @@ func TestMain(m *testing.M) {
 	if err := os.Setenv("KUBE_FEATURE_WatchListClient", "true"); err != nil {
 		panic(err)
 	}
+	// ClientsAllowCBOR lets a client that asks for CBOR (TestCBORCoreGroup) use it; clients that
+	// do not ask are unchanged (ClientsPreferCBOR stays off).
+	if err := os.Setenv("KUBE_FEATURE_ClientsAllowCBOR", "true"); err != nil {
+		panic(err)
+	}
 	os.Exit(m.Run())
 }
