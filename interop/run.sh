@@ -79,7 +79,7 @@ run_target() { # name
 		INTEROP_TARGET=$name INTEROP_KUBECONFIG=$dir/admin.kubeconfig INTEROP_GROUP_SUFFIX=$suffix \
 			INTEROP_RESTART_CMD=$restart \
 			go tool test2json -t -p "$name" "$WORK/clientgo.test" -test.v=test2json -test.count=1 \
-			-test.timeout=4m ${INTEROP_TEST_RUN:+-test.run "$INTEROP_TEST_RUN"} >"$WORK/$name.json" 2>&1
+			-test.timeout=150s ${INTEROP_TEST_RUN:+-test.run "$INTEROP_TEST_RUN"} >"$WORK/$name.json" 2>&1
 	) || true
 	log "$name: tests took $((SECONDS - t0)) s"
 	case $name in
