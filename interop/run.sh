@@ -28,8 +28,14 @@ log() { echo "run.sh: $*" >&2; }
 GATEWAY_FLAGS="--watch-cache-history-window=2s --shutdown-timeout=5s --feature-gates=WatchList=true,CBORServingAndStorage=true"
 export KUBE_APISERVER_EXTRA_FLAGS="--feature-gates=CBORServingAndStorage=true ${KUBE_APISERVER_EXTRA_FLAGS:-}"
 
+summarized=
 cleanup() {
 	local rc=$?
+	if [[ -z $summarized ]]; then
+		# Stopped before the tests ran (a build failed, or interrupted): still end with the line.
+		echo "0 passed, 1 failed"
+		((rc != 0)) || rc=1
+	fi
 	"$HERE/gateway.sh" stop "$WORK/svc-gateway" >/dev/null 2>&1 || true
 	"$HERE/kube.sh" stop "$WORK/kube-apiserver" >/dev/null 2>&1 || true
 	if [[ -n ${INTEROP_KEEP:-} ]]; then
@@ -96,4 +102,5 @@ for name in ${INTEROP_TARGETS:-kube-apiserver svc-gateway}; do
 	args+=("$name=$WORK/$name.json")
 done
 log "whole run took $((SECONDS - start)) s"
+summarized=1
 "$WORK/testsummary" "${args[@]}"
