@@ -92,6 +92,15 @@ func TestServerSideApplyServiceAccount(t *testing.T) {
 		t.Fatalf("after force, manager-b should own team and manager-a not: %v", m)
 	}
 
+	// What manager-a still owns, as a controller reads it back before its next apply.
+	extracted, err := applycorev1.ExtractServiceAccount(forced, "manager-a")
+	if err != nil {
+		t.Fatalf("extract manager-a's fields: %v", err)
+	}
+	if extracted.Labels["team"] != "" || extracted.Annotations["owner"] != "manager-a" {
+		t.Fatalf("manager-a's extracted fields: labels %v annotations %v", extracted.Labels, extracted.Annotations)
+	}
+
 	// manager-b applies without the label: as its sole owner now, that removes it.
 	empty := applycorev1.ServiceAccount("robot", ns)
 	removed, err := sas.Apply(ctx, empty, metav1.ApplyOptions{FieldManager: "manager-b"})

@@ -217,3 +217,65 @@ func TestSharedInformersConverge(t *testing.T) {
 		t.Fatal("no event handler was called")
 	}
 }
+
+// TestInformerAllNamespacesLabelSelector: an informer over every namespace with a label
+// selector (a cluster-wide watch, /api/v1/secrets?labelSelector=...). An object that stops
+// matching must leave the informer (the watch sends DELETED for it), one that starts matching
+// must enter it (ADDED).
+func TestInformerAllNamespacesLabelSelector(t *testing.T) {
+	tg := getTarget(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	run := randSuffix()
+	nsA := newNamespace(t, tg, "sel-a")
+	nsB := newNamespace(t, tg, "sel-b")
+	selector := labels.Set{"interop-sel": run}.String()
+	factory := informers.NewSharedInformerFactoryWithOptions(tg.kube, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
+	inf := factory.Core().V1().Secrets().Informer()
+	var deletes atomic.Int64
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{DeleteFunc: func(any) { deletes.Add(1) }}); err != nil {
+		t.Fatal(err)
+	}
+	factory.Start(ctx.Done())
+	defer func() {
+		cancel()
+		factory.Shutdown()
+	}()
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		t.Fatal("informer did not sync")
+	}
+	core := tg.kube.CoreV1()
+	for _, ns := range []string{nsA, nsB} {
+		for _, name := range []string{"in", "out"} {
+			l := map[string]string{"interop-sel": run}
+			if name == "out" {
+				l = map[string]string{"interop-sel": "other"}
+			}
+			if _, err := core.Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: l}}, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// nsA/in leaves the selector; nsB/out enters it.
+	if _, err := core.Secrets(nsA).Patch(ctx, "in", types.MergePatchType, []byte(`{"metadata":{"labels":{"interop-sel":"gone"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := core.Secrets(nsB).Patch(ctx, "out", types.MergePatchType, []byte(`{"metadata":{"labels":{"interop-sel":"`+run+`"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "selector informer converges", func() error {
+		l, err := core.Secrets("").List(ctx, metav1.ListOptions{LabelSelector: selector})
+		if err != nil {
+			return err
+		}
+		want := listState(l.Items, func(o *corev1.Secret) metav1.Object { return o })
+		if len(want) != 2 {
+			return fmt.Errorf("server lists %v, want nsB/in and nsB/out", want)
+		}
+		return sameState(storeState(inf.GetStore()), want)
+	})
+	if deletes.Load() != 1 {
+		t.Fatalf("%d delete notifications, want 1 (nsA/in left the selector)", deletes.Load())
+	}
+}
