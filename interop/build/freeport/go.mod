@@ -1,0 +1,3 @@
+module svc.io/interop/build/freeport
+
+go 1.26.0

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Starts and stops the svc gateway for the interop tests, the way kube.sh does kube-apiserver.
+#
+#   interop/gateway.sh start DIR   start it on 127.0.0.1 with its data in DIR/data; the port is
+#                                  chosen once and kept in DIR/port, so a restart keeps it;
+#                                  returns once /readyz answers 200; DIR/admin.kubeconfig
+#   interop/gateway.sh stop DIR    end it by pid (TERM, then KILL)
+#
+# Environment:
+#   SVC_GATEWAY_BIN            the binary (default: built with cargo into $CARGO_TARGET_DIR)
+#   SVC_GATEWAY_EXTRA_FLAGS    extra flags (word-split), e.g. --watch-cache-history-window=2s
+#   GATEWAY_READY_TIMEOUT      seconds to wait for /readyz (default 60)
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/.." && pwd)"
+INTEROP_DIR=$HERE
+# shellcheck source=lib.sh
+source "$HERE/lib.sh"
+log() { echo "gateway.sh: $*" >&2; }
+
+gateway_bin() {
+	if [[ -n ${SVC_GATEWAY_BIN:-} ]]; then
+		echo "$SVC_GATEWAY_BIN"
+		return
+	fi
+	local target=${CARGO_TARGET_DIR:-$REPO/target}
+	if [[ ! -x $target/debug/svc-gateway ]]; then
+		log "building svc-gateway with cargo (CARGO_TARGET_DIR=$target) ..."
+		(cd "$REPO" && CARGO_TARGET_DIR=$target cargo build -q -p svc-gateway >&2)
+	fi
+	echo "$target/debug/svc-gateway"
+}
+
+cmd_start() {
+	local d=${1:?usage: gateway.sh start DIR} bin port
+	mkdir -p "$d"
+	d=$(cd "$d" && pwd)
+	bin=$(gateway_bin)
+	if [[ -f $d/gateway.pid ]] && kill -0 "$(cat "$d/gateway.pid")" 2>/dev/null; then
+		log "already running in $d"
+		return 0
+	fi
+	if [[ -f $d/port ]]; then port=$(cat "$d/port"); else port=$(free_port); fi
+	echo "$port" >"$d/port"
+	# shellcheck disable=SC2086
+	"$bin" --data-dir "$d/data" --bind-address 127.0.0.1 --secure-port "$port" \
+		${SVC_GATEWAY_EXTRA_FLAGS:-} >>"$d/gateway.log" 2>&1 &
+	echo $! >"$d/gateway.pid"
+	local pid deadline=$((SECONDS + ${GATEWAY_READY_TIMEOUT:-60}))
+	pid=$(cat "$d/gateway.pid")
+	while ((SECONDS < deadline)); do
+		if ! kill -0 "$pid" 2>/dev/null; then
+			log "svc-gateway exited; log tail:"
+			tail -n 40 "$d/gateway.log" >&2
+			return 1
+		fi
+		if [[ -f $d/data/admin.kubeconfig && $(https_status 127.0.0.1 "$port" /readyz) == 200 ]]; then
+			cp "$d/data/admin.kubeconfig" "$d/admin.kubeconfig"
+			log "svc-gateway ready at https://127.0.0.1:$port (kubeconfig $d/admin.kubeconfig)"
+			return 0
+		fi
+		sleep 0.2
+	done
+	log "svc-gateway not ready after ${GATEWAY_READY_TIMEOUT:-60} s; log tail:"
+	tail -n 40 "$d/gateway.log" >&2
+	cmd_stop "$d"
+	return 1
+}
+
+cmd_stop() {
+	local d=${1:?usage: gateway.sh stop DIR}
+	stop_pidfile "$d/gateway.pid" "${GATEWAY_STOP_TIMEOUT:-15}"
+}
+
+case "${1:-}" in
+start) cmd_start "${2:-}" ;;
+stop) cmd_stop "${2:-}" ;;
+bin) gateway_bin ;;
+*)
+	echo "usage: $0 start DIR | stop DIR | bin" >&2
+	exit 2
+	;;
+esac
