@@ -77,16 +77,21 @@ pub struct Written<T> {
     pub outcome: Outcome,
 }
 
+/// Who writes `T`'s fields now: `manager`, under `api_version` (the kind's).
+pub fn writer<'a, T: Kind>(api_version: &'a str, manager: &'a str) -> Writer<'a> {
+    Writer {
+        kind: T::INFO.strategies(),
+        api_version,
+        manager,
+        now: Time::now(),
+    }
+}
+
 /// Records a non-apply write in `next`'s `managedFields` as an `Update` by `manager`; `old`
 /// is `None` on create.
 fn record_update<T: Kind>(manager: &str, old: Option<&T>, next: &mut T) -> Result<(), ApiError> {
     let api_version = T::INFO.api_version();
-    let writer = Writer {
-        kind: T::INFO.strategies(),
-        api_version: &api_version,
-        manager,
-        now: Time::now(),
-    };
+    let writer = writer::<T>(&api_version, manager);
     let old_value = old
         .map(serde_json::to_value)
         .transpose()

@@ -8,9 +8,8 @@ use std::sync::Arc;
 
 use http::{Response, StatusCode, header};
 use serde_json::{Value, json};
-use svc_core::meta::Time;
 use svc_core::object;
-use svc_core::patch::managed::{self, Writer};
+use svc_core::patch::managed;
 use svc_core::patch::{self as core_patch, PatchType};
 use svc_core::registry::Kind;
 use svc_core::status::StatusCause;
@@ -152,12 +151,7 @@ pub async fn patch<T: Kind>(
     // The patch is applied to the stored object, and again to a newer one after a
     // concurrent write, as Kubernetes does.
     let mut change = |current: &T| {
-        let writer = Writer {
-            kind: T::INFO.strategies(),
-            api_version: &api_version,
-            manager: &manager,
-            now: Time::now(),
-        };
+        let writer = registry::write::writer::<T>(&api_version, &manager);
         let current_value = serde_json::to_value(current).map_err(ApiError::internal)?;
         let patched = match &apply_config {
             Some(config) => managed::apply(
@@ -238,12 +232,7 @@ async fn apply_create<T: Kind>(
         validation,
     } = create;
     let api_version = T::INFO.api_version();
-    let writer = Writer {
-        kind: T::INFO.strategies(),
-        api_version: &api_version,
-        manager,
-        now: Time::now(),
-    };
+    let writer = registry::write::writer::<T>(&api_version, manager);
     let mut stub = json!({
         "apiVersion": api_version,
         "kind": T::INFO.kind,
