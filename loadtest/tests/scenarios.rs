@@ -754,7 +754,7 @@ impl svc_gateway::security::authz::Authorizer for AllowUsers {
     }
     fn authorize<'a>(
         &'a self,
-        user: &'a svc_gateway::outbound::pki::UserInfo,
+        user: &'a svc_core::user::UserInfo,
         attrs: &'a svc_gateway::security::authz::Attributes<'a>,
     ) -> svc_gateway::security::authz::DecisionFuture<'a> {
         use svc_gateway::security::authz::Decision;

@@ -20,24 +20,18 @@
 //! turn waits until enough seats are free, and narrower ones behind it wait with it (it is
 //! never starved by a stream of narrow ones).
 //!
-//! Metrics with Kubernetes' APF names: `apiserver_flowcontrol_current_inqueue_requests`,
-//! `apiserver_flowcontrol_current_executing_requests`,
-//! `apiserver_flowcontrol_rejected_requests_total` and
-//! `apiserver_flowcontrol_request_wait_duration_seconds`, labelled by `priority_level`
-//! (`readOnly`, `mutating`; `watch` for rejected watches).
+//! Its metrics, with Kubernetes' APF names, are `observe::metrics::flow`'s.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
-use prometheus_client::metrics::MetricType;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::Notify;
+
+use prometheus_client::metrics::gauge::Gauge;
+
+pub use crate::observe::metrics::flow::{FlowFamily, FlowMetrics, Rejection};
 
 /// Objects a list goes through per seat it holds (Kubernetes' `objectsPerSeat`).
 pub const LIST_OBJECTS_PER_SEAT: usize = 100;
@@ -54,156 +48,6 @@ pub fn list_width(stored: usize, limit: Option<usize>) -> usize {
     objects
         .div_ceil(LIST_OBJECTS_PER_SEAT)
         .clamp(1, MAX_LIST_SEATS)
-}
-
-/// Kubernetes' buckets for `apiserver_flowcontrol_request_wait_duration_seconds`.
-const WAIT_BUCKETS: [f64; 13] = [
-    0.0, 0.005, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 30.0,
-];
-
-/// Why a request was turned away, as Kubernetes' `reason` label says it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Rejection {
-    /// The user's queue, or the number of queued users, was at its bound.
-    QueueFull,
-    /// The request waited `--max-queue-wait` without getting a seat.
-    TimeOut,
-    /// No seat and no queueing (a watch past `--max-watches`, or queues of length 0).
-    ConcurrencyLimit,
-}
-
-impl Rejection {
-    pub fn reason(self) -> &'static str {
-        match self {
-            Rejection::QueueFull => "queue-full",
-            Rejection::TimeOut => "time-out",
-            Rejection::ConcurrencyLimit => "concurrency-limit",
-        }
-    }
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct LevelLabels {
-    priority_level: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RejectedLabels {
-    priority_level: &'static str,
-    reason: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct WaitLabels {
-    priority_level: &'static str,
-    /// `true` when the request went on to run, `false` when it was rejected.
-    execute: &'static str,
-}
-
-/// The flow-control metric families, shared by every pool; registered by `Api::new`.
-#[derive(Clone)]
-pub struct FlowMetrics {
-    inqueue: Family<LevelLabels, Gauge>,
-    executing: Family<LevelLabels, Gauge>,
-    rejected: Family<RejectedLabels, Counter>,
-    wait: Family<WaitLabels, Histogram>,
-}
-
-impl Default for FlowMetrics {
-    fn default() -> Self {
-        let m = FlowMetrics {
-            inqueue: Family::default(),
-            executing: Family::default(),
-            rejected: Family::default(),
-            wait: Family::new_with_constructor(|| Histogram::new(WAIT_BUCKETS)),
-        };
-        for level in ["readOnly", "mutating"] {
-            let l = LevelLabels {
-                priority_level: level,
-            };
-            let _ = m.inqueue.get_or_create(&l);
-            let _ = m.executing.get_or_create(&l);
-        }
-        m
-    }
-}
-
-impl FlowMetrics {
-    /// `(name, help, metric)` of every family, for the registry.
-    pub fn families(&self) -> Vec<(&'static str, &'static str, FlowFamily)> {
-        vec![
-            (
-                "apiserver_flowcontrol_current_inqueue_requests",
-                "Number of requests currently pending in queues of the API Priority and \
-                 Fairness subsystem",
-                FlowFamily(AnyFamily::Level(self.inqueue.clone())),
-            ),
-            (
-                "apiserver_flowcontrol_current_executing_requests",
-                "Number of requests in initial (for a WATCH) or any (for a non-WATCH) \
-                 execution stage in the API Priority and Fairness subsystem",
-                FlowFamily(AnyFamily::Level(self.executing.clone())),
-            ),
-            (
-                "apiserver_flowcontrol_rejected_requests",
-                "Number of requests rejected by API Priority and Fairness subsystem",
-                FlowFamily(AnyFamily::Rejected(self.rejected.clone())),
-            ),
-            (
-                "apiserver_flowcontrol_request_wait_duration_seconds",
-                "Length of time a request spent waiting in its queue",
-                FlowFamily(AnyFamily::Wait(self.wait.clone())),
-            ),
-        ]
-    }
-
-    /// Counts a rejection of a request of `level`.
-    pub fn rejected(&self, level: &'static str, why: Rejection) {
-        self.rejected
-            .get_or_create(&RejectedLabels {
-                priority_level: level,
-                reason: why.reason(),
-            })
-            .inc();
-    }
-
-    fn waited(&self, level: &'static str, executed: bool, since: Instant) {
-        self.wait
-            .get_or_create(&WaitLabels {
-                priority_level: level,
-                execute: if executed { "true" } else { "false" },
-            })
-            .observe(since.elapsed().as_secs_f64());
-    }
-}
-
-/// One of the flow-control families, as the registry takes it.
-#[derive(Debug)]
-pub struct FlowFamily(AnyFamily);
-
-#[derive(Debug)]
-enum AnyFamily {
-    Level(Family<LevelLabels, Gauge>),
-    Rejected(Family<RejectedLabels, Counter>),
-    Wait(Family<WaitLabels, Histogram>),
-}
-
-impl EncodeMetric for FlowFamily {
-    fn encode(&self, encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
-        match &self.0 {
-            AnyFamily::Level(f) => f.encode(encoder),
-            AnyFamily::Rejected(f) => f.encode(encoder),
-            AnyFamily::Wait(f) => f.encode(encoder),
-        }
-    }
-
-    fn metric_type(&self) -> MetricType {
-        match &self.0 {
-            AnyFamily::Level(f) => f.metric_type(),
-            AnyFamily::Rejected(f) => f.metric_type(),
-            AnyFamily::Wait(f) => f.metric_type(),
-        }
-    }
 }
 
 /// The bounds of one pool.
@@ -341,15 +185,13 @@ impl Drop for Queued<'_> {
 
 impl FairLimit {
     pub fn new(level: &'static str, cfg: FairConfig, metrics: FlowMetrics) -> Self {
-        let labels = LevelLabels {
-            priority_level: level,
-        };
+        let (inqueue, executing) = metrics.level_gauges(level);
         FairLimit {
             level,
             cfg,
             state: parking_lot::Mutex::new(State::default()),
-            inqueue: metrics.inqueue.get_or_create_owned(&labels),
-            executing: metrics.executing.get_or_create_owned(&labels),
+            inqueue,
+            executing,
             metrics,
         }
     }

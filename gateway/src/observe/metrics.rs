@@ -5,6 +5,8 @@
 //! time through a collector (`caches.rs`). README.md's "Metrics" section lists every family.
 
 pub mod authz;
+pub mod caches;
+pub mod flow;
 pub mod store;
 
 use std::sync::Arc;

@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use rustls_pki_types::CertificateDer;
 
+use svc_core::user::UserInfo;
 use time::OffsetDateTime;
 
 use crate::base::flags::Options;
@@ -191,11 +192,12 @@ pub enum PkiError {
     },
 }
 
-pub use svc_core::user::UserInfo;
-
 /// Identity of a client certificate whose chain the TLS layer has already verified:
 /// CN is the username, each O a group (the Kubernetes convention), plus
-/// `system:authenticated`. `None` when the certificate does not parse or has no CN.
+/// `system:authenticated`. `None` when the certificate does not parse or has no CN. It is
+/// the reading of a certificate's subject, which the PKI needs for its own certificates
+/// (`issue.rs` checks the admin certificate names `system:masters`); `security::authn` calls
+/// it for the connection's client certificate.
 pub fn user_from_client_cert(cert_der: &[u8]) -> Option<UserInfo> {
     let (_, cert) = x509_parser::parse_x509_certificate(cert_der).ok()?;
     let username = cert.subject().iter_common_name().next()?.as_str().ok()?;

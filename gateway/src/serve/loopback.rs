@@ -12,10 +12,10 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use svc_core::ApiError;
 
-use crate::outbound::pki::UserInfo;
 use crate::security::authz::{GROUP_AUTHENTICATED, GROUP_MASTERS};
 use crate::serve::app::App;
 use crate::serve::pipeline::{self, Caller, RequestBody};
+use svc_core::user::UserInfo;
 
 /// A client of this server for one system user.
 #[derive(Clone)]

@@ -12,6 +12,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use opentelemetry::context::FutureExt as _;
 use svc_core::ApiError;
+use svc_core::user::UserInfo;
 
 use crate::base::deadline::Deadline;
 use crate::base::features::Feature;
@@ -19,7 +20,6 @@ use crate::base::query::Query;
 use crate::base::router::{self, Route};
 use crate::base::verb::Verb;
 use crate::http::respond::{self, Body};
-use crate::outbound::pki;
 use crate::security::authn::{self, ConnIdentity};
 use crate::security::authz::{Attributes, GROUP_MASTERS};
 use crate::serve::app::App;
@@ -34,7 +34,7 @@ pub enum Caller {
     /// A client on a connection (its certificate, if any, already verified by TLS).
     Connection(Arc<ConnIdentity>),
     /// The server itself (a controller), acting as this user; authorization still applies.
-    Internal(pki::UserInfo),
+    Internal(UserInfo),
 }
 
 /// A request body: still arriving from a client, or already in memory.
@@ -218,7 +218,7 @@ struct Admitted<'a> {
 
 async fn admit<'a>(
     app: &'a App,
-    user: &pki::UserInfo,
+    user: &UserInfo,
     verb: Verb,
     width: usize,
 ) -> Result<Admitted<'a>, limits::Rejection> {
@@ -270,7 +270,7 @@ async fn authenticate(
     caller: &Caller,
     req: &Request<RequestBody>,
     path: &str,
-) -> Result<pki::UserInfo, ApiError> {
+) -> Result<UserInfo, ApiError> {
     match caller {
         Caller::Connection(ident) => {
             authn::authenticate(
@@ -295,7 +295,7 @@ fn request_span(
     tracer: &trace::Tracer,
     req: &Request<RequestBody>,
     route: &Route,
-    user: &Result<pki::UserInfo, ApiError>,
+    user: &Result<UserInfo, ApiError>,
     since: SystemTime,
 ) -> opentelemetry::Context {
     use opentelemetry::KeyValue;
@@ -360,7 +360,7 @@ async fn serve_audited(
     query: Query,
     verb: Verb,
     path: &str,
-    user: pki::UserInfo,
+    user: UserInfo,
     mut record: audit::Record,
 ) -> Response<Body> {
     use futures::FutureExt as _;
@@ -399,7 +399,7 @@ async fn serve(
     query: Query,
     verb: Verb,
     path: &str,
-    user: pki::UserInfo,
+    user: UserInfo,
     record: Option<&mut audit::Record>,
 ) -> Response<Body> {
     let attrs = match &route {
@@ -488,7 +488,7 @@ async fn dispatch(
     route: Route,
     query: Query,
     verb: Verb,
-    user: pki::UserInfo,
+    user: UserInfo,
     record: Option<&mut audit::Record>,
 ) -> Response<Body> {
     let is_get = req.method() == Method::GET || req.method() == Method::HEAD;

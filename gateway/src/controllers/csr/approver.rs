@@ -17,10 +17,11 @@ use svc_core::{ApiError, Resource};
 
 use super::signer::check_signer_rules;
 use super::{CsrController, Synced, lost_race, subresource_path};
-use crate::outbound::pki::{UserInfo, inspect_request};
+use crate::outbound::pki::inspect_request;
 use crate::security::authz::{Attributes, Chain, ResourceAttributes};
 use crate::serve::app::App;
 use crate::serve::loopback::Loopback;
+use svc_core::user::UserInfo;
 
 /// The user the controller writes as.
 const USER: &str = "system:svc-controller-manager:csr-approver";

@@ -14,10 +14,10 @@ use crate::base::router::ResourceRoute;
 use crate::base::verb::Verb;
 use crate::http::api::Api;
 use crate::http::negotiate::Format;
-use crate::outbound::pki::UserInfo;
 use crate::registry::admission::{self};
 use crate::registry::write::WriteRequest;
 use crate::security::authz::Attributes;
+use svc_core::user::UserInfo;
 
 /// Checks that the caller may also do `verb` to the request's object: apply that creates
 /// needs `create` besides `patch`, force deletion needs `unsafe-delete-ignore-read-errors`
