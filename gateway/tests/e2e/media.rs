@@ -158,6 +158,28 @@ async fn cbor_behind_its_gate() {
         ))
         .await;
     assert_eq!(r.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let apply_cbor = |name: &str, labels: serde_json::Value| {
+        let mut body = vec![0xd9, 0xd9, 0xf7];
+        ciborium::into_writer(
+            &json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                    "metadata": {"name": name, "labels": labels}}),
+            &mut body,
+        )
+        .unwrap();
+        Client::build(
+            Method::PATCH,
+            &format!("{SA}/{name}?fieldManager=cbor-applier"),
+            body,
+            &[("content-type", "application/apply-patch+cbor")],
+        )
+    };
+    let r = c.send(apply_cbor("applied", json!({}))).await;
+    assert_eq!(
+        r.status,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "apply-patch+cbor is CBOR: refused without the gate. {}",
+        r.text()
+    );
 
     let srv =
         TestServer::start_with(|o| o.feature_gates.set(Feature::CBORServingAndStorage, true)).await;
@@ -216,6 +238,22 @@ async fn cbor_behind_its_gate() {
         ))
         .await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
+
+    // Server-side apply with a CBOR configuration: creates, then changes what it owns.
+    let r = c.send(apply_cbor("applied", json!({"a": "1"}))).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
+    let r = c.send(apply_cbor("applied", json!({"a": "2"}))).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let applied = c.get(&format!("{SA}/applied")).await.1;
+    assert_eq!(applied["metadata"]["labels"]["a"], "2");
+    assert_eq!(
+        applied["metadata"]["managedFields"][0]["manager"],
+        "cbor-applier"
+    );
+    assert_eq!(
+        applied["metadata"]["managedFields"][0]["operation"],
+        "Apply"
+    );
 
     // The watch sees the create as one CBOR sequence item.
     use http_body_util::BodyExt;

@@ -8,16 +8,17 @@ use std::sync::Arc;
 
 use http::{Response, StatusCode, header};
 use serde_json::{Value, json};
-use svc_core::object;
 use svc_core::patch::managed;
 use svc_core::patch::{self as core_patch, PatchType};
 use svc_core::registry::Kind;
 use svc_core::status::StatusCause;
 use svc_core::strict::{self as decode, FieldValidation};
 use svc_core::{ApiError, Resource};
+use svc_core::{codec, object};
 
 use super::call::{Call, authorize_also, field_manager, path_namespace};
 use super::write::written_response;
+use crate::base::features::Feature;
 use crate::http::api::Api;
 use crate::http::respond::Body;
 use crate::registry;
@@ -26,9 +27,13 @@ use crate::registry::write::{Fields, WriteRequest};
 /// How often an apply that finds its object created concurrently starts again.
 const MAX_RETRIES: usize = 8;
 
-/// The body of an apply request: YAML, of which JSON is a subset. Duplicate keys are
-/// reported like JSON's (Strict refuses them).
-fn parse_apply_body(body: &[u8]) -> Result<(Value, Vec<String>), ApiError> {
+/// The body of an apply request: YAML, of which JSON is a subset, or CBOR when its media type
+/// says so. Duplicate keys are reported like JSON's (Strict refuses them); YAML's and CBOR's
+/// parsers refuse them themselves.
+fn parse_apply_body(body: &[u8], cbor: bool) -> Result<(Value, Vec<String>), ApiError> {
+    if cbor {
+        return Ok((codec::cbor::decode(body)?, vec![]));
+    }
     if let Ok(parsed) = decode::parse_json(body) {
         return Ok(parsed);
     }
@@ -86,27 +91,44 @@ fn decode_patched<T: Resource>(v: Value, problems: &mut Vec<String>) -> Result<T
     Ok(obj)
 }
 
-pub async fn patch<T: Kind>(
-    app: &Arc<Api>,
-    call: &Call,
-    name: &str,
-) -> Result<Response<Body>, ApiError> {
+/// What a PATCH asks for, read from its `Content-Type` and query.
+struct PatchOptions {
+    patch_type: PatchType,
+    /// An apply configuration in CBOR (`application/apply-patch+cbor`).
+    cbor: bool,
+    dry_run: bool,
+    validation: FieldValidation,
+    force: bool,
+    manager: String,
+}
+
+fn patch_options(app: &Api, call: &Call) -> Result<PatchOptions, ApiError> {
     let content_type = call
         .parts
         .headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default();
-    let patch_type = PatchType::from_content_type(content_type).ok_or_else(|| {
+    let unsupported = || {
         ApiError::UnsupportedMediaType(
             "the body of the request was in an unknown format - accepted media types include: \
              application/json-patch+json, application/merge-patch+json, \
              application/apply-patch+yaml, application/strategic-merge-patch+json"
                 .into(),
         )
-    })?;
-    let dry_run = call.query.dry_run()?;
-    let validation = FieldValidation::parse(call.query.get("fieldValidation"))?;
+    };
+    let patch_type = PatchType::from_content_type(content_type).ok_or_else(unsupported)?;
+    let essence = content_type.split(';').next().unwrap_or_default().trim();
+    let cbor = essence.eq_ignore_ascii_case("application/apply-patch+cbor");
+    // CBOR apply configurations are served only behind the gate that serves CBOR at all.
+    if cbor
+        && !app
+            .opts
+            .feature_gates
+            .enabled(Feature::CBORServingAndStorage)
+    {
+        return Err(unsupported());
+    }
     let force = call.query.bool("force")?;
     let is_apply = patch_type == PatchType::Apply;
     if force && !is_apply {
@@ -121,7 +143,30 @@ pub async fn patch<T: Kind>(
             }],
         });
     }
-    let manager = field_manager(call, is_apply)?;
+    Ok(PatchOptions {
+        patch_type,
+        cbor,
+        dry_run: call.query.dry_run()?,
+        validation: FieldValidation::parse(call.query.get("fieldValidation"))?,
+        force,
+        manager: field_manager(call, is_apply)?,
+    })
+}
+
+pub async fn patch<T: Kind>(
+    app: &Arc<Api>,
+    call: &Call,
+    name: &str,
+) -> Result<Response<Body>, ApiError> {
+    let PatchOptions {
+        patch_type,
+        cbor,
+        dry_run,
+        validation,
+        force,
+        manager,
+    } = patch_options(app, call)?;
+    let is_apply = patch_type == PatchType::Apply;
     if call.body.is_empty() {
         return Err(ApiError::bad_request("the request body is empty"));
     }
@@ -131,7 +176,7 @@ pub async fn patch<T: Kind>(
     // Problems in the patch body itself (duplicate keys) are the same on every retry.
     let mut body_problems = vec![];
     let apply_config = if is_apply {
-        let (config, dups) = parse_apply_body(&call.body)?;
+        let (config, dups) = parse_apply_body(&call.body, cbor)?;
         check_apply_config::<T>(&config, name)?;
         body_problems.extend(dups);
         Some(config)
