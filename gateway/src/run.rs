@@ -107,32 +107,8 @@ pub async fn start_with_store(
         .await
         .with_context(|| format!("binding {}:{}", opts.bind_address, opts.secure_port))?;
     let addr = listener.local_addr()?;
-    let host = if addr.ip().is_unspecified() {
-        "127.0.0.1".to_string()
-    } else {
-        addr.ip().to_string()
-    };
-    let host = if host.contains(':') {
-        format!("[{host}]")
-    } else {
-        host
-    };
     let kubeconfig = opts.data_dir.join("admin.kubeconfig");
-    let pki_opts = PkiOptions {
-        tls_sans: opts.tls_sans.clone(),
-        admin_kubeconfig_path: kubeconfig.clone(),
-        server_url: format!("https://{host}:{}", addr.port()),
-        cluster_signing: pki::SigningFiles::from_options(&opts).map_err(anyhow::Error::msg)?,
-    };
-    let cert_dir = opts.cert_dir();
-    let pki = tokio::task::spawn_blocking(move || pki::ensure_pki(&cert_dir, &pki_opts))
-        .await?
-        .context("preparing certificates")?;
-    let tls = TlsAcceptor::from(
-        pki.server_config()
-            .context("building the TLS configuration")?,
-    );
-    let pki = Arc::new(pki);
+    let (pki, tls) = prepare_pki(&opts, addr, &kubeconfig).await?;
 
     let (stop_watches_tx, stop_watches_rx) = watch::channel(false);
     let (stop_accepting_tx, stop_accepting_rx) = watch::channel(false);
@@ -196,6 +172,40 @@ pub async fn start_with_store(
         stop_watches: stop_watches_tx,
         tasks,
     })
+}
+
+/// Creates or loads the PKI of the data directory (the admin kubeconfig names the server at
+/// `addr`, 127.0.0.1 when it listens on every address), and the TLS acceptor it serves with.
+async fn prepare_pki(
+    opts: &Options,
+    addr: SocketAddr,
+    kubeconfig: &std::path::Path,
+) -> anyhow::Result<(Arc<pki::Pki>, TlsAcceptor)> {
+    let host = if addr.ip().is_unspecified() {
+        "127.0.0.1".to_string()
+    } else {
+        addr.ip().to_string()
+    };
+    let host = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host
+    };
+    let pki_opts = PkiOptions {
+        tls_sans: opts.tls_sans.clone(),
+        admin_kubeconfig_path: kubeconfig.to_path_buf(),
+        server_url: format!("https://{host}:{}", addr.port()),
+        cluster_signing: pki::SigningFiles::from_options(opts).map_err(anyhow::Error::msg)?,
+    };
+    let cert_dir = opts.cert_dir();
+    let pki = tokio::task::spawn_blocking(move || pki::ensure_pki(&cert_dir, &pki_opts))
+        .await?
+        .context("preparing certificates")?;
+    let tls = TlsAcceptor::from(
+        pki.server_config()
+            .context("building the TLS configuration")?,
+    );
+    Ok((Arc::new(pki), tls))
 }
 
 /// Loads `--authentication-config` (a bad file stops the start with all its errors) and

@@ -176,44 +176,11 @@ pub async fn list<'r, T: Kind>(
     let limit = opts.limit.map(|l| l as usize);
 
     // Which revision to read at (None: the cache's current state), and where to start.
-    let mut issued = unix_now();
-    let (at, start_after) = if let Some(token) = &opts.continue_token {
-        let t = decode_token(token, registry.continue_token_ttl)?;
-        if t.rv > cache.revision() {
-            // Past this cache: another gateway's token while this cache catches up (wait), or
-            // past the store itself, which no server could have written.
-            let current = registry
-                .store
-                .current_revision()
-                .await
-                .map_err(errors::store_error)?;
-            if t.rv > current {
-                return Err(ApiError::bad_request(
-                    "continue key is not valid: its resource version is in the future",
-                ));
-            }
-            wait_for_cache(cache, t.rv).await?;
-        }
-        issued = t.t;
-        let mut start = prefix.clone();
-        start.extend_from_slice(t.start.as_bytes());
-        (Some(t.rv), Some(start))
-    } else {
-        match opts.resource_version.as_deref() {
-            None => {
-                wait_for_consistent(registry.store.as_ref(), cache).await?;
-                (None, None)
-            }
-            Some("0") => (None, None),
-            Some(rv) => {
-                let rv = parse_resource_version(rv)?;
-                let exact = opts.resource_version_match == Some(RvMatch::Exact)
-                    || (opts.resource_version_match.is_none() && limit.is_some());
-                wait_for_cache(cache, rv).await?;
-                (exact.then_some(rv), None)
-            }
-        }
-    };
+    let ReadPoint {
+        at,
+        start_after,
+        issued,
+    } = read_point(registry, cache, &prefix, opts, limit).await?;
 
     let req = ListRequest {
         namespace: (!namespace.is_empty()).then_some(namespace),
@@ -275,6 +242,68 @@ pub async fn list<'r, T: Kind>(
         cache,
         meta,
         items: page.items,
+    })
+}
+
+/// Where a list reads: at a revision (None: the cache's current state), after a key (a
+/// continue token's), and when its first page was served (a token's lifetime runs from it).
+struct ReadPoint {
+    at: Option<i64>,
+    start_after: Option<Vec<u8>>,
+    issued: i64,
+}
+
+/// The read point of a list by its continue token or resourceVersion rules, once the cache
+/// has caught up with it.
+async fn read_point(
+    registry: &Registry,
+    cache: &WatchCache,
+    prefix: &[u8],
+    opts: &ListOptions,
+    limit: Option<usize>,
+) -> Result<ReadPoint, ApiError> {
+    let mut issued = unix_now();
+    let (at, start_after) = if let Some(token) = &opts.continue_token {
+        let t = decode_token(token, registry.continue_token_ttl)?;
+        if t.rv > cache.revision() {
+            // Past this cache: another gateway's token while this cache catches up (wait), or
+            // past the store itself, which no server could have written.
+            let current = registry
+                .store
+                .current_revision()
+                .await
+                .map_err(errors::store_error)?;
+            if t.rv > current {
+                return Err(ApiError::bad_request(
+                    "continue key is not valid: its resource version is in the future",
+                ));
+            }
+            wait_for_cache(cache, t.rv).await?;
+        }
+        issued = t.t;
+        let mut start = prefix.to_vec();
+        start.extend_from_slice(t.start.as_bytes());
+        (Some(t.rv), Some(start))
+    } else {
+        match opts.resource_version.as_deref() {
+            None => {
+                wait_for_consistent(registry.store.as_ref(), cache).await?;
+                (None, None)
+            }
+            Some("0") => (None, None),
+            Some(rv) => {
+                let rv = parse_resource_version(rv)?;
+                let exact = opts.resource_version_match == Some(RvMatch::Exact)
+                    || (opts.resource_version_match.is_none() && limit.is_some());
+                wait_for_cache(cache, rv).await?;
+                (exact.then_some(rv), None)
+            }
+        }
+    };
+    Ok(ReadPoint {
+        at,
+        start_after,
+        issued,
     })
 }
 

@@ -78,33 +78,16 @@ impl App {
             metrics.registry_mut(),
             "apiserver_authorization_config_controller",
         );
-        let tracer = match &tracing {
-            None => None,
-            Some(config) => {
-                let dropped = trace::DroppedSpans::default();
-                metrics.register(
-                    "apiserver_tracing_dropped_spans",
-                    "Spans that never reached the collector: queue_full (the export queue was \
-                     full) or export_failed",
-                    dropped.clone(),
-                );
-                Some(Tracer::start(config, dropped).context("starting traces")?)
-            }
-        };
+        let tracer = tracing
+            .as_ref()
+            .map(|config| tracer(config, &mut metrics))
+            .transpose()?;
         let store = InstrumentedStore::wrap(store, metrics.store.clone(), tracer.clone());
         let validator = validator(&opts, &metrics);
         let webhook_metrics = WebhookMetrics::register(&mut metrics);
         let webhooks = Webhooks::new(&caches, egress.clone(), webhook_metrics);
         let admission = admission.with_webhooks(Arc::new(webhooks));
-        let audit_webhook = match &opts.audit.audit_webhook_config_file {
-            None => None,
-            Some(path) => Some(Arc::new(
-                WebhookClient::from_kubeconfig_file(path, &egress)
-                    .map_err(|e| anyhow::anyhow!("--audit-webhook-config-file: {e}"))?,
-            ) as Arc<dyn audit::webhook::Target>),
-        };
-        let audit = audit::Auditor::from_options(&opts.audit, &metrics.audit, audit_webhook)
-            .map_err(anyhow::Error::msg)?;
+        let audit = auditor(&opts, &metrics, &egress)?;
         let flow_metrics = FlowMetrics::default();
         for (name, help, family) in flow_metrics.families() {
             metrics.register(name, help, family);
@@ -163,6 +146,34 @@ impl App {
             egress,
         })
     }
+}
+
+/// The tracer of `--tracing-config-file`, its dropped spans counted in `metrics`.
+fn tracer(config: &trace::TracingConfiguration, metrics: &mut Metrics) -> anyhow::Result<Tracer> {
+    let dropped = trace::DroppedSpans::default();
+    metrics.register(
+        "apiserver_tracing_dropped_spans",
+        "Spans that never reached the collector: queue_full (the export queue was full) or \
+         export_failed",
+        dropped.clone(),
+    );
+    Tracer::start(config, dropped).context("starting traces")
+}
+
+/// The auditor of `--audit-policy-file` with its backends (None without a policy).
+fn auditor(
+    opts: &Options,
+    metrics: &Metrics,
+    egress: &Egress,
+) -> anyhow::Result<Option<Arc<audit::Auditor>>> {
+    let webhook = match &opts.audit.audit_webhook_config_file {
+        None => None,
+        Some(path) => Some(Arc::new(
+            WebhookClient::from_kubeconfig_file(path, egress)
+                .map_err(|e| anyhow::anyhow!("--audit-webhook-config-file: {e}"))?,
+        ) as Arc<dyn audit::webhook::Target>),
+    };
+    audit::Auditor::from_options(&opts.audit, &metrics.audit, webhook).map_err(anyhow::Error::msg)
 }
 
 /// The validator the gates ask for; mismatches are logged and counted in

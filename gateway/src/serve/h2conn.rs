@@ -241,10 +241,12 @@ pub async fn serve<I>(
         () = &mut stop_accepting => return,
         () = &mut idle_fut => return,
     };
-    let mut ping = conn.ping_pong();
-    let mut ping_timer = Box::pin(tokio::time::sleep(PING_INTERVAL));
-    let mut awaiting_pong = false;
-    let (watch_tx, mut watch_rx) =
+    let keepalive = Keepalive {
+        ping: conn.ping_pong(),
+        timer: Box::pin(tokio::time::sleep(PING_INTERVAL)),
+        awaiting_pong: false,
+    };
+    let (watch_tx, watch_rx) =
         mpsc::channel::<WatchTask>(limits.max_concurrent_streams.clamp(1, 4096) as usize);
     let shared = Arc::new(Shared {
         app: app.clone(),
@@ -253,109 +255,159 @@ pub async fn serve<I>(
         timers: Arc::new(Mutex::new(Timers::default())),
         watches: watch_tx,
     });
-    let mut stop_watches = signal(&app.api.registry.stop_watches);
-    let mut watches_stopped = false;
-    let mut watches: FuturesUnordered<WatchTask> = FuturesUnordered::new();
-    let mut timer: Pin<Box<Sleep>> = Box::pin(tokio::time::sleep(Duration::ZERO));
-    let mut timer_at: Option<Instant> = None;
-    let mut closing = false;
+    let mut driver = Driver {
+        conn,
+        stop_watches: signal(&app.api.registry.stop_watches),
+        shared,
+        activity,
+        stop_accepting,
+        idle_fut,
+        closing: false,
+        watches_stopped: false,
+        watch_rx,
+        watches: FuturesUnordered::new(),
+        timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
+        timer_at: None,
+        keepalive,
+    };
+    let result = std::future::poll_fn(|cx| driver.poll(cx)).await;
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "h2 connection ended with an error");
+    }
+}
 
-    let result = std::future::poll_fn(|cx| {
-        if !watches_stopped && stop_watches.as_mut().poll(cx).is_ready() {
-            watches_stopped = true;
-            for w in watches.iter_mut() {
-                w.finish();
-            }
-            watches.clear();
+/// One connection's task between wake-ups: its signals, its watches with their one timer, its
+/// keepalive, and the connection itself.
+struct Driver<I> {
+    conn: h2::server::Connection<I, Bytes>,
+    shared: Arc<Shared>,
+    activity: Arc<Activity>,
+    /// The server stops accepting: GOAWAY.
+    stop_accepting: Signal,
+    /// Idle past `--http-idle-timeout` (or past the grace once closing).
+    idle_fut: Signal,
+    closing: bool,
+    /// The server ends its watches.
+    stop_watches: Signal,
+    watches_stopped: bool,
+    watch_rx: mpsc::Receiver<WatchTask>,
+    watches: FuturesUnordered<WatchTask>,
+    timer: Pin<Box<Sleep>>,
+    timer_at: Option<Instant>,
+    keepalive: Keepalive,
+}
+
+/// The connection's keepalive: a PING when requests are in flight and nothing was heard for
+/// `PING_INTERVAL`; no PONG within `PING_TIMEOUT` ends the connection.
+struct Keepalive {
+    ping: Option<h2::PingPong>,
+    timer: Pin<Box<Sleep>>,
+    awaiting_pong: bool,
+}
+
+impl Keepalive {
+    /// `Err` when a ping went unanswered.
+    fn poll(&mut self, cx: &mut Context<'_>, in_flight: usize) -> Result<(), ()> {
+        let Some(p) = self.ping.as_mut() else {
+            return Ok(());
+        };
+        let after = |d| crate::base::deadline::Deadline::later(Instant::now(), d);
+        if self.awaiting_pong && p.poll_pong(cx).is_ready() {
+            self.awaiting_pong = false;
+            self.timer.as_mut().reset(after(PING_INTERVAL));
         }
-        if !closing && stop_accepting.as_mut().poll(cx).is_ready() {
-            closing = true;
-            conn.graceful_shutdown();
-            idle_fut = idle(&activity, CLOSE_GRACE);
-        }
-        if idle_fut.as_mut().poll(cx).is_ready() {
-            if closing {
-                // Asked to close and still carrying nothing: drop it.
-                tracing::debug!("dropping a connection that did not close when asked");
-                return Poll::Ready(Ok(()));
+        if self.timer.as_mut().poll(cx).is_ready() {
+            if self.awaiting_pong {
+                tracing::debug!("no answer to a keepalive ping: closing the connection");
+                return Err(());
             }
-            tracing::debug!("closing an idle connection");
-            closing = true;
-            conn.graceful_shutdown();
-            idle_fut = idle(&activity, CLOSE_GRACE);
-            if idle_fut.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(Ok(()));
-            }
-        }
-        while let Poll::Ready(Some(mut w)) = watch_rx.poll_recv(cx) {
-            if watches_stopped {
-                w.finish();
+            if in_flight > 0 && p.send_ping(h2::Ping::opaque()).is_ok() {
+                self.awaiting_pong = true;
+                self.timer.as_mut().reset(after(PING_TIMEOUT));
             } else {
-                watches.push(w);
+                self.timer.as_mut().reset(after(PING_INTERVAL));
             }
+            cx.waker().wake_by_ref();
         }
-        // Every woken watch moves its frames into its stream...
-        while let Poll::Ready(Some(())) = watches.poll_next_unpin(cx) {}
-        // ...the one timer wakes those whose bookmark or deadline is due...
-        let next = shared.timers.lock().first();
-        if let Some(at) = next {
-            if timer_at != Some(at) {
-                timer.as_mut().reset(at);
-                timer_at = Some(at);
-            }
-            if timer.as_mut().poll(cx).is_ready() {
-                timer_at = None;
-                shared.timers.lock().fire(Instant::now());
-                cx.waker().wake_by_ref();
-            }
+        Ok(())
+    }
+}
+
+impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), h2::Error>> {
+        if self.poll_signals(cx) {
+            return Poll::Ready(Ok(()));
         }
-        if let Some(p) = ping.as_mut() {
-            if awaiting_pong && p.poll_pong(cx).is_ready() {
-                awaiting_pong = false;
-                ping_timer
-                    .as_mut()
-                    .reset(crate::base::deadline::Deadline::later(
-                        Instant::now(),
-                        PING_INTERVAL,
-                    ));
-            }
-            if ping_timer.as_mut().poll(cx).is_ready() {
-                if awaiting_pong {
-                    tracing::debug!("no answer to a keepalive ping: closing the connection");
-                    return Poll::Ready(Ok(()));
-                }
-                if activity.in_flight() > 0 && p.send_ping(h2::Ping::opaque()).is_ok() {
-                    awaiting_pong = true;
-                    ping_timer
-                        .as_mut()
-                        .reset(crate::base::deadline::Deadline::later(
-                            Instant::now(),
-                            PING_TIMEOUT,
-                        ));
-                } else {
-                    ping_timer
-                        .as_mut()
-                        .reset(crate::base::deadline::Deadline::later(
-                            Instant::now(),
-                            PING_INTERVAL,
-                        ));
-                }
-                cx.waker().wake_by_ref();
-            }
+        self.poll_watches(cx);
+        if self.keepalive.poll(cx, self.activity.in_flight()).is_err() {
+            return Poll::Ready(Ok(()));
         }
         // ...and the connection writes them all, then takes new requests.
         loop {
-            match conn.poll_accept(cx) {
-                Poll::Ready(Some(Ok((req, respond)))) => spawn_request(&shared, req, respond),
+            match self.conn.poll_accept(cx) {
+                Poll::Ready(Some(Ok((req, respond)))) => spawn_request(&self.shared, req, respond),
                 Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e)),
                 Poll::Ready(None) => return Poll::Ready(Ok(())),
                 Poll::Pending => return Poll::Pending,
             }
         }
-    })
-    .await;
-    if let Err(e) = result {
-        tracing::debug!(error = %e, "h2 connection ended with an error");
+    }
+
+    /// The watch stop, the accept stop and the idle timeout; true when the connection must
+    /// be dropped now.
+    fn poll_signals(&mut self, cx: &mut Context<'_>) -> bool {
+        if !self.watches_stopped && self.stop_watches.as_mut().poll(cx).is_ready() {
+            self.watches_stopped = true;
+            for w in self.watches.iter_mut() {
+                w.finish();
+            }
+            self.watches.clear();
+        }
+        if !self.closing && self.stop_accepting.as_mut().poll(cx).is_ready() {
+            self.closing = true;
+            self.conn.graceful_shutdown();
+            self.idle_fut = idle(&self.activity, CLOSE_GRACE);
+        }
+        if self.idle_fut.as_mut().poll(cx).is_ready() {
+            if self.closing {
+                // Asked to close and still carrying nothing: drop it.
+                tracing::debug!("dropping a connection that did not close when asked");
+                return true;
+            }
+            tracing::debug!("closing an idle connection");
+            self.closing = true;
+            self.conn.graceful_shutdown();
+            self.idle_fut = idle(&self.activity, CLOSE_GRACE);
+            if self.idle_fut.as_mut().poll(cx).is_ready() {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// New watches join the set; every woken watch moves its frames into its stream; the one
+    /// timer wakes those whose bookmark or deadline is due.
+    fn poll_watches(&mut self, cx: &mut Context<'_>) {
+        while let Poll::Ready(Some(mut w)) = self.watch_rx.poll_recv(cx) {
+            if self.watches_stopped {
+                w.finish();
+            } else {
+                self.watches.push(w);
+            }
+        }
+        while let Poll::Ready(Some(())) = self.watches.poll_next_unpin(cx) {}
+        let next = self.shared.timers.lock().first();
+        if let Some(at) = next {
+            if self.timer_at != Some(at) {
+                self.timer.as_mut().reset(at);
+                self.timer_at = Some(at);
+            }
+            if self.timer.as_mut().poll(cx).is_ready() {
+                self.timer_at = None;
+                self.shared.timers.lock().fire(Instant::now());
+                cx.waker().wake_by_ref();
+            }
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 //! (hyper) and graceful shutdown; h2 connections are served by `h2conn.rs`. Each request is
 //! handed to the pipeline (`pipeline.rs`).
 
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
@@ -12,7 +13,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, ReadBuf};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
@@ -94,53 +95,7 @@ pub async fn accept_loop(
         tokio::spawn(async move {
             let _permit = permit;
             let _open = open;
-            match tls {
-                Some(tls) => {
-                    let handshake =
-                        tokio::time::timeout(app.api.opts.tls_handshake_timeout, tls.accept(tcp));
-                    let mut stop_handshake = stop.clone();
-                    let stream = tokio::select! {
-                        r = handshake => match r {
-                            Ok(Ok(s)) => s,
-                            Ok(Err(e)) => {
-                                tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                                return;
-                            }
-                            Err(_) => {
-                                tracing::debug!(%peer, "TLS handshake timed out");
-                                return;
-                            }
-                        },
-                        _ = crate::base::lifecycle::until_set(&mut stop_handshake) => return,
-                    };
-                    let session = stream.get_ref().1;
-                    let cert_user = session
-                        .peer_certificates()
-                        .and_then(|c| c.first())
-                        .and_then(|c| pki::user_from_client_cert(c.as_ref()));
-                    // ALPN's h2 skips looking at the first bytes; without it (or with
-                    // http/1.1) clients speaking h2 with prior knowledge are still served.
-                    let h2 = session.alpn_protocol() == Some(b"h2".as_slice());
-                    let ident = Arc::new(ConnIdentity {
-                        cert_user,
-                        insecure: false,
-                        peer: Some(peer),
-                    });
-                    if h2 {
-                        h2conn::serve(stream, app, ident, builders.h2.clone(), stop).await;
-                    } else {
-                        serve_either(&builders, stop, stream, app, ident).await;
-                    }
-                }
-                None => {
-                    let ident = Arc::new(ConnIdentity {
-                        cert_user: None,
-                        insecure: true,
-                        peer: Some(peer),
-                    });
-                    serve_either(&builders, stop, tcp, app, ident).await;
-                }
-            }
+            serve_connection(tcp, peer, tls, app, &builders, stop).await;
         });
     }
     drop(listener);
@@ -151,6 +106,62 @@ pub async fn accept_loop(
             ?timeout,
             "requests still in flight at the end of the shutdown timeout"
         );
+    }
+}
+
+/// Serves one accepted connection: the TLS handshake (bounded by `--tls-handshake-timeout`)
+/// and the client certificate's identity, then h2 when ALPN chose it, else HTTP/1.1 or
+/// prior-knowledge h2 by the first bytes; the loopback plain listener skips TLS.
+async fn serve_connection(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    tls: Option<TlsAcceptor>,
+    app: Arc<App>,
+    builders: &Builders,
+    stop: watch::Receiver<bool>,
+) {
+    let Some(tls) = tls else {
+        let ident = Arc::new(ConnIdentity {
+            cert_user: None,
+            insecure: true,
+            peer: Some(peer),
+        });
+        serve_either(builders, stop, tcp, app, ident).await;
+        return;
+    };
+    let handshake = tokio::time::timeout(app.api.opts.tls_handshake_timeout, tls.accept(tcp));
+    let mut stop_handshake = stop.clone();
+    let stream = tokio::select! {
+        r = handshake => match r {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(%peer, "TLS handshake timed out");
+                return;
+            }
+        },
+        _ = crate::base::lifecycle::until_set(&mut stop_handshake) => return,
+    };
+    let session = stream.get_ref().1;
+    let cert_user = session
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .and_then(|c| pki::user_from_client_cert(c.as_ref()));
+    // ALPN's h2 skips looking at the first bytes; without it (or with http/1.1) clients
+    // speaking h2 with prior knowledge are still served.
+    let h2 = session.alpn_protocol() == Some(b"h2".as_slice());
+    let ident = Arc::new(ConnIdentity {
+        cert_user,
+        insecure: false,
+        peer: Some(peer),
+    });
+    if h2 {
+        h2conn::serve(stream, app, ident, builders.h2.clone(), stop).await;
+    } else {
+        serve_either(builders, stop, stream, app, ident).await;
     }
 }
 

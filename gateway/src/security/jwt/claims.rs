@@ -233,51 +233,9 @@ impl Mapper {
         let vars = std::cell::OnceCell::new();
         let vars = || vars.get_or_init(|| Activation::new().bind("claims", claims.clone()));
         for rule in &self.claim_rules {
-            match rule {
-                ClaimRule::Required { claim, value } => {
-                    let got = match claims.get(claim) {
-                        None => "",
-                        Some(Value::String(s)) => s.as_str(),
-                        Some(_) => {
-                            return Err(format!("oidc: parse claim {claim}: not a string"));
-                        }
-                    };
-                    if got != value {
-                        return Err(format!(
-                            "oidc: required claim {claim} value does not match. Got = {got}, want = {value}"
-                        ));
-                    }
-                }
-                ClaimRule::Expr { expr, message } => {
-                    if expr.eval(vars())? != Value::Bool(true) {
-                        return Err(if message.is_empty() {
-                            format!(
-                                "oidc: error evaluating claim validation expression: {:?}",
-                                expr.text()
-                            )
-                        } else {
-                            message.clone()
-                        });
-                    }
-                }
-            }
+            check_claim_rule(rule, claims, vars)?;
         }
-        let username = match &self.username {
-            Field::Claim { claim, prefix } => {
-                let name = string_claim(claims, claim, "username")?;
-                if claim == "email" {
-                    check_email_verified(claims)?;
-                }
-                format!("{prefix}{name}")
-            }
-            Field::Expr(e) => match e.eval(vars())? {
-                Value::String(s) if !s.is_empty() => s,
-                Value::String(_) => {
-                    return Err("oidc: empty username via CEL expression is not allowed".into());
-                }
-                other => return Err(format!("oidc: username expression produced {other}")),
-            },
-        };
+        let username = self.username(claims, vars)?;
         let groups = match &self.groups {
             None => Vec::new(),
             Some(Field::Claim { claim, prefix }) => strings(claims.get(claim), claim)?
@@ -307,29 +265,96 @@ impl Mapper {
             groups,
             extra,
         };
-        if !self.user_rules.is_empty() {
-            let value = json!({
-                "username": user.username,
-                "uid": user.uid,
-                "groups": user.groups,
-                "extra": user.extra,
-            });
-            let user_vars = Activation::new().bind("user", value);
-            for (expr, message) in &self.user_rules {
-                if expr.eval(&user_vars)? != Value::Bool(true) {
-                    return Err(if message.is_empty() {
-                        format!(
-                            "oidc: error evaluating user info validation rule: {:?}",
-                            expr.text()
-                        )
-                    } else {
-                        message.clone()
-                    });
-                }
-            }
-        }
+        self.check_user_rules(&user)?;
         Ok(user)
     }
+
+    /// The username: a claim with its prefix (`email` only when verified), or an expression
+    /// that must give a non-empty string.
+    fn username<'c>(
+        &self,
+        claims: &Value,
+        vars: impl Fn() -> &'c Activation,
+    ) -> Result<String, String> {
+        match &self.username {
+            Field::Claim { claim, prefix } => {
+                let name = string_claim(claims, claim, "username")?;
+                if claim == "email" {
+                    check_email_verified(claims)?;
+                }
+                Ok(format!("{prefix}{name}"))
+            }
+            Field::Expr(e) => match e.eval(vars())? {
+                Value::String(s) if !s.is_empty() => Ok(s),
+                Value::String(_) => {
+                    Err("oidc: empty username via CEL expression is not allowed".into())
+                }
+                other => Err(format!("oidc: username expression produced {other}")),
+            },
+        }
+    }
+
+    /// The user validation rules, run on the mapped user.
+    fn check_user_rules(&self, user: &UserInfo) -> Result<(), String> {
+        if self.user_rules.is_empty() {
+            return Ok(());
+        }
+        let value = json!({
+            "username": user.username,
+            "uid": user.uid,
+            "groups": user.groups,
+            "extra": user.extra,
+        });
+        let user_vars = Activation::new().bind("user", value);
+        for (expr, message) in &self.user_rules {
+            if expr.eval(&user_vars)? != Value::Bool(true) {
+                return Err(if message.is_empty() {
+                    format!(
+                        "oidc: error evaluating user info validation rule: {:?}",
+                        expr.text()
+                    )
+                } else {
+                    message.clone()
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One claim validation rule: a required claim value, or an expression that must be true.
+fn check_claim_rule<'c>(
+    rule: &ClaimRule,
+    claims: &Value,
+    vars: impl Fn() -> &'c Activation,
+) -> Result<(), String> {
+    match rule {
+        ClaimRule::Required { claim, value } => {
+            let got = match claims.get(claim) {
+                None => "",
+                Some(Value::String(s)) => s.as_str(),
+                Some(_) => return Err(format!("oidc: parse claim {claim}: not a string")),
+            };
+            if got != value {
+                return Err(format!(
+                    "oidc: required claim {claim} value does not match. Got = {got}, want = {value}"
+                ));
+            }
+        }
+        ClaimRule::Expr { expr, message } => {
+            if expr.eval(vars())? != Value::Bool(true) {
+                return Err(if message.is_empty() {
+                    format!(
+                        "oidc: error evaluating claim validation expression: {:?}",
+                        expr.text()
+                    )
+                } else {
+                    message.clone()
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 fn string_claim(claims: &Value, claim: &str, what: &str) -> Result<String, String> {
