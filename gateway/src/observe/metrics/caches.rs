@@ -178,10 +178,8 @@ impl Collector for CacheCollector {
             }),
         )?;
         for (name, help, kind, read) in PER_CACHE {
-            let samples = stats
-                .iter()
-                .map(|(c, s)| (by(c), sample(kind.clone(), read(s))));
-            family(&mut encoder, name, help, kind.clone(), samples)?;
+            let samples = stats.iter().map(|(c, s)| (by(c), sample(*kind, read(s))));
+            family(&mut encoder, name, help, *kind, samples)?;
         }
         self.encode_encodings(&mut encoder)
     }
