@@ -35,6 +35,10 @@ pub struct ResourceInfo {
     pub extra_fields: &'static [&'static str],
     /// Whether a PUT of a missing object creates it (Kubernetes' `AllowCreateOnUpdate`).
     pub allow_create_on_update: bool,
+    /// Whether a DELETE that removes the object answers with it (Kubernetes'
+    /// `ReturnDeletedObject`); otherwise with a `Status` naming it. An object that finalizers
+    /// keep is answered itself either way.
+    pub delete_returns_object: bool,
     /// How fields beyond `metadata` merge (strategic merge patch and apply): dotted paths.
     pub merge_strategies: &'static [(&'static str, Strategy)],
     /// `Table` columns after `Name`; empty means Kubernetes' default (`Created At`).

@@ -167,6 +167,7 @@ static INFO: ResourceInfo = ResourceInfo {
     name_rule: NameRule::PathSegment,
     extra_fields: &["spec.signerName"],
     allow_create_on_update: false,
+    delete_returns_object: false,
     merge_strategies: &[
         ("spec.usages", Strategy::Atomic),
         ("spec.groups", Strategy::Atomic),

@@ -139,6 +139,7 @@ static INFO: ResourceInfo = ResourceInfo {
     extra_fields: FIELDS,
     // Kubernetes' event strategy allows it: recorders PUT series updates blindly.
     allow_create_on_update: true,
+    delete_returns_object: false,
     merge_strategies: &[],
     columns: COLUMNS,
     schema,

@@ -12,7 +12,7 @@ use crate::codec::convert::{
 use crate::codec::{ProtoKind, decode_error};
 use crate::meta::{ObjectMeta, Time};
 use crate::patch::strategy::Strategy;
-use crate::resource::{Resource, ResourceInfo, STANDARD_VERBS, Scope};
+use crate::resource::{Resource, ResourceInfo, Scope};
 use crate::status::ApiError;
 use crate::validation::NameRule;
 use crate::validation::declarative::{Check, Format, Rule};
@@ -62,10 +62,14 @@ static INFO: ResourceInfo = ResourceInfo {
     singular: "namespace",
     short_names: &["ns"],
     scope: Scope::Cluster,
-    verbs: STANDARD_VERBS,
+    // No deletecollection, as in Kubernetes: one request must not delete every namespace.
+    verbs: &[
+        "create", "delete", "get", "list", "patch", "update", "watch",
+    ],
     name_rule: NameRule::Dns1123Label,
     extra_fields: &["status.phase"],
     allow_create_on_update: false,
+    delete_returns_object: true,
     merge_strategies: &[
         ("spec.finalizers", Strategy::Atomic),
         ("status.conditions", Strategy::Keyed("type")),

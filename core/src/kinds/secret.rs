@@ -56,6 +56,7 @@ static INFO: ResourceInfo = ResourceInfo {
     name_rule: NameRule::Dns1123Subdomain,
     extra_fields: &["type"],
     allow_create_on_update: false,
+    delete_returns_object: false,
     merge_strategies: &[],
     columns: &[
         Column {

@@ -97,6 +97,7 @@ static INFO: ResourceInfo = ResourceInfo {
     name_rule: NameRule::Dns1123Subdomain,
     extra_fields: &[],
     allow_create_on_update: false,
+    delete_returns_object: true,
     merge_strategies: &[
         ("secrets", Strategy::Keyed("name")),
         ("imagePullSecrets", Strategy::Atomic),

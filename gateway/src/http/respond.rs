@@ -8,8 +8,8 @@ use http::{HeaderValue, Response, StatusCode, header};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use serde::Serialize;
-use svc_core::ApiError;
 use svc_core::table::IncludeObject;
+use svc_core::{ApiError, Status};
 
 use crate::http::negotiate::Format;
 use svc_core::registry::Kind;
@@ -181,16 +181,44 @@ fn go_quote(s: &str) -> String {
     out
 }
 
-/// The response for an API error: a `Status` object and its code.
+/// The response for an API error: a `Status` object in JSON and its code (before a format is
+/// negotiated, or outside the resource API).
 pub fn error(err: &ApiError) -> Response<Body> {
+    error_in(err, Format::Json)
+}
+
+/// The response for an API error in the negotiated format: a `Status` object and its code,
+/// with `Retry-After` when the error names one.
+pub fn error_in(err: &ApiError, format: Format) -> Response<Body> {
     let status = err.to_status();
     let code = StatusCode::from_u16(status.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut resp = json(code, &status, false);
+    let mut resp = status_in(code, &status, format, false);
     if let Some(secs) = err.retry_after() {
         resp.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
     resp
+}
+
+/// A `Status` (an error, or a success naming a deleted object) in the negotiated format:
+/// protobuf for protobuf clients, YAML and CBOR for theirs, else JSON (a Table is asked of
+/// objects, never of a `Status`).
+pub fn status_in(
+    code: StatusCode,
+    status: &Status,
+    format: Format,
+    pretty: bool,
+) -> Response<Body> {
+    let encoded = match format {
+        Format::Protobuf(ct) => Ok((ct, svc_core::codec::encode_status_protobuf(status))),
+        Format::Yaml => svc_core::codec::yaml::encode(status).map(|b| ("application/yaml", b)),
+        Format::Cbor => svc_core::codec::cbor::encode(status).map(|b| ("application/cbor", b)),
+        Format::Json | Format::Table => return json(code, status, pretty),
+    };
+    match encoded {
+        Ok((ct, body)) => bytes_response(code, ct, body),
+        Err(_) => json(code, status, pretty),
+    }
 }
 
 /// The `ERROR` frame for a watch that cannot start (e.g. 410: its version is too old),

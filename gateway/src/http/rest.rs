@@ -34,7 +34,16 @@ use crate::http::respond::{self, Body};
 use svc_core::registry::{Kind, KindVisitor};
 
 /// Serves one resource request with the handlers instantiated for the route's kind.
-pub async fn serve(app: &Arc<Api>, call: Call) -> Response<Body> {
+/// The answer, and every error after content negotiation, is in the negotiated format (a
+/// protobuf client gets its `Status` in protobuf, as from kube-apiserver).
+pub async fn serve(app: &Arc<Api>, mut call: Call) -> Response<Body> {
+    let watch = call.query.bool("watch").unwrap_or(false);
+    call.format =
+        match negotiate::response_format(&call.parts.headers, &app.opts.feature_gates, watch) {
+            Ok(format) => format,
+            Err(e) => return respond::error(&e),
+        };
+    let format = call.format;
     let info = call.route.info;
     let result = match registry::visit(info, Serve { app, call }) {
         Some(fut) => fut.await,
@@ -43,7 +52,7 @@ pub async fn serve(app: &Arc<Api>, call: Call) -> Response<Body> {
             info.kind
         ))),
     };
-    result.unwrap_or_else(|e| respond::error(&e))
+    result.unwrap_or_else(|e| respond::error_in(&e, format))
 }
 
 type Handled<'a> = Pin<Box<dyn Future<Output = Result<Response<Body>, ApiError>> + Send + 'a>>;
@@ -61,9 +70,7 @@ impl<'a> KindVisitor for Serve<'a> {
     }
 }
 
-async fn serve_typed<T: Kind>(app: &Arc<Api>, mut call: Call) -> Result<Response<Body>, ApiError> {
-    let watch = call.query.bool("watch").unwrap_or(false);
-    call.format = negotiate::response_format(&call.parts.headers, &app.opts.feature_gates, watch)?;
+async fn serve_typed<T: Kind>(app: &Arc<Api>, call: Call) -> Result<Response<Body>, ApiError> {
     let info = T::INFO;
     let name = call.route.name.clone();
     let method = call.parts.method.clone();
@@ -151,10 +158,19 @@ async fn list_or_watch<T: Kind>(app: &Arc<Api>, call: Call) -> Result<Response<B
         && opts.send_initial_events.is_some()
         && !app.opts.feature_gates.enabled(Feature::WatchList)
     {
-        return Err(ApiError::bad_request(
-            "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the \
-             WatchList feature gate is enabled",
-        ));
+        // 422 Invalid `ListOptions`, as kube-apiserver refuses it.
+        return Err(ApiError::Invalid {
+            kind: "ListOptions".into(),
+            group: "meta.svc.io".into(),
+            name: String::new(),
+            causes: vec![svc_core::status::StatusCause {
+                reason: "FieldValueForbidden".into(),
+                message: "Forbidden: sendInitialEvents is forbidden for watch unless the \
+                          WatchList feature gate is enabled"
+                    .into(),
+                field: "sendInitialEvents".into(),
+            }],
+        });
     }
     let selectors = Selectors::parse::<T>(&opts)?;
     // Only read when the request is traced.

@@ -168,6 +168,20 @@ pub async fn delete<T: Kind>(
     }
     let req = call.write_request(dry_run);
     match registry::write::delete::<T>(&app.registry, &req, &ns, name, &pre).await {
+        // A kind that does not return deleted objects answers a removal with a Status naming
+        // it (Kubernetes' `ReturnDeletedObject`); an object finalizers keep is answered itself.
+        Ok((obj, Deletion::Removed)) if !T::INFO.delete_returns_object => Ok(respond::status_in(
+            StatusCode::OK,
+            &Status::success(Some(svc_core::status::StatusDetails {
+                name: name.to_string(),
+                group: T::INFO.group.to_string(),
+                kind: T::INFO.plural.to_string(),
+                uid: obj.meta().uid.clone(),
+                ..Default::default()
+            })),
+            call.format,
+            call.query.pretty(),
+        )),
         Ok((obj, deletion)) => {
             let code = match deletion {
                 Deletion::Removed | Deletion::Terminating => StatusCode::OK,
@@ -189,7 +203,7 @@ pub async fn delete<T: Kind>(
             tracing::warn!(namespace = %ns, name, error = %e,
                 "unsafe deletion of a corrupt object");
             registry::write::delete_unreadable::<T>(&app.registry, &ns, name).await?;
-            Ok(respond::json(
+            Ok(respond::status_in(
                 StatusCode::OK,
                 &Status::success(Some(svc_core::status::StatusDetails {
                     name: name.to_string(),
@@ -197,6 +211,7 @@ pub async fn delete<T: Kind>(
                     kind: T::INFO.plural.to_string(),
                     ..Default::default()
                 })),
+                call.format,
                 call.query.pretty(),
             ))
         }
@@ -244,9 +259,10 @@ pub async fn delete_collection<T: Kind>(
         &pre,
     )
     .await?;
-    Ok(respond::json(
+    Ok(respond::status_in(
         StatusCode::OK,
         &Status::success(None),
+        call.format,
         call.query.pretty(),
     ))
 }
