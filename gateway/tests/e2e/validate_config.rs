@@ -1,5 +1,5 @@
 //! `svc-gateway validate-config` as a user runs it: the real binary on the files in
-//! `gateway/tests/validate/` and the golden defaults in `core/tests/config/defaults/`, checking
+//! `gateway/tests/validate/` and the golden defaults in `config/tests/config/defaults/`, checking
 //! exit codes, the `file: kind: field: message` lines, `-o json` parsed back, and
 //! `--print-defaults`.
 
@@ -11,7 +11,7 @@ fn files() -> PathBuf {
 }
 
 fn golden_defaults() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../core/tests/config/defaults")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../config/tests/config/defaults")
 }
 
 /// Runs `svc-gateway validate-config ARGS` in `dir`.
