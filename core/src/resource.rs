@@ -65,7 +65,8 @@ pub struct Column {
     pub format: &'static str,
     pub priority: u32,
     pub description: &'static str,
-    pub cell: fn(&serde_json::Value) -> serde_json::Value,
+    /// The cell of an object (its JSON form); `now` is when the table is built, for ages.
+    pub cell: fn(&serde_json::Value, time::OffsetDateTime) -> serde_json::Value,
 }
 
 /// A subresource of a kind, as discovery lists it (`certificatesigningrequests/approval`).

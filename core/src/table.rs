@@ -4,6 +4,7 @@
 //! itself (Events show it last, at priority 1, as Kubernetes does).
 
 use serde_json::{Value, json};
+use time::OffsetDateTime;
 
 use crate::meta::ListMeta;
 use crate::resource::ResourceInfo;
@@ -65,7 +66,7 @@ fn columns(info: &ResourceInfo) -> Value {
     Value::Array(cols)
 }
 
-fn row(info: &ResourceInfo, object: Value, include: IncludeObject) -> Value {
+fn row(info: &ResourceInfo, object: Value, include: IncludeObject, now: OffsetDateTime) -> Value {
     let meta = object.get("metadata").cloned().unwrap_or_else(|| json!({}));
     let mut cells = Vec::new();
     if !places_name(info) {
@@ -82,7 +83,7 @@ fn row(info: &ResourceInfo, object: Value, include: IncludeObject) -> Value {
                 .unwrap_or(Value::Null),
         );
     }
-    cells.extend(info.columns.iter().map(|c| (c.cell)(&object)));
+    cells.extend(info.columns.iter().map(|c| (c.cell)(&object, now)));
     let mut r = serde_json::Map::new();
     r.insert("cells".into(), Value::Array(cells));
     match include {
@@ -97,19 +98,21 @@ fn row(info: &ResourceInfo, object: Value, include: IncludeObject) -> Value {
     Value::Object(r)
 }
 
-/// A table of `info`'s objects given as JSON values, with the list's metadata.
+/// A table of `info`'s objects given as JSON values, with the list's metadata; ages are
+/// counted up to `now`.
 pub fn table(
     info: &ResourceInfo,
     meta: &ListMeta,
     objects: Vec<Value>,
     include: IncludeObject,
+    now: OffsetDateTime,
 ) -> Value {
     json!({
         "kind": "Table",
         "apiVersion": TABLE_API_VERSION,
         "metadata": meta,
         "columnDefinitions": columns(info),
-        "rows": objects.into_iter().map(|o| row(info, o, include)).collect::<Vec<_>>(),
+        "rows": objects.into_iter().map(|o| row(info, o, include, now)).collect::<Vec<_>>(),
     })
 }
 
@@ -195,7 +198,13 @@ mod tests {
             ..Default::default()
         };
         let info = crate::kinds::ServiceAccount::INFO;
-        let t = table(info, &meta, vec![obj.clone()], IncludeObject::Metadata);
+        let t = table(
+            info,
+            &meta,
+            vec![obj.clone()],
+            IncludeObject::Metadata,
+            OffsetDateTime::now_utc(),
+        );
         assert_eq!(t["kind"], "Table");
         assert_eq!(t["apiVersion"], "meta.svc.io/v1");
         assert_eq!(t["columnDefinitions"][0]["name"], "Name");
@@ -204,9 +213,21 @@ mod tests {
         assert_eq!(t["rows"][0]["object"]["kind"], "PartialObjectMetadata");
         assert_eq!(t["rows"][0]["object"]["metadata"]["uid"], "u");
         assert_eq!(t["metadata"]["resourceVersion"], "7");
-        let none = table(info, &meta, vec![obj.clone()], IncludeObject::None);
+        let none = table(
+            info,
+            &meta,
+            vec![obj.clone()],
+            IncludeObject::None,
+            OffsetDateTime::now_utc(),
+        );
         assert!(none["rows"][0].get("object").is_none());
-        let full = table(info, &meta, vec![obj.clone()], IncludeObject::Object);
+        let full = table(
+            info,
+            &meta,
+            vec![obj.clone()],
+            IncludeObject::Object,
+            OffsetDateTime::now_utc(),
+        );
         assert_eq!(full["rows"][0]["object"], obj);
         assert!(IncludeObject::parse(Some("Everything")).is_err());
     }

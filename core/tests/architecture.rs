@@ -178,6 +178,75 @@ fn core_knows_no_http_no_sockets_no_disks_and_no_backend() {
     assert!(names.is_empty(), "cel names our other crates: {names:#?}");
 }
 
+/// Lines of production code (test files and `#[cfg(test)]` modules left out) under `dir`
+/// that name any of `patterns`, except in the files `allowed` (paths under `dir`).
+fn ambient_reads(dir: &Path, patterns: &[&str], allowed: &[&str]) -> Vec<String> {
+    let mut files = Vec::new();
+    rust_files(dir, &mut files);
+    let mut out = Vec::new();
+    for f in files {
+        let rel = f
+            .strip_prefix(dir)
+            .unwrap_or(&f)
+            .to_string_lossy()
+            .replace('\\', "/");
+        if allowed.contains(&rel.as_str()) || rel.ends_with("tests.rs") || rel.contains("tests/") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).unwrap_or_default();
+        let production = text.split("#[cfg(test)]").next().unwrap_or_default();
+        for (i, line) in production.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or_default();
+            if patterns.iter().any(|p| code.contains(p)) {
+                out.push(format!("{rel}:{}: {}", i + 1, line.trim()));
+            }
+        }
+    }
+    out
+}
+
+/// Where core may meet the world: `ambient.rs` (the real `Ambient`) and the `now()`
+/// constructors of `meta.rs`'s time types, which the gateway calls.
+const AMBIENT_READS: &[&str] = &[
+    "now_utc",
+    "Time::now()",
+    "SystemTime",
+    "Instant::now",
+    "Uuid::new_v4",
+    "rand::",
+];
+
+#[test]
+fn core_takes_time_uids_and_randomness_from_its_caller() {
+    let found = ambient_reads(
+        &root().join("core/src"),
+        AMBIENT_READS,
+        &["ambient.rs", "meta.rs"],
+    );
+    assert!(
+        found.is_empty(),
+        "core reads the clock or draws entropy itself (take an Ambient or a time): {found:#?}"
+    );
+    for krate in ["cel", "config"] {
+        let found = ambient_reads(&root().join(krate).join("src"), AMBIENT_READS, &[]);
+        assert!(
+            found.is_empty(),
+            "{krate} reads the clock or draws entropy: {found:#?}"
+        );
+    }
+
+    let dir = std::env::temp_dir().join(format!("svc-ambient-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("object.rs"),
+        "//! x\nfn f() { let _ = Time::now(); }\n#[cfg(test)]\nmod t { fn g() { Time::now(); } }\n",
+    )
+    .unwrap();
+    let found = ambient_reads(&dir, AMBIENT_READS, &[]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+}
+
 #[test]
 fn loadtest_links_no_crate_of_ours() {
     let bad = forbidden_dependencies(&manifest("loadtest"), &[], &[]);

@@ -242,21 +242,21 @@ const COLUMNS: &[Column] = &[
     },
 ];
 
-fn age_cell(obj: &Value) -> Value {
+fn age_cell(obj: &Value, now: time::OffsetDateTime) -> Value {
     let created = obj
         .pointer("/metadata/creationTimestamp")
         .and_then(Value::as_str);
-    Value::String(age(created, time::OffsetDateTime::now_utc()))
+    Value::String(age(created, now))
 }
 
-fn signer_cell(obj: &Value) -> Value {
+fn signer_cell(obj: &Value, _now: time::OffsetDateTime) -> Value {
     match obj.pointer("/spec/signerName").and_then(Value::as_str) {
         Some(s) if !s.is_empty() => json!(s),
         _ => json!("<none>"),
     }
 }
 
-fn requestor_cell(obj: &Value) -> Value {
+fn requestor_cell(obj: &Value, _now: time::OffsetDateTime) -> Value {
     json!(
         obj.pointer("/spec/username")
             .and_then(Value::as_str)
@@ -264,7 +264,7 @@ fn requestor_cell(obj: &Value) -> Value {
     )
 }
 
-fn duration_cell(obj: &Value) -> Value {
+fn duration_cell(obj: &Value, _now: time::OffsetDateTime) -> Value {
     match obj
         .pointer("/spec/expirationSeconds")
         .and_then(Value::as_i64)
@@ -276,7 +276,7 @@ fn duration_cell(obj: &Value) -> Value {
 
 /// `Pending`, `Approved` or `Denied`, then `,Failed` and `,Issued` as they apply: the
 /// order of precedence of Kubernetes' printer.
-fn condition_cell(obj: &Value) -> Value {
+fn condition_cell(obj: &Value, _now: time::OffsetDateTime) -> Value {
     let has = |ty: &str| {
         obj.pointer("/status/conditions")
             .and_then(Value::as_array)

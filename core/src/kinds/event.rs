@@ -264,6 +264,7 @@ const COLUMNS: &[Column] = &[
 /// Table cells read from an event's JSON form, as Kubernetes' `printEvent` computes them.
 mod cells {
     use serde_json::Value;
+    use time::OffsetDateTime;
 
     use crate::table::age;
 
@@ -282,8 +283,8 @@ mod cells {
         }
     }
 
-    fn ago(timestamp: &str) -> Value {
-        Value::from(age(Some(timestamp), time::OffsetDateTime::now_utc()))
+    fn ago(timestamp: &str, now: OffsetDateTime) -> Value {
+        Value::from(age(Some(timestamp), now))
     }
 
     /// `deprecatedFirstTimestamp`, else `eventTime` (empty when neither is set).
@@ -291,30 +292,30 @@ mod cells {
         either(v, &["deprecatedFirstTimestamp"], &["eventTime"])
     }
 
-    pub(super) fn first_seen(v: &Value) -> Value {
-        ago(first_timestamp(v))
+    pub(super) fn first_seen(v: &Value, now: OffsetDateTime) -> Value {
+        ago(first_timestamp(v), now)
     }
 
-    pub(super) fn last_seen(v: &Value) -> Value {
+    pub(super) fn last_seen(v: &Value, now: OffsetDateTime) -> Value {
         if v.get("series").is_some_and(Value::is_object) {
-            return ago(text(v, &["series", "lastObservedTime"]));
+            return ago(text(v, &["series", "lastObservedTime"]), now);
         }
         match text(v, &["deprecatedLastTimestamp"]) {
-            "" => ago(first_timestamp(v)),
-            last => ago(last),
+            "" => ago(first_timestamp(v), now),
+            last => ago(last, now),
         }
     }
 
-    pub(super) fn type_(v: &Value) -> Value {
+    pub(super) fn type_(v: &Value, _now: OffsetDateTime) -> Value {
         Value::from(text(v, &["type"]))
     }
 
-    pub(super) fn reason(v: &Value) -> Value {
+    pub(super) fn reason(v: &Value, _now: OffsetDateTime) -> Value {
         Value::from(text(v, &["reason"]))
     }
 
     /// `kind/name` in lower case (just the kind without a name).
-    pub(super) fn object(v: &Value) -> Value {
+    pub(super) fn object(v: &Value, _now: OffsetDateTime) -> Value {
         let kind = text(v, &["regarding", "kind"]).to_lowercase();
         match text(v, &["regarding", "name"]) {
             "" => Value::from(kind),
@@ -322,13 +323,13 @@ mod cells {
         }
     }
 
-    pub(super) fn subobject(v: &Value) -> Value {
+    pub(super) fn subobject(v: &Value, _now: OffsetDateTime) -> Value {
         Value::from(text(v, &["regarding", "fieldPath"]))
     }
 
     /// `component, host` of the legacy source, each falling back to the reporting
     /// controller and instance.
-    pub(super) fn source(v: &Value) -> Value {
+    pub(super) fn source(v: &Value, _now: OffsetDateTime) -> Value {
         let component = either(
             v,
             &["deprecatedSource", "component"],
@@ -340,12 +341,12 @@ mod cells {
         }
     }
 
-    pub(super) fn message(v: &Value) -> Value {
+    pub(super) fn message(v: &Value, _now: OffsetDateTime) -> Value {
         Value::from(text(v, &["note"]).trim())
     }
 
     /// The series' count, else `deprecatedCount`, else 1 (a singleton event).
-    pub(super) fn count(v: &Value) -> Value {
+    pub(super) fn count(v: &Value, _now: OffsetDateTime) -> Value {
         let number = |path: &[&str]| {
             path.iter()
                 .try_fold(v, |v, key| v.get(key))
@@ -361,7 +362,7 @@ mod cells {
         )
     }
 
-    pub(super) fn name(v: &Value) -> Value {
+    pub(super) fn name(v: &Value, _now: OffsetDateTime) -> Value {
         Value::from(text(v, &["metadata", "name"]))
     }
 }

@@ -65,7 +65,7 @@ static INFO: ResourceInfo = ResourceInfo {
             format: "",
             priority: 0,
             description: "The type of the secret",
-            cell: |o| o.get("type").cloned().unwrap_or(Value::Null),
+            cell: |o, _| o.get("type").cloned().unwrap_or(Value::Null),
         },
         Column {
             name: "Data",
@@ -73,7 +73,7 @@ static INFO: ResourceInfo = ResourceInfo {
             format: "",
             priority: 0,
             description: "The number of entries in the secret's data",
-            cell: |o| {
+            cell: |o, _| {
                 json!(
                     o.get("data")
                         .and_then(Value::as_object)
@@ -87,11 +87,11 @@ static INFO: ResourceInfo = ResourceInfo {
             format: "",
             priority: 0,
             description: "Time since the secret was created",
-            cell: |o| {
+            cell: |o, now| {
                 json!(crate::table::age(
                     o.pointer("/metadata/creationTimestamp")
                         .and_then(Value::as_str),
-                    time::OffsetDateTime::now_utc(),
+                    now,
                 ))
             },
         },

@@ -533,48 +533,15 @@ fn parse_audit_log_format(s: &str) -> Result<String, String> {
     }
 }
 
-/// Parses Go-style durations: `90s`, `1m30s`, `500ms`, `2h`, `0`.
+/// Parses a flag's Go duration (`90s`, `1m30s`, `500ms`, `1µs`, `2h`, `0`) with the exact
+/// parser configuration files use (integer nanoseconds, Go's units and errors). A flag's
+/// duration is a length of time, so a negative one is refused.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    if s == "0" {
-        return Ok(Duration::ZERO);
+    let d = svc_config::Duration::parse(s.trim())?;
+    if d.is_negative() {
+        return Err(format!("invalid duration {s:?}: must not be negative"));
     }
-    let mut total = Duration::ZERO;
-    let mut rest = s;
-    if rest.is_empty() {
-        return Err("empty duration".into());
-    }
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        if digits == 0 {
-            return Err(format!("invalid duration {s:?}"));
-        }
-        let value: f64 = rest[..digits]
-            .parse()
-            .map_err(|_| format!("invalid duration {s:?}"))?;
-        rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let unit = &rest[..unit_len];
-        rest = &rest[unit_len..];
-        let secs = match unit {
-            "ns" => value / 1e9,
-            "us" | "µs" => value / 1e6,
-            "ms" => value / 1e3,
-            "s" => value,
-            "m" => value * 60.0,
-            "h" => value * 3600.0,
-            _ => return Err(format!("invalid unit {unit:?} in duration {s:?}")),
-        };
-        let part = Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"))?;
-        total = total
-            .checked_add(part)
-            .ok_or_else(|| format!("{s:?}: duration is too long"))?;
-    }
-    Ok(total)
+    Ok(d.to_std())
 }
 
 #[cfg(test)]
@@ -591,6 +558,16 @@ mod tests {
         assert!(parse_duration("10").is_err());
         assert!(parse_duration("s").is_err());
         assert!(parse_duration("5 parsecs").is_err());
+        // Exact where floating point was not, and Go's spellings of microseconds.
+        assert_eq!(parse_duration("1µs").unwrap(), Duration::from_micros(1));
+        assert_eq!(parse_duration("1μs").unwrap(), Duration::from_micros(1));
+        assert_eq!(parse_duration("0.3s").unwrap(), Duration::from_millis(300));
+        assert_eq!(
+            parse_duration("2562047h").unwrap(),
+            Duration::from_secs(2_562_047 * 3600)
+        );
+        assert!(parse_duration("2562048h").is_err(), "past Go's range");
+        assert!(parse_duration("-5s").is_err());
     }
 
     #[test]

@@ -86,7 +86,13 @@ pub fn object_with<T: Kind>(
                 };
                 return json(
                     code,
-                    &svc_core::table::table(T::INFO, &meta, vec![v], include),
+                    &svc_core::table::table(
+                        T::INFO,
+                        &meta,
+                        vec![v],
+                        include,
+                        time::OffsetDateTime::now_utc(),
+                    ),
                     pretty,
                 );
             }
@@ -149,7 +155,13 @@ pub fn list(
         ),
         Format::Table => json(
             StatusCode::OK,
-            &svc_core::table::table(info, meta, as_value(items)?, include),
+            &svc_core::table::table(
+                info,
+                meta,
+                as_value(items)?,
+                include,
+                time::OffsetDateTime::now_utc(),
+            ),
             pretty,
         ),
     })

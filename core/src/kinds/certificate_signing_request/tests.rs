@@ -567,7 +567,10 @@ fn json_carries_bytes_as_base64_and_table_cells_read_like_kubectl() {
         serde_json::from_value::<CertificateSigningRequestSpec>(json!({"request": "%%"})).is_err()
     );
 
-    let cells: Vec<Value> = COLUMNS.iter().map(|c| (c.cell)(&v)).collect();
+    let cells: Vec<Value> = COLUMNS
+        .iter()
+        .map(|c| (c.cell)(&v, time::OffsetDateTime::now_utc()))
+        .collect();
     assert_eq!(
         cells[1..],
         [
@@ -578,9 +581,21 @@ fn json_carries_bytes_as_base64_and_table_cells_read_like_kubectl() {
         ]
     );
     let pending = serde_json::to_value(stored()).unwrap();
-    assert_eq!(condition_cell(&pending), json!("Pending"));
-    assert_eq!(duration_cell(&pending), json!("<none>"));
+    assert_eq!(
+        condition_cell(&pending, time::OffsetDateTime::now_utc()),
+        json!("Pending")
+    );
+    assert_eq!(
+        duration_cell(&pending, time::OffsetDateTime::now_utc()),
+        json!("<none>")
+    );
     let failed = json!({"status": {"conditions": [{"type": "Denied"}, {"type": "Failed"}]}});
-    assert_eq!(condition_cell(&failed), json!("Denied,Failed"));
-    assert_eq!(signer_cell(&json!({})), json!("<none>"));
+    assert_eq!(
+        condition_cell(&failed, time::OffsetDateTime::now_utc()),
+        json!("Denied,Failed")
+    );
+    assert_eq!(
+        signer_cell(&json!({}), time::OffsetDateTime::now_utc()),
+        json!("<none>")
+    );
 }

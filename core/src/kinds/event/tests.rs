@@ -422,6 +422,7 @@ fn rows(objects: Vec<Value>) -> Value {
         &ListMeta::default(),
         objects,
         IncludeObject::None,
+        OffsetDateTime::now_utc(),
     )
 }
 
