@@ -296,13 +296,13 @@ pub struct RequestAttributes<'a> {
     pub user: Option<&'a UserInfo>,
     pub verb: &'a str,
     /// Set for resource requests.
-    pub resource: Option<ResourceAttributes<'a>>,
+    pub resource: Option<AuditedResource<'a>>,
     /// The path of a non-resource request.
     pub path: &'a str,
 }
 
 #[derive(Clone, Copy, Debug)]
-pub struct ResourceAttributes<'a> {
+pub struct AuditedResource<'a> {
     pub group: &'a str,
     pub resource: &'a str,
     pub subresource: &'a str,
@@ -390,7 +390,7 @@ fn rule_matches(r: &PolicyRule, attrs: &RequestAttributes<'_>) -> bool {
     true
 }
 
-fn matches_resource(r: &PolicyRule, a: &ResourceAttributes<'_>) -> bool {
+fn matches_resource(r: &PolicyRule, a: &AuditedResource<'_>) -> bool {
     if !r.namespaces.is_empty() && !r.namespaces.iter().any(|n| n == a.namespace) {
         return false;
     }

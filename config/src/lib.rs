@@ -4,7 +4,7 @@
 //! Every kind implements [`ConfigKind`]. [`load`] decodes a YAML or JSON document into it,
 //! refuses unknown fields (all of them are listed, each with its path), then runs the kind's
 //! own validation; the errors read as Kubernetes prints them:
-//! `jwt[0].issuer.url: Invalid value: "http://x": must be https`. [`registry`] dispatches
+//! `jwt[0].issuer.url: Invalid value: "http://x": must be https`. [`catalog`] dispatches
 //! any document by `(apiVersion, kind)`, `validate-config`'s component kinds (scheduler,
 //! proxy, controller manager) included.
 //!
@@ -31,6 +31,7 @@ pub mod admission_review;
 pub mod audit;
 pub mod authentication;
 pub mod authorization;
+pub mod catalog;
 pub mod component;
 pub mod controller_manager;
 pub mod egress;
@@ -40,7 +41,6 @@ pub mod image_review;
 pub mod kubeconfig;
 pub mod proxy;
 pub mod rate_limit;
-pub mod registry;
 pub mod scheduler;
 pub mod subject_access_review;
 pub mod tracing;

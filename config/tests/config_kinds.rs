@@ -1,4 +1,4 @@
-//! The component configuration kinds and the tracing configuration through the registry, as
+//! The component configuration kinds and the tracing configuration through the catalog, as
 //! `svc-gateway validate-config` sees them: per kind a valid document, invalid ones with the
 //! exact field paths they report, and the golden `--print-defaults` output
 //! (`UPDATE_GOLDEN=1 cargo test -p svc-core --test config_kinds` rewrites the golden files,
@@ -15,10 +15,10 @@
 
 use std::path::PathBuf;
 
-use svc_config::{ConfigError, parse_document, registry};
+use svc_config::{ConfigError, catalog, parse_document};
 
 fn load(doc: &str) -> Result<serde_json::Value, ConfigError> {
-    registry::load_any(parse_document(doc.as_bytes())?)
+    catalog::load_any(parse_document(doc.as_bytes())?)
 }
 
 /// `doc` must be refused with exactly these field paths, in order.
@@ -84,7 +84,7 @@ fn golden_name(api_version: &str, kind: &str) -> String {
 #[test]
 fn print_defaults_matches_the_golden_files() {
     let update = std::env::var_os("UPDATE_GOLDEN").is_some();
-    for entry in registry::KINDS {
+    for entry in catalog::KINDS {
         let version = entry.api_versions[0];
         let body = MINIMAL
             .iter()
@@ -92,7 +92,7 @@ fn print_defaults_matches_the_golden_files() {
             .map_or("", |(_, b)| *b);
         let doc = format!("apiVersion: {version}\nkind: {}\n{body}", entry.kind);
         let value = accepted(&doc);
-        let yaml = String::from_utf8(registry::to_yaml(&value).unwrap()).unwrap();
+        let yaml = String::from_utf8(catalog::to_yaml(&value).unwrap()).unwrap();
         let path = defaults_dir().join(golden_name(version, entry.kind));
         if update {
             std::fs::write(&path, &yaml).unwrap();
@@ -621,12 +621,12 @@ fn unknown_kinds_and_versions_name_the_field() {
     refused("kind: TracingConfiguration\n", &["apiVersion"]);
     refused("apiVersion: apiserver.svc.io/v1\n", &["kind"]);
     refused("- 1\n- 2\n", &[""]);
-    // The registry lists every kind once per version, and each (apiVersion, kind) once.
+    // The catalog lists every kind once per version, and each (apiVersion, kind) once.
     let mut seen = std::collections::BTreeSet::new();
-    for entry in registry::KINDS {
+    for entry in catalog::KINDS {
         for v in entry.api_versions {
             assert!(seen.insert((*v, entry.kind)), "{v} {}", entry.kind);
-            assert!(registry::find(v, entry.kind).is_some());
+            assert!(catalog::find(v, entry.kind).is_some());
         }
     }
 }

@@ -59,12 +59,12 @@
 //!   write its frames with one vectored write; stop when `finished` }.
 
 pub mod cache;
-pub mod config;
+pub mod cached;
 pub mod dispatch;
 pub mod frames;
 pub mod history;
 pub mod interval;
-pub mod object;
+pub mod settings;
 pub mod snapshots;
 pub mod waiters;
 pub mod wakes;
@@ -74,11 +74,11 @@ pub mod watcher;
 mod tests;
 
 pub use cache::{ApplyReport, ListRequest, WatchCache, WatchCacheStats};
-pub use config::WatchCacheConfig;
+pub use cached::{CachedObject, KindCodec, Selector};
 pub use frames::{FrameFormat, FrameStats};
 pub use history::{EventType, Overrun, WatchCacheEvent};
 pub use interval::WatchCacheInterval;
-pub use object::{CachedObject, KindCodec, Selector};
+pub use settings::WatchCacheConfig;
 pub use snapshots::{ListResult, Snapshot, State};
 pub use waiters::RevisionWait;
 pub use wakes::{Backlog, WakeGate};

@@ -19,7 +19,7 @@ use crate::base::flags::Options;
 use crate::controllers::{bootstrap, csr};
 use crate::outbound::egress::Egress;
 use crate::outbound::pki::{self, PkiOptions};
-use crate::serve::app::{App, Parts};
+use crate::serve::app::{Parts, ServerState};
 use crate::serve::server::accept_loop;
 
 /// A running server.
@@ -28,7 +28,7 @@ pub struct ServerHandle {
     pub addr: SocketAddr,
     /// The loopback plain-HTTP address, when enabled.
     pub insecure_addr: Option<SocketAddr>,
-    pub app: Arc<App>,
+    pub app: Arc<ServerState>,
     pub admin_kubeconfig: std::path::PathBuf,
     /// The cluster PKI (tests issue client certificates from it).
     pub pki: Arc<pki::Pki>,
@@ -120,7 +120,7 @@ pub async fn start_with_store(
     .map_err(|e| anyhow::anyhow!("service-account tokens: {e}"))?;
     let tracing = match &opts.tracing_config_file {
         None => None,
-        Some(path) => Some(crate::observe::trace::config::read(path).map_err(anyhow::Error::msg)?),
+        Some(path) => Some(crate::observe::trace::file::read(path).map_err(anyhow::Error::msg)?),
     };
     let parts = Parts {
         stop_watches: stop_watches_rx.clone(),
@@ -129,7 +129,7 @@ pub async fn start_with_store(
         admission,
         egress: Egress::from_options(&opts)?,
     };
-    let app = Arc::new(App::new(opts.clone(), store, parts)?);
+    let app = Arc::new(ServerState::new(opts.clone(), store, parts)?);
     let reload_task = start_authentication_config(&app, stop_watches_rx)?;
     let authorization_reload = crate::security::authorization_config::start(
         &app.api.security,
@@ -211,13 +211,13 @@ async fn prepare_pki(
 /// Loads `--authentication-config` (a bad file stops the start with all its errors) and
 /// re-reads it when it changes.
 fn start_authentication_config(
-    app: &Arc<App>,
+    app: &Arc<ServerState>,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<Option<JoinHandle<()>>> {
     let Some(path) = app.api.opts.authentication_config.clone() else {
         return Ok(None);
     };
-    let load = |app: &App, bytes: &[u8]| {
+    let load = |app: &ServerState, bytes: &[u8]| {
         let ctx = crate::security::jwt::LoadContext {
             service_account_issuers: std::slice::from_ref(&app.api.opts.service_account_issuer),
             anonymous_flag_set: app.api.opts.anonymous_auth.is_some(),

@@ -33,7 +33,7 @@ fn res<'a>(
     RequestAttributes {
         user: Some(u),
         verb,
-        resource: Some(ResourceAttributes {
+        resource: Some(AuditedResource {
             group,
             resource,
             subresource,

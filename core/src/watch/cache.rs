@@ -12,12 +12,12 @@ use bytes::Bytes;
 use parking_lot::{Mutex, RwLock};
 use svc_storage::{Event, EventKind, FeedItem, KeyValue, Revision};
 
-use super::config::WatchCacheConfig;
+use super::cached::{CachedObject, KindCodec};
 use super::dispatch::{Registry, SlotState, WatcherSlot};
 use super::frames::{FrameEncoder, FrameFormat};
 use super::history::{EventType, HistoryRing, WatchCacheEvent};
 use super::interval::WatchCacheInterval;
-use super::object::{CachedObject, KindCodec};
+use super::settings::WatchCacheConfig;
 use super::snapshots::{SnapshotRing, State};
 use super::waiters::{RevisionWait, Waiters};
 use super::wakes::WakeGate;
@@ -30,11 +30,11 @@ const MAX_REPORTED_ERRORS: usize = 16;
 /// A handle to one type's cache; clones share it.
 #[derive(Clone, Debug)]
 pub struct WatchCache {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<CacheState>,
 }
 
 #[derive(Debug)]
-pub(crate) struct Shared {
+pub(crate) struct CacheState {
     pub(crate) config: WatchCacheConfig,
     pub(crate) encoder: FrameEncoder,
     pub(crate) inner: RwLock<Inner>,
@@ -46,7 +46,7 @@ pub(crate) struct Shared {
     gate: Arc<WakeGate>,
 }
 
-impl Shared {
+impl CacheState {
     pub(crate) fn published_revision(&self) -> Revision {
         self.revision.load(Ordering::Acquire)
     }
@@ -140,7 +140,7 @@ impl WatchCache {
     /// every cache of the gateway, paced by its pacer task).
     pub fn with_gate(codec: KindCodec, config: WatchCacheConfig, gate: Arc<WakeGate>) -> Self {
         WatchCache {
-            shared: Arc::new(Shared {
+            shared: Arc::new(CacheState {
                 config: config.sanitized(),
                 encoder: FrameEncoder::new(codec),
                 inner: RwLock::new(Inner::default()),

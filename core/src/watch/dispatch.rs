@@ -26,7 +26,7 @@ use svc_storage::Revision;
 
 use super::history::WatchCacheEvent;
 use super::interval::WatchCacheInterval;
-use super::watcher::{Scope, WatchFilter};
+use super::watcher::{Bucket, WatchFilter};
 
 /// What one watcher shares with the dispatcher. Kept small: this is the per-watcher cost.
 #[derive(Debug)]
@@ -118,7 +118,7 @@ impl Registry {
                 u32::try_from(self.entries.len().saturating_sub(1)).unwrap_or(u32::MAX)
             }
         };
-        let list = self.bucket_mut(slot.filter.scope());
+        let list = self.bucket_mut(slot.filter.bucket());
         list.push(id);
         let pos = list.len().saturating_sub(1);
         {
@@ -135,11 +135,11 @@ impl Registry {
         id
     }
 
-    fn bucket_mut(&mut self, scope: Scope<'_>) -> &mut Vec<u32> {
-        match scope {
-            Scope::All => &mut self.all,
-            Scope::Namespace(ns) => &mut self.by_ns.entry(ns.into()).or_default().watchers,
-            Scope::Name(ns, name) => self
+    fn bucket_mut(&mut self, bucket: Bucket<'_>) -> &mut Vec<u32> {
+        match bucket {
+            Bucket::All => &mut self.all,
+            Bucket::Namespace(ns) => &mut self.by_ns.entry(ns.into()).or_default().watchers,
+            Bucket::Name(ns, name) => self
                 .by_ns
                 .entry(ns.into())
                 .or_default()
@@ -170,9 +170,9 @@ impl Registry {
         if let Some(key) = entry.slot.state.lock().lagging_key.take() {
             self.lagging.remove(&(key, id));
         }
-        let scope = entry.slot.filter.scope();
+        let bucket = entry.slot.filter.bucket();
         let moved = {
-            let list = self.bucket_mut(scope);
+            let list = self.bucket_mut(bucket);
             if entry.pos < list.len() {
                 list.swap_remove(entry.pos);
                 list.get(entry.pos).copied()
@@ -184,10 +184,10 @@ impl Registry {
             e.pos = entry.pos;
         }
         // Empty buckets are dropped so that churn over many namespaces leaves nothing behind.
-        if let Scope::Namespace(ns) | Scope::Name(ns, _) = scope
+        if let Bucket::Namespace(ns) | Bucket::Name(ns, _) = bucket
             && let Some(b) = self.by_ns.get_mut(ns)
         {
-            if let Scope::Name(_, name) = scope
+            if let Bucket::Name(_, name) = bucket
                 && b.by_name.get(name).is_some_and(Vec::is_empty)
             {
                 b.by_name.remove(name);

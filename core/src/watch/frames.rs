@@ -14,8 +14,8 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use svc_storage::Revision;
 
+use super::cached::{CachedObject, KindCodec};
 use super::history::{EventType, WatchCacheEvent};
-use super::object::{CachedObject, KindCodec};
 use crate::codec::{encode_envelope, encode_status_protobuf, encode_watch_event_protobuf};
 use crate::meta::ListMeta;
 use crate::status::ApiError;

@@ -10,9 +10,9 @@ use std::time::Instant;
 use bytes::Bytes;
 use svc_storage::Revision;
 
-use super::config::WatchCacheConfig;
+use super::cached::{CachedObject, KindCodec};
 use super::frames::EventFrames;
-use super::object::{CachedObject, KindCodec};
+use super::settings::WatchCacheConfig;
 use crate::status::ApiError;
 
 /// The type of a watch event as a watcher sees it.

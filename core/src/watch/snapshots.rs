@@ -20,8 +20,8 @@ use bytes::Bytes;
 use imbl::OrdMap;
 use svc_storage::{KeyRange, Revision};
 
-use super::config::WatchCacheConfig;
-use super::object::{CachedObject, Selector};
+use super::cached::{CachedObject, Selector};
+use super::settings::WatchCacheConfig;
 
 /// The objects of one revision, by store key. Clones share structure: O(1).
 pub type State = OrdMap<Bytes, Arc<CachedObject>>;

@@ -11,7 +11,7 @@ use std::task::{Context, Poll, Waker};
 use parking_lot::Mutex;
 use svc_storage::Revision;
 
-use super::cache::Shared;
+use super::cache::CacheState;
 use crate::status::ApiError;
 
 /// Waits registered at once, at most; more are refused with 429 (the gateway's request
@@ -61,7 +61,7 @@ impl Waiters {
 /// The future of [`WatchCache::wait_for_revision`](super::WatchCache::wait_for_revision).
 #[derive(Debug)]
 pub struct RevisionWait {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<CacheState>,
     pub(crate) target: Revision,
     pub(crate) id: Option<u64>,
 }

@@ -18,10 +18,10 @@ use bytes::Bytes;
 use svc_storage::{KeyRange, Revision};
 
 use super::cache::WatchCache;
+use super::cached::{CachedObject, Selector};
 use super::dispatch::WatcherSlot;
 use super::frames::FrameFormat;
 use super::history::{EventType, WatchCacheEvent};
-use super::object::{CachedObject, Selector};
 use super::snapshots::State;
 use crate::status::ApiError;
 
@@ -40,7 +40,7 @@ pub struct WatchFilter {
 
 /// Where a watcher is filed in the dispatch index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Scope<'a> {
+pub(crate) enum Bucket<'a> {
     All,
     Namespace(&'a str),
     Name(&'a str, &'a str),
@@ -87,11 +87,11 @@ impl WatchFilter {
         }
     }
 
-    pub(crate) fn scope(&self) -> Scope<'_> {
+    pub(crate) fn bucket(&self) -> Bucket<'_> {
         match (self.namespace.as_deref(), self.name.as_deref()) {
-            (Some(ns), Some(name)) => Scope::Name(ns, name),
-            (Some(ns), None) => Scope::Namespace(ns),
-            (None, _) => Scope::All,
+            (Some(ns), Some(name)) => Bucket::Name(ns, name),
+            (Some(ns), None) => Bucket::Namespace(ns),
+            (None, _) => Bucket::All,
         }
     }
 }

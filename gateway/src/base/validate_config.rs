@@ -1,5 +1,5 @@
 //! `svc-gateway validate-config FILE...`: checks configuration files of every kind the core
-//! registry knows (by `apiVersion` and `kind`, YAML or JSON, one document after another in
+//! catalog knows (by `apiVersion` and `kind`, YAML or JSON, one document after another in
 //! multi-document YAML), printing each error with its field path, or each document with its
 //! defaults applied (`--print-defaults`). The server runs the same core code on its own files.
 
@@ -8,7 +8,7 @@ use std::io::Read as _;
 use std::path::PathBuf;
 
 use serde_json::{Value, json};
-use svc_config::{ConfigError, parse_document, registry, type_meta};
+use svc_config::{ConfigError, catalog, parse_document, type_meta};
 
 /// Files larger than this are refused unread: configuration files are small, and the whole
 /// file is held in memory.
@@ -79,10 +79,8 @@ pub fn run(args: &ValidateArgs) -> Report {
                 .collect();
             report.stdout = match output {
                 Output::Json => {
-                    let sorted: Vec<Value> = docs
-                        .iter()
-                        .map(|d| registry::sorted((*d).clone()))
-                        .collect();
+                    let sorted: Vec<Value> =
+                        docs.iter().map(|d| catalog::sorted((*d).clone())).collect();
                     let mut s = serde_json::to_string_pretty(&sorted).unwrap_or_default();
                     s.push('\n');
                     s
@@ -90,7 +88,7 @@ pub fn run(args: &ValidateArgs) -> Report {
                 Output::Text => docs
                     .iter()
                     .map(|d| {
-                        registry::to_yaml(d)
+                        catalog::to_yaml(d)
                             .map(|b| String::from_utf8_lossy(&b).into_owned())
                             .unwrap_or_default()
                     })
@@ -158,7 +156,7 @@ pub fn check_document(doc: &str) -> (String, Result<Value, ConfigError>) {
     match parse_document(doc.as_bytes()) {
         Ok(value) => {
             let (_, kind) = type_meta(&value);
-            (kind, registry::load_any(value))
+            (kind, catalog::load_any(value))
         }
         Err(e) => (String::new(), Err(e)),
     }

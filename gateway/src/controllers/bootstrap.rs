@@ -15,7 +15,7 @@ use svc_core::{ApiError, Resource, ResourceInfo, registry};
 use svc_storage::{KeyRange, StoreError};
 
 use crate::registry::errors;
-use crate::serve::app::App;
+use crate::serve::app::ServerState;
 use crate::serve::loopback::Loopback;
 
 /// The account every namespace has.
@@ -26,7 +26,7 @@ pub const SYSTEM_NAMESPACES: &[&str] =
 /// How often the namespace controller re-checks terminating namespaces without a nudge.
 const NAMESPACE_RESYNC: Duration = Duration::from_secs(5);
 
-pub fn start(app: &Arc<App>) {
+pub fn start(app: &Arc<ServerState>) {
     let synced = app.api.hooks.register("start-watch-caches");
     app.api.registry.caches.start(
         app.api.registry.store.clone(),
@@ -64,7 +64,7 @@ pub fn start(app: &Arc<App>) {
     });
 }
 
-async fn ensure_system_namespaces(app: &App) -> Result<(), ApiError> {
+async fn ensure_system_namespaces(app: &ServerState) -> Result<(), ApiError> {
     for name in SYSTEM_NAMESPACES {
         let mut ns = Namespace::default();
         ns.set_type_meta();
@@ -102,7 +102,7 @@ fn collection_path(info: &ResourceInfo, ns: &str) -> String {
 /// One round of deletions in `ns` (a `deletecollection` of every stored namespaced kind),
 /// and what is left after it: objects that finalizers still hold.
 async fn delete_namespace_contents(
-    app: &App,
+    app: &ServerState,
     client: &Loopback,
     ns: &str,
 ) -> Result<usize, ApiError> {
@@ -131,7 +131,7 @@ const SERVICE_ACCOUNT_PASS_SPACING: Duration = Duration::from_millis(200);
 
 /// Every active namespace has a `default` ServiceAccount, recreated if deleted, as
 /// Kubernetes' service-account controller keeps it. Writes go through the pipeline.
-async fn service_account_controller(app: Arc<App>) {
+async fn service_account_controller(app: Arc<ServerState>) {
     let client = Loopback::controller(
         &app,
         "system:svc-controller-manager:serviceaccount-controller",
@@ -160,7 +160,7 @@ async fn service_account_controller(app: Arc<App>) {
     }
 }
 
-async fn ensure_default_accounts(app: &App, client: &Loopback) -> Result<(), ApiError> {
+async fn ensure_default_accounts(app: &ServerState, client: &Loopback) -> Result<(), ApiError> {
     let accounts = app.api.registry.caches.get(ServiceAccount::INFO);
     let snapshot = app.api.registry.caches.get(Namespace::INFO).snapshot()?;
     let all = snapshot.list(
@@ -208,7 +208,7 @@ async fn ensure_default_accounts(app: &App, client: &Loopback) -> Result<(), Api
     Ok(())
 }
 
-async fn namespace_controller(app: Arc<App>) {
+async fn namespace_controller(app: Arc<ServerState>) {
     let mut stop = app.api.registry.stop_watches.clone();
     let client = Loopback::controller(&app, NAMESPACE_CONTROLLER);
     loop {
@@ -225,7 +225,7 @@ async fn namespace_controller(app: Arc<App>) {
 
 /// Empties each terminating namespace; once nothing is left, drops the `kubernetes`
 /// finalizer, which deletes the namespace if no other finalizer holds it.
-async fn sweep_terminating(app: &App, client: &Loopback) -> Result<(), ApiError> {
+async fn sweep_terminating(app: &ServerState, client: &Loopback) -> Result<(), ApiError> {
     let all = app
         .api
         .registry

@@ -25,7 +25,7 @@ use svc_storage::Revision;
 
 use crate::base::lifecycle::until_set;
 use crate::outbound::pki::Pki;
-use crate::serve::app::App;
+use crate::serve::app::ServerState;
 
 /// How often every request is looked at even when none changed.
 const RESYNC: Duration = Duration::from_secs(30);
@@ -36,7 +36,7 @@ const RETRY: Duration = Duration::from_secs(1);
 const DRAIN_BYTES: usize = 1 << 20;
 
 /// Starts the CSR approving and signing controllers.
-pub fn start(app: &Arc<App>, pki: &Arc<Pki>) {
+pub fn start(app: &Arc<ServerState>, pki: &Arc<Pki>) {
     spawn(app, approver::Approver::new(app));
     spawn(app, signer::Signer::new(app, pki.clone()));
 }
@@ -59,7 +59,7 @@ pub(crate) trait CsrController: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Synced, ApiError>> + Send;
 }
 
-fn spawn<C: CsrController>(app: &Arc<App>, controller: C) {
+fn spawn<C: CsrController>(app: &Arc<ServerState>, controller: C) {
     let started = app.api.hooks.register(&format!("start-{}", C::NAME));
     let app = app.clone();
     tokio::spawn(async move {
@@ -69,7 +69,7 @@ fn spawn<C: CsrController>(app: &Arc<App>, controller: C) {
 }
 
 /// Runs passes over every request: on start, whenever one changes, and every `RESYNC`.
-async fn run<C: CsrController>(app: Arc<App>, controller: C) {
+async fn run<C: CsrController>(app: Arc<ServerState>, controller: C) {
     let cache = app
         .api
         .registry

@@ -23,7 +23,7 @@ use svc_core::object::parse_resource_version;
 use svc_core::{ApiError, registry};
 
 use call::path_namespace;
-pub use call::{Call, Selectors};
+pub use call::{RestRequest, Selectors};
 
 use crate::base::features::Feature;
 use crate::base::query::ListOptions;
@@ -36,7 +36,7 @@ use svc_core::registry::{Kind, KindVisitor};
 /// Serves one resource request with the handlers instantiated for the route's kind.
 /// The answer, and every error after content negotiation, is in the negotiated format (a
 /// protobuf client gets its `Status` in protobuf, as from kube-apiserver).
-pub async fn serve(app: &Arc<Api>, mut call: Call) -> Response<Body> {
+pub async fn serve(app: &Arc<Api>, mut call: RestRequest) -> Response<Body> {
     let watch = call.query.bool("watch").unwrap_or(false);
     call.format =
         match negotiate::response_format(&call.parts.headers, &app.opts.feature_gates, watch) {
@@ -60,7 +60,7 @@ type Handled<'a> = Pin<Box<dyn Future<Output = Result<Response<Body>, ApiError>>
 /// The registry visitor that picks `serve_typed::<T>` for the kind of a route.
 struct Serve<'a> {
     app: &'a Arc<Api>,
-    call: Call,
+    call: RestRequest,
 }
 
 impl<'a> KindVisitor for Serve<'a> {
@@ -70,7 +70,10 @@ impl<'a> KindVisitor for Serve<'a> {
     }
 }
 
-async fn serve_typed<T: Kind>(app: &Arc<Api>, call: Call) -> Result<Response<Body>, ApiError> {
+async fn serve_typed<T: Kind>(
+    app: &Arc<Api>,
+    call: RestRequest,
+) -> Result<Response<Body>, ApiError> {
     let info = T::INFO;
     let name = call.route.name.clone();
     let method = call.parts.method.clone();
@@ -112,7 +115,7 @@ fn method_not_allowed(m: &Method) -> ApiError {
 /// subresource owns (`status`, `approval`), or an action it performs (`token`).
 async fn serve_subresource<T: Kind>(
     app: &Arc<Api>,
-    call: Call,
+    call: RestRequest,
     sub: &str,
 ) -> Result<Response<Body>, ApiError> {
     let info = T::INFO;
@@ -136,7 +139,11 @@ async fn serve_subresource<T: Kind>(
     }
 }
 
-async fn get<T: Kind>(app: &Arc<Api>, call: &Call, name: &str) -> Result<Response<Body>, ApiError> {
+async fn get<T: Kind>(
+    app: &Arc<Api>,
+    call: &RestRequest,
+    name: &str,
+) -> Result<Response<Body>, ApiError> {
     let ns = path_namespace::<T>(&call.route)?;
     let min_rv = match call.query.get("resourceVersion") {
         None | Some("") | Some("0") => None,
@@ -151,7 +158,10 @@ async fn get<T: Kind>(app: &Arc<Api>, call: &Call, name: &str) -> Result<Respons
     ))
 }
 
-async fn list_or_watch<T: Kind>(app: &Arc<Api>, call: Call) -> Result<Response<Body>, ApiError> {
+async fn list_or_watch<T: Kind>(
+    app: &Arc<Api>,
+    call: RestRequest,
+) -> Result<Response<Body>, ApiError> {
     let opts = ListOptions::from_query(&call.query)?;
     crate::registry::list::validate(&opts)?;
     if opts.watch

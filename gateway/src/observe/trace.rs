@@ -7,7 +7,7 @@
 //! Kubernetes does, an incoming `traceparent` is trusted from `system:masters` and
 //! `system:monitoring` only; anyone else's becomes a link), which needs explicit start times,
 //! and with tracing off nothing is built at all: the pipeline takes one branch on
-//! `App::tracer` and every other hook finds no current span. Log events stay with the
+//! `ServerState::tracer` and every other hook finds no current span. Log events stay with the
 //! `tracing` crate.
 //!
 //! Sampling is Kubernetes': parent-based, and for traces that start here a ratio of
@@ -19,8 +19,8 @@
 //! admission) is traced the same way: wrapped in [`in_span`] (`webhook` spans, `SpanKind`
 //! aside), with [`inject_current`] on its request so the webhook can join the trace.
 
-pub mod config;
 pub mod export;
+pub mod file;
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -40,8 +40,8 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider, SpanExporter as _};
 use svc_core::user::UserInfo;
 
-pub use config::TracingConfiguration;
 pub use export::DroppedSpans;
+pub use file::TracingConfiguration;
 
 /// The service name spans are reported under (Kubernetes' API server reports `apiserver`).
 pub const SERVICE_NAME: &str = "apiserver";
@@ -72,9 +72,9 @@ pub enum TraceError {
 /// never), as Kubernetes samples.
 pub fn sampler(config: &TracingConfiguration) -> Sampler {
     let root = match config.sampling_rate_per_million {
-        Some(rate) if rate >= config::PER_MILLION => Sampler::AlwaysOn,
+        Some(rate) if rate >= file::PER_MILLION => Sampler::AlwaysOn,
         Some(rate) if rate > 0 => {
-            Sampler::TraceIdRatioBased(f64::from(rate) / f64::from(config::PER_MILLION))
+            Sampler::TraceIdRatioBased(f64::from(rate) / f64::from(file::PER_MILLION))
         }
         _ => Sampler::AlwaysOff,
     };
@@ -85,7 +85,7 @@ impl Tracer {
     /// Starts the OTLP exporter (lazily connected: an absent collector costs nothing here) and
     /// the batch task; needs a Tokio runtime. `dropped` counts spans that never left.
     pub fn start(config: &TracingConfiguration, dropped: DroppedSpans) -> Result<Self, TraceError> {
-        let uri = config::collector_uri(config).map_err(TraceError::Config)?;
+        let uri = file::collector_uri(config).map_err(TraceError::Config)?;
         let mut exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_tonic()
             .with_endpoint(uri)

@@ -34,8 +34,8 @@ use futures::future::BoxFuture;
 use http::HeaderValue;
 use prometheus_client::metrics::counter::Counter;
 use svc_config::audit::{
-    Evaluator, Event, Level, ObjectReference, Policy, RawJson, RequestAttributes,
-    RequestAuditConfig, ResourceAttributes, ResponseStatus, Stage,
+    AuditedResource, Evaluator, Event, Level, ObjectReference, Policy, RawJson, RequestAttributes,
+    RequestAuditConfig, ResponseStatus, Stage,
 };
 use svc_core::meta::MicroTime;
 use svc_core::user::UserInfo;
@@ -74,7 +74,7 @@ impl Auditor {
     pub fn from_options(
         opts: &AuditOptions,
         metrics: &AuditMetrics,
-        webhook: Option<Arc<dyn webhook::Target>>,
+        webhook: Option<Arc<dyn webhook::Destination>>,
     ) -> Result<Option<Arc<Auditor>>, String> {
         let Some(policy_file) = &opts.audit_policy_file else {
             return Ok(None);
@@ -225,7 +225,7 @@ impl Auditor {
             });
         let path = req.uri().path();
         let resource = match route {
-            Route::Resource(r) => Some(ResourceAttributes {
+            Route::Resource(r) => Some(AuditedResource {
                 group: r.info.group,
                 resource: r.info.plural,
                 subresource: r.subresource.as_deref().unwrap_or_default(),

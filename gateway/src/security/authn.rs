@@ -13,7 +13,7 @@ use crate::registry::state::Registry;
 use crate::security::authz::{
     GROUP_AUTHENTICATED, GROUP_MASTERS, GROUP_UNAUTHENTICATED, USER_ANONYMOUS, public_path,
 };
-use crate::security::jwt::{self, Outcome};
+use crate::security::jwt::{self, Verdict};
 use crate::security::state::Security;
 
 /// What the connection established about the caller before any request arrived.
@@ -106,12 +106,12 @@ pub async fn authenticate(
             // service-account token: asking them first changes no answer, and costs nothing
             // without a configuration file.
             match authentication.authenticate(token).await {
-                Outcome::Accepted(user) => return Ok(UserInfo::clone(&user)),
-                Outcome::Refused(e) => {
+                Verdict::Accepted(user) => return Ok(UserInfo::clone(&user)),
+                Verdict::Refused(e) => {
                     tracing::debug!(error = %e, "JWT rejected");
                     return Err(unauthorized());
                 }
-                Outcome::NotOurs => {}
+                Verdict::NotOurs => {}
             }
             match security
                 .tokens

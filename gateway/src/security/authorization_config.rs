@@ -184,7 +184,7 @@ fn load(bytes: &[u8]) -> Result<AuthorizationConfiguration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::security::authz::ResourceAttributes;
+    use crate::security::authz::ResourceAccess;
 
     fn no_transport(_: &WebhookConfiguration) -> Result<Arc<dyn Transport>, String> {
         Err("no transport in this test".into())
@@ -204,7 +204,7 @@ mod tests {
         let user = UserInfo::default();
         let attrs = Attributes {
             verb: "list",
-            resource: Some(ResourceAttributes {
+            resource: Some(ResourceAccess {
                 group: "",
                 version: "v1",
                 resource: "namespaces",

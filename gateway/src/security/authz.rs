@@ -26,13 +26,13 @@ pub const GROUP_UNAUTHENTICATED: &str = "system:unauthenticated";
 pub struct Attributes<'a> {
     pub verb: &'a str,
     /// For resource requests: group, resource, subresource, namespace, name.
-    pub resource: Option<ResourceAttributes<'a>>,
+    pub resource: Option<ResourceAccess<'a>>,
     /// For other requests: the path.
     pub path: &'a str,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ResourceAttributes<'a> {
+pub struct ResourceAccess<'a> {
     pub group: &'a str,
     pub version: &'a str,
     pub resource: &'a str,
@@ -46,7 +46,7 @@ impl<'a> Attributes<'a> {
     pub fn for_resource(route: &'a ResourceRoute, verb: &'a str) -> Attributes<'a> {
         Attributes {
             verb,
-            resource: Some(ResourceAttributes {
+            resource: Some(ResourceAccess {
                 group: route.info.group,
                 version: route.info.version,
                 resource: route.info.plural,
@@ -256,7 +256,7 @@ mod tests {
     fn sa_get<'a>() -> Attributes<'a> {
         Attributes {
             verb: "get",
-            resource: Some(ResourceAttributes {
+            resource: Some(ResourceAccess {
                 group: "",
                 version: "v1",
                 resource: "serviceaccounts",

@@ -61,12 +61,12 @@ struct LatencyLabels {
 
 /// The JWT authenticators' own metrics, and the issuers' key sources shared across reloads.
 #[derive(Clone)]
-pub struct Shared {
+pub struct Runtime {
     latency: Family<LatencyLabels, Histogram>,
     sources: Arc<Mutex<HashMap<SourceId, Weak<KeySource>>>>,
 }
 
-impl Shared {
+impl Runtime {
     pub fn register(registry: &mut Registry) -> Self {
         let latency = Family::<LatencyLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(LATENCY_BUCKETS)
@@ -78,7 +78,7 @@ impl Shared {
              the cache).",
             latency.clone(),
         );
-        Shared {
+        Runtime {
             latency,
             sources: Arc::new(Mutex::new(HashMap::new())),
         }
@@ -119,7 +119,7 @@ struct Authenticator {
 
 /// What the JWT authenticators say about a bearer token.
 #[derive(Debug)]
-pub enum Outcome {
+pub enum Verdict {
     /// No authenticator's issuer is the token's `iss` (or it is no JWT).
     NotOurs,
     Accepted(Arc<UserInfo>),
@@ -151,7 +151,11 @@ pub struct LoadContext<'a> {
 impl Authentication {
     /// Decodes, validates and compiles a configuration file's content; every error is listed
     /// with its field path. Issuers already known keep their fetched keys.
-    pub fn load(bytes: &[u8], ctx: &LoadContext<'_>, shared: &Shared) -> Result<Self, ConfigError> {
+    pub fn load(
+        bytes: &[u8],
+        ctx: &LoadContext<'_>,
+        shared: &Runtime,
+    ) -> Result<Self, ConfigError> {
         let config: AuthenticationConfiguration = svc_config::load(bytes)?;
         Self::from_config(&config, ctx, shared)
     }
@@ -159,7 +163,7 @@ impl Authentication {
     pub fn from_config(
         config: &AuthenticationConfiguration,
         ctx: &LoadContext<'_>,
-        shared: &Shared,
+        shared: &Runtime,
     ) -> Result<Self, ConfigError> {
         let mut errors = ErrorList::default();
         if config.anonymous.is_some() && ctx.anonymous_flag_set {
@@ -219,9 +223,9 @@ impl Authentication {
     }
 
     /// Authenticates a bearer token with the authenticator of its issuer.
-    pub async fn authenticate(&self, token: &str) -> Outcome {
+    pub async fn authenticate(&self, token: &str) -> Verdict {
         if self.authenticators.is_empty() {
-            return Outcome::NotOurs;
+            return Verdict::NotOurs;
         }
         let hash: [u8; 32] = {
             let d = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
@@ -234,13 +238,13 @@ impl Authentication {
             .lock()
             .get(&hash, |(_, until)| *until > Instant::now());
         if let Some((user, _)) = cached {
-            return Outcome::Accepted(user);
+            return Verdict::Accepted(user);
         }
         let Some(iss) = unverified_issuer(token) else {
-            return Outcome::NotOurs;
+            return Verdict::NotOurs;
         };
         let Some(a) = self.authenticators.iter().find(|a| a.url == iss) else {
-            return Outcome::NotOurs;
+            return Verdict::NotOurs;
         };
         let started = Instant::now();
         let result = a.verify(token).await;
@@ -260,9 +264,9 @@ impl Authentication {
                 let left = u64::try_from(exp.saturating_sub(now_unix)).unwrap_or(0);
                 let until = Instant::now().later(Duration::from_secs(left).min(CACHE_TTL));
                 self.cache.lock().insert(hash, (user.clone(), until));
-                Outcome::Accepted(user)
+                Verdict::Accepted(user)
             }
-            Err(e) => Outcome::Refused(e),
+            Err(e) => Verdict::Refused(e),
         }
     }
 }

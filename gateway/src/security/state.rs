@@ -18,7 +18,7 @@ pub struct Security {
     /// whole when the file changes.
     authentication: parking_lot::RwLock<Arc<jwt::Authentication>>,
     /// The JWT authenticators' metrics and the issuers' key sources, kept across reloads.
-    pub jwt: jwt::Shared,
+    pub jwt: jwt::Runtime,
     /// Audit policy and backends; None when `--audit-policy-file` is unset, and then the
     /// pipeline skips auditing on this one check.
     pub audit: Option<Arc<audit::Auditor>>,
@@ -31,7 +31,7 @@ pub struct Security {
 impl Security {
     pub fn new(
         tokens: Tokens,
-        jwt: jwt::Shared,
+        jwt: jwt::Runtime,
         audit: Option<Arc<audit::Auditor>>,
         authentication_reloads: ReloadMetrics,
         authorization_reloads: ReloadMetrics,

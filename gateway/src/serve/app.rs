@@ -28,7 +28,7 @@ use crate::security::state::Security;
 use crate::security::tokens::Tokens;
 use crate::security::{audit, jwt};
 
-pub struct App {
+pub struct ServerState {
     /// Everything the handlers serve with.
     pub api: Arc<Api>,
     /// `--max-requests-inflight` and `--max-mutating-requests-inflight`.
@@ -55,7 +55,7 @@ pub struct Parts {
     pub egress: Egress,
 }
 
-impl App {
+impl ServerState {
     /// Every storage call goes through `store` wrapped in its timing metrics (and spans, with
     /// `tracing`). Needs a Tokio runtime when `tracing` is set.
     pub fn new(opts: Options, store: Arc<dyn Store>, parts: Parts) -> anyhow::Result<Self> {
@@ -69,7 +69,7 @@ impl App {
         let caches = Caches::new(&opts.watch_cache_config());
         let mut metrics = Metrics::new();
         metrics.register_collector(caches.collector());
-        let jwt = jwt::Shared::register(metrics.registry_mut());
+        let jwt = jwt::Runtime::register(metrics.registry_mut());
         let authentication_reloads = ReloadMetrics::register(
             metrics.registry_mut(),
             "apiserver_authentication_config_controller",
@@ -137,7 +137,7 @@ impl App {
             started: Instant::now(),
             shutting_down: AtomicBool::new(false),
         };
-        Ok(App {
+        Ok(ServerState {
             api: Arc::new(api),
             readonly_inflight,
             mutating_inflight,
@@ -171,7 +171,7 @@ fn auditor(
         Some(path) => Some(Arc::new(
             WebhookClient::from_kubeconfig_file(path, egress)
                 .map_err(|e| anyhow::anyhow!("--audit-webhook-config-file: {e}"))?,
-        ) as Arc<dyn audit::webhook::Target>),
+        ) as Arc<dyn audit::webhook::Destination>),
     };
     audit::Auditor::from_options(&opts.audit, &metrics.audit, webhook).map_err(anyhow::Error::msg)
 }

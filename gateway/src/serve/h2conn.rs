@@ -35,7 +35,7 @@ use tokio::time::{Instant, Sleep};
 use crate::http::respond::Body;
 use crate::http::stream::{WatchHandoff, WatchStream};
 use crate::security::authn::ConnIdentity;
-use crate::serve::app::App;
+use crate::serve::app::ServerState;
 use crate::serve::conn_limits::{Activity, Busy, CLOSE_GRACE};
 use crate::serve::pipeline::{self, Caller, H2Body, RequestBody};
 
@@ -195,8 +195,8 @@ impl Future for WatchTask {
 }
 
 /// What every request task of a connection shares.
-struct Shared {
-    app: Arc<App>,
+struct ConnState {
+    app: Arc<ServerState>,
     ident: Arc<ConnIdentity>,
     activity: Arc<Activity>,
     timers: Arc<Mutex<Timers>>,
@@ -219,7 +219,7 @@ fn idle(activity: &Arc<Activity>, after: Duration) -> Signal {
 /// set (watches end when the server's watch stop is set) or after the idle timeout.
 pub async fn serve<I>(
     io: I,
-    app: Arc<App>,
+    app: Arc<ServerState>,
     ident: Arc<ConnIdentity>,
     limits: Limits,
     stop: watch::Receiver<bool>,
@@ -248,7 +248,7 @@ pub async fn serve<I>(
     };
     let (watch_tx, watch_rx) =
         mpsc::channel::<WatchTask>(limits.max_concurrent_streams.clamp(1, 4096) as usize);
-    let shared = Arc::new(Shared {
+    let shared = Arc::new(ConnState {
         app: app.clone(),
         ident,
         activity: activity.clone(),
@@ -280,7 +280,7 @@ pub async fn serve<I>(
 /// keepalive, and the connection itself.
 struct Driver<I> {
     conn: h2::server::Connection<I, Bytes>,
-    shared: Arc<Shared>,
+    shared: Arc<ConnState>,
     activity: Arc<Activity>,
     /// The server stops accepting: GOAWAY.
     stop_accepting: Signal,
@@ -413,7 +413,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
 
 /// Runs one request through the pipeline in its own task; a watch's stream then goes to the
 /// connection task, any other response is written from here.
-fn spawn_request(shared: &Arc<Shared>, req: Request<RecvStream>, respond: SendResponse<Bytes>) {
+fn spawn_request(shared: &Arc<ConnState>, req: Request<RecvStream>, respond: SendResponse<Bytes>) {
     let busy = shared.activity.begin();
     let shared = shared.clone();
     tokio::spawn(async move {
@@ -469,7 +469,7 @@ fn head(parts: http::response::Parts, len: Option<u64>) -> Response<()> {
 }
 
 async fn hand_over(
-    shared: &Shared,
+    shared: &ConnState,
     mut respond: SendResponse<Bytes>,
     resp: Response<Body>,
     stream: WatchStream,

@@ -13,14 +13,14 @@ use serde_json::Value;
 use svc_core::ApiError;
 
 use crate::security::authz::{GROUP_AUTHENTICATED, GROUP_MASTERS};
-use crate::serve::app::App;
+use crate::serve::app::ServerState;
 use crate::serve::pipeline::{self, Caller, RequestBody};
 use svc_core::user::UserInfo;
 
 /// A client of this server for one system user.
 #[derive(Clone)]
 pub struct Loopback {
-    app: Arc<App>,
+    app: Arc<ServerState>,
     user: UserInfo,
 }
 
@@ -60,7 +60,7 @@ fn status_error(code: StatusCode, body: &Value) -> ApiError {
 impl Loopback {
     /// A client acting as `username` in `system:masters`: controllers are trusted parts of
     /// the server, and each has its own name in audit and metrics.
-    pub fn controller(app: &Arc<App>, username: &str) -> Self {
+    pub fn controller(app: &Arc<ServerState>, username: &str) -> Self {
         Loopback {
             app: app.clone(),
             user: UserInfo {

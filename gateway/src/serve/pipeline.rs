@@ -22,7 +22,7 @@ use crate::base::verb::Verb;
 use crate::http::respond::{self, Body};
 use crate::security::authn::{self, ConnIdentity};
 use crate::security::authz::{Attributes, GROUP_MASTERS};
-use crate::serve::app::App;
+use crate::serve::app::ServerState;
 use crate::serve::audited;
 use crate::{
     http::discovery, http::health, http::limits, http::openapi, http::rest, observe::metrics,
@@ -106,7 +106,7 @@ impl RequestBody {
 
 /// Every request enters here: route, authenticate, authorize, dispatch, account.
 pub async fn handle(
-    app: Arc<App>,
+    app: Arc<ServerState>,
     caller: Caller,
     mut req: Request<RequestBody>,
 ) -> Response<Body> {
@@ -217,7 +217,7 @@ struct Admitted<'a> {
 }
 
 async fn admit<'a>(
-    app: &'a App,
+    app: &'a ServerState,
     user: &UserInfo,
     verb: Verb,
     width: usize,
@@ -255,7 +255,7 @@ async fn admit<'a>(
 /// The seats a request holds: a list of a stored kind as many as `limits::list_width` says
 /// for the watch cache's count of the kind (Kubernetes counts the whole resource too), and
 /// the `limit` if one is given; every other request one.
-fn list_width(app: &App, route: &Route, verb: Verb, query: &Query) -> usize {
+fn list_width(app: &ServerState, route: &Route, verb: Verb, query: &Query) -> usize {
     match route {
         Route::Resource(r) if verb == Verb::List && r.info.stored && r.subresource.is_none() => {
             let stored = app.api.registry.caches.get(r.info).stats().objects;
@@ -266,7 +266,7 @@ fn list_width(app: &App, route: &Route, verb: Verb, query: &Query) -> usize {
 }
 
 async fn authenticate(
-    app: &App,
+    app: &ServerState,
     caller: &Caller,
     req: &Request<RequestBody>,
     path: &str,
@@ -354,7 +354,7 @@ fn request_span(
 /// then the response stages.
 #[allow(clippy::too_many_arguments)]
 async fn serve_audited(
-    app: &Arc<App>,
+    app: &Arc<ServerState>,
     req: Request<RequestBody>,
     route: Route,
     query: Query,
@@ -393,7 +393,7 @@ async fn serve_audited(
 /// Authorize, apply the in-flight limits, dispatch.
 #[allow(clippy::too_many_arguments)]
 async fn serve(
-    app: &Arc<App>,
+    app: &Arc<ServerState>,
     req: Request<RequestBody>,
     route: Route,
     query: Query,
@@ -483,7 +483,7 @@ async fn serve(
 }
 
 async fn dispatch(
-    app: &Arc<App>,
+    app: &Arc<ServerState>,
     req: Request<RequestBody>,
     route: Route,
     query: Query,
@@ -513,7 +513,7 @@ async fn dispatch(
             };
             rest::serve(
                 &app.api,
-                rest::Call {
+                rest::RestRequest {
                     parts,
                     body,
                     route: r,

@@ -20,7 +20,7 @@ use tokio_rustls::TlsAcceptor;
 use crate::base::flags::Options;
 use crate::outbound::pki;
 use crate::security::authn::ConnIdentity;
-use crate::serve::app::App;
+use crate::serve::app::ServerState;
 use crate::serve::conn_limits::{self, Activity, CLOSE_GRACE, ConnectionLimit, CountedBody};
 use crate::serve::h2conn;
 use crate::serve::pipeline::{self, Caller, RequestBody};
@@ -51,7 +51,7 @@ struct Builders {
 pub async fn accept_loop(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
-    app: Arc<App>,
+    app: Arc<ServerState>,
     mut stop: watch::Receiver<bool>,
 ) {
     let builders = Arc::new(Builders {
@@ -116,7 +116,7 @@ async fn serve_connection(
     tcp: TcpStream,
     peer: SocketAddr,
     tls: Option<TlsAcceptor>,
-    app: Arc<App>,
+    app: Arc<ServerState>,
     builders: &Builders,
     stop: watch::Receiver<bool>,
 ) {
@@ -175,7 +175,7 @@ async fn serve_either<I>(
     builders: &Builders,
     mut stop: watch::Receiver<bool>,
     mut io: I,
-    app: Arc<App>,
+    app: Arc<ServerState>,
     ident: Arc<ConnIdentity>,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -275,7 +275,7 @@ async fn serve_h1<I>(
     builder: &http1::Builder,
     mut stop: watch::Receiver<bool>,
     io: I,
-    app: Arc<App>,
+    app: Arc<ServerState>,
     ident: Arc<ConnIdentity>,
 ) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,

@@ -7,8 +7,8 @@ use svc_storage::{KeyRange, Revision};
 
 use super::{WatchCache, not_ready, too_old};
 use crate::status::ApiError;
+use crate::watch::cached::{CachedObject, Selector};
 use crate::watch::history::EventType;
-use crate::watch::object::{CachedObject, Selector};
 use crate::watch::snapshots::{Found, ListResult, Snapshot};
 
 /// One list request against the cache.

@@ -4,10 +4,10 @@
 use super::*;
 use crate::codec::{decode_envelope, decode_watch_event_protobuf};
 use crate::watch::dispatch::WatcherSlot;
-use crate::watch::watcher::Scope;
+use crate::watch::watcher::Bucket;
 
 fn object(labels: &[(&str, &str)], rev: Revision) -> Arc<CachedObject> {
-    Arc::new(crate::watch::object::ingest::<ServiceAccount>(&sa_kv("a", "x", labels, rev)).unwrap())
+    Arc::new(crate::watch::cached::ingest::<ServiceAccount>(&sa_kv("a", "x", labels, rev)).unwrap())
 }
 
 /// One row of the transition table: the previous object's labels (None: a create), the
@@ -53,13 +53,13 @@ fn selector_transitions() {
 #[test]
 fn filters_file_watchers_by_namespace_and_name() {
     let f = WatchFilter::new(None, sel("", "metadata.name=x"), false);
-    assert_eq!(f.scope(), Scope::Name("", "x"));
+    assert_eq!(f.bucket(), Bucket::Name("", "x"));
     let f = WatchFilter::new(Some("a"), sel("", "metadata.name=x"), true);
-    assert_eq!(f.scope(), Scope::Name("a", "x"));
+    assert_eq!(f.bucket(), Bucket::Name("a", "x"));
     let f = WatchFilter::new(None, sel("", "metadata.namespace=b"), true);
-    assert_eq!(f.scope(), Scope::Namespace("b"));
+    assert_eq!(f.bucket(), Bucket::Namespace("b"));
     let f = WatchFilter::new(Some(""), sel("", "metadata.name!=x"), true);
-    assert_eq!(f.scope(), Scope::All);
+    assert_eq!(f.bucket(), Bucket::All);
 }
 
 #[test]

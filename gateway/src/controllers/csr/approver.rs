@@ -18,8 +18,8 @@ use svc_core::{ApiError, Resource};
 use super::signer::check_signer_rules;
 use super::{CsrController, Synced, lost_race, subresource_path};
 use crate::outbound::pki::inspect_request;
-use crate::security::authz::{Attributes, Chain, ResourceAttributes};
-use crate::serve::app::App;
+use crate::security::authz::{Attributes, Chain, ResourceAccess};
+use crate::serve::app::ServerState;
 use crate::serve::loopback::Loopback;
 use svc_core::user::UserInfo;
 
@@ -30,12 +30,12 @@ const GROUP_NODES: &str = "system:nodes";
 const GROUP_BOOTSTRAPPERS: &str = "system:bootstrappers";
 
 pub(crate) struct Approver {
-    app: Arc<App>,
+    app: Arc<ServerState>,
     client: Loopback,
 }
 
 impl Approver {
-    pub(crate) fn new(app: &Arc<App>) -> Self {
+    pub(crate) fn new(app: &Arc<ServerState>) -> Self {
         Approver {
             app: app.clone(),
             client: Loopback::controller(app, USER),
@@ -80,7 +80,7 @@ async fn requester_may(
     };
     let attrs = Attributes {
         verb: "create",
-        resource: Some(ResourceAttributes {
+        resource: Some(ResourceAccess {
             group: CertificateSigningRequest::INFO.group,
             version: CertificateSigningRequest::INFO.version,
             resource: CertificateSigningRequest::INFO.plural,

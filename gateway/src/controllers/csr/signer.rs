@@ -17,7 +17,7 @@ use svc_core::meta::Time;
 
 use super::{CsrController, Synced, lost_race, subresource_path};
 use crate::outbound::pki::{CertificateRequestInfo, Pki, inspect_request};
-use crate::serve::app::App;
+use crate::serve::app::ServerState;
 use crate::serve::loopback::Loopback;
 
 /// The user the controller writes as.
@@ -34,7 +34,7 @@ pub(crate) struct Signer {
 }
 
 impl Signer {
-    pub(crate) fn new(app: &Arc<App>, pki: Arc<Pki>) -> Self {
+    pub(crate) fn new(app: &Arc<ServerState>, pki: Arc<Pki>) -> Self {
         Signer {
             client: Loopback::controller(app, USER),
             pki,

@@ -11,7 +11,7 @@ use svc_core::ApiError;
 use svc_core::kinds::auth;
 use svc_core::status::Subject;
 
-use super::call::Call;
+use super::call::RestRequest;
 use super::token;
 use crate::http::api::Api;
 use crate::http::respond::Body;
@@ -20,7 +20,7 @@ use svc_core::registry::Kind;
 /// `POST <object>/<sub>`: the action `sub` performs on the object `name`.
 pub(super) async fn create<T: Kind>(
     app: &Arc<Api>,
-    call: &Call,
+    call: &RestRequest,
     sub: &str,
     name: &str,
 ) -> Result<Response<Body>, ApiError> {
@@ -37,7 +37,7 @@ pub(super) async fn create<T: Kind>(
 /// `POST <collection>` of a kind that is not stored: the answer to the request it carries.
 pub(super) async fn review<T: Kind>(
     app: &Arc<Api>,
-    call: &Call,
+    call: &RestRequest,
 ) -> Result<Response<Body>, ApiError> {
     if (T::INFO.group, T::INFO.plural) == (auth::GROUP, "tokenreviews") {
         return token::review_token(app, call).await;

@@ -9,7 +9,7 @@ use svc_core::registry::Kind;
 use svc_core::strict::{self as decode, FieldValidation};
 use svc_core::{ApiError, object};
 
-use super::call::Call;
+use super::call::RestRequest;
 use crate::http::api::Api;
 use crate::http::negotiate::{self, Format};
 
@@ -34,7 +34,7 @@ pub struct Decoded<T> {
 /// Decodes the request body as a `T`.
 pub fn decode_object<T: Kind>(
     app: &Api,
-    call: &Call,
+    call: &RestRequest,
     versions: Versions,
 ) -> Result<Decoded<T>, ApiError> {
     let format = negotiate::request_format(&call.parts.headers, &app.opts.feature_gates)?;

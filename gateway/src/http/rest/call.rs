@@ -1,4 +1,4 @@
-//! What every resource handler shares: the request (`Call`), its path namespace, the
+//! What every resource handler shares: the request (`RestRequest`), its path namespace, the
 //! selectors, the field manager, reading the current object with its error mapping, and the
 //! store writes that give expiring kinds their time to live.
 
@@ -22,7 +22,11 @@ use svc_core::user::UserInfo;
 /// Checks that the caller may also do `verb` to the request's object: apply that creates
 /// needs `create` besides `patch`, force deletion needs `unsafe-delete-ignore-read-errors`
 /// besides `delete`, as Kubernetes asks.
-pub(super) async fn authorize_also(app: &Api, call: &Call, verb: &str) -> Result<(), ApiError> {
+pub(super) async fn authorize_also(
+    app: &Api,
+    call: &RestRequest,
+    verb: &str,
+) -> Result<(), ApiError> {
     let attrs = Attributes::for_resource(&call.route, verb);
     app.security
         .authorizer()
@@ -41,7 +45,7 @@ pub(super) fn response_warnings(decoded: &[String], outcome: &admission::Outcome
 const MAX_FIELD_MANAGER_LEN: usize = 128;
 
 /// One request to a resource endpoint.
-pub struct Call {
+pub struct RestRequest {
     pub parts: request::Parts,
     pub body: Bytes,
     pub route: ResourceRoute,
@@ -53,7 +57,7 @@ pub struct Call {
     pub format: Format,
 }
 
-impl Call {
+impl RestRequest {
     /// Who writes and how, for the registry's typed writes.
     pub fn write_request(&self, dry_run: bool) -> WriteRequest<'_> {
         WriteRequest {
@@ -102,7 +106,7 @@ impl Selectors {
 
 /// The `fieldManager` of a write: the query parameter, else (non-apply only) the user agent
 /// up to its first `/`, as Kubernetes derives it.
-pub fn field_manager(call: &Call, required: bool) -> Result<String, ApiError> {
+pub fn field_manager(call: &RestRequest, required: bool) -> Result<String, ApiError> {
     let manager = match call.query.get("fieldManager") {
         Some(m) if !m.is_empty() => m.to_string(),
         _ if required => {

@@ -9,7 +9,7 @@ use svc_core::registry::Kind;
 use svc_core::table::IncludeObject;
 use svc_core::watch::Selector;
 
-use super::call::{Call, Selectors};
+use super::call::{RestRequest, Selectors};
 use crate::base::query::ListOptions;
 use crate::http::api::Api;
 use crate::http::respond::{self, Body};
@@ -17,7 +17,7 @@ use crate::registry;
 
 pub(super) async fn list<T: Kind>(
     app: &Arc<Api>,
-    call: &Call,
+    call: &RestRequest,
     opts: &ListOptions,
     sel: Selectors,
 ) -> Result<Response<Body>, ApiError> {

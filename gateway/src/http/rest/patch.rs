@@ -16,7 +16,7 @@ use svc_core::strict::{self as decode, FieldValidation};
 use svc_core::{ApiError, Resource};
 use svc_core::{codec, object};
 
-use super::call::{Call, authorize_also, field_manager, path_namespace};
+use super::call::{RestRequest, authorize_also, field_manager, path_namespace};
 use super::write::written_response;
 use crate::base::features::Feature;
 use crate::http::api::Api;
@@ -102,7 +102,7 @@ struct PatchOptions {
     manager: String,
 }
 
-fn patch_options(app: &Api, call: &Call) -> Result<PatchOptions, ApiError> {
+fn patch_options(app: &Api, call: &RestRequest) -> Result<PatchOptions, ApiError> {
     let content_type = call
         .parts
         .headers
@@ -155,7 +155,7 @@ fn patch_options(app: &Api, call: &Call) -> Result<PatchOptions, ApiError> {
 
 pub async fn patch<T: Kind>(
     app: &Arc<Api>,
-    call: &Call,
+    call: &RestRequest,
     name: &str,
 ) -> Result<Response<Body>, ApiError> {
     let PatchOptions {
@@ -264,7 +264,7 @@ struct ApplyCreate<'a> {
 /// apply computed. `AlreadyExists` when another writer created it first.
 async fn apply_create<T: Kind>(
     app: &Arc<Api>,
-    call: &Call,
+    call: &RestRequest,
     req: &WriteRequest<'_>,
     create: ApplyCreate<'_>,
 ) -> Result<Response<Body>, ApiError> {

@@ -15,24 +15,24 @@ use svc_core::meta::Time;
 use svc_core::{ApiError, ObjectMeta, Resource};
 
 use super::body::{self, Versions};
-use super::call::{Call, path_namespace, response_warnings};
+use super::call::{RestRequest, path_namespace, response_warnings};
 use crate::http::api::Api;
 use crate::http::negotiate::Format;
 use crate::http::respond::{self, Body};
 use crate::registry::admission::{Operation, Outcome};
 use crate::registry::write::read_current;
-use crate::security::jwt::Outcome as JwtOutcome;
+use crate::security::jwt::Verdict;
 use crate::security::tokens::BoundSecret;
 use svc_core::registry::Kind;
 
 /// A request body of `T`, with the `apiVersion` it named (either of the group's names).
-fn decode<T: Kind>(app: &Api, call: &Call) -> Result<(T, String, Vec<String>), ApiError> {
+fn decode<T: Kind>(app: &Api, call: &RestRequest) -> Result<(T, String, Vec<String>), ApiError> {
     let decoded = body::decode_object::<T>(app, call, Versions::Accepted(is_authentication_v1))?;
     Ok((decoded.object, decoded.api_version, decoded.warnings))
 }
 
 /// `obj` as a 201 in the negotiated format, under the `apiVersion` the client used.
-fn created<T: Kind>(call: &Call, obj: &T, api_version: &str) -> Response<Body> {
+fn created<T: Kind>(call: &RestRequest, obj: &T, api_version: &str) -> Response<Body> {
     match call.format {
         Format::Protobuf(ct) => respond::bytes_response(
             StatusCode::CREATED,
@@ -76,7 +76,7 @@ fn invalid<T: Resource>(obj: &T, errs: svc_core::validation::ErrorList) -> ApiEr
 /// `POST serviceaccounts/<name>/token`.
 pub(super) async fn create_token(
     app: &Arc<Api>,
-    call: &Call,
+    call: &RestRequest,
     name: &str,
 ) -> Result<Response<Body>, ApiError> {
     let (mut req, api_version, warnings) = decode::<TokenRequest>(app, call)?;
@@ -155,7 +155,10 @@ pub(super) async fn create_token(
 
 /// `POST tokenreviews`: a bad or foreign token is an answer (`authenticated: false` with
 /// the reason), not an HTTP error.
-pub(super) async fn review_token(app: &Arc<Api>, call: &Call) -> Result<Response<Body>, ApiError> {
+pub(super) async fn review_token(
+    app: &Arc<Api>,
+    call: &RestRequest,
+) -> Result<Response<Body>, ApiError> {
     let (mut review, api_version, warnings) = decode::<TokenReview>(app, call)?;
     if review.spec.token.is_empty() {
         return Err(ApiError::bad_request(
@@ -169,8 +172,8 @@ pub(super) async fn review_token(app: &Arc<Api>, call: &Call) -> Result<Response
     // review asks about (all of them when it names none).
     let authentication = app.security.authentication();
     match authentication.authenticate(&review.spec.token).await {
-        JwtOutcome::NotOurs => {}
-        JwtOutcome::Accepted(user) => {
+        Verdict::NotOurs => {}
+        Verdict::Accepted(user) => {
             let ours = app.security.tokens.api_audiences();
             let audiences: Vec<String> = if review.spec.audiences.is_empty() {
                 ours.to_vec()
@@ -196,7 +199,7 @@ pub(super) async fn review_token(app: &Arc<Api>, call: &Call) -> Result<Response
                 &warnings,
             ));
         }
-        JwtOutcome::Refused(e) => {
+        Verdict::Refused(e) => {
             review.status.error = e;
             review.metadata.creation_timestamp = Some(Time::now());
             return Ok(respond::with_warnings(

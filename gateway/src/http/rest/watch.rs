@@ -9,7 +9,7 @@ use rand::Rng;
 use svc_core::ApiError;
 use svc_core::watch::{FrameFormat, Selector};
 
-use super::call::{Call, Selectors};
+use super::call::{RestRequest, Selectors};
 use crate::base::query::ListOptions;
 use crate::http::api::Api;
 use crate::http::negotiate::Format;
@@ -25,7 +25,7 @@ const MAX_WATCH_TIMEOUT: Duration = Duration::from_secs(366 * 24 * 3600);
 
 pub async fn watch<T: Kind>(
     app: &Arc<Api>,
-    call: Call,
+    call: RestRequest,
     opts: ListOptions,
     sel: Selectors,
 ) -> Result<Response<Body>, ApiError> {

@@ -10,7 +10,7 @@ use svc_core::registry::Kind;
 use svc_core::{ApiError, Status};
 
 use super::body::{self, Versions};
-use super::call::{Call, authorize_also, field_manager, path_namespace, response_warnings};
+use super::call::{RestRequest, authorize_also, field_manager, path_namespace, response_warnings};
 use crate::base::features::Feature;
 use crate::http::api::Api;
 use crate::http::negotiate::{self, Format};
@@ -19,13 +19,16 @@ use crate::registry;
 use crate::registry::write::{Deletion, Fields, Written};
 
 /// The object in the request body, with field validation's warnings.
-fn decode_body<T: Kind>(app: &Api, call: &Call) -> Result<(T, Vec<String>), ApiError> {
+fn decode_body<T: Kind>(app: &Api, call: &RestRequest) -> Result<(T, Vec<String>), ApiError> {
     let decoded = body::decode_object::<T>(app, call, Versions::Own)?;
     Ok((decoded.object, decoded.warnings))
 }
 
 /// POST: a new object from the body, created through the registry; 201 with it.
-pub async fn create<T: Kind>(app: &Arc<Api>, call: &Call) -> Result<Response<Body>, ApiError> {
+pub async fn create<T: Kind>(
+    app: &Arc<Api>,
+    call: &RestRequest,
+) -> Result<Response<Body>, ApiError> {
     let dry_run = call.query.dry_run()?;
     let (obj, warnings): (T, _) = decode_body(app, call)?;
     let manager = field_manager(call, false)?;
@@ -47,7 +50,7 @@ pub async fn create<T: Kind>(app: &Arc<Api>, call: &Call) -> Result<Response<Bod
 
 /// The response to a write: the object, with field validation's and admission's warnings.
 pub(super) fn written_response<T: Kind>(
-    call: &Call,
+    call: &RestRequest,
     code: StatusCode,
     written: &Written<T>,
     warnings: &[String],
@@ -61,7 +64,7 @@ pub(super) fn written_response<T: Kind>(
 /// PUT: the body replaces the stored object (creating it where the kind allows that).
 pub async fn update<T: Kind>(
     app: &Arc<Api>,
-    call: &Call,
+    call: &RestRequest,
     name: &str,
 ) -> Result<Response<Body>, ApiError> {
     let dry_run = call.query.dry_run()?;
@@ -96,7 +99,7 @@ pub async fn update<T: Kind>(
     }
 }
 
-fn delete_options(call: &Call) -> Result<(DeleteOptions, bool), ApiError> {
+fn delete_options(call: &RestRequest) -> Result<(DeleteOptions, bool), ApiError> {
     // DeleteOptions::from_json / from_protobuf check the kind.
     let mut opts = if call.body.is_empty() {
         DeleteOptions::default()
@@ -156,7 +159,7 @@ fn invalid_delete(field: &str, message: &str) -> ApiError {
 
 pub async fn delete<T: Kind>(
     app: &Arc<Api>,
-    call: &Call,
+    call: &RestRequest,
     name: &str,
 ) -> Result<Response<Body>, ApiError> {
     let (opts, dry_run) = delete_options(call)?;
@@ -222,7 +225,7 @@ pub async fn delete<T: Kind>(
 /// `ignoreStoreReadErrorWithClusterBreakingPotential=true`: honoured only with the
 /// `AllowUnsafeMalformedObjectDeletion` gate (otherwise the option does nothing, as an alpha
 /// field behind a disabled gate), and never together with dry-run.
-fn unsafe_delete_requested(app: &Api, call: &Call, dry_run: bool) -> Result<bool, ApiError> {
+fn unsafe_delete_requested(app: &Api, call: &RestRequest, dry_run: bool) -> Result<bool, ApiError> {
     if !call
         .query
         .bool("ignoreStoreReadErrorWithClusterBreakingPotential")?
@@ -244,7 +247,7 @@ fn unsafe_delete_requested(app: &Api, call: &Call, dry_run: bool) -> Result<bool
 
 pub async fn delete_collection<T: Kind>(
     app: &Arc<Api>,
-    call: &Call,
+    call: &RestRequest,
 ) -> Result<Response<Body>, ApiError> {
     let (opts, dry_run) = delete_options(call)?;
     let list_opts = crate::base::query::ListOptions::from_query(&call.query)?;

@@ -15,7 +15,7 @@ use svc_config::audit::{Event, EventList};
 use super::Sink;
 
 /// Where events are sent: an HTTP(S) endpoint answering a POST with a status code.
-pub trait Target: Send + Sync {
+pub trait Destination: Send + Sync {
     /// POSTs `body` (`application/json`); the response's status, or why there was none.
     fn post(&self, body: Bytes) -> BoxFuture<'_, Result<u16, String>>;
 }
@@ -45,7 +45,7 @@ impl Backoff {
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The gateway's webhook client is a target.
-impl Target for crate::outbound::client::WebhookClient {
+impl Destination for crate::outbound::client::WebhookClient {
     fn post(&self, body: Bytes) -> BoxFuture<'_, Result<u16, String>> {
         Box::pin(async move {
             crate::outbound::client::WebhookClient::post(
@@ -62,12 +62,12 @@ impl Target for crate::outbound::client::WebhookClient {
 }
 
 pub struct WebhookSink {
-    target: Arc<dyn Target>,
+    target: Arc<dyn Destination>,
     backoff: Backoff,
 }
 
 impl WebhookSink {
-    pub fn new(target: Arc<dyn Target>, backoff: Backoff) -> Self {
+    pub fn new(target: Arc<dyn Destination>, backoff: Backoff) -> Self {
         WebhookSink { target, backoff }
     }
 }
@@ -119,7 +119,7 @@ mod tests {
         bodies: parking_lot::Mutex<Vec<Bytes>>,
     }
 
-    impl Target for Scripted {
+    impl Destination for Scripted {
         fn post(&self, body: Bytes) -> BoxFuture<'_, Result<u16, String>> {
             self.bodies.lock().push(body);
             let next = self.answers.lock().pop().unwrap_or(Ok(200));

@@ -105,7 +105,7 @@ fn key_of(jwk: &Jwk) -> Option<Key> {
             _ => return None,
         },
         AlgorithmParameters::OctetKeyPair(_) => vec![Algorithm::EdDSA],
-        // Shared secrets are never an issuer's public key.
+        // Runtime secrets are never an issuer's public key.
         AlgorithmParameters::OctetKey(_) => return None,
     };
     let algorithms = match jwk.common.key_algorithm {

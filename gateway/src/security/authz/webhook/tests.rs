@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::*;
 use crate::observe::metrics::Metrics;
-use crate::security::authz::ResourceAttributes;
+use crate::security::authz::ResourceAccess;
 
 /// Answers by user: `alice` allowed, `bob` denied with a reason, anyone else no opinion;
 /// `down` makes every call fail, `garbage` answers with something that is not a review.
@@ -129,7 +129,7 @@ fn user(name: &str) -> UserInfo {
 fn get_in(namespace: &str) -> Attributes<'_> {
     Attributes {
         verb: "get",
-        resource: Some(ResourceAttributes {
+        resource: Some(ResourceAccess {
             group: "",
             version: "v1",
             resource: "serviceaccounts",
