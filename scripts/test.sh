@@ -6,6 +6,12 @@ cd "$(dirname "$0")/.."
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
+# A CI run builds once from scratch: incremental compilation would only add gigabytes of
+# caches to the target directory.
+if [ -n "${CI:-}" ]; then
+  export CARGO_INCREMENTAL=0
+fi
+
 # System packages the tests drive: kubectl (real-client tests), curl, etcd (the etcd backend's
 # conformance and multi-gateway tests start their own servers), and protoc (only for the check
 # that the etcd client code in storage/src/etcd/pb/ is what storage/proto/ generates; the

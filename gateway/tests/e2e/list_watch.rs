@@ -242,7 +242,15 @@ async fn streaming_list_with_send_initial_events() {
         .admin()
         .request(http::Method::GET, "/api/v1/namespaces/default/serviceaccounts?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan", "", &[])
         .await;
-    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text());
+    // Refused as kube-apiserver refuses it: 422 Invalid ListOptions, the field named.
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text());
+    let status = r.json();
+    assert_eq!(status["reason"], "Invalid", "{status}");
+    assert_eq!(status["details"]["kind"], "ListOptions", "{status}");
+    assert_eq!(
+        status["details"]["causes"][0]["field"], "sendInitialEvents",
+        "{status}"
+    );
     assert!(r.text().contains("WatchList"));
     let srv = TestServer::start_with(|o| o.feature_gates.set(Feature::WatchList, true)).await;
     let c = srv.admin();
