@@ -381,83 +381,10 @@ impl Checker<'_> {
         target: Option<&IdedExpr>,
         args: &[IdedExpr],
     ) -> Result<(Node, Type), CompileError> {
-        let b = Box::new;
-        match (name, target, args) {
-            ("_&&_" | "_||_", None, [l, r]) => {
-                let op = if name == "_&&_" { "&&" } else { "||" };
-                let l = self.bool_operand(l, op)?;
-                let r = self.bool_operand(r, op)?;
-                let node = if name == "_&&_" {
-                    Node::And(b(l), b(r))
-                } else {
-                    Node::Or(b(l), b(r))
-                };
-                return Ok((node, Type::Bool));
-            }
-            ("!_", None, [x]) => return Ok((Node::Not(b(self.bool_operand(x, "!")?)), Type::Bool)),
-            ("@not_strictly_false", None, [x]) => {
-                return Ok((
-                    Node::NotStrictlyFalse(b(self.bool_operand(x, "@not_strictly_false")?)),
-                    Type::Bool,
-                ));
-            }
-            ("_?_:_", None, [c, t, f]) => {
-                let c = self.bool_operand(c, "_?_:_")?;
-                let (tn, tt) = self.check(t)?;
-                let (fnode, ft) = self.check(f)?;
-                let out = if tt == ft {
-                    tt
-                } else if tt.assignable_to(&ft) || ft.assignable_to(&tt) {
-                    Type::Dyn
-                } else {
-                    return Err(self.error(
-                        id,
-                        format!(
-                            "found no matching overload for '_?_:_' applied to '(bool, {}, {})'",
-                            tt.name(),
-                            ft.name()
-                        ),
-                    ));
-                };
-                return Ok((Node::Cond(b(c), b(tn), b(fnode)), out));
-            }
-            ("_?._", None, [operand, field]) => {
-                let Expr::Literal(LiteralValue::String(field)) = &field.expr else {
-                    return Err(self.error(id, "unsupported optional selection"));
-                };
-                let (n, t) = self.check(operand)?;
-                let out = match &t {
-                    Type::Map(_, v) => (**v).clone(),
-                    Type::Dyn | Type::Optional(_) => Type::Dyn,
-                    other => {
-                        return Err(self.error(
-                            id,
-                            format!("type '{}' does not support field selection", other.name()),
-                        ));
-                    }
-                };
-                return Ok((
-                    Node::OptSelect(b(n), field.inner().into()),
-                    Type::Optional(Box::new(out)),
-                ));
-            }
-            _ => {}
+        if let Some(special) = self.special_form(id, name, target, args)? {
+            return Ok(special);
         }
-        // Namespaced functions: `sets.contains(a, b)` parses as a call on the identifier `sets`.
-        let mut qualified = None;
-        if let Some(IdedExpr {
-            expr: Expr::Ident(ns),
-            ..
-        }) = target
-        {
-            let q = format!("{ns}.{name}");
-            if self.env.lookup(ns).is_none()
-                && !self.locals.iter().any(|(n, _)| n == ns)
-                && overloads::is_known(&q)
-            {
-                qualified = Some(q);
-            }
-        }
+        let qualified = self.qualified_name(name, target);
         let receiver = target.is_some() && qualified.is_none();
         let mut nodes = Vec::with_capacity(args.len().saturating_add(1));
         let mut types = Vec::with_capacity(args.len().saturating_add(1));
@@ -487,10 +414,116 @@ impl Checker<'_> {
             {
                 let re = CompiledRegex::new(p.inner()).map_err(|m| self.error(*pid, m))?;
                 let input = nodes.swap_remove(0);
-                return Ok((Node::MatchesLiteral(b(input), re), out));
+                return Ok((Node::MatchesLiteral(Box::new(input), re), out));
             }
         }
         Ok((Node::Call(func, nodes), out))
+    }
+
+    /// The calls that are not functions: `&&`, `||`, `!`, `@not_strictly_false`, `?:` and
+    /// `?.`; `None` for any other call.
+    fn special_form(
+        &mut self,
+        id: u64,
+        name: &str,
+        target: Option<&IdedExpr>,
+        args: &[IdedExpr],
+    ) -> Result<Option<(Node, Type)>, CompileError> {
+        let b = Box::new;
+        let out = match (name, target, args) {
+            ("_&&_" | "_||_", None, [l, r]) => {
+                let op = if name == "_&&_" { "&&" } else { "||" };
+                let l = self.bool_operand(l, op)?;
+                let r = self.bool_operand(r, op)?;
+                let node = if name == "_&&_" {
+                    Node::And(b(l), b(r))
+                } else {
+                    Node::Or(b(l), b(r))
+                };
+                (node, Type::Bool)
+            }
+            ("!_", None, [x]) => (Node::Not(b(self.bool_operand(x, "!")?)), Type::Bool),
+            ("@not_strictly_false", None, [x]) => (
+                Node::NotStrictlyFalse(b(self.bool_operand(x, "@not_strictly_false")?)),
+                Type::Bool,
+            ),
+            ("_?_:_", None, [c, t, f]) => self.conditional(id, c, t, f)?,
+            ("_?._", None, [operand, field]) => self.optional_select(id, operand, field)?,
+            _ => return Ok(None),
+        };
+        Ok(Some(out))
+    }
+
+    /// `c ? t : f`: both branches of one type, or `dyn` where one is assignable to the other.
+    fn conditional(
+        &mut self,
+        id: u64,
+        c: &IdedExpr,
+        t: &IdedExpr,
+        f: &IdedExpr,
+    ) -> Result<(Node, Type), CompileError> {
+        let c = self.bool_operand(c, "_?_:_")?;
+        let (tn, tt) = self.check(t)?;
+        let (fnode, ft) = self.check(f)?;
+        let out = if tt == ft {
+            tt
+        } else if tt.assignable_to(&ft) || ft.assignable_to(&tt) {
+            Type::Dyn
+        } else {
+            return Err(self.error(
+                id,
+                format!(
+                    "found no matching overload for '_?_:_' applied to '(bool, {}, {})'",
+                    tt.name(),
+                    ft.name()
+                ),
+            ));
+        };
+        Ok((Node::Cond(Box::new(c), Box::new(tn), Box::new(fnode)), out))
+    }
+
+    /// `operand.?field`.
+    fn optional_select(
+        &mut self,
+        id: u64,
+        operand: &IdedExpr,
+        field: &IdedExpr,
+    ) -> Result<(Node, Type), CompileError> {
+        let Expr::Literal(LiteralValue::String(field)) = &field.expr else {
+            return Err(self.error(id, "unsupported optional selection"));
+        };
+        let (n, t) = self.check(operand)?;
+        let out = match &t {
+            Type::Map(_, v) => (**v).clone(),
+            Type::Dyn | Type::Optional(_) => Type::Dyn,
+            other => {
+                return Err(self.error(
+                    id,
+                    format!("type '{}' does not support field selection", other.name()),
+                ));
+            }
+        };
+        Ok((
+            Node::OptSelect(Box::new(n), field.inner().into()),
+            Type::Optional(Box::new(out)),
+        ))
+    }
+
+    /// Namespaced functions: `sets.contains(a, b)` parses as a call on the identifier `sets`;
+    /// the qualified name when `target` is such a namespace and not a variable.
+    fn qualified_name(&self, name: &str, target: Option<&IdedExpr>) -> Option<String> {
+        let Some(IdedExpr {
+            expr: Expr::Ident(ns),
+            ..
+        }) = target
+        else {
+            return None;
+        };
+        let q = format!("{ns}.{name}");
+        (self.env.lookup(ns).is_none()
+            && !self.locals.iter().any(|(n, _)| n == ns)
+            && overloads::is_known(&q))
+        .then_some(q)
     }
 
     fn comprehension(

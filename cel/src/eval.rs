@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::check::{Comprehension, Node, Step};
-use super::functions::{call, no_such_key_error, regex_cost};
+use super::functions::{CompiledRegex, call, no_such_key_error, regex_cost};
 use super::value::{Key, Value, map_get};
 use super::{Activation, EvalError, MAX_LIST_LEN};
 
@@ -80,16 +80,7 @@ impl Evaluator<'_> {
     fn eval(&mut self, n: &Node) -> Result<Value, EvalError> {
         match n {
             Node::Const(v) => Ok(v.clone()),
-            Node::Var(name) => {
-                self.meter.charge(1)?;
-                if let Some((_, v)) = self.locals.iter().rev().find(|(n, _)| n == name) {
-                    return v.clone();
-                }
-                self.vars
-                    .get(name)
-                    .cloned()
-                    .ok_or_else(|| EvalError::runtime(format!("no such attribute: {name}")))
-            }
+            Node::Var(name) => self.var(name),
             Node::Select(operand, field) => {
                 let v = self.eval(operand)?;
                 self.meter.charge(1)?;
@@ -126,23 +117,7 @@ impl Evaluator<'_> {
                 }
                 Ok(Value::List(out.into()))
             }
-            Node::Map(entries) => {
-                self.meter.charge(MAP_LITERAL_COST)?;
-                let mut out = BTreeMap::new();
-                for (k, v) in entries {
-                    let kv = self.eval(k)?;
-                    let key = Key::from_value(&kv).ok_or_else(|| {
-                        EvalError::runtime(format!("unsupported key type: {}", kv.type_of()))
-                    })?;
-                    let vv = self.eval(v)?;
-                    if out.insert(key, vv).is_some() {
-                        return Err(EvalError::runtime(format!(
-                            "Failed with repeated key: {kv}"
-                        )));
-                    }
-                }
-                Ok(Value::Map(Arc::new(out)))
-            }
+            Node::Map(entries) => self.map_literal(entries),
             Node::And(l, r) => self.logic(l, r, false),
             Node::Or(l, r) => self.logic(l, r, true),
             Node::Not(x) => {
@@ -174,17 +149,51 @@ impl Evaluator<'_> {
                 }
                 call(*func, &vals, &mut self.meter)
             }
-            Node::MatchesLiteral(input, re) => {
-                let v = self.eval(input)?;
-                match &v {
-                    Value::String(s) => {
-                        self.meter.charge(regex_cost(re.len, s.len()))?;
-                        Ok(Value::Bool(re.regex.is_match(s)))
-                    }
-                    other => Err(no_overload("matches", other)),
-                }
-            }
+            Node::MatchesLiteral(input, re) => self.matches_literal(input, re),
             Node::Comprehension(c) => self.comprehension(c),
+        }
+    }
+
+    /// A variable: comprehension locals shadow the activation.
+    fn var(&mut self, name: &Arc<str>) -> Result<Value, EvalError> {
+        self.meter.charge(1)?;
+        if let Some((_, v)) = self.locals.iter().rev().find(|(n, _)| n == name) {
+            return v.clone();
+        }
+        self.vars
+            .get(name)
+            .cloned()
+            .ok_or_else(|| EvalError::runtime(format!("no such attribute: {name}")))
+    }
+
+    /// `{k: v, ...}`: keys must be of a key type and distinct.
+    fn map_literal(&mut self, entries: &[(Node, Node)]) -> Result<Value, EvalError> {
+        self.meter.charge(MAP_LITERAL_COST)?;
+        let mut out = BTreeMap::new();
+        for (k, v) in entries {
+            let kv = self.eval(k)?;
+            let key = Key::from_value(&kv).ok_or_else(|| {
+                EvalError::runtime(format!("unsupported key type: {}", kv.type_of()))
+            })?;
+            let vv = self.eval(v)?;
+            if out.insert(key, vv).is_some() {
+                return Err(EvalError::runtime(format!(
+                    "Failed with repeated key: {kv}"
+                )));
+            }
+        }
+        Ok(Value::Map(Arc::new(out)))
+    }
+
+    /// `input.matches(re)` with a pattern compiled at check time.
+    fn matches_literal(&mut self, input: &Node, re: &CompiledRegex) -> Result<Value, EvalError> {
+        let v = self.eval(input)?;
+        match &v {
+            Value::String(s) => {
+                self.meter.charge(regex_cost(re.len, s.len()))?;
+                Ok(Value::Bool(re.regex.is_match(s)))
+            }
+            other => Err(no_overload("matches", other)),
         }
     }
 

@@ -66,8 +66,52 @@ pub(crate) fn regex_cost(pattern_len: usize, input_len: usize) -> u64 {
 
 /// Calls `func` on evaluated `args` (receiver first), charging its cost to `meter`.
 pub(crate) fn call(func: Func, args: &[Value], meter: &mut Meter) -> Result<Value, EvalError> {
-    use Value as V;
     meter.charge(1)?;
+    match func {
+        Func::Add | Func::Sub | Func::Mul | Func::Div | Func::Mod | Func::Neg => {
+            arithmetic(func, args, meter)
+        }
+        Func::Eq
+        | Func::Ne
+        | Func::Lt
+        | Func::Le
+        | Func::Gt
+        | Func::Ge
+        | Func::In
+        | Func::Index
+        | Func::OptIndex
+        | Func::Size => comparison_or_container(func, args, meter),
+        Func::Contains
+        | Func::StartsWith
+        | Func::EndsWith
+        | Func::Matches
+        | Func::LowerAscii
+        | Func::UpperAscii
+        | Func::Trim
+        | Func::Split
+        | Func::Join
+        | Func::Replace
+        | Func::IndexOf
+        | Func::LastIndexOf
+        | Func::Substring => strings(func, args, meter),
+        Func::ToInt | Func::ToUint | Func::ToDouble => to_number(func, args),
+        Func::ToString
+        | Func::ToBool
+        | Func::ToBytes
+        | Func::TypeOf
+        | Func::Dyn
+        | Func::ToDuration
+        | Func::ToTimestamp => convert(func, args, meter),
+        Func::SetsContains | Func::SetsEquivalent | Func::SetsIntersects => sets(func, args, meter),
+        Func::OptionalOf | Func::OptionalNone | Func::OrValue | Func::HasValue | Func::OptValue => {
+            optionals(func, args)
+        }
+    }
+}
+
+/// `+ - * / %` and unary `-`.
+fn arithmetic(func: Func, args: &[Value], meter: &mut Meter) -> Result<Value, EvalError> {
+    use Value as V;
     let bad = || overload(func, args);
     match (func, args) {
         (Func::Add, [a, b]) => add(a, b, meter),
@@ -115,6 +159,19 @@ pub(crate) fn call(func: Func, args: &[Value], meter: &mut Meter) -> Result<Valu
             V::Duration(x) => x.checked_neg().ok_or_else(overflow).and_then(duration),
             _ => Err(bad()),
         },
+        _ => Err(bad()),
+    }
+}
+
+/// Equality, ordering, `in`, indexing and `size`.
+fn comparison_or_container(
+    func: Func,
+    args: &[Value],
+    meter: &mut Meter,
+) -> Result<Value, EvalError> {
+    use Value as V;
+    let bad = || overload(func, args);
+    match (func, args) {
         (Func::Eq | Func::Ne, [a, b]) => {
             let eq = equal(a, b, meter)?;
             Ok(V::Bool(if func == Func::Eq { eq } else { !eq }))
@@ -165,6 +222,15 @@ pub(crate) fn call(func: Func, args: &[Value], meter: &mut Meter) -> Result<Valu
             V::Map(m) => Ok(V::Int(m.len() as i64)),
             _ => Err(bad()),
         },
+        _ => Err(bad()),
+    }
+}
+
+/// The string extension functions.
+fn strings(func: Func, args: &[Value], meter: &mut Meter) -> Result<Value, EvalError> {
+    use Value as V;
+    let bad = || overload(func, args);
+    match (func, args) {
         (Func::Contains | Func::StartsWith | Func::EndsWith, [V::String(s), V::String(p)]) => {
             meter.charge(traversal(s.len().saturating_add(p.len())))?;
             Ok(V::Bool(match func {
@@ -186,152 +252,214 @@ pub(crate) fn call(func: Func, args: &[Value], meter: &mut Meter) -> Result<Valu
                 _ => s.trim().into(),
             }))
         }
-        (Func::Split, [V::String(s), V::String(sep), rest @ ..]) => {
-            meter.charge(traversal(s.len()))?;
-            let limit = match rest {
-                [] => -1,
-                [n] => int_arg(n).ok_or_else(bad)?,
-                _ => return Err(bad()),
-            };
-            // Bound the output before building it.
-            let pieces = if sep.is_empty() {
-                s.chars().count()
-            } else {
-                s.matches(&**sep).count().saturating_add(1)
-            };
-            let pieces = if limit < 0 {
-                pieces
-            } else {
-                pieces.min(usize::try_from(limit).unwrap_or(usize::MAX))
-            };
-            check_list_len(pieces)?;
-            meter.charge(pieces as u64)?;
-            let parts: Vec<Value> = match limit {
-                0 => Vec::new(),
-                n if n < 0 => {
-                    if sep.is_empty() {
-                        s.chars().map(|c| V::String(c.to_string().into())).collect()
-                    } else {
-                        s.split(&**sep).map(V::from).collect()
-                    }
-                }
-                n => {
-                    let n = usize::try_from(n).unwrap_or(usize::MAX);
-                    if sep.is_empty() {
-                        let mut out: Vec<Value> = Vec::new();
-                        let mut rest_str = &**s;
-                        while out.len().saturating_add(1) < n {
-                            let Some(c) = rest_str.chars().next() else {
-                                break;
-                            };
-                            out.push(V::String(c.to_string().into()));
-                            rest_str = &rest_str[c.len_utf8()..];
-                        }
-                        if !rest_str.is_empty() {
-                            out.push(V::from(rest_str));
-                        }
-                        out
-                    } else {
-                        s.splitn(n, &**sep).map(V::from).collect()
-                    }
-                }
-            };
-            Ok(V::List(parts.into()))
-        }
-        (Func::Join, [V::List(l), rest @ ..]) => {
-            let sep = match rest {
-                [] => "",
-                [V::String(sep)] => sep,
-                _ => return Err(bad()),
-            };
-            let mut out = String::new();
-            for (i, v) in l.iter().enumerate() {
-                let V::String(part) = v else {
-                    return Err(bad());
-                };
-                if i > 0 {
-                    out.push_str(sep);
-                }
-                out.push_str(part);
-                if out.len() > MAX_STRING_BYTES {
-                    return string(out);
-                }
-            }
-            meter.charge(traversal(out.len()))?;
-            string(out)
-        }
+        (Func::Split, [V::String(s), V::String(sep), rest @ ..]) => split(s, sep, rest, meter, bad),
+        (Func::Join, [V::List(l), rest @ ..]) => join(l, rest, meter, bad),
         (Func::Replace, [V::String(s), V::String(from), V::String(to), rest @ ..]) => {
-            let n = match rest {
-                [] => -1,
-                [n] => int_arg(n).ok_or_else(bad)?,
-                _ => return Err(bad()),
-            };
-            // Bound the output before building it.
-            let count = if from.is_empty() {
-                s.chars().count().saturating_add(1)
-            } else {
-                s.matches(&**from).count()
-            };
-            let count = if n < 0 {
-                count
-            } else {
-                count.min(usize::try_from(n).unwrap_or(usize::MAX))
-            };
-            let size = (count as u128)
-                .saturating_mul(to.len() as u128)
-                .saturating_add(s.len() as u128);
-            if size > MAX_STRING_BYTES as u128 {
-                return Err(EvalError::runtime(format!(
-                    "string of {size} bytes exceeds the limit of {MAX_STRING_BYTES}"
-                )));
-            }
-            meter.charge(traversal(size as usize))?;
-            string(if n < 0 {
-                s.replace(&**from, to)
-            } else {
-                s.replacen(&**from, to, count)
-            })
+            replace(s, from, to, rest, meter, bad)
         }
         (Func::IndexOf | Func::LastIndexOf, [V::String(s), V::String(sub), rest @ ..]) => {
-            meter.charge(traversal(s.len().saturating_add(sub.len())))?;
-            let chars: Vec<char> = s.chars().collect();
-            let needle: Vec<char> = sub.chars().collect();
-            let start = match rest {
-                [] => None,
-                [n] => Some(int_arg(n).ok_or_else(bad)?),
-                _ => return Err(bad()),
-            };
-            if let Some(st) = start
-                && (st < 0 || st as usize > chars.len())
-            {
-                return Err(EvalError::runtime(format!("index out of range: {st}")));
-            }
-            let fits = |i: usize| chars.get(i..).is_some_and(|rest| rest.starts_with(&needle));
-            let found = if func == Func::IndexOf {
-                let from = start.unwrap_or(0) as usize;
-                (from..=chars.len()).find(|&i| fits(i))
+            index_of(func, s, sub, rest, meter, bad)
+        }
+        (Func::Substring, [V::String(s), rest @ ..]) => substring(s, rest, meter, bad),
+        _ => Err(bad()),
+    }
+}
+
+/// `s.split(sep)` and `s.split(sep, limit)`.
+fn split(
+    s: &str,
+    sep: &str,
+    rest: &[Value],
+    meter: &mut Meter,
+    bad: impl Fn() -> EvalError,
+) -> Result<Value, EvalError> {
+    use Value as V;
+    meter.charge(traversal(s.len()))?;
+    let limit = match rest {
+        [] => -1,
+        [n] => int_arg(n).ok_or_else(&bad)?,
+        _ => return Err(bad()),
+    };
+    // Bound the output before building it.
+    let pieces = if sep.is_empty() {
+        s.chars().count()
+    } else {
+        s.matches(sep).count().saturating_add(1)
+    };
+    let pieces = if limit < 0 {
+        pieces
+    } else {
+        pieces.min(usize::try_from(limit).unwrap_or(usize::MAX))
+    };
+    check_list_len(pieces)?;
+    meter.charge(pieces as u64)?;
+    let parts: Vec<Value> = match limit {
+        0 => Vec::new(),
+        n if n < 0 => {
+            if sep.is_empty() {
+                s.chars().map(|c| V::String(c.to_string().into())).collect()
             } else {
-                let to = start.map_or(chars.len(), |s| s as usize);
-                (0..=to).rev().find(|&i| fits(i))
-            };
-            Ok(V::Int(found.map_or(-1, |i| i as i64)))
+                s.split(sep).map(V::from).collect()
+            }
         }
-        (Func::Substring, [V::String(s), rest @ ..]) => {
-            meter.charge(traversal(s.len()))?;
-            let chars: Vec<char> = s.chars().collect();
-            let (start, end) = match rest {
-                [a] => (int_arg(a).ok_or_else(bad)?, chars.len() as i64),
-                [a, b] => (int_arg(a).ok_or_else(bad)?, int_arg(b).ok_or_else(bad)?),
-                _ => return Err(bad()),
-            };
-            let range = usize::try_from(start).ok().zip(usize::try_from(end).ok());
-            let Some(sub) = range.and_then(|(start, end)| chars.get(start..end)) else {
-                return Err(EvalError::runtime(format!(
-                    "substring out of range: [{start}:{end}]"
-                )));
-            };
-            Ok(V::String(sub.iter().collect::<String>().into()))
+        n => {
+            let n = usize::try_from(n).unwrap_or(usize::MAX);
+            if sep.is_empty() {
+                let mut out: Vec<Value> = Vec::new();
+                let mut rest_str = s;
+                while out.len().saturating_add(1) < n {
+                    let Some(c) = rest_str.chars().next() else {
+                        break;
+                    };
+                    out.push(V::String(c.to_string().into()));
+                    rest_str = &rest_str[c.len_utf8()..];
+                }
+                if !rest_str.is_empty() {
+                    out.push(V::from(rest_str));
+                }
+                out
+            } else {
+                s.splitn(n, sep).map(V::from).collect()
+            }
         }
+    };
+    Ok(V::List(parts.into()))
+}
+
+/// `list.join()` and `list.join(sep)`.
+fn join(
+    l: &[Value],
+    rest: &[Value],
+    meter: &mut Meter,
+    bad: impl Fn() -> EvalError,
+) -> Result<Value, EvalError> {
+    use Value as V;
+    let sep = match rest {
+        [] => "",
+        [V::String(sep)] => sep,
+        _ => return Err(bad()),
+    };
+    let mut out = String::new();
+    for (i, v) in l.iter().enumerate() {
+        let V::String(part) = v else {
+            return Err(bad());
+        };
+        if i > 0 {
+            out.push_str(sep);
+        }
+        out.push_str(part);
+        if out.len() > MAX_STRING_BYTES {
+            return string(out);
+        }
+    }
+    meter.charge(traversal(out.len()))?;
+    string(out)
+}
+
+/// `s.replace(from, to)` and `s.replace(from, to, n)`.
+fn replace(
+    s: &str,
+    from: &str,
+    to: &str,
+    rest: &[Value],
+    meter: &mut Meter,
+    bad: impl Fn() -> EvalError,
+) -> Result<Value, EvalError> {
+    let n = match rest {
+        [] => -1,
+        [n] => int_arg(n).ok_or_else(&bad)?,
+        _ => return Err(bad()),
+    };
+    // Bound the output before building it.
+    let count = if from.is_empty() {
+        s.chars().count().saturating_add(1)
+    } else {
+        s.matches(from).count()
+    };
+    let count = if n < 0 {
+        count
+    } else {
+        count.min(usize::try_from(n).unwrap_or(usize::MAX))
+    };
+    let size = (count as u128)
+        .saturating_mul(to.len() as u128)
+        .saturating_add(s.len() as u128);
+    if size > MAX_STRING_BYTES as u128 {
+        return Err(EvalError::runtime(format!(
+            "string of {size} bytes exceeds the limit of {MAX_STRING_BYTES}"
+        )));
+    }
+    meter.charge(traversal(size as usize))?;
+    string(if n < 0 {
+        s.replace(from, to)
+    } else {
+        s.replacen(from, to, count)
+    })
+}
+
+/// `s.indexOf(sub[, start])` and `s.lastIndexOf(sub[, start])`, counted in characters.
+fn index_of(
+    func: Func,
+    s: &str,
+    sub: &str,
+    rest: &[Value],
+    meter: &mut Meter,
+    bad: impl Fn() -> EvalError,
+) -> Result<Value, EvalError> {
+    use Value as V;
+    meter.charge(traversal(s.len().saturating_add(sub.len())))?;
+    let chars: Vec<char> = s.chars().collect();
+    let needle: Vec<char> = sub.chars().collect();
+    let start = match rest {
+        [] => None,
+        [n] => Some(int_arg(n).ok_or_else(&bad)?),
+        _ => return Err(bad()),
+    };
+    if let Some(st) = start
+        && (st < 0 || st as usize > chars.len())
+    {
+        return Err(EvalError::runtime(format!("index out of range: {st}")));
+    }
+    let fits = |i: usize| chars.get(i..).is_some_and(|rest| rest.starts_with(&needle));
+    let found = if func == Func::IndexOf {
+        let from = start.unwrap_or(0) as usize;
+        (from..=chars.len()).find(|&i| fits(i))
+    } else {
+        let to = start.map_or(chars.len(), |s| s as usize);
+        (0..=to).rev().find(|&i| fits(i))
+    };
+    Ok(V::Int(found.map_or(-1, |i| i as i64)))
+}
+
+/// `s.substring(start[, end])`, counted in characters.
+fn substring(
+    s: &str,
+    rest: &[Value],
+    meter: &mut Meter,
+    bad: impl Fn() -> EvalError,
+) -> Result<Value, EvalError> {
+    use Value as V;
+    meter.charge(traversal(s.len()))?;
+    let chars: Vec<char> = s.chars().collect();
+    let (start, end) = match rest {
+        [a] => (int_arg(a).ok_or_else(&bad)?, chars.len() as i64),
+        [a, b] => (int_arg(a).ok_or_else(&bad)?, int_arg(b).ok_or_else(&bad)?),
+        _ => return Err(bad()),
+    };
+    let range = usize::try_from(start).ok().zip(usize::try_from(end).ok());
+    let Some(sub) = range.and_then(|(start, end)| chars.get(start..end)) else {
+        return Err(EvalError::runtime(format!(
+            "substring out of range: [{start}:{end}]"
+        )));
+    };
+    Ok(V::String(sub.iter().collect::<String>().into()))
+}
+
+/// `int()`, `uint()` and `double()`.
+fn to_number(func: Func, args: &[Value]) -> Result<Value, EvalError> {
+    use Value as V;
+    let bad = || overload(func, args);
+    match (func, args) {
         (Func::ToInt, [a]) => match a {
             V::Int(i) => Ok(V::Int(*i)),
             V::Uint(u) => i64::try_from(*u).map(V::Int).map_err(|_| range()),
@@ -372,6 +500,16 @@ pub(crate) fn call(func: Func, args: &[Value], meter: &mut Meter) -> Result<Valu
                 .map_err(|_| EvalError::runtime(format!("cannot convert {s:?} to double"))),
             _ => Err(bad()),
         },
+        _ => Err(bad()),
+    }
+}
+
+/// The other conversions: `string()`, `bool()`, `bytes()`, `type()`, `dyn()`, `duration()`,
+/// `timestamp()`.
+fn convert(func: Func, args: &[Value], meter: &mut Meter) -> Result<Value, EvalError> {
+    use Value as V;
+    let bad = || overload(func, args);
+    match (func, args) {
         (Func::ToString, [a]) => match a {
             V::String(_) => Ok(a.clone()),
             V::Int(i) => Ok(V::from(i.to_string())),
@@ -422,6 +560,15 @@ pub(crate) fn call(func: Func, args: &[Value], meter: &mut Meter) -> Result<Valu
             }
             _ => Err(bad()),
         },
+        _ => Err(bad()),
+    }
+}
+
+/// `sets.contains`, `sets.equivalent` and `sets.intersects`.
+fn sets(func: Func, args: &[Value], meter: &mut Meter) -> Result<Value, EvalError> {
+    use Value as V;
+    let bad = || overload(func, args);
+    match (func, args) {
         (
             Func::SetsContains | Func::SetsEquivalent | Func::SetsIntersects,
             [V::List(a), V::List(b)],
@@ -460,6 +607,15 @@ pub(crate) fn call(func: Func, args: &[Value], meter: &mut Meter) -> Result<Valu
             };
             Ok(V::Bool(out))
         }
+        _ => Err(bad()),
+    }
+}
+
+/// `optional.of`, `optional.none`, `orValue`, `hasValue` and `value`.
+fn optionals(func: Func, args: &[Value]) -> Result<Value, EvalError> {
+    use Value as V;
+    let bad = || overload(func, args);
+    match (func, args) {
         (Func::OptionalOf, [a]) => Ok(V::Optional(Some(Box::new(a.clone())))),
         (Func::OptionalNone, []) => Ok(V::Optional(None)),
         (Func::OrValue, [V::Optional(o), other]) => Ok(o.as_deref().unwrap_or(other).clone()),

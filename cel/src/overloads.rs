@@ -69,15 +69,27 @@ fn both(out: &mut Vec<Sig>, params: &[Type], result: Type) {
 /// The named (non-operator) functions: `sets.*` and `optional.*` are spelt with their
 /// namespace, as `sets.contains`.
 fn named(name: &str) -> Option<(Func, Vec<Sig>)> {
+    let mut o = Vec::new();
+    let f = if let Some(f) = named_string(name, &mut o) {
+        f
+    } else if let Some(f) = named_conversion(name, &mut o) {
+        f
+    } else {
+        named_set_or_optional(name, &mut o)?
+    };
+    Some((f, o))
+}
+
+/// `size` and the string extension functions, pushing their overloads onto `o`.
+fn named_string(name: &str, o: &mut Vec<Sig>) -> Option<Func> {
     use Type as T;
     let s = T::String;
     let i = T::Int;
     let dl = T::list(T::Dyn);
-    let mut o = Vec::new();
     let f = match name {
         "size" => {
             for t in [T::String, T::Bytes, dl.clone(), T::map(T::Dyn, T::Dyn)] {
-                both(&mut o, &[t], T::Int);
+                both(o, &[t], T::Int);
             }
             Func::Size
         }
@@ -90,7 +102,7 @@ fn named(name: &str) -> Option<(Func, Vec<Sig>)> {
             }
         }
         "matches" => {
-            both(&mut o, &[s.clone(), s.clone()], T::Bool);
+            both(o, &[s.clone(), s.clone()], T::Bool);
             Func::Matches
         }
         "lowerAscii" | "upperAscii" | "trim" => {
@@ -138,6 +150,15 @@ fn named(name: &str) -> Option<(Func, Vec<Sig>)> {
             o.push(sig(true, &[s.clone(), i.clone(), i.clone()], s.clone()));
             Func::Substring
         }
+        _ => return None,
+    };
+    Some(f)
+}
+
+/// The conversion functions (`int`, `string`, `timestamp`, ...), pushing their overloads onto `o`.
+fn named_conversion(name: &str, o: &mut Vec<Sig>) -> Option<Func> {
+    use Type as T;
+    let f = match name {
         "int" => {
             for t in [
                 T::Int,
@@ -210,6 +231,16 @@ fn named(name: &str) -> Option<(Func, Vec<Sig>)> {
             }
             Func::ToTimestamp
         }
+        _ => return None,
+    };
+    Some(f)
+}
+
+/// `sets.*`, `optional.*` and the optional methods, pushing their overloads onto `o`.
+fn named_set_or_optional(name: &str, o: &mut Vec<Sig>) -> Option<Func> {
+    use Type as T;
+    let dl = T::list(T::Dyn);
+    let f = match name {
         "sets.contains" | "sets.equivalent" | "sets.intersects" => {
             o.push(sig(false, &[dl.clone(), dl.clone()], T::Bool));
             match name {
@@ -240,7 +271,7 @@ fn named(name: &str) -> Option<(Func, Vec<Sig>)> {
         }
         _ => return None,
     };
-    Some((f, o))
+    Some(f)
 }
 
 /// Whether `name` is a function we know (for "undeclared reference" versus "no overload").
@@ -302,10 +333,9 @@ fn numeric(t: &Type) -> bool {
     matches!(t, Type::Int | Type::Uint | Type::Double | Type::Dyn)
 }
 
-/// Resolves an operator (`_+_`, `_==_`, `@in`, `_[_]`, ...) by the types of its operands.
-pub(crate) fn resolve_operator(op: &str, args: &[Type]) -> Result<(Func, Type), String> {
-    use Type as T;
-    let display = match op {
+/// How an operator is spelt in error messages.
+fn operator_display(op: &str) -> &str {
+    match op {
         "_+_" => "+",
         "_-_" | "-_" => "-",
         "_*_" => "*",
@@ -320,16 +350,36 @@ pub(crate) fn resolve_operator(op: &str, args: &[Type]) -> Result<(Func, Type), 
         "@in" => "in",
         "_[_]" | "_[?_]" => "[]",
         other => other,
-    };
-    let fail = || no_overload(display, args);
-    let same = |a: &T, b: &T| -> Option<T> {
-        match (a, b) {
-            (T::Dyn, x) | (x, T::Dyn) => Some(x.clone()),
-            (x, y) if x == y => Some(x.clone()),
-            (x, y) if x.assignable_to(y) => Some(T::Dyn),
-            _ => None,
-        }
-    };
+    }
+}
+
+/// The type both operands share, `Dyn` standing for any.
+fn same(a: &Type, b: &Type) -> Option<Type> {
+    use Type as T;
+    match (a, b) {
+        (T::Dyn, x) | (x, T::Dyn) => Some(x.clone()),
+        (x, y) if x == y => Some(x.clone()),
+        (x, y) if x.assignable_to(y) => Some(T::Dyn),
+        _ => None,
+    }
+}
+
+fn undeclared(op: &str) -> String {
+    format!("undeclared reference to '{op}'")
+}
+
+/// Resolves an operator (`_+_`, `_==_`, `@in`, `_[_]`, ...) by the types of its operands.
+pub(crate) fn resolve_operator(op: &str, args: &[Type]) -> Result<(Func, Type), String> {
+    match op {
+        "_+_" | "_-_" | "_*_" | "_/_" | "_%_" | "-_" => resolve_arithmetic(op, args),
+        _ => resolve_comparison_or_index(op, args),
+    }
+}
+
+/// `+ - * / %` and unary `-`.
+fn resolve_arithmetic(op: &str, args: &[Type]) -> Result<(Func, Type), String> {
+    use Type as T;
+    let fail = || no_overload(operator_display(op), args);
     match (op, args) {
         ("_+_", [a, b]) => {
             match (a, b) {
@@ -376,6 +426,15 @@ pub(crate) fn resolve_operator(op: &str, args: &[Type]) -> Result<(Func, Type), 
             T::Int | T::Double | T::Duration | T::Dyn => Ok((Func::Neg, a.clone())),
             _ => Err(fail()),
         },
+        _ => Err(undeclared(op)),
+    }
+}
+
+/// Equality, ordering, `in` and indexing.
+fn resolve_comparison_or_index(op: &str, args: &[Type]) -> Result<(Func, Type), String> {
+    use Type as T;
+    let fail = || no_overload(operator_display(op), args);
+    match (op, args) {
         ("_==_" | "_!=_", [a, b]) => {
             if a.assignable_to(b)
                 || b.assignable_to(a)
@@ -429,6 +488,6 @@ pub(crate) fn resolve_operator(op: &str, args: &[Type]) -> Result<(Func, Type), 
                 Ok((Func::OptIndex, T::Optional(Box::new(elem))))
             }
         }
-        _ => Err(format!("undeclared reference to '{op}'")),
+        _ => Err(undeclared(op)),
     }
 }

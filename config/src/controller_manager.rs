@@ -211,97 +211,8 @@ impl CloudControllerManagerConfiguration {
     fn validate_defaulted(&self) -> ErrorList {
         let mut errors = ErrorList::default();
         let e = &mut errors;
-        let g = &self.generic;
-        let gp = Path::root("Generic");
-        if !(0..=65535).contains(&g.port) {
-            invalid(
-                e,
-                &gp.child("Port"),
-                g.port,
-                "must be between 0 and 65535, inclusive",
-            );
-        }
-        if g.address.parse::<core::net::IpAddr>().is_err() {
-            invalid(
-                e,
-                &gp.child("Address"),
-                &g.address,
-                "not a valid textual representation of an IP address",
-            );
-        }
-        positive(e, &gp.child("MinResyncPeriod"), g.min_resync_period);
-        non_negative(
-            e,
-            &gp.child("ControllerStartInterval"),
-            g.controller_start_interval,
-        );
-        g.client_connection
-            .validate(&gp.child("ClientConnection"), e);
-        g.leader_election.validate(&gp.child("LeaderElection"), e);
-        for (i, c) in g.controllers.iter().enumerate() {
-            let name = c.strip_prefix('-').unwrap_or(c);
-            if name.is_empty() || (name == "*" && c != "*") {
-                invalid(
-                    e,
-                    &gp.child("Controllers").index(i),
-                    c,
-                    "must be '*', a controller name or '-' and a controller name",
-                );
-            }
-        }
-        if g.leader_migration_enabled {
-            let lm = &g.leader_migration;
-            let p = gp.child("LeaderMigration");
-            if lm.leader_name.is_empty() {
-                e.required(p.child("leaderName").as_str(), "");
-            }
-            if !lm.resource_lock.is_empty() && lm.resource_lock != "leases" {
-                e.not_supported(
-                    p.child("resourceLock").as_str(),
-                    &lm.resource_lock,
-                    &["leases"],
-                );
-            }
-            let mut seen = BTreeSet::new();
-            for (i, leader) in lm.controller_leaders.iter().enumerate() {
-                let lp = p.child("controllerLeaders").index(i);
-                if leader.name.is_empty() {
-                    e.required(lp.child("name").as_str(), "");
-                } else if !seen.insert(leader.name.as_str()) {
-                    e.duplicate(lp.child("name").as_str(), &leader.name);
-                }
-                if leader.component.is_empty() {
-                    e.required(lp.child("component").as_str(), "");
-                }
-            }
-        }
-        let s = &self.kube_cloud_shared;
-        let sp = Path::root("KubeCloudShared");
-        positive(
-            e,
-            &sp.child("RouteReconciliationPeriod"),
-            s.route_reconciliation_period,
-        );
-        positive(e, &sp.child("NodeMonitorPeriod"), s.node_monitor_period);
-        non_negative(e, &sp.child("NodeSyncPeriod"), s.node_sync_period);
-        if !s.cluster_cidr.is_empty()
-            && s.cluster_cidr
-                .split(',')
-                .any(|c| parse_cidr(c.trim()).is_none())
-        {
-            invalid(
-                e,
-                &sp.child("ClusterCIDR"),
-                &s.cluster_cidr,
-                "must be a comma-separated list of valid CIDR blocks",
-            );
-        }
-        if s.allocate_node_cidrs && s.cluster_cidr.is_empty() {
-            e.required(
-                sp.child("ClusterCIDR").as_str(),
-                "must be set when AllocateNodeCIDRs is true",
-            );
-        }
+        validate_generic(e, &self.generic);
+        validate_kube_cloud_shared(e, &self.kube_cloud_shared);
         for (path, value) in [
             (
                 Path::root("NodeController").child("ConcurrentNodeSyncs"),
@@ -321,17 +232,118 @@ impl CloudControllerManagerConfiguration {
             &Path::root("NodeStatusUpdateFrequency"),
             self.node_status_update_frequency,
         );
-        for (i, w) in self.webhook.webhooks.iter().enumerate() {
-            let name = w.strip_prefix('-').unwrap_or(w);
-            if name.is_empty() || (name == "*" && w != "*") {
-                invalid(
-                    e,
-                    &Path::root("Webhook").child("Webhooks").index(i),
-                    w,
-                    "must be '*', a webhook name or '-' and a webhook name",
-                );
-            }
-        }
+        enable_list(
+            e,
+            &Path::root("Webhook").child("Webhooks"),
+            &self.webhook.webhooks,
+            "webhook",
+        );
         errors
+    }
+}
+
+/// The `Generic` section: serving address, periods, client and leader election, the
+/// controller list and leader migration.
+fn validate_generic(e: &mut ErrorList, g: &GenericControllerManagerConfiguration) {
+    let gp = Path::root("Generic");
+    if !(0..=65535).contains(&g.port) {
+        invalid(
+            e,
+            &gp.child("Port"),
+            g.port,
+            "must be between 0 and 65535, inclusive",
+        );
+    }
+    if g.address.parse::<core::net::IpAddr>().is_err() {
+        invalid(
+            e,
+            &gp.child("Address"),
+            &g.address,
+            "not a valid textual representation of an IP address",
+        );
+    }
+    positive(e, &gp.child("MinResyncPeriod"), g.min_resync_period);
+    non_negative(
+        e,
+        &gp.child("ControllerStartInterval"),
+        g.controller_start_interval,
+    );
+    g.client_connection
+        .validate(&gp.child("ClientConnection"), e);
+    g.leader_election.validate(&gp.child("LeaderElection"), e);
+    enable_list(e, &gp.child("Controllers"), &g.controllers, "controller");
+    if g.leader_migration_enabled {
+        validate_leader_migration(e, &gp.child("LeaderMigration"), &g.leader_migration);
+    }
+}
+
+/// Leader migration, when enabled: a leader name, the `leases` lock, named controller leaders.
+fn validate_leader_migration(e: &mut ErrorList, p: &Path, lm: &LeaderMigrationConfiguration) {
+    if lm.leader_name.is_empty() {
+        e.required(p.child("leaderName").as_str(), "");
+    }
+    if !lm.resource_lock.is_empty() && lm.resource_lock != "leases" {
+        e.not_supported(
+            p.child("resourceLock").as_str(),
+            &lm.resource_lock,
+            &["leases"],
+        );
+    }
+    let mut seen = BTreeSet::new();
+    for (i, leader) in lm.controller_leaders.iter().enumerate() {
+        let lp = p.child("controllerLeaders").index(i);
+        if leader.name.is_empty() {
+            e.required(lp.child("name").as_str(), "");
+        } else if !seen.insert(leader.name.as_str()) {
+            e.duplicate(lp.child("name").as_str(), &leader.name);
+        }
+        if leader.component.is_empty() {
+            e.required(lp.child("component").as_str(), "");
+        }
+    }
+}
+
+/// The `KubeCloudShared` section: periods and cluster CIDRs.
+fn validate_kube_cloud_shared(e: &mut ErrorList, s: &KubeCloudSharedConfiguration) {
+    let sp = Path::root("KubeCloudShared");
+    positive(
+        e,
+        &sp.child("RouteReconciliationPeriod"),
+        s.route_reconciliation_period,
+    );
+    positive(e, &sp.child("NodeMonitorPeriod"), s.node_monitor_period);
+    non_negative(e, &sp.child("NodeSyncPeriod"), s.node_sync_period);
+    if !s.cluster_cidr.is_empty()
+        && s.cluster_cidr
+            .split(',')
+            .any(|c| parse_cidr(c.trim()).is_none())
+    {
+        invalid(
+            e,
+            &sp.child("ClusterCIDR"),
+            &s.cluster_cidr,
+            "must be a comma-separated list of valid CIDR blocks",
+        );
+    }
+    if s.allocate_node_cidrs && s.cluster_cidr.is_empty() {
+        e.required(
+            sp.child("ClusterCIDR").as_str(),
+            "must be set when AllocateNodeCIDRs is true",
+        );
+    }
+}
+
+/// A list of names to enable, `-name` to disable, or `*` for the defaults.
+fn enable_list(e: &mut ErrorList, at: &Path, items: &[String], what: &str) {
+    for (i, c) in items.iter().enumerate() {
+        let name = c.strip_prefix('-').unwrap_or(c);
+        if name.is_empty() || (name == "*" && c != "*") {
+            invalid(
+                e,
+                &at.index(i),
+                c,
+                &format!("must be '*', a {what} name or '-' and a {what} name"),
+            );
+        }
     }
 }

@@ -583,51 +583,13 @@ pub async fn run(p: &Params) -> Result<Results> {
     let _ = sampler.await;
 
     let g = |a: &AtomicU64| a.load(Relaxed);
-    let rate_kept = hammered.rate() / alone.rate().max(1e-9);
-    let p99_ratio = hammered.p99_ms() / alone.p99_ms().max(1e-3);
-    let mut extra = serde_json::Map::new();
-    let mut put = |k: &str, v: serde_json::Value| {
-        extra.insert(k.into(), v);
+    let cpu = CpuReadings {
+        start: cpu0,
+        alone: cpu1,
+        hammered: cpu2,
+        hammer: hcpu,
     };
-    put("objects", n.into());
-    put("hammer_clients", p.clients.max(1).into());
-    put("writer_target_rate", p.rate.into());
-    put("writer_rate_alone", alone.rate().into());
-    put("writer_rate_hammered", hammered.rate().into());
-    put("writer_p99_ms_alone", alone.p99_ms().into());
-    put("writer_p99_ms_hammered", hammered.p99_ms().into());
-    put("writer_errors_alone", alone.errors.into());
-    put("writer_errors_hammered", hammered.errors.into());
-    put("rate_kept", rate_kept.into());
-    put("p99_ratio", p99_ratio.into());
-    put("target_met", (rate_kept >= 0.9 && p99_ratio <= 2.0).into());
-    put("hammer_lists", g(&h.lists).into());
-    put(
-        "hammer_lists_per_s",
-        (g(&h.lists) as f64 / hammer_secs).into(),
-    );
-    put("hammer_items", g(&h.items).into());
-    put("hammer_429", g(&h.e429).into());
-    put("hammer_errors", g(&h.errors).into());
-    put("hammer_short_lists", g(&h.short).into());
-    put("hammer_process", how.into());
-    // CPU in % of one core over each phase: which process used how much.
-    let pct = |a: f64, b: f64, secs: f64| ((b - a).max(0.0) / secs.max(1e-3) * 100.0).into();
-    let opt_pct = |a: Option<f64>, b: Option<f64>, secs: f64| match (a, b) {
-        (Some(a), Some(b)) => pct(a, b, secs),
-        _ => serde_json::Value::Null,
-    };
-    put("server_cpu_pct_alone", opt_pct(cpu0.0, cpu1.0, alone.secs));
-    put(
-        "server_cpu_pct_hammered",
-        opt_pct(cpu1.0, cpu2.0, hammered.secs),
-    );
-    put("loadgen_cpu_pct_alone", pct(cpu0.1, cpu1.1, alone.secs));
-    put(
-        "loadgen_cpu_pct_hammered",
-        pct(cpu1.1, cpu2.1, hammered.secs),
-    );
-    put("hammer_cpu_pct", pct(0.0, hcpu, hammer_secs));
+    let extra = extra(p, &alone, &hammered, &h, hammer_secs, how, cpu);
     let series = series.lock().clone();
     let secs = alone.secs + hammered.secs;
     let acked = alone.acked + hammered.acked;
@@ -657,6 +619,81 @@ pub async fn run(p: &Params) -> Result<Results> {
         errors: live.error_samples.lock().clone(),
         extra,
     })
+}
+
+/// CPU seconds read at the phase boundaries: the server's (when known) and this process's,
+/// at the start, after the writer alone and after the hammered phase; and the hammer's own.
+struct CpuReadings {
+    start: (Option<f64>, f64),
+    alone: (Option<f64>, f64),
+    hammered: (Option<f64>, f64),
+    hammer: f64,
+}
+
+/// The fairness report's fields: the writer's rate and p99 alone and hammered, whether the
+/// target was met, the hammer's counts, and each process's CPU per phase.
+fn extra(
+    p: &Params,
+    alone: &Phase,
+    hammered: &Phase,
+    h: &Hammer,
+    hammer_secs: f64,
+    how: String,
+    cpu: CpuReadings,
+) -> serde_json::Map<String, serde_json::Value> {
+    let g = |a: &AtomicU64| a.load(Relaxed);
+    let rate_kept = hammered.rate() / alone.rate().max(1e-9);
+    let p99_ratio = hammered.p99_ms() / alone.p99_ms().max(1e-3);
+    let mut extra = serde_json::Map::new();
+    let mut put = |k: &str, v: serde_json::Value| {
+        extra.insert(k.into(), v);
+    };
+    put("objects", p.objects.into());
+    put("hammer_clients", p.clients.max(1).into());
+    put("writer_target_rate", p.rate.into());
+    put("writer_rate_alone", alone.rate().into());
+    put("writer_rate_hammered", hammered.rate().into());
+    put("writer_p99_ms_alone", alone.p99_ms().into());
+    put("writer_p99_ms_hammered", hammered.p99_ms().into());
+    put("writer_errors_alone", alone.errors.into());
+    put("writer_errors_hammered", hammered.errors.into());
+    put("rate_kept", rate_kept.into());
+    put("p99_ratio", p99_ratio.into());
+    put("target_met", (rate_kept >= 0.9 && p99_ratio <= 2.0).into());
+    put("hammer_lists", g(&h.lists).into());
+    put(
+        "hammer_lists_per_s",
+        (g(&h.lists) as f64 / hammer_secs).into(),
+    );
+    put("hammer_items", g(&h.items).into());
+    put("hammer_429", g(&h.e429).into());
+    put("hammer_errors", g(&h.errors).into());
+    put("hammer_short_lists", g(&h.short).into());
+    put("hammer_process", how.into());
+    // CPU in % of one core over each phase: which process used how much.
+    let pct = |a: f64, b: f64, secs: f64| ((b - a).max(0.0) / secs.max(1e-3) * 100.0).into();
+    let opt_pct = |a: Option<f64>, b: Option<f64>, secs: f64| match (a, b) {
+        (Some(a), Some(b)) => pct(a, b, secs),
+        _ => serde_json::Value::Null,
+    };
+    put(
+        "server_cpu_pct_alone",
+        opt_pct(cpu.start.0, cpu.alone.0, alone.secs),
+    );
+    put(
+        "server_cpu_pct_hammered",
+        opt_pct(cpu.alone.0, cpu.hammered.0, hammered.secs),
+    );
+    put(
+        "loadgen_cpu_pct_alone",
+        pct(cpu.start.1, cpu.alone.1, alone.secs),
+    );
+    put(
+        "loadgen_cpu_pct_hammered",
+        pct(cpu.alone.1, cpu.hammered.1, hammered.secs),
+    );
+    put("hammer_cpu_pct", pct(0.0, cpu.hammer, hammer_secs));
+    extra
 }
 
 #[cfg(test)]

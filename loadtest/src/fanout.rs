@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::Params;
-use crate::report::{Counts, Percentiles, Results};
+use crate::report::{Counts, Percentiles, Results, TargetInfo};
 use crate::run::Scenario;
 use crate::setup::{Tgt, ensure_namespace, event_body, resolve_target, sa_body};
 use crate::stats::{self, Live, new_hist, now_nanos, proc_cpu_secs};
@@ -49,15 +49,21 @@ struct Harness {
     groups_stop: (watch::Sender<bool>, watch::Receiver<bool>),
 }
 
+impl Harness {
+    fn new() -> Self {
+        Harness {
+            live: Live::new(),
+            total: Arc::new(parking_lot::Mutex::new(new_hist())),
+            series: Arc::new(parking_lot::Mutex::new(Vec::new())),
+            writers_stop: watch::channel(false),
+            groups_stop: watch::channel(false),
+        }
+    }
+}
+
 pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
     let (tgt, mut info) = resolve_target(p).await?;
-    let h = Harness {
-        live: Live::new(),
-        total: Arc::new(parking_lot::Mutex::new(new_hist())),
-        series: Arc::new(parking_lot::Mutex::new(Vec::new())),
-        writers_stop: watch::channel(false),
-        groups_stop: watch::channel(false),
-    };
+    let h = Harness::new();
     let run_id = format!("lt-{}-{}", std::process::id(), now_nanos() % 1_000_000_000);
     let writes = match scenario {
         Scenario::Churn => Writes::Churn,
@@ -84,55 +90,134 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
             }
             Tgt::Etcd(_) | Tgt::Raw => (Vec::new(), Format::Raw(p.object_size.max(16)), None, None),
         };
-    // etcd: watches multiplexed on Watch streams over a few connections, each stream read by
-    // its own task (not by the groups below).
     let prefix = format!("/loadtest/{run_id}/");
-    let mut _etcd = None;
-    let mut etcd_tasks = Vec::new();
-    let mut etcd_opened = 0;
-    if let Tgt::Etcd(ep) = &tgt {
-        let e = crate::etcd::Etcd::connect(&ep.url, p.etcd_connections).await?;
-        let rev = e.revision(prefix.as_bytes()).await?;
-        let w = crate::etcd::open_watchers(
-            &e,
-            prefix.as_bytes(),
-            rev + 1,
-            watchers,
-            p.etcd_watches_per_stream,
-            h.live.clone(),
-            h.groups_stop.1.clone(),
-        )
-        .await?;
-        etcd_tasks = w.tasks;
-        etcd_opened = w.opened;
-        _etcd = Some(e);
-    }
-    // raw: the server is a child process; each reader is returned once it is subscribed, so
-    // no frame is sent before every reader can see it.
-    let mut raw_child = None;
-    if matches!(tgt, Tgt::Raw) {
-        let child = crate::raw::RawChild::spawn().await?;
-        let addr = child.addr;
-        info.endpoint = format!("{addr} (raw-server, pid {})", child.pid);
-        info.server_pid = Some(p.server_pid.unwrap_or(child.pid));
-        raw_child = Some(child);
-        let socks: Vec<Result<tokio::net::TcpStream>> = futures::stream::iter(0..watchers)
-            .map(|_| crate::raw::connect_reader(addr))
-            .buffered(OPEN_CONCURRENCY)
-            .collect()
-            .await;
-        for (i, s) in socks.into_iter().enumerate() {
-            streams.push(tag(
-                i,
-                tokio_util::io::ReaderStream::with_capacity(s?, crate::raw::MAX_WRITE),
-            ));
+    let (_etcd, etcd_tasks, etcd_opened) = match &tgt {
+        Tgt::Etcd(ep) => {
+            let (e, w) = open_etcd_watchers(&ep.url, &prefix, watchers, p, &h).await?;
+            (Some(e), w.tasks, w.opened)
         }
-    }
+        _ => (None, Vec::new(), 0),
+    };
+    let raw_child = if matches!(tgt, Tgt::Raw) {
+        Some(start_raw(p, &mut info, watchers, &mut streams).await?)
+    } else {
+        None
+    };
     let raw_addr = raw_child.as_ref().map(|c| c.addr);
     let opened = streams.len() + etcd_opened;
     let open_failures = watchers - opened;
 
-    // Receivers: a few tasks, each multiplexing a share of the streams.
+    let groups = spawn_groups(streams, &h, format, &opener);
+
+    let server_pid = info.server_pid.map(|p| p.to_string());
+    let sampler = tokio::spawn(stats::sampler(
+        h.live.clone(),
+        info.server_pid,
+        h.total.clone(),
+        h.series.clone(),
+        format!("{} {}", scenario.name(), info.kind),
+    ));
+
+    // Writers.
+    let cpu_start = server_pid.as_deref().and_then(proc_cpu_secs);
+    let started = Instant::now();
+    let writers_done = spawn_writers(scenario, p, &tgt, raw_addr, &run_id, &writes, &h)?;
+
+    let (phase_a, stalled_held) =
+        hold_writes(scenario, p, &h, stalled_opener.as_ref(), &run_id).await?;
+    let _ = h.writers_stop.0.send(true);
+    if let Some(done) = writers_done {
+        let _ = done.await;
+    }
+    let write_phase = started.elapsed();
+
+    let acked = h.live.writes.load(Relaxed);
+    let expected_total = acked * opened as u64;
+    drain(&h, opened, expected_total, p.drain).await;
+    let elapsed = started.elapsed();
+    let cpu_end = server_pid.as_deref().and_then(proc_cpu_secs);
+    h.live.stopping.store(true, Relaxed);
+    let _ = h.groups_stop.0.send(true);
+    let states = collect_states(groups, etcd_tasks).await;
+    if let Some(c) = raw_child {
+        c.stop().await;
+    }
+    let _ = sampler.await;
+    drop(stalled_held);
+    if let Tgt::Server(ep) = &tgt {
+        crate::setup::remove_namespace(ep, &run_id).await;
+    }
+
+    let t = Tally {
+        watchers,
+        opened,
+        open_failures,
+        acked,
+        expected_total,
+        write_phase,
+        elapsed,
+        server_cpu_s: cpu_start.zip(cpu_end).map(|(a, b)| (b - a).max(0.0)),
+    };
+    results(scenario, p, info, &h, &states, phase_a, t)
+}
+
+/// etcd: watches multiplexed on Watch streams over a few connections, each stream read by
+/// its own task (not by the receiver groups).
+async fn open_etcd_watchers(
+    url: &str,
+    prefix: &str,
+    watchers: usize,
+    p: &Params,
+    h: &Harness,
+) -> Result<(crate::etcd::Etcd, crate::etcd::Watchers)> {
+    let e = crate::etcd::Etcd::connect(url, p.etcd_connections).await?;
+    let rev = e.revision(prefix.as_bytes()).await?;
+    let w = crate::etcd::open_watchers(
+        &e,
+        prefix.as_bytes(),
+        rev + 1,
+        watchers,
+        p.etcd_watches_per_stream,
+        h.live.clone(),
+        h.groups_stop.1.clone(),
+    )
+    .await?;
+    Ok((e, w))
+}
+
+/// raw: the server is a child process; each reader is returned once it is subscribed, so
+/// no frame is sent before every reader can see it.
+async fn start_raw(
+    p: &Params,
+    info: &mut TargetInfo,
+    watchers: usize,
+    streams: &mut Vec<WStream>,
+) -> Result<crate::raw::RawChild> {
+    let child = crate::raw::RawChild::spawn().await?;
+    let addr = child.addr;
+    info.endpoint = format!("{addr} (raw-server, pid {})", child.pid);
+    info.server_pid = Some(p.server_pid.unwrap_or(child.pid));
+    let socks: Vec<Result<tokio::net::TcpStream>> = futures::stream::iter(0..watchers)
+        .map(|_| crate::raw::connect_reader(addr))
+        .buffered(OPEN_CONCURRENCY)
+        .collect()
+        .await;
+    for (i, s) in socks.into_iter().enumerate() {
+        streams.push(tag(
+            i,
+            tokio_util::io::ReaderStream::with_capacity(s?, crate::raw::MAX_WRITE),
+        ));
+    }
+    Ok(child)
+}
+
+/// Receivers: a few tasks, each multiplexing a share of the streams.
+fn spawn_groups(
+    streams: Vec<WStream>,
+    h: &Harness,
+    format: Format,
+    opener: &Option<Opener>,
+) -> Vec<JoinHandle<crate::watch::Group>> {
     let mut groups: Vec<JoinHandle<crate::watch::Group>> = Vec::new();
     if !streams.is_empty() {
         let ngroups = streams.len().clamp(1, 16);
@@ -153,19 +238,19 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
             groups.push(tokio::spawn(run_group(ctx, g * per, b, n)));
         }
     }
+    groups
+}
 
-    let server_pid = info.server_pid.map(|p| p.to_string());
-    let sampler = tokio::spawn(stats::sampler(
-        h.live.clone(),
-        info.server_pid,
-        h.total.clone(),
-        h.series.clone(),
-        format!("{} {}", scenario.name(), info.kind),
-    ));
-
-    // Writers.
-    let cpu_start = server_pid.as_deref().and_then(proc_cpu_secs);
-    let started = Instant::now();
+/// Starts the writers for the target; `None` when there are none to wait for.
+fn spawn_writers(
+    scenario: Scenario,
+    p: &Params,
+    tgt: &Tgt,
+    raw_addr: Option<std::net::SocketAddr>,
+    run_id: &str,
+    writes: &Writes,
+    h: &Harness,
+) -> Result<Option<tokio::sync::oneshot::Receiver<()>>> {
     let writers = p.writers.max(1);
     let per_writer_rate = if p.max {
         None
@@ -178,7 +263,7 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
     let live = h.live.clone();
     let stop = h.writers_stop.1.clone();
     let size = p.object_size;
-    let writers_done = match (&tgt, raw_addr) {
+    let writers_done = match (tgt, raw_addr) {
         (Tgt::Raw, Some(addr)) => {
             let rate = if p.max { None } else { Some(p.rate) };
             Some(stats::on_own_thread("lt-writer", move || async move {
@@ -188,7 +273,7 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
             })?)
         }
         (Tgt::Server(ep), _) => {
-            let (ep, run_id, writes) = (ep.clone(), run_id.clone(), writes.clone());
+            let (ep, run_id, writes) = (ep.clone(), run_id.to_string(), writes.clone());
             Some(stats::on_own_thread("lt-writers", move || async move {
                 futures::future::join_all((0..writers).map(|w| {
                     k8s_writer(
@@ -207,7 +292,7 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
         }
         (Tgt::Etcd(ep), _) => {
             // Connections of the writers' own (one each), not the watchers'.
-            let (url, run_id) = (ep.url.clone(), run_id.clone());
+            let (url, run_id) = (ep.url.clone(), run_id.to_string());
             let churn = scenario == Scenario::Churn;
             Some(stats::on_own_thread("lt-writers", move || async move {
                 let etcd = match crate::etcd::Etcd::connect(&url, writers).await {
@@ -234,14 +319,28 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
         }
         _ => None,
     };
+    Ok(writers_done)
+}
 
+/// A stalled watcher's connection and response, held and never read.
+type Stalled = (Conn, http::Response<hyper::body::Incoming>);
+
+/// Lets the writers run for the duration; slow-watcher also opens the stalled watchers half
+/// way and returns the latency histogram from before them.
+async fn hold_writes(
+    scenario: Scenario,
+    p: &Params,
+    h: &Harness,
+    stalled_opener: Option<&Endpoint>,
+    run_id: &str,
+) -> Result<(Option<hdrhistogram::Histogram<u64>>, Vec<Stalled>)> {
     // slow-watcher: half the run healthy, then stalled watchers join and never read.
     let mut phase_a = None;
     let mut stalled_held = Vec::new();
     if scenario == Scenario::SlowWatcher {
         tokio::time::sleep(p.duration / 2).await;
-        phase_a = Some(snapshot_total(&h));
-        if let Some(ep) = &stalled_opener {
+        phase_a = Some(snapshot_total(h));
+        if let Some(ep) = stalled_opener {
             let path = format!("/api/v1/namespaces/{run_id}/serviceaccounts?watch=1");
             for _ in 0..p.stalled {
                 let mut c = ep.connect(false).await?;
@@ -256,26 +355,25 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
     } else {
         tokio::time::sleep(p.duration).await;
     }
-    let _ = h.writers_stop.0.send(true);
-    if let Some(done) = writers_done {
-        let _ = done.await;
-    }
-    let write_phase = started.elapsed();
+    Ok((phase_a, stalled_held))
+}
 
-    // Drain: wait (bounded) until every watcher has every acknowledged write.
-    let acked = h.live.writes.load(Relaxed);
-    let expected_total = acked * opened as u64;
+/// Drain: waits (bounded by `limit`) until every watcher has every acknowledged write.
+async fn drain(h: &Harness, opened: usize, expected_total: u64, limit: Duration) {
     let drain_start = Instant::now();
     while opened > 0
         && h.live.delivered.load(Relaxed) < expected_total
-        && drain_start.elapsed() < p.drain
+        && drain_start.elapsed() < limit
     {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let elapsed = started.elapsed();
-    let cpu_end = server_pid.as_deref().and_then(proc_cpu_secs);
-    h.live.stopping.store(true, Relaxed);
-    let _ = h.groups_stop.0.send(true);
+}
+
+/// Every watcher's state, from the receiver groups and the etcd stream tasks.
+async fn collect_states(
+    groups: Vec<JoinHandle<crate::watch::Group>>,
+    etcd_tasks: Vec<JoinHandle<Vec<crate::watch::WState>>>,
+) -> Vec<crate::watch::WState> {
     let mut states = Vec::new();
     for g in groups {
         if let Ok(g) = g.await {
@@ -287,29 +385,45 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
             states.extend(s);
         }
     }
-    if let Some(c) = raw_child {
-        c.stop().await;
-    }
-    let _ = sampler.await;
-    drop(stalled_held);
-    if let Tgt::Server(ep) = &tgt {
-        crate::setup::remove_namespace(ep, &run_id).await;
-    }
+    states
+}
 
+/// What a run counted, for `results`.
+struct Tally {
+    watchers: usize,
+    opened: usize,
+    open_failures: usize,
+    acked: u64,
+    expected_total: u64,
+    write_phase: Duration,
+    elapsed: Duration,
+    server_cpu_s: Option<f64>,
+}
+
+/// Turns the run's counters and histograms into its `Results`.
+fn results(
+    scenario: Scenario,
+    p: &Params,
+    info: TargetInfo,
+    h: &Harness,
+    states: &[crate::watch::WState],
+    phase_a: Option<hdrhistogram::Histogram<u64>>,
+    t: Tally,
+) -> Result<Results> {
     let total = h.total.lock().clone();
     let write_lat = h.live.write_lat.lock().take().unwrap_or_else(new_hist);
     let delivered: u64 = states.iter().map(|s| s.count).sum();
     let complete = states
         .iter()
-        .filter(|s| s.count == acked && s.dups == 0)
+        .filter(|s| s.count == t.acked && s.dups == 0)
         .count();
     let missing: u64 = states
         .iter()
-        .map(|s| acked.saturating_sub(s.count).max(s.gaps))
+        .map(|s| t.acked.saturating_sub(s.count).max(s.gaps))
         .sum();
     let dups: u64 = states.iter().map(|s| s.dups).sum();
     let expired = states.iter().filter(|s| s.expired).count();
-    let secs = elapsed.as_secs_f64().max(1e-3);
+    let secs = t.elapsed.as_secs_f64().max(1e-3);
     let mut extra = serde_json::Map::new();
     if let Some(a) = phase_a {
         let mut b = total.clone();
@@ -326,8 +440,8 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
     }
     let series = h.series.lock().clone();
     let offered_writes_per_s = (!p.max).then_some(p.rate);
-    let server_cpu_s = cpu_start.zip(cpu_end).map(|(a, b)| (b - a).max(0.0));
-    let per = if delivered > 0 { delivered } else { acked };
+    let server_cpu_s = t.server_cpu_s;
+    let per = if delivered > 0 { delivered } else { t.acked };
     let server_cpu_us_per_event = server_cpu_s
         .filter(|_| per > 0)
         .map(|c| c * 1e6 / per as f64);
@@ -337,18 +451,18 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
         target: info,
         params: p.clone(),
         machine: stats::machine(),
-        duration_s: write_phase.as_secs_f64(),
+        duration_s: t.write_phase.as_secs_f64(),
         elapsed_s: secs,
         series,
         latency_ms: Percentiles::of(&total),
         write_latency_ms: Percentiles::of(&write_lat),
         counts: Counts {
-            watchers: watchers as u64,
-            watchers_opened: opened as u64,
-            writes_acked: acked,
-            writes_per_s: acked as f64 / write_phase.as_secs_f64().max(1e-3),
+            watchers: t.watchers as u64,
+            watchers_opened: t.opened as u64,
+            writes_acked: t.acked,
+            writes_per_s: t.acked as f64 / t.write_phase.as_secs_f64().max(1e-3),
             events_delivered: delivered,
-            events_expected: expected_total,
+            events_expected: t.expected_total,
             events_per_s: delivered as f64 / secs,
             watchers_complete: complete as u64,
             missing,
@@ -356,12 +470,12 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
             reconnects: h.live.reconnects.load(Relaxed),
             expired: expired as u64,
             write_errors: h.live.write_errors.load(Relaxed),
-            watch_errors: h.live.watch_errors.load(Relaxed) + open_failures as u64,
+            watch_errors: h.live.watch_errors.load(Relaxed) + t.open_failures as u64,
             offered_writes_per_s,
             write_rate_achieved: offered_writes_per_s
                 .filter(|o| *o > 0.0)
-                .map(|o| acked as f64 / write_phase.as_secs_f64().max(1e-3) / o),
-            offered_events_per_s: offered_writes_per_s.map(|r| r * opened as f64),
+                .map(|o| t.acked as f64 / t.write_phase.as_secs_f64().max(1e-3) / o),
+            offered_events_per_s: offered_writes_per_s.map(|r| r * t.opened as f64),
             server_cpu_s,
             server_cpu_us_per_event,
         },

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 
 use crate::Params;
-use crate::report::{Counts, Percentiles, Results};
+use crate::report::{Counts, Percentiles, Results, TargetInfo};
 use crate::run::Scenario;
 use crate::setup::{Tgt, ensure_namespace, resolve_target, sa_body};
 use crate::stats::{self, Live, new_hist, now_nanos, proc_cpu_secs, proc_rss_bytes};
@@ -234,6 +234,17 @@ struct Shared {
     error_events: AtomicU64,
 }
 
+impl Shared {
+    fn new(watches: usize, live: Arc<Live>) -> Self {
+        Shared {
+            counts: (0..watches).map(|_| AtomicU32::new(0)).collect(),
+            live,
+            ended: AtomicU64::new(0),
+            error_events: AtomicU64::new(0),
+        }
+    }
+}
+
 /// One receiver task: polls its streams until `stop`; new streams arrive on `add`.
 async fn receive(
     sh: Arc<Shared>,
@@ -381,29 +392,12 @@ pub async fn run(a: &HoldArgs) -> Result<Results> {
 
     let max = *steps.last().unwrap_or(&0);
     let live = Live::new();
-    let sh = Arc::new(Shared {
-        counts: (0..max).map(|_| AtomicU32::new(0)).collect(),
-        live: live.clone(),
-        ended: AtomicU64::new(0),
-        error_events: AtomicU64::new(0),
-    });
+    let sh = Arc::new(Shared::new(max, live.clone()));
     tokio::time::sleep(a.settle).await;
     let server_base = rss(spid);
     let client_base = rss(Some("self"));
 
-    // h2: every connection first, so that a step's ΔRSS is the streams' alone.
-    let mut h2 = Vec::new();
-    if let Some(c) = p.h2_connections {
-        let conns: Vec<Result<Conn>> = futures::stream::iter(0..c.max(1))
-            .map(|_| ep.connect(true))
-            .buffered(64)
-            .collect()
-            .await;
-        for c in conns {
-            h2.push(c.context("opening the h2 connections")?);
-        }
-        tokio::time::sleep(a.settle).await;
-    }
+    let h2 = open_h2(a, &ep).await?;
     let server_conns = rss(spid);
     let client_conns = rss(Some("self"));
     let per_connection = |base: Option<u64>, now: Option<u64>| {
@@ -420,13 +414,7 @@ pub async fn run(a: &HoldArgs) -> Result<Results> {
     });
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let mut adders = Vec::new();
-    let mut receivers = Vec::new();
-    for _ in 0..RECEIVERS {
-        let (tx, rx) = mpsc::unbounded_channel();
-        adders.push(tx);
-        receivers.push(tokio::spawn(receive(sh.clone(), rx, stop_rx.clone())));
-    }
+    let (adders, receivers) = spawn_receivers(&sh, &stop_rx);
     let total = Arc::new(parking_lot::Mutex::new(new_hist()));
     let series = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let sampler = tokio::spawn(stats::sampler(
@@ -438,68 +426,169 @@ pub async fn run(a: &HoldArgs) -> Result<Results> {
     ));
 
     let started = Instant::now();
-    let mut out: Vec<Step> = Vec::new();
-    let mut stopped: Option<String> = None;
-    let mut open = 0usize;
-    let mut failures = 0usize;
-    let mut written = 0u64;
-    let (mut prev_server, mut prev_client, mut prev_n) = (server_conns, client_conns, 0usize);
-    // Watches that opened, and those that have had every event of every phase so far.
-    let mut opened_ok = vec![false; max];
-    let mut complete_all = vec![false; max];
-    for &target in &steps {
-        let t0 = Instant::now();
-        let rv = crate::setup::list_rv(&mut wconn, &ns).await?;
-        let step_failures_before = failures;
-        while open < target && stopped.is_none() {
-            if let Some(avail) = available()
-                && avail < a.min_available_mib << 20
-            {
-                stopped = Some(format!(
-                    "stopped at {open} watches: MemAvailable {} MiB < --min-available-mib {}",
-                    avail >> 20,
-                    a.min_available_mib
-                ));
+    let mut r = Ramp {
+        a,
+        ep: &ep,
+        ns: &ns,
+        spid,
+        opener,
+        sh: sh.clone(),
+        live: live.clone(),
+        adders,
+        wconn,
+        open: 0,
+        failures: 0,
+        written: 0,
+        stopped: None,
+        opened_ok: vec![false; max],
+        complete_all: vec![false; max],
+        server_conns,
+        prev: (server_conns, client_conns, 0),
+        steps: Vec::new(),
+    };
+    r.run(&steps).await?;
+    let elapsed = started.elapsed().as_secs_f64();
+    live.stopping.store(true, Relaxed);
+    let _ = stop_tx.send(true);
+    drop(std::mem::take(&mut r.adders));
+    for r in receivers {
+        let _ = r.await;
+    }
+    let _ = sampler.await;
+    crate::setup::remove_namespace(&ep, &ns).await;
+
+    let extra = extra(
+        a,
+        &r,
+        (server_base, client_base),
+        (server_per_conn, client_per_conn),
+    )?;
+    let latency_ms = Percentiles::of(&total.lock());
+    let series = series.lock().clone();
+    Ok(results(p, info, &r, elapsed, series, latency_ms, extra))
+}
+
+/// Receivers: a few tasks, each polling the streams handed to it on its channel.
+fn spawn_receivers(
+    sh: &Arc<Shared>,
+    stop_rx: &watch::Receiver<bool>,
+) -> (
+    Vec<mpsc::UnboundedSender<WStream>>,
+    Vec<tokio::task::JoinHandle<()>>,
+) {
+    let mut adders = Vec::new();
+    let mut receivers = Vec::new();
+    for _ in 0..RECEIVERS {
+        let (tx, rx) = mpsc::unbounded_channel();
+        adders.push(tx);
+        receivers.push(tokio::spawn(receive(sh.clone(), rx, stop_rx.clone())));
+    }
+    (adders, receivers)
+}
+
+/// The report's hold-specific fields: the steps, the transport, memory per connection and
+/// why the ramp stopped.
+fn extra(
+    a: &HoldArgs,
+    r: &Ramp<'_>,
+    rss_base: (Option<u64>, Option<u64>),
+    per_conn: (Option<f64>, Option<f64>),
+) -> Result<serde_json::Map<String, serde_json::Value>> {
+    let mut extra = serde_json::Map::new();
+    extra.insert("steps".into(), serde_json::to_value(&r.steps)?);
+    extra.insert(
+        "transport".into(),
+        match a.params.h2_connections {
+            Some(c) => format!("h2, {c} connections"),
+            None => "HTTP/1.1, one connection per watch".into(),
+        }
+        .into(),
+    );
+    extra.insert("server_rss_base_bytes".into(), rss_base.0.into());
+    extra.insert("client_rss_base_bytes".into(), rss_base.1.into());
+    extra.insert("server_bytes_per_connection".into(), per_conn.0.into());
+    extra.insert("client_bytes_per_connection".into(), per_conn.1.into());
+    extra.insert("stopped".into(), r.stopped.clone().into());
+    extra.insert("ended_early".into(), r.sh.ended.load(Relaxed).into());
+    extra.insert(
+        "error_events".into(),
+        r.sh.error_events.load(Relaxed).into(),
+    );
+    extra.insert("hold".into(), serde_json::to_value(a)?);
+    Ok(extra)
+}
+
+/// h2: every connection first, so that a step's ΔRSS is the streams' alone.
+async fn open_h2(a: &HoldArgs, ep: &Endpoint) -> Result<Vec<Conn>> {
+    let mut h2 = Vec::new();
+    if let Some(c) = a.params.h2_connections {
+        let conns: Vec<Result<Conn>> = futures::stream::iter(0..c.max(1))
+            .map(|_| ep.connect(true))
+            .buffered(64)
+            .collect()
+            .await;
+        for c in conns {
+            h2.push(c.context("opening the h2 connections")?);
+        }
+        tokio::time::sleep(a.settle).await;
+    }
+    Ok(h2)
+}
+
+/// The ramp's state from step to step.
+struct Ramp<'a> {
+    a: &'a HoldArgs,
+    ep: &'a Endpoint,
+    ns: &'a str,
+    spid: Option<&'a str>,
+    opener: Arc<Opener>,
+    sh: Arc<Shared>,
+    live: Arc<Live>,
+    adders: Vec<mpsc::UnboundedSender<WStream>>,
+    /// The connection the writes go over.
+    wconn: Conn,
+    open: usize,
+    failures: usize,
+    written: u64,
+    stopped: Option<String>,
+    /// Watches that opened, and those that have had every event of every phase so far.
+    opened_ok: Vec<bool>,
+    complete_all: Vec<bool>,
+    /// Server RSS with the connections open and no watches.
+    server_conns: Option<u64>,
+    /// Server and client RSS and the watch count after the previous step.
+    prev: (Option<u64>, Option<u64>, usize),
+    steps: Vec<Step>,
+}
+
+impl Ramp<'_> {
+    /// Takes the steps in turn until one opens no more watches or the ramp stops.
+    async fn run(&mut self, steps: &[usize]) -> Result<()> {
+        for &target in steps {
+            let Some(step) = self.step(target).await? else {
+                break;
+            };
+            self.steps.push(step);
+            if self.stopped.is_some() {
                 break;
             }
-            let end = (open + CHUNK).min(target);
-            let opened: Vec<(usize, Result<WStream>)> = futures::stream::iter(open..end)
-                .map(|i| {
-                    let o = opener.clone();
-                    async move { (i, o.open(i, rv).await) }
-                })
-                .buffer_unordered(a.open_concurrency.max(1))
-                .collect()
-                .await;
-            let mut chunk_failures = 0;
-            for (i, r) in opened {
-                match r {
-                    Ok(s) => {
-                        opened_ok[i] = true;
-                        complete_all[i] = true;
-                        let _ = adders[i % RECEIVERS].send(s);
-                    }
-                    Err(e) => {
-                        chunk_failures += 1;
-                        live.watch_errors.fetch_add(1, Relaxed);
-                        live.note_error(format!("opening watch {i}: {e:#}"));
-                    }
-                }
-            }
-            failures += chunk_failures;
-            // More than a tenth of a chunk refused: the server (or a limit) is saying no.
-            if chunk_failures * 10 > end - open {
-                stopped = Some(format!(
-                    "stopped at {end} watches: {chunk_failures} of the last {} opens failed \
-                     (see errors)",
-                    end - open
-                ));
-            }
-            open = end;
         }
+        Ok(())
+    }
+
+    /// Opens watches up to `target`, writes, and measures; `None` when no watch more opened.
+    async fn step(&mut self, target: usize) -> Result<Option<Step>> {
+        let (a, spid) = (self.a, self.spid);
+        let p = &a.params;
+        let t0 = Instant::now();
+        let rv = crate::setup::list_rv(&mut self.wconn, self.ns).await?;
+        let step_failures_before = self.failures;
+        self.open_to(target, rv).await;
+        let open = self.open;
         let open_s = t0.elapsed().as_secs_f64();
+        let (prev_server, prev_client, prev_n) = self.prev;
         if open == prev_n {
-            break;
+            return Ok(None);
         }
         tokio::time::sleep(a.settle).await;
         let (server_now, client_now) = (rss(spid), rss(Some("self")));
@@ -510,23 +599,138 @@ pub async fn run(a: &HoldArgs) -> Result<Results> {
         // Writes: every open stream must receive each acknowledged one.
         // A fresh connection for the writes: the one the step began with sat idle while the
         // watches opened (a million take minutes), long enough for the server's idle timeout.
-        wconn = ep.connect(false).await?;
-        let before: Vec<u32> = sh.counts[..open].iter().map(|c| c.load(Relaxed)).collect();
+        self.wconn = self.ep.connect(false).await?;
+        let live = self.live.clone();
+        let before: Vec<u32> = self.sh.counts[..open]
+            .iter()
+            .map(|c| c.load(Relaxed))
+            .collect();
         let delivered_before = live.delivered.load(Relaxed);
         let cpu0 = spid.and_then(proc_cpu_secs);
         let w0 = Instant::now();
+        let acked = self.write(w0).await?;
+        let expected = acked * self.opened_ok[..open].iter().filter(|o| **o).count() as u64;
+        while live.delivered.load(Relaxed) - delivered_before < expected && w0.elapsed() < p.drain {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let deliver_s = w0.elapsed().as_secs_f64();
+        let cpu1 = spid.and_then(proc_cpu_secs);
+        let after: Vec<u32> = self.sh.counts[..open]
+            .iter()
+            .map(|c| c.load(Relaxed))
+            .collect();
+        let delivered = live.delivered.load(Relaxed) - delivered_before;
+        let c = check(&before, &after, &self.opened_ok[..open], acked);
+        for i in 0..open {
+            if u64::from(after[i].wrapping_sub(before[i])) != acked {
+                self.complete_all[i] = false;
+            }
+        }
+        tokio::time::sleep(a.settle).await;
+        let server_after = rss(spid);
+        let step = Step {
+            target,
+            open,
+            open_failures: self.failures - step_failures_before,
+            open_s,
+            server_rss_bytes: server_now,
+            client_rss_bytes: client_now,
+            server_bytes_per_watch: bytes_per(prev_server, server_now, prev_n, open),
+            client_bytes_per_watch: bytes_per(prev_client, client_now, prev_n, open),
+            tcp_mem_bytes,
+            server_rss_after_writes_bytes: server_after,
+            server_bytes_per_watch_after_writes: bytes_per(
+                self.server_conns,
+                server_after,
+                0,
+                open,
+            ),
+            writes_acked: acked,
+            events_delivered: delivered,
+            events_expected: expected,
+            deliver_s,
+            server_cpu_us_per_event: cpu0
+                .zip(cpu1)
+                .filter(|_| delivered > 0)
+                .map(|(a, b)| (b - a).max(0.0) * 1e6 / delivered as f64),
+            check: c,
+        };
+        self.prev = (server_after.or(server_now), client_now, open);
+        Ok(Some(step))
+    }
+
+    /// Opens watches in chunks up to `target`, stopping early when memory runs low or too
+    /// many opens fail.
+    async fn open_to(&mut self, target: usize, rv: u64) {
+        let a = self.a;
+        let live = &self.live;
+        while self.open < target && self.stopped.is_none() {
+            let open = self.open;
+            if let Some(avail) = available()
+                && avail < a.min_available_mib << 20
+            {
+                self.stopped = Some(format!(
+                    "stopped at {open} watches: MemAvailable {} MiB < --min-available-mib {}",
+                    avail >> 20,
+                    a.min_available_mib
+                ));
+                break;
+            }
+            let end = (open + CHUNK).min(target);
+            let opened: Vec<(usize, Result<WStream>)> = futures::stream::iter(open..end)
+                .map(|i| {
+                    let o = self.opener.clone();
+                    async move { (i, o.open(i, rv).await) }
+                })
+                .buffer_unordered(a.open_concurrency.max(1))
+                .collect()
+                .await;
+            let mut chunk_failures = 0;
+            for (i, r) in opened {
+                match r {
+                    Ok(s) => {
+                        self.opened_ok[i] = true;
+                        self.complete_all[i] = true;
+                        let _ = self.adders[i % RECEIVERS].send(s);
+                    }
+                    Err(e) => {
+                        chunk_failures += 1;
+                        live.watch_errors.fetch_add(1, Relaxed);
+                        live.note_error(format!("opening watch {i}: {e:#}"));
+                    }
+                }
+            }
+            self.failures += chunk_failures;
+            // More than a tenth of a chunk refused: the server (or a limit) is saying no.
+            if chunk_failures * 10 > end - open {
+                self.stopped = Some(format!(
+                    "stopped at {end} watches: {chunk_failures} of the last {} opens failed \
+                     (see errors)",
+                    end - open
+                ));
+            }
+            self.open = end;
+        }
+    }
+
+    /// The step's writes, paced at `--rate` from `w0`; returns how many were acknowledged.
+    async fn write(&mut self, w0: Instant) -> Result<u64> {
+        let (a, ns) = (self.a, self.ns);
+        let p = &a.params;
+        let live = &self.live;
         let mut acked = 0u64;
         for i in 0..a.writes_per_step {
             if p.rate > 0.0 {
                 let at = w0 + Duration::from_secs_f64(i as f64 / p.rate);
                 tokio::time::sleep_until(at.into()).await;
             }
-            let name = format!("h-{written}");
-            written += 1;
+            let name = format!("h-{}", self.written);
+            self.written += 1;
             let path = format!("/api/v1/namespaces/{ns}/serviceaccounts");
-            let body = sa_body(&ns, &name, p.object_size);
+            let body = sa_body(ns, &name, p.object_size);
             let t = Instant::now();
-            match wconn
+            match self
+                .wconn
                 .call(Method::POST, &path, body.into(), "application/json")
                 .await
             {
@@ -541,87 +745,33 @@ pub async fn run(a: &HoldArgs) -> Result<Results> {
                 )),
                 Err(e) => {
                     live.write_failed(format!("write {name}: {e:#}"));
-                    wconn = ep.connect(false).await?;
+                    self.wconn = self.ep.connect(false).await?;
                 }
             }
         }
-        let expected = acked * opened_ok[..open].iter().filter(|o| **o).count() as u64;
-        while live.delivered.load(Relaxed) - delivered_before < expected && w0.elapsed() < p.drain {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let deliver_s = w0.elapsed().as_secs_f64();
-        let cpu1 = spid.and_then(proc_cpu_secs);
-        let after: Vec<u32> = sh.counts[..open].iter().map(|c| c.load(Relaxed)).collect();
-        let delivered = live.delivered.load(Relaxed) - delivered_before;
-        let c = check(&before, &after, &opened_ok[..open], acked);
-        for i in 0..open {
-            if u64::from(after[i].wrapping_sub(before[i])) != acked {
-                complete_all[i] = false;
-            }
-        }
-        tokio::time::sleep(a.settle).await;
-        let server_after = rss(spid);
-        out.push(Step {
-            target,
-            open,
-            open_failures: failures - step_failures_before,
-            open_s,
-            server_rss_bytes: server_now,
-            client_rss_bytes: client_now,
-            server_bytes_per_watch: bytes_per(prev_server, server_now, prev_n, open),
-            client_bytes_per_watch: bytes_per(prev_client, client_now, prev_n, open),
-            tcp_mem_bytes,
-            server_rss_after_writes_bytes: server_after,
-            server_bytes_per_watch_after_writes: bytes_per(server_conns, server_after, 0, open),
-            writes_acked: acked,
-            events_delivered: delivered,
-            events_expected: expected,
-            deliver_s,
-            server_cpu_us_per_event: cpu0
-                .zip(cpu1)
-                .filter(|_| delivered > 0)
-                .map(|(a, b)| (b - a).max(0.0) * 1e6 / delivered as f64),
-            check: c,
-        });
-        (prev_server, prev_client, prev_n) = (server_after.or(server_now), client_now, open);
-        if stopped.is_some() {
-            break;
-        }
+        Ok(acked)
     }
-    let elapsed = started.elapsed().as_secs_f64();
-    live.stopping.store(true, Relaxed);
-    let _ = stop_tx.send(true);
-    drop(adders);
-    for r in receivers {
-        let _ = r.await;
-    }
-    let _ = sampler.await;
-    crate::setup::remove_namespace(&ep, &ns).await;
+}
 
+/// The run's `Results`: the steps' sums, and the watches that opened and stayed complete.
+fn results(
+    p: &Params,
+    info: TargetInfo,
+    r: &Ramp<'_>,
+    elapsed: f64,
+    series: Vec<stats::Sample>,
+    latency_ms: Percentiles,
+    extra: serde_json::Map<String, serde_json::Value>,
+) -> Results {
+    let out = &r.steps;
+    let live = &r.live;
+    let sh = &r.sh;
+    let max = r.opened_ok.len();
     let acked: u64 = out.iter().map(|s| s.writes_acked).sum();
     let delivered: u64 = out.iter().map(|s| s.events_delivered).sum();
     let expected: u64 = out.iter().map(|s| s.events_expected).sum();
-    let mut extra = serde_json::Map::new();
-    extra.insert("steps".into(), serde_json::to_value(&out)?);
-    extra.insert(
-        "transport".into(),
-        match p.h2_connections {
-            Some(c) => format!("h2, {c} connections"),
-            None => "HTTP/1.1, one connection per watch".into(),
-        }
-        .into(),
-    );
-    extra.insert("server_rss_base_bytes".into(), server_base.into());
-    extra.insert("client_rss_base_bytes".into(), client_base.into());
-    extra.insert("server_bytes_per_connection".into(), server_per_conn.into());
-    extra.insert("client_bytes_per_connection".into(), client_per_conn.into());
-    extra.insert("stopped".into(), stopped.clone().into());
-    extra.insert("ended_early".into(), sh.ended.load(Relaxed).into());
-    extra.insert("error_events".into(), sh.error_events.load(Relaxed).into());
-    extra.insert("hold".into(), serde_json::to_value(a)?);
     let write_lat = live.write_lat.lock().take().unwrap_or_else(new_hist);
-    let series = series.lock().clone();
-    Ok(Results {
+    Results {
         schema: crate::report::SCHEMA.into(),
         scenario: Scenario::Hold.name().into(),
         target: info,
@@ -634,11 +784,11 @@ pub async fn run(a: &HoldArgs) -> Result<Results> {
         duration_s: elapsed,
         elapsed_s: elapsed,
         series,
-        latency_ms: Percentiles::of(&total.lock()),
+        latency_ms,
         write_latency_ms: Percentiles::of(&write_lat),
         counts: Counts {
             watchers: max as u64,
-            watchers_opened: opened_ok.iter().filter(|o| **o).count() as u64,
+            watchers_opened: r.opened_ok.iter().filter(|o| **o).count() as u64,
             writes_acked: acked,
             writes_per_s: if elapsed > 0.0 {
                 acked as f64 / elapsed
@@ -648,7 +798,7 @@ pub async fn run(a: &HoldArgs) -> Result<Results> {
             events_delivered: delivered,
             events_expected: expected,
             events_per_s: delivered as f64 / elapsed.max(1e-3),
-            watchers_complete: complete_all[..open].iter().filter(|c| **c).count() as u64,
+            watchers_complete: r.complete_all[..r.open].iter().filter(|c| **c).count() as u64,
             missing: out.iter().map(|s| s.check.missing_events).sum(),
             duplicates: out.iter().map(|s| s.check.extra_events).sum(),
             reconnects: 0,
@@ -664,7 +814,7 @@ pub async fn run(a: &HoldArgs) -> Result<Results> {
         },
         errors: live.error_samples.lock().clone(),
         extra,
-    })
+    }
 }
 
 fn mib(b: Option<u64>) -> String {

@@ -14,9 +14,9 @@ use http_body_util::BodyExt;
 
 use crate::Params;
 use crate::report::{Counts, Percentiles, Results};
-use crate::setup::{Tgt, pct, resolve_target, seed};
+use crate::setup::{Seeded, Tgt, pct, resolve_target, seed};
 use crate::stats::{self, Live, new_hist};
-use crate::target::{self, Conn};
+use crate::target::{self, Conn, Endpoint};
 
 /// A page that takes longer than this counts as an error rather than hanging the run.
 const PAGE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -263,64 +263,15 @@ pub async fn run(p: &Params) -> Result<Results> {
     let deadline = started + p.duration;
     let mut clients = Vec::new();
     for _ in 0..p.clients.max(1) {
-        let (ep, ns, p, t, live) = (ep.clone(), ns.clone(), p.clone(), t.clone(), live_l.clone());
-        clients.push(tokio::spawn(async move {
-            let mut conn: Option<Conn> = None;
-            while Instant::now() < deadline {
-                if conn.is_none() {
-                    match ep.connect(false).await {
-                        Ok(c) => conn = Some(c),
-                        Err(e) => {
-                            t.errors.fetch_add(1, Relaxed);
-                            live.watch_errors.fetch_add(1, Relaxed);
-                            live.note_error(format!("connect: {e:#}"));
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                            continue;
-                        }
-                    }
-                }
-                let Some(c) = conn.as_mut() else { continue };
-                let t0 = Instant::now();
-                match full_list(c, &ns, &p).await {
-                    Ok(o) => {
-                        let us = t0.elapsed().as_micros() as u64;
-                        if let Some(h) = live.interval.lock().as_mut() {
-                            h.saturating_record(us.max(1));
-                        }
-                        t.lists.fetch_add(1, Relaxed);
-                        live.writes.fetch_add(1, Relaxed);
-                        live.delivered.fetch_add(o.items, Relaxed);
-                        t.items.fetch_add(o.items, Relaxed);
-                        t.pages.fetch_add(o.pages, Relaxed);
-                        t.wire.fetch_add(o.wire, Relaxed);
-                        t.decoded.fetch_add(o.decoded, Relaxed);
-                        t.gzipped.fetch_add(o.gzipped, Relaxed);
-                        if o.items != expected {
-                            t.inconsistent.fetch_add(1, Relaxed);
-                            live.note_error(format!(
-                                "a full list held {} items, not {expected}",
-                                o.items
-                            ));
-                        }
-                    }
-                    Err(e) => {
-                        t.errors.fetch_add(1, Relaxed);
-                        live.watch_errors.fetch_add(1, Relaxed);
-                        match e.status.map(|s| s.as_u16()) {
-                            Some(429) => t.e429.fetch_add(1, Relaxed),
-                            Some(500..=599) => t.e5xx.fetch_add(1, Relaxed),
-                            _ => 0,
-                        };
-                        live.note_error(e.msg);
-                        if e.broken {
-                            conn = None;
-                        }
-                        // Back off a little: a server shedding load should not be hammered.
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                }
-            }
-        }));
+        clients.push(tokio::spawn(client(
+            ep.clone(),
+            ns.clone(),
+            p.clone(),
+            t.clone(),
+            live_l.clone(),
+            deadline,
+            expected,
+        )));
     }
     for c in clients {
         let _ = c.await;
@@ -331,6 +282,122 @@ pub async fn run(p: &Params) -> Result<Results> {
 
     let secs = elapsed.as_secs_f64().max(1e-3);
     let total = total.lock().clone();
+    let g = |a: &AtomicU64| a.load(Relaxed);
+    let extra = extra(p, &t, secs, &seeded, seed_s);
+    let mut errors = live.error_samples.lock().clone();
+    errors.extend(live_l.error_samples.lock().iter().cloned());
+    let write_lat = live.write_lat.lock().take().unwrap_or_else(new_hist);
+    let series = series.lock().clone();
+    Ok(Results {
+        schema: crate::report::SCHEMA.into(),
+        scenario: "list".into(),
+        target: info,
+        params: p.clone(),
+        machine: stats::machine(),
+        duration_s: secs,
+        elapsed_s: secs,
+        series,
+        latency_ms: Percentiles::of(&total),
+        write_latency_ms: Percentiles::of(&write_lat),
+        counts: Counts {
+            writes_acked: created,
+            writes_per_s: created as f64 / seed_s.max(1e-3),
+            events_delivered: g(&t.items),
+            events_per_s: g(&t.items) as f64 / secs,
+            watch_errors: g(&t.errors),
+            ..Counts::default()
+        },
+        errors,
+        extra,
+    })
+}
+
+/// One client: full lists, one after another on one connection, until `deadline`.
+async fn client(
+    ep: Endpoint,
+    ns: String,
+    p: Params,
+    t: Arc<Totals>,
+    live: Arc<Live>,
+    deadline: Instant,
+    expected: u64,
+) {
+    let mut conn: Option<Conn> = None;
+    while Instant::now() < deadline {
+        if conn.is_none() {
+            match ep.connect(false).await {
+                Ok(c) => conn = Some(c),
+                Err(e) => {
+                    t.errors.fetch_add(1, Relaxed);
+                    live.watch_errors.fetch_add(1, Relaxed);
+                    live.note_error(format!("connect: {e:#}"));
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            }
+        }
+        let Some(c) = conn.as_mut() else { continue };
+        let t0 = Instant::now();
+        match full_list(c, &ns, &p).await {
+            Ok(o) => record_list(&t, &live, t0, &o, expected),
+            Err(e) => {
+                let broken = e.broken;
+                record_error(&t, &live, e);
+                if broken {
+                    conn = None;
+                }
+                // Back off a little: a server shedding load should not be hammered.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+/// Counts a full list that began at `t0`, and notes it when it did not hold `expected` items.
+fn record_list(t: &Totals, live: &Live, t0: Instant, o: &Outcome, expected: u64) {
+    let us = t0.elapsed().as_micros() as u64;
+    if let Some(h) = live.interval.lock().as_mut() {
+        h.saturating_record(us.max(1));
+    }
+    t.lists.fetch_add(1, Relaxed);
+    live.writes.fetch_add(1, Relaxed);
+    live.delivered.fetch_add(o.items, Relaxed);
+    t.items.fetch_add(o.items, Relaxed);
+    t.pages.fetch_add(o.pages, Relaxed);
+    t.wire.fetch_add(o.wire, Relaxed);
+    t.decoded.fetch_add(o.decoded, Relaxed);
+    t.gzipped.fetch_add(o.gzipped, Relaxed);
+    if o.items != expected {
+        t.inconsistent.fetch_add(1, Relaxed);
+        live.note_error(format!(
+            "a full list held {} items, not {expected}",
+            o.items
+        ));
+    }
+}
+
+/// Counts a failed list.
+fn record_error(t: &Totals, live: &Live, e: ListErr) {
+    t.errors.fetch_add(1, Relaxed);
+    live.watch_errors.fetch_add(1, Relaxed);
+    match e.status.map(|s| s.as_u16()) {
+        Some(429) => t.e429.fetch_add(1, Relaxed),
+        Some(500..=599) => t.e5xx.fetch_add(1, Relaxed),
+        _ => 0,
+    };
+    live.note_error(e.msg);
+}
+
+/// The list scenario's report fields: the collection, the mode, and rates over `secs`.
+fn extra(
+    p: &Params,
+    t: &Totals,
+    secs: f64,
+    seeded: &Seeded,
+    seed_s: f64,
+) -> serde_json::Map<String, serde_json::Value> {
+    let n = p.objects;
+    let created = seeded.created;
     let g = |a: &AtomicU64| a.load(Relaxed);
     let lists = g(&t.lists);
     let mut extra = serde_json::Map::new();
@@ -360,32 +427,7 @@ pub async fn run(p: &Params) -> Result<Results> {
     put("list_errors_5xx", g(&t.e5xx).into());
     put("objects_created", created.into());
     put("seed_s", seed_s.into());
-    let mut errors = live.error_samples.lock().clone();
-    errors.extend(live_l.error_samples.lock().iter().cloned());
-    let write_lat = live.write_lat.lock().take().unwrap_or_else(new_hist);
-    let series = series.lock().clone();
-    Ok(Results {
-        schema: crate::report::SCHEMA.into(),
-        scenario: "list".into(),
-        target: info,
-        params: p.clone(),
-        machine: stats::machine(),
-        duration_s: secs,
-        elapsed_s: secs,
-        series,
-        latency_ms: Percentiles::of(&total),
-        write_latency_ms: Percentiles::of(&write_lat),
-        counts: Counts {
-            writes_acked: created,
-            writes_per_s: created as f64 / seed_s.max(1e-3),
-            events_delivered: g(&t.items),
-            events_per_s: g(&t.items) as f64 / secs,
-            watch_errors: g(&t.errors),
-            ..Counts::default()
-        },
-        errors,
-        extra,
-    })
+    extra
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use crate::Params;
-use crate::report::{Counts, Percentiles, Results};
+use crate::report::{Counts, Percentiles, Results, TargetInfo};
 use crate::setup::{Tgt, resolve_target, sa_body, seed};
 use crate::stats::{self, Live, new_hist, now_nanos};
 use crate::target::{self, Endpoint};
@@ -365,22 +365,8 @@ pub async fn run(p: &Params) -> Result<Results> {
 
     // Initial list+watch for everyone (also a herd, but not the one measured).
     let t_open = Instant::now();
-    let mut tasks = Vec::with_capacity(w);
-    for (i, seg) in segs.iter().enumerate() {
-        tasks.push(tokio::spawn(watcher(
-            i,
-            ep.clone(),
-            ns.clone(),
-            seg.clone(),
-            sh.clone(),
-            live.clone(),
-            times.clone(),
-            storm_rx.clone(),
-            stop_rx.clone(),
-        )));
-    }
-    let all_watching = |sh: &Shared| sh.watching.load(Relaxed) == w as u64;
-    let opened = wait_for(Duration::from_secs(120), || all_watching(&sh)).await;
+    let tasks = spawn_watchers(&ep, &ns, &segs, &sh, &live, &times, (&storm_rx, &stop_rx));
+    let opened = wait_for(Duration::from_secs(120), || all_watching(&sh, w)).await;
     let initial_open_s = t_open.elapsed().as_secs_f64();
     let watchers_opened = sh.watching.load(Relaxed);
     if !opened {
@@ -391,31 +377,12 @@ pub async fn run(p: &Params) -> Result<Results> {
 
     let acked = Arc::new(Mutex::new(Vec::new()));
     let started = Instant::now();
-    let writers = p.writers.max(1);
-    let rate = (!p.max).then(|| p.rate / writers as f64);
-    let mut wh = Vec::new();
-    for i in 0..writers {
-        wh.push(tokio::spawn(writer(
-            ep.clone(),
-            ns.clone(),
-            i,
-            rate,
-            p.object_size,
-            live.clone(),
-            acked.clone(),
-            wstop_rx.clone(),
-        )));
-    }
+    let wh = spawn_writers(p, &ep, &ns, &live, &acked, &wstop_rx);
     tokio::time::sleep(p.duration / 3).await;
 
-    // The storm: one instant, every watch closed by its client.
     let relists_before = sh.relists.load(Relaxed);
     let storm_at = Instant::now();
-    let _ = storm_tx.send(Some(storm_at));
-    let all_back = wait_for(Duration::from_secs(120), || {
-        times.lock().iter().filter(|t| t.is_some()).count() == w && all_watching(&sh)
-    })
-    .await;
+    let all_back = storm(&storm_tx, storm_at, &times, &sh, w).await;
     let storm_s = storm_at.elapsed().as_secs_f64();
     // Writes keep going for the rest of the run, and at least a third of it after everyone
     // is back, so the gap check covers writes made after the storm.
@@ -430,11 +397,10 @@ pub async fn run(p: &Params) -> Result<Results> {
     // Drain: every watcher must see every acknowledged write after its latest list.
     let mut acked = std::mem::take(&mut *acked.lock());
     acked.sort_unstable();
-    let expected_of = |from: u64| (acked.len() - acked.partition_point(|&r| r <= from)) as u64;
     wait_for(p.drain, || {
         segs.iter().all(|s| {
             let s = s.lock();
-            s.seen >= expected_of(s.from_rv)
+            s.seen >= expected_after(&acked, s.from_rv)
         })
     })
     .await;
@@ -447,8 +413,128 @@ pub async fn run(p: &Params) -> Result<Results> {
     let _ = sampler.await;
     crate::setup::remove_namespace(&ep, &ns).await;
 
+    let m = Measured {
+        watchers_opened,
+        initial_open_s,
+        relists_before,
+        storm_s,
+        all_back,
+        acked,
+        write_phase,
+        elapsed,
+        series: series.lock().clone(),
+    };
+    Ok(results(p, info, &sh, &live, &segs, times.lock().clone(), m))
+}
+
+fn all_watching(sh: &Shared, w: usize) -> bool {
+    sh.watching.load(Relaxed) == w as u64
+}
+
+/// Each watcher's task: an initial list and watch, then a relist when the storm comes.
+fn spawn_watchers(
+    ep: &Endpoint,
+    ns: &str,
+    segs: &[Arc<Mutex<Seg>>],
+    sh: &Arc<Shared>,
+    live: &Arc<Live>,
+    times: &Times,
+    (storm_rx, stop_rx): (&watch::Receiver<Option<Instant>>, &watch::Receiver<bool>),
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut tasks = Vec::with_capacity(segs.len());
+    for (i, seg) in segs.iter().enumerate() {
+        tasks.push(tokio::spawn(watcher(
+            i,
+            ep.clone(),
+            ns.to_string(),
+            seg.clone(),
+            sh.clone(),
+            live.clone(),
+            times.clone(),
+            storm_rx.clone(),
+            stop_rx.clone(),
+        )));
+    }
+    tasks
+}
+
+/// The storm: one instant, every watch closed by its client. Waits (up to 120 s) until
+/// every watcher has relisted and watches again; whether they all did.
+async fn storm(
+    storm_tx: &watch::Sender<Option<Instant>>,
+    storm_at: Instant,
+    times: &Times,
+    sh: &Shared,
+    w: usize,
+) -> bool {
+    let _ = storm_tx.send(Some(storm_at));
+    wait_for(Duration::from_secs(120), || {
+        times.lock().iter().filter(|t| t.is_some()).count() == w && all_watching(sh, w)
+    })
+    .await
+}
+
+/// Writes acknowledged at revisions after `from`, of the sorted `acked`.
+fn expected_after(acked: &[u64], from: u64) -> u64 {
+    (acked.len() - acked.partition_point(|&r| r <= from)) as u64
+}
+
+/// The writers, each adding ServiceAccounts at its share of `--rate` until stopped.
+fn spawn_writers(
+    p: &Params,
+    ep: &Endpoint,
+    ns: &str,
+    live: &Arc<Live>,
+    acked: &Arc<Mutex<Vec<u64>>>,
+    wstop_rx: &watch::Receiver<bool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let writers = p.writers.max(1);
+    let rate = (!p.max).then(|| p.rate / writers as f64);
+    let mut wh = Vec::new();
+    for i in 0..writers {
+        wh.push(tokio::spawn(writer(
+            ep.clone(),
+            ns.to_string(),
+            i,
+            rate,
+            p.object_size,
+            live.clone(),
+            acked.clone(),
+            wstop_rx.clone(),
+        )));
+    }
+    wh
+}
+
+/// What the run measured, for `results`.
+struct Measured {
+    watchers_opened: u64,
+    initial_open_s: f64,
+    relists_before: u64,
+    storm_s: f64,
+    all_back: bool,
+    /// Revisions of the acknowledged writes, sorted.
+    acked: Vec<u64>,
+    write_phase: Duration,
+    elapsed: Duration,
+    series: Vec<stats::Sample>,
+}
+
+/// Turns the watchers' segments, the relist times and the counters into `Results`.
+fn results(
+    p: &Params,
+    info: TargetInfo,
+    sh: &Shared,
+    live: &Live,
+    segs: &[Arc<Mutex<Seg>>],
+    times: Vec<Option<u64>>,
+    m: Measured,
+) -> Results {
+    let w = p.watchers;
+    let acked = &m.acked;
+    let expected_of = |from: u64| expected_after(acked, from);
     let (mut delivered, mut expected, mut complete, mut missing, mut dups) = (0, 0, 0, 0, 0);
-    for s in &segs {
+    for s in segs {
         let s = s.lock();
         let e = expected_of(s.from_rv);
         delivered += s.seen;
@@ -460,7 +546,6 @@ pub async fn run(p: &Params) -> Result<Results> {
         }
     }
     let mut relist = new_hist();
-    let times = times.lock().clone();
     for t in times.iter().flatten() {
         relist.saturating_record((*t).max(1));
     }
@@ -471,32 +556,35 @@ pub async fn run(p: &Params) -> Result<Results> {
         extra.insert(k.into(), v);
     };
     put("objects", p.objects.into());
-    put("initial_open_s", initial_open_s.into());
+    put("initial_open_s", m.initial_open_s.into());
     put("storm_watchers", w.into());
     put("storm_rewatched", rewatched.into());
-    put("storm_all_back", all_back.into());
+    put("storm_all_back", m.all_back.into());
     put(
         "all_watching_again_ms",
         (relist.max() as f64 / 1000.0).into(),
     );
-    put("storm_wait_s", storm_s.into());
-    put("relists_in_storm", (g(&sh.relists) - relists_before).into());
+    put("storm_wait_s", m.storm_s.into());
+    put(
+        "relists_in_storm",
+        (g(&sh.relists) - m.relists_before).into(),
+    );
     put("relist_errors_429", g(&sh.e429).into());
     put("relist_errors_5xx", g(&sh.e5xx).into());
     put("relist_errors_other", g(&sh.other_errors).into());
     put("expired_410_events", g(&sh.expired_410).into());
     put("stream_ends", g(&sh.stream_ends).into());
-    let series = series.lock().clone();
+    let series = m.series;
     let write_lat = live.write_lat.lock().take().unwrap_or_else(new_hist);
     let acked_n = acked.len() as u64;
-    let secs = elapsed.as_secs_f64().max(1e-3);
-    Ok(Results {
+    let secs = m.elapsed.as_secs_f64().max(1e-3);
+    Results {
         schema: crate::report::SCHEMA.into(),
         scenario: "relist-storm".into(),
         target: info,
         params: p.clone(),
         machine: stats::machine(),
-        duration_s: write_phase.as_secs_f64(),
+        duration_s: m.write_phase.as_secs_f64(),
         elapsed_s: secs,
         series,
         // The scenario's latency: storm instant → that watcher's new watch accepted.
@@ -504,9 +592,9 @@ pub async fn run(p: &Params) -> Result<Results> {
         write_latency_ms: Percentiles::of(&write_lat),
         counts: Counts {
             watchers: w as u64,
-            watchers_opened,
+            watchers_opened: m.watchers_opened,
             writes_acked: acked_n,
-            writes_per_s: acked_n as f64 / write_phase.as_secs_f64().max(1e-3),
+            writes_per_s: acked_n as f64 / m.write_phase.as_secs_f64().max(1e-3),
             events_delivered: delivered,
             events_expected: expected,
             events_per_s: delivered as f64 / secs,
@@ -521,5 +609,5 @@ pub async fn run(p: &Params) -> Result<Results> {
         },
         errors: live.error_samples.lock().clone(),
         extra,
-    })
+    }
 }

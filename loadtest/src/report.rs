@@ -292,6 +292,45 @@ pub fn markdown(runs: &[Results]) -> String {
     let Some(first) = runs.first() else {
         return "no runs\n".into();
     };
+    header(&mut m, first);
+    if first.scenario == "list" || first.scenario == "relist-storm" {
+        scenario_table(&mut m, runs);
+        for r in runs {
+            errors_seen(&mut m, r);
+        }
+        let _ = writeln!(
+            m,
+            "\n![throughput (items/s for list, events/s for relist-storm)](throughput.svg)"
+        );
+        return m;
+    }
+    results_table(&mut m, runs);
+    if runs.len() > 1 {
+        ratios(&mut m, runs);
+    }
+    baselines(&mut m, runs);
+    for r in runs {
+        run_notes(&mut m, r);
+        errors_seen(&mut m, r);
+    }
+    let _ = writeln!(
+        m,
+        "\n![throughput](throughput.svg)\n\n![p99 over time](p99.svg)\n\n![latency percentiles](latency.svg)"
+    );
+    if runs
+        .iter()
+        .any(|r| r.series.iter().any(|s| s.server_rss_bytes.is_some()))
+    {
+        let _ = writeln!(
+            m,
+            "\n![server CPU](server-cpu.svg)\n\n![server RSS](server-rss.svg)"
+        );
+    }
+    m
+}
+
+/// The report's title, the machine and the parameters.
+fn header(m: &mut String, first: &Results) {
     let _ = writeln!(m, "# svc-loadtest: {}\n", first.scenario);
     let mc = &first.machine;
     let _ = writeln!(
@@ -321,22 +360,10 @@ pub fn markdown(runs: &[Results]) -> String {
         p.media,
         p.duration
     );
-    if first.scenario == "list" || first.scenario == "relist-storm" {
-        scenario_table(&mut m, runs);
-        for r in runs {
-            if !r.errors.is_empty() {
-                let _ = writeln!(m, "\nErrors seen ({}):\n", label(r));
-                for e in &r.errors {
-                    let _ = writeln!(m, "- `{}`", e.replace('`', "'"));
-                }
-            }
-        }
-        let _ = writeln!(
-            m,
-            "\n![throughput (items/s for list, events/s for relist-storm)](throughput.svg)"
-        );
-        return m;
-    }
+}
+
+/// One row per run: throughput, latency percentiles, CPU per event and the counts.
+fn results_table(m: &mut String, runs: &[Results]) {
     let _ = writeln!(
         m,
         "| target | writes/s (offered, achieved) | write ack p50 / p99 / p99.9 ms | events/s (offered) | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | server CPU µs/event | complete watchers | missing | dups | errors | reconnects |"
@@ -370,92 +397,85 @@ pub fn markdown(runs: &[Results]) -> String {
             c.reconnects
         );
     }
-    if runs.len() > 1 {
-        let _ = writeln!(
-            m,
-            "\nRatios (row ÷ column, events/s delivered; writes/s for churn and events):\n"
-        );
-        let metric = |r: &Results| {
-            if r.scenario == "churn" || r.scenario == "events" {
-                r.counts.writes_per_s
-            } else {
-                r.counts.events_per_s
-            }
-        };
-        let _ = write!(m, "| |");
-        for r in runs {
-            let _ = write!(m, " {} |", short_label(r));
+}
+
+/// Each run's throughput over each other's.
+fn ratios(m: &mut String, runs: &[Results]) {
+    let _ = writeln!(
+        m,
+        "\nRatios (row ÷ column, events/s delivered; writes/s for churn and events):\n"
+    );
+    let metric = |r: &Results| {
+        if r.scenario == "churn" || r.scenario == "events" {
+            r.counts.writes_per_s
+        } else {
+            r.counts.events_per_s
         }
-        let _ = write!(m, "\n|---|");
-        for _ in runs {
-            let _ = write!(m, "---:|");
+    };
+    let _ = write!(m, "| |");
+    for r in runs {
+        let _ = write!(m, " {} |", short_label(r));
+    }
+    let _ = write!(m, "\n|---|");
+    for _ in runs {
+        let _ = write!(m, "---:|");
+    }
+    let _ = writeln!(m);
+    for a in runs {
+        let _ = write!(m, "| {} |", short_label(a));
+        for b in runs {
+            let v = metric(a) / metric(b).max(1e-9);
+            let _ = write!(m, " {v:.2}× |");
         }
         let _ = writeln!(m);
-        for a in runs {
-            let _ = write!(m, "| {} |", short_label(a));
-            for b in runs {
-                let v = metric(a) / metric(b).max(1e-9);
-                let _ = write!(m, " {v:.2}× |");
-            }
-            let _ = writeln!(m);
-        }
     }
-    baselines(&mut m, runs);
-    for r in runs {
-        if !r.extra.is_empty() {
-            let _ = writeln!(
-                m,
-                "\n{} extra: `{}`",
-                label(r),
-                serde_json::Value::Object(r.extra.clone())
-            );
-        }
-        if let Some(s) = r.series.iter().filter_map(|s| s.server_rss_bytes).max() {
-            let cpu = r
-                .series
-                .iter()
-                .filter_map(|s| s.server_cpu_pct)
-                .fold(0.0, f64::max);
-            let _ = writeln!(
-                m,
-                "\n{}: server peak RSS {:.1} MiB, peak CPU {:.0}% of one core.",
-                label(r),
-                s as f64 / (1 << 20) as f64,
-                cpu
-            );
-        }
-        let ccpu = r
+}
+
+/// A run's extra fields and its server's and client's peaks.
+fn run_notes(m: &mut String, r: &Results) {
+    if !r.extra.is_empty() {
+        let _ = writeln!(
+            m,
+            "\n{} extra: `{}`",
+            label(r),
+            serde_json::Value::Object(r.extra.clone())
+        );
+    }
+    if let Some(s) = r.series.iter().filter_map(|s| s.server_rss_bytes).max() {
+        let cpu = r
             .series
             .iter()
-            .map(|s| s.client_cpu_pct)
+            .filter_map(|s| s.server_cpu_pct)
             .fold(0.0, f64::max);
         let _ = writeln!(
             m,
-            "\n{}: client peak CPU {:.0}% of one core.",
+            "\n{}: server peak RSS {:.1} MiB, peak CPU {:.0}% of one core.",
             label(r),
-            ccpu
+            s as f64 / (1 << 20) as f64,
+            cpu
         );
-        if !r.errors.is_empty() {
-            let _ = writeln!(m, "\nErrors seen ({}):\n", label(r));
-            for e in &r.errors {
-                let _ = writeln!(m, "- `{}`", e.replace('`', "'"));
-            }
-        }
     }
+    let ccpu = r
+        .series
+        .iter()
+        .map(|s| s.client_cpu_pct)
+        .fold(0.0, f64::max);
     let _ = writeln!(
         m,
-        "\n![throughput](throughput.svg)\n\n![p99 over time](p99.svg)\n\n![latency percentiles](latency.svg)"
+        "\n{}: client peak CPU {:.0}% of one core.",
+        label(r),
+        ccpu
     );
-    if runs
-        .iter()
-        .any(|r| r.series.iter().any(|s| s.server_rss_bytes.is_some()))
-    {
-        let _ = writeln!(
-            m,
-            "\n![server CPU](server-cpu.svg)\n\n![server RSS](server-rss.svg)"
-        );
+}
+
+/// The errors a run saw, if any.
+fn errors_seen(m: &mut String, r: &Results) {
+    if !r.errors.is_empty() {
+        let _ = writeln!(m, "\nErrors seen ({}):\n", label(r));
+        for e in &r.errors {
+            let _ = writeln!(m, "- `{}`", e.replace('`', "'"));
+        }
     }
-    m
 }
 
 /// Achieved writes/s, then what was offered and the share achieved: `49.0 (100, 49 %)`, or

@@ -176,28 +176,8 @@ pub struct Seeded {
     pub others: u64,
 }
 
-/// Creates `ns` and the ServiceAccounts `l-0..l-{n}` in it that are not there yet, after
-/// waiting (briefly) for the namespace's own `default` account so that the collection does
-/// not change under the run. Create latencies go to `live`'s write histogram.
-pub async fn seed(
-    ep: &Endpoint,
-    ns: &str,
-    n: usize,
-    size: usize,
-    live: &Arc<Live>,
-) -> Result<Seeded> {
-    let mut c = ep.connect(false).await?;
-    ensure_namespace(&mut c, ns).await?;
-    let default = format!("/api/v1/namespaces/{ns}/serviceaccounts/default");
-    let waited = Instant::now();
-    while waited.elapsed() < DEFAULT_ACCOUNT_WAIT {
-        let (st, _) = c.call(Method::GET, &default, Bytes::new(), "").await?;
-        if st.is_success() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    // Which names exist already: a re-run against the same server reuses the collection.
+/// The names of the ServiceAccounts in `ns`, listed a thousand at a time.
+async fn existing_names(c: &mut Conn, ns: &str) -> Result<std::collections::HashSet<String>> {
     let mut have = std::collections::HashSet::new();
     let mut cont = String::new();
     loop {
@@ -227,6 +207,32 @@ pub async fn seed(
             break;
         }
     }
+    Ok(have)
+}
+
+/// Creates `ns` and the ServiceAccounts `l-0..l-{n}` in it that are not there yet, after
+/// waiting (briefly) for the namespace's own `default` account so that the collection does
+/// not change under the run. Create latencies go to `live`'s write histogram.
+pub async fn seed(
+    ep: &Endpoint,
+    ns: &str,
+    n: usize,
+    size: usize,
+    live: &Arc<Live>,
+) -> Result<Seeded> {
+    let mut c = ep.connect(false).await?;
+    ensure_namespace(&mut c, ns).await?;
+    let default = format!("/api/v1/namespaces/{ns}/serviceaccounts/default");
+    let waited = Instant::now();
+    while waited.elapsed() < DEFAULT_ACCOUNT_WAIT {
+        let (st, _) = c.call(Method::GET, &default, Bytes::new(), "").await?;
+        if st.is_success() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Which names exist already: a re-run against the same server reuses the collection.
+    let have = existing_names(&mut c, ns).await?;
     let seeded: std::collections::HashSet<String> = (0..n).map(|i| format!("l-{i}")).collect();
     let others = have.iter().filter(|name| !seeded.contains(*name)).count() as u64;
     let missing: Arc<Vec<String>> = Arc::new(

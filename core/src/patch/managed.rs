@@ -169,6 +169,35 @@ pub fn apply(
     entries: &[ManagedFieldsEntry],
     force: bool,
 ) -> Result<Value, ApiError> {
+    check_applied_config(config)?;
+    let mut owners = decode_entries(entries)?;
+    let new_set = to_field_set(w.kind, config);
+    let mut merged = merge(w.kind, "", live, config);
+    let cmp = compare(w.kind, live, &merged);
+    let changed = cmp.changed();
+    take_from_others(&mut owners, w.manager, &changed, force)?;
+    drop_no_longer_applied(&owners, w.manager, &new_set, &mut merged);
+
+    let diff = compare(w.kind, live, &merged);
+    let object_changed = !diff.changed().is_empty() || !diff.removed.is_empty();
+    let removed = diff.removed;
+    for o in &mut owners {
+        o.set = o.set.difference(&removed);
+    }
+    record_apply(&mut owners, w, new_set, object_changed);
+    let encoded = serde_json::to_value(encode_entries(owners)).map_err(ApiError::internal)?;
+    if let Some(meta) = merged
+        .as_object_mut()
+        .and_then(|m| m.get_mut("metadata"))
+        .and_then(Value::as_object_mut)
+    {
+        meta.insert("managedFields".into(), encoded);
+    }
+    Ok(merged)
+}
+
+/// An applied configuration is an object and leaves `managedFields` out.
+fn check_applied_config(config: &Value) -> Result<(), ApiError> {
     if !config.is_object() {
         return Err(ApiError::bad_request(
             "an applied configuration must be an object",
@@ -180,15 +209,20 @@ pub fn apply(
     {
         return Err(ApiError::bad_request("metadata.managedFields must be nil"));
     }
-    let mut owners = decode_entries(entries)?;
-    let new_set = to_field_set(w.kind, config);
-    let mut merged = merge(w.kind, "", live, config);
-    let cmp = compare(w.kind, live, &merged);
-    let changed = cmp.changed();
+    Ok(())
+}
 
+/// Fields `changed` that other managers own are a conflict unless `force`d, which takes them
+/// from those managers.
+fn take_from_others(
+    owners: &mut [Owner],
+    manager: &str,
+    changed: &FieldSet,
+    force: bool,
+) -> Result<(), ApiError> {
     let mut conflicts: Vec<(String, Path)> = vec![];
-    for o in owners.iter().filter(|o| !is(o, w.manager, OPERATION_APPLY)) {
-        for p in &o.set.intersection(&changed).0 {
+    for o in owners.iter().filter(|o| !is(o, manager, OPERATION_APPLY)) {
+        for p in &o.set.intersection(changed).0 {
             conflicts.push((print_manager(&o.entry), p.clone()));
         }
     }
@@ -197,24 +231,27 @@ pub fn apply(
     }
     for o in owners
         .iter_mut()
-        .filter(|o| !is(o, w.manager, OPERATION_APPLY))
+        .filter(|o| !is(o, manager, OPERATION_APPLY))
     {
-        o.set = o.set.difference(&changed);
+        o.set = o.set.difference(changed);
     }
+    Ok(())
+}
 
-    // Fields this manager applied before but not now are removed unless someone else owns
-    // them (or something below them), or the new configuration still sets something below.
+/// Fields this manager applied before but not now are removed unless someone else owns
+/// them (or something below them), or the new configuration still sets something below.
+fn drop_no_longer_applied(owners: &[Owner], manager: &str, new_set: &FieldSet, merged: &mut Value) {
     let previous = owners
         .iter()
-        .find(|o| is(o, w.manager, OPERATION_APPLY))
+        .find(|o| is(o, manager, OPERATION_APPLY))
         .map(|o| o.set.clone())
         .unwrap_or_default();
     let others = owners
         .iter()
-        .filter(|o| !is(o, w.manager, OPERATION_APPLY))
+        .filter(|o| !is(o, manager, OPERATION_APPLY))
         .fold(FieldSet::default(), |acc, o| acc.union(&o.set));
     let mut dropped: Vec<Path> = previous
-        .difference(&new_set)
+        .difference(new_set)
         .0
         .into_iter()
         .filter(|p| !others.has_prefix(p) && !new_set.has_prefix(p))
@@ -223,15 +260,12 @@ pub fn apply(
     // other order would strip the key an item is found by).
     dropped.sort_by_key(|p| p.0.len());
     for p in &dropped {
-        remove_at(&mut merged, p);
+        remove_at(merged, p);
     }
+}
 
-    let diff = compare(w.kind, live, &merged);
-    let object_changed = !diff.changed().is_empty() || !diff.removed.is_empty();
-    let removed = diff.removed;
-    for o in &mut owners {
-        o.set = o.set.difference(&removed);
-    }
+/// Records this apply in the manager's entry, creating it on its first apply.
+fn record_apply(owners: &mut Vec<Owner>, w: &Writer<'_>, new_set: FieldSet, object_changed: bool) {
     match owners
         .iter_mut()
         .find(|o| is(o, w.manager, OPERATION_APPLY))
@@ -257,15 +291,6 @@ pub fn apply(
             set: new_set,
         }),
     }
-    let encoded = serde_json::to_value(encode_entries(owners)).map_err(ApiError::internal)?;
-    if let Some(meta) = merged
-        .as_object_mut()
-        .and_then(|m| m.get_mut("metadata"))
-        .and_then(Value::as_object_mut)
-    {
-        meta.insert("managedFields".into(), encoded);
-    }
-    Ok(merged)
 }
 
 /// How Kubernetes names a manager in conflicts: `"mgr"` for appliers, `"mgr" using v1 at

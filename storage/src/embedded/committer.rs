@@ -737,125 +737,19 @@ impl<'txn> WriteTables<'txn> {
         events: &mut Vec<Event>,
     ) -> Result<Outcome, StoreError> {
         match op {
-            Op::Create { key, value, ttl } => {
-                match self.lookup(key)? {
-                    Some(Ok(current)) => {
-                        return Ok(Err(StoreError::AlreadyExists {
-                            current: Box::new(current),
-                        }));
-                    }
-                    Some(Err(corrupt)) => return Ok(Err(corrupt)),
-                    None => {}
-                }
-                next_revision(revision)?;
-                let kv = KeyValue {
-                    key: key.clone(),
-                    value: value.clone(),
-                    create_revision: *revision,
-                    mod_revision: *revision,
-                    version: 1,
-                };
-                self.write_put(&kv)?;
-                if let Some(ttl) = ttl {
-                    self.set_expiry(key, kv.mod_revision, *ttl)?;
-                }
-                events.push(Event {
-                    kind: EventKind::Put,
-                    kv: kv.clone(),
-                    prev_kv: None,
-                });
-                Ok(Ok(Reply::Kv(kv)))
-            }
+            Op::Create { key, value, ttl } => self.create(key, value, *ttl, revision, events),
             Op::Update {
                 key,
                 value,
                 expected,
                 ttl,
-            } => {
-                let current = match self.lookup(key)? {
-                    None => return Ok(Err(StoreError::NotFound)),
-                    Some(Err(corrupt)) => return Ok(Err(corrupt)),
-                    Some(Ok(current)) => current,
-                };
-                if current.mod_revision != *expected {
-                    return Ok(Err(StoreError::Conflict {
-                        current: Box::new(current),
-                    }));
-                }
-                next_revision(revision)?;
-                let kv = KeyValue {
-                    key: key.clone(),
-                    value: value.clone(),
-                    create_revision: current.create_revision,
-                    mod_revision: *revision,
-                    version: current.version.saturating_add(1),
-                };
-                self.write_put(&kv)?;
-                if let Some(ttl) = ttl {
-                    self.set_expiry(key, kv.mod_revision, *ttl)?;
-                }
-                events.push(Event {
-                    kind: EventKind::Put,
-                    kv: kv.clone(),
-                    prev_kv: Some(current),
-                });
-                Ok(Ok(Reply::Kv(kv)))
-            }
-            Op::Delete { key, expected } => {
-                let prev = match (self.lookup(key)?, expected) {
-                    (None, _) => return Ok(Err(StoreError::NotFound)),
-                    (Some(Ok(current)), Some(expected)) if current.mod_revision != *expected => {
-                        return Ok(Err(StoreError::Conflict {
-                            current: Box::new(current),
-                        }));
-                    }
-                    (Some(Ok(current)), _) => Some(current),
-                    // A conditional delete cannot be checked against an unreadable record.
-                    (Some(Err(corrupt)), Some(_)) => return Ok(Err(corrupt)),
-                    // Unconditional delete of an unreadable record: the force-delete path.
-                    // The previous value is then the newest intact history record, as a
-                    // replay of this delete would report it.
-                    (Some(Err(corrupt)), None) => {
-                        tracing::warn!(%corrupt, "force-deleting a corrupt record");
-                        tables::latest_at(&self.history, key, u64::MAX)
-                            .ok()
-                            .flatten()
-                            .and_then(|(_, record)| record.into_kv(key))
-                    }
-                };
-                next_revision(revision)?;
-                self.write_delete(key, *revision)?;
-                let tombstone = tables::tombstone_kv(key, *revision);
-                events.push(Event {
-                    kind: EventKind::Delete,
-                    kv: tombstone,
-                    prev_kv: prev.clone(),
-                });
-                // A corrupt record has no readable previous value: report the bare key.
-                let deleted = prev.unwrap_or_else(|| tables::tombstone_kv(key, 0));
-                Ok(Ok(Reply::Deleted(deleted, *revision)))
-            }
+            } => self.update(key, value, *expected, *ttl, revision, events),
+            Op::Delete { key, expected } => self.delete(key, *expected, revision, events),
             Op::Expire {
                 deadline,
                 key,
                 written,
-            } => {
-                self.expiry.remove((*deadline, &key[..])).map_err(backend)?;
-                // Rewritten or deleted since the deadline was filed: the entry is stale. An
-                // unreadable record is left to the force-delete path.
-                let current = match self.lookup(key)? {
-                    Some(Ok(current)) if current.mod_revision == *written => current,
-                    _ => return Ok(Ok(Reply::Done)),
-                };
-                next_revision(revision)?;
-                self.write_delete(key, *revision)?;
-                events.push(Event {
-                    kind: EventKind::Delete,
-                    kv: tables::tombstone_kv(key, *revision),
-                    prev_kv: Some(current.clone()),
-                });
-                Ok(Ok(Reply::Deleted(current, *revision)))
-            }
+            } => self.expire(*deadline, key, *written, revision, events),
             Op::PutRaw { key, raw } => {
                 self.current.insert(&key[..], &raw[..]).map_err(backend)?;
                 Ok(Ok(Reply::Done))
@@ -864,6 +758,155 @@ impl<'txn> WriteTables<'txn> {
                 "compaction is not a batched write".to_string(),
             ))),
         }
+    }
+
+    /// Creates `key`, which must not exist.
+    fn create(
+        &mut self,
+        key: &Bytes,
+        value: &Bytes,
+        ttl: Option<Duration>,
+        revision: &mut Revision,
+        events: &mut Vec<Event>,
+    ) -> Result<Outcome, StoreError> {
+        match self.lookup(key)? {
+            Some(Ok(current)) => {
+                return Ok(Err(StoreError::AlreadyExists {
+                    current: Box::new(current),
+                }));
+            }
+            Some(Err(corrupt)) => return Ok(Err(corrupt)),
+            None => {}
+        }
+        next_revision(revision)?;
+        let kv = KeyValue {
+            key: key.clone(),
+            value: value.clone(),
+            create_revision: *revision,
+            mod_revision: *revision,
+            version: 1,
+        };
+        self.put(kv, ttl, None, events)
+    }
+
+    /// Replaces `key`'s value if its latest write is still `expected`.
+    fn update(
+        &mut self,
+        key: &Bytes,
+        value: &Bytes,
+        expected: Revision,
+        ttl: Option<Duration>,
+        revision: &mut Revision,
+        events: &mut Vec<Event>,
+    ) -> Result<Outcome, StoreError> {
+        let current = match self.lookup(key)? {
+            None => return Ok(Err(StoreError::NotFound)),
+            Some(Err(corrupt)) => return Ok(Err(corrupt)),
+            Some(Ok(current)) => current,
+        };
+        if current.mod_revision != expected {
+            return Ok(Err(StoreError::Conflict {
+                current: Box::new(current),
+            }));
+        }
+        next_revision(revision)?;
+        let kv = KeyValue {
+            key: key.clone(),
+            value: value.clone(),
+            create_revision: current.create_revision,
+            mod_revision: *revision,
+            version: current.version.saturating_add(1),
+        };
+        self.put(kv, ttl, Some(current), events)
+    }
+
+    /// Writes `kv` (already at its new revision), files its deadline and records the event.
+    fn put(
+        &mut self,
+        kv: KeyValue,
+        ttl: Option<Duration>,
+        prev_kv: Option<KeyValue>,
+        events: &mut Vec<Event>,
+    ) -> Result<Outcome, StoreError> {
+        self.write_put(&kv)?;
+        if let Some(ttl) = ttl {
+            self.set_expiry(&kv.key, kv.mod_revision, ttl)?;
+        }
+        events.push(Event {
+            kind: EventKind::Put,
+            kv: kv.clone(),
+            prev_kv,
+        });
+        Ok(Ok(Reply::Kv(kv)))
+    }
+
+    /// Deletes `key`, if its latest write is still `expected` when one is given.
+    fn delete(
+        &mut self,
+        key: &Bytes,
+        expected: Option<Revision>,
+        revision: &mut Revision,
+        events: &mut Vec<Event>,
+    ) -> Result<Outcome, StoreError> {
+        let prev = match (self.lookup(key)?, expected) {
+            (None, _) => return Ok(Err(StoreError::NotFound)),
+            (Some(Ok(current)), Some(expected)) if current.mod_revision != expected => {
+                return Ok(Err(StoreError::Conflict {
+                    current: Box::new(current),
+                }));
+            }
+            (Some(Ok(current)), _) => Some(current),
+            // A conditional delete cannot be checked against an unreadable record.
+            (Some(Err(corrupt)), Some(_)) => return Ok(Err(corrupt)),
+            // Unconditional delete of an unreadable record: the force-delete path.
+            // The previous value is then the newest intact history record, as a
+            // replay of this delete would report it.
+            (Some(Err(corrupt)), None) => {
+                tracing::warn!(%corrupt, "force-deleting a corrupt record");
+                tables::latest_at(&self.history, key, u64::MAX)
+                    .ok()
+                    .flatten()
+                    .and_then(|(_, record)| record.into_kv(key))
+            }
+        };
+        next_revision(revision)?;
+        self.write_delete(key, *revision)?;
+        let tombstone = tables::tombstone_kv(key, *revision);
+        events.push(Event {
+            kind: EventKind::Delete,
+            kv: tombstone,
+            prev_kv: prev.clone(),
+        });
+        // A corrupt record has no readable previous value: report the bare key.
+        let deleted = prev.unwrap_or_else(|| tables::tombstone_kv(key, 0));
+        Ok(Ok(Reply::Deleted(deleted, *revision)))
+    }
+
+    /// A due deadline: drops the `expiry` entry and deletes `key` if `written` is still its
+    /// latest write.
+    fn expire(
+        &mut self,
+        deadline: u64,
+        key: &Bytes,
+        written: Revision,
+        revision: &mut Revision,
+        events: &mut Vec<Event>,
+    ) -> Result<Outcome, StoreError> {
+        self.expiry.remove((deadline, &key[..])).map_err(backend)?;
+        // Rewritten or deleted since the deadline was filed: the entry is stale. An
+        // unreadable record is left to the force-delete path.
+        let current = match self.lookup(key)? {
+            Some(Ok(current)) if current.mod_revision == written => current,
+            _ => return Ok(Ok(Reply::Done)),
+        };
+        next_revision(revision)?;
+        self.write_delete(key, *revision)?;
+        events.push(Event {
+            kind: EventKind::Delete,
+            kv: tables::tombstone_kv(key, *revision),
+            prev_kv: Some(current.clone()),
+        });
+        Ok(Ok(Reply::Deleted(current, *revision)))
     }
 
     fn write_put(&mut self, kv: &KeyValue) -> Result<(), StoreError> {

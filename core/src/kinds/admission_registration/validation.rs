@@ -11,8 +11,9 @@ use base64::Engine;
 
 use super::{
     FAILURE_POLICY_FAIL, FAILURE_POLICY_IGNORE, LabelSelectorSpec, MAX_TIMEOUT_SECONDS,
-    MIN_TIMEOUT_SECONDS, REINVOCATION_IF_NEEDED, REINVOCATION_NEVER, SIDE_EFFECTS_NONE,
-    SIDE_EFFECTS_NONE_ON_DRY_RUN, Webhook, WebhookClientConfig,
+    MIN_TIMEOUT_SECONDS, MatchCondition, REINVOCATION_IF_NEEDED, REINVOCATION_NEVER,
+    RuleWithOperations, SIDE_EFFECTS_NONE, SIDE_EFFECTS_NONE_ON_DRY_RUN, Webhook,
+    WebhookClientConfig,
 };
 use crate::validation::Path;
 use crate::validation::{ErrorList, dns1123_subdomain, label_value, qualified_name};
@@ -39,55 +40,95 @@ pub(super) fn validate_webhooks<W: Webhook>(webhooks: &[W], mutating: bool) -> E
 
 fn validate_webhook<W: Webhook>(hook: &W, at: &Path, mutating: bool) -> ErrorList {
     let mut errors = ErrorList::default();
-    let name = at.child("name");
-    if hook.name().is_empty() {
+    validate_webhook_name(&mut errors, &at.child("name"), hook.name());
+    for (i, rule) in hook.rules().iter().enumerate() {
+        validate_rule(&mut errors, &at.child("rules").index(i), rule);
+    }
+    validate_policies(&mut errors, at, hook);
+    validate_review_versions(&mut errors, at, hook.admission_review_versions());
+    if mutating
+        && let Some(p) = hook.reinvocation_policy()
+        && p != REINVOCATION_NEVER
+        && p != REINVOCATION_IF_NEEDED
+    {
+        errors.not_supported(
+            at.child("reinvocationPolicy").as_str(),
+            p,
+            &[REINVOCATION_NEVER, REINVOCATION_IF_NEEDED],
+        );
+    }
+    validate_client_config(&mut errors, &at.child("clientConfig"), hook.client_config());
+    for (field, sel) in [
+        ("namespaceSelector", hook.namespace_selector()),
+        ("objectSelector", hook.object_selector()),
+    ] {
+        if let Some(sel) = sel {
+            errors.extend(validate_label_selector(sel, &at.child(field)));
+        }
+    }
+    validate_match_conditions(
+        &mut errors,
+        &at.child("matchConditions"),
+        hook.match_conditions(),
+    );
+    errors
+}
+
+/// A webhook's name: a DNS subdomain of at least three segments.
+fn validate_webhook_name(errors: &mut ErrorList, name: &Path, value: &str) {
+    if value.is_empty() {
         errors.required(name.as_str(), "");
-    } else if let Err(e) = dns1123_subdomain(hook.name()) {
-        errors.invalid(name.as_str(), hook.name(), &e);
-    } else if hook.name().split('.').count() < 3 {
+    } else if let Err(e) = dns1123_subdomain(value) {
+        errors.invalid(name.as_str(), value, &e);
+    } else if value.split('.').count() < 3 {
         errors.invalid(
             name.as_str(),
-            hook.name(),
+            value,
             "should be a domain with at least three segments separated by dots",
         );
     }
-    for (i, rule) in hook.rules().iter().enumerate() {
-        let at = at.child("rules").index(i);
-        one_wildcard_list(
-            &mut errors,
-            &at.child("operations"),
-            &rule.operations,
-            "operations",
-        );
-        for (j, op) in rule.operations.iter().enumerate() {
-            if !OPERATIONS.contains(&op.as_str()) {
-                errors.not_supported(at.child("operations").index(j).as_str(), op, OPERATIONS);
-            }
-        }
-        one_wildcard_list(
-            &mut errors,
-            &at.child("apiGroups"),
-            &rule.api_groups,
-            "API groups",
-        );
-        one_wildcard_list(
-            &mut errors,
-            &at.child("apiVersions"),
-            &rule.api_versions,
-            "API versions",
-        );
-        for (j, v) in rule.api_versions.iter().enumerate() {
-            if v.is_empty() {
-                errors.required(at.child("apiVersions").index(j).as_str(), "");
-            }
-        }
-        validate_resources(&mut errors, &at.child("resources"), &rule.resources);
-        if let Some(scope) = &rule.scope
-            && !SCOPES.contains(&scope.as_str())
-        {
-            errors.not_supported(at.child("scope").as_str(), scope, SCOPES);
+}
+
+/// One of a webhook's rules: operations, API groups and versions, resources and scope.
+fn validate_rule(errors: &mut ErrorList, at: &Path, rule: &RuleWithOperations) {
+    one_wildcard_list(
+        errors,
+        &at.child("operations"),
+        &rule.operations,
+        "operations",
+    );
+    for (j, op) in rule.operations.iter().enumerate() {
+        if !OPERATIONS.contains(&op.as_str()) {
+            errors.not_supported(at.child("operations").index(j).as_str(), op, OPERATIONS);
         }
     }
+    one_wildcard_list(
+        errors,
+        &at.child("apiGroups"),
+        &rule.api_groups,
+        "API groups",
+    );
+    one_wildcard_list(
+        errors,
+        &at.child("apiVersions"),
+        &rule.api_versions,
+        "API versions",
+    );
+    for (j, v) in rule.api_versions.iter().enumerate() {
+        if v.is_empty() {
+            errors.required(at.child("apiVersions").index(j).as_str(), "");
+        }
+    }
+    validate_resources(errors, &at.child("resources"), &rule.resources);
+    if let Some(scope) = &rule.scope
+        && !SCOPES.contains(&scope.as_str())
+    {
+        errors.not_supported(at.child("scope").as_str(), scope, SCOPES);
+    }
+}
+
+/// The enumerations `failurePolicy`, `matchPolicy` and `sideEffects`, and the timeout.
+fn validate_policies<W: Webhook>(errors: &mut ErrorList, at: &Path, hook: &W) {
     if let Some(p) = hook.failure_policy()
         && p != FAILURE_POLICY_FAIL
         && p != FAILURE_POLICY_IGNORE
@@ -127,40 +168,22 @@ fn validate_webhook<W: Webhook>(hook: &W, at: &Path, mutating: bool) -> ErrorLis
             "the timeout value must be between 1 and 30 seconds",
         );
     }
-    validate_review_versions(&mut errors, at, hook.admission_review_versions());
-    if mutating
-        && let Some(p) = hook.reinvocation_policy()
-        && p != REINVOCATION_NEVER
-        && p != REINVOCATION_IF_NEEDED
-    {
-        errors.not_supported(
-            at.child("reinvocationPolicy").as_str(),
-            p,
-            &[REINVOCATION_NEVER, REINVOCATION_IF_NEEDED],
-        );
-    }
-    validate_client_config(&mut errors, &at.child("clientConfig"), hook.client_config());
-    for (field, sel) in [
-        ("namespaceSelector", hook.namespace_selector()),
-        ("objectSelector", hook.object_selector()),
-    ] {
-        if let Some(sel) = sel {
-            errors.extend(validate_label_selector(sel, &at.child(field)));
-        }
-    }
-    let conditions = at.child("matchConditions");
-    if hook.match_conditions().len() > MAX_MATCH_CONDITIONS {
+}
+
+/// At most `MAX_MATCH_CONDITIONS` conditions, uniquely named, whose CEL compiles.
+fn validate_match_conditions(errors: &mut ErrorList, conditions: &Path, items: &[MatchCondition]) {
+    if items.len() > MAX_MATCH_CONDITIONS {
         errors.push(
             conditions.as_str(),
             "FieldValueTooMany",
             format!(
                 "Too many: {}: must have at most {MAX_MATCH_CONDITIONS} items",
-                hook.match_conditions().len()
+                items.len()
             ),
         );
     }
     let mut seen = BTreeSet::new();
-    for (i, c) in hook.match_conditions().iter().enumerate() {
+    for (i, c) in items.iter().enumerate() {
         let at = conditions.index(i);
         if c.name.is_empty() {
             errors.required(at.child("name").as_str(), "");
@@ -179,7 +202,6 @@ fn validate_webhook<W: Webhook>(hook: &W, at: &Path, mutating: bool) -> ErrorLis
             );
         }
     }
-    errors
 }
 
 /// A list that must not be empty, where `*` stands alone.
