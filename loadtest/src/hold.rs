@@ -227,16 +227,16 @@ impl LineCounter {
 }
 
 /// Per-stream counters the receivers update and the checks read.
-struct Shared {
+struct StreamCounters {
     counts: Vec<AtomicU32>,
     live: Arc<Live>,
     ended: AtomicU64,
     error_events: AtomicU64,
 }
 
-impl Shared {
+impl StreamCounters {
     fn new(watches: usize, live: Arc<Live>) -> Self {
-        Shared {
+        StreamCounters {
             counts: (0..watches).map(|_| AtomicU32::new(0)).collect(),
             live,
             ended: AtomicU64::new(0),
@@ -247,7 +247,7 @@ impl Shared {
 
 /// One receiver task: polls its streams until `stop`; new streams arrive on `add`.
 async fn receive(
-    sh: Arc<Shared>,
+    sh: Arc<StreamCounters>,
     mut add: mpsc::UnboundedReceiver<WStream>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -392,7 +392,7 @@ pub async fn run(a: &HoldArgs) -> Result<Results> {
 
     let max = *steps.last().unwrap_or(&0);
     let live = Live::new();
-    let sh = Arc::new(Shared::new(max, live.clone()));
+    let sh = Arc::new(StreamCounters::new(max, live.clone()));
     tokio::time::sleep(a.settle).await;
     let server_base = rss(spid);
     let client_base = rss(Some("self"));
@@ -470,7 +470,7 @@ pub async fn run(a: &HoldArgs) -> Result<Results> {
 
 /// Receivers: a few tasks, each polling the streams handed to it on its channel.
 fn spawn_receivers(
-    sh: &Arc<Shared>,
+    sh: &Arc<StreamCounters>,
     stop_rx: &watch::Receiver<bool>,
 ) -> (
     Vec<mpsc::UnboundedSender<WStream>>,
@@ -542,7 +542,7 @@ struct Ramp<'a> {
     ns: &'a str,
     spid: Option<&'a str>,
     opener: Arc<Opener>,
-    sh: Arc<Shared>,
+    sh: Arc<StreamCounters>,
     live: Arc<Live>,
     adders: Vec<mpsc::UnboundedSender<WStream>>,
     /// The connection the writes go over.

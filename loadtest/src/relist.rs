@@ -40,7 +40,7 @@ struct Seg {
 }
 
 #[derive(Default)]
-struct Shared {
+struct StormCounters {
     relists: AtomicU64,
     e429: AtomicU64,
     e5xx: AtomicU64,
@@ -68,7 +68,7 @@ fn after<'a>(hay: &'a [u8], needle: &[u8]) -> Option<&'a [u8]> {
 async fn relist_and_watch(
     ep: &Endpoint,
     ns: &str,
-    sh: &Shared,
+    sh: &StormCounters,
     live: &Live,
     stop: &watch::Receiver<bool>,
     idx: usize,
@@ -148,7 +148,7 @@ async fn watcher(
     ep: Endpoint,
     ns: String,
     seg: Arc<Mutex<Seg>>,
-    sh: Arc<Shared>,
+    sh: Arc<StormCounters>,
     live: Arc<Live>,
     times: Times,
     mut storm: watch::Receiver<Option<Instant>>,
@@ -210,7 +210,7 @@ async fn watcher(
 }
 
 /// Parses complete JSON lines; returns true when a 410 ERROR says to relist.
-fn parse(rem: &mut BytesMut, seg: &Mutex<Seg>, sh: &Shared, live: &Live) -> bool {
+fn parse(rem: &mut BytesMut, seg: &Mutex<Seg>, sh: &StormCounters, live: &Live) -> bool {
     while let Some(nl) = memchr::memchr(b'\n', rem) {
         let line = rem.split_to(nl + 1);
         let ty = after(&line, b"\"type\":\"").unwrap_or_default();
@@ -347,7 +347,7 @@ pub async fn run(p: &Params) -> Result<Results> {
     seed(&ep, &ns, p.objects, p.object_size, &live).await?;
 
     let w = p.watchers;
-    let sh = Arc::new(Shared::default());
+    let sh = Arc::new(StormCounters::default());
     let segs: Vec<Arc<Mutex<Seg>>> = (0..w).map(|_| Arc::default()).collect();
     let times: Times = Arc::new(Mutex::new(vec![None; w]));
     let (storm_tx, storm_rx) = watch::channel(None::<Instant>);
@@ -427,7 +427,7 @@ pub async fn run(p: &Params) -> Result<Results> {
     Ok(results(p, info, &sh, &live, &segs, times.lock().clone(), m))
 }
 
-fn all_watching(sh: &Shared, w: usize) -> bool {
+fn all_watching(sh: &StormCounters, w: usize) -> bool {
     sh.watching.load(Relaxed) == w as u64
 }
 
@@ -436,7 +436,7 @@ fn spawn_watchers(
     ep: &Endpoint,
     ns: &str,
     segs: &[Arc<Mutex<Seg>>],
-    sh: &Arc<Shared>,
+    sh: &Arc<StormCounters>,
     live: &Arc<Live>,
     times: &Times,
     (storm_rx, stop_rx): (&watch::Receiver<Option<Instant>>, &watch::Receiver<bool>),
@@ -464,7 +464,7 @@ async fn storm(
     storm_tx: &watch::Sender<Option<Instant>>,
     storm_at: Instant,
     times: &Times,
-    sh: &Shared,
+    sh: &StormCounters,
     w: usize,
 ) -> bool {
     let _ = storm_tx.send(Some(storm_at));
@@ -524,7 +524,7 @@ struct Measured {
 fn results(
     p: &Params,
     info: TargetInfo,
-    sh: &Shared,
+    sh: &StormCounters,
     live: &Live,
     segs: &[Arc<Mutex<Seg>>],
     times: Vec<Option<u64>>,

@@ -129,7 +129,7 @@ pub(crate) struct Published {
 }
 
 /// State shared by the store handle, the committer and (weakly) the watchers.
-pub(crate) struct Shared {
+pub(crate) struct EngineState {
     /// The open data file; `None` only while the committer reopens it after a failed commit
     /// (and for as long as that reopen keeps failing).
     db: RwLock<Option<Arc<redb::Database>>>,
@@ -139,7 +139,7 @@ pub(crate) struct Shared {
     pub(crate) faults: Arc<Faults>,
 }
 
-impl Shared {
+impl EngineState {
     /// The open database, for one read or one write transaction. Callers must not keep it
     /// longer: the committer waits for these handles to go before it reopens the file.
     pub(crate) fn db(&self) -> Result<Arc<redb::Database>, StoreError> {
@@ -154,7 +154,7 @@ impl Shared {
 /// The embedded `Store`. Dropping the last handle (or `close`) stops the committer after it
 /// answered every queued write, and ends every change feed.
 pub struct EmbeddedStore {
-    shared: Arc<Shared>,
+    shared: Arc<EngineState>,
     requests: mpsc::Sender<Request>,
     // Weak so that the committer holds the only sender: its exit closes every feed.
     feed: broadcast::WeakSender<Batch>,
@@ -178,7 +178,7 @@ impl EmbeddedStore {
         config.max_batch = config.max_batch.max(1);
         let faults = Arc::new(Faults::default());
         let (db, revision, compacted) = recovery::open(dir, &config, &faults)?;
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(EngineState {
             db: RwLock::new(Some(Arc::new(db))),
             published: Published {
                 revision: AtomicI64::new(revision),

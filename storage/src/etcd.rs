@@ -128,7 +128,7 @@ enum Retry {
 }
 
 /// What the store handle and its feeds share.
-pub(crate) struct Shared {
+pub(crate) struct EtcdState {
     config: EtcdConfig,
     options: ConnectOptions,
     /// One client per endpoint (same order as `config.endpoints`).
@@ -144,7 +144,7 @@ pub(crate) struct Shared {
     leases: Leases,
 }
 
-impl Shared {
+impl EtcdState {
     /// The current endpoint's index and client (cheap: clones channel handles).
     pub(crate) fn client(&self) -> (usize, Client) {
         let clients = self.clients.lock();
@@ -377,7 +377,7 @@ impl Shared {
 
 /// The etcd-backed store.
 pub struct EtcdStore {
-    shared: Arc<Shared>,
+    shared: Arc<EtcdState>,
     /// Dropped with the store: feeds see it and end.
     closed: watch::Sender<bool>,
 }
@@ -416,7 +416,7 @@ impl EtcdStore {
         }
         let (closed, _) = watch::channel(false);
         Ok(Arc::new(EtcdStore {
-            shared: Arc::new(Shared {
+            shared: Arc::new(EtcdState {
                 config,
                 options,
                 built: Mutex::new(vec![Instant::now(); clients.len()]),
@@ -547,7 +547,10 @@ fn first_response(resp: &mut TxnResponse) -> Option<Response> {
 }
 
 /// The key-value read by the failure branch of a transaction (its one `get`).
-fn else_branch_kv(shared: &Shared, mut resp: TxnResponse) -> Result<Option<KeyValue>, StoreError> {
+fn else_branch_kv(
+    shared: &EtcdState,
+    mut resp: TxnResponse,
+) -> Result<Option<KeyValue>, StoreError> {
     match first_response(&mut resp) {
         Some(Response::ResponseRange(range)) => {
             Ok(range.kvs.into_iter().next().map(|kv| shared.convert(kv)))

@@ -33,7 +33,7 @@ use bytes::Bytes;
 use redb::{Durability, ReadableTable, Table, WriteTransaction};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
-use super::Shared;
+use super::EngineState;
 use super::codec::{self, LogEntry, Record};
 use super::compaction::Compactor;
 use super::recovery;
@@ -114,7 +114,7 @@ pub(crate) struct Request {
 }
 
 pub(crate) struct Committer {
-    shared: Arc<Shared>,
+    shared: Arc<EngineState>,
     feed: broadcast::Sender<Batch>,
     requests: mpsc::Receiver<Request>,
     shutdown: oneshot::Receiver<()>,
@@ -155,7 +155,7 @@ pub(crate) fn unix_millis() -> u64 {
 /// Retry delay after expiry could not read or commit (the store is failing anyway).
 const EXPIRY_RETRY_MS: u64 = 1000;
 
-struct MarkClosed(Arc<Shared>);
+struct MarkClosed(Arc<EngineState>);
 
 impl Drop for MarkClosed {
     fn drop(&mut self) {
@@ -168,7 +168,7 @@ type Outcome = Result<Reply, StoreError>;
 
 impl Committer {
     pub(crate) fn new(
-        shared: Arc<Shared>,
+        shared: Arc<EngineState>,
         feed: broadcast::Sender<Batch>,
         requests: mpsc::Receiver<Request>,
         shutdown: oneshot::Receiver<()>,
@@ -632,7 +632,7 @@ impl Committer {
 }
 
 /// The earliest deadline in the `expiry` table.
-fn earliest_deadline(shared: &Shared) -> Result<Option<u64>, StoreError> {
+fn earliest_deadline(shared: &EngineState) -> Result<Option<u64>, StoreError> {
     use redb::ReadableDatabase;
     let txn = shared.db()?.begin_read().map_err(backend)?;
     let expiry = txn.open_table(EXPIRY).map_err(backend)?;
@@ -643,7 +643,7 @@ fn earliest_deadline(shared: &Shared) -> Result<Option<u64>, StoreError> {
 /// An entry that fails its checksum is returned with revision 0, which no write has: it is
 /// dropped without deleting anything.
 fn due_entries(
-    shared: &Shared,
+    shared: &EngineState,
     now: u64,
     limit: usize,
 ) -> Result<Vec<(u64, Bytes, Revision)>, StoreError> {

@@ -17,13 +17,13 @@ use futures::StreamExt;
 use tokio::sync::broadcast::{self, error::RecvError, error::TryRecvError};
 use tokio::time::Instant;
 
-use super::Shared;
+use super::EngineState;
 use super::committer::Batch;
 use super::tables::Snapshot;
 use crate::{FeedItem, FeedStream, KeyRange, Later, Revision, StoreError};
 
 pub(crate) struct Watcher {
-    shared: Weak<Shared>,
+    shared: Weak<EngineState>,
     /// None when the store was already closed at subscription time.
     live: Option<broadcast::Receiver<Batch>>,
     range: KeyRange,
@@ -46,7 +46,7 @@ enum Step {
 
 impl Watcher {
     pub(crate) fn start(
-        shared: &Arc<Shared>,
+        shared: &Arc<EngineState>,
         live: Option<broadcast::Receiver<Batch>>,
         range: KeyRange,
         after: Revision,

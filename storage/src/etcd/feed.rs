@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use super::client::WatchStream;
 use super::pb::etcdserverpb::{WatchCreateRequest, WatchResponse};
 use super::pb::mvccpb::event::EventType;
-use super::{Shared, map_error};
+use super::{EtcdState, map_error};
 use crate::{
     Event, EventKind, FeedItem, FeedStream, KeyRange, KeyValue, Later, Revision, StoreError,
 };
@@ -32,7 +32,7 @@ const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 pub(super) fn start(
-    shared: Arc<Shared>,
+    shared: Arc<EtcdState>,
     range: KeyRange,
     after: Revision,
     closed: watch::Receiver<bool>,
@@ -53,7 +53,7 @@ enum Stop {
 }
 
 struct Feed {
-    shared: Arc<Shared>,
+    shared: Arc<EtcdState>,
     tx: mpsc::Sender<Result<FeedItem, StoreError>>,
     /// Highest event revision delivered (events at or below it are duplicates).
     last_event: Revision,
@@ -66,7 +66,7 @@ struct Feed {
 }
 
 async fn run(
-    shared: Arc<Shared>,
+    shared: Arc<EtcdState>,
     range: KeyRange,
     after: Revision,
     mut closed: watch::Receiver<bool>,

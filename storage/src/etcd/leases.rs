@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 
 use super::pb::etcdserverpb::LeaseGrantRequest;
-use super::{Retry, Shared};
+use super::{EtcdState, Retry};
 use crate::{Later, StoreError};
 
 /// Share of the TTL by which a lease may outlive what a write asked for.
@@ -65,7 +65,7 @@ impl Leases {
     /// A lease that expires between `ttl` and `ttl` plus the reuse window from now.
     pub(crate) async fn lease_for(
         &self,
-        shared: &Shared,
+        shared: &EtcdState,
         ttl: Duration,
     ) -> Result<i64, StoreError> {
         let secs = seconds(ttl);
