@@ -45,7 +45,7 @@ use svc_core::ListMeta;
 use svc_core::codec::{ProtoKind, cbor, encode_list_protobuf_raw, yaml};
 use svc_core::kinds::ServiceAccount;
 use svc_core::object::decode_from_store;
-use svc_core::watch::{CachedObject, KindCodec, frames, object::ingest};
+use svc_core::watch::{CachedObject, KindCodec, cached::ingest, frames};
 
 fn objects(n: usize) -> Vec<Arc<CachedObject>> {
     (0..n)

@@ -41,7 +41,7 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use svc_benches::{namespace_of, sa_kv};
 use svc_core::ListMeta;
 use svc_core::kinds::ServiceAccount;
-use svc_core::watch::{CachedObject, frames, object::ingest};
+use svc_core::watch::{CachedObject, cached::ingest, frames};
 
 const BACKEND: &str = if cfg!(feature = "gzip-zlib-rs") {
     "zlib-rs"

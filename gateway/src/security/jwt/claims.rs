@@ -308,17 +308,23 @@ impl Mapper {
         let user_vars = Activation::new().bind("user", value);
         for (expr, message) in &self.user_rules {
             if expr.eval(&user_vars)? != Value::Bool(true) {
-                return Err(if message.is_empty() {
-                    format!(
-                        "oidc: error evaluating user info validation rule: {:?}",
-                        expr.text()
-                    )
-                } else {
-                    message.clone()
-                });
+                return Err(rule_failed(
+                    message,
+                    "oidc: error evaluating user info validation rule",
+                    expr,
+                ));
             }
         }
         Ok(())
+    }
+}
+
+/// Why a validation rule refused a token: its own message, else `what` and its expression.
+fn rule_failed(message: &str, what: &str, expr: &Expr) -> String {
+    if message.is_empty() {
+        format!("{what}: {:?}", expr.text())
+    } else {
+        message.to_string()
     }
 }
 
@@ -343,14 +349,11 @@ fn check_claim_rule<'c>(
         }
         ClaimRule::Expr { expr, message } => {
             if expr.eval(vars())? != Value::Bool(true) {
-                return Err(if message.is_empty() {
-                    format!(
-                        "oidc: error evaluating claim validation expression: {:?}",
-                        expr.text()
-                    )
-                } else {
-                    message.clone()
-                });
+                return Err(rule_failed(
+                    message,
+                    "oidc: error evaluating claim validation expression",
+                    expr,
+                ));
             }
         }
     }
