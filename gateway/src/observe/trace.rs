@@ -7,7 +7,7 @@
 //! Kubernetes does, an incoming `traceparent` is trusted from `system:masters` and
 //! `system:monitoring` only; anyone else's becomes a link), which needs explicit start times,
 //! and with tracing off nothing is built at all: the pipeline takes one branch on
-//! `ServerState::tracer` and every other hook finds no current span. Log events stay with the
+//! `Api::tracer` and every other hook finds no current span. Log events stay with the
 //! `tracing` crate.
 //!
 //! Sampling is Kubernetes': parent-based, and for traces that start here a ratio of
