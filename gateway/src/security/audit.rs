@@ -280,6 +280,10 @@ impl Auditor {
             source_ips: source_ips(req.headers(), peer.map(|p| p.ip())),
             user_agent: user_agent(req.headers()),
             object_ref,
+            kind: match route {
+                Route::Resource(r) if r.subresource.is_none() => Some(r.info),
+                _ => None,
+            },
             received: MicroTime::now(),
             annotations: Annotations::default(),
             request_object: None,
@@ -310,6 +314,9 @@ pub struct Record {
     source_ips: Vec<String>,
     user_agent: String,
     object_ref: Option<ObjectReference>,
+    /// The kind of the route's objects (not of a subresource's), so bodies in other formats
+    /// than JSON can be recorded as JSON.
+    kind: Option<&'static svc_core::ResourceInfo>,
     received: MicroTime,
     annotations: Annotations,
     request_object: Option<RawJson>,
@@ -330,8 +337,9 @@ impl Record {
         self.config.level
     }
 
-    /// Keeps the request body (at `Request` level and up) as sent, when it is JSON; the
-    /// name and namespace of an object being created complete the object reference.
+    /// Keeps the request body (at `Request` level and up), given as JSON (`serve::audited`
+    /// converts the other formats); the name and namespace of an object being created
+    /// complete the object reference.
     pub fn request_body(&mut self, body: &Bytes) {
         if let Some(r) = &mut self.object_ref
             && r.name.is_empty()
@@ -415,6 +423,11 @@ impl Record {
         self.stage(Stage::RequestReceived, None, None)
             .await
             .map_err(|e| svc_core::ApiError::internal(format!("audit: {e}")))
+    }
+
+    /// The kind of the request's objects, when it is a resource request (not a subresource).
+    pub fn kind(&self) -> Option<&'static svc_core::ResourceInfo> {
+        self.kind
     }
 
     /// Whether the request is a watch: its `ResponseComplete` comes when the stream ends.

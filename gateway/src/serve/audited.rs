@@ -12,6 +12,9 @@ use http::Response;
 use http_body_util::BodyExt;
 use hyper::body::{Body as _, Frame, SizeHint};
 use svc_config::audit::{RawJson, ResponseStatus, Stage};
+use svc_core::ResourceInfo;
+use svc_core::codec;
+use svc_core::registry::{self, Kind, KindVisitor};
 
 use crate::http::respond::{self, Body};
 use crate::security::audit::{CompleteOnDrop, Record};
@@ -57,7 +60,9 @@ pub async fn finish(record: Record, resp: Response<Body>) -> Response<Body> {
 }
 
 /// The response's status (with the `Status` body's message and reason for errors) and,
-/// when `want_object`, its JSON body. Only complete (in-memory) bodies are read.
+/// when `want_object`, its body as JSON. Only complete (in-memory) bodies are read; one in
+/// protobuf, YAML or CBOR is recorded as JSON, as kube-apiserver records it whatever the
+/// wire format.
 async fn inspect(
     record: &Record,
     resp: Response<Body>,
@@ -68,13 +73,14 @@ async fn inspect(
         code,
         ..Default::default()
     };
-    let is_json = resp
+    let content_type = resp
         .headers()
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.starts_with("application/json"));
+        .unwrap_or_default()
+        .to_string();
     let complete = resp.body().size_hint().exact().is_some();
-    if !(is_json && complete && (code >= 400 || want_object)) {
+    if !(complete && (code >= 400 || want_object) && readable(&content_type)) {
         return (resp, status, None);
     }
     let (parts, body) = resp.into_parts();
@@ -86,8 +92,11 @@ async fn inspect(
         );
     };
     let bytes = collected.to_bytes();
+    let json = body_as_json(record.kind(), &content_type, &bytes);
     if code >= 400
-        && let Ok(s) = serde_json::from_slice::<ResponseStatus>(&bytes)
+        && let Some(s) = json
+            .as_deref()
+            .and_then(|j| serde_json::from_slice::<ResponseStatus>(j).ok())
     {
         status = ResponseStatus {
             metadata: BTreeMap::new(),
@@ -96,13 +105,82 @@ async fn inspect(
         };
     }
     let object = want_object
-        .then(|| record.response_object(&bytes))
+        .then(|| json.and_then(|j| record.response_object(&j)))
         .flatten();
     (
         Response::from_parts(parts, respond::full(bytes)),
         status,
         object,
     )
+}
+
+/// The request body as the audit event records it: JSON, converted from the other formats
+/// through the route's kind; an empty body, or one that cannot be read, as sent.
+pub fn request_as_json(record: &Record, headers: &http::HeaderMap, body: &Bytes) -> Bytes {
+    let content_type = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if body.is_empty() || !readable(content_type) {
+        return body.clone();
+    }
+    body_as_json(record.kind(), content_type, body)
+        .map(Bytes::from)
+        .unwrap_or_else(|| body.clone())
+}
+
+fn essence(content_type: &str) -> String {
+    content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase()
+}
+
+/// Whether a body of this media type can be recorded (as JSON).
+fn readable(content_type: &str) -> bool {
+    matches!(
+        essence(content_type).as_str(),
+        "application/json"
+            | "application/yaml"
+            | "application/cbor"
+            | codec::MEDIA_TYPE_PROTOBUF
+            | codec::MEDIA_TYPE_KUBERNETES_PROTOBUF
+    )
+}
+
+/// A body as JSON: as is when it is JSON, else decoded (YAML and CBOR as documents; protobuf
+/// as a `Status` or as an object of `kind`). None when it cannot be read.
+fn body_as_json(
+    kind: Option<&'static ResourceInfo>,
+    content_type: &str,
+    body: &[u8],
+) -> Option<Vec<u8>> {
+    let value: serde_json::Value = match essence(content_type).as_str() {
+        "application/json" => return Some(body.to_vec()),
+        "application/yaml" => codec::yaml::decode(body).ok()?,
+        "application/cbor" => codec::cbor::decode(body).ok()?,
+        _ => {
+            let (type_meta, _) = codec::decode_envelope(body).ok()?;
+            if type_meta.kind == "Status" {
+                return serde_json::to_vec(&codec::decode_status_protobuf(body).ok()?).ok();
+            }
+            return registry::visit(kind?, ProtobufToJson(body)).flatten();
+        }
+    };
+    serde_json::to_vec(&value).ok()
+}
+
+/// Decodes a protobuf object of the visited kind and writes it as JSON.
+struct ProtobufToJson<'a>(&'a [u8]);
+
+impl KindVisitor for ProtobufToJson<'_> {
+    type Output = Option<Vec<u8>>;
+    fn visit<T: Kind>(self) -> Option<Vec<u8>> {
+        let obj: T = codec::decode_protobuf(self.0).ok()?;
+        serde_json::to_vec(&obj).ok()
+    }
 }
 
 /// A watch stream's body: when it ends (or the client goes away), `ResponseComplete`.

@@ -502,7 +502,8 @@ async fn dispatch(
                 match body.read(app.api.opts.max_request_body_bytes).await {
                     Ok(b) => {
                         if let Some(r) = record {
-                            r.request_body(&b);
+                            let json = audited::request_as_json(r, &parts.headers, &b);
+                            r.request_body(&json);
                         }
                         b
                     }

@@ -361,6 +361,81 @@ async fn each_level_records_what_it_should_and_a_watch_is_one_request() {
     assert!(sample("apiserver_audit_level_total{level=\"None\"}") >= 2.0);
 }
 
+/// kube-apiserver records request and response objects as JSON whatever the wire format, and
+/// takes a created object's name from it: so does the gateway for protobuf (kubectl's
+/// default for the core group), and a protobuf error keeps its message in the event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protobuf_requests_are_recorded_as_json() {
+    use svc_core::Resource;
+    use svc_core::codec;
+    use svc_core::kinds::ServiceAccount;
+
+    let a = start(|_, _| {}).await;
+    let admin = a.server.admin();
+    crate::support::client::create_namespace(&admin, "rr").await;
+    let pb = "application/vnd.kubernetes.protobuf";
+    let mut sa: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "from-pb", "labels": {"a": "b"}}}))
+            .unwrap();
+    sa.set_type_meta();
+    let r = admin
+        .send(Client::build(
+            Method::POST,
+            "/api/v1/namespaces/rr/serviceaccounts",
+            codec::encode_protobuf(&sa),
+            &[("content-type", pb), ("accept", pb)],
+        ))
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
+    let created_id = audit_id(&r);
+    let r = admin
+        .request(
+            Method::GET,
+            "/api/v1/namespaces/rr/serviceaccounts/missing",
+            "",
+            &[("accept", pb)],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        r.headers["content-type"], pb,
+        "the error is in protobuf too"
+    );
+    let missing_id = audit_id(&r);
+
+    let events = events_in(std::slice::from_ref(&a.log));
+    let created = with_id(&events, &created_id);
+    let done = created[1];
+    assert_eq!(done["objectRef"]["name"], "from-pb", "{done}");
+    assert_eq!(
+        done["requestObject"]["metadata"]["name"], "from-pb",
+        "{done}"
+    );
+    assert_eq!(
+        done["requestObject"]["metadata"]["labels"]["a"], "b",
+        "{done}"
+    );
+    assert_eq!(done["responseObject"]["kind"], "ServiceAccount", "{done}");
+    assert!(
+        !done["responseObject"]["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .is_empty(),
+        "{done}"
+    );
+    let missing = with_id(&events, &missing_id);
+    let status = &missing[1]["responseStatus"];
+    assert_eq!(status["code"], 404, "{status}");
+    assert_eq!(status["reason"], "NotFound", "{status}");
+    assert!(
+        status["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("missing"),
+        "{status}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_log_rotates_by_size_and_keeps_max_backup_files() {
     let a = start(|o, _| {
