@@ -149,32 +149,50 @@ pub fn response_format(
     )))
 }
 
+/// The media type of a `Content-Type` without its parameters, lower case.
+pub fn essence(content_type: &str) -> String {
+    content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase()
+}
+
+/// The format a body's `Content-Type` names, whatever the gates allow (JSON when unstated);
+/// None when it names no format this server reads.
+pub fn body_format(content_type: &str) -> Option<Format> {
+    match essence(content_type).as_str() {
+        "" | "application/json" | "*/*" => Some(Format::Json),
+        "application/yaml" => Some(Format::Yaml),
+        MEDIA_TYPE_PROTOBUF => Some(Format::Protobuf(MEDIA_TYPE_PROTOBUF)),
+        MEDIA_TYPE_KUBERNETES_PROTOBUF => Some(Format::Protobuf(MEDIA_TYPE_KUBERNETES_PROTOBUF)),
+        "application/cbor" => Some(Format::Cbor),
+        _ => None,
+    }
+}
+
 /// The format of a request body; JSON when unstated, 415 when unsupported.
 pub fn request_format(headers: &HeaderMap, gates: &FeatureGates) -> Result<Format, ApiError> {
     let Some(ct) = headers.get(http::header::CONTENT_TYPE) else {
         return Ok(Format::Json);
     };
     let ct = ct.to_str().unwrap_or_default();
-    let essence = ct
-        .split(';')
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .to_ascii_lowercase();
     let cbor = gates.enabled(Feature::CBORServingAndStorage);
-    match essence.as_str() {
-        "" | "application/json" | "*/*" => Ok(Format::Json),
-        "application/yaml" => Ok(Format::Yaml),
-        MEDIA_TYPE_PROTOBUF => Ok(Format::Protobuf(MEDIA_TYPE_PROTOBUF)),
-        MEDIA_TYPE_KUBERNETES_PROTOBUF => Ok(Format::Protobuf(MEDIA_TYPE_KUBERNETES_PROTOBUF)),
-        "application/cbor" if cbor => Ok(Format::Cbor),
-        _ => Err(ApiError::UnsupportedMediaType(format!(
-            "the body of the request was in an unknown format - accepted media types include: \
-             application/json, application/yaml, {MEDIA_TYPE_PROTOBUF}, \
-             {MEDIA_TYPE_KUBERNETES_PROTOBUF}{} (got {ct:?})",
-            if cbor { ", application/cbor" } else { "" }
-        ))),
+    match body_format(ct) {
+        Some(Format::Cbor) if !cbor => Err(unsupported_body(ct, cbor)),
+        Some(format) => Ok(format),
+        None => Err(unsupported_body(ct, cbor)),
     }
+}
+
+fn unsupported_body(ct: &str, cbor: bool) -> ApiError {
+    ApiError::UnsupportedMediaType(format!(
+        "the body of the request was in an unknown format - accepted media types include: \
+         application/json, application/yaml, {MEDIA_TYPE_PROTOBUF}, \
+         {MEDIA_TYPE_KUBERNETES_PROTOBUF}{} (got {ct:?})",
+        if cbor { ", application/cbor" } else { "" }
+    ))
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use svc_core::ResourceInfo;
 use svc_core::codec;
 use svc_core::registry::{self, Kind, KindVisitor};
 
+use crate::http::negotiate::{Format, body_format};
 use crate::http::respond::{self, Body};
 use crate::security::audit::{CompleteOnDrop, Record};
 
@@ -129,25 +130,10 @@ pub fn request_as_json(record: &Record, headers: &http::HeaderMap, body: &Bytes)
         .unwrap_or_else(|| body.clone())
 }
 
-fn essence(content_type: &str) -> String {
-    content_type
-        .split(';')
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .to_ascii_lowercase()
-}
-
-/// Whether a body of this media type can be recorded (as JSON).
+/// Whether a body of this media type can be recorded (as JSON): one that names a format the
+/// server reads, other than a Table.
 fn readable(content_type: &str) -> bool {
-    matches!(
-        essence(content_type).as_str(),
-        "application/json"
-            | "application/yaml"
-            | "application/cbor"
-            | codec::MEDIA_TYPE_PROTOBUF
-            | codec::MEDIA_TYPE_KUBERNETES_PROTOBUF
-    )
+    !content_type.is_empty() && matches!(body_format(content_type), Some(f) if f != Format::Table)
 }
 
 /// A body as JSON: as is when it is JSON, else decoded (YAML and CBOR as documents; protobuf
@@ -157,11 +143,12 @@ fn body_as_json(
     content_type: &str,
     body: &[u8],
 ) -> Option<Vec<u8>> {
-    let value: serde_json::Value = match essence(content_type).as_str() {
-        "application/json" => return Some(body.to_vec()),
-        "application/yaml" => codec::yaml::decode(body).ok()?,
-        "application/cbor" => codec::cbor::decode(body).ok()?,
-        _ => {
+    let value: serde_json::Value = match body_format(content_type)? {
+        Format::Json => return Some(body.to_vec()),
+        Format::Yaml => codec::yaml::decode(body).ok()?,
+        Format::Cbor => codec::cbor::decode(body).ok()?,
+        Format::Table => return None,
+        Format::Protobuf(_) => {
             let (type_meta, _) = codec::decode_envelope(body).ok()?;
             if type_meta.kind == "Status" {
                 return serde_json::to_vec(&codec::decode_status_protobuf(body).ok()?).ok();

@@ -95,10 +95,6 @@ impl Selectors {
         Ok(Selectors { labels, fields })
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.labels.is_empty() && self.fields.is_empty()
-    }
-
     pub fn matches<T: Resource>(&self, obj: &T) -> bool {
         self.labels.matches(&obj.meta().labels) && self.fields.matches(|f| field_value(obj, f))
     }

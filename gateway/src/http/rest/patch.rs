@@ -20,6 +20,7 @@ use super::call::{RestRequest, authorize_also, field_manager, path_namespace};
 use super::write::written_response;
 use crate::base::features::Feature;
 use crate::http::api::Api;
+use crate::http::negotiate;
 use crate::http::respond::Body;
 use crate::registry;
 use crate::registry::write::{Fields, WriteRequest};
@@ -118,8 +119,7 @@ fn patch_options(app: &Api, call: &RestRequest) -> Result<PatchOptions, ApiError
         )
     };
     let patch_type = PatchType::from_content_type(content_type).ok_or_else(unsupported)?;
-    let essence = content_type.split(';').next().unwrap_or_default().trim();
-    let cbor = essence.eq_ignore_ascii_case("application/apply-patch+cbor");
+    let cbor = negotiate::essence(content_type) == "application/apply-patch+cbor";
     // CBOR apply configurations are served only behind the gate that serves CBOR at all.
     if cbor
         && !app
