@@ -8,6 +8,7 @@ pub mod health;
 pub mod limits;
 pub mod negotiate;
 pub mod openapi;
+pub mod openapi_v2;
 pub mod respond;
 pub mod rest;
 pub mod stream;

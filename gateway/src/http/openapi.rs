@@ -251,7 +251,7 @@ fn paths(r: &ResourceInfo) -> Vec<(String, Value)> {
     out
 }
 
-fn document(group: &str, version: &str) -> Option<Value> {
+pub(crate) fn document(group: &str, version: &str) -> Option<Value> {
     let types: Vec<&ResourceInfo> = registry::all()
         .iter()
         .copied()

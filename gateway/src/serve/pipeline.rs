@@ -25,8 +25,8 @@ use crate::security::authz::{Attributes, GROUP_MASTERS};
 use crate::serve::app::ServerState;
 use crate::serve::audited;
 use crate::{
-    http::discovery, http::health, http::limits, http::openapi, http::rest, observe::metrics,
-    observe::trace, security::audit,
+    http::discovery, http::health, http::limits, http::openapi, http::openapi_v2, http::rest,
+    observe::metrics, observe::trace, security::audit,
 };
 
 /// Who sent a request, before authentication has looked at it.
@@ -539,6 +539,14 @@ async fn dispatch(
             app.api.metrics.encode(),
         ),
         Route::NotFound => respond::error(&ApiError::PathNotFound(req.uri().path().to_string())),
+        Route::OpenApiV2 => {
+            let header =
+                |n: http::header::HeaderName| req.headers().get(n).and_then(|v| v.to_str().ok());
+            openapi_v2::serve(
+                header(http::header::ACCEPT),
+                header(http::header::IF_NONE_MATCH),
+            )
+        }
         Route::OpenApiV3Index => openapi::serve_index(),
         Route::OpenApiV3 { group, version } => openapi::serve_group_version(&group, &version),
         other => discovery::serve(&other, query.pretty()),

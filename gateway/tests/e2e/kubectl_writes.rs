@@ -207,3 +207,40 @@ secrets:
     let out = kubectl(d, &["get", "sa", "robot", "-n", "w"], None);
     assert!(!out.status.success());
 }
+
+/// A kind that is only created has no PATCH operation in `/openapi/v3`, so kubectl's default
+/// validation reads `/openapi/v2` (protobuf) and checks the object against its definition on
+/// the client: a valid TokenReview is created, an unknown field is refused by kubectl itself,
+/// naming the definition, before any request is sent.
+#[test]
+fn kubectl_validates_a_create_only_kind_through_openapi_v2() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let _server = spawn_ready(d, free_port());
+    let review = r#"{"apiVersion":"authentication.svc.io/v1","kind":"TokenReview","spec":{"token":"not-a-token"}}"#;
+    let out = ok(d, &["create", "-f", "-", "-o", "json"], Some(review));
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["kind"], "TokenReview");
+    assert_ne!(v["status"]["authenticated"], true, "{v}");
+
+    let bad = review.replace(r#""token":"#, r#""bogus":1,"token":"#);
+    let out = kubectl(d, &["create", "-f", "-"], Some(&bad));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(r#"unknown field "bogus""#) && err.contains("TokenReview.spec"),
+        "{err}"
+    );
+
+    // The same document in JSON.
+    let doc = ok(d, &["get", "--raw", "/openapi/v2"], None);
+    let doc: Value = serde_json::from_str(&doc).unwrap();
+    assert_eq!(doc["swagger"], "2.0");
+    assert!(
+        doc["definitions"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .any(|k| k.ends_with(".TokenReview"))
+    );
+}

@@ -35,6 +35,10 @@ pub fn kubectl(dir: &Path, args: &[&str], stdin: Option<&str>) -> Output {
     let mut child = Command::new("kubectl")
         .arg("--kubeconfig")
         .arg(dir.join("admin.kubeconfig"))
+        // A cache per server: discovery and OpenAPI documents of an earlier server on the same
+        // port are never reused.
+        .arg("--cache-dir")
+        .arg(dir.join("kubectl-cache"))
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
