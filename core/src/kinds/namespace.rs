@@ -12,15 +12,19 @@ use crate::codec::convert::{
 use crate::codec::{ProtoKind, decode_error};
 use crate::meta::{ObjectMeta, Time};
 use crate::patch::strategy::Strategy;
-use crate::resource::{Resource, ResourceInfo, Scope};
+use crate::resource::{Resource, ResourceInfo, SUBRESOURCE_VERBS, Scope, SubresourceInfo};
 use crate::status::ApiError;
-use crate::validation::NameRule;
 use crate::validation::declarative::{Check, Format, Rule};
+use crate::validation::{ErrorList, NameRule};
 
 pub const PHASE_ACTIVE: &str = "Active";
 pub const PHASE_TERMINATING: &str = "Terminating";
 /// The finalizer the server puts on every namespace; it is removed once the contents are gone.
 pub const FINALIZER_KUBERNETES: &str = "kubernetes";
+/// `namespaces/status`: the phase and conditions.
+pub const SUBRESOURCE_STATUS: &str = "status";
+/// `namespaces/finalize`: `spec.finalizers`.
+pub const SUBRESOURCE_FINALIZE: &str = "finalize";
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -76,7 +80,22 @@ static INFO: ResourceInfo = ResourceInfo {
     ],
     columns: &[],
     schema,
-    subresources: &[],
+    // As kube-apiserver serves them: the namespace controller writes conditions through
+    // `status` and empties `spec.finalizers` through `finalize`.
+    subresources: &[
+        SubresourceInfo {
+            name: SUBRESOURCE_STATUS,
+            verbs: SUBRESOURCE_VERBS,
+            kind: "Namespace",
+            group_version: None,
+        },
+        SubresourceInfo {
+            name: SUBRESOURCE_FINALIZE,
+            verbs: &["update"],
+            kind: "Namespace",
+            group_version: None,
+        },
+    ],
     stored: true,
     expires: false,
 };
@@ -142,6 +161,54 @@ impl Resource for Namespace {
 
     fn mark_terminating(&mut self) {
         self.status.phase = PHASE_TERMINATING.into();
+    }
+
+    fn prepare_for_subresource_update(
+        &mut self,
+        sub: &str,
+        old: &Self,
+        _now: Time,
+    ) -> Result<(), ApiError> {
+        match sub {
+            SUBRESOURCE_STATUS => self.spec = old.spec.clone(),
+            SUBRESOURCE_FINALIZE => self.status = old.status.clone(),
+            other => {
+                return Err(ApiError::MethodNotAllowed(format!(
+                    "the server does not allow updates through the {other} subresource of {}",
+                    INFO.plural
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Kubernetes' rules: the phase follows the deletion (`status`), and each finalizer is a
+    /// qualified name (`finalize`).
+    fn validate_subresource_update(&self, sub: &str, old: &Self) -> ErrorList {
+        let mut errs = self.validate_update(old);
+        if sub == SUBRESOURCE_STATUS {
+            let (want, rule) = if self.metadata.deletion_timestamp.is_none() {
+                (
+                    PHASE_ACTIVE,
+                    "may only be 'Active' if `deletionTimestamp` is empty",
+                )
+            } else {
+                (
+                    PHASE_TERMINATING,
+                    "may only be 'Terminating' if `deletionTimestamp` is not empty",
+                )
+            };
+            if self.status.phase != want {
+                errs.invalid("status.Phase", &self.status.phase, rule);
+            }
+        } else {
+            for (i, f) in self.spec.finalizers.iter().enumerate() {
+                if let Err(e) = crate::validation::qualified_name(f) {
+                    errs.invalid(&format!("spec.finalizers[{i}]"), f, &e);
+                }
+            }
+        }
+        errs
     }
 
     fn field_value(&self, field: &str) -> Option<String> {
