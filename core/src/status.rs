@@ -129,8 +129,10 @@ pub enum ApiError {
     AlreadyExists(Subject),
     #[error("Operation cannot be fulfilled on {} \"{}\": {message}", subject.qualified(), subject.name)]
     Conflict { subject: Subject, message: String },
-    /// 422: the object is invalid; `kind` is the object's Kind (`ServiceAccount`).
-    #[error("{kind} \"{name}\" is invalid: {}", join_causes(causes))]
+    /// 422: the object is invalid; `kind` is the object's Kind (`ServiceAccount`). The
+    /// message names the kind with its group (`Event.events.svc.io`), as Kubernetes'
+    /// `GroupKind` prints.
+    #[error("{} \"{name}\" is invalid: {}", group_kind(kind, group), join_causes(causes))]
     Invalid {
         kind: String,
         group: String,
@@ -182,6 +184,15 @@ pub enum ApiError {
     ServiceUnavailable(String),
     #[error("Internal error occurred: {0}")]
     Internal(String),
+}
+
+/// `Kind.group`, or `Kind` in the core group.
+fn group_kind(kind: &str, group: &str) -> String {
+    if group.is_empty() {
+        kind.to_string()
+    } else {
+        format!("{kind}.{group}")
+    }
 }
 
 fn join_causes(causes: &[StatusCause]) -> String {
@@ -371,5 +382,24 @@ mod tests {
         let e = ApiError::AlreadyExists(Subject::new("events.svc.io", "events", "e1"));
         assert_eq!(e.to_string(), "events.events.svc.io \"e1\" already exists");
         assert_eq!(e.code(), 409);
+        // An invalid object names its kind with the group; the core group's kind stands alone.
+        let invalid = |group: &str| ApiError::Invalid {
+            kind: "Event".into(),
+            group: group.into(),
+            name: "e1".into(),
+            causes: vec![StatusCause {
+                reason: "FieldValueRequired".into(),
+                message: "Required value".into(),
+                field: "reason".into(),
+            }],
+        };
+        assert_eq!(
+            invalid("events.svc.io").to_string(),
+            "Event.events.svc.io \"e1\" is invalid: reason: Required value"
+        );
+        assert_eq!(
+            invalid("").to_string(),
+            "Event \"e1\" is invalid: reason: Required value"
+        );
     }
 }
