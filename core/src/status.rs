@@ -132,7 +132,11 @@ pub enum ApiError {
     /// 422: the object is invalid; `kind` is the object's Kind (`ServiceAccount`). The
     /// message names the kind with its group (`Event.events.svc.io`), as Kubernetes'
     /// `GroupKind` prints.
-    #[error("{} \"{name}\" is invalid: {}", group_kind(kind, group), join_causes(causes))]
+    #[error(
+        "{} \"{name}\" is invalid: {}",
+        group_kind(kind, group),
+        join_causes(causes)
+    )]
     Invalid {
         kind: String,
         group: String,

@@ -75,7 +75,7 @@ mod tests;
 
 pub use cache::{ApplyReport, ListRequest, WatchCache, WatchCacheStats};
 pub use cached::{CachedObject, KindCodec, Selector};
-pub use frames::{FrameFormat, FrameStats};
+pub use frames::{FrameFormat, FrameStats, MetaGroup};
 pub use history::{EventType, Overrun, WatchCacheEvent};
 pub use interval::WatchCacheInterval;
 pub use settings::WatchCacheConfig;

@@ -29,17 +29,48 @@ pub enum FrameFormat {
     Protobuf,
     /// `application/cbor-seq`: one self-described CBOR map `{type, object}` per event.
     CborSeq,
+    /// `application/json;as=PartialObjectMetadata;g=<group>;v=v1`: JSON lines whose objects
+    /// carry only `metadata`, as client-go's metadata informers watch.
+    PartialMetadata(MetaGroup),
 }
 
+/// The group a client names for the `meta` kinds (`PartialObjectMetadata`): Kubernetes'
+/// `meta.k8s.io`, which client-go's metadata client asks for, or ours.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MetaGroup {
+    K8s,
+    Svc,
+}
+
+impl MetaGroup {
+    pub fn api_version(self) -> &'static str {
+        match self {
+            MetaGroup::K8s => "meta.k8s.io/v1",
+            MetaGroup::Svc => "meta.svc.io/v1",
+        }
+    }
+}
+
+/// How many distinct frame formats there are (the cells per event type).
+const FORMATS: usize = 5;
+
 impl FrameFormat {
-    pub const ALL: [FrameFormat; 3] = [
+    pub const ALL: [FrameFormat; FORMATS] = [
         FrameFormat::Json,
         FrameFormat::Protobuf,
         FrameFormat::CborSeq,
+        FrameFormat::PartialMetadata(MetaGroup::K8s),
+        FrameFormat::PartialMetadata(MetaGroup::Svc),
     ];
 
     fn index(self) -> usize {
-        self as usize
+        match self {
+            FrameFormat::Json => 0,
+            FrameFormat::Protobuf => 1,
+            FrameFormat::CborSeq => 2,
+            FrameFormat::PartialMetadata(MetaGroup::K8s) => 3,
+            FrameFormat::PartialMetadata(MetaGroup::Svc) => 4,
+        }
     }
 }
 
@@ -47,7 +78,7 @@ impl FrameFormat {
 /// (there are none).
 #[derive(Debug, Default)]
 pub struct FrameStats {
-    encoded: [AtomicU64; 3],
+    encoded: [AtomicU64; FORMATS],
 }
 
 impl FrameStats {
@@ -72,17 +103,19 @@ const EVICTED: usize = 1 << (usize::BITS - 1);
 /// is `ADDED` to a watcher whose selector just started matching and `MODIFIED` to another.
 #[derive(Debug, Default)]
 pub(crate) struct EventFrames {
-    cells: [OnceLock<Result<Bytes, Arc<str>>>; 9],
+    cells: [OnceLock<Result<Bytes, Arc<str>>>; 3 * FORMATS],
     /// Bytes of frames charged to the ring's byte count, plus the `EVICTED` flag.
     accounted: AtomicUsize,
 }
 
 impl EventFrames {
     fn cell(&self, ty: EventType, format: FrameFormat) -> &OnceLock<Result<Bytes, Arc<str>>> {
-        // Indexes are in range by construction (3 types × 3 formats, so nothing wraps); `get`
-        // keeps it panic-free.
-        let i = (ty as usize).wrapping_mul(3).wrapping_add(format.index());
-        self.cells.get(i).unwrap_or(&self.cells[8])
+        // Indexes are in range by construction (3 types × FORMATS formats, so nothing
+        // wraps); `get` keeps it panic-free.
+        let i = (ty as usize)
+            .wrapping_mul(FORMATS)
+            .wrapping_add(format.index());
+        self.cells.get(i).unwrap_or(&self.cells[3 * FORMATS - 1])
     }
 
     /// Charges `n` frame bytes to the ring total, unless the event has already left the ring.
@@ -151,6 +184,48 @@ pub fn list_json(
             out.push(b',');
         }
         out.extend_from_slice(&item.json);
+    }
+    out.extend_from_slice(b"]}");
+    Ok(out)
+}
+
+/// `{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":{..}}`: the
+/// object's metadata alone, as Kubernetes answers `as=PartialObjectMetadata`.
+pub fn partial_object_metadata(group: MetaGroup, object_json: &[u8]) -> Result<Vec<u8>, ApiError> {
+    #[derive(serde::Deserialize)]
+    struct Meta {
+        #[serde(default)]
+        metadata: serde_json::Map<String, serde_json::Value>,
+    }
+    let meta: Meta = serde_json::from_slice(object_json).map_err(ApiError::internal)?;
+    let metadata = serde_json::to_string(&meta.metadata).map_err(ApiError::internal)?;
+    let mut out = Vec::with_capacity(metadata.len().saturating_add(80));
+    out.extend_from_slice(b"{\"kind\":\"PartialObjectMetadata\",\"apiVersion\":\"");
+    out.extend_from_slice(group.api_version().as_bytes());
+    out.extend_from_slice(b"\",\"metadata\":");
+    out.extend_from_slice(metadata.as_bytes());
+    out.push(b'}');
+    Ok(out)
+}
+
+/// A `PartialObjectMetadataList` body from the items' canonical JSON.
+pub fn partial_object_metadata_list(
+    group: MetaGroup,
+    meta: &ListMeta,
+    items: &[Arc<CachedObject>],
+) -> Result<Vec<u8>, ApiError> {
+    let meta = serde_json::to_vec(meta).map_err(ApiError::internal)?;
+    let mut out = Vec::new();
+    out.extend_from_slice(b"{\"kind\":\"PartialObjectMetadataList\",\"apiVersion\":\"");
+    out.extend_from_slice(group.api_version().as_bytes());
+    out.extend_from_slice(b"\",\"metadata\":");
+    out.extend_from_slice(&meta);
+    out.extend_from_slice(b",\"items\":[");
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(&partial_object_metadata(group, &item.json)?);
     }
     out.extend_from_slice(b"]}");
     Ok(out)
@@ -255,6 +330,10 @@ impl FrameEncoder {
             FrameFormat::CborSeq => {
                 crate::codec::cbor::watch_event(ty.as_str(), &obj.json).map(Bytes::from)
             }
+            FrameFormat::PartialMetadata(group) => Ok(json_line(
+                ty.as_str(),
+                &partial_object_metadata(group, &obj.json)?,
+            )),
         }
     }
 
@@ -296,6 +375,9 @@ impl FrameEncoder {
             }
             FrameFormat::CborSeq => {
                 Bytes::from(crate::codec::cbor::watch_event("BOOKMARK", &object)?)
+            }
+            FrameFormat::PartialMetadata(group) => {
+                json_line("BOOKMARK", &partial_object_metadata(group, &object)?)
             }
         };
         self.stats.count(format);

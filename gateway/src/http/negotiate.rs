@@ -6,6 +6,7 @@ use svc_core::ApiError;
 
 use crate::base::features::{Feature, FeatureGates};
 use svc_core::codec::{MEDIA_TYPE_KUBERNETES_PROTOBUF, MEDIA_TYPE_PROTOBUF};
+pub use svc_core::watch::MetaGroup;
 
 /// A representation the server reads and writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -19,12 +20,20 @@ pub enum Format {
     Cbor,
     /// `application/json;as=Table;g=meta.svc.io;v=v1`.
     Table,
+    /// `application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1` (an object or a watch)
+    /// or `as=PartialObjectMetadataList` (a list): metadata alone, in the meta group the
+    /// client named. Kubernetes' group is accepted because client-go's metadata client (the
+    /// garbage collector's, the namespace controller's) asks for it and decodes only it.
+    PartialMetadata {
+        group: MetaGroup,
+        list: bool,
+    },
 }
 
 impl Format {
     pub fn content_type(self) -> &'static str {
         match self {
-            Format::Json | Format::Table => "application/json",
+            Format::Json | Format::Table | Format::PartialMetadata { .. } => "application/json",
             Format::Yaml => "application/yaml",
             Format::Protobuf(name) => name,
             Format::Cbor => "application/cbor",
@@ -97,20 +106,30 @@ pub fn response_format(
         if r.q <= 0.0 {
             continue;
         }
-        // Alternative representations are asked for with `as=`: Table of our meta group is
-        // served (not on watches); others (Kubernetes' meta.k8s.io Table, partial metadata)
-        // fall through to the next range, as the spec allows.
+        // Alternative representations are asked for with `as=`: Table of our meta group (not
+        // on watches), and partial metadata in either meta group; others (Kubernetes'
+        // meta.k8s.io Table) fall through to the next range, as the spec allows.
         if let Some(as_) = r.param("as") {
-            let ours =
-                as_ == "Table" && r.param("g") == Some("meta.svc.io") && r.param("v") == Some("v1");
-            if ours
-                && !watch
-                && matches!(
-                    r.essence.as_str(),
-                    "application/json" | "application/*" | "*/*"
-                )
-            {
-                return Ok(Format::Table);
+            let json = matches!(
+                r.essence.as_str(),
+                "application/json" | "application/*" | "*/*"
+            );
+            let group = match r.param("g") {
+                Some("meta.k8s.io") => Some(MetaGroup::K8s),
+                Some("meta.svc.io") => Some(MetaGroup::Svc),
+                _ => None,
+            };
+            if json && r.param("v") == Some("v1") {
+                match (as_, group) {
+                    ("Table", Some(MetaGroup::Svc)) if !watch => return Ok(Format::Table),
+                    ("PartialObjectMetadata" | "PartialObjectMetadataList", Some(group)) => {
+                        return Ok(Format::PartialMetadata {
+                            group,
+                            list: as_ == "PartialObjectMetadataList",
+                        });
+                    }
+                    _ => {}
+                }
             }
             continue;
         }
@@ -250,6 +269,32 @@ mod tests {
         );
         assert_eq!(
             accept("application/json;as=Table;g=meta.k8s.io;v=v1")
+                .unwrap_err()
+                .code(),
+            406
+        );
+        // Partial metadata in either meta group; client-go's metadata client's header picks
+        // the JSON one (protobuf is not offered for it).
+        assert_eq!(
+            accept(
+                "application/vnd.kubernetes.protobuf;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,\
+                 application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+            )
+            .unwrap(),
+            Format::PartialMetadata {
+                group: MetaGroup::K8s,
+                list: true
+            }
+        );
+        assert_eq!(
+            accept("application/json;as=PartialObjectMetadata;g=meta.svc.io;v=v1").unwrap(),
+            Format::PartialMetadata {
+                group: MetaGroup::Svc,
+                list: false
+            }
+        );
+        assert_eq!(
+            accept("application/json;as=PartialObjectMetadata;g=example.com;v=v1")
                 .unwrap_err()
                 .code(),
             406

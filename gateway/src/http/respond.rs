@@ -78,6 +78,14 @@ pub fn object_with<T: Kind>(
         Format::Protobuf(ct) => Ok((ct, svc_core::codec::encode_protobuf(obj))),
         Format::Yaml => svc_core::codec::yaml::encode(obj).map(|b| ("application/yaml", b)),
         Format::Cbor => svc_core::codec::cbor::encode(obj).map(|b| ("application/cbor", b)),
+        Format::PartialMetadata { list: true, .. } => Err(ApiError::NotAcceptable(format!(
+            "you requested PartialObjectMetadataList, but the requested object is not a list ({})",
+            T::INFO.kind
+        ))),
+        Format::PartialMetadata { group, list: false } => serde_json::to_vec(obj)
+            .map_err(ApiError::internal)
+            .and_then(|json| svc_core::watch::frames::partial_object_metadata(group, &json))
+            .map(|b| ("application/json", b)),
         Format::Table => match serde_json::to_value(obj) {
             Ok(v) => {
                 let meta = svc_core::ListMeta {
@@ -153,6 +161,18 @@ pub fn list(
             "application/cbor",
             svc_core::codec::cbor::encode(&whole()?)?,
         ),
+        Format::PartialMetadata { list: false, .. } => {
+            return Err(ApiError::NotAcceptable(format!(
+                "you requested PartialObjectMetadata, but the requested object is a list ({})",
+                info.list_kind
+            )));
+        }
+        Format::PartialMetadata { group, list: true } => {
+            let mut body =
+                svc_core::watch::frames::partial_object_metadata_list(group, meta, items)?;
+            body.push(b'\n');
+            bytes_response(StatusCode::OK, "application/json", body)
+        }
         Format::Table => json(
             StatusCode::OK,
             &svc_core::table::table(
@@ -225,7 +245,9 @@ pub fn status_in(
         Format::Protobuf(ct) => Ok((ct, svc_core::codec::encode_status_protobuf(status))),
         Format::Yaml => svc_core::codec::yaml::encode(status).map(|b| ("application/yaml", b)),
         Format::Cbor => svc_core::codec::cbor::encode(status).map(|b| ("application/cbor", b)),
-        Format::Json | Format::Table => return json(code, status, pretty),
+        Format::Json | Format::Table | Format::PartialMetadata { .. } => {
+            return json(code, status, pretty);
+        }
     };
     match encoded {
         Ok((ct, body)) => bytes_response(code, ct, body),
@@ -238,7 +260,7 @@ pub fn status_in(
 pub fn watch_error_frame(format: Format, err: &ApiError) -> Bytes {
     let status = err.to_status();
     match format {
-        Format::Json => match serde_json::to_vec(&status) {
+        Format::Json | Format::PartialMetadata { .. } => match serde_json::to_vec(&status) {
             Ok(json) => svc_core::watch::frames::json_line("ERROR", &json),
             Err(_) => Bytes::new(),
         },

@@ -147,7 +147,7 @@ fn body_as_json(
         Format::Json => return Some(body.to_vec()),
         Format::Yaml => codec::yaml::decode(body).ok()?,
         Format::Cbor => codec::cbor::decode(body).ok()?,
-        Format::Table => return None,
+        Format::Table | Format::PartialMetadata { .. } => return None,
         Format::Protobuf(_) => {
             let (type_meta, _) = codec::decode_envelope(body).ok()?;
             if type_meta.kind == "Status" {

@@ -62,9 +62,9 @@ pub fn decode_object<T: Kind>(
                 api_version: named_or_own::<T>(tm.api_version),
             });
         }
-        Format::Table => {
+        Format::Table | Format::PartialMetadata { .. } => {
             return Err(ApiError::UnsupportedMediaType(
-                "a Table is not a request body".into(),
+                "a Table or partial metadata is not a request body".into(),
             ));
         }
     };

@@ -34,6 +34,13 @@ pub async fn watch<T: Kind>(
         Format::Json => FrameFormat::Json,
         Format::Protobuf(_) => FrameFormat::Protobuf,
         Format::Cbor => FrameFormat::CborSeq,
+        Format::PartialMetadata { group, list: false } => FrameFormat::PartialMetadata(group),
+        Format::PartialMetadata { list: true, .. } => {
+            return Err(ApiError::NotAcceptable(
+                "you requested PartialObjectMetadataList, but a watch event's object is not a list"
+                    .into(),
+            ));
+        }
         Format::Yaml | Format::Table => {
             return Err(ApiError::NotAcceptable(
                 "watch streams are served as JSON, protobuf or CBOR sequences".into(),
@@ -77,7 +84,9 @@ pub async fn watch<T: Kind>(
     let mut resp = stream.into_response(app.registry.stop_watches.clone());
     *resp.status_mut() = StatusCode::OK;
     let content_type = match format {
-        Format::Json | Format::Yaml | Format::Table => HeaderValue::from_static("application/json"),
+        Format::Json | Format::Yaml | Format::Table | Format::PartialMetadata { .. } => {
+            HeaderValue::from_static("application/json")
+        }
         Format::Cbor => HeaderValue::from_static("application/cbor-seq"),
         // Kubernetes marks protobuf watch streams with `;stream=watch`.
         Format::Protobuf(ct) => HeaderValue::from_str(&format!("{ct};stream=watch")).unwrap_or(

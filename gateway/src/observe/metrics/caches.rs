@@ -9,7 +9,7 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetri
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
-use svc_core::watch::{FrameFormat, WatchCache, WatchCacheStats};
+use svc_core::watch::{FrameFormat, MetaGroup, WatchCache, WatchCacheStats};
 
 /// The collector of `caches`' families.
 pub fn collector(caches: Vec<WatchCache>) -> Box<dyn Collector> {
@@ -191,6 +191,14 @@ impl CacheCollector {
             (FrameFormat::Json, "json"),
             (FrameFormat::Protobuf, "protobuf"),
             (FrameFormat::CborSeq, "cbor"),
+            (
+                FrameFormat::PartialMetadata(MetaGroup::K8s),
+                "partial-metadata",
+            ),
+            (
+                FrameFormat::PartialMetadata(MetaGroup::Svc),
+                "partial-metadata-svc",
+            ),
         ];
         family(
             encoder,
