@@ -1,0 +1,4 @@
+package diff
+
+// explained maps differences to the entries of ../DIFFERENCES.md; see explanation.
+var explained = []explanation{}
