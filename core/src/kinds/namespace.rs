@@ -21,6 +21,9 @@ pub const PHASE_ACTIVE: &str = "Active";
 pub const PHASE_TERMINATING: &str = "Terminating";
 /// The finalizer the server puts on every namespace; it is removed once the contents are gone.
 pub const FINALIZER_KUBERNETES: &str = "kubernetes";
+/// The label every namespace carries with its own name, as Kubernetes sets it (so that a
+/// namespace selector can pick namespaces by name).
+pub const LABEL_METADATA_NAME: &str = "kubernetes.io/metadata.name";
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -116,6 +119,9 @@ impl Resource for Namespace {
     }
 
     fn prepare_for_create(&mut self) {
+        self.metadata
+            .labels
+            .insert(LABEL_METADATA_NAME.into(), self.metadata.name.clone());
         if !self
             .spec
             .finalizers
@@ -134,6 +140,9 @@ impl Resource for Namespace {
         // Status and spec.finalizers change only through the lifecycle, not a plain update.
         self.spec = old.spec.clone();
         self.status = old.status.clone();
+        self.metadata
+            .labels
+            .insert(LABEL_METADATA_NAME.into(), self.metadata.name.clone());
     }
 
     fn has_kind_finalizers(&self) -> bool {
