@@ -14,4 +14,9 @@
 //	INTEROP_DIFF_KUBE_KUBECONFIG     kube-apiserver's admin kubeconfig
 //	INTEROP_DIFF_GATEWAY_KUBECONFIG  the gateway's admin kubeconfig
 //	INTEROP_DIFF_VERBOSE=1           log every request and both normalised answers
+//	INTEROP_DIFF_REPORT=FILE         write every unexplained difference to FILE, one a line:
+//	                                 case, path, kube-apiserver's value, the gateway's
+//	INTEROP_DIFF_GATEWAY_SUFFIX      the second server's group suffix (default svc.io); k8s.io
+//	                                 with a second kube-apiserver in its place checks that the
+//	                                 normalisation leaves no noise between two identical servers
 package diff

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"mime"
 	"regexp"
+	"sort"
 	"strings"
 	"time"
 )
@@ -64,9 +65,25 @@ func (st *state) normalise(a *answer, codeOnly bool, requestedRV string) map[str
 		}
 		out["events"] = evs
 	} else if len(a.raw) > 0 {
-		out["body"] = st.value(a.body, "")
+		body := st.value(a.body, "")
+		sortConflictCauses(body)
+		out["body"] = body
 	}
 	return out
+}
+
+// sortConflictCauses sorts an apply conflict's causes: Kubernetes lists them in map order,
+// which changes from one request to the next.
+func sortConflictCauses(body any) {
+	causes, _ := lookup(body, "details.causes").([]any)
+	for _, c := range causes {
+		if m, _ := c.(map[string]any); m == nil || m["reason"] != "FieldManagerConflict" {
+			return
+		}
+	}
+	sort.Slice(causes, func(i, j int) bool {
+		return fmt.Sprint(causes[i]) < fmt.Sprint(causes[j])
+	})
 }
 
 func (st *state) event(ev any) any {
@@ -84,12 +101,17 @@ func (st *state) event(ev any) any {
 }
 
 var (
-	uuidRe     = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
-	jwtRe      = regexp.MustCompile(`^eyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*$`)
-	currentRe  = regexp.MustCompile(`current: \d+`)
-	rfc3339Re  = regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$`)
-	tooOldRe   = regexp.MustCompile(`too old resource version: (\d+) \((\d+)\)`)
-	listRVKind = regexp.MustCompile(`List$`)
+	uuidRe    = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
+	jwtRe     = regexp.MustCompile(`^eyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*$`)
+	currentRe = regexp.MustCompile(`current: \d+`)
+	// a resourceVersion inside a message: an object printed as JSON, a precondition's record.
+	embeddedRVRe   = regexp.MustCompile(`(resourceVersion\\*"\s*:\s*\\*")\d+|(in record )\(\d+\)`)
+	embeddedTimeRe = regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z`)
+	// a client certificate's fingerprint (each server has its own PKI).
+	fingerprintRe = regexp.MustCompile(`X509SHA256=[0-9a-f]{64}`)
+	rfc3339Re     = regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$`)
+	tooOldRe      = regexp.MustCompile(`too old resource version: (\d+) \((\d+)\)`)
+	listRVKind    = regexp.MustCompile(`List$`)
 )
 
 // str normalises one string: group names, UUIDs, recent times, tokens.
@@ -107,6 +129,14 @@ func (st *state) str(s string) string {
 		return "<jwt>"
 	}
 	s = currentRe.ReplaceAllString(s, "current: <rv>")
+	s = embeddedRVRe.ReplaceAllString(s, "$1$2<rv>")
+	s = fingerprintRe.ReplaceAllString(s, "X509SHA256=<fingerprint>")
+	s = embeddedTimeRe.ReplaceAllStringFunc(s, func(m string) string {
+		if tm, err := time.Parse(time.RFC3339Nano, m); err == nil && time.Since(tm).Abs() < time.Hour {
+			return "<time>"
+		}
+		return m
+	})
 	s = tooOldRe.ReplaceAllString(s, "too old resource version: $1 (<rv>)")
 	return s
 }

@@ -358,6 +358,25 @@ type env struct {
 	csr      string // a base64 CSR PEM, the same for both servers
 	exp      *explanations
 	verbose  bool
+	// reportTo, when set (INTEROP_DIFF_REPORT), gets one line per unexplained difference:
+	// case, path, kube-apiserver's value, the gateway's (tab-separated).
+	reportMu sync.Mutex
+	reportTo *os.File
+}
+
+func (e *env) report(caseName string, d difference) {
+	if e.reportTo == nil {
+		return
+	}
+	e.reportMu.Lock()
+	defer e.reportMu.Unlock()
+	clip := func(s string) string {
+		if len(s) > 300 {
+			return s[:300] + "…"
+		}
+		return s
+	}
+	fmt.Fprintf(e.reportTo, "%s\t%s\t%s\t%s\n", caseName, d.path, clip(d.kube), clip(d.gate))
 }
 
 func TestDiff(t *testing.T) {
@@ -365,13 +384,25 @@ func TestDiff(t *testing.T) {
 	if kk == "" || gk == "" {
 		t.Skip("INTEROP_DIFF_KUBE_KUBECONFIG and INTEROP_DIFF_GATEWAY_KUBECONFIG are not set (interop/run.sh sets them)")
 	}
+	suffix := os.Getenv("INTEROP_DIFF_GATEWAY_SUFFIX")
+	if suffix == "" {
+		suffix = "svc.io"
+	}
 	e := &env{
 		kube:    newServer(t, "kube", "k8s.io", kk),
-		gw:      newServer(t, "gateway", "svc.io", gk),
+		gw:      newServer(t, "gateway", suffix, gk),
 		run:     randSuffix(),
 		csr:     newCSR(t),
 		exp:     loadExplanations(t, "../DIFFERENCES.md"),
 		verbose: os.Getenv("INTEROP_DIFF_VERBOSE") != "",
+	}
+	if path := os.Getenv("INTEROP_DIFF_REPORT"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		e.reportTo = f
 	}
 	names := map[string]bool{}
 	for i, sc := range scenarios() {
@@ -499,6 +530,7 @@ func (e *env) runStep(t *testing.T, caseName string, states []*state, s step) {
 			continue
 		}
 		unexplained = append(unexplained, d.String())
+		e.report(caseName, d)
 	}
 	e.exp.markRan(caseName)
 	if len(unexplained) > 0 {
@@ -558,7 +590,7 @@ func compare(a, b map[string]string) []difference {
 	}
 	var out []difference
 	for k := range keys {
-		if a[k] != b[k] {
+		if a[k] != b[k] && !underOneSided(a, b, k) {
 			out = append(out, difference{path: k, kube: a[k], gate: b[k]})
 		}
 	}
@@ -566,13 +598,35 @@ func compare(a, b map[string]string) []difference {
 	return out
 }
 
-// flatten writes every leaf of v as path -> JSON text. Empty maps and arrays are leaves.
+// underOneSided: some ancestor of path is present in a or b only (that ancestor is the
+// difference reported).
+func underOneSided(a, b map[string]string, path string) bool {
+	for i := len(path) - 1; i > 0; i-- {
+		if path[i] != '.' && path[i] != '[' {
+			continue
+		}
+		anc := path[:i]
+		_, inA := a[anc]
+		_, inB := b[anc]
+		if inA != inB {
+			return true
+		}
+	}
+	return false
+}
+
+// flatten writes every leaf of v as path -> JSON text. Empty maps and arrays are leaves; a
+// non-empty map or array is also written, as {…} or […], so that a subtree present on one
+// side only is one difference (see compare).
 func flatten(out map[string]string, prefix string, v any) {
 	switch v := v.(type) {
 	case map[string]any:
 		if len(v) == 0 {
 			out[prefix] = "{}"
 			return
+		}
+		if prefix != "" {
+			out[prefix] = "{…}"
 		}
 		for k, x := range v {
 			key := k
@@ -594,6 +648,7 @@ func flatten(out map[string]string, prefix string, v any) {
 			out[prefix] = "[]"
 			return
 		}
+		out[prefix] = "[…]"
 		for i, x := range v {
 			flatten(out, fmt.Sprintf("%s[%d]", prefix, i), x)
 		}

@@ -99,7 +99,7 @@ func coreScenarios() []scenario {
 				body: `{"apiVersion":"{{authentication}}/v1","kind":"TokenRequest","spec":{"audiences":["diff"],"expirationSeconds":3600,"boundObjectRef":{"apiVersion":"v1","kind":"Secret","name":"bound"}}}`},
 			{name: "token-bound-missing", method: "POST", path: sas + "/sa1/token", code: 404,
 				body: `{"apiVersion":"{{authentication}}/v1","kind":"TokenRequest","spec":{"audiences":["diff"],"boundObjectRef":{"apiVersion":"v1","kind":"Secret","name":"nope"}}}`},
-			{name: "token-bound-bad-kind", method: "POST", path: sas + "/sa1/token", code: 422,
+			{name: "token-bound-bad-kind", method: "POST", path: sas + "/sa1/token", code: 400,
 				body: `{"apiVersion":"{{authentication}}/v1","kind":"TokenRequest","spec":{"audiences":["diff"],"boundObjectRef":{"apiVersion":"v1","kind":"ConfigMap","name":"x"}}}`},
 			{name: "token-short-expiry", method: "POST", path: sas + "/sa1/token", code: 422,
 				body: `{"apiVersion":"{{authentication}}/v1","kind":"TokenRequest","spec":{"audiences":["diff"],"expirationSeconds":60}}`},

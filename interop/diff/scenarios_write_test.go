@@ -119,7 +119,7 @@ func writeScenarios() []scenario {
 			{name: "get-not-created", path: secrets + "/dr1", code: 404},
 			{name: "create-generate-name", method: "POST", path: secrets, query: "dryRun=All", code: 201,
 				body: `{"metadata":{"generateName":"drg-"}}`},
-			{name: "bad-value", method: "POST", path: secrets, query: "dryRun=Bogus", code: 400,
+			{name: "bad-value", method: "POST", path: secrets, query: "dryRun=Bogus", code: 422,
 				body: `{"metadata":{"name":"dr2"}}`},
 			{name: "setup", method: "POST", path: secrets, code: 201,
 				body: `{"metadata":{"name":"dr3","labels":{"v":"1"}}}`},
@@ -188,11 +188,10 @@ func writeScenarios() []scenario {
 }
 
 // fieldValidationScenario: unknown and duplicate fields under each fieldValidation value, on
-// create, update, each patch type and apply.
+// create, update, each patch type and apply. Each value has its own object (fv-<value>), so a
+// difference in one group does not carry into the next; apply comes last in each group.
 func fieldValidationScenario() scenario {
 	sc := scenario{name: "field-validation"}
-	sc.steps = append(sc.steps, step{name: "setup", method: "POST", path: secrets, code: 201,
-		body: `{"metadata":{"name":"fv"}}`})
 	for _, fv := range []string{"", "Ignore", "Warn", "Strict"} {
 		q := ""
 		tag := "default"
@@ -207,30 +206,46 @@ func fieldValidationScenario() scenario {
 			}
 			return ok
 		}
+		code422 := func(ok int) int {
+			if strict {
+				return 422
+			}
+			return ok
+		}
 		name := func(s string) string { return fmt.Sprintf("%s-%s", tag, s) }
+		obj := secrets + "/fv-" + tag
 		sc.steps = append(sc.steps,
+			step{name: name("setup"), method: "POST", path: secrets, code: 201,
+				body: `{"metadata":{"name":"fv-` + tag + `"}}`},
 			step{name: name("create-unknown"), method: "POST", path: secrets, query: q, code: code(201),
 				body: `{"metadata":{"name":"fv-` + tag + `-1","bogus":1},"bogus":{"x":1},"type":"Opaque"}`},
 			step{name: name("create-duplicate"), method: "POST", path: secrets, query: q, code: code(201),
 				body: `{"metadata":{"name":"fv-` + tag + `-2"},"type":"Opaque","type":"Opaque"}`},
-			step{name: name("update-unknown-and-duplicate"), method: "PUT", path: secrets + "/fv", query: q, code: code(200),
-				body: `{"metadata":{"name":"fv","labels":{"a":"1"},"labels":{"b":"2"}},"bogus":1}`},
-			step{name: name("merge-patch-unknown"), method: "PATCH", path: secrets + "/fv", query: q, ct: mergePatch, code: code(200),
+			step{name: name("update-unknown-and-duplicate"), method: "PUT", path: obj, query: q, code: code(200),
+				body: `{"metadata":{"name":"fv-` + tag + `","labels":{"a":"1"}},"type":"Opaque","type":"Opaque","bogus":1}`},
+			// Kubernetes checks a patch's result strictly after patching: 422, not 400.
+			step{name: name("merge-patch-unknown"), method: "PATCH", path: obj, query: q, ct: mergePatch, code: code422(200),
 				body: `{"bogus":1,"metadata":{"labels":{"m":"1"}}}`},
-			step{name: name("merge-patch-duplicate"), method: "PATCH", path: secrets + "/fv", query: q, ct: mergePatch, code: code(200),
-				body: `{"metadata":{"labels":{"m":"1"}},"metadata":{"labels":{"m":"2"}}}`},
-			step{name: name("strategic-unknown"), method: "PATCH", path: secrets + "/fv", query: q, ct: smPatch, code: code(200),
+			step{name: name("merge-patch-duplicate"), method: "PATCH", path: obj, query: q, ct: mergePatch, code: code422(200),
+				body: `{"metadata":{"labels":{"m":"2"}},"metadata":{"labels":{"m":"2"}}}`},
+			step{name: name("strategic-unknown"), method: "PATCH", path: obj, query: q, ct: smPatch, code: code422(200),
 				body: `{"bogus":1,"metadata":{"labels":{"s":"1"}}}`},
-			step{name: name("json-patch-unknown"), method: "PATCH", path: secrets + "/fv", query: q, ct: jsonPatch, code: code(200),
+			step{name: name("json-patch-unknown"), method: "PATCH", path: obj, query: q, ct: jsonPatch, code: code422(200),
 				body: `[{"op":"add","path":"/bogus","value":1}]`},
-			step{name: name("apply-unknown"), method: "PATCH", path: secrets + "/fv", query: joinQuery(q, "fieldManager=fv"), ct: applyYAML, code: code(200),
-				body: "apiVersion: v1\nkind: Secret\nmetadata:\n  name: fv\nbogus: 1\n"},
-			step{name: name("apply-duplicate"), method: "PATCH", path: secrets + "/fv", query: joinQuery(q, "fieldManager=fv"), ct: applyYAML, code: 400,
-				body: "apiVersion: v1\nkind: Secret\nmetadata:\n  name: fv\ntype: Opaque\ntype: Opaque\n"},
+			step{name: name("apply-duplicate"), method: "PATCH", path: obj, query: joinQuery(q, "fieldManager=fv"), ct: applyYAML, code: code(200),
+				body: "apiVersion: v1\nkind: Secret\nmetadata:\n  name: fv-" + tag + "\ntype: Opaque\ntype: Opaque\n"},
+			// Kubernetes answers 500 to an applied unknown field whatever fieldValidation says.
+			step{name: name("apply-unknown"), method: "PATCH", path: obj, query: joinQuery(q, "fieldManager=fv"), ct: applyYAML, code: 500,
+				body: "apiVersion: v1\nkind: Secret\nmetadata:\n  name: fv-" + tag + "\nbogus: 1\n"},
 		)
 	}
-	sc.steps = append(sc.steps, step{name: "bad-value", method: "POST", path: secrets, query: "fieldValidation=Bogus", code: 400,
-		body: `{"metadata":{"name":"fv-bogus"}}`})
+	sc.steps = append(sc.steps,
+		step{name: "bad-value", method: "POST", path: secrets, query: "fieldValidation=Bogus", code: 422,
+			body: `{"metadata":{"name":"fv-bogus"}}`},
+		// A map given twice: Go's decoder merges the two, keeping keys of both.
+		step{name: "duplicate-map-merged", method: "POST", path: secrets, code: 201,
+			body: `{"metadata":{"name":"fv-maps","labels":{"a":"1"},"labels":{"b":"2"}}}`},
+	)
 	return sc
 }
 
