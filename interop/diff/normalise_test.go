@@ -30,6 +30,8 @@ import (
 //   - a non-empty metadata.continue -> <continue> (remainingItemCount is kept);
 //   - a name made from generateName -> the prefix followed by <gen>;
 //   - a service-account token (a JWT) -> <jwt>;
+//   - managedFields entries are sorted by operation and manager (their order depends on
+//     time in whole seconds);
 //   - global revisions quoted in messages ("current: 1234") -> <rv>.
 func (st *state) normalise(a *answer, codeOnly bool, requestedRV string) map[string]any {
 	st.reqRV = requestedRV
@@ -226,9 +228,28 @@ func (st *state) metadata(md map[string]any, isList bool) map[string]any {
 			} else {
 				out[k] = st.str(name)
 			}
+		case "managedFields":
+			out[k] = sortManagedFields(st.value(x, k))
 		default:
 			out[k] = st.value(x, k)
 		}
 	}
 	return out
+}
+
+// sortManagedFields orders entries by operation, manager and subresource. Both servers sort
+// them by operation, time in seconds, manager; times are normalised away, and two writes a
+// few milliseconds apart may fall in one second on one server and in two on the other.
+func sortManagedFields(v any) any {
+	entries, ok := v.([]any)
+	if !ok {
+		return v
+	}
+	key := func(e any) string {
+		m, _ := e.(map[string]any)
+		return fmt.Sprint(m["operation"], "\x00", m["manager"], "\x00", m["subresource"])
+	}
+	sorted := append([]any(nil), entries...)
+	sort.SliceStable(sorted, func(i, j int) bool { return key(sorted[i]) < key(sorted[j]) })
+	return sorted
 }
