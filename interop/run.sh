@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the client-go conformance tests against kube-apiserver (to prove each test right) and
-# against the svc gateway (to test it), and ends with one line "N passed, N failed".
+# against the svc gateway (to test it), then the differential runner (diff/) against both at
+# once, and ends with one line "N passed, N failed" over all three.
 #
 #   interop/run.sh
 #
@@ -14,6 +15,8 @@
 #   INTEROP_KEEP=1         keep the temporary directory (logs, data) after the run
 #   INTEROP_TARGETS        which targets to run (default "kube-apiserver svc-gateway")
 #   INTEROP_TEST_RUN       a -test.run pattern (default: every test)
+#   INTEROP_DIFF=0         skip the differential runner (it runs when both targets do)
+#   INTEROP_DIFF_RUN       a pattern of scenarios for it, e.g. 'watch|chunking' (default: all)
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -56,6 +59,7 @@ export SVC_GATEWAY_EXTRA_FLAGS="$GATEWAY_FLAGS ${SVC_GATEWAY_EXTRA_FLAGS:-}"
 (
 	cd "$HERE"
 	go test -c -o "$WORK/clientgo.test" ./clientgo
+	go test -c -o "$WORK/diff.test" ./diff
 	go build -o "$WORK/testsummary" ./cmd/testsummary
 )
 log "built in $((SECONDS - start)) s"
@@ -88,19 +92,46 @@ run_target() { # name
 			-test.timeout=150s ${INTEROP_TEST_RUN:+-test.run "$INTEROP_TEST_RUN"} >"$WORK/$name.json" 2>&1
 	) || true
 	log "$name: tests took $((SECONDS - t0)) s"
-	case $name in
-	kube-apiserver) "$HERE/kube.sh" stop "$dir" ;;
-	svc-gateway) "$HERE/gateway.sh" stop "$dir" ;;
+}
+
+stop_target() { # name
+	case $1 in
+	kube-apiserver) "$HERE/kube.sh" stop "$WORK/$1" ;;
+	svc-gateway) "$HERE/gateway.sh" stop "$WORK/$1" ;;
 	esac
 }
 
+# The differential runner needs both servers at once: each target is left running after its
+# tests when it will run, and it uses the same servers (its namespaces are its own).
+targets=${INTEROP_TARGETS:-kube-apiserver svc-gateway}
+diff=
+if [[ ${INTEROP_DIFF:-1} != 0 && " $targets " == *" kube-apiserver "* && " $targets " == *" svc-gateway "* ]]; then
+	diff=1
+fi
+
 args=()
-for name in ${INTEROP_TARGETS:-kube-apiserver svc-gateway}; do
+for name in $targets; do
 	if ! run_target "$name"; then
 		log "$name did not start"
 	fi
+	[[ -n $diff ]] || stop_target "$name"
 	args+=("$name=$WORK/$name.json")
 done
+
+if [[ -n $diff ]]; then
+	t0=$SECONDS
+	(
+		cd "$HERE/diff"
+		INTEROP_DIFF_KUBE_KUBECONFIG=$WORK/kube-apiserver/admin.kubeconfig \
+			INTEROP_DIFF_GATEWAY_KUBECONFIG=$WORK/svc-gateway/admin.kubeconfig \
+			go tool test2json -t -p differential "$WORK/diff.test" -test.v=test2json -test.count=1 \
+			-test.timeout=300s ${INTEROP_DIFF_RUN:+-test.run "TestDiff/($INTEROP_DIFF_RUN|explained)"} >"$WORK/differential.json" 2>&1
+	) || true
+	log "differential: took $((SECONDS - t0)) s"
+	stop_target kube-apiserver
+	stop_target svc-gateway
+	args+=("differential=$WORK/differential.json")
+fi
 log "whole run took $((SECONDS - start)) s"
 summarized=1
 "$WORK/testsummary" "${args[@]}"

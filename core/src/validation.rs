@@ -294,6 +294,30 @@ pub fn validate_object_meta_update(new: &ObjectMeta, old: &ObjectMeta) -> ErrorL
     if new.creation_timestamp.is_some() && new.creation_timestamp != old.creation_timestamp {
         errs.invalid("metadata.creationTimestamp", "", "field is immutable");
     }
+    // As Kubernetes' ValidateNoNewFinalizers: a terminating object only loses finalizers.
+    if old.deletion_timestamp.is_some() {
+        let mut added: Vec<&String> = new
+            .finalizers
+            .iter()
+            .filter(|f| !old.finalizers.contains(f))
+            .collect();
+        added.sort();
+        added.dedup();
+        if !added.is_empty() {
+            let list = added
+                .iter()
+                .map(|f| format!("{f:?}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            errs.forbidden(
+                "metadata.finalizers",
+                &format!(
+                    "no new finalizers can be added if the object is being deleted, found new \
+                     finalizers []string{{{list}}}"
+                ),
+            );
+        }
+    }
     errs
 }
 

@@ -25,6 +25,9 @@ pub const FINALIZER_KUBERNETES: &str = "kubernetes";
 pub const SUBRESOURCE_STATUS: &str = "status";
 /// `namespaces/finalize`: `spec.finalizers`.
 pub const SUBRESOURCE_FINALIZE: &str = "finalize";
+/// The label every namespace carries with its own name, as Kubernetes sets it (so that a
+/// namespace selector can pick namespaces by name).
+pub const LABEL_METADATA_NAME: &str = "kubernetes.io/metadata.name";
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -135,6 +138,9 @@ impl Resource for Namespace {
     }
 
     fn prepare_for_create(&mut self) {
+        self.metadata
+            .labels
+            .insert(LABEL_METADATA_NAME.into(), self.metadata.name.clone());
         if !self
             .spec
             .finalizers
@@ -153,6 +159,9 @@ impl Resource for Namespace {
         // Status and spec.finalizers change only through the lifecycle, not a plain update.
         self.spec = old.spec.clone();
         self.status = old.status.clone();
+        self.metadata
+            .labels
+            .insert(LABEL_METADATA_NAME.into(), self.metadata.name.clone());
     }
 
     fn has_kind_finalizers(&self) -> bool {

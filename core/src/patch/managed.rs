@@ -86,7 +86,7 @@ fn decode_entries(entries: &[ManagedFieldsEntry]) -> Result<Vec<Owner>, ApiError
 }
 
 fn encode_entries(owners: Vec<Owner>) -> Vec<ManagedFieldsEntry> {
-    owners
+    let mut entries: Vec<ManagedFieldsEntry> = owners
         .into_iter()
         .filter(|o| !o.set.is_empty())
         .map(|mut o| {
@@ -94,7 +94,23 @@ fn encode_entries(owners: Vec<Owner>) -> Vec<ManagedFieldsEntry> {
             o.entry.fields_v1 = Some(o.set.to_fields_v1());
             o.entry
         })
-        .collect()
+        .collect();
+    sort_entries(&mut entries);
+    entries
+}
+
+/// Kubernetes' order of `managedFields` (`sortEncodedManagedFields`): by operation (`Apply`
+/// before `Update`), then time in whole seconds (older first; none counts as 0), then manager,
+/// then subresource.
+fn sort_entries(entries: &mut [ManagedFieldsEntry]) {
+    let seconds = |e: &ManagedFieldsEntry| e.time.as_ref().map_or(0, |t| t.0.unix_timestamp());
+    entries.sort_by(|p, q| {
+        p.operation
+            .cmp(&q.operation)
+            .then_with(|| seconds(p).cmp(&seconds(q)))
+            .then_with(|| p.manager.cmp(&q.manager))
+            .then_with(|| p.subresource.cmp(&q.subresource))
+    });
 }
 
 fn is(o: &Owner, manager: &str, operation: &str) -> bool {

@@ -460,7 +460,11 @@ pub async fn delete<T: Kind>(
                 return Ok((current, Deletion::Finalizing));
             }
             current.meta_mut().deletion_timestamp = Some(Time::now());
-            current.meta_mut().deletion_grace_period_seconds = Some(0);
+            // Kubernetes' namespace registry deletes without a grace period; every other
+            // kind's terminating object says 0.
+            if T::INFO.kind != Namespace::INFO.kind {
+                current.meta_mut().deletion_grace_period_seconds = Some(0);
+            }
             current.mark_terminating();
             if req.dry_run {
                 return Ok((current, Deletion::Finalizing));

@@ -241,21 +241,38 @@ async fn finalizers_hold_deletion_and_namespaces_empty_before_going() {
     let (s, v) = c.delete(&format!("{SA}/f")).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     assert!(v["metadata"]["deletionTimestamp"].is_string());
-    // Still there, terminating; a second delete is accepted (202) and changes nothing.
+    // Still there, terminating; a second delete answers 200, as kube-apiserver does, and
+    // changes nothing.
     let (s, _) = c.delete(&format!("{SA}/f")).await;
-    assert_eq!(s, StatusCode::ACCEPTED);
+    assert_eq!(s, StatusCode::OK);
     let (_, cur) = c.get(&format!("{SA}/f")).await;
     assert_eq!(cur["metadata"]["uid"], f["metadata"]["uid"]);
+    // A terminating object only loses finalizers.
+    let mut more = cur.clone();
+    more["metadata"]["finalizers"] = json!(["example.com/x", "example.com/y"]);
+    let (s, v) = c.put(&format!("{SA}/f"), more).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert_eq!(
+        v["details"]["causes"][0]["message"],
+        "Forbidden: no new finalizers can be added if the object is being deleted, found new \
+         finalizers []string{\"example.com/y\"}"
+    );
     let mut next = cur.clone();
     next["metadata"]["finalizers"] = json!([]);
     let (s, v) = c.put(&format!("{SA}/f"), next).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(c.get(&format!("{SA}/f")).await.0, StatusCode::NOT_FOUND);
 
+    // Every namespace carries its name as the label kubernetes.io/metadata.name.
+    let (_, ns) = c.get("/api/v1/namespaces/w").await;
+    assert_eq!(ns["metadata"]["labels"]["kubernetes.io/metadata.name"], "w");
+
     // Namespace deletion: Terminating, no new content, contents deleted, then removed.
     c.post(SA, json!({"metadata": {"name": "inside"}})).await;
     let (s, v) = c.delete("/api/v1/namespaces/w").await;
     assert!(s.is_success(), "{v}");
+    // Kubernetes' namespace registry sets no grace period on a terminating namespace.
+    assert!(v["metadata"]["deletionGracePeriodSeconds"].is_null(), "{v}");
     let (s, _) = c.post(SA, json!({"metadata": {"name": "late"}})).await;
     assert!(
         s == StatusCode::FORBIDDEN || s == StatusCode::NOT_FOUND,

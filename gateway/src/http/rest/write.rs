@@ -185,18 +185,14 @@ pub async fn delete<T: Kind>(
             call.format,
             call.query.pretty(),
         )),
-        Ok((obj, deletion)) => {
-            let code = match deletion {
-                Deletion::Removed | Deletion::Terminating => StatusCode::OK,
-                Deletion::Finalizing => StatusCode::ACCEPTED,
-            };
-            Ok(respond::object(
-                code,
-                &obj,
-                call.format,
-                call.query.pretty(),
-            ))
-        }
+        // 200 whether the delete removed, marked or found the object terminating, as
+        // kube-apiserver answers (its 202 is for orphanDependents=false alone).
+        Ok((obj, _)) => Ok(respond::object(
+            StatusCode::OK,
+            &obj,
+            call.format,
+            call.query.pretty(),
+        )),
         Err(e)
             if unsafe_delete
                 && registry::write::is_corrupt::<T>(&app.registry, &ns, name).await =>
