@@ -87,9 +87,6 @@ var explained = []explanation{
 	// D19: Table watches.
 	{"D19", "tables/watch", "*"},
 
-	// D33: Invalid messages without the group (being fixed; see FINDINGS.md).
-	{"D33", "serviceaccounts/token-short-expiry", "body.message"},
-
 	// D20: validation causes: field paths and texts.
 	{"D20", "secrets-invalid/bad-data-key secrets-invalid/bad-label secrets-invalid/bad-label-value " +
 		"finalizers/bad-finalizer-name patch-types/merge-patch-invalid-result apply/invalid-result " +

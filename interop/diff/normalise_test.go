@@ -177,7 +177,9 @@ func (st *state) object(m map[string]any) map[string]any {
 	out := map[string]any{}
 	kind, _ := m["kind"].(string)
 	_, hasItems := m["items"]
-	isList := listRVKind.MatchString(kind) || (hasItems && kind == "")
+	// A Table's resourceVersion is its list's (a global revision that other writers move) or,
+	// for one object, that object's; both are compared as present or absent.
+	isList := listRVKind.MatchString(kind) || (hasItems && kind == "") || kind == "Table"
 	for k, x := range m {
 		if k == "metadata" {
 			if md, ok := x.(map[string]any); ok {
