@@ -176,6 +176,10 @@ pub struct Params {
     /// target's loopback port, if it can be found; the raw server's child process).
     #[arg(long)]
     pub server_pid: Option<u32>,
+    /// Also sample this process's CPU (the store behind the server, e.g. the etcd of a
+    /// kube-apiserver): reported apart as store CPU, never added to the server's.
+    #[arg(long)]
+    pub store_pid: Option<u32>,
     /// Allow non-loopback targets (never needed on one machine).
     #[arg(long)]
     pub allow_remote: bool,
@@ -195,6 +199,10 @@ pub struct Params {
     /// list: `limit` per page, following `continue` to the end; 0 lists in one response.
     #[arg(long, default_value_t = 0)]
     pub page_size: usize,
+    /// list: the `resourceVersion` of each list's first request (`0`: any cached state;
+    /// left out: the newest state, a consistent read).
+    #[arg(long)]
+    pub resource_version: Option<String>,
     /// list: send `Accept-Encoding: gzip` (bytes on the wire are the compressed ones).
     #[arg(long)]
     pub gzip: bool,
@@ -265,9 +273,10 @@ fn scenario_of(name: &str) -> Result<Scenario> {
         "relist-storm" => Scenario::RelistStorm,
         "get" => Scenario::Get,
         "fairness" => Scenario::Fairness,
+        "hold" => Scenario::Hold,
         _ => bail!(
             "unknown scenario {name} (fanout, slow-watcher, churn, events, list, relist-storm, \
-             get, fairness)"
+             get, fairness, hold)"
         ),
     })
 }
@@ -330,7 +339,19 @@ async fn compare(a: CompareArgs) -> Result<()> {
         }
     }
     report::write_with_failures(&a.out, &runs, &failures)?;
-    println!("{}", report::markdown_with_failures(&runs, &failures));
+    let mut md = report::markdown_with_failures(&runs, &failures);
+    if sc == Scenario::Hold {
+        // hold's own figures (memory per watch, step by step) are in its steps' tables.
+        for r in &runs {
+            md.push_str(&format!(
+                "\n## {}\n\n{}",
+                r.target.name.as_deref().unwrap_or(&r.target.kind),
+                hold::markdown(r)
+            ));
+        }
+        std::fs::write(a.out.join("report.md"), &md)?;
+    }
+    println!("{md}");
     if runs.is_empty() {
         bail!("every target failed");
     }
@@ -339,6 +360,11 @@ async fn compare(a: CompareArgs) -> Result<()> {
 
 async fn run_target(sc: Scenario, argv: &[String]) -> Result<report::Results> {
     let cli = Cli::try_parse_from(argv)?;
+    if let Cmd::Hold(a) = cli.cmd {
+        let r = hold::run(&a).await?;
+        hold::write_report(&a.params.out, &r)?;
+        return Ok(r);
+    }
     let (Cmd::Fanout(p)
     | Cmd::SlowWatcher(p)
     | Cmd::Churn(p)
