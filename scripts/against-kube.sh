@@ -46,9 +46,7 @@ log() { echo "against-kube: $*" >&2; }
 cleanup() {
 	trap - EXIT INT TERM
 	[[ -n ${WATCHDOG:-} ]] && kill "$WATCHDOG" 2>/dev/null
-	"$REPO/interop/gateway.sh" stop "$RUN/gateway-etcd" || true
-	"$REPO/interop/gateway.sh" stop "$RUN/gateway" || true
-	"$REPO/interop/kube.sh" stop "$RUN/kube" || true
+	stop_servers
 }
 trap cleanup EXIT
 CUR=
@@ -83,22 +81,30 @@ fi
 machine before >>"$OUT/machine.md"
 
 # --- servers ---
-log "starting etcd + kube-apiserver"
-KUBE_APISERVER_EXTRA_FLAGS="--enable-priority-and-fairness=true ${KUBE_APISERVER_EXTRA_FLAGS:-}" \
-	timeout 300 "$REPO/interop/kube.sh" start "$RUN/kube" || exit 1
-ETCD_URL=$(cat "$RUN/kube/etcd.url")
-ETCD_PID=$(cat "$RUN/kube/etcd.pid")
-log "starting the gateway (embedded store)"
-SVC_GATEWAY_BIN=$BIN/svc-gateway SVC_GATEWAY_EXTRA_FLAGS="--log-level warn" \
-	timeout 120 "$REPO/interop/gateway.sh" start "$RUN/gateway" || exit 1
-log "starting the gateway on kube-apiserver's etcd ($ETCD_URL, prefix /svc-gateway-bench)"
-SVC_GATEWAY_BIN=$BIN/svc-gateway SVC_GATEWAY_EXTRA_FLAGS="--log-level warn --storage-backend=etcd \
+stop_servers() {
+	"$REPO/interop/gateway.sh" stop "$RUN/gateway-etcd" || true
+	"$REPO/interop/gateway.sh" stop "$RUN/gateway" || true
+	"$REPO/interop/kube.sh" stop "$RUN/kube" || true
+}
+start_servers() {
+	log "starting etcd + kube-apiserver"
+	KUBE_APISERVER_EXTRA_FLAGS="--enable-priority-and-fairness=true ${KUBE_APISERVER_EXTRA_FLAGS:-}" \
+		timeout 300 "$REPO/interop/kube.sh" start "$RUN/kube" || return 1
+	ETCD_URL=$(cat "$RUN/kube/etcd.url")
+	ETCD_PID=$(cat "$RUN/kube/etcd.pid")
+	log "starting the gateway (embedded store)"
+	SVC_GATEWAY_BIN=$BIN/svc-gateway SVC_GATEWAY_EXTRA_FLAGS="--log-level warn" \
+		timeout 120 "$REPO/interop/gateway.sh" start "$RUN/gateway" || return 1
+	log "starting the gateway on kube-apiserver's etcd ($ETCD_URL, prefix /svc-gateway-bench)"
+	SVC_GATEWAY_BIN=$BIN/svc-gateway SVC_GATEWAY_EXTRA_FLAGS="--log-level warn --storage-backend=etcd \
 --etcd-servers=$ETCD_URL --etcd-prefix=/svc-gateway-bench" \
-	timeout 120 "$REPO/interop/gateway.sh" start "$RUN/gateway-etcd" || exit 1
-{
-	echo "kube-apiserver pid $(cat "$RUN/kube/kube-apiserver.pid"), etcd pid $ETCD_PID ($ETCD_URL)"
-	echo "gateway pid $(cat "$RUN/gateway/gateway.pid"), gateway-etcd pid $(cat "$RUN/gateway-etcd/gateway.pid")"
-} >>"$OUT/machine.md"
+		timeout 120 "$REPO/interop/gateway.sh" start "$RUN/gateway-etcd" || return 1
+	{
+		echo "kube-apiserver pid $(cat "$RUN/kube/kube-apiserver.pid"), etcd pid $ETCD_PID ($ETCD_URL)"
+		echo "gateway pid $(cat "$RUN/gateway/gateway.pid"), gateway-etcd pid $(cat "$RUN/gateway-etcd/gateway.pid")"
+	} >>"$OUT/machine.md"
+}
+start_servers || exit 1
 
 # --- loads ---
 render() { # NAME: the scenario with this run's kubeconfigs and etcd pid (smaller with SMOKE)
@@ -132,6 +138,13 @@ limit() { # NAME: seconds a compare of this load may take (all three targets)
 }
 for name in "${LOADS[@]}"; do
 	if [[ -n ${ONLY:-} && " $ONLY " != *" $name "* ]]; then continue; fi
+	if [[ $name == hold* ]]; then
+		# Memory per watch is read from RSS: fresh server processes, so that memory an
+		# allocator kept from the loads before is not handed out again unseen.
+		log "restarting the servers for $name"
+		stop_servers
+		start_servers || exit 1
+	fi
 	render "$name"
 	log "== $name ($(date -u +%T), load $(cut -d' ' -f1-3 /proc/loadavg))"
 	t0=$SECONDS
