@@ -12,7 +12,7 @@
 # (kube-apiserver, the gateway); etcd's CPU is sampled apart (--store-pid) and reported as
 # store CPU. Everything is stopped at the end, and by a watchdog after MAX_S seconds.
 #
-# usage: scripts/against-kube.sh                         # the full run (~30-40 min)
+# usage: scripts/against-kube.sh                         # the full run (~25 min)
 #        SMOKE=1 scripts/against-kube.sh                 # every load scaled down (~10 min)
 #        ONLY='fanout-1k-h2-json list-10k-rv0-json' scripts/against-kube.sh
 # Environment: BIN (dir with release svc-gateway and svc-loadtest; default
