@@ -119,7 +119,9 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
     ));
 
     // Writers.
+    let store_pid = p.store_pid.map(|p| p.to_string());
     let cpu_start = server_pid.as_deref().and_then(proc_cpu_secs);
+    let store_start = store_pid.as_deref().and_then(proc_cpu_secs);
     let started = Instant::now();
     let writers_done = spawn_writers(scenario, p, &tgt, raw_addr, &run_id, &writes, &h)?;
 
@@ -136,6 +138,7 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
     drain(&h, opened, expected_total, p.drain).await;
     let elapsed = started.elapsed();
     let cpu_end = server_pid.as_deref().and_then(proc_cpu_secs);
+    let store_end = store_pid.as_deref().and_then(proc_cpu_secs);
     h.live.stopping.store(true, Relaxed);
     let _ = h.groups_stop.0.send(true);
     let states = collect_states(groups, etcd_tasks).await;
@@ -157,6 +160,7 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
         write_phase,
         elapsed,
         server_cpu_s: cpu_start.zip(cpu_end).map(|(a, b)| (b - a).max(0.0)),
+        store_cpu_s: store_start.zip(store_end).map(|(a, b)| (b - a).max(0.0)),
     };
     results(scenario, p, info, &h, &states, phase_a, t)
 }
@@ -398,6 +402,7 @@ struct Tally {
     write_phase: Duration,
     elapsed: Duration,
     server_cpu_s: Option<f64>,
+    store_cpu_s: Option<f64>,
 }
 
 /// Turns the run's counters and histograms into its `Results`.
@@ -442,9 +447,8 @@ fn results(
     let offered_writes_per_s = (!p.max).then_some(p.rate);
     let server_cpu_s = t.server_cpu_s;
     let per = if delivered > 0 { delivered } else { t.acked };
-    let server_cpu_us_per_event = server_cpu_s
-        .filter(|_| per > 0)
-        .map(|c| c * 1e6 / per as f64);
+    let per_event = |cpu: Option<f64>| cpu.filter(|_| per > 0).map(|c| c * 1e6 / per as f64);
+    let server_cpu_us_per_event = per_event(server_cpu_s);
     Ok(Results {
         schema: crate::report::SCHEMA.into(),
         scenario: scenario.name().into(),
@@ -478,6 +482,8 @@ fn results(
             offered_events_per_s: offered_writes_per_s.map(|r| r * t.opened as f64),
             server_cpu_s,
             server_cpu_us_per_event,
+            store_cpu_s: t.store_cpu_s,
+            store_cpu_us_per_event: per_event(t.store_cpu_s),
         },
         errors: h.live.error_samples.lock().clone(),
         extra,

@@ -811,6 +811,8 @@ fn results(
             offered_events_per_s: None,
             server_cpu_s: None,
             server_cpu_us_per_event: None,
+            store_cpu_s: None,
+            store_cpu_us_per_event: None,
         },
         errors: live.error_samples.lock().clone(),
         extra,
@@ -895,16 +897,22 @@ pub fn markdown(r: &Results) -> String {
 pub async fn main(a: HoldArgs) -> Result<()> {
     let r = run(&a).await?;
     let out = &a.params.out;
-    crate::report::write(out, std::slice::from_ref(&r))?;
-    let md = format!(
-        "{}{}",
-        crate::report::markdown(std::slice::from_ref(&r)),
-        markdown(&r)
-    );
-    std::fs::write(out.join("report.md"), &md)?;
+    let md = write_report(out, &r)?;
     println!("{md}");
     eprintln!("report: {}", out.join("report.md").display());
     Ok(())
+}
+
+/// Writes one run's report directory (with the steps' table) and returns its markdown.
+pub fn write_report(out: &std::path::Path, r: &Results) -> Result<String> {
+    crate::report::write(out, std::slice::from_ref(r))?;
+    let md = format!(
+        "{}{}",
+        crate::report::markdown(std::slice::from_ref(r)),
+        markdown(r)
+    );
+    std::fs::write(out.join("report.md"), &md)?;
+    Ok(md)
 }
 
 #[cfg(test)]

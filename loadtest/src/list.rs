@@ -118,18 +118,32 @@ fn proto_list(b: &[u8]) -> Option<(u64, String)> {
     Some((items, cont))
 }
 
+/// One page's path: `limit` when paged, the `continue` token after the first page, and the
+/// `resourceVersion` on the first page only (a continued list carries its own).
+fn list_path(ns: &str, page_size: usize, rv: Option<&str>, cont: &str) -> String {
+    let mut q = Vec::new();
+    if page_size > 0 {
+        q.push(format!("limit={page_size}"));
+    }
+    if !cont.is_empty() {
+        q.push(format!("continue={}", pct(cont)));
+    } else if let Some(rv) = rv {
+        q.push(format!("resourceVersion={}", pct(rv)));
+    }
+    let mut path = format!("/api/v1/namespaces/{ns}/serviceaccounts");
+    if !q.is_empty() {
+        path.push('?');
+        path.push_str(&q.join("&"));
+    }
+    path
+}
+
 async fn full_list(c: &mut Conn, ns: &str, p: &Params) -> Result<Outcome, ListErr> {
     let proto = p.media == "protobuf";
     let mut out = Outcome::default();
     let mut cont = String::new();
     loop {
-        let mut path = format!("/api/v1/namespaces/{ns}/serviceaccounts");
-        if p.page_size > 0 {
-            path.push_str(&format!("?limit={}", p.page_size));
-            if !cont.is_empty() {
-                path.push_str(&format!("&continue={}", pct(&cont)));
-            }
-        }
+        let path = list_path(ns, p.page_size, p.resource_version.as_deref(), &cont);
         let mut req = target::request(Method::GET, &path, Bytes::new(), "");
         let h = req.headers_mut();
         h.insert(
@@ -259,6 +273,8 @@ pub async fn run(p: &Params) -> Result<Results> {
         format!("list {}", info.kind),
     ));
     let t = Arc::new(Totals::default());
+    let cpu = |pid: Option<u32>| pid.and_then(|p| stats::proc_cpu_secs(&p.to_string()));
+    let (cpu0, store0) = (cpu(info.server_pid), cpu(p.store_pid));
     let started = Instant::now();
     let deadline = started + p.duration;
     let mut clients = Vec::new();
@@ -277,6 +293,9 @@ pub async fn run(p: &Params) -> Result<Results> {
         let _ = c.await;
     }
     let elapsed = started.elapsed();
+    let spent = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| (b - a).max(0.0));
+    let server_cpu_s = spent(cpu0, cpu(info.server_pid));
+    let store_cpu_s = spent(store0, cpu(p.store_pid));
     live_l.stopping.store(true, Relaxed);
     let _ = sampler.await;
 
@@ -305,6 +324,8 @@ pub async fn run(p: &Params) -> Result<Results> {
             events_delivered: g(&t.items),
             events_per_s: g(&t.items) as f64 / secs,
             watch_errors: g(&t.errors),
+            server_cpu_s,
+            store_cpu_s,
             ..Counts::default()
         },
         errors,
@@ -409,6 +430,12 @@ fn extra(
     put("clients", p.clients.max(1).into());
     put("page_size", p.page_size.into());
     put("media", p.media.clone().into());
+    put(
+        "resource_version",
+        p.resource_version
+            .clone()
+            .map_or("unset".into(), Into::into),
+    );
     put("gzip", p.gzip.into());
     put("lists", lists.into());
     put("lists_per_s", (lists as f64 / secs).into());
@@ -447,6 +474,25 @@ mod tests {
         assert_eq!(proto_list(&b), Some((2, "abc".into())));
         assert_eq!(proto_list(&b[..b.len() - 1]), None);
         assert_eq!(proto_list(b"{}"), None);
+    }
+
+    #[test]
+    fn list_paths_carry_the_resource_version_on_the_first_page_only() {
+        let base = "/api/v1/namespaces/n/serviceaccounts";
+        assert_eq!(list_path("n", 0, None, ""), base);
+        assert_eq!(
+            list_path("n", 0, Some("0"), ""),
+            format!("{base}?resourceVersion=0")
+        );
+        assert_eq!(list_path("n", 500, None, ""), format!("{base}?limit=500"));
+        assert_eq!(
+            list_path("n", 500, Some("0"), ""),
+            format!("{base}?limit=500&resourceVersion=0")
+        );
+        assert_eq!(
+            list_path("n", 500, Some("0"), "a+b="),
+            format!("{base}?limit=500&continue=a%2Bb%3D")
+        );
     }
 
     #[test]

@@ -176,6 +176,10 @@ pub struct Params {
     /// target's loopback port, if it can be found; the raw server's child process).
     #[arg(long)]
     pub server_pid: Option<u32>,
+    /// Also sample this process's CPU (the store behind the server, e.g. the etcd of a
+    /// kube-apiserver): reported apart as store CPU, never added to the server's.
+    #[arg(long)]
+    pub store_pid: Option<u32>,
     /// Allow non-loopback targets (never needed on one machine).
     #[arg(long)]
     pub allow_remote: bool,
@@ -195,6 +199,10 @@ pub struct Params {
     /// list: `limit` per page, following `continue` to the end; 0 lists in one response.
     #[arg(long, default_value_t = 0)]
     pub page_size: usize,
+    /// list: the `resourceVersion` of each list's first request (`0`: any cached state;
+    /// left out: the newest state, a consistent read).
+    #[arg(long)]
+    pub resource_version: Option<String>,
     /// list: send `Accept-Encoding: gzip` (bytes on the wire are the compressed ones).
     #[arg(long)]
     pub gzip: bool,
@@ -253,6 +261,10 @@ struct ScenarioFile {
     #[serde(default)]
     params: BTreeMap<String, serde_json::Value>,
     targets: Vec<BTreeMap<String, serde_json::Value>>,
+    /// A wait before each target after the first (e.g. `10s`): a server that the previous
+    /// target left busy (catching up, closing connections) settles before the next run.
+    #[serde(default)]
+    pause: Option<String>,
 }
 
 fn scenario_of(name: &str) -> Result<Scenario> {
@@ -265,9 +277,10 @@ fn scenario_of(name: &str) -> Result<Scenario> {
         "relist-storm" => Scenario::RelistStorm,
         "get" => Scenario::Get,
         "fairness" => Scenario::Fairness,
+        "hold" => Scenario::Hold,
         _ => bail!(
             "unknown scenario {name} (fanout, slow-watcher, churn, events, list, relist-storm, \
-             get, fairness)"
+             get, fairness, hold)"
         ),
     })
 }
@@ -299,9 +312,16 @@ async fn compare(a: CompareArgs) -> Result<()> {
         .with_context(|| format!("{}", a.scenario.display()))?;
     let file: ScenarioFile = serde_saphyr::from_str(&text).context("parsing the scenario file")?;
     let sc = scenario_of(&file.scenario)?;
+    let pause = match &file.pause {
+        Some(p) => parse_duration(p).map_err(anyhow::Error::msg)?,
+        None => Duration::ZERO,
+    };
     let mut runs = Vec::new();
     let mut failures = Vec::new();
     for (i, t) in file.targets.iter().enumerate() {
+        if i > 0 && !pause.is_zero() {
+            tokio::time::sleep(pause).await;
+        }
         let name = t
             .get("name")
             .and_then(|v| v.as_str())
@@ -330,7 +350,19 @@ async fn compare(a: CompareArgs) -> Result<()> {
         }
     }
     report::write_with_failures(&a.out, &runs, &failures)?;
-    println!("{}", report::markdown_with_failures(&runs, &failures));
+    let mut md = report::markdown_with_failures(&runs, &failures);
+    if sc == Scenario::Hold {
+        // hold's own figures (memory per watch, step by step) are in its steps' tables.
+        for r in &runs {
+            md.push_str(&format!(
+                "\n## {}\n\n{}",
+                r.target.name.as_deref().unwrap_or(&r.target.kind),
+                hold::markdown(r)
+            ));
+        }
+        std::fs::write(a.out.join("report.md"), &md)?;
+    }
+    println!("{md}");
     if runs.is_empty() {
         bail!("every target failed");
     }
@@ -339,6 +371,11 @@ async fn compare(a: CompareArgs) -> Result<()> {
 
 async fn run_target(sc: Scenario, argv: &[String]) -> Result<report::Results> {
     let cli = Cli::try_parse_from(argv)?;
+    if let Cmd::Hold(a) = cli.cmd {
+        let r = hold::run(&a).await?;
+        hold::write_report(&a.params.out, &r)?;
+        return Ok(r);
+    }
     let (Cmd::Fanout(p)
     | Cmd::SlowWatcher(p)
     | Cmd::Churn(p)
@@ -384,4 +421,51 @@ fn main() -> Result<()> {
         eprintln!("report: {}", p.out.join("report.md").display());
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A compare file's `params` and target fields as the argv `compare` builds from them.
+    fn argv(scenario: &str, params: &str, target: &str) -> Vec<String> {
+        let m =
+            |s: &str| -> BTreeMap<String, serde_json::Value> { serde_saphyr::from_str(s).unwrap() };
+        let mut v = vec!["svc-loadtest".to_string(), scenario.to_string()];
+        flags(&m(params), &mut v);
+        flags(&m(target), &mut v);
+        v
+    }
+
+    #[test]
+    fn a_compare_file_can_name_hold_with_its_steps() {
+        assert_eq!(scenario_of("hold").unwrap(), Scenario::Hold);
+        let v = argv(
+            "hold",
+            "{steps: \"10,100\", h2_connections: 2, settle: 1s, writes_per_step: 2}",
+            "{name: a, server: \"http://127.0.0.1:1\", store_pid: 7}",
+        );
+        let Cmd::Hold(a) = Cli::try_parse_from(&v).unwrap().cmd else {
+            panic!("not hold: {v:?}");
+        };
+        assert_eq!(a.steps, vec![10, 100]);
+        assert_eq!(a.writes_per_step, 2);
+        assert_eq!(a.settle, Duration::from_secs(1));
+        assert_eq!(a.params.h2_connections, Some(2));
+        assert_eq!(a.params.store_pid, Some(7));
+    }
+
+    #[test]
+    fn list_takes_a_resource_version_string() {
+        let v = argv("list", "{resource_version: \"0\", page_size: 500}", "{}");
+        let Cmd::List(p) = Cli::try_parse_from(&v).unwrap().cmd else {
+            panic!("not list: {v:?}");
+        };
+        assert_eq!(p.resource_version.as_deref(), Some("0"));
+        assert_eq!(p.page_size, 500);
+        let Cmd::List(p) = Cli::try_parse_from(["svc-loadtest", "list"]).unwrap().cmd else {
+            panic!("not list");
+        };
+        assert_eq!(p.resource_version, None);
+    }
 }

@@ -118,6 +118,13 @@ pub struct Counts {
     /// `server_cpu_s` in µs per delivered event (per acknowledged write when nothing watches).
     #[serde(default)]
     pub server_cpu_us_per_event: Option<f64>,
+    /// CPU seconds of the store process (`--store-pid`, e.g. a kube-apiserver's etcd) over
+    /// the same span; not included in `server_cpu_s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_cpu_s: Option<f64>,
+    /// `store_cpu_s` in µs per delivered event (per acknowledged write when nothing watches).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_cpu_us_per_event: Option<f64>,
 }
 
 /// A compare target that did not produce a run (listed in `results.json` under `failures`).
@@ -221,21 +228,22 @@ fn scenario_table(m: &mut String, runs: &[Results]) {
     if first.scenario == "list" {
         let _ = writeln!(
             m,
-            "| target | objects | clients | page size | media | gzip | lists/s | items/s | MB/s on the wire | bytes/list | p50 ms | p99 ms | max ms | inconsistent | errors (429/5xx) |"
+            "| target | objects | clients | page size | resourceVersion | media | gzip | lists/s | items/s | MB/s on the wire | bytes/list | p50 ms | p99 ms | max ms | inconsistent | errors (429/5xx) |"
         );
         let _ = writeln!(
             m,
-            "|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+            "|---|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
         );
         for r in runs {
             let l = &r.latency_ms;
             let _ = writeln!(
                 m,
-                "| {} | {} | {} | {} | {} | {} | {:.1} | {:.0} | {:.1} | {:.0} | {:.1} | {:.1} | {:.1} | {} | {} ({}/{}) |",
+                "| {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.0} | {:.1} | {:.0} | {:.1} | {:.1} | {:.1} | {} | {} ({}/{}) |",
                 label(r),
                 x(r, "objects"),
                 x(r, "clients"),
                 x(r, "page_size"),
+                r.params.resource_version.as_deref().unwrap_or("unset"),
                 r.params.media,
                 if r.params.gzip { "on" } else { "off" },
                 x(r, "lists_per_s"),
@@ -388,7 +396,13 @@ fn results_table(m: &mut String, runs: &[Results]) {
             l.p99,
             l.p999,
             l.max,
-            opt(c.server_cpu_us_per_event, 2, "–"),
+            match c.store_cpu_us_per_event {
+                Some(st) => format!(
+                    "{} (+{st:.2} store)",
+                    opt(c.server_cpu_us_per_event, 2, "–")
+                ),
+                None => opt(c.server_cpu_us_per_event, 2, "–"),
+            },
             c.watchers_complete,
             c.watchers_opened,
             c.missing,
