@@ -5,6 +5,11 @@
 #                                  chosen once and kept in DIR/port, so a restart keeps it;
 #                                  returns once /readyz answers 200; DIR/admin.kubeconfig
 #   interop/gateway.sh stop DIR    end it by pid (TERM, then KILL)
+#   interop/gateway.sh start-proxy DIR UPSTREAM
+#                                  start it in proxy mode in front of the kube-apiserver that
+#                                  kube.sh started in UPSTREAM (its admin kubeconfig is the
+#                                  proxy's own identity, its CA the client CA); DIR/url and
+#                                  DIR/ca.crt (the proxy's serving CA) are written; stop as above
 #
 # Environment:
 #   SVC_GATEWAY_BIN            the binary (default: built with cargo into $CARGO_TARGET_DIR)
@@ -68,6 +73,45 @@ cmd_start() {
 	return 1
 }
 
+cmd_start_proxy() {
+	local d=${1:?usage: gateway.sh start-proxy DIR UPSTREAM} up=${2:?usage: gateway.sh start-proxy DIR UPSTREAM} bin port
+	mkdir -p "$d"
+	d=$(cd "$d" && pwd)
+	up=$(cd "$up" && pwd)
+	bin=$(gateway_bin)
+	if [[ -f $d/gateway.pid ]] && kill -0 "$(cat "$d/gateway.pid")" 2>/dev/null; then
+		log "already running in $d"
+		return 0
+	fi
+	if [[ -f $d/port ]]; then port=$(cat "$d/port"); else port=$(free_port); fi
+	echo "$port" >"$d/port"
+	# shellcheck disable=SC2086
+	"$bin" --data-dir "$d/data" --bind-address 127.0.0.1 --secure-port "$port" \
+		--upstream-kubeconfig "$up/admin.kubeconfig" --client-ca-file "$up/pki/ca.crt" \
+		${SVC_PROXY_EXTRA_FLAGS:-} >>"$d/gateway.log" 2>&1 &
+	echo $! >"$d/gateway.pid"
+	local pid deadline=$((SECONDS + ${GATEWAY_READY_TIMEOUT:-60}))
+	pid=$(cat "$d/gateway.pid")
+	while ((SECONDS < deadline)); do
+		if ! kill -0 "$pid" 2>/dev/null; then
+			log "svc-gateway (proxy) exited; log tail:"
+			tail -n 40 "$d/gateway.log" >&2
+			return 1
+		fi
+		if [[ -f $d/data/pki/ca.crt && $(https_status 127.0.0.1 "$port" /readyz) == 200 ]]; then
+			cp "$d/data/pki/ca.crt" "$d/ca.crt"
+			echo "https://127.0.0.1:$port" >"$d/url"
+			log "svc-gateway proxy ready at https://127.0.0.1:$port in front of $(grep -m1 server: "$up/admin.kubeconfig" | awk '{print $2}')"
+			return 0
+		fi
+		sleep 0.2
+	done
+	log "svc-gateway proxy not ready after ${GATEWAY_READY_TIMEOUT:-60} s; log tail:"
+	tail -n 40 "$d/gateway.log" >&2
+	cmd_stop "$d"
+	return 1
+}
+
 cmd_stop() {
 	local d=${1:?usage: gateway.sh stop DIR}
 	stop_pidfile "$d/gateway.pid" "${GATEWAY_STOP_TIMEOUT:-15}"
@@ -75,10 +119,11 @@ cmd_stop() {
 
 case "${1:-}" in
 start) cmd_start "${2:-}" ;;
+start-proxy) cmd_start_proxy "${2:-}" "${3:-}" ;;
 stop) cmd_stop "${2:-}" ;;
 bin) gateway_bin ;;
 *)
-	echo "usage: $0 start DIR | stop DIR | bin" >&2
+	echo "usage: $0 start DIR | start-proxy DIR UPSTREAM | stop DIR | bin" >&2
 	exit 2
 	;;
 esac
