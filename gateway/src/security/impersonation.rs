@@ -2,7 +2,10 @@
 //! honoured only after the upstream allows each part with a SubjectAccessReview on the
 //! `impersonate` verb, asked as kube-apiserver's impersonation filter asks it (users or
 //! service accounts, groups, uids, user extras); the proxy then acts as the impersonated user.
-//! Answers are kept for [`TTL`] (allowed or not) in a bounded cache. The headers the proxy
+//! Answers are kept for [`TTL`] (allowed or not) in a bounded cache. Only these legacy
+//! `impersonate` grants are asked about: kube-apiserver 1.37's constrained impersonation
+//! (`impersonate:<mode>`, `impersonate-on:<mode>:<verb>` on the request's resource) is not,
+//! so the proxy refuses at least what the upstream would. The headers the proxy
 //! sends upstream are written here too, with extra keys percent-encoded as client-go encodes
 //! them.
 
