@@ -5,9 +5,9 @@
 //! Answers are kept for [`TTL`] (allowed or not) in a bounded cache. Only these legacy
 //! `impersonate` grants are asked about: kube-apiserver 1.37's constrained impersonation
 //! (`impersonate:<mode>`, `impersonate-on:<mode>:<verb>` on the request's resource) is not,
-//! so the proxy refuses at least what the upstream would. The headers the proxy
-//! sends upstream are written here too, with extra keys percent-encoded as client-go encodes
-//! them.
+//! so the proxy may refuse what the upstream would allow, never the reverse. The headers the
+//! proxy sends upstream are written here too, with extra keys percent-encoded as client-go
+//! encodes them.
 
 use std::collections::BTreeMap;
 use std::num::NonZeroUsize;
