@@ -3,6 +3,7 @@
 //! authorization (the built-in policy and webhook authorizers; in proxy mode impersonation
 //! checked upstream) and audit. Uses the layers before it.
 
+pub mod access_review;
 pub mod audit;
 pub mod authn;
 pub mod authorization_config;

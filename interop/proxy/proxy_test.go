@@ -348,6 +348,14 @@ func TestRBACThroughProxy(t *testing.T) {
 	_, dErr = direct.CoreV1().Secrets(allowed).List(ctx(t), metav1.ListOptions{})
 	_, pErr = proxy.CoreV1().Secrets(allowed).List(ctx(t), metav1.ListOptions{})
 	sameRefusal(t, "alice lists secrets", dErr, pErr)
+	// The proxy's own /metrics: as kube-apiserver's, for whom RBAC lets get the path.
+	_, dErr = direct.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx(t))
+	_, pErr = proxy.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx(t))
+	sameRefusal(t, "alice reads /metrics", dErr, pErr)
+	metrics, err := e.clients(t, e.proxy).Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx(t))
+	if err != nil || !strings.Contains(string(metrics), "apiserver_request_total{") {
+		t.Errorf("admin reads the proxy's /metrics: %v\n%.300s", err, metrics)
+	}
 	// The upstream sees alice, with her groups.
 	review, err := proxy.AuthenticationV1().SelfSubjectReviews().Create(ctx(t), &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
 	if err != nil {

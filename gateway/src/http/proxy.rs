@@ -20,29 +20,54 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, header};
 use http_body_util::BodyExt as _;
+use svc_config::subject_access_review::NonResourceAttributes;
 use svc_core::ApiError;
 use svc_core::user::UserInfo;
 
 use crate::http::respond::{self, Body};
 use crate::outbound::client::{ClientError, RequestBody};
 use crate::outbound::upstream::Upstream;
-use crate::security::impersonation::{self, Impersonator};
+use crate::security::access_review::AccessReviewer;
+use crate::security::impersonation;
 use crate::security::token_review::TokenReviewer;
 
-/// What proxy mode serves with: the upstream, and the two things that ask it about callers.
+/// What proxy mode serves with: the upstream, and the two things that ask it about callers
+/// (who they are, what they may do).
 pub struct Proxy {
     pub upstream: Upstream,
     pub tokens: TokenReviewer,
-    pub impersonator: Impersonator,
+    pub reviews: AccessReviewer,
 }
 
 impl Proxy {
     pub fn new(upstream: Upstream) -> Self {
         Proxy {
             tokens: TokenReviewer::new(upstream.clone()),
-            impersonator: Impersonator::new(upstream.clone()),
+            reviews: AccessReviewer::new(upstream.clone()),
             upstream,
         }
+    }
+
+    /// Whether the upstream lets `caller` GET `path` of the proxy's own (`/metrics`): the
+    /// upstream's 403 words when not.
+    pub async fn may_read(&self, caller: &UserInfo, path: &str) -> Result<(), ApiError> {
+        let attrs = NonResourceAttributes {
+            path: path.to_string(),
+            verb: "get".into(),
+        };
+        let (allowed, reason) = self.reviews.review(caller, None, Some(attrs)).await?;
+        if allowed {
+            return Ok(());
+        }
+        let mut message = format!(
+            "forbidden: User \"{}\" cannot get path \"{path}\"",
+            caller.username
+        );
+        if !reason.is_empty() {
+            message.push_str(": ");
+            message.push_str(&reason);
+        }
+        Err(ApiError::Forbidden(message))
     }
 
     /// Passes `req` upstream as `caller` (or as whom the caller impersonates, once allowed)
@@ -69,7 +94,7 @@ impl Proxy {
     ) -> Result<Response<Body>, ApiError> {
         let acting = match impersonation::requested(req.headers())? {
             None => None,
-            Some(wanted) => Some(self.impersonator.impersonate(caller, wanted).await?),
+            Some(wanted) => Some(impersonation::impersonate(&self.reviews, caller, wanted).await?),
         };
         let acting = acting.as_ref().unwrap_or(caller);
         let (mut parts, body) = req.into_parts();

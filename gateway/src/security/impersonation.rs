@@ -1,39 +1,27 @@
 //! Impersonation in proxy mode. A caller's own `Impersonate-*` headers (`kubectl --as`) are
 //! honoured only after the upstream allows each part with a SubjectAccessReview on the
 //! `impersonate` verb, asked as kube-apiserver's impersonation filter asks it (users or
-//! service accounts, groups, uids, user extras); the proxy then acts as the impersonated user.
-//! Answers are kept for [`TTL`] (allowed or not) in a bounded cache. Only these legacy
-//! `impersonate` grants are asked about: kube-apiserver 1.37's constrained impersonation
-//! (`impersonate:<mode>`, `impersonate-on:<mode>:<verb>` on the request's resource) is not,
-//! so the proxy may refuse what the upstream would allow, never the reverse. The headers the
-//! proxy sends upstream are written here too, with extra keys percent-encoded as client-go
-//! encodes them.
+//! service accounts, groups, uids, user extras; answers cached by `access_review.rs`); the
+//! proxy then acts as the impersonated user. Only these legacy `impersonate` grants are
+//! asked about: kube-apiserver 1.37's constrained impersonation (`impersonate:<mode>`,
+//! `impersonate-on:<mode>:<verb>` on the request's resource) is not, so the proxy may refuse
+//! what the upstream would allow, never the reverse. The headers the proxy sends upstream
+//! are written here too, with extra keys percent-encoded as client-go encodes them.
 
 use std::collections::BTreeMap;
-use std::num::NonZeroUsize;
-use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
-use lru::LruCache;
-use parking_lot::Mutex;
-use svc_config::subject_access_review::{ResourceAttributes, SubjectAccessReviewSpec};
+use svc_config::subject_access_review::ResourceAttributes;
 use svc_core::ApiError;
 use svc_core::user::UserInfo;
 
-use crate::base::deadline::Deadline as _;
-use crate::outbound::upstream::Upstream;
+use crate::security::access_review::AccessReviewer;
 
 pub const USER: &str = "impersonate-user";
 pub const GROUP: &str = "impersonate-group";
 pub const UID: &str = "impersonate-uid";
 pub const EXTRA_PREFIX: &str = "impersonate-extra-";
 
-/// How long an answer of the upstream is kept.
-pub const TTL: Duration = Duration::from_secs(10);
-/// Most answers kept.
-const CAPACITY: usize = 4096;
-const PATH: &str = "/apis/authorization.k8s.io/v1/subjectaccessreviews";
 const ANONYMOUS: &str = "system:anonymous";
 const AUTHENTICATED: &str = "system:authenticated";
 const UNAUTHENTICATED: &str = "system:unauthenticated";
@@ -155,134 +143,59 @@ pub fn unescape_key(key: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// Checks impersonation with the upstream, caching its answers.
-pub struct Impersonator {
-    upstream: Upstream,
-    cache: Mutex<LruCache<String, (bool, String, Instant)>>,
-}
-
-impl Impersonator {
-    pub fn new(upstream: Upstream) -> Self {
-        let capacity = NonZeroUsize::new(CAPACITY).unwrap_or(NonZeroUsize::MIN);
-        Impersonator {
-            upstream,
-            cache: Mutex::new(LruCache::new(capacity)),
+/// The user `caller` acts as once the upstream allows every part of `wanted`, asked in
+/// kube-apiserver's order (user, groups, extras, uid): 403 naming the first part refused,
+/// 503 when the upstream cannot be asked.
+pub async fn impersonate(
+    reviews: &AccessReviewer,
+    caller: &UserInfo,
+    wanted: Requested,
+) -> Result<UserInfo, ApiError> {
+    let mut checks: Vec<ResourceAttributes> = Vec::new();
+    let mut groups = wanted.groups.clone();
+    match service_account(&wanted.user) {
+        Some((namespace, name)) => {
+            checks.push(attrs("", "serviceaccounts", "", namespace, name));
+            if wanted.groups.is_empty() {
+                groups.push("system:serviceaccounts".into());
+                groups.push(format!("system:serviceaccounts:{namespace}"));
+            }
+        }
+        None => checks.push(attrs("", "users", "", "", &wanted.user)),
+    }
+    for g in &wanted.groups {
+        checks.push(attrs("", "groups", "", "", g));
+    }
+    for (key, values) in &wanted.extra {
+        for v in values {
+            checks.push(attrs("authentication.k8s.io", "userextras", key, "", v));
         }
     }
-
-    /// The user `caller` acts as once every part of `wanted` is allowed, asked in
-    /// kube-apiserver's order (user, groups, extras, uid): 403 naming the first part refused,
-    /// 503 when the upstream cannot be asked.
-    pub async fn impersonate(
-        &self,
-        caller: &UserInfo,
-        wanted: Requested,
-    ) -> Result<UserInfo, ApiError> {
-        let mut checks: Vec<ResourceAttributes> = Vec::new();
-        let mut groups = wanted.groups.clone();
-        match service_account(&wanted.user) {
-            Some((namespace, name)) => {
-                checks.push(attrs("", "serviceaccounts", "", namespace, name));
-                if wanted.groups.is_empty() {
-                    groups.push("system:serviceaccounts".into());
-                    groups.push(format!("system:serviceaccounts:{namespace}"));
-                }
-            }
-            None => checks.push(attrs("", "users", "", "", &wanted.user)),
-        }
-        for g in &wanted.groups {
-            checks.push(attrs("", "groups", "", "", g));
-        }
-        for (key, values) in &wanted.extra {
-            for v in values {
-                checks.push(attrs("authentication.k8s.io", "userextras", key, "", v));
-            }
-        }
-        if let Some(uid) = &wanted.uid {
-            checks.push(attrs("authentication.k8s.io", "uids", "", "", uid));
-        }
-        for check in checks {
-            let (allowed, reason) = self.allowed(caller, &check).await?;
-            if !allowed {
-                return Err(forbidden(caller, &check, &reason));
-            }
-        }
-        if wanted.user == ANONYMOUS {
-            if !groups.iter().any(|g| g == UNAUTHENTICATED) {
-                groups.push(UNAUTHENTICATED.into());
-            }
-        } else if !groups
-            .iter()
-            .any(|g| g == AUTHENTICATED || g == UNAUTHENTICATED)
-        {
-            groups.push(AUTHENTICATED.into());
-        }
-        Ok(UserInfo {
-            username: wanted.user,
-            uid: wanted.uid.unwrap_or_default(),
-            groups,
-            extra: wanted.extra,
-        })
+    if let Some(uid) = &wanted.uid {
+        checks.push(attrs("authentication.k8s.io", "uids", "", "", uid));
     }
-
-    async fn allowed(
-        &self,
-        caller: &UserInfo,
-        check: &ResourceAttributes,
-    ) -> Result<(bool, String), ApiError> {
-        let spec = SubjectAccessReviewSpec {
-            resource_attributes: Some(check.clone()),
-            non_resource_attributes: None,
-            user: caller.username.clone(),
-            groups: caller.groups.clone(),
-            extra: caller.extra.clone(),
-            uid: caller.uid.clone(),
-        };
-        let body = serde_json::json!({
-            "apiVersion": "authorization.k8s.io/v1",
-            "kind": "SubjectAccessReview",
-            "spec": spec,
-        });
-        let key = body.to_string();
-        let now = Instant::now();
-        let cached = self
-            .cache
-            .lock()
-            .get(&key)
-            .filter(|(_, _, at)| now < at.later(TTL))
-            .map(|(allowed, reason, _)| (*allowed, reason.clone()));
-        if let Some(answer) = cached {
-            return Ok(answer);
+    for check in checks {
+        let (allowed, reason) = reviews.review(caller, Some(check.clone()), None).await?;
+        if !allowed {
+            return Err(forbidden(caller, &check, &reason));
         }
-        let unavailable = |e: String| {
-            ApiError::ServiceUnavailable(format!(
-                "the upstream API server could not check impersonation: {e}"
-            ))
-        };
-        let response = self
-            .upstream
-            .post_json(PATH, Bytes::from(key.clone()))
-            .await
-            .map_err(|e| unavailable(e.to_string()))?;
-        if !response.status.is_success() {
-            return Err(unavailable(format!(
-                "{PATH} answered {}",
-                response.status.as_u16()
-            )));
-        }
-        #[derive(serde::Deserialize)]
-        struct Review {
-            #[serde(default)]
-            status: svc_config::subject_access_review::SubjectAccessReviewStatus,
-        }
-        let review: Review =
-            serde_json::from_slice(&response.body).map_err(|e| unavailable(e.to_string()))?;
-        let answer = (review.status.allowed, review.status.reason);
-        self.cache
-            .lock()
-            .put(key, (answer.0, answer.1.clone(), now));
-        Ok(answer)
     }
+    if wanted.user == ANONYMOUS {
+        if !groups.iter().any(|g| g == UNAUTHENTICATED) {
+            groups.push(UNAUTHENTICATED.into());
+        }
+    } else if !groups
+        .iter()
+        .any(|g| g == AUTHENTICATED || g == UNAUTHENTICATED)
+    {
+        groups.push(AUTHENTICATED.into());
+    }
+    Ok(UserInfo {
+        username: wanted.user,
+        uid: wanted.uid.unwrap_or_default(),
+        groups,
+        extra: wanted.extra,
+    })
 }
 
 /// `system:serviceaccount:<namespace>:<name>` split, when well formed.

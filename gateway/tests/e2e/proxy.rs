@@ -41,7 +41,7 @@ struct Upstream {
 const GOOD_TOKEN: &str = "good-token";
 /// The proxy's own credential.
 const PROXY_TOKEN: &str = "proxy-secret";
-/// The only user the upstream lets impersonate.
+/// The only user the upstream lets impersonate, or read `/metrics`.
 const BOSS: &str = "boss";
 
 type Out = UnsyncBoxBody<Bytes, Infallible>;
@@ -92,8 +92,13 @@ async fn answer(up: Arc<Upstream>, req: Request<Incoming>) -> Response<Out> {
         }
         (Method::POST, "/apis/authorization.k8s.io/v1/subjectaccessreviews") => {
             let review: Value = serde_json::from_slice(&body).unwrap();
-            assert_eq!(review["spec"]["resourceAttributes"]["verb"], "impersonate");
-            let allowed = review["spec"]["user"] == BOSS;
+            let spec = &review["spec"];
+            assert!(
+                spec["resourceAttributes"]["verb"] == "impersonate"
+                    || spec["nonResourceAttributes"] == json!({"path": "/metrics", "verb": "get"}),
+                "{review}"
+            );
+            let allowed = spec["user"] == BOSS;
             full(
                 StatusCode::CREATED,
                 json!({"kind": "SubjectAccessReview", "status": {"allowed": allowed}}),
@@ -349,6 +354,30 @@ async fn a_callers_impersonation_is_the_upstreams_to_allow() {
         .request(Method::GET, "/echo", "", &[("impersonate-group", "g")])
         .await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    proxy.handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxys_own_metrics_are_for_whom_the_upstream_lets_read_them() {
+    let up = start_upstream().await;
+    let proxy = Proxy::start(up.addr, |_| {}).await.unwrap();
+    let alice = proxy.user("alice", &[], false);
+    assert_eq!(alice.get("/echo").await.0, StatusCode::OK);
+    let r = alice.request(Method::GET, "/metrics", "", &[]).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+    assert_eq!(
+        r.json()["message"],
+        "forbidden: User \"alice\" cannot get path \"/metrics\""
+    );
+    let boss = proxy.user(BOSS, &[], false);
+    let r = boss.request(Method::GET, "/metrics", "", &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let text = r.text();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("apiserver_request_total{") && l.contains("code=\"200\"")),
+        "{text}"
+    );
     proxy.handle.shutdown().await;
 }
 
