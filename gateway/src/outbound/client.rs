@@ -7,6 +7,8 @@
 //! plugin (`client/exec.rs`: re-run once on a 401, and the request retried once).
 //!
 //! Bounded: every call has a timeout; a response body over [`MAX_RESPONSE_BODY`] is an error.
+//! The exception is [`WebhookClient::request`], the proxy's pass-through (`upstream.rs`):
+//! its body streams both ways and its caller bounds it.
 //! TLS roots: the CA given, else the system's (see the `rustls-native-certs` note in
 //! gateway/Cargo.toml).
 
