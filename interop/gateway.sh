@@ -14,6 +14,7 @@
 # Environment:
 #   SVC_GATEWAY_BIN            the binary (default: built with cargo into $CARGO_TARGET_DIR)
 #   SVC_GATEWAY_EXTRA_FLAGS    extra flags (word-split), e.g. --watch-cache-history-window=2s
+#   SVC_PROXY_EXTRA_FLAGS      extra flags of start-proxy (word-split)
 #   GATEWAY_READY_TIMEOUT      seconds to wait for /readyz (default 60)
 set -euo pipefail
 
@@ -37,20 +38,20 @@ gateway_bin() {
 	echo "$target/debug/svc-gateway"
 }
 
-cmd_start() {
-	local d=${1:?usage: gateway.sh start DIR} bin port
-	mkdir -p "$d"
-	d=$(cd "$d" && pwd)
+# launch DIR READY_FILE [FLAG...]: starts the gateway on 127.0.0.1 with its data in DIR/data, on
+# the port kept in DIR/port (chosen once), with the flags given; returns once READY_FILE exists
+# and /readyz answers 200 (at once when it already runs in DIR). Sets PORT.
+launch() {
+	local d=$1 ready=$2 bin
+	shift 2
 	bin=$(gateway_bin)
+	if [[ -f $d/port ]]; then PORT=$(cat "$d/port"); else PORT=$(free_port); fi
+	echo "$PORT" >"$d/port"
 	if [[ -f $d/gateway.pid ]] && kill -0 "$(cat "$d/gateway.pid")" 2>/dev/null; then
 		log "already running in $d"
 		return 0
 	fi
-	if [[ -f $d/port ]]; then port=$(cat "$d/port"); else port=$(free_port); fi
-	echo "$port" >"$d/port"
-	# shellcheck disable=SC2086
-	"$bin" --data-dir "$d/data" --bind-address 127.0.0.1 --secure-port "$port" \
-		${SVC_GATEWAY_EXTRA_FLAGS:-} >>"$d/gateway.log" 2>&1 &
+	"$bin" --data-dir "$d/data" --bind-address 127.0.0.1 --secure-port "$PORT" "$@" >>"$d/gateway.log" 2>&1 &
 	echo $! >"$d/gateway.pid"
 	local pid deadline=$((SECONDS + ${GATEWAY_READY_TIMEOUT:-60}))
 	pid=$(cat "$d/gateway.pid")
@@ -60,9 +61,7 @@ cmd_start() {
 			tail -n 40 "$d/gateway.log" >&2
 			return 1
 		fi
-		if [[ -f $d/data/admin.kubeconfig && $(https_status 127.0.0.1 "$port" /readyz) == 200 ]]; then
-			cp "$d/data/admin.kubeconfig" "$d/admin.kubeconfig"
-			log "svc-gateway ready at https://127.0.0.1:$port (kubeconfig $d/admin.kubeconfig)"
+		if [[ -f $ready && $(https_status 127.0.0.1 "$PORT" /readyz) == 200 ]]; then
 			return 0
 		fi
 		sleep 0.2
@@ -73,43 +72,27 @@ cmd_start() {
 	return 1
 }
 
+cmd_start() {
+	local d=${1:?usage: gateway.sh start DIR}
+	mkdir -p "$d"
+	d=$(cd "$d" && pwd)
+	# shellcheck disable=SC2086
+	launch "$d" "$d/data/admin.kubeconfig" ${SVC_GATEWAY_EXTRA_FLAGS:-} || return 1
+	cp "$d/data/admin.kubeconfig" "$d/admin.kubeconfig"
+	log "svc-gateway ready at https://127.0.0.1:$PORT (kubeconfig $d/admin.kubeconfig)"
+}
+
 cmd_start_proxy() {
-	local d=${1:?usage: gateway.sh start-proxy DIR UPSTREAM} up=${2:?usage: gateway.sh start-proxy DIR UPSTREAM} bin port
+	local d=${1:?usage: gateway.sh start-proxy DIR UPSTREAM} up=${2:?usage: gateway.sh start-proxy DIR UPSTREAM}
 	mkdir -p "$d"
 	d=$(cd "$d" && pwd)
 	up=$(cd "$up" && pwd)
-	bin=$(gateway_bin)
-	if [[ -f $d/gateway.pid ]] && kill -0 "$(cat "$d/gateway.pid")" 2>/dev/null; then
-		log "already running in $d"
-		return 0
-	fi
-	if [[ -f $d/port ]]; then port=$(cat "$d/port"); else port=$(free_port); fi
-	echo "$port" >"$d/port"
 	# shellcheck disable=SC2086
-	"$bin" --data-dir "$d/data" --bind-address 127.0.0.1 --secure-port "$port" \
-		--upstream-kubeconfig "$up/admin.kubeconfig" --client-ca-file "$up/pki/ca.crt" \
-		${SVC_PROXY_EXTRA_FLAGS:-} >>"$d/gateway.log" 2>&1 &
-	echo $! >"$d/gateway.pid"
-	local pid deadline=$((SECONDS + ${GATEWAY_READY_TIMEOUT:-60}))
-	pid=$(cat "$d/gateway.pid")
-	while ((SECONDS < deadline)); do
-		if ! kill -0 "$pid" 2>/dev/null; then
-			log "svc-gateway (proxy) exited; log tail:"
-			tail -n 40 "$d/gateway.log" >&2
-			return 1
-		fi
-		if [[ -f $d/data/pki/ca.crt && $(https_status 127.0.0.1 "$port" /readyz) == 200 ]]; then
-			cp "$d/data/pki/ca.crt" "$d/ca.crt"
-			echo "https://127.0.0.1:$port" >"$d/url"
-			log "svc-gateway proxy ready at https://127.0.0.1:$port in front of $(grep -m1 server: "$up/admin.kubeconfig" | awk '{print $2}')"
-			return 0
-		fi
-		sleep 0.2
-	done
-	log "svc-gateway proxy not ready after ${GATEWAY_READY_TIMEOUT:-60} s; log tail:"
-	tail -n 40 "$d/gateway.log" >&2
-	cmd_stop "$d"
-	return 1
+	launch "$d" "$d/data/pki/ca.crt" --upstream-kubeconfig "$up/admin.kubeconfig" \
+		--client-ca-file "$up/pki/ca.crt" ${SVC_PROXY_EXTRA_FLAGS:-} || return 1
+	cp "$d/data/pki/ca.crt" "$d/ca.crt"
+	echo "https://127.0.0.1:$PORT" >"$d/url"
+	log "svc-gateway proxy ready at https://127.0.0.1:$PORT in front of $(grep -m1 server: "$up/admin.kubeconfig" | awk '{print $2}')"
 }
 
 cmd_stop() {

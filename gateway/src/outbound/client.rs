@@ -382,20 +382,33 @@ impl WebhookClient {
             .request(request)
             .await
             .map_err(|e| fail(error_chain(&e)))?;
-        let status = response.status();
-        let body = Limited::new(response.into_body(), MAX_RESPONSE_BODY)
-            .collect()
-            .await
-            .map_err(|e| {
-                if e.is::<http_body_util::LengthLimitError>() {
-                    ClientError::TooLarge { url: url.clone() }
-                } else {
-                    fail(e.to_string())
-                }
-            })?
-            .to_bytes();
-        Ok(Response { status, body })
+        read_response(&url, response).await
     }
+}
+
+/// A response read whole: at most [`MAX_RESPONSE_BODY`] bytes of body.
+pub async fn read_response(
+    url: &str,
+    response: http::Response<hyper::body::Incoming>,
+) -> Result<Response, ClientError> {
+    let status = response.status();
+    let body = Limited::new(response.into_body(), MAX_RESPONSE_BODY)
+        .collect()
+        .await
+        .map_err(|e| {
+            if e.is::<http_body_util::LengthLimitError>() {
+                ClientError::TooLarge {
+                    url: url.to_string(),
+                }
+            } else {
+                ClientError::Request {
+                    url: url.to_string(),
+                    message: e.to_string(),
+                }
+            }
+        })?
+        .to_bytes();
+    Ok(Response { status, body })
 }
 
 /// A buffered request body.

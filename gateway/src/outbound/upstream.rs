@@ -82,27 +82,10 @@ impl Upstream {
         &self,
         request: http::Request<RequestBody>,
     ) -> Result<client::Response, ClientError> {
-        use http_body_util::BodyExt as _;
         let url = self.url();
         let exchange = async {
             let response = self.send(request).await?;
-            let status = response.status();
-            let body =
-                http_body_util::Limited::new(response.into_body(), client::MAX_RESPONSE_BODY)
-                    .collect()
-                    .await
-                    .map_err(|e| {
-                        if e.is::<http_body_util::LengthLimitError>() {
-                            ClientError::TooLarge { url: url.clone() }
-                        } else {
-                            ClientError::Request {
-                                url: url.clone(),
-                                message: e.to_string(),
-                            }
-                        }
-                    })?
-                    .to_bytes();
-            Ok(client::Response { status, body })
+            client::read_response(&url, response).await
         };
         match tokio::time::timeout(CALL_TIMEOUT, exchange).await {
             Ok(r) => r,

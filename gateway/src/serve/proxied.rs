@@ -128,20 +128,19 @@ async fn serve(
     resp.map(|body| {
         UntilStopped {
             body,
-            stopped: parking_lot::Mutex::new(stopped),
+            stopped,
             _place: watch,
         }
         .boxed()
     })
 }
 
-type Stopped = Pin<Box<dyn Future<Output = ()> + Send>>;
+type Stopped = Pin<Box<dyn Future<Output = ()> + Send + Sync>>;
 
-/// A streamed answer that ends when the server stops its watches. The signal sits in a
-/// mutex only to make the body `Sync`; polling takes it by `&mut`, never locking.
+/// A streamed answer that ends when the server stops its watches.
 struct UntilStopped {
     body: Body,
-    stopped: parking_lot::Mutex<Stopped>,
+    stopped: Stopped,
     _place: Option<crate::http::limits::Slot>,
 }
 
@@ -153,7 +152,7 @@ impl hyper::body::Body for UntilStopped {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
-        if self.stopped.get_mut().as_mut().poll(cx).is_ready() {
+        if self.stopped.as_mut().poll(cx).is_ready() {
             return Poll::Ready(None);
         }
         Pin::new(&mut self.body).poll_frame(cx)
