@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the client-go conformance tests against kube-apiserver (to prove each test right) and
 # against the svc gateway (to test it), then the differential runner (diff/) against both at
-# once, and ends with one line "N passed, N failed" over all three.
+# once, then the proxy-mode tests (proxy/: the gateway with --upstream-kubeconfig in front of a
+# kube-apiserver of its own), and ends with one line "N passed, N failed" over all four.
 #
 #   interop/run.sh
 #
@@ -17,6 +18,8 @@
 #   INTEROP_TEST_RUN       a -test.run pattern (default: every test)
 #   INTEROP_DIFF=0         skip the differential runner (it runs when both targets do)
 #   INTEROP_DIFF_RUN       a pattern of scenarios for it, e.g. 'watch|chunking' (default: all)
+#   INTEROP_PROXY=0        skip the proxy-mode tests
+#   INTEROP_PROXY_RUN      a -test.run pattern for them (default: every test)
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -41,6 +44,8 @@ cleanup() {
 	fi
 	"$HERE/gateway.sh" stop "$WORK/svc-gateway" >/dev/null 2>&1 || true
 	"$HERE/kube.sh" stop "$WORK/kube-apiserver" >/dev/null 2>&1 || true
+	"$HERE/gateway.sh" stop "$WORK/proxy" >/dev/null 2>&1 || true
+	"$HERE/kube.sh" stop "$WORK/proxy-upstream" >/dev/null 2>&1 || true
 	if [[ -n ${INTEROP_KEEP:-} ]]; then
 		log "kept $WORK"
 	else
@@ -60,6 +65,7 @@ export SVC_GATEWAY_EXTRA_FLAGS="$GATEWAY_FLAGS ${SVC_GATEWAY_EXTRA_FLAGS:-}"
 	cd "$HERE"
 	go test -c -o "$WORK/clientgo.test" ./clientgo
 	go test -c -o "$WORK/diff.test" ./diff
+	go test -c -o "$WORK/proxy.test" ./proxy
 	go build -o "$WORK/testsummary" ./cmd/testsummary
 )
 log "built in $((SECONDS - start)) s"
@@ -131,6 +137,27 @@ if [[ -n $diff ]]; then
 	stop_target kube-apiserver
 	stop_target svc-gateway
 	args+=("differential=$WORK/differential.json")
+fi
+# Proxy mode: a kube-apiserver of its own as the upstream (the tests create RBAC objects and
+# CRDs there), the gateway in front of it.
+if [[ ${INTEROP_PROXY:-1} != 0 ]]; then
+	t0=$SECONDS
+	if "$HERE/kube.sh" start "$WORK/proxy-upstream" && "$HERE/gateway.sh" start-proxy "$WORK/proxy" "$WORK/proxy-upstream"; then
+		(
+			cd "$HERE/proxy"
+			INTEROP_UPSTREAM_KUBECONFIG=$WORK/proxy-upstream/admin.kubeconfig \
+				INTEROP_UPSTREAM_PKI=$WORK/proxy-upstream/pki \
+				INTEROP_PROXY_URL=$(cat "$WORK/proxy/url") INTEROP_PROXY_CA=$WORK/proxy/ca.crt \
+				go tool test2json -t -p proxy "$WORK/proxy.test" -test.v=test2json -test.count=1 \
+				-test.timeout=300s ${INTEROP_PROXY_RUN:+-test.run "$INTEROP_PROXY_RUN"} >"$WORK/proxy.json" 2>&1
+		) || true
+	else
+		log "the proxy or its upstream did not start"
+	fi
+	"$HERE/gateway.sh" stop "$WORK/proxy"
+	"$HERE/kube.sh" stop "$WORK/proxy-upstream"
+	log "proxy: took $((SECONDS - t0)) s"
+	args+=("proxy=$WORK/proxy.json")
 fi
 log "whole run took $((SECONDS - start)) s"
 summarized=1

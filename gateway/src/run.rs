@@ -1,6 +1,9 @@
 //! Starting and stopping a whole server: open the store, create or load the PKI, build the
 //! server state, bind the listeners, load the reloadable configuration files and start the
-//! built-in controllers. The last floor: it may use every layer before it.
+//! built-in controllers; or, with `--upstream-kubeconfig`, a proxy (`run/proxy.rs`). The
+//! last floor: it may use every layer before it.
+
+pub mod proxy;
 
 use std::net::SocketAddr;
 use std::os::unix::fs::DirBuilderExt as _;
@@ -29,6 +32,7 @@ pub struct ServerHandle {
     /// The loopback plain-HTTP address, when enabled.
     pub insecure_addr: Option<SocketAddr>,
     pub app: Arc<ServerState>,
+    /// The admin kubeconfig written in the data directory (empty in proxy mode).
     pub admin_kubeconfig: std::path::PathBuf,
     /// The cluster PKI (tests issue client certificates from it).
     pub pki: Arc<pki::Pki>,
@@ -62,6 +66,10 @@ impl ServerHandle {
 /// Opens the store (embedded, or etcd with `--storage-backend=etcd`), creates or loads the
 /// PKI, binds the listeners and starts serving.
 pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
+    if opts.upstream_kubeconfig.is_some() {
+        return proxy::start(opts).await;
+    }
+    opts.check_mode().map_err(anyhow::Error::msg)?;
     if opts.storage_backend == crate::base::flags::StorageBackend::Etcd {
         // Connections are lazy: an unreachable etcd shows in /readyz and 503s, not here.
         let mut etcd = opts.etcd_config();

@@ -24,6 +24,20 @@ pub struct Options {
     #[arg(long, default_value = "./data")]
     pub data_dir: PathBuf,
 
+    /// Proxy mode: the kubeconfig of an existing kube-apiserver to stand in front of (its
+    /// current context's server, CA and credential, which is the proxy's own identity). There
+    /// is then no local store: every request but the proxy's health probes is passed upstream
+    /// with the caller's identity (impersonation). The serving certificate and its CA still
+    /// come from the data directory.
+    #[arg(long)]
+    pub upstream_kubeconfig: Option<PathBuf>,
+
+    /// Proxy mode: a PEM bundle of the CAs whose client certificates authenticate callers (CN
+    /// the user, O the groups), as kube-apiserver's flag of that name; usually the upstream's
+    /// client CA. Without it only bearer tokens (checked by the upstream) authenticate.
+    #[arg(long)]
+    pub client_ca_file: Option<PathBuf>,
+
     /// Address to serve HTTPS on.
     #[arg(long, default_value = "0.0.0.0")]
     pub bind_address: IpAddr,
@@ -402,6 +416,82 @@ impl Options {
         }
     }
 
+    /// Flags that proxy mode cannot honour, refused at start with their names: the upstream
+    /// stores, authorizes, admits and issues tokens itself, and a loopback listener without
+    /// authentication would act as `system:masters` upstream. `--client-ca-file` belongs to
+    /// proxy mode (standalone trusts its own CA).
+    pub fn check_mode(&self) -> Result<(), String> {
+        if self.upstream_kubeconfig.is_none() {
+            if self.client_ca_file.is_some() {
+                return Err(
+                    "--client-ca-file is only for proxy mode (--upstream-kubeconfig); \
+                     standalone mode verifies client certificates with its own CA"
+                        .into(),
+                );
+            }
+            return Ok(());
+        }
+        let set: [(&str, bool); 14] = [
+            (
+                "--storage-backend=etcd",
+                self.storage_backend == StorageBackend::Etcd,
+            ),
+            ("--insecure-port", self.insecure_port != 0),
+            ("--anonymous-auth", self.anonymous_auth.is_some()),
+            (
+                "--authorization-config",
+                self.authorization_config.is_some(),
+            ),
+            (
+                "--authentication-config",
+                self.authentication_config.is_some(),
+            ),
+            (
+                "--cluster-signing-cert-file",
+                self.cluster_signing_cert_file.is_some(),
+            ),
+            (
+                "--cluster-signing-key-file",
+                self.cluster_signing_key_file.is_some(),
+            ),
+            (
+                "--service-account-signing-key-file",
+                self.service_account_signing_key_file.is_some(),
+            ),
+            (
+                "--service-account-key-file",
+                !self.service_account_key_files.is_empty(),
+            ),
+            (
+                "--enable-admission-plugins",
+                !self.enable_admission_plugins.is_empty(),
+            ),
+            (
+                "--disable-admission-plugins",
+                !self.disable_admission_plugins.is_empty(),
+            ),
+            (
+                "--admission-control-config-file",
+                self.admission_control_config_file.is_some(),
+            ),
+            ("--tracing-config-file", self.tracing_config_file.is_some()),
+            (
+                "--audit-policy-file",
+                self.audit.audit_policy_file.is_some(),
+            ),
+        ];
+        let refused: Vec<&str> = set.iter().filter(|(_, on)| *on).map(|(n, _)| *n).collect();
+        if refused.is_empty() {
+            return Ok(());
+        }
+        Err(format!(
+            "--upstream-kubeconfig (proxy mode) cannot be combined with {}: the upstream API \
+             server stores, authenticates, authorizes, admits and audits itself, and proxy mode \
+             has no loopback listener",
+            refused.join(", ")
+        ))
+    }
+
     pub fn log_filter(&self) -> String {
         match self.verbosity {
             Some(0..=1) => "info".into(),
@@ -606,5 +696,27 @@ mod tests {
         .audit;
         assert_eq!(o.audit_log_mode, AuditMode::BlockingStrict);
         assert!(!o.audit_webhook_batch_throttle_enable);
+    }
+
+    #[test]
+    fn proxy_mode_refuses_what_only_a_standalone_server_does() {
+        let parse = |args: &[&str]| {
+            let mut all = vec!["svc-gateway"];
+            all.extend_from_slice(args);
+            Options::parse_from(all).check_mode()
+        };
+        assert_eq!(parse(&[]), Ok(()));
+        let proxy = ["--upstream-kubeconfig=k", "--client-ca-file=ca.crt"];
+        assert_eq!(parse(&proxy), Ok(()));
+        assert_eq!(parse(&["--upstream-kubeconfig=k"]), Ok(()));
+        let err = parse(&["--client-ca-file=ca.crt"]).unwrap_err();
+        assert!(err.contains("only for proxy mode"), "{err}");
+        let mut bad = proxy.to_vec();
+        bad.extend(["--insecure-port=8080", "--storage-backend=etcd"]);
+        let err = parse(&bad).unwrap_err();
+        assert!(
+            err.contains("--storage-backend=etcd, --insecure-port"),
+            "{err}"
+        );
     }
 }

@@ -1,11 +1,13 @@
 //! `/healthz`, `/livez`, `/readyz` and their per-check paths, with `verbose` and `exclude`,
-//! in the output format Kubernetes uses.
+//! in the output format Kubernetes uses. In proxy mode the storage checks give way to one
+//! `upstream` check of `/readyz`: the upstream answers its own `/readyz`.
 
 use std::sync::atomic::Ordering;
 
 use crate::base::query::Query;
 use crate::http::api::Api;
 use crate::http::respond::{self, Body};
+use crate::outbound::upstream::Upstream;
 use http::StatusCode;
 
 /// Runs every check that belongs to `endpoint`, in a fixed order.
@@ -58,8 +60,45 @@ pub async fn serve(
     check: Option<&str>,
     query: &Query,
 ) -> http::Response<Body> {
-    let in_grace = endpoint == "livez" && app.started.elapsed() < app.opts.livez_grace_period;
     let checks = run_checks(app, endpoint).await;
+    report(app, endpoint, check, query, checks)
+}
+
+/// The checks of a proxy: alive while it runs; ready while the upstream is and it is not
+/// shutting down (a dead upstream is no reason to restart the proxy, so `/livez` and
+/// `/healthz` leave it out).
+pub async fn serve_proxied(
+    app: &Api,
+    upstream: &Upstream,
+    endpoint: &str,
+    check: Option<&str>,
+    query: &Query,
+) -> http::Response<Body> {
+    let mut checks: Vec<(String, Result<(), String>)> =
+        vec![("ping".into(), Ok(())), ("log".into(), Ok(()))];
+    if endpoint == "readyz" {
+        checks.push(("upstream".into(), upstream.ready().await));
+        let shutting_down = app.shutting_down.load(Ordering::Acquire);
+        checks.push((
+            "shutdown".into(),
+            if shutting_down {
+                Err("process is shutting down".into())
+            } else {
+                Ok(())
+            },
+        ));
+    }
+    report(app, endpoint, check, query, checks)
+}
+
+fn report(
+    app: &Api,
+    endpoint: &str,
+    check: Option<&str>,
+    query: &Query,
+    checks: Vec<(String, Result<(), String>)>,
+) -> http::Response<Body> {
+    let in_grace = endpoint == "livez" && app.started.elapsed() < app.opts.livez_grace_period;
 
     if let Some(name) = check {
         return match checks.iter().find(|(n, _)| n == name) {

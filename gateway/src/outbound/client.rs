@@ -7,6 +7,8 @@
 //! plugin (`client/exec.rs`: re-run once on a 401, and the request retried once).
 //!
 //! Bounded: every call has a timeout; a response body over [`MAX_RESPONSE_BODY`] is an error.
+//! The exception is [`WebhookClient::request`], the proxy's pass-through (`upstream.rs`):
+//! its body streams both ways and its caller bounds it.
 //! TLS roots: the CA given, else the system's (see the `rustls-native-certs` note in
 //! gateway/Cargo.toml).
 
@@ -63,7 +65,14 @@ pub struct Response {
     pub body: Bytes,
 }
 
-type Pool = hyper_util::client::legacy::Client<Connector, Full<Bytes>>;
+/// What a request body may fail with: the caller's connection, for a streamed one.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The body of an outbound request: a buffer (webhooks) or a stream passed on as it arrives
+/// (the proxy's pass-through, `upstream.rs`).
+pub type RequestBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
+
+type Pool = hyper_util::client::legacy::Client<Connector, RequestBody>;
 
 /// A client of one webhook URL. Cheap to clone; clones share connections and credentials.
 #[derive(Clone)]
@@ -253,6 +262,53 @@ impl WebhookClient {
         self.0.url.to_string()
     }
 
+    /// Sends `request` to the server of the kubeconfig: its scheme and authority, its path as
+    /// a prefix of the request's path and query, its credential in `Authorization` (an exec
+    /// plugin's credential as it stands; no retry, as a streamed body cannot be sent twice).
+    /// The response's body streams; nothing bounds the time here, the caller does.
+    pub async fn request(
+        &self,
+        mut request: http::Request<RequestBody>,
+    ) -> Result<http::Response<hyper::body::Incoming>, ClientError> {
+        let inner = &self.0;
+        let url = self.url();
+        let fail = |message: String| ClientError::Request {
+            url: url.clone(),
+            message,
+        };
+        let (pool, authorization) = match &inner.auth {
+            Auth::Exec(source) => {
+                let cred = source.get().await?;
+                let pool = cred.pool.clone().unwrap_or_else(|| inner.pool.clone());
+                let header = cred
+                    .token
+                    .as_ref()
+                    .map(|t| Arc::<str>::from(format!("Bearer {t}")));
+                (pool, header)
+            }
+            Auth::Bearer(h) | Auth::Basic(h) => (inner.pool.clone(), Some(h.clone())),
+            Auth::TokenFile { path, cached } => {
+                (inner.pool.clone(), Some(token_file(path, cached)?))
+            }
+            Auth::None => (inner.pool.clone(), None),
+        };
+        let target = join_url(&inner.url, request.uri()).map_err(fail)?;
+        *request.uri_mut() = target;
+        // The pool picks the protocol (h2 where ALPN agreed it); an h2 caller's version
+        // would be refused on an HTTP/1.1 connection.
+        *request.version_mut() = http::Version::HTTP_11;
+        if let Some(a) = authorization {
+            let value = http::HeaderValue::from_str(&a)
+                .map_err(|_| ClientError::Config("the credential is not a valid header".into()))?;
+            request
+                .headers_mut()
+                .insert(http::header::AUTHORIZATION, value);
+        }
+        pool.request(request)
+            .await
+            .map_err(|e| fail(error_chain(&e)))
+    }
+
     /// POSTs `body` and reads the answer (at most [`MAX_RESPONSE_BODY`]), all within
     /// `timeout`. With an exec plugin, a 401 runs the plugin again and the call is sent once
     /// more.
@@ -319,34 +375,75 @@ impl WebhookClient {
             request = request.header(http::header::AUTHORIZATION, &*a);
         }
         let mut request = request
-            .body(Full::new(body))
+            .body(buffered(body))
             .map_err(|e| fail(e.to_string()))?;
         crate::observe::trace::inject_current(request.headers_mut());
-        let response = pool.request(request).await.map_err(|e| {
-            use std::error::Error as _;
-            let mut message = e.to_string();
-            let mut source = e.source();
-            while let Some(s) = source {
-                message.push_str(": ");
-                message.push_str(&s.to_string());
-                source = s.source();
-            }
-            fail(message)
-        })?;
-        let status = response.status();
-        let body = Limited::new(response.into_body(), MAX_RESPONSE_BODY)
-            .collect()
+        let response = pool
+            .request(request)
             .await
-            .map_err(|e| {
-                if e.is::<http_body_util::LengthLimitError>() {
-                    ClientError::TooLarge { url: url.clone() }
-                } else {
-                    fail(e.to_string())
-                }
-            })?
-            .to_bytes();
-        Ok(Response { status, body })
+            .map_err(|e| fail(error_chain(&e)))?;
+        read_response(&url, response).await
     }
+}
+
+/// A response read whole: at most [`MAX_RESPONSE_BODY`] bytes of body.
+pub async fn read_response(
+    url: &str,
+    response: http::Response<hyper::body::Incoming>,
+) -> Result<Response, ClientError> {
+    let status = response.status();
+    let body = Limited::new(response.into_body(), MAX_RESPONSE_BODY)
+        .collect()
+        .await
+        .map_err(|e| {
+            if e.is::<http_body_util::LengthLimitError>() {
+                ClientError::TooLarge {
+                    url: url.to_string(),
+                }
+            } else {
+                ClientError::Request {
+                    url: url.to_string(),
+                    message: e.to_string(),
+                }
+            }
+        })?
+        .to_bytes();
+    Ok(Response { status, body })
+}
+
+/// A buffered request body.
+pub fn buffered(body: Bytes) -> RequestBody {
+    Full::new(body)
+        .map_err(|never: std::convert::Infallible| match never {})
+        .boxed_unsync()
+}
+
+/// An error with its sources, `a: b: c`, as Go prints wrapped errors.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut message = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        message.push_str(": ");
+        message.push_str(&s.to_string());
+        source = s.source();
+    }
+    message
+}
+
+/// The server URL `base` with `request`'s path and query after its own path
+/// (`https://h/prefix` + `/api/v1/pods?watch=1`).
+fn join_url(base: &http::Uri, request: &http::Uri) -> Result<http::Uri, String> {
+    let prefix = base.path().trim_end_matches('/');
+    let tail = request
+        .path_and_query()
+        .map_or("/", http::uri::PathAndQuery::as_str);
+    let mut parts = base.clone().into_parts();
+    parts.path_and_query = Some(
+        format!("{prefix}{tail}")
+            .parse()
+            .map_err(|e| format!("request path {tail:?}: {e}"))?,
+    );
+    http::Uri::from_parts(parts).map_err(|e| e.to_string())
 }
 
 fn resolve(dir: &Path, p: &str) -> PathBuf {

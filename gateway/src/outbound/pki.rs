@@ -93,7 +93,8 @@ pub struct PkiOptions {
     /// Extra serving-certificate names: an entry that parses as an IP address becomes an
     /// IP SAN, anything else a DNS SAN.
     pub tls_sans: Vec<String>,
-    /// Where the admin kubeconfig goes (written when missing or when its credentials change).
+    /// Where the admin kubeconfig goes (written when missing or when its credentials change);
+    /// an empty path writes none (proxy mode, whose callers hold the upstream's credentials).
     pub admin_kubeconfig_path: PathBuf,
     /// Server URL written into the kubeconfig, e.g. `https://127.0.0.1:6443`.
     pub server_url: String,
@@ -363,7 +364,9 @@ pub fn ensure_pki(cert_dir: &Path, opts: &PkiOptions) -> Result<Pki, PkiError> {
     // A kubeconfig that exists but embeds credentials we just replaced would lock the
     // operator out, so those cases rewrite it too.
     let kubeconfig_path = &opts.admin_kubeconfig_path;
-    if ca_created || admin_issued || !files::exists(kubeconfig_path)? {
+    if !kubeconfig_path.as_os_str().is_empty()
+        && (ca_created || admin_issued || !files::exists(kubeconfig_path)?)
+    {
         let yaml = kubeconfig::render(
             &opts.server_url,
             &ca.cert_pem,

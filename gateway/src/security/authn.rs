@@ -15,6 +15,7 @@ use crate::security::authz::{
 };
 use crate::security::jwt::{self, Verdict};
 use crate::security::state::Security;
+use crate::security::token_review::TokenReviewer;
 
 /// What the connection established about the caller before any request arrived.
 #[derive(Clone, Debug)]
@@ -135,6 +136,31 @@ pub async fn authenticate(
         {
             Ok(anonymous())
         }
+        None => Err(unauthorized()),
+    }
+}
+
+/// Finds the caller of a request to the proxy (`--upstream-kubeconfig`): the client
+/// certificate (verified by TLS against `--client-ca-file`), else a bearer token the
+/// upstream's TokenReview accepts, else anonymous for probes of health and version only.
+/// There is no loopback listener in proxy mode, and a refused credential is a 401.
+pub async fn authenticate_proxied(
+    reviewer: &TokenReviewer,
+    conn: &ConnIdentity,
+    method: &http::Method,
+    path: &str,
+    headers: &http::HeaderMap,
+) -> Result<UserInfo, ApiError> {
+    if let Some(user) = &conn.cert_user {
+        return Ok(user.clone());
+    }
+    match bearer_token(headers) {
+        Some(Ok(token)) => reviewer.authenticate(token).await.map_err(|e| {
+            tracing::debug!(error = %e, "bearer token rejected");
+            unauthorized()
+        }),
+        Some(Err(())) => Err(unauthorized()),
+        None if anonymous_allowed(None, None, method, path) => Ok(anonymous()),
         None => Err(unauthorized()),
     }
 }

@@ -16,6 +16,7 @@ use crate::base::lifecycle::PostStartHooks;
 use crate::base::reload::ReloadMetrics;
 use crate::http::api::Api;
 use crate::http::limits::{FairConfig, FairLimit, FlowMetrics, InflightLimit};
+use crate::http::proxy::Proxy;
 use crate::observe::metrics::Metrics;
 use crate::observe::metrics::store::InstrumentedStore;
 use crate::observe::trace::{self, Tracer};
@@ -41,6 +42,9 @@ pub struct ServerState {
     pub flow_metrics: FlowMetrics,
     /// How webhook clients (`controlplane`) dial out: `--egress-selector-config-file`.
     pub egress: Egress,
+    /// Proxy mode (`--upstream-kubeconfig`): every request but the health probes goes to the
+    /// upstream, and the registry is never reached. `None` in standalone mode.
+    pub proxy: Option<Arc<Proxy>>,
 }
 
 /// What a server is made of besides its options and store.
@@ -144,6 +148,7 @@ impl ServerState {
             watches,
             flow_metrics,
             egress,
+            proxy: None,
         })
     }
 }

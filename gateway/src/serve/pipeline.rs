@@ -9,7 +9,6 @@ use std::time::{Duration, Instant, SystemTime};
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use opentelemetry::context::FutureExt as _;
 use svc_core::ApiError;
 use svc_core::user::UserInfo;
@@ -20,75 +19,17 @@ use crate::base::query::Query;
 use crate::base::router::{self, Route};
 use crate::base::verb::Verb;
 use crate::http::respond::{self, Body};
-use crate::security::authn::{self, ConnIdentity};
-use crate::security::authz::{Attributes, GROUP_MASTERS};
+use crate::security::authn;
+use crate::security::authz::Attributes;
 use crate::serve::app::ServerState;
 use crate::serve::audited;
+use crate::serve::proxied;
+pub use crate::serve::request::{Caller, H2Body, RequestBody};
+use crate::serve::seats::{Admitted, admit};
 use crate::{
     http::discovery, http::health, http::limits, http::openapi, http::openapi_v2, http::rest,
     observe::metrics, observe::trace, security::audit,
 };
-
-/// Who sent a request, before authentication has looked at it.
-pub enum Caller {
-    /// A client on a connection (its certificate, if any, already verified by TLS).
-    Connection(Arc<ConnIdentity>),
-    /// The server itself (a controller), acting as this user; authorization still applies.
-    Internal(UserInfo),
-}
-
-/// A request body: still arriving from a client, or already in memory.
-pub enum RequestBody {
-    Stream(Incoming),
-    /// A request on an h2 connection served by `h2conn.rs`.
-    H2(H2Body),
-    Full(Bytes),
-}
-
-/// An h2 request body: gives flow-control capacity back as it is read, so the client may
-/// send more (what is read is bounded by [`RequestBody::read`]'s limit).
-pub struct H2Body {
-    recv: h2::RecvStream,
-    /// The `content-length` the client declared (0 when absent).
-    declared: u64,
-}
-
-impl H2Body {
-    pub fn new(recv: h2::RecvStream, declared: Option<u64>) -> Self {
-        H2Body {
-            recv,
-            declared: declared.unwrap_or(0),
-        }
-    }
-}
-
-impl hyper::body::Body for H2Body {
-    type Data = Bytes;
-    type Error = h2::Error;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, h2::Error>>> {
-        match self.recv.poll_data(cx) {
-            std::task::Poll::Ready(Some(Ok(data))) => {
-                let _ = self.recv.flow_control().release_capacity(data.len());
-                std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(data))))
-            }
-            other => other.map(|d| d.map(|r| r.map(hyper::body::Frame::data))),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.recv.is_end_stream()
-    }
-
-    fn size_hint(&self) -> hyper::body::SizeHint {
-        let mut hint = hyper::body::SizeHint::new();
-        hint.set_lower(self.declared);
-        hint
-    }
-}
 
 impl RequestBody {
     /// The whole body, refused with 413 past `max` bytes.
@@ -110,6 +51,9 @@ pub async fn handle(
     caller: Caller,
     mut req: Request<RequestBody>,
 ) -> Response<Body> {
+    if let Some(proxy) = &app.proxy {
+        return proxied::handle(&app, proxy, caller, req).await;
+    }
     let start = Instant::now();
     // The one branch tracing costs when it is off.
     let traced_since = app.api.tracer.as_ref().map(|_| SystemTime::now());
@@ -204,52 +148,6 @@ fn peer(caller: &Caller) -> Option<std::net::SocketAddr> {
         Caller::Connection(ident) => ident.peer,
         Caller::Internal(_) => None,
     }
-}
-
-/// What lets a request run, held until its handler returns: nothing for `system:masters`
-/// (exempt, as Kubernetes' `exempt` priority level), a place under `--max-watches` for a
-/// watch, else seats of the read-only or mutating pool (`width` of them: more for a big
-/// list), waited for in the user's queue.
-#[derive(Default)]
-struct Admitted<'a> {
-    watch: Option<limits::Slot>,
-    _seat: Option<limits::Seat<'a>>,
-}
-
-async fn admit<'a>(
-    app: &'a ServerState,
-    user: &UserInfo,
-    verb: Verb,
-    width: usize,
-) -> Result<Admitted<'a>, limits::Rejection> {
-    if user.in_group(GROUP_MASTERS) {
-        return Ok(Admitted::default());
-    }
-    if verb == Verb::Watch {
-        return app
-            .watches
-            .try_acquire()
-            .map(|w| Admitted {
-                watch: Some(w),
-                _seat: None,
-            })
-            .ok_or_else(|| {
-                app.flow_metrics
-                    .rejected("watch", limits::Rejection::ConcurrencyLimit);
-                limits::Rejection::ConcurrencyLimit
-            });
-    }
-    let pool = if verb.is_mutating() {
-        &app.mutating_inflight
-    } else {
-        &app.readonly_inflight
-    };
-    pool.acquire_width(&user.username, width)
-        .await
-        .map(|s| Admitted {
-            watch: None,
-            _seat: Some(s),
-        })
 }
 
 /// The seats a request holds: a list of a stored kind as many as `limits::list_width` says

@@ -40,6 +40,7 @@ mod media;
 mod metrics;
 mod patch;
 mod props;
+mod proxy;
 mod tracing;
 mod validate_config;
 mod watch_guarantees;

@@ -57,6 +57,49 @@ impl Pki {
         Ok(Arc::new(config))
     }
 
+    /// The listener's TLS configuration in proxy mode: serves `apiserver.crt`, offers h2 and
+    /// http/1.1, and asks for (but does not require) a client certificate chaining to one of
+    /// the CAs of `client_ca_pem` (`--client-ca-file`); never to this PKI's own CA, whose
+    /// certificates the upstream does not know. Without a bundle no certificate is asked for.
+    pub fn proxy_server_config(
+        &self,
+        client_ca_pem: Option<&[u8]>,
+    ) -> Result<Arc<ServerConfig>, PkiError> {
+        let provider = provider();
+        let tls = |source| PkiError::Tls {
+            what: "server",
+            source,
+        };
+        let builder = ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(tls)?;
+        let builder = match client_ca_pem {
+            None => builder.with_no_client_auth(),
+            Some(pem) => {
+                let mut roots = RootCertStore::empty();
+                for cert in CertificateDer::pem_slice_iter(pem) {
+                    let cert = cert.map_err(|source| PkiError::Pem {
+                        what: "the client CA bundle".into(),
+                        source,
+                    })?;
+                    roots.add(cert).map_err(tls)?;
+                }
+                let verifier =
+                    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                        .allow_unauthenticated()
+                        .build()
+                        .map_err(|source| PkiError::Verifier { source })?;
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let key = parse_private_key("the serving key", &self.serving_key_pem)?;
+        let mut config = builder
+            .with_single_cert(vec![self.serving_cert_der.clone()], key)
+            .map_err(tls)?;
+        config.alpn_protocols = SERVER_ALPN.iter().map(|p| p.to_vec()).collect();
+        Ok(Arc::new(config))
+    }
+
     /// A client configuration that trusts only this CA, presenting `client_cert`
     /// (certificate PEM, key PEM) when given and offering `alpn` in order.
     pub fn client_config_for(

@@ -1,0 +1,323 @@
+//! The pass-through of proxy mode (`--upstream-kubeconfig`): a request goes to the upstream
+//! API server as it came (method, path, query, headers, the body streamed) under the proxy's
+//! own credential, with `Impersonate-*` headers naming the caller, and the answer comes back
+//! as it is (status, headers, the body streamed: watches and chunked lists alike).
+//!
+//! What is not passed on: the caller's `Authorization` (the proxy's credential replaces it),
+//! the caller's own `Impersonate-*` and `X-Remote-*` headers (a caller's impersonation is
+//! honoured only once the upstream allowed it, `security/impersonation.rs`, and then as the
+//! proxy's headers), `Host`, and the hop-by-hop fields of RFC 9110 §7.6.1 (`Connection` and
+//! every field it names, `Keep-Alive`, `Proxy-Connection`, `TE`, `Transfer-Encoding`,
+//! `Upgrade`, `Proxy-Authorization`, `Proxy-Authenticate`), both ways. Upgrades (exec,
+//! attach, port-forward) are therefore not passed through yet.
+//!
+//! An upstream that cannot be reached is a 503 `Status` naming it; one that sends no answer
+//! head within `--request-timeout` is a 504, except for long-running requests (watches,
+//! logs, exec, attach, port-forward, proxy), which have no time limit.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, header};
+use http_body_util::BodyExt as _;
+use svc_config::subject_access_review::NonResourceAttributes;
+use svc_core::ApiError;
+use svc_core::user::UserInfo;
+
+use crate::http::respond::{self, Body};
+use crate::outbound::client::{ClientError, RequestBody};
+use crate::outbound::upstream::Upstream;
+use crate::security::access_review::AccessReviewer;
+use crate::security::impersonation;
+use crate::security::token_review::TokenReviewer;
+
+/// What proxy mode serves with: the upstream, and the two things that ask it about callers
+/// (who they are, what they may do).
+pub struct Proxy {
+    pub upstream: Upstream,
+    pub tokens: TokenReviewer,
+    pub reviews: AccessReviewer,
+}
+
+impl Proxy {
+    pub fn new(upstream: Upstream) -> Self {
+        Proxy {
+            tokens: TokenReviewer::new(upstream.clone()),
+            reviews: AccessReviewer::new(upstream.clone()),
+            upstream,
+        }
+    }
+
+    /// Whether the upstream lets `caller` GET `path` of the proxy's own (`/metrics`): the
+    /// upstream's 403 words when not.
+    pub async fn may_read(&self, caller: &UserInfo, path: &str) -> Result<(), ApiError> {
+        let attrs = NonResourceAttributes {
+            path: path.to_string(),
+            verb: "get".into(),
+        };
+        let (allowed, reason) = self.reviews.review(caller, None, Some(attrs)).await?;
+        if allowed {
+            return Ok(());
+        }
+        let mut message = format!(
+            "forbidden: User \"{}\" cannot get path \"{path}\"",
+            caller.username
+        );
+        if !reason.is_empty() {
+            message.push_str(": ");
+            message.push_str(&reason);
+        }
+        Err(ApiError::Forbidden(message))
+    }
+
+    /// Passes `req` upstream as `caller` (or as whom the caller impersonates, once allowed)
+    /// and returns the upstream's answer; `head_timeout` bounds the wait for its head.
+    pub async fn forward(
+        &self,
+        req: Request<RequestBody>,
+        caller: &UserInfo,
+        peer: Option<SocketAddr>,
+        head_timeout: Option<Duration>,
+    ) -> Response<Body> {
+        match self.try_forward(req, caller, peer, head_timeout).await {
+            Ok(resp) => resp,
+            Err(e) => respond::error(&e),
+        }
+    }
+
+    async fn try_forward(
+        &self,
+        req: Request<RequestBody>,
+        caller: &UserInfo,
+        peer: Option<SocketAddr>,
+        head_timeout: Option<Duration>,
+    ) -> Result<Response<Body>, ApiError> {
+        let acting = match impersonation::requested(req.headers())? {
+            None => None,
+            Some(wanted) => Some(impersonation::impersonate(&self.reviews, caller, wanted).await?),
+        };
+        let acting = acting.as_ref().unwrap_or(caller);
+        let (mut parts, body) = req.into_parts();
+        let mut headers = request_headers(&parts.headers, peer);
+        impersonation::headers_for(acting, &mut headers)?;
+        parts.headers = headers;
+        let path = parts
+            .uri
+            .path_and_query()
+            .map_or("/", http::uri::PathAndQuery::as_str);
+        parts.uri = path
+            .parse()
+            .map_err(|e| ApiError::bad_request(format!("request path: {e}")))?;
+        let upstream_req = Request::from_parts(parts, body);
+        let sent = self.upstream.send(upstream_req);
+        let answer = match head_timeout {
+            None => sent.await,
+            Some(t) => match tokio::time::timeout(t, sent).await {
+                Ok(r) => r,
+                Err(_) => {
+                    return Err(ApiError::Timeout {
+                        message: format!(
+                            "the upstream API server {} sent no answer within {t:?}",
+                            self.upstream.url()
+                        ),
+                        retry_after_seconds: None,
+                    });
+                }
+            },
+        };
+        let resp = answer.map_err(|e| upstream_unreachable(&self.upstream, &e))?;
+        let (mut parts, body) = resp.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        Ok(Response::from_parts(
+            parts,
+            body.map_err(std::io::Error::other).boxed(),
+        ))
+    }
+}
+
+fn upstream_unreachable(upstream: &Upstream, e: &ClientError) -> ApiError {
+    tracing::warn!(upstream = %upstream.url(), error = %e, "upstream request failed");
+    ApiError::ServiceUnavailable(format!(
+        "the upstream API server {} could not be reached: {e}",
+        upstream.url()
+    ))
+}
+
+/// Whether a request may run for as long as it likes, as kube-apiserver's long-running check
+/// says: watches, and the `log`, `exec`, `attach`, `portforward` and `proxy` subresources.
+pub fn long_running(uri: &http::Uri) -> bool {
+    let watch = uri.query().is_some_and(|q| {
+        form_urlencoded::parse(q.as_bytes()).any(|(k, v)| k == "watch" && (v == "true" || v == "1"))
+    });
+    let segments: Vec<&str> = uri.path().split('/').filter(|s| !s.is_empty()).collect();
+    // What follows the group and version: [watch] [namespaces NS] RESOURCE [NAME [SUB ...]].
+    let rest = match segments.first() {
+        Some(&"api") => segments.get(2..),
+        Some(&"apis") => segments.get(3..),
+        _ => None,
+    }
+    .unwrap_or_default();
+    let (legacy_watch, rest) = match rest.split_first() {
+        Some((&"watch", tail)) => (true, tail),
+        _ => (false, rest),
+    };
+    let rest = match rest {
+        ["namespaces", _, tail @ ..] if !tail.is_empty() => tail,
+        _ => rest,
+    };
+    let subresource = matches!(
+        rest.get(2).copied(),
+        Some("log" | "exec" | "attach" | "portforward" | "proxy")
+    );
+    watch || legacy_watch || subresource
+}
+
+/// Fields that belong to one connection (RFC 9110 §7.6.1), never passed on.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "transfer-encoding",
+    "upgrade",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "trailer",
+];
+
+/// Removes the hop-by-hop fields, those `Connection` names included.
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        headers.remove(n);
+    }
+    for n in HOP_BY_HOP {
+        headers.remove(*n);
+    }
+}
+
+/// The caller's headers as the upstream gets them: no hop-by-hop fields, no credential, no
+/// identity headers, no `Host` (the client sets the upstream's), no `Expect` (the body is
+/// already being read), and the caller's address added to `X-Forwarded-For`.
+fn request_headers(incoming: &HeaderMap, peer: Option<SocketAddr>) -> HeaderMap {
+    let mut headers = incoming.clone();
+    strip_hop_by_hop(&mut headers);
+    headers.remove(header::AUTHORIZATION);
+    headers.remove(header::HOST);
+    headers.remove(header::EXPECT);
+    let identity: Vec<HeaderName> = headers
+        .keys()
+        .filter(|n| impersonation::is_identity_header(n))
+        .cloned()
+        .collect();
+    for n in identity {
+        headers.remove(n);
+    }
+    if let Some(peer) = peer {
+        let ip = peer.ip().to_string();
+        let value = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+            Some(before) if !before.trim().is_empty() => format!("{before}, {ip}"),
+            _ => ip,
+        };
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            headers.insert("x-forwarded-for", v);
+        }
+    }
+    headers
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut m = HeaderMap::new();
+        for (k, v) in pairs {
+            m.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        m
+    }
+
+    #[test]
+    fn credentials_identity_and_hop_by_hop_fields_stay_behind() {
+        let incoming = h(&[
+            ("authorization", "Bearer secret"),
+            ("impersonate-user", "admin"),
+            ("impersonate-group", "system:masters"),
+            ("impersonate-extra-scopes", "x"),
+            ("x-remote-user", "admin"),
+            ("x-remote-group", "system:masters"),
+            ("connection", "keep-alive, x-private"),
+            ("x-private", "1"),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "websocket"),
+            ("proxy-authorization", "Basic x"),
+            ("host", "proxy:6443"),
+            ("accept", "application/json"),
+            ("content-type", "application/json"),
+            ("user-agent", "kubectl"),
+            ("x-forwarded-for", "10.0.0.9"),
+        ]);
+        let out = request_headers(&incoming, Some("127.0.0.2:5000".parse().unwrap()));
+        let mut names: Vec<&str> = out.keys().map(HeaderName::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            ["accept", "content-type", "user-agent", "x-forwarded-for"]
+        );
+        assert_eq!(out["x-forwarded-for"], "10.0.0.9, 127.0.0.2");
+    }
+
+    #[test]
+    fn the_answer_loses_its_hop_by_hop_fields_only() {
+        let mut resp = h(&[
+            ("connection", "close"),
+            ("transfer-encoding", "chunked"),
+            ("content-type", "application/json"),
+            ("audit-id", "x"),
+            ("cache-control", "no-cache, private"),
+        ]);
+        strip_hop_by_hop(&mut resp);
+        let mut names: Vec<&str> = resp.keys().map(HeaderName::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["audit-id", "cache-control", "content-type"]);
+    }
+
+    #[test]
+    fn watches_and_streams_are_long_running() {
+        let yes = [
+            "/api/v1/pods?watch=true",
+            "/api/v1/namespaces/a/configmaps?watch=1&resourceVersion=5",
+            "/api/v1/watch/pods",
+            "/apis/apps/v1/watch/namespaces/a/deployments",
+            "/api/v1/namespaces/a/pods/p/log?follow=true",
+            "/api/v1/namespaces/a/pods/p/exec?command=ls",
+            "/api/v1/namespaces/a/services/s/proxy/x",
+        ];
+        for p in yes {
+            assert!(long_running(&p.parse().unwrap()), "{p}");
+        }
+        let no = [
+            "/api/v1/pods",
+            "/api/v1/pods?watch=false",
+            "/apis/example.com/v1/watchers",
+            "/api/v1/namespaces/watch/configmaps",
+            "/api/v1/namespaces/log/configmaps/exec",
+            "/api/v1/namespaces/a/pods/log",
+        ];
+        for p in no {
+            assert!(!long_running(&p.parse().unwrap()), "{p}");
+        }
+    }
+}

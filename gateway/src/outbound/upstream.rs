@@ -1,0 +1,98 @@
+//! The upstream of proxy mode (`--upstream-kubeconfig`): an unmodified kube-apiserver, reached
+//! with the kubeconfig's server, CA and credential (the proxy's own identity) through the
+//! pooled client of `client.rs` (h2 where the upstream offers it by ALPN, HTTP/1.1 else; the
+//! pool's limits are hyper's). Requests passed through stream both ways and carry no timeout
+//! here (watches must not have one; the caller bounds the others); the proxy's own calls
+//! (TokenReview, SubjectAccessReview, readiness) are bounded in time and size.
+
+use std::path::Path;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::outbound::client::{self, ClientError, RequestBody, WebhookClient};
+use crate::outbound::egress::Egress;
+
+/// How long the proxy's own calls (reviews, readiness) may take.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The upstream API server. Cheap to clone; clones share connections.
+#[derive(Clone, Debug)]
+pub struct Upstream {
+    client: WebhookClient,
+}
+
+impl Upstream {
+    /// The current context of the kubeconfig at `path`: its cluster's server and CA, its
+    /// user's client certificate, token, token file or exec plugin. Dials through the
+    /// `controlplane` egress selection.
+    pub fn from_kubeconfig_file(path: &Path, egress: &Egress) -> Result<Self, ClientError> {
+        Ok(Upstream {
+            client: WebhookClient::from_kubeconfig_file(path, egress)?,
+        })
+    }
+
+    /// The server URL, for messages.
+    pub fn url(&self) -> String {
+        self.client.url()
+    }
+
+    /// Sends a request (its path and query appended to the server URL) under the proxy's
+    /// credential; the caller's `Authorization` is replaced. No timeout.
+    pub async fn send(
+        &self,
+        request: http::Request<RequestBody>,
+    ) -> Result<http::Response<hyper::body::Incoming>, ClientError> {
+        self.client.request(request).await
+    }
+
+    /// POSTs a JSON document to `path` and reads the answer (at most
+    /// [`client::MAX_RESPONSE_BODY`]), all within [`CALL_TIMEOUT`].
+    pub async fn post_json(
+        &self,
+        path: &str,
+        body: Bytes,
+    ) -> Result<client::Response, ClientError> {
+        let request = http::Request::post(path)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header(http::header::ACCEPT, "application/json")
+            .body(client::buffered(body))
+            .map_err(|e| ClientError::Config(e.to_string()))?;
+        self.call(request).await
+    }
+
+    /// Whether the upstream answers `GET /readyz` with 200 within [`CALL_TIMEOUT`].
+    pub async fn ready(&self) -> Result<(), String> {
+        let request = http::Request::get("/readyz")
+            .body(client::buffered(Bytes::new()))
+            .map_err(|e| e.to_string())?;
+        let response = self.call(request).await.map_err(|e| e.to_string())?;
+        if response.status == http::StatusCode::OK {
+            Ok(())
+        } else {
+            Err(format!(
+                "{}/readyz answered {}",
+                self.url(),
+                response.status.as_u16()
+            ))
+        }
+    }
+
+    async fn call(
+        &self,
+        request: http::Request<RequestBody>,
+    ) -> Result<client::Response, ClientError> {
+        let url = self.url();
+        let exchange = async {
+            let response = self.send(request).await?;
+            client::read_response(&url, response).await
+        };
+        match tokio::time::timeout(CALL_TIMEOUT, exchange).await {
+            Ok(r) => r,
+            Err(_) => Err(ClientError::Timeout {
+                url: url.clone(),
+                timeout: CALL_TIMEOUT,
+            }),
+        }
+    }
+}

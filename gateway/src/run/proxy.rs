@@ -1,0 +1,197 @@
+//! Starting a server in proxy mode (`--upstream-kubeconfig`): the upstream client from the
+//! kubeconfig, the serving certificate and its CA from the data directory (as in standalone
+//! mode), client certificates verified against `--client-ca-file`, and no local store, no
+//! controllers, no admin kubeconfig (callers hold the upstream's credentials).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use async_trait::async_trait;
+use bytes::Bytes;
+use svc_storage::{FeedStream, KeyRange, KeyValue, RangeResult, Revision, Store, StoreError};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
+
+use crate::base::flags::Options;
+use crate::http::proxy::Proxy;
+use crate::outbound::egress::Egress;
+use crate::outbound::pki::{self, PkiOptions};
+use crate::outbound::upstream::Upstream;
+use crate::run::ServerHandle;
+use crate::serve::app::{Parts, ServerState};
+use crate::serve::server::accept_loop;
+
+/// Starts the proxy: checks the flags, reads the upstream kubeconfig and the client CA, binds
+/// the listener and serves. The upstream is not dialled here: an unreachable one shows in
+/// `/readyz` and as 503s.
+pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
+    opts.check_mode().map_err(anyhow::Error::msg)?;
+    let Some(kubeconfig) = opts.upstream_kubeconfig.clone() else {
+        anyhow::bail!("proxy mode needs --upstream-kubeconfig");
+    };
+    let egress = Egress::from_options(&opts)?;
+    let upstream = Upstream::from_kubeconfig_file(&kubeconfig, &egress)
+        .map_err(|e| anyhow::anyhow!("--upstream-kubeconfig: {e}"))?;
+    let client_ca = match &opts.client_ca_file {
+        None => {
+            tracing::warn!("no --client-ca-file: only bearer tokens authenticate callers");
+            None
+        }
+        Some(path) => Some(
+            std::fs::read(path)
+                .with_context(|| format!("reading --client-ca-file {}", path.display()))?,
+        ),
+    };
+    let listener = TcpListener::bind((opts.bind_address, opts.secure_port))
+        .await
+        .with_context(|| format!("binding {}:{}", opts.bind_address, opts.secure_port))?;
+    let addr = listener.local_addr()?;
+    let (pki, tls) = prepare_pki(&opts, addr, client_ca).await?;
+
+    let (stop_watches_tx, stop_watches_rx) = watch::channel(false);
+    let (stop_accepting_tx, stop_accepting_rx) = watch::channel(false);
+    let tokens = crate::security::tokens::Tokens::new(
+        &opts,
+        pki.sa_signing_key_pem(),
+        pki.sa_public_key_pem(),
+    )
+    .map_err(|e| anyhow::anyhow!("service-account tokens: {e}"))?;
+    let admission =
+        crate::registry::admission::Chain::from_options(&opts).map_err(anyhow::Error::msg)?;
+    let parts = Parts {
+        stop_watches: stop_watches_rx,
+        tokens,
+        tracing: None,
+        admission,
+        egress,
+    };
+    let mut state = ServerState::new(opts.clone(), Arc::new(NoStore), parts)?;
+    state.proxy = Some(Arc::new(Proxy::new(upstream.clone())));
+    let app = Arc::new(state);
+    let tasks = vec![tokio::spawn(accept_loop(
+        listener,
+        Some(tls),
+        app.clone(),
+        stop_accepting_rx,
+    ))];
+    tracing::info!(%addr, upstream = %upstream.url(), "serving as a proxy");
+    Ok(ServerHandle {
+        addr,
+        insecure_addr: None,
+        app,
+        admin_kubeconfig: std::path::PathBuf::new(),
+        pki,
+        stop_accepting: stop_accepting_tx,
+        stop_watches: stop_watches_tx,
+        tasks,
+    })
+}
+
+/// The data directory's PKI without an admin kubeconfig, and the proxy's TLS acceptor.
+async fn prepare_pki(
+    opts: &Options,
+    addr: SocketAddr,
+    client_ca: Option<Vec<u8>>,
+) -> anyhow::Result<(Arc<pki::Pki>, TlsAcceptor)> {
+    let pki_opts = PkiOptions {
+        tls_sans: opts.tls_sans.clone(),
+        admin_kubeconfig_path: std::path::PathBuf::new(),
+        server_url: format!("https://{addr}"),
+        cluster_signing: None,
+    };
+    let cert_dir = opts.cert_dir();
+    let pki = tokio::task::spawn_blocking(move || pki::ensure_pki(&cert_dir, &pki_opts))
+        .await?
+        .context("preparing certificates")?;
+    let config = pki
+        .proxy_server_config(client_ca.as_deref())
+        .context("building the TLS configuration (is --client-ca-file a PEM bundle of CAs?)")?;
+    Ok((Arc::new(pki), TlsAcceptor::from(config)))
+}
+
+/// The store of a proxy: there is none. The server state is built around a store, but in
+/// proxy mode the pipeline passes every request upstream before anything could reach the
+/// registry, so every call here fails as unavailable.
+struct NoStore;
+
+fn none() -> StoreError {
+    StoreError::Unavailable("proxy mode has no local store".into())
+}
+
+#[async_trait]
+impl Store for NoStore {
+    async fn create(&self, _: Bytes, _: Bytes) -> Result<KeyValue, StoreError> {
+        Err(none())
+    }
+
+    async fn update(&self, _: Bytes, _: Bytes, _: Revision) -> Result<KeyValue, StoreError> {
+        Err(none())
+    }
+
+    async fn create_with_ttl(
+        &self,
+        _: Bytes,
+        _: Bytes,
+        _: Duration,
+    ) -> Result<KeyValue, StoreError> {
+        Err(none())
+    }
+
+    async fn update_with_ttl(
+        &self,
+        _: Bytes,
+        _: Bytes,
+        _: Revision,
+        _: Duration,
+    ) -> Result<KeyValue, StoreError> {
+        Err(none())
+    }
+
+    async fn delete(
+        &self,
+        _: Bytes,
+        _: Option<Revision>,
+    ) -> Result<(KeyValue, Revision), StoreError> {
+        Err(none())
+    }
+
+    async fn get(
+        &self,
+        _: Bytes,
+        _: Option<Revision>,
+    ) -> Result<(Option<KeyValue>, Revision), StoreError> {
+        Err(none())
+    }
+
+    async fn range(
+        &self,
+        _: KeyRange,
+        _: Option<Revision>,
+        _: usize,
+    ) -> Result<RangeResult, StoreError> {
+        Err(none())
+    }
+
+    async fn current_revision(&self) -> Result<Revision, StoreError> {
+        Err(none())
+    }
+
+    async fn compacted_revision(&self) -> Result<Revision, StoreError> {
+        Err(none())
+    }
+
+    async fn compact(&self, _: Revision) -> Result<(), StoreError> {
+        Err(none())
+    }
+
+    fn watch(&self, _: KeyRange, _: Revision) -> FeedStream {
+        Box::pin(futures::stream::once(async { Err(none()) }))
+    }
+
+    async fn health(&self) -> Result<(), StoreError> {
+        Err(none())
+    }
+}

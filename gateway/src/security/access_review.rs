@@ -1,0 +1,105 @@
+//! SubjectAccessReviews asked of the upstream in proxy mode (`authorization.k8s.io/v1`, sent
+//! under the proxy's own credential): may this caller do this? Used for a caller's own
+//! impersonation (`impersonation.rs`) and the proxy's own `/metrics`. Answers, allowed or
+//! not, are kept for [`TTL`] (10 s) in a bounded cache keyed by the whole review, so the
+//! upstream's RBAC decides and a change there takes effect within 10 s. A review that fails
+//! is a 503 and is not cached.
+
+use std::num::NonZeroUsize;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use lru::LruCache;
+use parking_lot::Mutex;
+use svc_config::subject_access_review::{
+    NonResourceAttributes, ResourceAttributes, SubjectAccessReviewSpec, SubjectAccessReviewStatus,
+};
+use svc_core::ApiError;
+use svc_core::user::UserInfo;
+
+use crate::base::deadline::Deadline as _;
+use crate::outbound::upstream::Upstream;
+
+/// How long an answer of the upstream is kept.
+pub const TTL: Duration = Duration::from_secs(10);
+/// Most answers kept; the least recently used makes room.
+pub const CAPACITY: usize = 8192;
+const PATH: &str = "/apis/authorization.k8s.io/v1/subjectaccessreviews";
+
+/// Asks the upstream, caching its answers.
+pub struct AccessReviewer {
+    upstream: Upstream,
+    cache: Mutex<LruCache<String, (bool, String, Instant)>>,
+}
+
+impl AccessReviewer {
+    pub fn new(upstream: Upstream) -> Self {
+        let capacity = NonZeroUsize::new(CAPACITY).unwrap_or(NonZeroUsize::MIN);
+        AccessReviewer {
+            upstream,
+            cache: Mutex::new(LruCache::new(capacity)),
+        }
+    }
+
+    /// Whether the upstream allows `user` what the attributes name, and its reason; 503 when
+    /// the upstream cannot be asked.
+    pub async fn review(
+        &self,
+        user: &UserInfo,
+        resource: Option<ResourceAttributes>,
+        non_resource: Option<NonResourceAttributes>,
+    ) -> Result<(bool, String), ApiError> {
+        let spec = SubjectAccessReviewSpec {
+            resource_attributes: resource,
+            non_resource_attributes: non_resource,
+            user: user.username.clone(),
+            groups: user.groups.clone(),
+            extra: user.extra.clone(),
+            uid: user.uid.clone(),
+        };
+        let body = serde_json::json!({
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": spec,
+        });
+        let key = body.to_string();
+        let now = Instant::now();
+        let cached = self
+            .cache
+            .lock()
+            .get(&key)
+            .filter(|(_, _, at)| now < at.later(TTL))
+            .map(|(allowed, reason, _)| (*allowed, reason.clone()));
+        if let Some(answer) = cached {
+            return Ok(answer);
+        }
+        let unavailable = |e: String| {
+            ApiError::ServiceUnavailable(format!(
+                "the upstream API server could not review access: {e}"
+            ))
+        };
+        let response = self
+            .upstream
+            .post_json(PATH, Bytes::from(key.clone()))
+            .await
+            .map_err(|e| unavailable(e.to_string()))?;
+        if !response.status.is_success() {
+            return Err(unavailable(format!(
+                "{PATH} answered {}",
+                response.status.as_u16()
+            )));
+        }
+        #[derive(serde::Deserialize)]
+        struct Review {
+            #[serde(default)]
+            status: SubjectAccessReviewStatus,
+        }
+        let review: Review =
+            serde_json::from_slice(&response.body).map_err(|e| unavailable(e.to_string()))?;
+        let answer = (review.status.allowed, review.status.reason);
+        self.cache
+            .lock()
+            .put(key, (answer.0, answer.1.clone(), now));
+        Ok(answer)
+    }
+}

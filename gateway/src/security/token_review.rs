@@ -1,0 +1,142 @@
+//! Bearer tokens in proxy mode: each is checked with the upstream's TokenReview
+//! (`authentication.k8s.io/v1`, sent under the proxy's own credential), and the answer, a user
+//! or a refusal, is kept for [`TTL`] (10 s, as aggregated API servers cache theirs) in a
+//! bounded cache keyed by the token's SHA-256. A review that fails (the upstream unreachable,
+//! an answer that does not parse) is not cached: the request is refused with 401 and the
+//! next one asks again.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use serde::Deserialize;
+use svc_core::user::UserInfo;
+
+use crate::base::deadline::Deadline as _;
+use crate::outbound::upstream::Upstream;
+use crate::security::tokens::HashCache;
+
+/// How long an answer is kept, allowed or refused.
+pub const TTL: Duration = Duration::from_secs(10);
+/// Most answers kept; the least recently used makes room.
+pub const CAPACITY: usize = 16_384;
+/// Where TokenReviews are created.
+const PATH: &str = "/apis/authentication.k8s.io/v1/tokenreviews";
+
+/// Why a token was not accepted.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReviewError {
+    /// The upstream says the token is no credential (cached).
+    #[error("token refused by the upstream: {0}")]
+    Refused(String),
+    /// The review could not be done (not cached).
+    #[error("token review failed: {0}")]
+    Failed(String),
+}
+
+type Answer = Result<UserInfo, String>;
+
+/// The token authenticator of proxy mode.
+pub struct TokenReviewer {
+    upstream: Upstream,
+    cache: Mutex<HashCache<(Answer, Instant)>>,
+}
+
+impl TokenReviewer {
+    pub fn new(upstream: Upstream) -> Self {
+        TokenReviewer {
+            upstream,
+            cache: Mutex::new(HashCache::with_capacity(CAPACITY)),
+        }
+    }
+
+    /// The user a token stands for, from the cache or a fresh review.
+    pub async fn authenticate(&self, token: &str) -> Result<UserInfo, ReviewError> {
+        let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+        let mut key = [0u8; 32];
+        key.copy_from_slice(digest.as_ref());
+        let now = Instant::now();
+        let cached = self.cache.lock().get(&key, |(_, at)| now < at.later(TTL));
+        let answer = match cached {
+            Some((answer, _)) => answer,
+            None => {
+                let answer = self.review(token).await?;
+                self.cache.lock().insert(key, (answer.clone(), now));
+                answer
+            }
+        };
+        answer.map_err(ReviewError::Refused)
+    }
+
+    async fn review(&self, token: &str) -> Result<Answer, ReviewError> {
+        let body = serde_json::json!({
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {"token": token},
+        });
+        let body = serde_json::to_vec(&body).map_err(|e| ReviewError::Failed(e.to_string()))?;
+        let response = self
+            .upstream
+            .post_json(PATH, Bytes::from(body))
+            .await
+            .map_err(|e| ReviewError::Failed(e.to_string()))?;
+        if !response.status.is_success() {
+            return Err(ReviewError::Failed(format!(
+                "{}{PATH} answered {}",
+                self.upstream.url(),
+                response.status.as_u16()
+            )));
+        }
+        decode(&response.body).map_err(ReviewError::Failed)
+    }
+}
+
+/// Reads a TokenReview answer: the user when authenticated, else the reason given.
+fn decode(body: &[u8]) -> Result<Answer, String> {
+    #[derive(Deserialize)]
+    struct Review {
+        #[serde(default)]
+        status: Status,
+    }
+    #[derive(Default, Deserialize)]
+    struct Status {
+        #[serde(default)]
+        authenticated: bool,
+        #[serde(default)]
+        user: Option<UserInfo>,
+        #[serde(default)]
+        error: String,
+    }
+    let review: Review =
+        serde_json::from_slice(body).map_err(|e| format!("the TokenReview answer: {e}"))?;
+    let status = review.status;
+    match (status.authenticated, status.user) {
+        (true, Some(user)) if !user.username.is_empty() => Ok(Ok(user)),
+        (true, _) => Err("an authenticated TokenReview without a username".into()),
+        (false, _) if status.error.is_empty() => Ok(Err("not authenticated".into())),
+        (false, _) => Ok(Err(status.error)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_are_read_as_kubernetes_writes_them() {
+        let ok = br#"{"kind":"TokenReview","status":{"authenticated":true,"user":{"username":"system:serviceaccount:a:b","uid":"u1","groups":["system:serviceaccounts","system:authenticated"],"extra":{"authentication.kubernetes.io/pod-name":["p"]}}}}"#;
+        let user = decode(ok).unwrap().unwrap();
+        assert_eq!(user.username, "system:serviceaccount:a:b");
+        assert_eq!(user.uid, "u1");
+        assert_eq!(user.groups.len(), 2);
+        assert_eq!(user.extra["authentication.kubernetes.io/pod-name"], ["p"]);
+        let refused = br#"{"status":{"authenticated":false,"error":"token expired"}}"#;
+        assert_eq!(decode(refused).unwrap(), Err("token expired".to_string()));
+        assert_eq!(
+            decode(br#"{"status":{}}"#).unwrap(),
+            Err("not authenticated".to_string())
+        );
+        assert!(decode(br#"{"status":{"authenticated":true}}"#).is_err());
+        assert!(decode(b"not json").is_err());
+    }
+}

@@ -1,0 +1,160 @@
+//! The pipeline of proxy mode (`--upstream-kubeconfig`): authenticate (client certificate of
+//! `--client-ca-file`, or a token the upstream's TokenReview accepts), answer the proxy's own
+//! `/healthz`, `/livez` and `/readyz`, and its own `/metrics` to whom the upstream lets read
+//! that path, take a place under the in-flight limits, and pass everything else upstream
+//! (`http/proxy.rs`). Authorization is the upstream's: it sees the caller through
+//! impersonation. A watch passed through ends when the server ends its watches at shutdown.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::BodyExt as _;
+use hyper::body::Frame;
+
+use crate::base::query::Query;
+use crate::base::router::{self, Route};
+use crate::base::verb::Verb;
+use crate::http::health;
+use crate::http::proxy::{self, Proxy};
+use crate::http::respond::{self, Body};
+use crate::observe::metrics;
+use crate::security::authn;
+use crate::serve::app::ServerState;
+use crate::serve::request::{Caller, RequestBody};
+use crate::serve::seats::{Admitted, admit};
+
+/// Every request of a proxy, counted in the request metrics (by verb and code: the resource
+/// labels stay empty, as the proxy does not read its callers' paths yet).
+pub async fn handle(
+    app: &Arc<ServerState>,
+    proxy: &Proxy,
+    caller: Caller,
+    req: Request<RequestBody>,
+) -> Response<Body> {
+    let start = Instant::now();
+    let long_running = proxy::long_running(req.uri());
+    let verb = if long_running {
+        Verb::Watch
+    } else {
+        Verb::of(req.method(), &Route::NotFound, false)
+    };
+    let query = Query::parse(req.uri().query());
+    let info =
+        metrics::RequestInfo::new(verb, req.method(), &Route::NotFound, &query, req.headers());
+    let inflight = app.api.metrics.start(&info);
+    let resp = serve(app, proxy, caller, req, verb, long_running, &query).await;
+    drop(inflight);
+    app.api
+        .metrics
+        .observe(&info, resp.status().as_u16(), start.elapsed());
+    resp
+}
+
+async fn serve(
+    app: &Arc<ServerState>,
+    proxy: &Proxy,
+    caller: Caller,
+    req: Request<RequestBody>,
+    verb: Verb,
+    long_running: bool,
+    query: &Query,
+) -> Response<Body> {
+    let path = req.uri().path().to_string();
+    let (user, peer) = match &caller {
+        Caller::Connection(ident) => (
+            authn::authenticate_proxied(&proxy.tokens, ident, req.method(), &path, req.headers())
+                .await,
+            ident.peer,
+        ),
+        Caller::Internal(user) => (Ok(user.clone()), None),
+    };
+    let user = match user {
+        Ok(u) => u,
+        Err(e) => return respond::error(&e),
+    };
+    let read = matches!(*req.method(), Method::GET | Method::HEAD);
+    match router::route(&path) {
+        Route::Health { endpoint, check } if read => {
+            return health::serve_proxied(
+                &app.api,
+                &proxy.upstream,
+                endpoint,
+                check.as_deref(),
+                query,
+            )
+            .await;
+        }
+        // The proxy's own metrics, to whom the upstream lets read `/metrics`.
+        Route::Metrics if read => {
+            return match proxy.may_read(&user, &path).await {
+                Ok(()) => respond::bytes_response(
+                    StatusCode::OK,
+                    metrics::CONTENT_TYPE,
+                    app.api.metrics.encode(),
+                ),
+                Err(e) => respond::error(&e),
+            };
+        }
+        _ => {}
+    }
+    let Admitted { watch, _seat } = match admit(app, &user, verb, 1).await {
+        Ok(a) => a,
+        Err(why) => {
+            return respond::error(&svc_core::ApiError::TooManyRequests {
+                message: format!(
+                    "Too many requests, please try again later ({}).",
+                    why.reason()
+                ),
+                retry_after_seconds: Some(1),
+            });
+        }
+    };
+    let head_timeout = (!long_running).then_some(app.api.opts.request_timeout);
+    let req = req.map(RequestBody::into_outbound);
+    let resp = proxy.forward(req, &user, peer, head_timeout).await;
+    if !long_running {
+        return resp;
+    }
+    // The watch's place is held until its stream ends, and the stream ends at shutdown.
+    let mut stop = app.api.registry.stop_watches.clone();
+    let stopped: Stopped = Box::pin(async move {
+        crate::base::lifecycle::until_set(&mut stop).await;
+    });
+    resp.map(|body| {
+        UntilStopped {
+            body,
+            stopped,
+            _place: watch,
+        }
+        .boxed()
+    })
+}
+
+type Stopped = Pin<Box<dyn Future<Output = ()> + Send + Sync>>;
+
+/// A streamed answer that ends when the server stops its watches.
+struct UntilStopped {
+    body: Body,
+    stopped: Stopped,
+    _place: Option<crate::http::limits::Slot>,
+}
+
+impl hyper::body::Body for UntilStopped {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        if self.stopped.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(None);
+        }
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+}

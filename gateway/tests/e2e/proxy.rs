@@ -1,0 +1,509 @@
+//! Proxy mode (`--upstream-kubeconfig`) through real sockets, in front of a scripted upstream
+//! (plain HTTP on loopback) that records what reaches it: the caller's identity as
+//! impersonation headers under the proxy's credential, what is left behind (the caller's
+//! credential and identity headers, hop-by-hop fields), tokens reviewed upstream and cached,
+//! impersonation allowed or refused as the upstream answers, streamed answers, and an
+//! unreachable upstream. `interop/proxy/` runs the same against a real kube-apiserver.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::SinkExt as _;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use svc_gateway::base::flags::Options;
+use svc_gateway::outbound::pki::{self, PkiOptions};
+use svc_gateway::run::ServerHandle;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+
+use crate::support::client::{Client, eventually};
+
+/// The scripted upstream: `/echo` answers with the headers it got, `/readyz` 200, the two
+/// reviews as below, `/stream` one line at once and one more when `release` is notified.
+struct Upstream {
+    addr: SocketAddr,
+    token_reviews: AtomicUsize,
+    release: Notify,
+}
+
+/// The token the upstream accepts, and the user it stands for.
+const GOOD_TOKEN: &str = "good-token";
+/// The proxy's own credential.
+const PROXY_TOKEN: &str = "proxy-secret";
+/// The only user the upstream lets impersonate, or read `/metrics`.
+const BOSS: &str = "boss";
+
+type Out = UnsyncBoxBody<Bytes, Infallible>;
+
+fn full(code: StatusCode, body: Value) -> Response<Out> {
+    let mut r = Response::new(Full::new(Bytes::from(body.to_string())).boxed_unsync());
+    *r.status_mut() = code;
+    r.headers_mut()
+        .insert("content-type", "application/json".parse().unwrap());
+    r
+}
+
+async fn answer(up: Arc<Upstream>, req: Request<Incoming>) -> Response<Out> {
+    let (parts, body) = req.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    let path = parts.uri.path().to_string();
+    match (parts.method.clone(), path.as_str()) {
+        (_, "/echo") => {
+            let mut headers: BTreeMap<String, Vec<String>> = BTreeMap::new();
+            for (k, v) in &parts.headers {
+                headers
+                    .entry(k.as_str().to_string())
+                    .or_default()
+                    .push(v.to_str().unwrap().to_string());
+            }
+            full(
+                StatusCode::OK,
+                json!({"method": parts.method.as_str(), "query": parts.uri.query(),
+                       "headers": headers, "body_len": body.len()}),
+            )
+        }
+        (_, "/readyz") => full(StatusCode::OK, json!("ok")),
+        (Method::POST, "/apis/authentication.k8s.io/v1/tokenreviews") => {
+            up.token_reviews.fetch_add(1, Ordering::SeqCst);
+            let review: Value = serde_json::from_slice(&body).unwrap();
+            let status = if review["spec"]["token"] == GOOD_TOKEN {
+                json!({"authenticated": true, "user": {
+                    "username": "system:serviceaccount:ns:robot", "uid": "u-1",
+                    "groups": ["system:serviceaccounts", "system:authenticated"],
+                    "extra": {"authentication.kubernetes.io/credential-id": ["JTI=1"]}}})
+            } else {
+                json!({"authenticated": false, "error": "invalid bearer token"})
+            };
+            full(
+                StatusCode::CREATED,
+                json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "status": status}),
+            )
+        }
+        (Method::POST, "/apis/authorization.k8s.io/v1/subjectaccessreviews") => {
+            let review: Value = serde_json::from_slice(&body).unwrap();
+            let spec = &review["spec"];
+            assert!(
+                spec["resourceAttributes"]["verb"] == "impersonate"
+                    || spec["nonResourceAttributes"] == json!({"path": "/metrics", "verb": "get"}),
+                "{review}"
+            );
+            let allowed = spec["user"] == BOSS;
+            full(
+                StatusCode::CREATED,
+                json!({"kind": "SubjectAccessReview", "status": {"allowed": allowed}}),
+            )
+        }
+        (_, "/stream") => {
+            let (mut tx, rx) =
+                futures::channel::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(4);
+            tokio::spawn(async move {
+                let _ = tx
+                    .send(Ok(Frame::data(Bytes::from_static(b"first\n"))))
+                    .await;
+                up.release.notified().await;
+                let _ = tx
+                    .send(Ok(Frame::data(Bytes::from_static(b"second\n"))))
+                    .await;
+            });
+            Response::new(StreamBody::new(rx).boxed_unsync())
+        }
+        _ => full(
+            StatusCode::NOT_FOUND,
+            json!({"kind": "Status", "code": 404}),
+        ),
+    }
+}
+
+async fn start_upstream() -> Arc<Upstream> {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = Arc::new(Upstream {
+        addr: listener.local_addr().unwrap(),
+        token_reviews: AtomicUsize::new(0),
+        release: Notify::new(),
+    });
+    let serving = up.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let up = serving.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req| {
+                    let up = up.clone();
+                    async move { Ok::<_, Infallible>(answer(up, req).await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    up
+}
+
+/// The cluster's CA (the callers' certificates) and a proxy in front of `upstream`.
+struct Proxy {
+    handle: ServerHandle,
+    cluster: pki::Pki,
+    _dir: tempfile::TempDir,
+}
+
+impl Proxy {
+    async fn start(
+        upstream: SocketAddr,
+        change: impl FnOnce(&mut Options),
+    ) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = pki::ensure_pki(
+            &dir.path().join("cluster"),
+            &PkiOptions {
+                tls_sans: vec![],
+                admin_kubeconfig_path: dir.path().join("cluster.kubeconfig"),
+                server_url: "https://127.0.0.1:1".into(),
+                cluster_signing: None,
+            },
+        )
+        .unwrap();
+        let ca = dir.path().join("client-ca.crt");
+        std::fs::write(&ca, cluster.ca_pem()).unwrap();
+        let kubeconfig = dir.path().join("upstream.kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: up\n  cluster:\n    server: \
+                 http://{upstream}\nusers:\n- name: proxy\n  user:\n    token: {PROXY_TOKEN}\n\
+                 contexts:\n- name: c\n  context: {{cluster: up, user: proxy}}\ncurrent-context: c\n"
+            ),
+        )
+        .unwrap();
+        let mut opts = Options::for_tests(dir.path().join("proxy"));
+        opts.upstream_kubeconfig = Some(kubeconfig);
+        opts.client_ca_file = Some(ca);
+        change(&mut opts);
+        let handle = svc_gateway::run::start(opts).await?;
+        Ok(Proxy {
+            handle,
+            cluster,
+            _dir: dir,
+        })
+    }
+
+    /// A client with a certificate of the cluster's CA, trusting the proxy's serving CA.
+    fn user(&self, name: &str, groups: &[&str], h2: bool) -> Client {
+        let groups: Vec<String> = groups.iter().map(|g| g.to_string()).collect();
+        let (cert, key) = self
+            .cluster
+            .issue_client_cert(name, &groups, Duration::from_secs(3600))
+            .unwrap();
+        self.client(Some((cert.as_str(), key.as_str())), h2)
+    }
+
+    fn client(&self, creds: Option<(&str, &str)>, h2: bool) -> Client {
+        let alpn: &[&[u8]] = if h2 { &[b"h2"] } else { &[b"http/1.1"] };
+        Client {
+            addr: self.handle.addr,
+            tls: self.handle.pki.client_config_for(creds, alpn).unwrap(),
+            h2,
+        }
+    }
+}
+
+fn header<'a>(echo: &'a Value, name: &str) -> Vec<&'a str> {
+    echo["headers"][name]
+        .as_array()
+        .map(|a| a.iter().map(|v| v.as_str().unwrap()).collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_reach_the_upstream_as_themselves_and_nothing_else() {
+    let up = start_upstream().await;
+    let proxy = Proxy::start(up.addr, |_| {}).await.unwrap();
+    for h2 in [false, true] {
+        let alice = proxy.user("alice", &["dev"], h2);
+        let r = alice
+            .request(
+                Method::POST,
+                "/echo?x=1",
+                &"y".repeat(100_000),
+                &[
+                    ("authorization", "Bearer stolen"),
+                    ("x-remote-user", "admin"),
+                    ("x-remote-group", "system:masters"),
+                    ("x-private", "1"),
+                    ("content-type", "application/json"),
+                ],
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        let echo = r.json();
+        assert_eq!(echo["method"], "POST");
+        assert_eq!(echo["query"], "x=1");
+        assert_eq!(echo["body_len"], 100_000);
+        assert_eq!(header(&echo, "impersonate-user"), ["alice"]);
+        assert_eq!(
+            header(&echo, "impersonate-group"),
+            ["dev", "system:authenticated"]
+        );
+        assert_eq!(
+            header(&echo, "authorization"),
+            [format!("Bearer {PROXY_TOKEN}").as_str()]
+        );
+        assert_eq!(header(&echo, "x-forwarded-for"), ["127.0.0.1"]);
+        let headers = echo["headers"].as_object().unwrap();
+        for gone in ["x-remote-user", "x-remote-group", "impersonate-uid"] {
+            assert!(
+                !headers.contains_key(gone),
+                "{gone} reached the upstream: {echo}"
+            );
+        }
+        assert_eq!(header(&echo, "content-type"), ["application/json"]);
+    }
+    // Hop-by-hop fields stay behind (HTTP/1.1 only: h2 has none).
+    let alice = proxy.user("alice", &[], false);
+    let r = alice
+        .request(
+            Method::GET,
+            "/echo",
+            "",
+            &[
+                ("connection", "x-private"),
+                ("x-private", "1"),
+                ("keep-alive", "5"),
+            ],
+        )
+        .await;
+    let echo = r.json();
+    let headers = echo["headers"].as_object().unwrap();
+    for gone in ["x-private", "keep-alive", "connection"] {
+        assert!(
+            !headers.contains_key(gone),
+            "{gone} reached the upstream: {echo}"
+        );
+    }
+    // No credential: probes only.
+    let anonymous = proxy.client(None, false);
+    assert_eq!(anonymous.get("/echo").await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(anonymous.get("/healthz").await.0, StatusCode::OK);
+    let (s, body) = anonymous.get("/readyz?verbose").await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(body.as_str().unwrap().contains("[+]upstream ok"), "{body}");
+    proxy.handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callers_impersonation_is_the_upstreams_to_allow() {
+    let up = start_upstream().await;
+    let proxy = Proxy::start(up.addr, |_| {}).await.unwrap();
+    let alice = proxy.user("alice", &[], false);
+    let r = alice
+        .request(
+            Method::GET,
+            "/echo",
+            "",
+            &[
+                ("impersonate-user", "bob"),
+                ("impersonate-group", "system:masters"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.text());
+    assert_eq!(
+        r.json()["message"],
+        "users \"bob\" is forbidden: User \"alice\" cannot impersonate resource \"users\" in API \
+         group \"\" at the cluster scope"
+    );
+    let boss = proxy.user(BOSS, &[], true);
+    let r = boss
+        .request(
+            Method::GET,
+            "/echo",
+            "",
+            &[
+                ("impersonate-user", "bob"),
+                ("impersonate-group", "g"),
+                ("impersonate-extra-scopes.example.com%2fteam", "blue"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let echo = r.json();
+    assert_eq!(header(&echo, "impersonate-user"), ["bob"]);
+    assert_eq!(
+        header(&echo, "impersonate-group"),
+        ["g", "system:authenticated"]
+    );
+    assert_eq!(
+        header(&echo, "impersonate-extra-scopes.example.com%2fteam"),
+        ["blue"]
+    );
+    // A group without a user is refused, as kube-apiserver refuses it.
+    let r = boss
+        .request(Method::GET, "/echo", "", &[("impersonate-group", "g")])
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    proxy.handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxys_own_metrics_are_for_whom_the_upstream_lets_read_them() {
+    let up = start_upstream().await;
+    let proxy = Proxy::start(up.addr, |_| {}).await.unwrap();
+    let alice = proxy.user("alice", &[], false);
+    assert_eq!(alice.get("/echo").await.0, StatusCode::OK);
+    let r = alice.request(Method::GET, "/metrics", "", &[]).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+    assert_eq!(
+        r.json()["message"],
+        "forbidden: User \"alice\" cannot get path \"/metrics\""
+    );
+    let boss = proxy.user(BOSS, &[], false);
+    let r = boss.request(Method::GET, "/metrics", "", &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let text = r.text();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("apiserver_request_total{") && l.contains("code=\"200\"")),
+        "{text}"
+    );
+    proxy.handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_are_reviewed_upstream_and_the_answers_kept() {
+    let up = start_upstream().await;
+    let proxy = Proxy::start(up.addr, |_| {}).await.unwrap();
+    let c = proxy.client(None, false);
+    let bearer = format!("Bearer {GOOD_TOKEN}");
+    for _ in 0..3 {
+        let r = c
+            .request(
+                Method::GET,
+                "/echo",
+                "",
+                &[("authorization", bearer.as_str())],
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        let echo = r.json();
+        assert_eq!(
+            header(&echo, "impersonate-user"),
+            ["system:serviceaccount:ns:robot"]
+        );
+        assert_eq!(header(&echo, "impersonate-uid"), ["u-1"]);
+        assert_eq!(
+            header(
+                &echo,
+                "impersonate-extra-authentication.kubernetes.io%2fcredential-id"
+            ),
+            ["JTI=1"]
+        );
+    }
+    assert_eq!(up.token_reviews.load(Ordering::SeqCst), 1);
+    for _ in 0..3 {
+        let r = c
+            .request(
+                Method::GET,
+                "/echo",
+                "",
+                &[("authorization", "Bearer nope")],
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+        assert_eq!(r.json()["kind"], "Status");
+    }
+    assert_eq!(up.token_reviews.load(Ordering::SeqCst), 2);
+    proxy.handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_stream_through_as_they_come() {
+    let up = start_upstream().await;
+    let proxy = Proxy::start(up.addr, |_| {}).await.unwrap();
+    for h2 in [false, true] {
+        let alice = proxy.user("alice", &[], h2);
+        let mut conn = alice.connect().await.unwrap();
+        let resp = conn
+            .send(Client::build(
+                Method::GET,
+                "/stream?watch=true",
+                Bytes::new(),
+                &[],
+            ))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        let mut body = resp.into_body();
+        let first = tokio::time::timeout(Duration::from_secs(5), body.frame())
+            .await
+            .expect("the first line arrives before the upstream's answer ends")
+            .unwrap()
+            .unwrap();
+        assert_eq!(first.into_data().unwrap(), "first\n");
+        up.release.notify_one();
+        let rest = body.collect().await.unwrap().to_bytes();
+        assert_eq!(rest, "second\n");
+    }
+    proxy.handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_upstream_is_a_503_and_not_ready() {
+    // A port nothing listens on.
+    let closed = {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        l.local_addr().unwrap()
+    };
+    let proxy = Proxy::start(closed, |_| {}).await.unwrap();
+    let alice = proxy.user("alice", &[], false);
+    let r = alice.request(Method::GET, "/api/v1/pods", "", &[]).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.text());
+    let status = r.json();
+    assert_eq!(status["kind"], "Status");
+    let message = status["message"].as_str().unwrap();
+    assert!(
+        message.contains("could not be reached") && message.contains(&closed.to_string()),
+        "{message}"
+    );
+    eventually(
+        Duration::from_secs(15),
+        "/readyz fails its upstream check",
+        || async {
+            let (s, body) = alice.get("/readyz?verbose").await;
+            s == StatusCode::INTERNAL_SERVER_ERROR
+                && body
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("[-]upstream failed")
+        },
+    )
+    .await;
+    assert_eq!(alice.get("/livez").await.0, StatusCode::OK);
+    proxy.handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_flags_are_refused_in_proxy_mode() {
+    let up = start_upstream().await;
+    let err = Proxy::start(up.addr, |o| o.insecure_port = 18080)
+        .await
+        .err()
+        .expect("an insecure port is refused")
+        .to_string();
+    assert!(
+        err.contains("cannot be combined with --insecure-port"),
+        "{err}"
+    );
+}
