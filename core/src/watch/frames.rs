@@ -170,23 +170,40 @@ pub fn list_json(
     let len = [api_version.len(), list_kind.len(), meta.len(), body]
         .into_iter()
         .fold(64, usize::saturating_add);
-    let mut out = Vec::with_capacity(len);
-    // Both names are static identifiers from `ResourceInfo`; they need no escaping.
+    Ok(list_body(
+        api_version,
+        list_kind,
+        &meta,
+        items.iter().map(|o| &o.json[..]),
+        len,
+    ))
+}
+
+/// `{"kind":..,"apiVersion":..,"metadata":..,"items":[..]}` from items already encoded.
+fn list_body<'a>(
+    api_version: &str,
+    list_kind: &str,
+    meta: &[u8],
+    items: impl Iterator<Item = &'a [u8]>,
+    capacity: usize,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(capacity);
+    // Both names are static identifiers; they need no escaping.
     out.extend_from_slice(b"{\"kind\":\"");
     out.extend_from_slice(list_kind.as_bytes());
     out.extend_from_slice(b"\",\"apiVersion\":\"");
     out.extend_from_slice(api_version.as_bytes());
     out.extend_from_slice(b"\",\"metadata\":");
-    out.extend_from_slice(&meta);
+    out.extend_from_slice(meta);
     out.extend_from_slice(b",\"items\":[");
-    for (i, item) in items.iter().enumerate() {
+    for (i, item) in items.enumerate() {
         if i > 0 {
             out.push(b',');
         }
-        out.extend_from_slice(&item.json);
+        out.extend_from_slice(item);
     }
     out.extend_from_slice(b"]}");
-    Ok(out)
+    out
 }
 
 /// `{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":{..}}`: the
@@ -215,20 +232,18 @@ pub fn partial_object_metadata_list(
     items: &[Arc<CachedObject>],
 ) -> Result<Vec<u8>, ApiError> {
     let meta = serde_json::to_vec(meta).map_err(ApiError::internal)?;
-    let mut out = Vec::new();
-    out.extend_from_slice(b"{\"kind\":\"PartialObjectMetadataList\",\"apiVersion\":\"");
-    out.extend_from_slice(group.api_version().as_bytes());
-    out.extend_from_slice(b"\",\"metadata\":");
-    out.extend_from_slice(&meta);
-    out.extend_from_slice(b",\"items\":[");
-    for (i, item) in items.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(&partial_object_metadata(group, &item.json)?);
-    }
-    out.extend_from_slice(b"]}");
-    Ok(out)
+    let partial: Vec<Vec<u8>> = items
+        .iter()
+        .map(|o| partial_object_metadata(group, &o.json))
+        .collect::<Result<_, _>>()?;
+    let len = partial.iter().map(|p| p.len().saturating_add(1)).sum();
+    Ok(list_body(
+        group.api_version(),
+        "PartialObjectMetadataList",
+        &meta,
+        partial.iter().map(Vec::as_slice),
+        meta.len().saturating_add(len).saturating_add(96),
+    ))
 }
 
 /// The object of a `BOOKMARK` event: only kind, apiVersion and `metadata.resourceVersion`,

@@ -66,6 +66,22 @@ fn apply_updates_state_and_lists_per_namespace() {
     assert_eq!(body["kind"], "ServiceAccountList");
     assert_eq!(body["metadata"]["resourceVersion"], "7");
     assert_eq!(body["items"][0], json);
+    // The same items as metadata alone.
+    let partial = crate::watch::frames::partial_object_metadata_list(
+        crate::watch::MetaGroup::K8s,
+        &meta,
+        &a.items,
+    )
+    .unwrap();
+    let partial: serde_json::Value = serde_json::from_slice(&partial).unwrap();
+    assert_eq!(partial["kind"], "PartialObjectMetadataList");
+    assert_eq!(partial["apiVersion"], "meta.k8s.io/v1");
+    assert_eq!(partial["metadata"]["resourceVersion"], "7");
+    assert_eq!(
+        partial["items"][0],
+        serde_json::json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+            "metadata": json["metadata"]})
+    );
     let empty = crate::watch::frames::list_json("v1", "ServiceAccountList", &meta, &[]).unwrap();
     assert!(
         serde_json::from_slice::<serde_json::Value>(&empty).unwrap()["items"]
