@@ -97,10 +97,6 @@ var explained = []explanation{
 	// D21: Kubernetes validates events.k8s.io Events as core Events.
 	{"D21", "events/create-* events/note-immutable", "body.message body.details.causes* body.details.group"},
 
-	// D22: kubernetes.io/basic-auth Secrets need a username or a password.
-	{"D22", "secrets-invalid/basic-auth-missing-keys", "*"},
-	{"D22", "secrets-crud/update-type-immutable", "body.message body.details.causes*"},
-
 	// D23: data that is not base64.
 	{"D23", "secrets-invalid/data-not-base64", "*"},
 

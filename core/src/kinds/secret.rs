@@ -138,6 +138,71 @@ impl Secret {
     }
 }
 
+impl Secret {
+    /// The keys each well-known type needs, as Kubernetes checks them.
+    fn validate_type(&self, errs: &mut ErrorList) {
+        let has = |k: &str| self.data.contains_key(k);
+        let key = |k: &str| format!("data[{k}]");
+        match self.type_.as_str() {
+            TYPE_SERVICE_ACCOUNT_TOKEN => {
+                let name = self
+                    .metadata
+                    .annotations
+                    .get(ANNOTATION_SERVICE_ACCOUNT_NAME);
+                if name.is_none_or(String::is_empty) {
+                    errs.required(
+                        &format!("metadata.annotations[{ANNOTATION_SERVICE_ACCOUNT_NAME}]"),
+                        "",
+                    );
+                }
+            }
+            t @ (TYPE_DOCKERCFG | TYPE_DOCKER_CONFIG_JSON) => {
+                let k = if t == TYPE_DOCKERCFG {
+                    ".dockercfg"
+                } else {
+                    ".dockerconfigjson"
+                };
+                match self.data.get(k) {
+                    None => errs.required(&key(k), ""),
+                    Some(v) => {
+                        let parsed = STANDARD
+                            .decode(v)
+                            .ok()
+                            .map(|b| serde_json::from_slice::<serde_json::Map<String, Value>>(&b));
+                        if let Some(Err(e)) = parsed {
+                            errs.invalid(&key(k), "<secret contents redacted>", &e.to_string());
+                        }
+                    }
+                }
+            }
+            // Either may be empty, but one must be there.
+            TYPE_BASIC_AUTH if !has("username") && !has("password") => {
+                errs.required(&key("username"), "");
+                errs.required(&key("password"), "");
+            }
+            TYPE_SSH_AUTH if self.data.get("ssh-privatekey").is_none_or(String::is_empty) => {
+                errs.required(&key("ssh-privatekey"), "");
+            }
+            TYPE_TLS => {
+                for k in ["tls.crt", "tls.key"] {
+                    if !has(k) {
+                        errs.required(&key(k), "");
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+const TYPE_SERVICE_ACCOUNT_TOKEN: &str = "kubernetes.io/service-account-token";
+const ANNOTATION_SERVICE_ACCOUNT_NAME: &str = "kubernetes.io/service-account.name";
+const TYPE_DOCKERCFG: &str = "kubernetes.io/dockercfg";
+const TYPE_DOCKER_CONFIG_JSON: &str = "kubernetes.io/dockerconfigjson";
+const TYPE_BASIC_AUTH: &str = "kubernetes.io/basic-auth";
+const TYPE_SSH_AUTH: &str = "kubernetes.io/ssh-auth";
+const TYPE_TLS: &str = "kubernetes.io/tls";
+
 impl Resource for Secret {
     const INFO: &'static ResourceInfo = &INFO;
 
@@ -177,11 +242,13 @@ impl Resource for Secret {
         if total > MAX_SECRET_BYTES {
             errs.too_long("data", MAX_SECRET_BYTES);
         }
+        self.validate_type(&mut errs);
         errs
     }
 
+    /// Kubernetes' order: what may not change first, then the object as a whole.
     fn validate_update(&self, old: &Self) -> ErrorList {
-        let mut errs = self.validate();
+        let mut errs = ErrorList::default();
         if self.type_ != old.type_ {
             errs.invalid("type", &self.type_, "field is immutable");
         }
@@ -193,6 +260,7 @@ impl Resource for Secret {
                 errs.forbidden("data", "field is immutable when `immutable` is set");
             }
         }
+        errs.extend(self.validate());
         errs
     }
 
@@ -308,6 +376,38 @@ mod tests {
             .map(|c| c.field)
             .collect();
         assert_eq!(fields, ["type", "data"]);
+    }
+
+    #[test]
+    fn well_known_types_need_their_keys() {
+        let fields = |type_: &str, data: &[(&str, &str)]| -> Vec<String> {
+            let mut s = secret(data);
+            s.type_ = type_.into();
+            s.validate().0.into_iter().map(|c| c.field).collect()
+        };
+        assert_eq!(
+            fields(TYPE_BASIC_AUTH, &[("other", "dg==")]),
+            ["data[username]", "data[password]"]
+        );
+        assert!(fields(TYPE_BASIC_AUTH, &[("password", "")]).is_empty());
+        assert_eq!(fields(TYPE_TLS, &[("tls.crt", "dg==")]), ["data[tls.key]"]);
+        assert_eq!(
+            fields(TYPE_SSH_AUTH, &[("ssh-privatekey", "")]),
+            ["data[ssh-privatekey]"]
+        );
+        // "{}" and "[1]" in base64: an object is well-formed, an array is not.
+        assert!(fields(TYPE_DOCKER_CONFIG_JSON, &[(".dockerconfigjson", "e30=")]).is_empty());
+        assert_eq!(
+            fields(TYPE_DOCKER_CONFIG_JSON, &[(".dockerconfigjson", "WzFd")]),
+            ["data[.dockerconfigjson]"]
+        );
+        assert_eq!(fields(TYPE_DOCKERCFG, &[]), ["data[.dockercfg]"]);
+        assert_eq!(
+            fields(TYPE_SERVICE_ACCOUNT_TOKEN, &[]),
+            ["metadata.annotations[kubernetes.io/service-account.name]"]
+        );
+        assert!(fields(TYPE_OPAQUE, &[]).is_empty());
+        assert!(fields("example.com/custom", &[]).is_empty());
     }
 
     #[test]
