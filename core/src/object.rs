@@ -137,6 +137,8 @@ pub fn prepare_update<T: Resource>(
     meta.deletion_timestamp = old_meta.deletion_timestamp;
     meta.deletion_grace_period_seconds = old_meta.deletion_grace_period_seconds;
     meta.generate_name = old_meta.generate_name.clone();
+    // A request cannot set the generation; a kind's update may move it on.
+    meta.generation = old_meta.generation;
     meta.self_link.clear();
     obj.prepare_for_update(old);
     errs.extend(validation::validate_object_meta(

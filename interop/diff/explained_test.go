@@ -127,9 +127,6 @@ var explained = []explanation{
 	// D30: a write that changes nothing.
 	{"D30", "patch-types/sa-*", "body.metadata.resourceVersion"},
 
-	// D31: metadata.generation.
-	{"D31", "webhook-configurations/*", "*metadata.generation"},
-
 	// D32: Forbidden in a terminating namespace.
 	{"D32", "namespaces/create-in-terminating", "body.details"},
 }

@@ -456,6 +456,14 @@ static RULES: [Rule; 3] = [
     Rule::new("metadata.name", Check::Immutable),
 ];
 
+/// As Kubernetes' strategy for both configurations: generation 1 on create, one more on each
+/// update that changes the webhooks (the generic update has kept the stored one).
+fn next_generation(meta: &mut crate::meta::ObjectMeta, old: Option<i64>, changed: bool) {
+    if changed {
+        meta.generation = Some(old.unwrap_or(0).saturating_add(1));
+    }
+}
+
 impl Resource for ValidatingWebhookConfiguration {
     const INFO: &'static ResourceInfo = &VALIDATING_INFO;
 
@@ -467,10 +475,16 @@ impl Resource for ValidatingWebhookConfiguration {
 
     fn prepare_for_create(&mut self) {
         self.webhooks.iter_mut().for_each(Webhook::apply_defaults);
+        self.metadata.generation = Some(1);
     }
 
-    fn prepare_for_update(&mut self, _old: &Self) {
+    fn prepare_for_update(&mut self, old: &Self) {
         self.webhooks.iter_mut().for_each(Webhook::apply_defaults);
+        next_generation(
+            &mut self.metadata,
+            old.metadata.generation,
+            self.webhooks != old.webhooks,
+        );
     }
 
     fn validate(&self) -> ErrorList {
@@ -489,10 +503,16 @@ impl Resource for MutatingWebhookConfiguration {
 
     fn prepare_for_create(&mut self) {
         self.webhooks.iter_mut().for_each(Webhook::apply_defaults);
+        self.metadata.generation = Some(1);
     }
 
-    fn prepare_for_update(&mut self, _old: &Self) {
+    fn prepare_for_update(&mut self, old: &Self) {
         self.webhooks.iter_mut().for_each(Webhook::apply_defaults);
+        next_generation(
+            &mut self.metadata,
+            old.metadata.generation,
+            self.webhooks != old.webhooks,
+        );
     }
 
     fn validate(&self) -> ErrorList {
