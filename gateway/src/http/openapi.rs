@@ -283,14 +283,19 @@ pub(crate) fn document(group: &str, version: &str) -> Option<Value> {
     }))
 }
 
-pub fn serve_index() -> Response<Body> {
-    let mut paths = BTreeMap::new();
+/// Every served group version, in the registry's order.
+pub(crate) fn group_versions() -> Vec<(&'static str, &'static str)> {
     let mut gvs: Vec<(&str, &str)> = registry::all()
         .iter()
         .map(|r| (r.group, r.version))
         .collect();
     gvs.dedup();
-    for (g, v) in gvs {
+    gvs
+}
+
+pub fn serve_index() -> Response<Body> {
+    let mut paths = BTreeMap::new();
+    for (g, v) in group_versions() {
         let p = gv_path(g, v);
         // The hash lets clients cache a document until it changes (the build version here).
         paths.insert(p.clone(), json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash={}", env!("CARGO_PKG_VERSION"))}));

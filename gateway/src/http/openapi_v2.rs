@@ -21,7 +21,7 @@ use std::sync::OnceLock;
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 use serde_json::{Map, Value, json};
-use svc_core::{ApiError, registry};
+use svc_core::ApiError;
 
 use crate::http::openapi;
 use crate::http::respond::{self, Body};
@@ -150,14 +150,9 @@ const PRODUCES: &[&str] = &[
 ];
 
 fn document() -> Value {
-    let mut gvs: Vec<(&str, &str)> = registry::all()
-        .iter()
-        .map(|r| (r.group, r.version))
-        .collect();
-    gvs.dedup();
     let mut paths = Map::new();
     let mut definitions = Map::new();
-    for (g, v) in gvs {
+    for (g, v) in openapi::group_versions() {
         let Some(v3) = openapi::document(g, v) else {
             continue;
         };
@@ -537,6 +532,7 @@ fn encode_schema(buf: &mut Vec<u8>, s: &Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use svc_core::registry;
 
     #[test]
     fn negotiates_protobuf_json_or_nothing() {
