@@ -15,6 +15,7 @@
 //! | [`frames`] | `caching_object.go` | frames encoded once per event and format |
 //! | [`object`] | `storeElement` | [`CachedObject`], [`KindCodec`], [`Selector`] |
 //! | [`wakes`] | (none) | [`WakeGate`]: watcher wake-ups paced in slices under load |
+//! | [`unstructured`] | `unstructured.go` | the codec of kinds described at run time |
 //!
 //! # Fan-out: cursors with a per-watcher index, not pushed frames
 //!
@@ -66,6 +67,7 @@ pub mod history;
 pub mod interval;
 pub mod settings;
 pub mod snapshots;
+pub mod unstructured;
 pub mod waiters;
 pub mod wakes;
 pub mod watcher;

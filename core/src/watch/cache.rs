@@ -344,6 +344,23 @@ impl WatchCache {
                 }
             },
         };
+        self.push_event_locked(inner, reg, event_type, object, prev, rev, now, wake);
+        report.applied = report.applied.saturating_add(1);
+    }
+
+    /// Records one change in the history, dispatches it and moves the revision to `rev`.
+    #[allow(clippy::too_many_arguments)]
+    fn push_event_locked(
+        &self,
+        inner: &mut Inner,
+        reg: &mut Registry,
+        event_type: EventType,
+        object: Arc<CachedObject>,
+        prev: Option<Arc<CachedObject>>,
+        rev: Revision,
+        now: Instant,
+        wake: &mut Vec<Waker>,
+    ) {
         let seq = inner.history.next_seq();
         let prev = if event_type == EventType::Deleted {
             Some(object.clone())
@@ -364,7 +381,95 @@ impl WatchCache {
         inner.history.push(event);
         inner.revision = rev;
         inner.last_event = rev;
-        report.applied = report.applied.saturating_add(1);
+    }
+
+    /// Brings a filled cache to a new full read at `revision` (a relist after the feed's start
+    /// was compacted away) without ending its watchers: the differences from the cached state
+    /// become ordinary events. Objects added or changed come first, in the order of their own
+    /// resourceVersions (kept above the cache's revision, so a watch resumes past them);
+    /// objects gone come last, at `revision`, as no read says when they went. An empty cache
+    /// is filled by [`WatchCache::replace`] instead.
+    pub fn resync(&self, kvs: &[KeyValue], revision: Revision, now: Instant) -> ApplyReport {
+        if !self.is_ready() {
+            return self.replace(kvs, revision, now);
+        }
+        let mut report = ApplyReport::default();
+        let ingest = self.shared.encoder.codec.ingest;
+        let mut fresh = State::new();
+        for kv in kvs {
+            match ingest(kv) {
+                Ok(obj) => {
+                    fresh.insert(kv.key.clone(), Arc::new(obj));
+                }
+                Err(e) => report.error(e),
+            }
+        }
+        let mut wake = Vec::new();
+        let shared = &self.shared;
+        let revision = {
+            let mut guard = shared.inner.write();
+            let inner = &mut *guard;
+            let mut reg = shared.registry.lock();
+            if revision <= inner.revision {
+                report.skipped = report.skipped.saturating_add(kvs.len());
+                return report;
+            }
+            let mut changed: Vec<(Bytes, Arc<CachedObject>)> = fresh
+                .iter()
+                .filter(|(k, obj)| {
+                    inner
+                        .state
+                        .get(&k[..])
+                        .is_none_or(|old| old.resource_version != obj.resource_version)
+                })
+                .map(|(k, obj)| (k.clone(), obj.clone()))
+                .collect();
+            changed.sort_by_key(|(_, obj)| obj.resource_version);
+            let gone: Vec<Bytes> = inner
+                .state
+                .keys()
+                .filter(|k| !fresh.contains_key(&k[..]))
+                .cloned()
+                .collect();
+            let mut stamp = inner.revision;
+            for (key, obj) in changed {
+                stamp = obj.resource_version.clamp(stamp, revision);
+                let prev = inner.state.insert(key, obj.clone());
+                let ty = if prev.is_some() {
+                    EventType::Modified
+                } else {
+                    EventType::Added
+                };
+                self.push_event_locked(inner, &mut reg, ty, obj, prev, stamp, now, &mut wake);
+                report.applied = report.applied.saturating_add(1);
+            }
+            for key in gone {
+                if let Some(obj) = inner.state.remove(&key[..]) {
+                    self.push_event_locked(
+                        inner,
+                        &mut reg,
+                        EventType::Deleted,
+                        obj,
+                        None,
+                        revision,
+                        now,
+                        &mut wake,
+                    );
+                    report.applied = report.applied.saturating_add(1);
+                }
+            }
+            inner.revision = revision;
+            inner.last_event = revision;
+            inner
+                .snapshots
+                .maybe_take(revision, &inner.state, now, &shared.config, false);
+            report.evicted = self.evict_locked(inner, &mut reg, now, &mut wake);
+            shared.revision.store(revision, Ordering::Release);
+            revision
+        };
+        report.woken = wake.len();
+        self.wake(wake, revision);
+        report
     }
 
     fn evict_locked(

@@ -519,3 +519,67 @@ fn a_paced_gate_wakes_one_slice_at_once_and_the_deferred_watchers_batch_their_ev
         assert!(!d.more);
     }
 }
+
+#[test]
+fn a_resync_tells_watchers_the_differences_and_keeps_them() {
+    let clock = Clock::new();
+    let c = cache_with(config(), &clock);
+    apply(
+        &c,
+        vec![
+            put("a", "same", &[], 2),
+            put("a", "changed", &[], 3),
+            put("a", "gone", &[], 4),
+        ],
+        clock.at(0.0),
+    );
+    let mut w = c
+        .watch(
+            watch_req(None, sel("", ""), WatchStart::After(4)),
+            clock.at(0.0),
+        )
+        .unwrap();
+    // A full read at 20: "changed" at 9, "new" at 12, "gone" missing.
+    let report = c.resync(
+        &[
+            sa_kv("a", "changed", &[("v", "2")], 9),
+            sa_kv("a", "new", &[], 12),
+            sa_kv("a", "same", &[], 2),
+        ],
+        20,
+        clock.at(1.0),
+    );
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(report.applied, 3);
+    let d = w.drain(1 << 20, clock.at(1.0));
+    let got: Vec<(String, String)> = decode_frames(&d.frames)
+        .into_iter()
+        .map(|(ty, name, _)| (ty, name))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("MODIFIED".to_string(), "changed".to_string()),
+            ("ADDED".into(), "new".into()),
+            ("DELETED".into(), "gone".into()),
+        ]
+    );
+    assert!(!w.is_finished(), "the watcher goes on");
+    assert_eq!(c.revision(), 20);
+    // A watch resumed from the last event sees nothing again; one from before sees the rest.
+    let mut after = c
+        .watch(
+            watch_req(None, sel("", ""), WatchStart::After(12)),
+            clock.at(1.0),
+        )
+        .unwrap();
+    let d = after.drain(1 << 20, clock.at(1.0));
+    let names: Vec<String> = decode_frames(&d.frames)
+        .into_iter()
+        .map(|(_, n, rv)| format!("{n}@{rv}"))
+        .collect();
+    assert_eq!(names, ["gone@20"]);
+    // An older full read changes nothing.
+    assert_eq!(c.resync(&[], 15, clock.at(2.0)).applied, 0);
+    assert_eq!(c.revision(), 20);
+}
