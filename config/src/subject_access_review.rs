@@ -48,6 +48,20 @@ pub struct ResourceAttributes {
     pub subresource: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub name: String,
+    /// The request's field selector (Kubernetes 1.31+), for authorizers that decide by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field_selector: Option<SelectorAttributes>,
+    /// The request's label selector (Kubernetes 1.31+).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_selector: Option<SelectorAttributes>,
+}
+
+/// A selector of a reviewed request, as written (`rawSelector`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SelectorAttributes {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub raw_selector: String,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,6 +7,7 @@ pub mod api;
 pub mod discovery;
 pub mod health;
 pub mod limits;
+pub mod mirrored;
 pub mod negotiate;
 pub mod openapi;
 pub mod openapi_v2;

@@ -38,6 +38,13 @@ pub struct Options {
     #[arg(long)]
     pub client_ca_file: Option<PathBuf>,
 
+    /// Proxy mode: which upstream resources are cached, and their lists and watches served
+    /// from the cache: comma-separated `*` (every resource discovery offers for list and
+    /// watch, but Secrets), resource names (`pods`, `deployments.apps`, `secrets`) to add,
+    /// and `-name` to leave out. Empty: nothing is cached, every request passes through.
+    #[arg(long, default_value = "*")]
+    pub cache_resources: String,
+
     /// Address to serve HTTPS on.
     #[arg(long, default_value = "0.0.0.0")]
     pub bind_address: IpAddr,
@@ -422,6 +429,11 @@ impl Options {
     /// proxy mode (standalone trusts its own CA).
     pub fn check_mode(&self) -> Result<(), String> {
         if self.upstream_kubeconfig.is_none() {
+            if self.cache_resources != "*" {
+                return Err(
+                    "--cache-resources is only for proxy mode (--upstream-kubeconfig)".into(),
+                );
+            }
             if self.client_ca_file.is_some() {
                 return Err(
                     "--client-ca-file is only for proxy mode (--upstream-kubeconfig); \

@@ -70,6 +70,7 @@ pub async fn serve(
 pub async fn serve_proxied(
     app: &Api,
     upstream: &Upstream,
+    mirror: Option<&crate::outbound::mirror::Mirror>,
     endpoint: &str,
     check: Option<&str>,
     query: &Query,
@@ -78,6 +79,9 @@ pub async fn serve_proxied(
         vec![("ping".into(), Ok(())), ("log".into(), Ok(()))];
     if endpoint == "readyz" {
         checks.push(("upstream".into(), upstream.ready().await));
+        if let Some(m) = mirror {
+            checks.push(("proxy-caches-synced".into(), m.synced()));
+        }
         let shutting_down = app.shutting_down.load(Ordering::Acquire);
         checks.push((
             "shutdown".into(),

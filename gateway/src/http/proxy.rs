@@ -37,6 +37,8 @@ pub struct Proxy {
     pub upstream: Upstream,
     pub tokens: TokenReviewer,
     pub reviews: AccessReviewer,
+    /// The caches lists and watches are served from (`http/mirrored.rs`).
+    pub mirror: Option<std::sync::Arc<crate::outbound::mirror::Mirror>>,
 }
 
 impl Proxy {
@@ -45,6 +47,7 @@ impl Proxy {
             tokens: TokenReviewer::new(upstream.clone()),
             reviews: AccessReviewer::new(upstream.clone()),
             upstream,
+            mirror: None,
         }
     }
 

@@ -96,6 +96,15 @@ pub struct KindLabels {
     kind: &'static str,
 }
 
+/// A cached read of proxy mode: which resource, which verb.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MirrorReadLabels {
+    group: &'static str,
+    version: &'static str,
+    resource: &'static str,
+    verb: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResourceLabels {
     group: &'static str,
@@ -200,6 +209,8 @@ pub struct Metrics {
     registered_watchers: Family<KindLabels, Gauge>,
     watch_events: Family<ResourceLabels, Counter>,
     watch_event_sizes: Family<ResourceLabels, SizeHistogram>,
+    /// Lists and watches proxy mode served from its caches.
+    mirror_reads: Family<MirrorReadLabels, Counter>,
     /// Storage call latency and counts, recorded by [`store::InstrumentedStore`].
     pub store: store::StoreMetrics,
     /// Authorization decisions, webhook calls and configuration reloads.
@@ -340,6 +351,12 @@ impl Metrics {
             "Watch event size distribution in bytes",
             watch_event_sizes.clone(),
         );
+        let mirror_reads = Family::<MirrorReadLabels, Counter>::default();
+        registry.register(
+            "svc_proxy_cache_reads",
+            "Lists and watches a proxy served from its cache of the upstream",
+            mirror_reads.clone(),
+        );
         let store = store::StoreMetrics::register(&mut registry);
         let authz = authz::AuthzMetrics::register(&mut registry);
         let validation_mismatches = Counter::default();
@@ -360,6 +377,7 @@ impl Metrics {
             registered_watchers,
             watch_events,
             watch_event_sizes,
+            mirror_reads,
             store,
             authz,
             validation_mismatches,
@@ -441,6 +459,18 @@ impl Metrics {
     }
 
     /// The event count and sizes of watches of `info`'s type.
+    /// Counts a list or watch proxy mode served from its cache.
+    pub fn mirror_read(&self, info: &'static ResourceInfo, verb: &'static str) {
+        self.mirror_reads
+            .get_or_create(&MirrorReadLabels {
+                group: info.group,
+                version: info.version,
+                resource: info.plural,
+                verb,
+            })
+            .inc();
+    }
+
     pub fn watch_events(&self, info: &'static ResourceInfo) -> WatchEvents {
         let labels = ResourceLabels {
             group: info.group,

@@ -61,6 +61,37 @@ impl Upstream {
         self.call(request).await
     }
 
+    /// GETs `path` (its query included) with `accept`, under the proxy's credential, and reads
+    /// the answer whole: at most `limit` bytes, all within `timeout`. Proxy mode's own reads
+    /// (discovery, the lists that fill its caches).
+    pub async fn get(
+        &self,
+        path: &str,
+        accept: &str,
+        limit: usize,
+        timeout: Duration,
+    ) -> Result<(http::StatusCode, Bytes), String> {
+        use http_body_util::BodyExt as _;
+        let request = http::Request::get(path)
+            .header(http::header::ACCEPT, accept)
+            .body(client::buffered(Bytes::new()))
+            .map_err(|e| e.to_string())?;
+        let url = self.url();
+        let exchange = async {
+            let response = self.send(request).await.map_err(|e| e.to_string())?;
+            let status = response.status();
+            let body = http_body_util::Limited::new(response.into_body(), limit)
+                .collect()
+                .await
+                .map_err(|e| format!("{url}{path}: {e}"))?
+                .to_bytes();
+            Ok((status, body))
+        };
+        tokio::time::timeout(timeout, exchange)
+            .await
+            .unwrap_or_else(|_| Err(format!("{url}{path}: no answer within {timeout:?}")))
+    }
+
     /// Whether the upstream answers `GET /readyz` with 200 within [`CALL_TIMEOUT`].
     pub async fn ready(&self) -> Result<(), String> {
         let request = http::Request::get("/readyz")

@@ -101,7 +101,7 @@ impl Caches {
 
 /// Wakes the watchers the gate deferred, one slice at a time, yielding to the runtime after
 /// each slice so that tasks woken meanwhile (write handlers, ingest) run before the next.
-async fn pace(gate: Arc<WakeGate>, mut stop: watch::Receiver<bool>) {
+pub async fn pace(gate: Arc<WakeGate>, mut stop: watch::Receiver<bool>) {
     loop {
         tokio::select! {
             _ = gate.pace() => {}

@@ -69,14 +69,16 @@ pub fn validate(opts: &ListOptions) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// A continue token of this server: the revision its pages are read at, where the next page
+/// starts, and when the first was served.
 #[derive(Debug, Serialize, Deserialize)]
-struct ContinueToken {
+pub struct ContinueToken {
     v: String,
-    rv: i64,
+    pub rv: i64,
     /// The last key returned so far, relative to the collection's key prefix.
-    start: String,
+    pub start: String,
     /// When the first page was served (Unix seconds), for the token's lifetime.
-    t: i64,
+    pub t: i64,
 }
 
 const TOKEN_VERSION: &str = "meta.svc.io/v1";
@@ -84,14 +86,14 @@ const TOKEN_VERSION: &str = "meta.svc.io/v1";
 /// How far in the future a token's issue time may lie (another gateway's clock running ahead).
 const CONTINUE_CLOCK_SKEW_SECS: i64 = 60;
 
-fn unix_now() -> i64 {
+pub fn unix_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or_default()
 }
 
-fn encode_token(rv: i64, last_key: &[u8], issued: i64) -> String {
+pub fn encode_token(rv: i64, last_key: &[u8], issued: i64) -> String {
     let t = ContinueToken {
         v: TOKEN_VERSION.into(),
         rv,
@@ -101,7 +103,7 @@ fn encode_token(rv: i64, last_key: &[u8], issued: i64) -> String {
     URL_SAFE_NO_PAD.encode(serde_json::to_vec(&t).unwrap_or_default())
 }
 
-fn decode_token(token: &str, ttl: Duration) -> Result<ContinueToken, ApiError> {
+pub fn decode_token(token: &str, ttl: Duration) -> Result<ContinueToken, ApiError> {
     let invalid =
         || ApiError::bad_request("continue key is not valid: the token could not be decoded");
     let raw = URL_SAFE_NO_PAD
@@ -124,7 +126,7 @@ fn decode_token(token: &str, ttl: Duration) -> Result<ContinueToken, ApiError> {
     Ok(t)
 }
 
-fn expired_continue() -> ApiError {
+pub fn expired_continue() -> ApiError {
     ApiError::Expired(
         "The provided continue parameter is too old to display a consistent list result. You \
          can start a new list without the continue parameter, or use the continue token in this \

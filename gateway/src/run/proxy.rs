@@ -18,6 +18,8 @@ use tokio_rustls::TlsAcceptor;
 use crate::base::flags::Options;
 use crate::http::proxy::Proxy;
 use crate::outbound::egress::Egress;
+use crate::outbound::mirror::Mirror;
+use crate::outbound::mirror::discovery::ResourceFilter;
 use crate::outbound::pki::{self, PkiOptions};
 use crate::outbound::upstream::Upstream;
 use crate::run::ServerHandle;
@@ -52,6 +54,7 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
     let (pki, tls) = prepare_pki(&opts, addr, client_ca).await?;
 
     let (stop_watches_tx, stop_watches_rx) = watch::channel(false);
+    let stop_watches_rx_for_mirror = stop_watches_rx.clone();
     let (stop_accepting_tx, stop_accepting_rx) = watch::channel(false);
     let tokens = crate::security::tokens::Tokens::new(
         &opts,
@@ -68,15 +71,30 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
         admission,
         egress,
     };
+    let filter = ResourceFilter::parse(&opts.cache_resources).map_err(anyhow::Error::msg)?;
+    let mirror = Arc::new(Mirror::new(
+        upstream.clone(),
+        filter,
+        opts.watch_cache_config(),
+    ));
     let mut state = ServerState::new(opts.clone(), Arc::new(NoStore), parts)?;
-    state.proxy = Some(Arc::new(Proxy::new(upstream.clone())));
+    let mut proxy = Proxy::new(upstream.clone());
+    proxy.mirror = Some(mirror.clone());
+    state.proxy = Some(Arc::new(proxy));
     let app = Arc::new(state);
-    let tasks = vec![tokio::spawn(accept_loop(
-        listener,
-        Some(tls),
-        app.clone(),
-        stop_accepting_rx,
-    ))];
+    let tasks = vec![
+        tokio::spawn(accept_loop(
+            listener,
+            Some(tls),
+            app.clone(),
+            stop_accepting_rx,
+        )),
+        tokio::spawn(crate::registry::caches::pace(
+            mirror.gate().clone(),
+            stop_watches_rx_for_mirror.clone(),
+        )),
+        tokio::spawn(mirror.run(stop_watches_rx_for_mirror)),
+    ];
     tracing::info!(%addr, upstream = %upstream.url(), "serving as a proxy");
     Ok(ServerHandle {
         addr,

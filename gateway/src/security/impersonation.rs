@@ -220,6 +220,7 @@ fn attrs(
         resource: resource.into(),
         subresource: subresource.into(),
         name: name.into(),
+        ..Default::default()
     }
 }
 

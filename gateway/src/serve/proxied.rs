@@ -20,6 +20,7 @@ use crate::base::query::Query;
 use crate::base::router::{self, Route};
 use crate::base::verb::Verb;
 use crate::http::health;
+use crate::http::mirrored;
 use crate::http::proxy::{self, Proxy};
 use crate::http::respond::{self, Body};
 use crate::observe::metrics;
@@ -83,6 +84,7 @@ async fn serve(
             return health::serve_proxied(
                 &app.api,
                 &proxy.upstream,
+                proxy.mirror.as_deref(),
                 endpoint,
                 check.as_deref(),
                 query,
@@ -95,7 +97,7 @@ async fn serve(
                 Ok(()) => respond::bytes_response(
                     StatusCode::OK,
                     metrics::CONTENT_TYPE,
-                    app.api.metrics.encode(),
+                    with_mirror_metrics(app.api.metrics.encode(), proxy),
                 ),
                 Err(e) => respond::error(&e),
             };
@@ -114,6 +116,22 @@ async fn serve(
             });
         }
     };
+    if read
+        && let Some(mirror) = &proxy.mirror
+        && let Some(resp) =
+            mirrored::serve(&app.api, proxy, mirror, &user, &path, query, req.headers()).await
+    {
+        return match watch {
+            // A cached watch holds its place until its stream ends.
+            Some(place) => resp.map(|body| {
+                Body::new(body.map_frame(move |f| {
+                    let _held = &place;
+                    f
+                }))
+            }),
+            None => resp,
+        };
+    }
     let head_timeout = (!long_running).then_some(app.api.opts.request_timeout);
     let req = req.map(RequestBody::into_outbound);
     let resp = proxy.forward(req, &user, peer, head_timeout).await;
@@ -157,4 +175,17 @@ impl hyper::body::Body for UntilStopped {
         }
         Pin::new(&mut self.body).poll_frame(cx)
     }
+}
+
+/// The server's metrics with the caches' series added before the OpenMetrics end marker.
+fn with_mirror_metrics(mut text: String, proxy: &Proxy) -> String {
+    let Some(mirror) = &proxy.mirror else {
+        return text;
+    };
+    let extra = mirror.encode_metrics();
+    match text.rfind("# EOF") {
+        Some(at) => text.insert_str(at, &extra),
+        None => text.push_str(&extra),
+    }
+    text
 }

@@ -272,6 +272,7 @@ pub fn review_spec(user: &UserInfo, attrs: &Attributes<'_>) -> SubjectAccessRevi
                 resource: r.resource.to_string(),
                 subresource: r.subresource.unwrap_or_default().to_string(),
                 name: r.name.unwrap_or_default().to_string(),
+                ..Default::default()
             }),
             None,
         ),

@@ -1,0 +1,455 @@
+//! Lists and watches served from proxy mode's caches (`outbound/mirror.rs`), and the rules
+//! that decide which ones may be: a GET of a cached resource's collection whose answer the
+//! cache can give exactly as the upstream would.
+//!
+//! | request | served |
+//! |---|---|
+//! | list, `resourceVersion=0` or `NotOlderThan` | from the cache, once it has reached the version |
+//! | list, `Exact` (or a version with `limit`) | from the cache's snapshots; passed through when they no longer reach back |
+//! | list, resourceVersion unset (a consistent read) | passed through: the cache cannot prove it is at the upstream's current revision, which only the upstream knows |
+//! | list, continue token of this proxy | from the snapshot it names (410 when gone) |
+//! | list, the upstream's continue token | passed through |
+//! | watch, `resourceVersion=0` | from the cache, initial events first |
+//! | watch from a version the cache holds history for, `sendInitialEvents` included | from the cache |
+//! | watch from an older version (one held before this proxy started) | passed through, so clients resume instead of relisting |
+//! | watch, resourceVersion unset | passed through (a consistent start) |
+//! | protobuf only, Tables, field selectors the cache cannot evaluate, bad parameters | passed through: the upstream answers |
+//!
+//! A cached read is authorized first with the upstream's SubjectAccessReview, selectors
+//! included (`security/access_review.rs`, answers cached 10 s), as the user the caller is, or
+//! impersonates once the upstream allows it. While a cache has not been filled yet its reads
+//! answer 429 with `Retry-After`, as kube-apiserver does while its watch cache initializes;
+//! a version the cache has not reached within [`CATCH_UP`] is passed through.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
+use rand::Rng as _;
+use svc_config::subject_access_review::{ResourceAttributes, SelectorAttributes};
+use svc_core::selector::{FieldSelector, LabelSelector};
+use svc_core::table::IncludeObject;
+use svc_core::user::UserInfo;
+use svc_core::watch::unstructured::supports_field;
+use svc_core::watch::{FrameFormat, ListRequest, Selector, WatchRequest, WatchStart};
+use svc_core::{ApiError, ListMeta};
+
+use crate::base::query::{ListOptions, Query, RvMatch};
+use crate::http::api::Api;
+use crate::http::negotiate::{self, Format};
+use crate::http::proxy::Proxy;
+use crate::http::respond::{self, Body};
+use crate::http::stream::WatchStream;
+use crate::outbound::mirror::{Mirror, Mirrored};
+use crate::registry::list::{decode_token, encode_token, expired_continue};
+use crate::security::impersonation;
+
+/// How long a cached read waits for its cache to reach the version it names before it is
+/// passed through instead.
+pub const CATCH_UP: Duration = Duration::from_secs(1);
+
+/// The longest `timeoutSeconds` honoured (as in standalone mode).
+const MAX_WATCH_TIMEOUT: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// A collection request: /api/v1[/namespaces/NS]/RES or /apis/G/V[/namespaces/NS]/RES.
+struct Collection<'a> {
+    group: &'a str,
+    version: &'a str,
+    namespace: &'a str,
+    resource: &'a str,
+}
+
+fn collection(path: &str) -> Option<Collection<'_>> {
+    let segments: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
+    let (group, version, rest) = match segments.as_slice() {
+        ["api", version, rest @ ..] => ("", *version, rest),
+        ["apis", group, version, rest @ ..] => (*group, *version, rest),
+        _ => return None,
+    };
+    let (namespace, resource) = match rest {
+        [resource] => ("", *resource),
+        ["namespaces", ns, resource] if !ns.is_empty() => (*ns, *resource),
+        _ => return None,
+    };
+    (!resource.is_empty()).then_some(Collection {
+        group,
+        version,
+        namespace,
+        resource,
+    })
+}
+
+/// The answer for a cached read; `None` when the request is to be passed through.
+pub async fn serve(
+    api: &Arc<Api>,
+    proxy: &Proxy,
+    mirror: &Mirror,
+    caller: &UserInfo,
+    path: &str,
+    query: &Query,
+    headers: &HeaderMap,
+) -> Option<Response<Body>> {
+    let target = collection(path)?;
+    let mirrored = mirror.get(target.group, target.version, target.resource)?;
+    let info = mirrored.info;
+    if !target.namespace.is_empty() && !info.namespaced() {
+        return None;
+    }
+    let opts = ListOptions::from_query(query).ok()?;
+    crate::registry::list::validate(&opts).ok()?;
+    let ours_token = match &opts.continue_token {
+        Some(t) => Some(decode_token(t, api.registry.continue_token_ttl).ok()?),
+        None => None,
+    };
+    let rv = opts.resource_version.as_deref();
+    let rv_num = match rv {
+        None | Some("0") => None,
+        Some(v) => Some(v.parse::<i64>().ok().filter(|n| *n > 0)?),
+    };
+    // Which requests the cache may answer (the table above).
+    if opts.watch {
+        rv?;
+        if rv_num.is_some_and(|n| n < mirrored.cache.oldest_revision()) {
+            return None;
+        }
+    } else if rv.is_none() && ours_token.is_none() {
+        return None;
+    }
+    let format = cached_format(headers, api, opts.watch)?;
+    let labels = LabelSelector::parse(&opts.label_selector).ok()?;
+    let fields = FieldSelector::parse(&opts.field_selector, |f| {
+        supports_field(info.group, info.kind, f)
+    })
+    .ok()?;
+    let include = match format {
+        Format::Table => return None,
+        _ => IncludeObject::parse(query.get("includeObject")).ok()?,
+    };
+
+    // Whom it is for, and whether the upstream lets them.
+    let acting = match impersonation::requested(headers) {
+        Ok(None) => caller.clone(),
+        Ok(Some(wanted)) => {
+            match impersonation::impersonate(&proxy.reviews, caller, wanted).await {
+                Ok(u) => u,
+                Err(e) => return Some(respond::error(&e)),
+            }
+        }
+        Err(e) => return Some(respond::error(&e)),
+    };
+    let verb = if opts.watch { "watch" } else { "list" };
+    if let Err(e) = authorize(proxy, &acting, &mirrored, target.namespace, verb, &opts).await {
+        return Some(respond::error(&e));
+    }
+    if !mirrored.status.synced.load(Ordering::Acquire) {
+        return Some(respond::error(&ApiError::TooManyRequests {
+            message: format!(
+                "the proxy's cache of {} is being filled, please try again later",
+                info.plural
+            ),
+            retry_after_seconds: Some(1),
+        }));
+    }
+    let wanted = rv_num.or(ours_token.as_ref().map(|t| t.rv));
+    if let Some(n) = wanted
+        && mirrored.cache.revision() < n
+        && tokio::time::timeout(CATCH_UP, mirrored.cache.wait_for_revision(n))
+            .await
+            .is_err()
+    {
+        return None;
+    }
+    let selector = Selector::new(labels, fields);
+    let answer = if opts.watch {
+        watch(api, &mirrored, target.namespace, &opts, selector, format)
+    } else {
+        list(
+            &mirrored,
+            target.namespace,
+            &opts,
+            ours_token,
+            selector,
+            format,
+            query.pretty(),
+            include,
+        )
+    };
+    match answer {
+        Ok(resp) => {
+            api.metrics.mirror_read(info, verb);
+            Some(resp)
+        }
+        Err(Fallback::PassThrough) => None,
+        Err(Fallback::Error(e)) => Some(respond::error_in(&e, format)),
+    }
+}
+
+/// What the cache answers in: JSON (also for a client that prefers protobuf but takes JSON,
+/// as client-go's clients do), YAML and partial metadata for lists, CBOR. `None`: protobuf
+/// only, or Tables, which the upstream answers.
+fn cached_format(headers: &HeaderMap, api: &Api, watch: bool) -> Option<Format> {
+    match negotiate::response_format(headers, &api.opts.feature_gates, watch).ok()? {
+        Format::Protobuf(_) => {
+            let accept = headers.get(header::ACCEPT)?.to_str().ok()?;
+            accept
+                .split(',')
+                .any(|r| {
+                    let mut parts = r.split(';').map(str::trim);
+                    let essence = parts.next().unwrap_or_default();
+                    essence.eq_ignore_ascii_case("application/json")
+                        && !parts.any(|p| p.replace(' ', "") == "q=0")
+                })
+                .then_some(Format::Json)
+        }
+        Format::Table => None,
+        Format::Yaml if watch => None,
+        f => Some(f),
+    }
+}
+
+/// Asks the upstream whether `user` may `verb` the collection, with the request's selectors.
+async fn authorize(
+    proxy: &Proxy,
+    user: &UserInfo,
+    mirrored: &Mirrored,
+    namespace: &str,
+    verb: &str,
+    opts: &ListOptions,
+) -> Result<(), ApiError> {
+    let info = mirrored.info;
+    let selector = |raw: &str| {
+        (!raw.is_empty()).then(|| SelectorAttributes {
+            raw_selector: raw.to_string(),
+        })
+    };
+    let attrs = ResourceAttributes {
+        namespace: namespace.to_string(),
+        verb: verb.to_string(),
+        group: info.group.to_string(),
+        version: info.version.to_string(),
+        resource: info.plural.to_string(),
+        field_selector: selector(&opts.field_selector),
+        label_selector: selector(&opts.label_selector),
+        ..Default::default()
+    };
+    let (allowed, reason) = proxy.reviews.review(user, Some(attrs), None).await?;
+    if allowed {
+        return Ok(());
+    }
+    // kube-apiserver's words.
+    let scope = if namespace.is_empty() {
+        "at the cluster scope".to_string()
+    } else {
+        format!("in the namespace \"{namespace}\"")
+    };
+    let mut message = format!(
+        "{} is forbidden: User \"{}\" cannot {verb} resource \"{}\" in API group \"{}\" {scope}",
+        info.plural, user.username, info.plural, info.group
+    );
+    if !reason.is_empty() {
+        message.push_str(": ");
+        message.push_str(&reason);
+    }
+    Err(ApiError::Forbidden(message))
+}
+
+/// Why a cached read did not answer.
+enum Fallback {
+    /// The cache cannot answer as the upstream would (an Exact version older than its
+    /// snapshots): the upstream answers.
+    PassThrough,
+    Error(ApiError),
+}
+
+impl From<ApiError> for Fallback {
+    fn from(e: ApiError) -> Self {
+        Fallback::Error(e)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn list(
+    mirrored: &Mirrored,
+    namespace: &str,
+    opts: &ListOptions,
+    token: Option<crate::registry::list::ContinueToken>,
+    selector: Selector,
+    format: Format,
+    pretty: bool,
+    include: IncludeObject,
+) -> Result<Response<Body>, Fallback> {
+    let info = mirrored.info;
+    let cache = &mirrored.cache;
+    let prefix = info.prefix(Some(namespace));
+    let limit = opts.limit.and_then(|l| usize::try_from(l).ok());
+    let (at, start_after, issued) = match &token {
+        Some(t) => {
+            let mut start = prefix.clone();
+            start.extend_from_slice(t.start.as_bytes());
+            (Some(t.rv), Some(start), t.t)
+        }
+        None => {
+            let exact = match opts.resource_version.as_deref() {
+                None | Some("0") => None,
+                Some(v) => {
+                    let rv = v.parse::<i64>().unwrap_or_default();
+                    (opts.resource_version_match == Some(RvMatch::Exact)
+                        || (opts.resource_version_match.is_none() && limit.is_some()))
+                    .then_some(rv)
+                }
+            };
+            (exact, None, crate::registry::list::unix_now())
+        }
+    };
+    let req = ListRequest {
+        namespace: (!namespace.is_empty()).then_some(namespace),
+        at,
+        start_after: start_after.as_deref(),
+        limit,
+        selector: &selector,
+    };
+    let page = match cache.list(&req) {
+        Ok(p) => p,
+        Err(ApiError::Expired(_)) if token.is_some() => return Err(expired_continue().into()),
+        Err(ApiError::Expired(_)) => return Err(Fallback::PassThrough),
+        Err(e) => return Err(e.into()),
+    };
+    let mut meta = ListMeta {
+        resource_version: page.revision.to_string(),
+        ..Default::default()
+    };
+    if let Some(last) = &page.continue_after {
+        meta.continue_ = encode_token(
+            page.revision,
+            last.get(prefix.len()..).unwrap_or_default(),
+            issued,
+        );
+        if selector.is_empty() {
+            meta.remaining_item_count = page.remaining.map(|r| r as i64);
+        }
+    }
+    Ok(respond::list(
+        cache,
+        &meta,
+        &page.items,
+        format,
+        pretty,
+        include,
+    )?)
+}
+
+fn watch(
+    api: &Api,
+    mirrored: &Mirrored,
+    namespace: &str,
+    opts: &ListOptions,
+    selector: Selector,
+    format: Format,
+) -> Result<Response<Body>, Fallback> {
+    let info = mirrored.info;
+    let frames = match format {
+        Format::Json => FrameFormat::Json,
+        Format::Cbor => FrameFormat::CborSeq,
+        Format::PartialMetadata { group, list: false } => FrameFormat::PartialMetadata(group),
+        _ => return Err(Fallback::PassThrough),
+    };
+    let rv = opts.resource_version.as_deref();
+    let initial = match (rv, opts.send_initial_events) {
+        (_, Some(v)) => v,
+        (Some("0"), None) => true,
+        _ => false,
+    };
+    let bookmarks = opts.allow_watch_bookmarks;
+    let start = match rv {
+        Some("0") if initial => WatchStart::InitialEvents {
+            end_bookmark: bookmarks && opts.send_initial_events == Some(true),
+        },
+        Some("0") => WatchStart::Now,
+        Some(v) => {
+            let v = v.parse::<i64>().unwrap_or_default();
+            if initial {
+                WatchStart::InitialEvents {
+                    end_bookmark: bookmarks,
+                }
+            } else {
+                WatchStart::After(v)
+            }
+        }
+        None => return Err(Fallback::PassThrough),
+    };
+    let req = WatchRequest {
+        namespace: (!namespace.is_empty()).then(|| namespace.to_string()),
+        selector,
+        start,
+        bookmarks,
+        format: frames,
+    };
+    let (watcher, first) = match mirrored.cache.watch(req, Instant::now()) {
+        Ok(w) => (Some(w), None),
+        // The history moved on meanwhile: the upstream may still hold it.
+        Err(ApiError::Expired(_) | ApiError::Gone(_)) => return Err(Fallback::PassThrough),
+        Err(e) => return Err(e.into()),
+    };
+    let timeout = match opts.timeout_seconds {
+        Some(s) => Duration::from_secs(u64::try_from(s).unwrap_or(0)).min(MAX_WATCH_TIMEOUT),
+        None => {
+            let min = api.opts.min_request_timeout;
+            min.saturating_add(min.mul_f64(rand::rng().random::<f64>()))
+        }
+    };
+    let open = api.metrics.watch_opened(info, !namespace.is_empty());
+    let deadline = crate::base::deadline::Deadline::later(tokio::time::Instant::now(), timeout);
+    let stream = WatchStream::new(
+        watcher,
+        first,
+        deadline,
+        open,
+        api.metrics.watch_events(info),
+    );
+    let mut resp = stream.into_response(api.registry.stop_watches.clone());
+    *resp.status_mut() = StatusCode::OK;
+    let content_type = match format {
+        Format::Cbor => "application/cbor-seq",
+        _ => "application/json",
+    };
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp.headers_mut().insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache, private"),
+    );
+    Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_collections_are_read_from_the_cache() {
+        let c = collection("/api/v1/namespaces/a/pods").unwrap();
+        assert_eq!(
+            (c.group, c.version, c.namespace, c.resource),
+            ("", "v1", "a", "pods")
+        );
+        let c = collection("/apis/apps/v1/deployments").unwrap();
+        assert_eq!(
+            (c.group, c.version, c.resource),
+            ("apps", "v1", "deployments")
+        );
+        for p in [
+            "/api/v1/namespaces/a/pods/p",
+            "/api/v1/namespaces/a/pods/p/log",
+            "/api/v1/namespaces//pods",
+            "/api/v1",
+            "/apis/apps/v1/watch/deployments",
+            "/healthz",
+        ] {
+            assert!(collection(p).is_none(), "{p}");
+        }
+        // `namespaces` itself is a collection of its own.
+        let c = collection("/api/v1/namespaces").unwrap();
+        assert_eq!(c.resource, "namespaces");
+    }
+}

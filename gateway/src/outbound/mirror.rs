@@ -1,0 +1,295 @@
+//! Proxy mode's caches of the upstream (`--upstream-kubeconfig`): the resources upstream
+//! discovery offers (`mirror/discovery.rs`), chosen by `--cache-resources`, each held in a
+//! watch cache filled by its own upstream list+watch (`mirror/informer.rs`). Discovery is read
+//! again every [`REDISCOVER`], and at once when a CustomResourceDefinition changes, so a CRD
+//! created, changed or deleted upstream is picked up at run time: a resource that appears
+//! gets its informer, one that goes away is dropped with its watchers, and every other
+//! resource's cache and watchers go on untouched.
+
+pub mod discovery;
+pub mod informer;
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use parking_lot::RwLock;
+use svc_core::ResourceInfo;
+use svc_core::watch::{WakeGate, WatchCache, WatchCacheConfig, unstructured};
+use tokio::sync::{Notify, watch};
+
+use crate::outbound::upstream::{CALL_TIMEOUT, Upstream};
+use discovery::{Discovered, ResourceFilter};
+use informer::InformerStatus;
+
+/// How often upstream discovery is read again.
+pub const REDISCOVER: Duration = Duration::from_secs(30);
+/// Watch tasks woken at once by the mirror's wake gate (as standalone mode's caches).
+const WAKE_SLICE: usize = 64;
+/// The largest discovery document read.
+const MAX_DISCOVERY_BYTES: usize = 64 << 20;
+
+/// One cached resource.
+pub struct Mirrored {
+    pub info: &'static ResourceInfo,
+    pub cache: WatchCache,
+    pub status: Arc<InformerStatus>,
+    stop: watch::Sender<bool>,
+}
+
+impl Drop for Mirrored {
+    /// A resource no longer cached: its informer stops, and its watchers end with 410 (their
+    /// next watch passes through, and the upstream answers it).
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        let next = self.cache.revision().saturating_add(1);
+        self.cache.replace(&[], next, std::time::Instant::now());
+    }
+}
+
+/// One metric of the mirror: name, type, help, and its value for a resource.
+type Series = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&Mirrored) -> f64,
+);
+
+/// Every cached resource, by (group, resource).
+pub struct Mirror {
+    upstream: Upstream,
+    filter: ResourceFilter,
+    config: WatchCacheConfig,
+    gate: Arc<WakeGate>,
+    resources: RwLock<HashMap<(String, String), Arc<Mirrored>>>,
+    /// Set once discovery has been read and every resource chosen then has been listed.
+    discovered: std::sync::atomic::AtomicBool,
+    /// Woken by the CRD informer: read discovery now.
+    rediscover: Arc<Notify>,
+}
+
+impl Mirror {
+    pub fn new(upstream: Upstream, filter: ResourceFilter, config: WatchCacheConfig) -> Self {
+        Mirror {
+            upstream,
+            filter,
+            config: WatchCacheConfig {
+                // Exact lists and continue tokens have no store to fall back on here.
+                list_snapshots: true,
+                ..config
+            },
+            gate: WakeGate::paced(WAKE_SLICE),
+            resources: RwLock::new(HashMap::new()),
+            discovered: std::sync::atomic::AtomicBool::new(false),
+            rediscover: Arc::new(Notify::new()),
+        }
+    }
+
+    /// The wake gate of every mirrored cache, for the pacer task.
+    pub fn gate(&self) -> &Arc<WakeGate> {
+        &self.gate
+    }
+
+    /// The cached resource at (group, version, resource), if it is cached in that version.
+    pub fn get(&self, group: &str, version: &str, resource: &str) -> Option<Arc<Mirrored>> {
+        self.resources
+            .read()
+            .get(&(group.to_string(), resource.to_string()))
+            .filter(|m| m.info.version == version)
+            .cloned()
+    }
+
+    /// Whether discovery has been read and every cache chosen then has been filled once.
+    pub fn synced(&self) -> Result<(), String> {
+        if !self.discovered.load(Ordering::Acquire) {
+            return Err("upstream discovery not read yet".into());
+        }
+        let waiting: Vec<String> = self
+            .resources
+            .read()
+            .values()
+            .filter(|m| !m.status.synced.load(Ordering::Acquire))
+            .map(|m| name_of(m.info))
+            .collect();
+        if waiting.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("caches not filled yet: {}", waiting.join(", ")))
+        }
+    }
+
+    /// Reads discovery and reconciles the informers until `stop` is set.
+    pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        loop {
+            match self.discover().await {
+                Ok(found) => self.reconcile(found, &stop),
+                Err(e) => tracing::warn!(error = %e, "reading upstream discovery failed"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(REDISCOVER) => {}
+                _ = self.rediscover.notified() => {
+                    // A CRD changed: give the upstream a moment to serve (or drop) it.
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                _ = crate::base::lifecycle::until_set(&mut stop) => {
+                    self.resources.write().clear();
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn discover(&self) -> Result<Vec<Discovered>, String> {
+        let mut found = Vec::new();
+        for path in ["/api", "/apis"] {
+            let (status, body) = self
+                .upstream
+                .get(path, discovery::ACCEPT, MAX_DISCOVERY_BYTES, CALL_TIMEOUT)
+                .await?;
+            if !status.is_success() {
+                return Err(format!("{path} answered {}", status.as_u16()));
+            }
+            found.extend(discovery::parse(&body)?);
+        }
+        Ok(found
+            .into_iter()
+            .filter(|d| self.filter.chooses(d))
+            .collect())
+    }
+
+    fn reconcile(&self, found: Vec<Discovered>, stop: &watch::Receiver<bool>) {
+        let mut resources = self.resources.write();
+        let wanted: HashMap<(String, String), &'static ResourceInfo> = found
+            .iter()
+            .map(|d| ((d.group.clone(), d.resource.clone()), discovery::kind_of(d)))
+            .collect();
+        resources.retain(|key, m| {
+            let keep = wanted
+                .get(key)
+                .is_some_and(|info| std::ptr::eq(*info, m.info));
+            if !keep {
+                tracing::info!(resource = %name_of(m.info), "no longer cached");
+            }
+            keep
+        });
+        for (key, info) in wanted {
+            if resources.contains_key(&key) {
+                continue;
+            }
+            let cache = WatchCache::with_gate(
+                unstructured::codec(info),
+                self.config.clone(),
+                self.gate.clone(),
+            );
+            let status = Arc::new(InformerStatus::default());
+            let (tx, rx) = watch::channel(false);
+            let is_crd =
+                info.group == "apiextensions.k8s.io" && info.plural == "customresourcedefinitions";
+            let task = informer::run(
+                self.upstream.clone(),
+                info,
+                cache.clone(),
+                status.clone(),
+                merge_stop(rx, stop.clone()),
+                is_crd.then(|| self.rediscover.clone()),
+            );
+            tokio::spawn(task);
+            tracing::info!(resource = %name_of(info), version = info.version, "caching");
+            resources.insert(
+                key,
+                Arc::new(Mirrored {
+                    info,
+                    cache,
+                    status,
+                    stop: tx,
+                }),
+            );
+        }
+        self.discovered.store(true, Ordering::Release);
+    }
+
+    /// The mirror's metrics in the Prometheus text format, one series per cached resource.
+    pub fn encode_metrics(&self) -> String {
+        let resources = self.resources.read();
+        let mut rows: Vec<&Arc<Mirrored>> = resources.values().collect();
+        rows.sort_by_key(|m| (m.info.group, m.info.plural));
+        let mut out = String::new();
+        let metrics: [Series; 6] = [
+            (
+                "svc_proxy_cache_objects",
+                "gauge",
+                "Objects held in the proxy's cache of a resource.",
+                |m| m.cache.stats().objects as f64,
+            ),
+            (
+                "svc_proxy_cache_watchers",
+                "gauge",
+                "Watchers served from the proxy's cache of a resource.",
+                |m| m.cache.stats().watchers as f64,
+            ),
+            (
+                "svc_proxy_cache_lag_seconds",
+                "gauge",
+                "Seconds since the upstream last sent an event, bookmark or list of a resource.",
+                |m| m.status.silence(),
+            ),
+            (
+                "svc_proxy_cache_resource_version",
+                "gauge",
+                "The upstream resourceVersion the proxy's cache of a resource has reached.",
+                |m| m.cache.revision() as f64,
+            ),
+            (
+                "svc_proxy_upstream_watches",
+                "gauge",
+                "Upstream watches open for a resource (0 or 1).",
+                |m| u8::from(m.status.watching.load(Ordering::Relaxed)).into(),
+            ),
+            (
+                "svc_proxy_upstream_lists_total",
+                "counter",
+                "Full upstream lists read for a resource (the first fill and each relist).",
+                |m| m.status.lists.load(Ordering::Relaxed) as f64,
+            ),
+        ];
+        for (name, ty, help, value) in metrics {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} {ty}");
+            for m in &rows {
+                let _ = writeln!(
+                    out,
+                    "{name}{{group=\"{}\",version=\"{}\",resource=\"{}\"}} {}",
+                    m.info.group,
+                    m.info.version,
+                    m.info.plural,
+                    value(m)
+                );
+            }
+        }
+        out
+    }
+}
+
+fn name_of(info: &ResourceInfo) -> String {
+    if info.group.is_empty() {
+        info.plural.to_string()
+    } else {
+        format!("{}.{}", info.plural, info.group)
+    }
+}
+
+/// A stop signal set when either `a` (the resource was dropped) or `b` (the server stops) is.
+fn merge_stop(mut a: watch::Receiver<bool>, mut b: watch::Receiver<bool>) -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = crate::base::lifecycle::until_set(&mut a) => {}
+            _ = crate::base::lifecycle::until_set(&mut b) => {}
+            _ = tx.closed() => return,
+        }
+        let _ = tx.send(true);
+    });
+    rx
+}

@@ -1,0 +1,533 @@
+//! One upstream list+watch per cached resource, filling its watch cache: a paginated list
+//! (the first page a consistent read), then a watch with bookmarks from the list's
+//! resourceVersion, resumed from the last revision seen when it ends or fails. A watch the
+//! upstream refuses as too old (410, its history compacted) is followed by a new list whose
+//! differences from the cache reach clients as ordinary events (`WatchCache::resync`), so
+//! they stay connected. An upstream that says nothing for [`IDLE_LIMIT`] (no event, no
+//! bookmark) is taken for hung and the watch is opened again.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt as _;
+use rand::Rng as _;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use svc_core::ResourceInfo;
+use svc_core::watch::WatchCache;
+use svc_core::watch::unstructured::{ObjectHead, with_type_meta};
+use svc_storage::{Event, EventKind, FeedItem, KeyValue, Revision};
+use tokio::sync::{Notify, watch};
+
+use crate::outbound::client;
+use crate::outbound::upstream::{CALL_TIMEOUT, Upstream};
+
+/// Items per page of the upstream list.
+const PAGE: usize = 500;
+/// How long one page of the upstream list may take.
+const LIST_TIMEOUT: Duration = Duration::from_secs(60);
+/// The largest list page read (500 large objects).
+const MAX_PAGE_BYTES: usize = 512 << 20;
+/// The longest watch event line read (an object is at most 1.5 MiB in etcd; room to spare).
+const MAX_LINE: usize = 16 << 20;
+/// Silence after which the upstream watch is taken for hung. kube-apiserver sends bookmarks
+/// about once a minute to a watch that allows them.
+pub const IDLE_LIMIT: Duration = Duration::from_secs(150);
+const BACKOFF_MIN: Duration = Duration::from_millis(250);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// What an informer reports, read by metrics, `/readyz` and the read path.
+#[derive(Debug, Default)]
+pub struct InformerStatus {
+    /// The cache has been filled at least once.
+    pub synced: AtomicBool,
+    /// An upstream watch is open now.
+    pub watching: AtomicBool,
+    /// Full lists read (the first one included).
+    pub lists: AtomicU64,
+    /// Upstream watches opened.
+    pub watches: AtomicU64,
+    /// Milliseconds since the informer started at the last word from the upstream (an event,
+    /// a bookmark, a list), for the lag metric.
+    pub last_contact_ms: AtomicI64,
+    pub started: std::sync::OnceLock<Instant>,
+}
+
+impl InformerStatus {
+    fn contact(&self) {
+        let start = *self.started.get_or_init(Instant::now);
+        let ms = i64::try_from(start.elapsed().as_millis()).unwrap_or(i64::MAX);
+        self.last_contact_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Seconds since the upstream last said something about this resource.
+    pub fn silence(&self) -> f64 {
+        let start = *self.started.get_or_init(Instant::now);
+        let now = start.elapsed().as_millis() as f64;
+        ((now - self.last_contact_ms.load(Ordering::Relaxed) as f64) / 1000.0).max(0.0)
+    }
+}
+
+/// The collection path of a resource upstream (`/api/v1/pods`, `/apis/apps/v1/deployments`).
+pub fn collection_path(info: &ResourceInfo) -> String {
+    if info.group.is_empty() {
+        format!("/api/{}/{}", info.version, info.plural)
+    } else {
+        format!("/apis/{}/{}/{}", info.group, info.version, info.plural)
+    }
+}
+
+/// Runs until `stop` is set: list, watch, resume, relist.
+pub async fn run(
+    upstream: Upstream,
+    info: &'static ResourceInfo,
+    cache: WatchCache,
+    status: Arc<InformerStatus>,
+    mut stop: watch::Receiver<bool>,
+    changed: Option<Arc<Notify>>,
+) {
+    status.started.get_or_init(Instant::now);
+    let mut from: Option<Revision> = None;
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let rev = match from {
+            Some(rev) => rev,
+            None => match list(&upstream, info).await {
+                Ok((kvs, rev)) => {
+                    let report = cache.resync(&kvs, rev, Instant::now());
+                    for e in &report.errors {
+                        tracing::warn!(resource = info.plural, error = %e, "upstream object left out");
+                    }
+                    status.lists.fetch_add(1, Ordering::Relaxed);
+                    status.synced.store(true, Ordering::Release);
+                    status.contact();
+                    if let Some(n) = &changed {
+                        n.notify_one();
+                    }
+                    rev
+                }
+                Err(e) => {
+                    tracing::warn!(resource = info.plural, group = info.group, error = %e, "listing upstream failed");
+                    if sleep_or_stop(&mut stop, jitter(backoff)).await {
+                        return;
+                    }
+                    backoff = backoff.saturating_mul(2).min(BACKOFF_MAX);
+                    continue;
+                }
+            },
+        };
+        status.watching.store(true, Ordering::Relaxed);
+        status.watches.fetch_add(1, Ordering::Relaxed);
+        let end = stream(&upstream, info, &cache, &status, rev, &mut stop, &changed).await;
+        status.watching.store(false, Ordering::Relaxed);
+        match end {
+            End::Stopped => return,
+            End::Expired => {
+                tracing::info!(
+                    resource = info.plural,
+                    group = info.group,
+                    "upstream history compacted: relisting"
+                );
+                from = None;
+                backoff = BACKOFF_MIN;
+            }
+            End::Closed(last) => {
+                from = Some(last);
+                backoff = BACKOFF_MIN;
+            }
+            End::Failed(last, e) => {
+                tracing::warn!(resource = info.plural, group = info.group, error = %e, "upstream watch failed");
+                from = Some(last);
+                if sleep_or_stop(&mut stop, jitter(backoff)).await {
+                    return;
+                }
+                backoff = backoff.saturating_mul(2).min(BACKOFF_MAX);
+            }
+        }
+    }
+}
+
+fn jitter(d: Duration) -> Duration {
+    d.mul_f64(rand::rng().random_range(0.5..1.0))
+}
+
+/// Sleeps `d`; true when `stop` was set meanwhile.
+async fn sleep_or_stop(stop: &mut watch::Receiver<bool>, d: Duration) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => *stop.borrow(),
+        _ = crate::base::lifecycle::until_set(stop) => true,
+    }
+}
+
+#[derive(Deserialize)]
+struct ListPage<'a> {
+    #[serde(default)]
+    metadata: ListHead,
+    #[serde(borrow, default)]
+    items: Vec<&'a RawValue>,
+}
+
+#[derive(Default, Deserialize)]
+struct ListHead {
+    #[serde(default, rename = "resourceVersion")]
+    resource_version: String,
+    #[serde(default, rename = "continue")]
+    continue_: String,
+}
+
+fn parse_rv(rv: &str) -> Result<Revision, String> {
+    rv.parse::<Revision>()
+        .ok()
+        .filter(|r| *r > 0)
+        .ok_or_else(|| format!("resourceVersion {rv:?} is not a positive integer"))
+}
+
+/// One object of `info` as the cache takes it: its key and JSON (with its type).
+fn key_value(info: &ResourceInfo, raw: Bytes) -> Result<KeyValue, String> {
+    let head: ObjectHead<'_> = serde_json::from_slice(&raw).map_err(|e| e.to_string())?;
+    let rev = parse_rv(&head.metadata.resource_version)?;
+    let key = Bytes::from(info.key(&head.metadata.namespace, &head.metadata.name));
+    let value = with_type_meta(raw.clone(), &head, &info.api_version(), info.kind);
+    Ok(KeyValue {
+        key,
+        value,
+        create_revision: rev,
+        mod_revision: rev,
+        version: 1,
+    })
+}
+
+/// Every object of `info` upstream, page by page, and the revision of the read. A page whose
+/// continue token expired starts the list over.
+async fn list(
+    upstream: &Upstream,
+    info: &'static ResourceInfo,
+) -> Result<(Vec<KeyValue>, Revision), String> {
+    let path = collection_path(info);
+    'again: loop {
+        let mut kvs = Vec::new();
+        let mut token = String::new();
+        let mut revision = None;
+        loop {
+            let url = {
+                let mut query = form_urlencoded::Serializer::new(String::new());
+                query.append_pair("limit", &PAGE.to_string());
+                if !token.is_empty() {
+                    query.append_pair("continue", &token);
+                }
+                format!("{path}?{}", query.finish())
+            };
+            let (status, body) = upstream
+                .get(&url, "application/json", MAX_PAGE_BYTES, LIST_TIMEOUT)
+                .await?;
+            if status == http::StatusCode::GONE && !token.is_empty() {
+                continue 'again;
+            }
+            if !status.is_success() {
+                return Err(format!(
+                    "{path} answered {}: {}",
+                    status.as_u16(),
+                    String::from_utf8_lossy(body.get(..512).unwrap_or(&body))
+                ));
+            }
+            let page: ListPage<'_> = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
+            if revision.is_none() {
+                revision = Some(parse_rv(&page.metadata.resource_version)?);
+            }
+            for item in page.items {
+                kvs.push(key_value(info, body.slice_ref(item.get().as_bytes()))?);
+            }
+            if page.metadata.continue_.is_empty() {
+                let rev = revision.unwrap_or_default();
+                return Ok((kvs, rev));
+            }
+            token = page.metadata.continue_;
+        }
+    }
+}
+
+/// How an upstream watch ended, with the last revision it reached.
+enum End {
+    Stopped,
+    Expired,
+    Closed(Revision),
+    Failed(Revision, String),
+}
+
+#[derive(Deserialize)]
+struct Line<'a> {
+    #[serde(rename = "type", borrow)]
+    ty: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    object: &'a RawValue,
+}
+
+#[derive(Deserialize)]
+struct StatusHead {
+    #[serde(default)]
+    code: u16,
+    #[serde(default)]
+    message: String,
+}
+
+/// Watches `info` upstream from `from`, applying what comes to the cache.
+async fn stream(
+    upstream: &Upstream,
+    info: &'static ResourceInfo,
+    cache: &WatchCache,
+    status: &InformerStatus,
+    from: Revision,
+    stop: &mut watch::Receiver<bool>,
+    changed: &Option<Arc<Notify>>,
+) -> End {
+    let mut last = from;
+    let timeout = rand::rng().random_range(300..600);
+    let url = format!(
+        "{}?watch=1&allowWatchBookmarks=true&resourceVersion={from}&timeoutSeconds={timeout}",
+        collection_path(info)
+    );
+    let request = match http::Request::get(&url)
+        .header(http::header::ACCEPT, "application/json")
+        .body(client::buffered(Bytes::new()))
+    {
+        Ok(r) => r,
+        Err(e) => return End::Failed(last, e.to_string()),
+    };
+    let response = tokio::select! {
+        r = tokio::time::timeout(CALL_TIMEOUT, upstream.send(request)) => match r {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => return End::Failed(last, e.to_string()),
+            Err(_) => return End::Failed(last, format!("no answer within {CALL_TIMEOUT:?}")),
+        },
+        _ = crate::base::lifecycle::until_set(stop) => return End::Stopped,
+    };
+    if response.status() == http::StatusCode::GONE {
+        return End::Expired;
+    }
+    if !response.status().is_success() {
+        return End::Failed(last, format!("{url} answered {}", response.status()));
+    }
+    let mut body = response.into_body();
+    let mut buf = BytesMut::new();
+    loop {
+        let frame = tokio::select! {
+            f = tokio::time::timeout(IDLE_LIMIT, body.frame()) => f,
+            _ = crate::base::lifecycle::until_set(stop) => return End::Stopped,
+        };
+        let data = match frame {
+            Err(_) => return End::Failed(last, format!("nothing for {IDLE_LIMIT:?}")),
+            Ok(None) => return End::Closed(last),
+            Ok(Some(Err(e))) => return End::Failed(last, e.to_string()),
+            Ok(Some(Ok(f))) => match f.into_data() {
+                Ok(d) => d,
+                Err(_) => continue,
+            },
+        };
+        status.contact();
+        buf.extend_from_slice(&data);
+        let mut events = Vec::new();
+        while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
+            let line = buf.split_to(nl.saturating_add(1)).freeze();
+            match take_line(info, &line, &mut events) {
+                Ok(Taken::Event(rev)) => last = last.max(rev),
+                Ok(Taken::Bookmark(rev)) => {
+                    flush(cache, &mut events, info);
+                    cache.apply(FeedItem::Progress(rev), Instant::now());
+                    last = last.max(rev);
+                }
+                Ok(Taken::Nothing) => {}
+                Err(end) => {
+                    flush(cache, &mut events, info);
+                    return match end {
+                        LineEnd::Expired => End::Expired,
+                        LineEnd::Failed(e) => End::Failed(last, e),
+                    };
+                }
+            }
+        }
+        if !events.is_empty() {
+            flush(cache, &mut events, info);
+            if let Some(n) = changed {
+                n.notify_one();
+            }
+        }
+        if buf.len() > MAX_LINE {
+            return End::Failed(last, format!("a watch event over {MAX_LINE} bytes"));
+        }
+    }
+}
+
+fn flush(cache: &WatchCache, events: &mut Vec<Event>, info: &ResourceInfo) {
+    if events.is_empty() {
+        return;
+    }
+    let report = cache.apply(FeedItem::Events(std::mem::take(events)), Instant::now());
+    for e in &report.errors {
+        tracing::warn!(resource = info.plural, error = %e, "upstream object left out");
+    }
+}
+
+enum Taken {
+    Event(Revision),
+    Bookmark(Revision),
+    Nothing,
+}
+
+enum LineEnd {
+    Expired,
+    Failed(String),
+}
+
+/// Reads one line of the upstream's JSON watch stream into `events`.
+fn take_line(info: &ResourceInfo, line: &Bytes, events: &mut Vec<Event>) -> Result<Taken, LineEnd> {
+    if line.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Taken::Nothing);
+    }
+    let parsed: Line<'_> =
+        serde_json::from_slice(line).map_err(|e| LineEnd::Failed(format!("watch event: {e}")))?;
+    let raw = line.slice_ref(parsed.object.get().as_bytes());
+    match &*parsed.ty {
+        "ADDED" | "MODIFIED" => {
+            let kv = key_value(info, raw).map_err(LineEnd::Failed)?;
+            let rev = kv.mod_revision;
+            events.push(Event {
+                kind: EventKind::Put,
+                kv,
+                prev_kv: None,
+            });
+            Ok(Taken::Event(rev))
+        }
+        "DELETED" => {
+            let kv = key_value(info, raw).map_err(LineEnd::Failed)?;
+            let rev = kv.mod_revision;
+            events.push(Event {
+                kind: EventKind::Delete,
+                kv: KeyValue {
+                    value: Bytes::new(),
+                    create_revision: 0,
+                    version: 0,
+                    ..kv
+                },
+                prev_kv: None,
+            });
+            Ok(Taken::Event(rev))
+        }
+        "BOOKMARK" => {
+            let head: ObjectHead<'_> = serde_json::from_slice(&raw)
+                .map_err(|e| LineEnd::Failed(format!("bookmark: {e}")))?;
+            parse_rv(&head.metadata.resource_version)
+                .map(Taken::Bookmark)
+                .map_err(LineEnd::Failed)
+        }
+        "ERROR" => {
+            let s: StatusHead = serde_json::from_slice(&raw).unwrap_or(StatusHead {
+                code: 0,
+                message: String::from_utf8_lossy(&raw).into_owned(),
+            });
+            if s.code == 410 {
+                Err(LineEnd::Expired)
+            } else {
+                Err(LineEnd::Failed(format!("{}: {}", s.code, s.message)))
+            }
+        }
+        other => Err(LineEnd::Failed(format!(
+            "unknown watch event type {other:?}"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use svc_core::watch::{WatchCacheConfig, unstructured};
+
+    fn pods() -> &'static ResourceInfo {
+        crate::outbound::mirror::discovery::kind_of(
+            &crate::outbound::mirror::discovery::Discovered {
+                group: String::new(),
+                version: "v1".into(),
+                resource: "pods".into(),
+                kind: "Pod".into(),
+                singular: "pod".into(),
+                namespaced: true,
+                verbs: vec!["list".into(), "watch".into()],
+                short_names: vec![],
+            },
+        )
+    }
+
+    #[test]
+    fn watch_lines_become_events_bookmarks_and_ends() {
+        let info = pods();
+        let mut events = Vec::new();
+        let line = |s: &str| Bytes::from(format!("{s}\n"));
+        let added = line(
+            r#"{"type":"ADDED","object":{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p","namespace":"ns","resourceVersion":"12"}}}"#,
+        );
+        assert!(matches!(
+            take_line(info, &added, &mut events),
+            Ok(Taken::Event(12))
+        ));
+        assert_eq!(&events[0].kv.key[..], b"/registry/pods/ns/p");
+        let deleted = line(
+            r#"{"type":"DELETED","object":{"metadata":{"name":"p","namespace":"ns","resourceVersion":"13"}}}"#,
+        );
+        assert!(matches!(
+            take_line(info, &deleted, &mut events),
+            Ok(Taken::Event(13))
+        ));
+        assert_eq!(events[1].kind, EventKind::Delete);
+        let bookmark = line(
+            r#"{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1","metadata":{"resourceVersion":"20"}}}"#,
+        );
+        assert!(matches!(
+            take_line(info, &bookmark, &mut events),
+            Ok(Taken::Bookmark(20))
+        ));
+        let gone =
+            line(r#"{"type":"ERROR","object":{"kind":"Status","code":410,"message":"too old"}}"#);
+        assert!(matches!(
+            take_line(info, &gone, &mut events),
+            Err(LineEnd::Expired)
+        ));
+        let other = line(r#"{"type":"ERROR","object":{"kind":"Status","code":500}}"#);
+        assert!(matches!(
+            take_line(info, &other, &mut events),
+            Err(LineEnd::Failed(_))
+        ));
+        let bad_rv =
+            line(r#"{"type":"ADDED","object":{"metadata":{"name":"p","resourceVersion":"x"}}}"#);
+        assert!(matches!(
+            take_line(info, &bad_rv, &mut events),
+            Err(LineEnd::Failed(_))
+        ));
+        assert!(matches!(
+            take_line(info, &line(""), &mut events),
+            Ok(Taken::Nothing)
+        ));
+        assert!(take_line(info, &line("{"), &mut events).is_err());
+
+        // The events fill a cache; list items without their type get it.
+        let cache = WatchCache::new(unstructured::codec(info), WatchCacheConfig::default());
+        let item = key_value(
+            info,
+            Bytes::from_static(
+                br#"{"metadata":{"name":"q","namespace":"ns","resourceVersion":"5"}}"#,
+            ),
+        )
+        .unwrap();
+        assert!(
+            item.value
+                .starts_with(br#"{"apiVersion":"v1","kind":"Pod","#)
+        );
+        cache.replace(&[item], 10, Instant::now());
+        let report = cache.apply(FeedItem::Events(events), Instant::now());
+        assert!(report.errors.is_empty());
+        assert_eq!(cache.revision(), 13);
+    }
+}
