@@ -64,7 +64,7 @@ pub struct Mirror {
     config: WatchCacheConfig,
     gate: Arc<WakeGate>,
     resources: RwLock<HashMap<(String, String), Arc<Mirrored>>>,
-    /// Set once discovery has been read and every resource chosen then has been listed.
+    /// Set once discovery has been tried (read or failed).
     discovered: std::sync::atomic::AtomicBool,
     /// Woken by the CRD informer: read discovery now.
     rediscover: Arc<Notify>,
@@ -101,10 +101,10 @@ impl Mirror {
             .cloned()
     }
 
-    /// Whether discovery has been read and every cache chosen then has been filled once.
+    /// Whether discovery has been tried and every cache it chose has been filled once.
     pub fn synced(&self) -> Result<(), String> {
         if !self.discovered.load(Ordering::Acquire) {
-            return Err("upstream discovery not read yet".into());
+            return Err("upstream discovery not tried yet".into());
         }
         let waiting: Vec<String> = self
             .resources
@@ -127,6 +127,9 @@ impl Mirror {
                 Ok(found) => self.reconcile(found, &stop),
                 Err(e) => tracing::warn!(error = %e, "reading upstream discovery failed"),
             }
+            // Ready once tried: without discovery nothing is cached and everything passes
+            // through, which the upstream check of `/readyz` covers.
+            self.discovered.store(true, Ordering::Release);
             tokio::select! {
                 _ = tokio::time::sleep(REDISCOVER) => {}
                 _ = self.rediscover.notified() => {
@@ -207,7 +210,6 @@ impl Mirror {
                 }),
             );
         }
-        self.discovered.store(true, Ordering::Release);
     }
 
     /// The mirror's metrics in the Prometheus text format, one series per cached resource.

@@ -41,6 +41,7 @@ mod metrics;
 mod patch;
 mod props;
 mod proxy;
+mod proxy_cache;
 mod tracing;
 mod validate_config;
 mod watch_guarantees;

@@ -38,15 +38,15 @@ struct Upstream {
 }
 
 /// The token the upstream accepts, and the user it stands for.
-const GOOD_TOKEN: &str = "good-token";
+pub(crate) const GOOD_TOKEN: &str = "good-token";
 /// The proxy's own credential.
-const PROXY_TOKEN: &str = "proxy-secret";
+pub(crate) const PROXY_TOKEN: &str = "proxy-secret";
 /// The only user the upstream lets impersonate, or read `/metrics`.
 const BOSS: &str = "boss";
 
-type Out = UnsyncBoxBody<Bytes, Infallible>;
+pub(crate) type Out = UnsyncBoxBody<Bytes, Infallible>;
 
-fn full(code: StatusCode, body: Value) -> Response<Out> {
+pub(crate) fn full(code: StatusCode, body: Value) -> Response<Out> {
     let mut r = Response::new(Full::new(Bytes::from(body.to_string())).boxed_unsync());
     *r.status_mut() = code;
     r.headers_mut()
@@ -154,14 +154,14 @@ async fn start_upstream() -> Arc<Upstream> {
 }
 
 /// The cluster's CA (the callers' certificates) and a proxy in front of `upstream`.
-struct Proxy {
-    handle: ServerHandle,
+pub(crate) struct Proxy {
+    pub(crate) handle: ServerHandle,
     cluster: pki::Pki,
     _dir: tempfile::TempDir,
 }
 
 impl Proxy {
-    async fn start(
+    pub(crate) async fn start(
         upstream: SocketAddr,
         change: impl FnOnce(&mut Options),
     ) -> anyhow::Result<Self> {
@@ -201,7 +201,7 @@ impl Proxy {
     }
 
     /// A client with a certificate of the cluster's CA, trusting the proxy's serving CA.
-    fn user(&self, name: &str, groups: &[&str], h2: bool) -> Client {
+    pub(crate) fn user(&self, name: &str, groups: &[&str], h2: bool) -> Client {
         let groups: Vec<String> = groups.iter().map(|g| g.to_string()).collect();
         let (cert, key) = self
             .cluster

@@ -1,0 +1,363 @@
+//! Proxy mode's caches through real sockets, in front of a scripted upstream that keeps
+//! ConfigMaps the way kube-apiserver does (aggregated discovery, paginated lists, watches from
+//! a resourceVersion with a history it can lose): lists and watches served from the cache
+//! without reaching the upstream, a relist after the upstream's history is gone whose
+//! differences reach a connected watcher as ordinary events, authorization by the upstream's
+//! SubjectAccessReview with the selectors, and what passes through.
+//! `interop/proxy/` runs the same against a real kube-apiserver.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::SinkExt as _;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+
+use crate::proxy::{Out, Proxy, full};
+use crate::support::client::{eventually, summary};
+
+type Line = Result<Frame<Bytes>, Infallible>;
+
+/// The ConfigMaps of namespace `ns`, kept as kube-apiserver keeps them.
+#[derive(Default)]
+struct State {
+    rv: i64,
+    objects: BTreeMap<String, Value>,
+    /// Every change, for watches from a resourceVersion: (rv, type, object).
+    log: Vec<(i64, &'static str, Value)>,
+    /// Watches from before this revision are refused with 410 (compacted).
+    compacted: i64,
+    watchers: Vec<futures::channel::mpsc::Sender<Line>>,
+    /// The last SubjectAccessReview's resource attributes.
+    last_review: Value,
+}
+
+struct Upstream {
+    addr: SocketAddr,
+    state: Mutex<State>,
+    lists: AtomicUsize,
+    watches: AtomicUsize,
+}
+
+fn object(name: &str, data: &str, rv: i64) -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap",
+           "metadata": {"name": name, "namespace": "ns", "resourceVersion": rv.to_string(),
+                        "labels": {"app": "web"}},
+           "data": {"k": data}})
+}
+
+fn line(ty: &str, obj: &Value) -> Bytes {
+    Bytes::from(format!("{}\n", json!({"type": ty, "object": obj})))
+}
+
+impl Upstream {
+    /// Writes (or, with `data` None, deletes) a ConfigMap; `quiet` keeps it out of the log and
+    /// from watchers, as if it happened while the proxy was not watching.
+    fn change(&self, name: &str, data: Option<&str>, quiet: bool) {
+        let mut s = self.state.lock();
+        s.rv += 1;
+        let rv = s.rv;
+        let (ty, obj) = match data {
+            Some(d) => {
+                let ty = if s.objects.contains_key(name) {
+                    "MODIFIED"
+                } else {
+                    "ADDED"
+                };
+                let obj = object(name, d, rv);
+                s.objects.insert(name.into(), obj.clone());
+                (ty, obj)
+            }
+            None => {
+                let mut obj = s.objects.remove(name).expect("deleting a missing object");
+                obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+                ("DELETED", obj)
+            }
+        };
+        if quiet {
+            return;
+        }
+        s.log.push((rv, ty, obj.clone()));
+        let l = line(ty, &obj);
+        s.watchers
+            .retain_mut(|w| w.try_send(Ok(Frame::data(l.clone()))).is_ok());
+    }
+
+    /// The history is compacted past every revision so far, and open watches end: the next
+    /// watch from an old revision is refused with 410.
+    fn compact_and_drop_watches(&self) {
+        let mut s = self.state.lock();
+        s.compacted = s.rv + 1;
+        s.log.clear();
+        s.watchers.clear();
+    }
+}
+
+async fn answer(up: Arc<Upstream>, req: Request<Incoming>) -> Response<Out> {
+    let (parts, body) = req.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    let query: BTreeMap<String, String> = parts
+        .uri
+        .query()
+        .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
+        .unwrap_or_default();
+    match (parts.method.clone(), parts.uri.path()) {
+        (_, "/readyz") => full(StatusCode::OK, json!("ok")),
+        (Method::GET, "/api") => full(
+            StatusCode::OK,
+            json!({"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2",
+                   "items": [{"metadata": {}, "versions": [{"version": "v1", "resources": [
+                       {"resource": "configmaps", "responseKind": {"group": "", "version": "v1", "kind": "ConfigMap"},
+                        "scope": "Namespaced", "singularResource": "configmap",
+                        "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]}]}]}]}),
+        ),
+        (Method::GET, "/apis") => full(
+            StatusCode::OK,
+            json!({"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "items": []}),
+        ),
+        (Method::GET, "/api/v1/configmaps" | "/api/v1/namespaces/ns/configmaps")
+            if query.get("watch").is_some_and(|w| w == "1" || w == "true") =>
+        {
+            up.watches.fetch_add(1, Ordering::SeqCst);
+            let from: i64 = query
+                .get("resourceVersion")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            let (mut tx, rx) = futures::channel::mpsc::channel::<Line>(64);
+            let mut s = up.state.lock();
+            if from < s.compacted {
+                let gone = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                  "code": 410, "reason": "Expired",
+                                  "message": format!("too old resource version: {from} ({})", s.compacted)});
+                let _ = tx.try_send(Ok(Frame::data(line("ERROR", &gone))));
+                drop(tx);
+            } else {
+                for (rv, ty, obj) in &s.log {
+                    if *rv > from {
+                        let _ = tx.try_send(Ok(Frame::data(line(ty, obj))));
+                    }
+                }
+                s.watchers.push(tx);
+            }
+            Response::new(StreamBody::new(rx).boxed_unsync())
+        }
+        (Method::GET, "/api/v1/configmaps" | "/api/v1/namespaces/ns/configmaps") => {
+            up.lists.fetch_add(1, Ordering::SeqCst);
+            let s = up.state.lock();
+            // Built-in kinds' list items come without apiVersion and kind.
+            let items: Vec<Value> = s
+                .objects
+                .values()
+                .map(|o| {
+                    let mut o = o.clone();
+                    let m = o.as_object_mut().unwrap();
+                    m.remove("apiVersion");
+                    m.remove("kind");
+                    o
+                })
+                .collect();
+            full(
+                StatusCode::OK,
+                json!({"kind": "ConfigMapList", "apiVersion": "v1",
+                       "metadata": {"resourceVersion": s.rv.to_string()}, "items": items}),
+            )
+        }
+        (Method::POST, "/apis/authorization.k8s.io/v1/subjectaccessreviews") => {
+            let review: Value = serde_json::from_slice(&body).unwrap();
+            let spec = &review["spec"];
+            up.state.lock().last_review = spec["resourceAttributes"].clone();
+            let allowed = spec["user"] != "eve";
+            full(
+                StatusCode::CREATED,
+                json!({"kind": "SubjectAccessReview", "status": {"allowed": allowed}}),
+            )
+        }
+        _ => full(
+            StatusCode::NOT_FOUND,
+            json!({"kind": "Status", "code": 404}),
+        ),
+    }
+}
+
+async fn start_upstream() -> Arc<Upstream> {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = Arc::new(Upstream {
+        addr: listener.local_addr().unwrap(),
+        state: Mutex::new(State::default()),
+        lists: AtomicUsize::new(0),
+        watches: AtomicUsize::new(0),
+    });
+    let serving = up.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let up = serving.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req| {
+                    let up = up.clone();
+                    async move { Ok::<_, Infallible>(answer(up, req).await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    up
+}
+
+fn names(list: &Value) -> Vec<String> {
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| {
+            format!(
+                "{}={}",
+                o["metadata"]["name"].as_str().unwrap(),
+                o["data"]["k"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_and_watches_come_from_the_cache_and_survive_a_relist() {
+    let up = start_upstream().await;
+    up.change("a", Some("1"), false);
+    up.change("b", Some("1"), false);
+    let proxy = Proxy::start(up.addr, |_| {}).await.unwrap();
+    let alice = proxy.user("alice", &["dev"], false);
+    eventually(Duration::from_secs(20), "the cache is filled", || async {
+        alice.get("/readyz").await.0 == StatusCode::OK
+    })
+    .await;
+    assert_eq!(
+        up.lists.load(Ordering::SeqCst),
+        1,
+        "one list fills the cache"
+    );
+
+    // rv=0: the cache answers, the upstream sees no list; items carry their type.
+    let (status, list) = alice
+        .get("/api/v1/namespaces/ns/configmaps?resourceVersion=0")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    assert_eq!(names(&list), ["a=1", "b=1"]);
+    assert_eq!(list["kind"], "ConfigMapList");
+    assert_eq!(list["metadata"]["resourceVersion"], "2");
+    assert_eq!(list["items"][0]["kind"], "ConfigMap");
+    assert_eq!(up.lists.load(Ordering::SeqCst), 1);
+    let review = up.state.lock().last_review.clone();
+    assert_eq!(
+        review,
+        json!({"namespace": "ns", "verb": "list", "version": "v1", "resource": "configmaps"})
+    );
+
+    // Selectors are evaluated by the cache and shown to the upstream's authorizer.
+    let (status, list) = alice
+        .get("/api/v1/namespaces/ns/configmaps?resourceVersion=0&labelSelector=app%3Dweb&fieldSelector=metadata.name%3Db")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    assert_eq!(names(&list), ["b=1"]);
+    let review = up.state.lock().last_review.clone();
+    assert_eq!(review["labelSelector"]["rawSelector"], "app=web");
+    assert_eq!(review["fieldSelector"]["rawSelector"], "metadata.name=b");
+
+    // A consistent list (rv unset) goes upstream.
+    let (status, _) = alice.get("/api/v1/namespaces/ns/configmaps").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(up.lists.load(Ordering::SeqCst), 2);
+
+    // A watch from the list's version is served from the cache.
+    let watches_before = up.watches.load(Ordering::SeqCst);
+    let mut watch = alice
+        .watch("/api/v1/namespaces/ns/configmaps?watch=1&resourceVersion=2")
+        .await;
+    up.change("c", Some("1"), false);
+    let ev = watch.next_within(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(summary(&ev), ("ADDED".into(), "c".into(), "3".into()));
+    assert_eq!(up.watches.load(Ordering::SeqCst), watches_before);
+
+    // The upstream loses its history while changes happen unseen; the proxy's watch is
+    // refused with 410, it lists again, and the watcher is told the differences.
+    let lists_before = up.lists.load(Ordering::SeqCst);
+    up.change("a", Some("2"), true);
+    up.change("b", None, true);
+    up.change("d", Some("1"), true);
+    up.compact_and_drop_watches();
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let ev = watch.next_within(Duration::from_secs(20)).await.unwrap();
+        let (ty, name, _) = summary(&ev);
+        got.push(format!("{ty} {name}"));
+    }
+    assert_eq!(got, ["MODIFIED a", "ADDED d", "DELETED b"]);
+    assert_eq!(up.lists.load(Ordering::SeqCst), lists_before + 1);
+
+    // The watch goes on with live events after the relist.
+    up.change("e", Some("1"), false);
+    let ev = watch.next_within(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(summary(&ev).1, "e");
+    let (_, list) = alice
+        .get("/api/v1/namespaces/ns/configmaps?resourceVersion=0")
+        .await;
+    assert_eq!(names(&list), ["a=2", "c=1", "d=1", "e=1"]);
+
+    // A watch from before the cache's start goes upstream (which refuses it here: compacted).
+    let mut old = alice
+        .watch("/api/v1/namespaces/ns/configmaps?watch=1&resourceVersion=1")
+        .await;
+    let ev = old.next_within(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(ev["type"], "ERROR");
+    assert_eq!(ev["object"]["code"], 410);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upstream_decides_who_reads_the_cache() {
+    let up = start_upstream().await;
+    up.change("a", Some("1"), false);
+    let proxy = Proxy::start(up.addr, |_| {}).await.unwrap();
+    let eve = proxy.user("eve", &[], true);
+    eventually(Duration::from_secs(20), "the cache is filled", || async {
+        proxy.user("alice", &[], false).get("/readyz").await.0 == StatusCode::OK
+    })
+    .await;
+    let (status, body) = eve
+        .get("/api/v1/namespaces/ns/configmaps?resourceVersion=0")
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(
+        body["message"],
+        "configmaps is forbidden: User \"eve\" cannot list resource \"configmaps\" in API group \"\" in the namespace \"ns\""
+    );
+    assert_eq!(body["reason"], "Forbidden");
+    let r = eve
+        .request(
+            Method::GET,
+            "/api/v1/configmaps?watch=1&resourceVersion=0",
+            "",
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.text());
+    assert!(r.text().contains("cannot watch resource"), "{}", r.text());
+    assert_eq!(
+        up.lists.load(Ordering::SeqCst),
+        1,
+        "nothing reached the upstream's lists"
+    );
+}
