@@ -513,7 +513,7 @@ impl WatchCache {
             }
             _ => {}
         }
-        let filter = WatchFilter::new(
+        let mut filter = WatchFilter::new(
             req.namespace.as_deref(),
             req.selector.clone(),
             codec.info.namespaced(),
@@ -523,8 +523,17 @@ impl WatchCache {
         if !inner.ready {
             return Err(not_ready());
         }
-        let (catchup, initial, synced) = match req.start {
-            WatchStart::Now => (None, None, inner.revision),
+        let start = match req.start {
+            WatchStart::Ahead(rv) if rv > inner.revision => {
+                filter.after = rv;
+                WatchStart::Now
+            }
+            WatchStart::Ahead(rv) => WatchStart::After(rv),
+            other => other,
+        };
+        let (catchup, initial, synced) = match start {
+            WatchStart::Now => (None, None, inner.revision.max(filter.after)),
+            WatchStart::Ahead(_) => (None, None, inner.revision.max(filter.after)),
             WatchStart::InitialEvents { .. } => {
                 (None, Some((inner.state.clone(), range)), inner.revision)
             }

@@ -36,6 +36,9 @@ pub struct WatchFilter {
     /// The name, when the field selector pins `metadata.name` (single-object watches).
     pub name: Option<Box<str>>,
     pub selector: Selector,
+    /// Events at or before this revision are not for this watcher (a watch that started
+    /// ahead of the cache, [`WatchStart::Ahead`]); 0 for every other watch.
+    pub after: Revision,
 }
 
 /// Where a watcher is filed in the dispatch index.
@@ -62,6 +65,7 @@ impl WatchFilter {
             namespace: namespace.map(Into::into),
             name: selector.fields.exact("metadata.name").map(Into::into),
             selector,
+            after: 0,
         }
     }
 
@@ -77,6 +81,9 @@ impl WatchFilter {
     /// `ADDED` if it starts matching, `DELETED` (of the previous object) if it stops
     /// matching or is deleted while matching, nothing if it matched at no point.
     pub fn transition(&self, event: &WatchCacheEvent) -> Option<EventType> {
+        if event.revision <= self.after {
+            return None;
+        }
         let before = event.prev.as_deref().is_some_and(|p| self.matches(p));
         let after = event.event_type != EventType::Deleted && self.matches(&event.object);
         match (before, after) {
@@ -107,6 +114,11 @@ pub enum WatchStart {
     InitialEvents { end_bookmark: bool },
     /// Every event after this revision: 410 if the ring no longer reaches back to it.
     After(Revision),
+    /// Every event after this revision, which the cache may not have reached yet: the caller
+    /// knows the source has (proxy mode, whose caches each follow their own upstream watch
+    /// and learn a revision from another). Until the cache gets there, the events it applies
+    /// at or before the revision are skipped for this watcher; from there on it is `After`.
+    Ahead(Revision),
 }
 
 /// A watch to register with [`WatchCache::watch`].

@@ -11,6 +11,7 @@
 //! | list, the upstream's continue token | passed through |
 //! | watch, `resourceVersion=0` | from the cache, initial events first |
 //! | watch from a version the cache holds history for, `sendInitialEvents` included | from the cache |
+//! | watch from a version past the cache that another cache has seen upstream (a consistent list's) | from the cache, skipping what comes up to the version |
 //! | watch from an older version (one held before this proxy started) | passed through, so clients resume instead of relisting |
 //! | watch, resourceVersion unset | passed through (a consistent start) |
 //! | protobuf only, Tables, field selectors the cache cannot evaluate, bad parameters | passed through: the upstream answers |
@@ -152,7 +153,15 @@ pub async fn serve(
         }));
     }
     let wanted = rv_num.or(ours_token.as_ref().map(|t| t.rv));
+    // A watch from a revision the upstream is known to have reached (another cache saw it)
+    // starts at once, ahead of this cache if need be: it wants only what comes after, and
+    // this cache's upstream watch delivers that in order. Initial events and lists need
+    // the cache itself at the revision.
+    let ahead = opts.watch
+        && !initial_events(&opts)
+        && wanted.is_some_and(|n| n <= mirror.max_revision());
     if let Some(n) = wanted
+        && !ahead
         && mirrored.cache.revision() < n
         && tokio::time::timeout(CATCH_UP, mirrored.cache.wait_for_revision(n))
             .await
@@ -182,6 +191,15 @@ pub async fn serve(
         }
         Err(Fallback::PassThrough) => None,
         Err(Fallback::Error(e)) => Some(respond::error_in(&e, format)),
+    }
+}
+
+/// Whether a watch starts with the current state as events.
+fn initial_events(opts: &ListOptions) -> bool {
+    match (opts.resource_version.as_deref(), opts.send_initial_events) {
+        (_, Some(v)) => v,
+        (Some("0"), None) => true,
+        _ => false,
     }
 }
 
@@ -355,11 +373,7 @@ fn watch(
         _ => return Err(Fallback::PassThrough),
     };
     let rv = opts.resource_version.as_deref();
-    let initial = match (rv, opts.send_initial_events) {
-        (_, Some(v)) => v,
-        (Some("0"), None) => true,
-        _ => false,
-    };
+    let initial = initial_events(opts);
     let bookmarks = opts.allow_watch_bookmarks;
     let start = match rv {
         Some("0") if initial => WatchStart::InitialEvents {
@@ -373,7 +387,7 @@ fn watch(
                     end_bookmark: bookmarks,
                 }
             } else {
-                WatchStart::After(v)
+                WatchStart::Ahead(v)
             }
         }
         None => return Err(Fallback::PassThrough),

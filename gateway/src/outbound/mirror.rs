@@ -101,6 +101,17 @@ impl Mirror {
             .cloned()
     }
 
+    /// The newest upstream revision any cache has reached: a revision the upstream surely
+    /// has (each cache follows its own upstream watch, so one may be ahead of another).
+    pub fn max_revision(&self) -> i64 {
+        self.resources
+            .read()
+            .values()
+            .map(|m| m.cache.revision())
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Whether discovery has been tried and every cache it chose has been filled once.
     pub fn synced(&self) -> Result<(), String> {
         if !self.discovered.load(Ordering::Acquire) {

@@ -583,3 +583,49 @@ fn a_resync_tells_watchers_the_differences_and_keeps_them() {
     assert_eq!(c.resync(&[], 15, clock.at(2.0)).applied, 0);
     assert_eq!(c.revision(), 20);
 }
+
+#[test]
+fn a_watch_ahead_of_the_cache_skips_what_comes_up_to_its_revision() {
+    let clock = Clock::new();
+    let c = cache_with(config(), &clock);
+    apply(&c, vec![put("a", "o2", &[], 2)], clock.at(0.0));
+    // Plain `After` a revision the cache has not reached is refused; `Ahead` starts.
+    assert_eq!(
+        c.watch(
+            watch_req(None, sel("", ""), WatchStart::After(10)),
+            clock.at(0.0)
+        )
+        .unwrap_err()
+        .code(),
+        504
+    );
+    let mut w = c
+        .watch(
+            watch_req(None, sel("", ""), WatchStart::Ahead(10)),
+            clock.at(0.0),
+        )
+        .unwrap();
+    assert_eq!(w.synced_revision(), 10);
+    apply(
+        &c,
+        vec![
+            put("a", "o5", &[], 5),
+            put("a", "o10", &[], 10),
+            put("a", "o11", &[], 11),
+        ],
+        clock.at(0.0),
+    );
+    let d = w.drain(1 << 20, clock.at(0.0));
+    let got: Vec<(String, String, String)> = decode_frames(&d.frames);
+    assert_eq!(got, [("ADDED".into(), "o11".into(), "11".into())]);
+    // At or behind the cache, `Ahead` is `After`.
+    let mut behind = c
+        .watch(
+            watch_req(None, sel("", ""), WatchStart::Ahead(5)),
+            clock.at(0.0),
+        )
+        .unwrap();
+    let d = behind.drain(1 << 20, clock.at(0.0));
+    let names: Vec<String> = decode_frames(&d.frames).into_iter().map(|f| f.1).collect();
+    assert_eq!(names, ["o10", "o11"]);
+}
