@@ -8,8 +8,11 @@
 //! honoured only once the upstream allowed it, `security/impersonation.rs`, and then as the
 //! proxy's headers), `Host`, and the hop-by-hop fields of RFC 9110 §7.6.1 (`Connection` and
 //! every field it names, `Keep-Alive`, `Proxy-Connection`, `TE`, `Transfer-Encoding`,
-//! `Upgrade`, `Proxy-Authorization`, `Proxy-Authenticate`), both ways. Upgrades (exec,
-//! attach, port-forward) are therefore not passed through yet.
+//! `Upgrade`, `Proxy-Authorization`, `Proxy-Authenticate`), both ways, except that a request
+//! asking to switch protocols (`Connection: Upgrade`, as kubectl's exec, attach and
+//! port-forward ask for SPDY or WebSocket over HTTP/1.1) keeps its `Upgrade` and goes on an
+//! HTTP/1.1 connection of its own; when the upstream answers 101, the two connections are
+//! joined byte for byte until either side closes.
 //!
 //! An upstream that cannot be reached is a 503 `Status` naming it; one that sends no answer
 //! head within `--request-timeout` is a 504, except for long-running requests (watches,
@@ -90,7 +93,7 @@ impl Proxy {
 
     async fn try_forward(
         &self,
-        req: Request<RequestBody>,
+        mut req: Request<RequestBody>,
         caller: &UserInfo,
         peer: Option<SocketAddr>,
         head_timeout: Option<Duration>,
@@ -100,9 +103,15 @@ impl Proxy {
             Some(wanted) => Some(impersonation::impersonate(&self.reviews, caller, wanted).await?),
         };
         let acting = acting.as_ref().unwrap_or(caller);
+        let upgrade = upgrade_asked(req.headers());
+        let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
         let mut headers = request_headers(&parts.headers, peer);
         impersonation::headers_for(acting, &mut headers)?;
+        if let Some(protocol) = &upgrade {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+            headers.insert(header::UPGRADE, protocol.clone());
+        }
         parts.headers = headers;
         let path = parts
             .uri
@@ -112,7 +121,13 @@ impl Proxy {
             .parse()
             .map_err(|e| ApiError::bad_request(format!("request path: {e}")))?;
         let upstream_req = Request::from_parts(parts, body);
-        let sent = self.upstream.send(upstream_req);
+        let sent = async {
+            if upgrade.is_some() {
+                self.upstream.send_upgrade(upstream_req).await
+            } else {
+                self.upstream.send(upstream_req).await
+            }
+        };
         let answer = match head_timeout {
             None => sent.await,
             Some(t) => match tokio::time::timeout(t, sent).await {
@@ -128,7 +143,12 @@ impl Proxy {
                 }
             },
         };
-        let resp = answer.map_err(|e| upstream_unreachable(&self.upstream, &e))?;
+        let mut resp = answer.map_err(|e| upstream_unreachable(&self.upstream, &e))?;
+        if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS
+            && let Some(client_upgrade) = client_upgrade
+        {
+            return Ok(join_upgraded(client_upgrade, &mut resp));
+        }
         let (mut parts, body) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers);
         Ok(Response::from_parts(
@@ -136,6 +156,54 @@ impl Proxy {
             body.map_err(std::io::Error::other).boxed(),
         ))
     }
+}
+
+/// The protocol a request asks to switch to: its `Upgrade`, when `Connection` names
+/// `upgrade`.
+fn upgrade_asked(headers: &HeaderMap) -> Option<HeaderValue> {
+    let asked = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    asked.then(|| headers.get(header::UPGRADE).cloned()).flatten()
+}
+
+/// The upstream's 101 passed back, and a task that joins the caller's connection to the
+/// upstream's once both have switched, copying both ways until either side closes.
+fn join_upgraded(
+    client: hyper::upgrade::OnUpgrade,
+    upstream: &mut Response<hyper::body::Incoming>,
+) -> Response<Body> {
+    let upstream_upgrade = hyper::upgrade::on(&mut *upstream);
+    let mut out = Response::new(respond::full(bytes::Bytes::new()));
+    *out.status_mut() = http::StatusCode::SWITCHING_PROTOCOLS;
+    let mut headers = upstream.headers().clone();
+    let protocol = headers.get(header::UPGRADE).cloned();
+    strip_hop_by_hop(&mut headers);
+    headers.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    if let Some(p) = protocol {
+        headers.insert(header::UPGRADE, p);
+    }
+    *out.headers_mut() = headers;
+    tokio::spawn(async move {
+        match (client.await, upstream_upgrade.await) {
+            (Ok(c), Ok(u)) => {
+                let mut c = hyper_util::rt::TokioIo::new(c);
+                let mut u = hyper_util::rt::TokioIo::new(u);
+                if let Err(e) = tokio::io::copy_bidirectional(&mut c, &mut u).await {
+                    tracing::debug!(error = %e, "an upgraded connection ended");
+                }
+            }
+            (c, u) => tracing::debug!(
+                client = ?c.err(),
+                upstream = ?u.err(),
+                "a connection did not switch protocols"
+            ),
+        }
+    });
+    out
 }
 
 fn upstream_unreachable(upstream: &Upstream, e: &ClientError) -> ApiError {

@@ -90,6 +90,9 @@ struct Inner {
     url: http::Uri,
     /// The pool without an exec client certificate.
     pool: Pool,
+    /// Connections offering HTTP/1.1 alone, for upgrades (exec, attach, port-forward): an
+    /// upgrade has no h2 form the upstream would take. None for webhooks.
+    upgrade_pool: Option<Pool>,
     auth: Auth,
 }
 
@@ -152,11 +155,18 @@ impl WebhookClient {
             _ => Ok(()),
         })
         .map_err(ClientError::Config)?;
-        let pool = pool(&uri, &base, None, egress.dialer(Selection::ControlPlane))
-            .map_err(ClientError::Config)?;
+        let pool = pool(
+            &uri,
+            &base,
+            None,
+            egress.dialer(Selection::ControlPlane),
+            false,
+        )
+        .map_err(ClientError::Config)?;
         Ok(WebhookClient(Arc::new(Inner {
             url: uri,
             pool,
+            upgrade_pool: None,
             auth: Auth::None,
         })))
     }
@@ -217,7 +227,11 @@ impl WebhookClient {
                 Some(identity(&cert, &key)?)
             }
         };
-        let base_pool = pool(&uri, &base, identity, dialer.clone())?;
+        let upgrade_identity = identity
+            .as_ref()
+            .map(|(certs, key)| (certs.clone(), key.clone_key()));
+        let upgrade_pool = pool(&uri, &base, upgrade_identity, dialer.clone(), true)?;
+        let base_pool = pool(&uri, &base, identity, dialer.clone(), false)?;
         let auth = if let Some(e) = &user.exec {
             if e.interactive_mode == "Always" {
                 return Err(
@@ -230,7 +244,7 @@ impl WebhookClient {
             Auth::Exec(exec::Source::new(
                 cfg,
                 Box::new(move |certs, key| {
-                    pool(&uri2, &base2, Some((certs, key)), dialer2.clone())
+                    pool(&uri2, &base2, Some((certs, key)), dialer2.clone(), false)
                 }),
             ))
         } else if !user.token.is_empty() {
@@ -253,6 +267,7 @@ impl WebhookClient {
         Ok(WebhookClient(Arc::new(Inner {
             url: uri,
             pool: base_pool,
+            upgrade_pool: Some(upgrade_pool),
             auth,
         })))
     }
@@ -268,7 +283,25 @@ impl WebhookClient {
     /// The response's body streams; nothing bounds the time here, the caller does.
     pub async fn request(
         &self,
+        request: http::Request<RequestBody>,
+    ) -> Result<http::Response<hyper::body::Incoming>, ClientError> {
+        self.send_on(request, false).await
+    }
+
+    /// As [`WebhookClient::request`], on a connection that speaks HTTP/1.1 alone, so that
+    /// the server can switch protocols (`Upgrade`: exec, attach, port-forward). An exec
+    /// plugin's client certificate is not presented on these connections; its token is.
+    pub async fn request_upgrade(
+        &self,
+        request: http::Request<RequestBody>,
+    ) -> Result<http::Response<hyper::body::Incoming>, ClientError> {
+        self.send_on(request, true).await
+    }
+
+    async fn send_on(
+        &self,
         mut request: http::Request<RequestBody>,
+        upgrade: bool,
     ) -> Result<http::Response<hyper::body::Incoming>, ClientError> {
         let inner = &self.0;
         let url = self.url();
@@ -291,6 +324,10 @@ impl WebhookClient {
                 (inner.pool.clone(), Some(token_file(path, cached)?))
             }
             Auth::None => (inner.pool.clone(), None),
+        };
+        let pool = match (&inner.upgrade_pool, upgrade) {
+            (Some(p), true) => p.clone(),
+            _ => pool,
         };
         let target = join_url(&inner.url, request.uri()).map_err(fail)?;
         *request.uri_mut() = target;
@@ -526,6 +563,7 @@ fn pool(
     base: &TlsBase,
     identity: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
     dialer: Dialer,
+    http1_only: bool,
 ) -> Result<Pool, String> {
     let tls = if uri.scheme_str() == Some("https") {
         let builder = rustls::ClientConfig::builder_with_provider(egress::provider())
@@ -543,7 +581,11 @@ fn pool(
                 .map_err(|e| format!("client certificate and key: {e}"))?,
             None => builder.with_no_client_auth(),
         };
-        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        config.alpn_protocols = if http1_only {
+            vec![b"http/1.1".to_vec()]
+        } else {
+            vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+        };
         Some((
             TlsConnector::from(Arc::new(config)),
             base.server_name.clone(),

@@ -46,6 +46,15 @@ impl Upstream {
         self.client.request(request).await
     }
 
+    /// Sends a request that asks to switch protocols (`Upgrade`), on an HTTP/1.1 connection
+    /// of its own. No timeout.
+    pub async fn send_upgrade(
+        &self,
+        request: http::Request<RequestBody>,
+    ) -> Result<http::Response<hyper::body::Incoming>, ClientError> {
+        self.client.request_upgrade(request).await
+    }
+
     /// POSTs a JSON document to `path` and reads the answer (at most
     /// [`client::MAX_RESPONSE_BODY`]), all within [`CALL_TIMEOUT`].
     pub async fn post_json(

@@ -298,7 +298,9 @@ async fn serve_h1<I>(
             })
         }
     });
-    let conn = builder.serve_connection(io, svc);
+    // Upgrades (exec, attach, port-forward) are taken by proxy mode, which joins the
+    // connection to the upstream's; standalone mode never answers 101.
+    let conn = builder.serve_connection(io, svc).with_upgrades();
     tokio::pin!(conn);
     let mut closing = false;
     let result = loop {

@@ -54,7 +54,10 @@ pub(crate) fn full(code: StatusCode, body: Value) -> Response<Out> {
     r
 }
 
-async fn answer(up: Arc<Upstream>, req: Request<Incoming>) -> Response<Out> {
+async fn answer(up: Arc<Upstream>, mut req: Request<Incoming>) -> Response<Out> {
+    if req.uri().path() == "/api/v1/namespaces/ns/pods/p/exec" {
+        return switch(&mut req);
+    }
     let (parts, body) = req.into_parts();
     let body = body.collect().await.unwrap().to_bytes();
     let path = parts.uri.path().to_string();
@@ -125,6 +128,43 @@ async fn answer(up: Arc<Upstream>, req: Request<Incoming>) -> Response<Out> {
     }
 }
 
+/// An exec that switches to the protocol asked for, checks who asked, and then answers every
+/// byte in upper case until the caller closes.
+fn switch(req: &mut Request<Incoming>) -> Response<Out> {
+    let h = |n: &str| {
+        req.headers()
+            .get(n)
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default()
+    };
+    if h("impersonate-user") != "alice" || h("authorization") != format!("Bearer {PROXY_TOKEN}") {
+        return full(StatusCode::FORBIDDEN, json!({"kind": "Status", "code": 403}));
+    }
+    let protocol = h("upgrade");
+    let on = hyper::upgrade::on(&mut *req);
+    tokio::spawn(async move {
+        let mut io = TokioIo::new(on.await.unwrap());
+        let mut buf = [0u8; 1024];
+        loop {
+            let n = tokio::io::AsyncReadExt::read(&mut io, &mut buf).await.unwrap_or(0);
+            if n == 0 {
+                return;
+            }
+            let upper = buf[..n].to_ascii_uppercase();
+            if tokio::io::AsyncWriteExt::write_all(&mut io, &upper).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut r = Response::new(Full::new(Bytes::new()).boxed_unsync());
+    *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    r.headers_mut().insert("connection", "Upgrade".parse().unwrap());
+    r.headers_mut().insert("upgrade", protocol.parse().unwrap());
+    r.headers_mut()
+        .insert("x-stream-protocol-version", "v5.channel.k8s.io".parse().unwrap());
+    r
+}
+
 async fn start_upstream() -> Arc<Upstream> {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let up = Arc::new(Upstream {
@@ -146,6 +186,7 @@ async fn start_upstream() -> Arc<Upstream> {
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(tcp), svc)
+                    .with_upgrades()
                     .await;
             });
         }
@@ -506,4 +547,59 @@ async fn standalone_flags_are_refused_in_proxy_mode() {
         err.contains("cannot be combined with --insecure-port"),
         "{err}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_switches_protocols_through_the_proxy() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let up = start_upstream().await;
+    let proxy = Proxy::start(up.addr, |_| {}).await.unwrap();
+    let alice = proxy.user("alice", &[], false);
+    for protocol in ["websocket", "SPDY/3.1"] {
+        let tcp = tokio::net::TcpStream::connect(alice.addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let mut tls = tokio_rustls::TlsConnector::from(alice.tls.clone())
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        let head = format!(
+            "GET /api/v1/namespaces/ns/pods/p/exec?command=sh&stdin=true HTTP/1.1\r\n\
+             Host: localhost\r\nConnection: Upgrade\r\nUpgrade: {protocol}\r\n\
+             X-Stream-Protocol-Version: v5.channel.k8s.io\r\n\r\n"
+        );
+        tls.write_all(head.as_bytes()).await.unwrap();
+        // The head of the answer, up to its blank line.
+        let mut got = Vec::new();
+        while !got.ends_with(b"\r\n\r\n") {
+            let mut b = [0u8; 1];
+            assert_eq!(tls.read(&mut b).await.unwrap(), 1, "{}", String::from_utf8_lossy(&got));
+            got.push(b[0]);
+        }
+        let head = String::from_utf8(got).unwrap().to_ascii_lowercase();
+        assert!(head.starts_with("http/1.1 101"), "{protocol}: {head}");
+        assert!(head.contains(&format!("upgrade: {}", protocol.to_ascii_lowercase())), "{head}");
+        assert!(head.contains("x-stream-protocol-version: v5.channel.k8s.io"), "{head}");
+        // Bytes flow both ways through the joined connections.
+        for msg in ["hello", "again"] {
+            tls.write_all(msg.as_bytes()).await.unwrap();
+            let mut buf = vec![0u8; msg.len()];
+            tokio::time::timeout(Duration::from_secs(10), tls.read_exact(&mut buf))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(buf, msg.to_ascii_uppercase().as_bytes());
+        }
+    }
+    // Without a credential there is no upgrade.
+    let anonymous = proxy.client(None, false);
+    let r = anonymous
+        .request(
+            Method::GET,
+            "/api/v1/namespaces/ns/pods/p/exec",
+            "",
+            &[("connection", "Upgrade"), ("upgrade", "websocket")],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    proxy.handle.shutdown().await;
 }
