@@ -150,6 +150,18 @@ func cacheReads(t *testing.T, e *env, group, resource, verb string) float64 {
 	return n
 }
 
+// noWatchersLeft waits until the proxy's cache of a core resource has no watcher: the tests'
+// watches, stopped, are gone there too.
+func noWatchersLeft(t *testing.T, e *env, resource string) {
+	t.Helper()
+	eventually(t, 10*time.Second, "the stopped watches of "+resource+" leave the proxy's cache", func() error {
+		if n, _ := sum(proxyMetrics(t, e), "svc_proxy_cache_watchers", map[string]string{"group": "", "resource": resource}); n != 0 {
+			return fmt.Errorf("svc_proxy_cache_watchers{resource=%q} is %v", resource, n)
+		}
+		return nil
+	})
+}
+
 // isCached says whether the proxy holds a cache of a resource (its objects gauge is there).
 func isCached(t *testing.T, e *env, group, resource string) bool {
 	t.Helper()
@@ -599,6 +611,9 @@ func TestCacheCustomResource(t *testing.T) {
 	defer cmWatch.Stop()
 	if n := cacheReads(t, e, "", "configmaps", "watch"); n <= watchesBefore {
 		t.Errorf("the configmap watch from %s was not served from the proxy's cache", list.ResourceVersion)
+	}
+	if n, _ := sum(proxyMetrics(t, e), "svc_proxy_cache_watchers", map[string]string{"group": "", "resource": "configmaps"}); n < 1 {
+		t.Errorf("svc_proxy_cache_watchers{resource=configmaps} is %v with a watch open", n)
 	}
 	if err := directDyn.Resource(crdsResource).Delete(ctx(t), "widgets."+group, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -1100,6 +1115,9 @@ func collect(t *testing.T, w watch.Interface, n int, keepBookmarks bool, timeout
 			if ev.Type == watch.Bookmark && !keepBookmarks {
 				continue
 			}
+			if ev.Type == watch.Error {
+				t.Fatalf("%s: an ERROR event after %d events: %s", what, len(out), describe(ev.Object))
+			}
 			out = append(out, ev)
 		case <-timer.C:
 			t.Fatalf("%s: %d events within %s, want %d: %v", what, len(out), timeout, n, eventsString(out))
@@ -1251,5 +1269,197 @@ func TestCacheWatchFromResourceVersion(t *testing.T) {
 	}
 	if n := cacheReads(t, e, "", "configmaps", "watch"); n <= watchesBefore {
 		t.Errorf("the streaming list from %s was not served from the proxy's cache", start)
+	}
+	noWatchersLeft(t, e, "configmaps")
+}
+
+func TestCacheWatchSelectors(t *testing.T) {
+	e := getEnv(t)
+	ns := namespace(t, e, "cache-selectors")
+	direct := e.clients(t, e.upstream)
+	proxy := e.clients(t, e.proxy)
+	list, err := proxy.CoreV1().ConfigMaps(ns).List(ctx(t), metav1.ListOptions{ResourceVersion: "0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := list.ResourceVersion
+
+	// x enters the selector, leaves it, comes back, changes and goes; y never matches.
+	cms := direct.CoreV1().ConfigMaps(ns)
+	x, err := cms.Create(ctx(t), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "x", Labels: map[string]string{"a": "b"}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cms.Create(ctx(t), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "y", Labels: map[string]string{"a": "c"}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, change := range []func(*corev1.ConfigMap){
+		func(c *corev1.ConfigMap) { c.Labels["a"] = "c" },
+		func(c *corev1.ConfigMap) { c.Labels["a"] = "b" },
+		func(c *corev1.ConfigMap) { c.Data = map[string]string{"k": "v"} },
+	} {
+		change(x)
+		if x, err = cms.Update(ctx(t), x, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := cms.Delete(ctx(t), "x", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// A pod leaves status.phase=Pending when it runs.
+	pod, err := direct.CoreV1().Pods(ns).Create(ctx(t), &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "p"},
+		Spec:       corev1.PodSpec{NodeName: "n1", Containers: pauseContainer()},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod.Status.Phase = corev1.PodRunning
+	if _, err := direct.CoreV1().Pods(ns).UpdateStatus(ctx(t), pod, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, w := range []struct {
+		what  string
+		n     int
+		watch func(kubernetes.Interface) (watch.Interface, error)
+	}{
+		{"configmaps a=b", 5, func(c kubernetes.Interface) (watch.Interface, error) {
+			return c.CoreV1().ConfigMaps(ns).Watch(ctx(t), metav1.ListOptions{ResourceVersion: start, LabelSelector: "a=b"})
+		}},
+		{"configmaps metadata.name=x", 5, func(c kubernetes.Interface) (watch.Interface, error) {
+			return c.CoreV1().ConfigMaps(ns).Watch(ctx(t), metav1.ListOptions{ResourceVersion: start, FieldSelector: "metadata.name=x"})
+		}},
+		{"pods status.phase=Pending", 2, func(c kubernetes.Interface) (watch.Interface, error) {
+			return c.CoreV1().Pods(ns).Watch(ctx(t), metav1.ListOptions{ResourceVersion: start, FieldSelector: "status.phase=Pending"})
+		}},
+		{"pods spec.nodeName=n1,status.phase!=Pending", 1, func(c kubernetes.Interface) (watch.Interface, error) {
+			return c.CoreV1().Pods(ns).Watch(ctx(t), metav1.ListOptions{ResourceVersion: start, FieldSelector: "spec.nodeName=n1,status.phase!=Pending"})
+		}},
+	} {
+		dw, err := w.watch(direct)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := eventsString(collect(t, dw, w.n, false, 20*time.Second, time.Second, "the upstream's watch "+w.what))
+		dw.Stop()
+		resource := strings.Fields(w.what)[0]
+		before := cacheReads(t, e, "", resource, "watch")
+		pw, err := w.watch(proxy)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := eventsString(collect(t, pw, w.n, false, 20*time.Second, time.Second, "the proxy's watch "+w.what))
+		pw.Stop()
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("the watch %s from %s:\n proxy:    %v\n upstream: %v", w.what, start, got, want)
+		} else {
+			t.Logf("%s: %v", w.what, got)
+		}
+		if n := cacheReads(t, e, "", resource, "watch"); n <= before {
+			t.Errorf("the watch %s from %s was not served from the proxy's cache", w.what, start)
+		}
+	}
+}
+
+// Many changes at once, from several writers: the proxy's watch from a version has the
+// upstream's events, in its order, and its list then has the upstream's objects.
+func TestCacheWatchBurst(t *testing.T) {
+	e := getEnv(t)
+	ns := namespace(t, e, "cache-burst")
+	fast := rest.CopyConfig(e.upstream)
+	fast.QPS, fast.Burst = 200, 400
+	direct := e.clients(t, fast)
+	proxy := e.clients(t, e.proxy)
+	list, err := proxy.CoreV1().ConfigMaps(ns).List(ctx(t), metav1.ListOptions{ResourceVersion: "0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := list.ResourceVersion
+	const writers, each = 6, 25
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for i := 0; i < writers; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			for j := 0; j < each; j++ {
+				name := fmt.Sprintf("c%d-%d", i, j)
+				cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"w": strconv.Itoa(i)}}}
+				created, err := direct.CoreV1().ConfigMaps(ns).Create(ctx(t), cm, metav1.CreateOptions{})
+				if err != nil {
+					errs <- err
+					return
+				}
+				if j%3 == 1 {
+					created.Data = map[string]string{"j": strconv.Itoa(j)}
+					if _, err := direct.CoreV1().ConfigMaps(ns).Update(ctx(t), created, metav1.UpdateOptions{}); err != nil {
+						errs <- err
+						return
+					}
+				}
+				if j%5 == 2 {
+					if err := direct.CoreV1().ConfigMaps(ns).Delete(ctx(t), name, metav1.DeleteOptions{}); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}
+		}(i)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	// Each writer: 25 creates, 8 updates, 5 deletes.
+	n := writers * (each + 8 + 5)
+	dw, err := direct.CoreV1().ConfigMaps(ns).Watch(ctx(t), metav1.ListOptions{ResourceVersion: start})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := eventsString(collect(t, dw, n, false, 30*time.Second, time.Second, "the upstream's watch"))
+	dw.Stop()
+	before := cacheReads(t, e, "", "configmaps", "watch")
+	pw, err := proxy.CoreV1().ConfigMaps(ns).Watch(ctx(t), metav1.ListOptions{ResourceVersion: start})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := eventsString(collect(t, pw, n, false, 30*time.Second, time.Second, "the proxy's watch"))
+	pw.Stop()
+	if !reflect.DeepEqual(got, want) {
+		for i := range got {
+			if got[i] != want[i] {
+				t.Errorf("the proxy's watch from %s differs from the upstream's at event %d of %d: %s, upstream %s", start, i, n, got[i], want[i])
+				break
+			}
+		}
+	}
+	if c := cacheReads(t, e, "", "configmaps", "watch"); c <= before {
+		t.Errorf("the watch from %s was not served from the proxy's cache", start)
+	}
+	noWatchersLeft(t, e, "configmaps")
+	for _, selector := range []string{"", "w=3", "w in (0,5)"} {
+		opts := metav1.ListOptions{ResourceVersion: "0", LabelSelector: selector}
+		var last string
+		eventually(t, 15*time.Second, fmt.Sprintf("the proxy's list (%q) is the upstream's", selector), func() error {
+			p, perr := proxy.CoreV1().ConfigMaps(ns).List(ctx(t), opts)
+			d, derr := direct.CoreV1().ConfigMaps(ns).List(ctx(t), metav1.ListOptions{LabelSelector: selector})
+			if perr != nil || derr != nil {
+				return fmt.Errorf("proxy %v, upstream %v", perr, derr)
+			}
+			pm, dm := map[string]string{}, map[string]string{}
+			for _, it := range p.Items {
+				pm[it.Name] = it.ResourceVersion
+			}
+			for _, it := range d.Items {
+				dm[it.Name] = it.ResourceVersion
+			}
+			last = answerString(pm, nil)
+			if last != answerString(dm, nil) {
+				return fmt.Errorf("\n proxy:    %s\n upstream: %s", last, answerString(dm, nil))
+			}
+			return nil
+		})
 	}
 }
