@@ -710,6 +710,23 @@ func TestCacheRBAC(t *testing.T) {
 	if _, err := direct.RbacV1().RoleBindings(a).Create(ctx(t), binding, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// In a third namespace the user may list but not watch.
+	c := namespace(t, e, "cache-rbac-c")
+	listOnly := &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: user + "-list"},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"list"}}},
+	}
+	if _, err := direct.RbacV1().ClusterRoles().Create(ctx(t), listOnly, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = direct.RbacV1().ClusterRoles().Delete(context.Background(), listOnly.Name, metav1.DeleteOptions{})
+	})
+	listBinding := binding.DeepCopy()
+	listBinding.RoleRef.Name = listOnly.Name
+	if _, err := direct.RbacV1().RoleBindings(c).Create(ctx(t), listBinding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	userDirect := e.userConfig(t, user)
 	asUser, asUserProxied := e.clients(t, userDirect), e.clients(t, e.throughProxy(userDirect))
 	eventually(t, 10*time.Second, user+" lists configmaps upstream", func() error {
@@ -744,8 +761,30 @@ func TestCacheRBAC(t *testing.T) {
 		sameRefusal(t, fmt.Sprintf("%s watches configmaps (resourceVersion=0, labelSelector %q) in %s", user, selector, b), dErr, pErr)
 	}
 
+	eventually(t, 10*time.Second, user+" lists configmaps in "+c+" upstream", func() error {
+		_, err := asUser.CoreV1().ConfigMaps(c).List(ctx(t), metav1.ListOptions{})
+		return err
+	})
+	before := cacheReads(t, e, "", "configmaps", "list")
+	if _, err := asUserProxied.CoreV1().ConfigMaps(c).List(ctx(t), metav1.ListOptions{ResourceVersion: "0"}); err != nil {
+		t.Errorf("%s lists configmaps in %s through the proxy: %v", user, c, err)
+	}
+	if n := cacheReads(t, e, "", "configmaps", "list"); n <= before {
+		t.Errorf("the list in %s was not served from the proxy's cache", c)
+	}
+	for _, opts := range []metav1.ListOptions{{ResourceVersion: "0"}, {ResourceVersion: "0", LabelSelector: "a=b"}} {
+		dw, dErr := asUser.CoreV1().ConfigMaps(c).Watch(ctx(t), opts)
+		pw, pErr := asUserProxied.CoreV1().ConfigMaps(c).Watch(ctx(t), opts)
+		for _, w := range []watch.Interface{dw, pw} {
+			if w != nil {
+				w.Stop()
+			}
+		}
+		sameRefusal(t, fmt.Sprintf("%s, who may list but not watch, watches configmaps (%q) in %s", user, opts.LabelSelector, c), dErr, pErr)
+	}
+
 	// The allowed watch is served from the cache, initial events first.
-	before := cacheReads(t, e, "", "configmaps", "watch")
+	before = cacheReads(t, e, "", "configmaps", "watch")
 	w, err := asUserProxied.CoreV1().ConfigMaps(a).Watch(ctx(t), metav1.ListOptions{ResourceVersion: "0"})
 	if err != nil {
 		t.Fatalf("%s watches configmaps in %s through the proxy: %v", user, a, err)
@@ -759,12 +798,29 @@ func TestCacheRBAC(t *testing.T) {
 		t.Errorf("the watch resourceVersion=0 in %s was not served from the proxy's cache", a)
 	}
 
+	// The administrator impersonating the user reads as the user: from the cache where the
+	// user may, refused alike where not.
+	impersonating := func(cfg *rest.Config) kubernetes.Interface {
+		cfg = rest.CopyConfig(cfg)
+		cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: []string{"system:authenticated"}}
+		return e.clients(t, cfg)
+	}
+	before = cacheReads(t, e, "", "configmaps", "list")
+	if _, err := impersonating(e.proxy).CoreV1().ConfigMaps(a).List(ctx(t), metav1.ListOptions{ResourceVersion: "0"}); err != nil {
+		t.Errorf("admin as %s lists configmaps in %s through the proxy: %v", user, a, err)
+	}
+	if n := cacheReads(t, e, "", "configmaps", "list"); n <= before {
+		t.Errorf("admin as %s: the list in %s was not served from the proxy's cache", user, a)
+	}
+	_, dErr := impersonating(e.upstream).CoreV1().ConfigMaps(b).List(ctx(t), metav1.ListOptions{ResourceVersion: "0"})
+	_, pErr := impersonating(e.proxy).CoreV1().ConfigMaps(b).List(ctx(t), metav1.ListOptions{ResourceVersion: "0"})
+	sameRefusal(t, fmt.Sprintf("admin as %s lists configmaps in %s", user, b), dErr, pErr)
+
 	// A grant taken away upstream is taken away through the proxy too, once its cached
 	// access review (10 s) has expired.
 	if err := direct.RbacV1().RoleBindings(a).Delete(ctx(t), binding.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	var dErr error
 	eventually(t, 10*time.Second, user+" may no longer list configmaps upstream", func() error {
 		_, dErr = asUser.CoreV1().ConfigMaps(a).List(ctx(t), metav1.ListOptions{ResourceVersion: "0"})
 		if !apierrors.IsForbidden(dErr) {
@@ -772,7 +828,6 @@ func TestCacheRBAC(t *testing.T) {
 		}
 		return nil
 	})
-	var pErr error
 	eventually(t, 30*time.Second, user+" may no longer list configmaps through the proxy", func() error {
 		_, pErr = asUserProxied.CoreV1().ConfigMaps(a).List(ctx(t), metav1.ListOptions{ResourceVersion: "0"})
 		if !apierrors.IsForbidden(pErr) {
