@@ -1145,7 +1145,7 @@ func TestCacheMatchesUpstream(t *testing.T) {
 	}
 }
 
-// event is a watch event as compared: type, name and resourceVersion.
+// eventString is a watch event as compared: type, name and resourceVersion.
 func eventString(ev watch.Event) string {
 	m, err := meta.Accessor(ev.Object)
 	if err != nil {
