@@ -48,7 +48,7 @@ use crate::security::impersonation;
 
 /// How long a cached read waits for its cache to reach the version it names before it is
 /// passed through instead.
-pub const CATCH_UP: Duration = Duration::from_secs(1);
+pub const CATCH_UP: Duration = Duration::from_millis(100);
 
 /// The longest `timeoutSeconds` honoured (as in standalone mode).
 const MAX_WATCH_TIMEOUT: Duration = Duration::from_secs(366 * 24 * 3600);
@@ -163,9 +163,8 @@ pub async fn serve(
     // starts at once, ahead of this cache if need be: it wants only what comes after, and
     // this cache's upstream watch delivers that in order. Initial events and lists need
     // the cache itself at the revision.
-    let ahead = opts.watch
-        && !initial_events(&opts)
-        && wanted.is_some_and(|n| n <= mirror.max_revision());
+    let ahead =
+        opts.watch && !initial_events(&opts) && wanted.is_some_and(|n| n <= mirror.max_revision());
     if let Some(n) = wanted
         && !ahead
         && mirrored.cache.revision() < n

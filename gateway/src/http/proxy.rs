@@ -167,7 +167,9 @@ fn upgrade_asked(headers: &HeaderMap) -> Option<HeaderValue> {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
-    asked.then(|| headers.get(header::UPGRADE).cloned()).flatten()
+    asked
+        .then(|| headers.get(header::UPGRADE).cloned())
+        .flatten()
 }
 
 /// The upstream's 101 passed back, and a task that joins the caller's connection to the

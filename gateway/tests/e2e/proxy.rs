@@ -138,7 +138,10 @@ fn switch(req: &mut Request<Incoming>) -> Response<Out> {
             .unwrap_or_default()
     };
     if h("impersonate-user") != "alice" || h("authorization") != format!("Bearer {PROXY_TOKEN}") {
-        return full(StatusCode::FORBIDDEN, json!({"kind": "Status", "code": 403}));
+        return full(
+            StatusCode::FORBIDDEN,
+            json!({"kind": "Status", "code": 403}),
+        );
     }
     let protocol = h("upgrade");
     let on = hyper::upgrade::on(&mut *req);
@@ -146,22 +149,30 @@ fn switch(req: &mut Request<Incoming>) -> Response<Out> {
         let mut io = TokioIo::new(on.await.unwrap());
         let mut buf = [0u8; 1024];
         loop {
-            let n = tokio::io::AsyncReadExt::read(&mut io, &mut buf).await.unwrap_or(0);
+            let n = tokio::io::AsyncReadExt::read(&mut io, &mut buf)
+                .await
+                .unwrap_or(0);
             if n == 0 {
                 return;
             }
             let upper = buf[..n].to_ascii_uppercase();
-            if tokio::io::AsyncWriteExt::write_all(&mut io, &upper).await.is_err() {
+            if tokio::io::AsyncWriteExt::write_all(&mut io, &upper)
+                .await
+                .is_err()
+            {
                 return;
             }
         }
     });
     let mut r = Response::new(Full::new(Bytes::new()).boxed_unsync());
     *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-    r.headers_mut().insert("connection", "Upgrade".parse().unwrap());
-    r.headers_mut().insert("upgrade", protocol.parse().unwrap());
     r.headers_mut()
-        .insert("x-stream-protocol-version", "v5.channel.k8s.io".parse().unwrap());
+        .insert("connection", "Upgrade".parse().unwrap());
+    r.headers_mut().insert("upgrade", protocol.parse().unwrap());
+    r.headers_mut().insert(
+        "x-stream-protocol-version",
+        "v5.channel.k8s.io".parse().unwrap(),
+    );
     r
 }
 
@@ -572,13 +583,24 @@ async fn exec_switches_protocols_through_the_proxy() {
         let mut got = Vec::new();
         while !got.ends_with(b"\r\n\r\n") {
             let mut b = [0u8; 1];
-            assert_eq!(tls.read(&mut b).await.unwrap(), 1, "{}", String::from_utf8_lossy(&got));
+            assert_eq!(
+                tls.read(&mut b).await.unwrap(),
+                1,
+                "{}",
+                String::from_utf8_lossy(&got)
+            );
             got.push(b[0]);
         }
         let head = String::from_utf8(got).unwrap().to_ascii_lowercase();
         assert!(head.starts_with("http/1.1 101"), "{protocol}: {head}");
-        assert!(head.contains(&format!("upgrade: {}", protocol.to_ascii_lowercase())), "{head}");
-        assert!(head.contains("x-stream-protocol-version: v5.channel.k8s.io"), "{head}");
+        assert!(
+            head.contains(&format!("upgrade: {}", protocol.to_ascii_lowercase())),
+            "{head}"
+        );
+        assert!(
+            head.contains("x-stream-protocol-version: v5.channel.k8s.io"),
+            "{head}"
+        );
         // Bytes flow both ways through the joined connections.
         for msg in ["hello", "again"] {
             tls.write_all(msg.as_bytes()).await.unwrap();

@@ -4,7 +4,9 @@
 //! upstream refuses as too old (410, its history compacted) is followed by a new list whose
 //! differences from the cache reach clients as ordinary events (`WatchCache::resync`), so
 //! they stay connected. An upstream that says nothing for [`IDLE_LIMIT`] (no event, no
-//! bookmark) is taken for hung and the watch is opened again.
+//! bookmark) may be hung, or may not cache the resource (kube-apiserver sends no bookmarks
+//! for Events, which it does not watch-cache): the watch is opened again from where it was,
+//! at once and quietly.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -320,7 +322,7 @@ async fn stream(
             _ = crate::base::lifecycle::until_set(stop) => return End::Stopped,
         };
         let data = match frame {
-            Err(_) => return End::Failed(last, format!("nothing for {IDLE_LIMIT:?}")),
+            Err(_) => return End::Closed(last),
             Ok(None) => return End::Closed(last),
             Ok(Some(Err(e))) => return End::Failed(last, e.to_string()),
             Ok(Some(Ok(f))) => match f.into_data() {
