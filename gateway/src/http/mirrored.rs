@@ -13,7 +13,8 @@
 //! | watch from a version the cache holds history for, `sendInitialEvents` included | from the cache |
 //! | watch from a version past the cache that another cache has seen upstream (a consistent list's) | from the cache, skipping what comes up to the version |
 //! | watch from an older version (one held before this proxy started) | passed through, so clients resume instead of relisting |
-//! | watch, resourceVersion unset | passed through (a consistent start) |
+//! | watch, resourceVersion unset, `sendInitialEvents=true` (client-go's informers) | from the cache, once proven as fresh as the upstream (`outbound/mirror/fresh.rs`); passed through when it cannot be |
+//! | watch, resourceVersion unset, no initial events | passed through (a consistent start) |
 //! | protobuf only, Tables, field selectors the cache cannot evaluate, bad parameters | passed through: the upstream answers |
 //!
 //! A cached read is authorized first with the upstream's SubjectAccessReview, selectors
@@ -115,8 +116,13 @@ pub async fn serve(
         Some(v) => Some(v.parse::<i64>().ok().filter(|n| *n > 0)?),
     };
     // Which requests the cache may answer (the table above).
+    // A streaming list from the newest state (client-go's informers start so) waits for
+    // proof that the cache is as fresh as the upstream; other consistent reads pass through.
+    let consistent_start = opts.watch && rv.is_none() && opts.send_initial_events == Some(true);
     if opts.watch {
-        rv?;
+        if rv.is_none() && !consistent_start {
+            return None;
+        }
         if rv_num.is_some_and(|n| n < mirrored.cache.oldest_revision()) {
             return None;
         }
@@ -157,6 +163,9 @@ pub async fn serve(
             ),
             retry_after_seconds: Some(1),
         }));
+    }
+    if consistent_start && mirror.prove_fresh(&mirrored).await.is_err() {
+        return None;
     }
     let wanted = rv_num.or(ours_token.as_ref().map(|t| t.rv));
     // A watch from a revision the upstream is known to have reached (another cache saw it)
@@ -395,6 +404,10 @@ fn watch(
                 WatchStart::Ahead(v)
             }
         }
+        // Proven fresh first (`serve`).
+        None if initial => WatchStart::InitialEvents {
+            end_bookmark: bookmarks,
+        },
         None => return Err(Fallback::PassThrough),
     };
     let req = WatchRequest {

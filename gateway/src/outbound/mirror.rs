@@ -7,6 +7,7 @@
 //! resource's cache and watchers go on untouched.
 
 pub mod discovery;
+pub mod fresh;
 pub mod informer;
 
 use std::collections::HashMap;
@@ -36,6 +37,8 @@ pub struct Mirrored {
     pub info: &'static ResourceInfo,
     pub cache: WatchCache,
     pub status: Arc<InformerStatus>,
+    /// Reads waiting for proof that the cache is as fresh as the upstream.
+    pub freshness: fresh::Freshness,
     stop: watch::Sender<bool>,
 }
 
@@ -99,6 +102,11 @@ impl Mirror {
             .get(&(group.to_string(), resource.to_string()))
             .filter(|m| m.info.version == version)
             .cloned()
+    }
+
+    /// Waits until `m`'s cache is proven as fresh as the upstream is now (`mirror/fresh.rs`).
+    pub async fn prove_fresh(&self, m: &Mirrored) -> Result<(), String> {
+        m.freshness.prove(&self.upstream, m.info, &m.cache).await
     }
 
     /// The newest upstream revision any cache has reached: a revision the upstream surely
@@ -217,6 +225,7 @@ impl Mirror {
                     info,
                     cache,
                     status,
+                    freshness: fresh::Freshness::default(),
                     stop: tx,
                 }),
             );

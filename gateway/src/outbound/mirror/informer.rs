@@ -364,7 +364,7 @@ async fn stream(
     }
 }
 
-fn flush(cache: &WatchCache, events: &mut Vec<Event>, info: &ResourceInfo) {
+pub(super) fn flush(cache: &WatchCache, events: &mut Vec<Event>, info: &ResourceInfo) {
     if events.is_empty() {
         return;
     }
@@ -374,19 +374,32 @@ fn flush(cache: &WatchCache, events: &mut Vec<Event>, info: &ResourceInfo) {
     }
 }
 
-enum Taken {
+pub(super) enum Taken {
     Event(Revision),
     Bookmark(Revision),
     Nothing,
 }
 
-enum LineEnd {
+pub(super) enum LineEnd {
     Expired,
     Failed(String),
 }
 
+impl std::fmt::Display for LineEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LineEnd::Expired => f.write_str("the upstream's history no longer reaches back (410)"),
+            LineEnd::Failed(e) => f.write_str(e),
+        }
+    }
+}
+
 /// Reads one line of the upstream's JSON watch stream into `events`.
-fn take_line(info: &ResourceInfo, line: &Bytes, events: &mut Vec<Event>) -> Result<Taken, LineEnd> {
+pub(super) fn take_line(
+    info: &ResourceInfo,
+    line: &Bytes,
+    events: &mut Vec<Event>,
+) -> Result<Taken, LineEnd> {
     if line.iter().all(u8::is_ascii_whitespace) {
         return Ok(Taken::Nothing);
     }
