@@ -45,6 +45,13 @@ pub struct Options {
     #[arg(long, default_value = "*")]
     pub cache_resources: String,
 
+    /// Proxy mode: a caller who authenticates with a bearer token reaches the upstream with
+    /// that token as its credential (the upstream authenticates it again, and sees the
+    /// caller's own `Impersonate-*` headers), instead of the proxy's credential with
+    /// impersonation headers. Callers with client certificates are impersonated either way.
+    #[arg(long)]
+    pub upstream_caller_tokens: bool,
+
     /// Address to serve HTTPS on.
     #[arg(long, default_value = "0.0.0.0")]
     pub bind_address: IpAddr,
@@ -429,6 +436,12 @@ impl Options {
     /// proxy mode (standalone trusts its own CA).
     pub fn check_mode(&self) -> Result<(), String> {
         if self.upstream_kubeconfig.is_none() {
+            if self.upstream_caller_tokens {
+                return Err(
+                    "--upstream-caller-tokens is only for proxy mode (--upstream-kubeconfig)"
+                        .into(),
+                );
+            }
             if self.cache_resources != "*" {
                 return Err(
                     "--cache-resources is only for proxy mode (--upstream-kubeconfig)".into(),

@@ -42,6 +42,8 @@ pub struct Proxy {
     pub reviews: AccessReviewer,
     /// The caches lists and watches are served from (`http/mirrored.rs`).
     pub mirror: Option<std::sync::Arc<crate::outbound::mirror::Mirror>>,
+    /// `--upstream-caller-tokens`: a caller's bearer token is its credential upstream.
+    pub caller_tokens: bool,
 }
 
 impl Proxy {
@@ -51,6 +53,7 @@ impl Proxy {
             reviews: AccessReviewer::new(upstream.clone()),
             upstream,
             mirror: None,
+            caller_tokens: false,
         }
     }
 
@@ -77,15 +80,22 @@ impl Proxy {
     }
 
     /// Passes `req` upstream as `caller` (or as whom the caller impersonates, once allowed)
-    /// and returns the upstream's answer; `head_timeout` bounds the wait for its head.
+    /// and returns the upstream's answer; `head_timeout` bounds the wait for its head. With
+    /// `token` (the caller authenticated with it, and `--upstream-caller-tokens` is set) the
+    /// request carries the caller's token instead, and its own `Impersonate-*` headers are
+    /// the upstream's to judge.
     pub async fn forward(
         &self,
         req: Request<RequestBody>,
         caller: &UserInfo,
         peer: Option<SocketAddr>,
         head_timeout: Option<Duration>,
+        token: Option<HeaderValue>,
     ) -> Response<Body> {
-        match self.try_forward(req, caller, peer, head_timeout).await {
+        match self
+            .try_forward(req, caller, peer, head_timeout, token)
+            .await
+        {
             Ok(resp) => resp,
             Err(e) => respond::error(&e),
         }
@@ -97,17 +107,37 @@ impl Proxy {
         caller: &UserInfo,
         peer: Option<SocketAddr>,
         head_timeout: Option<Duration>,
+        token: Option<HeaderValue>,
     ) -> Result<Response<Body>, ApiError> {
-        let acting = match impersonation::requested(req.headers())? {
-            None => None,
-            Some(wanted) => Some(impersonation::impersonate(&self.reviews, caller, wanted).await?),
+        // The caller's own impersonation, as the upstream would see it with the caller's
+        // token: passed on as asked.
+        let own_impersonation: Vec<(HeaderName, HeaderValue)> = match token {
+            Some(_) => req
+                .headers()
+                .iter()
+                .filter(|(n, _)| impersonation::is_impersonation_header(n))
+                .map(|(n, v)| (n.clone(), v.clone()))
+                .collect(),
+            None => Vec::new(),
+        };
+        let acting = match (&token, impersonation::requested(req.headers())?) {
+            (Some(_), _) | (None, None) => None,
+            (None, Some(wanted)) => {
+                Some(impersonation::impersonate(&self.reviews, caller, wanted).await?)
+            }
         };
         let acting = acting.as_ref().unwrap_or(caller);
         let upgrade = upgrade_asked(req.headers());
         let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
         let mut headers = request_headers(&parts.headers, peer);
-        impersonation::headers_for(acting, &mut headers)?;
+        if token.is_some() {
+            for (n, v) in own_impersonation {
+                headers.append(n, v);
+            }
+        } else {
+            impersonation::headers_for(acting, &mut headers)?;
+        }
         if let Some(protocol) = &upgrade {
             headers.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
             headers.insert(header::UPGRADE, protocol.clone());
@@ -122,10 +152,10 @@ impl Proxy {
             .map_err(|e| ApiError::bad_request(format!("request path: {e}")))?;
         let upstream_req = Request::from_parts(parts, body);
         let sent = async {
-            if upgrade.is_some() {
-                self.upstream.send_upgrade(upstream_req).await
-            } else {
-                self.upstream.send(upstream_req).await
+            match (token, upgrade.is_some()) {
+                (Some(t), up) => self.upstream.send_as(upstream_req, t, up).await,
+                (None, true) => self.upstream.send_upgrade(upstream_req).await,
+                (None, false) => self.upstream.send(upstream_req).await,
             }
         };
         let answer = match head_timeout {

@@ -93,6 +93,9 @@ struct Inner {
     /// Connections offering HTTP/1.1 alone, for upgrades (exec, attach, port-forward): an
     /// upgrade has no h2 form the upstream would take. None for webhooks.
     upgrade_pool: Option<Pool>,
+    /// Connections without the file's client certificate, both kinds, for requests that
+    /// carry someone else's credential ([`WebhookClient::request_with`]). None for webhooks.
+    plain_pools: Option<(Pool, Pool)>,
     auth: Auth,
 }
 
@@ -167,6 +170,7 @@ impl WebhookClient {
             url: uri,
             pool,
             upgrade_pool: None,
+            plain_pools: None,
             auth: Auth::None,
         })))
     }
@@ -231,6 +235,10 @@ impl WebhookClient {
             .as_ref()
             .map(|(certs, key)| (certs.clone(), key.clone_key()));
         let upgrade_pool = pool(&uri, &base, upgrade_identity, dialer.clone(), true)?;
+        let plain_pools = (
+            pool(&uri, &base, None, dialer.clone(), false)?,
+            pool(&uri, &base, None, dialer.clone(), true)?,
+        );
         let base_pool = pool(&uri, &base, identity, dialer.clone(), false)?;
         let auth = if let Some(e) = &user.exec {
             if e.interactive_mode == "Always" {
@@ -268,6 +276,7 @@ impl WebhookClient {
             url: uri,
             pool: base_pool,
             upgrade_pool: Some(upgrade_pool),
+            plain_pools: Some(plain_pools),
             auth,
         })))
     }
@@ -296,6 +305,40 @@ impl WebhookClient {
         request: http::Request<RequestBody>,
     ) -> Result<http::Response<hyper::body::Incoming>, ClientError> {
         self.send_on(request, true).await
+    }
+
+    /// Sends `request` with `authorization` as its credential instead of the file's, on a
+    /// connection that presents no client certificate (so the server authenticates the
+    /// credential given): proxy mode's caller tokens. `upgrade` as in
+    /// [`WebhookClient::request_upgrade`].
+    pub async fn request_with(
+        &self,
+        mut request: http::Request<RequestBody>,
+        authorization: http::HeaderValue,
+        upgrade: bool,
+    ) -> Result<http::Response<hyper::body::Incoming>, ClientError> {
+        let inner = &self.0;
+        let url = self.url();
+        let (plain, plain_h1) = inner.plain_pools.as_ref().ok_or_else(|| {
+            ClientError::Config("this client cannot send another credential".into())
+        })?;
+        let pool = if upgrade { plain_h1 } else { plain };
+        let target =
+            join_url(&inner.url, request.uri()).map_err(|message| ClientError::Request {
+                url: url.clone(),
+                message,
+            })?;
+        *request.uri_mut() = target;
+        *request.version_mut() = http::Version::HTTP_11;
+        request
+            .headers_mut()
+            .insert(http::header::AUTHORIZATION, authorization);
+        pool.request(request)
+            .await
+            .map_err(|e| ClientError::Request {
+                url,
+                message: error_chain(&e),
+            })
     }
 
     async fn send_on(

@@ -55,6 +55,19 @@ impl Upstream {
         self.client.request_upgrade(request).await
     }
 
+    /// Sends a request with `authorization` (a caller's own token) as its credential instead
+    /// of the proxy's. No timeout.
+    pub async fn send_as(
+        &self,
+        request: http::Request<RequestBody>,
+        authorization: http::HeaderValue,
+        upgrade: bool,
+    ) -> Result<http::Response<hyper::body::Incoming>, ClientError> {
+        self.client
+            .request_with(request, authorization, upgrade)
+            .await
+    }
+
     /// POSTs a JSON document to `path` and reads the answer (at most
     /// [`client::MAX_RESPONSE_BODY`]), all within [`CALL_TIMEOUT`].
     pub async fn post_json(

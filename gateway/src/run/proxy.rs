@@ -80,6 +80,7 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
     let mut state = ServerState::new(opts.clone(), Arc::new(NoStore), parts)?;
     let mut proxy = Proxy::new(upstream.clone());
     proxy.mirror = Some(mirror.clone());
+    proxy.caller_tokens = opts.upstream_caller_tokens;
     state.proxy = Some(Arc::new(proxy));
     let app = Arc::new(state);
     let tasks = vec![

@@ -34,6 +34,11 @@ pub fn is_identity_header(name: &HeaderName) -> bool {
     n.starts_with("impersonate-") || n.starts_with("x-remote-")
 }
 
+/// Whether a header asks for impersonation (`Impersonate-*`).
+pub fn is_impersonation_header(name: &HeaderName) -> bool {
+    name.as_str().starts_with("impersonate-")
+}
+
 /// What the caller asked to act as.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Requested {

@@ -66,6 +66,16 @@ async fn serve(
     query: &Query,
 ) -> Response<Body> {
     let path = req.uri().path().to_string();
+    // `--upstream-caller-tokens`: a caller authenticated by its bearer token (not by a
+    // certificate) is its own credential upstream.
+    let token = match &caller {
+        Caller::Connection(ident) if proxy.caller_tokens && ident.cert_user.is_none() => req
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .filter(|v| v.as_bytes().starts_with(b"Bearer "))
+            .cloned(),
+        _ => None,
+    };
     let (user, peer) = match &caller {
         Caller::Connection(ident) => (
             authn::authenticate_proxied(&proxy.tokens, ident, req.method(), &path, req.headers())
@@ -134,7 +144,7 @@ async fn serve(
     }
     let head_timeout = (!long_running).then_some(app.api.opts.request_timeout);
     let req = req.map(RequestBody::into_outbound);
-    let resp = proxy.forward(req, &user, peer, head_timeout).await;
+    let resp = proxy.forward(req, &user, peer, head_timeout, token).await;
     if !long_running {
         return resp;
     }

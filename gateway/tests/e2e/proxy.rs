@@ -625,3 +625,59 @@ async fn exec_switches_protocols_through_the_proxy() {
     assert_eq!(r.status, StatusCode::UNAUTHORIZED);
     proxy.handle.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_caller_tokens_a_token_caller_reaches_the_upstream_with_its_own_token() {
+    let up = start_upstream().await;
+    let proxy = Proxy::start(up.addr, |o| o.upstream_caller_tokens = true)
+        .await
+        .unwrap();
+    let bearer = format!("Bearer {GOOD_TOKEN}");
+    for h2 in [false, true] {
+        let r = proxy
+            .client(None, h2)
+            .request(
+                Method::GET,
+                "/echo",
+                "",
+                &[
+                    ("authorization", bearer.as_str()),
+                    ("impersonate-user", "bob"),
+                    ("impersonate-group", "dev"),
+                    ("x-remote-user", "admin"),
+                ],
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        let echo = r.json();
+        // The caller's token, not the proxy's; its own impersonation is the upstream's to
+        // judge; front-proxy headers still never pass.
+        assert_eq!(header(&echo, "authorization"), [bearer.as_str()]);
+        assert_eq!(header(&echo, "impersonate-user"), ["bob"]);
+        assert_eq!(header(&echo, "impersonate-group"), ["dev"]);
+        assert!(header(&echo, "x-remote-user").is_empty());
+    }
+    // A bad token is refused by the proxy before anything goes upstream.
+    let r = proxy
+        .client(None, false)
+        .request(
+            Method::GET,
+            "/echo",
+            "",
+            &[("authorization", "Bearer wrong")],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    // A certificate caller is impersonated under the proxy's credential, as without the flag.
+    let r = proxy
+        .user("alice", &[], false)
+        .request(Method::GET, "/echo", "", &[])
+        .await;
+    let echo = r.json();
+    assert_eq!(
+        header(&echo, "authorization"),
+        [format!("Bearer {PROXY_TOKEN}").as_str()]
+    );
+    assert_eq!(header(&echo, "impersonate-user"), ["alice"]);
+    proxy.handle.shutdown().await;
+}

@@ -35,7 +35,8 @@ struct State {
     objects: BTreeMap<String, Value>,
     /// Every change, for watches from a resourceVersion: (rv, type, object).
     log: Vec<(i64, &'static str, Value)>,
-    /// Watches from before this revision are refused with 410 (compacted).
+    /// Watches from before this revision are refused with 410 (compacted); from it on, they
+    /// are served.
     compacted: i64,
     watchers: Vec<futures::channel::mpsc::Sender<Line>>,
     /// The last SubjectAccessReview's resource attributes.
@@ -97,7 +98,7 @@ impl Upstream {
     /// watch from an old revision is refused with 410.
     fn compact_and_drop_watches(&self) {
         let mut s = self.state.lock();
-        s.compacted = s.rv + 1;
+        s.compacted = s.rv;
         s.log.clear();
         s.watchers.clear();
     }
