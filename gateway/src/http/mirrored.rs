@@ -6,7 +6,7 @@
 //! |---|---|
 //! | list, `resourceVersion=0` or `NotOlderThan` | from the cache, once it has reached the version |
 //! | list, `Exact` (or a version with `limit`) | from the cache's snapshots; passed through when they no longer reach back |
-//! | list, resourceVersion unset (a consistent read) | passed through: the cache cannot prove it is at the upstream's current revision, which only the upstream knows |
+//! | list, resourceVersion unset (a consistent read) | passed through, as proving the cache fresh takes up to a second; but past [`crate::outbound::mirror::STORM_LISTS`] a second (a relist storm), from the cache once proven fresh, one proof for them all |
 //! | list, continue token of this proxy | from the snapshot it names (410 when gone) |
 //! | list, the upstream's continue token | passed through |
 //! | watch, `resourceVersion=0` | from the cache, initial events first |
@@ -119,6 +119,13 @@ pub async fn serve(
     // A streaming list from the newest state (client-go's informers start so) waits for
     // proof that the cache is as fresh as the upstream; other consistent reads pass through.
     let consistent_start = opts.watch && rv.is_none() && opts.send_initial_events == Some(true);
+    // A consistent list passes through, unless many arrive at once (informers relisting
+    // together, a relist storm): then they share one proof of freshness and the cache
+    // answers them, sparing the upstream.
+    let consistent_list = !opts.watch && rv.is_none() && ours_token.is_none();
+    if consistent_list && !mirrored.storm.arrived() {
+        return None;
+    }
     if opts.watch {
         if rv.is_none() && !consistent_start {
             return None;
@@ -126,8 +133,6 @@ pub async fn serve(
         if rv_num.is_some_and(|n| n < mirrored.cache.oldest_revision()) {
             return None;
         }
-    } else if rv.is_none() && ours_token.is_none() {
-        return None;
     }
     let format = cached_format(headers, api, opts.watch)?;
     let labels = LabelSelector::parse(&opts.label_selector).ok()?;
@@ -164,7 +169,7 @@ pub async fn serve(
             retry_after_seconds: Some(1),
         }));
     }
-    if consistent_start && mirror.prove_fresh(&mirrored).await.is_err() {
+    if (consistent_start || consistent_list) && mirror.prove_fresh(&mirrored).await.is_err() {
         return None;
     }
     let wanted = rv_num.or(ours_token.as_ref().map(|t| t.rv));

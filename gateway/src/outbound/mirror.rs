@@ -39,6 +39,8 @@ pub struct Mirrored {
     pub status: Arc<InformerStatus>,
     /// Reads waiting for proof that the cache is as fresh as the upstream.
     pub freshness: fresh::Freshness,
+    /// Consistent lists arriving, to tell a storm from a caller's occasional list.
+    pub storm: Storm,
     stop: watch::Sender<bool>,
 }
 
@@ -49,6 +51,32 @@ impl Drop for Mirrored {
         let _ = self.stop.send(true);
         let next = self.cache.revision().saturating_add(1);
         self.cache.replace(&[], next, std::time::Instant::now());
+    }
+}
+
+/// Consistent lists of one resource passed through per second before the rest are served
+/// from the cache (proven fresh): a caller's occasional `kubectl get` goes upstream and
+/// answers at once; informers relisting together share one proof instead.
+pub const STORM_LISTS: u32 = 5;
+
+/// Counts consistent lists per one-second window.
+#[derive(Default)]
+pub struct Storm {
+    window: parking_lot::Mutex<(Option<std::time::Instant>, u32)>,
+}
+
+impl Storm {
+    /// Counts a consistent list; true once this second has seen more than [`STORM_LISTS`].
+    pub fn arrived(&self) -> bool {
+        let now = std::time::Instant::now();
+        let mut w = self.window.lock();
+        match w.0 {
+            Some(start) if now.duration_since(start) < Duration::from_secs(1) => {
+                w.1 = w.1.saturating_add(1);
+            }
+            _ => *w = (Some(now), 1),
+        }
+        w.1 > STORM_LISTS
     }
 }
 
@@ -226,6 +254,7 @@ impl Mirror {
                     cache,
                     status,
                     freshness: fresh::Freshness::default(),
+                    storm: Storm::default(),
                     stop: tx,
                 }),
             );
