@@ -8,7 +8,8 @@
 #
 # Builds what is missing first (kube-apiserver and etcd into the cache of kube.sh; the gateway
 # with cargo unless SVC_GATEWAY_BIN names a binary), starts both servers on 127.0.0.1 in a
-# temporary directory, and stops them on exit. Needs Go, Rust (for the gateway) and openssl.
+# temporary directory, and stops them on exit. Needs Go, Rust (for the gateway) and openssl;
+# the proxy tests also python3 with the kubernetes package, and Node with npm.
 #
 # Environment:
 #   SVC_GATEWAY_BIN        gateway binary to test (default: cargo build -p svc-gateway)
@@ -20,6 +21,9 @@
 #   INTEROP_DIFF_RUN       a pattern of scenarios for it, e.g. 'watch|chunking' (default: all)
 #   INTEROP_PROXY=0        skip the proxy-mode tests
 #   INTEROP_PROXY_RUN      a -test.run pattern for them (default: every test)
+#   INTEROP_SKIP_PYTHON=1  skip the proxy test with the Python client when python3 lacks kubernetes
+#   INTEROP_SKIP_NODE=1    skip the proxy test with the JavaScript client when node or npm is missing
+#                          (it runs `npm ci` in proxy/clients/node once; otherwise both fail)
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -30,11 +30,15 @@ if [ ${#missing[@]} -gt 0 ]; then
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
 fi
 
-# The official Kubernetes Python client (real-client tests).
+# The official Kubernetes Python client (real-client tests, and the interop proxy tests).
 if ! python3 -c 'import kubernetes' >/dev/null 2>&1; then
   echo "installing: python kubernetes client"
   python3 -m pip install -q --disable-pip-version-check kubernetes
 fi
+
+# The official JavaScript client (@kubernetes/client-node) is not installed here: the interop
+# proxy test that drives it runs `npm ci` in interop/proxy/clients/node on first use, so Node
+# (20 or later) and npm must be on the PATH.
 
 # Python's Prometheus client: gateway/tests/metrics.rs parses /metrics with its parser.
 if ! python3 -c 'import prometheus_client' >/dev/null 2>&1; then
