@@ -55,8 +55,9 @@ func TestCacheHoldsOneUpstreamWatch(t *testing.T) {
 	e := getEnv(t)
 	ns := namespace(t, e, "cache-fanout")
 	direct := e.clients(t, e.upstream)
-	// The upstream's watches of configmaps before: kube-apiserver's own (its authentication
-	// configmap in kube-system, over loopback) and the proxy's.
+	// The upstream's watches of configmaps before: kube-apiserver's own (over loopback, of
+	// kube-system's configmaps and of one of them), the proxy's, and any an earlier test's
+	// client passed through the proxy and left.
 	before, beforeScopes := upstreamWatches(t, e, "configmaps")
 
 	// One client, so one transport: its watches share one HTTP/2 connection, or a few when the
@@ -201,8 +202,10 @@ func TestCacheHoldsOneUpstreamWatch(t *testing.T) {
 		t.Errorf("svc_proxy_upstream_watches{group=\"\",version=\"v1\",resource=\"configmaps\"} is %v (found %v), want 1", proxyWatches, found)
 	}
 	// The proxy's one watch is open before and after; a short freshness probe may come and go.
-	if upstream > 3 || upstream > before+2 {
-		t.Errorf("the upstream holds %v watches of configmaps (%s) with %d open through the proxy, %v before (%s): want no more than 3, and at most 2 more than before", upstream, scopes, n, before, beforeScopes)
+	// Compared with before, not with a fixed number: kube-apiserver watches configmaps itself,
+	// and watches earlier tests passed through may still be open upstream.
+	if upstream > before+2 {
+		t.Errorf("the upstream holds %v watches of configmaps (%s) with %d open through the proxy, %v before (%s): want at most 2 more than before", upstream, scopes, n, before, beforeScopes)
 	}
 	if watchers < n {
 		t.Errorf("svc_proxy_cache_watchers{resource=configmaps} is %v with %d watches open", watchers, n)
