@@ -151,6 +151,7 @@ if [[ ${INTEROP_PROXY:-1} != 0 ]]; then
 			cd "$HERE/proxy"
 			INTEROP_UPSTREAM_KUBECONFIG=$WORK/proxy-upstream/admin.kubeconfig \
 				INTEROP_UPSTREAM_PKI=$WORK/proxy-upstream/pki INTEROP_UPSTREAM_DIR=$WORK/proxy-upstream \
+				INTEROP_PROXY_DIR=$WORK/proxy \
 				INTEROP_PROXY_URL=$(cat "$WORK/proxy/url") INTEROP_PROXY_CA=$WORK/proxy/ca.crt \
 				go tool test2json -t -p proxy "$WORK/proxy.test" -test.v=test2json -test.count=1 \
 				-test.timeout=300s ${INTEROP_PROXY_RUN:+-test.run "$INTEROP_PROXY_RUN"} >"$WORK/proxy.json" 2>&1

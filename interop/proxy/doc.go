@@ -4,6 +4,7 @@
 // impersonation), and watches passed through; the official Python and JavaScript clients
 // through the proxy (clients_test.go, drivers in clients/); and the proxy's caches of the upstream
 // (cache_test.go): informers, lists and watches served from them compared with the upstream's
-// answers, RBAC on cached reads, CRDs coming and going, and a restart of the upstream
-// (zz_restart_test.go, last).
+// answers, RBAC on cached reads, CRDs coming and going, many watches on one upstream watch
+// (cache_fanout_test.go), a restart of the upstream (zz_restart_test.go) and one of the proxy
+// (zzz_proxy_restart_test.go, last).
 package proxy

@@ -28,7 +28,9 @@ import (
 //	INTEROP_UPSTREAM_PKI         its PKI folder (ca.crt, ca.key): user certificates are minted here
 //	INTEROP_PROXY_URL            the proxy's https URL
 //	INTEROP_PROXY_CA             the CA of the proxy's serving certificate (PEM file)
-//	INTEROP_UPSTREAM_DIR         the folder kube.sh started the upstream in (the restart test)
+//	INTEROP_UPSTREAM_DIR         the folder kube.sh started the upstream in (the restart tests)
+//	INTEROP_PROXY_DIR            the folder gateway.sh start-proxy started the proxy in (the
+//	                             proxy's restart test, which runs gateway.sh stop/start-proxy)
 //
 // Without them every test is skipped, so `go test ./...` and `go vet ./...` work anywhere.
 type env struct {
