@@ -52,6 +52,13 @@ pub struct Options {
     #[arg(long)]
     pub upstream_caller_tokens: bool,
 
+    /// Proxy mode: how long an upstream watch of a cached resource may say nothing (no event,
+    /// no bookmark) before it is opened again from where it was. kube-apiserver bookmarks
+    /// every watch about once a minute, but sends none for resources it does not
+    /// watch-cache (Events).
+    #[arg(long, default_value = "150s", value_parser = parse_duration)]
+    pub upstream_watch_idle_timeout: Duration,
+
     /// Address to serve HTTPS on.
     #[arg(long, default_value = "0.0.0.0")]
     pub bind_address: IpAddr,

@@ -93,6 +93,8 @@ pub struct Mirror {
     upstream: Upstream,
     filter: ResourceFilter,
     config: WatchCacheConfig,
+    /// `--upstream-watch-idle-timeout`.
+    idle: Duration,
     gate: Arc<WakeGate>,
     resources: RwLock<HashMap<(String, String), Arc<Mirrored>>>,
     /// Set once discovery has been tried (read or failed).
@@ -102,10 +104,16 @@ pub struct Mirror {
 }
 
 impl Mirror {
-    pub fn new(upstream: Upstream, filter: ResourceFilter, config: WatchCacheConfig) -> Self {
+    pub fn new(
+        upstream: Upstream,
+        filter: ResourceFilter,
+        config: WatchCacheConfig,
+        idle: Duration,
+    ) -> Self {
         Mirror {
             upstream,
             filter,
+            idle,
             config: WatchCacheConfig {
                 // Exact lists and continue tokens have no store to fall back on here.
                 list_snapshots: true,
@@ -244,6 +252,7 @@ impl Mirror {
                 status.clone(),
                 merge_stop(rx, stop.clone()),
                 is_crd.then(|| self.rediscover.clone()),
+                self.idle,
             );
             tokio::spawn(task);
             tracing::info!(resource = %name_of(info), version = info.version, "caching");

@@ -76,6 +76,7 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
         upstream.clone(),
         filter,
         opts.watch_cache_config(),
+        opts.upstream_watch_idle_timeout,
     ));
     let mut state = ServerState::new(opts.clone(), Arc::new(NoStore), parts)?;
     let mut proxy = Proxy::new(upstream.clone());

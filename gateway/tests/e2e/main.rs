@@ -42,6 +42,7 @@ mod patch;
 mod props;
 mod proxy;
 mod proxy_cache;
+mod proxy_faults;
 mod tracing;
 mod validate_config;
 mod watch_guarantees;

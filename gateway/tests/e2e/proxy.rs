@@ -208,6 +208,8 @@ async fn start_upstream() -> Arc<Upstream> {
 /// The cluster's CA (the callers' certificates) and a proxy in front of `upstream`.
 pub(crate) struct Proxy {
     pub(crate) handle: ServerHandle,
+    /// What it was started with (a restart reuses them, on the same port).
+    pub(crate) opts: Options,
     cluster: pki::Pki,
     _dir: tempfile::TempDir,
 }
@@ -244,9 +246,10 @@ impl Proxy {
         opts.upstream_kubeconfig = Some(kubeconfig);
         opts.client_ca_file = Some(ca);
         change(&mut opts);
-        let handle = svc_gateway::run::start(opts).await?;
+        let handle = svc_gateway::run::start(opts.clone()).await?;
         Ok(Proxy {
             handle,
+            opts,
             cluster,
             _dir: dir,
         })

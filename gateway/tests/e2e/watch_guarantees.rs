@@ -29,10 +29,10 @@ use crate::support::watch_validator::{
     End, EventType, History, Item, Op, Outcome, Snapshot, Start, Stream, WatcherLog, Write,
 };
 
-const NS: &str = "guarantees";
-const BASE: &str = "/api/v1/namespaces/guarantees/serviceaccounts";
+pub(crate) const NS: &str = "guarantees";
+pub(crate) const BASE: &str = "/api/v1/namespaces/guarantees/serviceaccounts";
 /// The annotation naming the write that made an object's state.
-const WRITE_ID: &str = "guarantees.svc.io/write";
+pub(crate) const WRITE_ID: &str = "guarantees.svc.io/write";
 /// Each test's whole budget (watchers give up 40 s after the traffic starts).
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -307,7 +307,7 @@ async fn watcher(
 /// Writers and watchers around a fault: `fault` runs after two seconds of traffic; writers go
 /// on for two more seconds after it returns, then one last write whose revision every
 /// watcher must reach; then the history, with the final list, is validated.
-async fn run_with_fault<F, Fut>(c: Client, fault: F)
+pub(crate) async fn run_with_fault<F, Fut>(c: Client, fault: F) -> History
 where
     F: FnOnce() -> Fut,
     Fut: std::future::Future<Output = ()>,
@@ -410,6 +410,7 @@ where
         !broken.validate().is_empty(),
         "a dropped event went unnoticed"
     );
+    history
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,7 +3,8 @@
 //! resourceVersion, resumed from the last revision seen when it ends or fails. A watch the
 //! upstream refuses as too old (410, its history compacted) is followed by a new list whose
 //! differences from the cache reach clients as ordinary events (`WatchCache::resync`), so
-//! they stay connected. An upstream that says nothing for [`IDLE_LIMIT`] (no event, no
+//! they stay connected. An upstream that says nothing for `--upstream-watch-idle-timeout`
+//! (150 s by default; no event, no
 //! bookmark) may be hung, or may not cache the resource (kube-apiserver sends no bookmarks
 //! for Events, which it does not watch-cache): the watch is opened again from where it was,
 //! at once and quietly.
@@ -34,9 +35,6 @@ const LIST_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_PAGE_BYTES: usize = 512 << 20;
 /// The longest watch event line read (an object is at most 1.5 MiB in etcd; room to spare).
 const MAX_LINE: usize = 16 << 20;
-/// Silence after which the upstream watch is taken for hung. kube-apiserver sends bookmarks
-/// about once a minute to a watch that allows them.
-pub const IDLE_LIMIT: Duration = Duration::from_secs(150);
 const BACKOFF_MIN: Duration = Duration::from_millis(250);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 
@@ -89,6 +87,7 @@ pub async fn run(
     status: Arc<InformerStatus>,
     mut stop: watch::Receiver<bool>,
     changed: Option<Arc<Notify>>,
+    idle: Duration,
 ) {
     status.started.get_or_init(Instant::now);
     let mut from: Option<Revision> = None;
@@ -125,7 +124,10 @@ pub async fn run(
         };
         status.watching.store(true, Ordering::Relaxed);
         status.watches.fetch_add(1, Ordering::Relaxed);
-        let end = stream(&upstream, info, &cache, &status, rev, &mut stop, &changed).await;
+        let end = stream(
+            &upstream, info, &cache, &status, rev, &mut stop, &changed, idle,
+        )
+        .await;
         status.watching.store(false, Ordering::Relaxed);
         match end {
             End::Stopped => return,
@@ -277,7 +279,9 @@ struct StatusHead {
     message: String,
 }
 
-/// Watches `info` upstream from `from`, applying what comes to the cache.
+/// Watches `info` upstream from `from`, applying what comes to the cache, until the upstream
+/// ends it or says nothing for `idle`.
+#[allow(clippy::too_many_arguments)]
 async fn stream(
     upstream: &Upstream,
     info: &'static ResourceInfo,
@@ -286,6 +290,7 @@ async fn stream(
     from: Revision,
     stop: &mut watch::Receiver<bool>,
     changed: &Option<Arc<Notify>>,
+    idle: Duration,
 ) -> End {
     let mut last = from;
     let timeout = rand::rng().random_range(300..600);
@@ -318,7 +323,7 @@ async fn stream(
     let mut buf = BytesMut::new();
     loop {
         let frame = tokio::select! {
-            f = tokio::time::timeout(IDLE_LIMIT, body.frame()) => f,
+            f = tokio::time::timeout(idle, body.frame()) => f,
             _ = crate::base::lifecycle::until_set(stop) => return End::Stopped,
         };
         let data = match frame {
