@@ -26,7 +26,6 @@ use futures::stream::FuturesUnordered;
 use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use http::{HeaderValue, Method, Request, Response, header};
-use http_body_util::BodyExt as _;
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, watch};
@@ -507,7 +506,23 @@ async fn write_response(mut respond: SendResponse<Bytes>, resp: Response<Body>, 
     if end {
         return;
     }
-    while let Some(frame) = body.frame().await {
+    loop {
+        // A client that resets the stream (or drops the connection) ends the body at once,
+        // not at its next frame: a watch passed through to proxy mode's upstream would
+        // otherwise stay open there until the upstream next sends something.
+        let next = std::future::poll_fn(|cx| {
+            if send.poll_reset(cx).is_ready() {
+                return Poll::Ready(None);
+            }
+            std::pin::Pin::new(&mut body).poll_frame(cx).map(Some)
+        })
+        .await;
+        let Some(next) = next else {
+            return;
+        };
+        let Some(frame) = next else {
+            break;
+        };
         let Ok(frame) = frame else {
             send.send_reset(Reason::INTERNAL_ERROR);
             return;

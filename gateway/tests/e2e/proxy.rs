@@ -35,6 +35,8 @@ struct Upstream {
     addr: SocketAddr,
     token_reviews: AtomicUsize,
     release: Notify,
+    /// `/stream` answers whose reader went away before the second line.
+    abandoned: AtomicUsize,
 }
 
 /// The token the upstream accepts, and the user it stands for.
@@ -114,7 +116,19 @@ async fn answer(up: Arc<Upstream>, mut req: Request<Incoming>) -> Response<Out> 
                 let _ = tx
                     .send(Ok(Frame::data(Bytes::from_static(b"first\n"))))
                     .await;
-                up.release.notified().await;
+                let released = up.release.notified();
+                tokio::pin!(released);
+                loop {
+                    tokio::select! {
+                        _ = &mut released => break,
+                        _ = tokio::time::sleep(Duration::from_millis(20)) => {
+                            if tx.is_closed() {
+                                up.abandoned.fetch_add(1, Ordering::SeqCst);
+                                return;
+                            }
+                        }
+                    }
+                }
                 let _ = tx
                     .send(Ok(Frame::data(Bytes::from_static(b"second\n"))))
                     .await;
@@ -182,6 +196,7 @@ async fn start_upstream() -> Arc<Upstream> {
         addr: listener.local_addr().unwrap(),
         token_reviews: AtomicUsize::new(0),
         release: Notify::new(),
+        abandoned: AtomicUsize::new(0),
     });
     let serving = up.clone();
     tokio::spawn(async move {
@@ -510,6 +525,40 @@ async fn answers_stream_through_as_they_come() {
         up.release.notify_one();
         let rest = body.collect().await.unwrap().to_bytes();
         assert_eq!(rest, "second\n");
+    }
+    proxy.handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_the_caller_leaves_is_ended_upstream_at_once() {
+    let up = start_upstream().await;
+    let proxy = Proxy::start(up.addr, |_| {}).await.unwrap();
+    for (i, h2) in [false, true].into_iter().enumerate() {
+        let alice = proxy.user("alice", &[], h2);
+        let mut conn = alice.connect().await.unwrap();
+        let resp = conn
+            .send(Client::build(
+                Method::GET,
+                "/stream?watch=true",
+                Bytes::new(),
+                &[],
+            ))
+            .await
+            .unwrap();
+        let mut body = resp.into_body();
+        let first = body.frame().await.unwrap().unwrap();
+        assert_eq!(first.into_data().unwrap(), "first\n");
+        // The caller stops reading (over h2 the stream is reset; the connection stays).
+        drop(body);
+        if !h2 {
+            drop(conn);
+        }
+        eventually(
+            Duration::from_secs(5),
+            "the upstream's answer is abandoned",
+            || async { up.abandoned.load(Ordering::SeqCst) == i + 1 },
+        )
+        .await;
     }
     proxy.handle.shutdown().await;
 }
