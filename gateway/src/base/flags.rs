@@ -38,6 +38,35 @@ pub struct Options {
     #[arg(long)]
     pub client_ca_file: Option<PathBuf>,
 
+    /// Proxy mode: request-header (front-proxy) authentication, as kube-apiserver's flag of
+    /// that name: a client certificate of this CA (with a common name of
+    /// `--requestheader-allowed-names`, when given) is a front proxy, and the caller is who
+    /// its `--requestheader-*-headers` name.
+    #[arg(long)]
+    pub requestheader_client_ca_file: Option<PathBuf>,
+
+    /// Proxy mode: the common names a front proxy's certificate may have (comma-separated);
+    /// empty: any certificate of `--requestheader-client-ca-file`.
+    #[arg(long, value_delimiter = ',')]
+    pub requestheader_allowed_names: Vec<String>,
+
+    /// Proxy mode: the headers naming a front proxy's caller, the first present wins.
+    #[arg(long, value_delimiter = ',', default_value = "X-Remote-User")]
+    pub requestheader_username_headers: Vec<String>,
+
+    /// Proxy mode: the headers naming the caller's groups (each value one group).
+    #[arg(long, value_delimiter = ',', default_value = "X-Remote-Group")]
+    pub requestheader_group_headers: Vec<String>,
+
+    /// Proxy mode: the prefixes of the headers naming the caller's extra attributes
+    /// (`X-Remote-Extra-Scopes: a` is extra `scopes` = `a`; keys percent-decoded).
+    #[arg(long, value_delimiter = ',', default_value = "X-Remote-Extra-")]
+    pub requestheader_extra_headers_prefix: Vec<String>,
+
+    /// Proxy mode: the headers naming the caller's uid.
+    #[arg(long, value_delimiter = ',', default_value = "X-Remote-Uid")]
+    pub requestheader_uid_headers: Vec<String>,
+
     /// Proxy mode: which upstream resources are cached, and their lists and watches served
     /// from the cache: comma-separated `*` (every resource discovery offers for list and
     /// watch, but Secrets), resource names (`pods`, `deployments.apps`, `secrets`) to add,
@@ -453,6 +482,11 @@ impl Options {
                 return Err(
                     "--cache-resources is only for proxy mode (--upstream-kubeconfig)".into(),
                 );
+            }
+            if self.requestheader_client_ca_file.is_some() {
+                return Err("--requestheader-client-ca-file is only for proxy mode \
+                            (--upstream-kubeconfig)"
+                    .into());
             }
             if self.client_ca_file.is_some() {
                 return Err(

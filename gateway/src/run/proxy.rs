@@ -51,7 +51,24 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
         .await
         .with_context(|| format!("binding {}:{}", opts.bind_address, opts.secure_port))?;
     let addr = listener.local_addr()?;
-    let (pki, tls) = prepare_pki(&opts, addr, client_ca).await?;
+    let front_proxy_ca = match &opts.requestheader_client_ca_file {
+        None => None,
+        Some(path) => Some(std::fs::read(path).with_context(|| {
+            format!("reading --requestheader-client-ca-file {}", path.display())
+        })?),
+    };
+    let cert_roles = match &front_proxy_ca {
+        None => None,
+        Some(pem) => Some(
+            crate::outbound::pki::ClientCertRoles::new(
+                client_ca.as_deref(),
+                pem,
+                opts.requestheader_allowed_names.clone(),
+            )
+            .context("--requestheader-client-ca-file")?,
+        ),
+    };
+    let (pki, tls) = prepare_pki(&opts, addr, client_ca, front_proxy_ca).await?;
 
     let (stop_watches_tx, stop_watches_rx) = watch::channel(false);
     let stop_watches_rx_for_mirror = stop_watches_rx.clone();
@@ -82,6 +99,13 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
     let mut proxy = Proxy::new(upstream.clone());
     proxy.mirror = Some(mirror.clone());
     proxy.caller_tokens = opts.upstream_caller_tokens;
+    proxy.cert_roles = cert_roles;
+    proxy.request_headers = crate::security::authn::RequestHeaderNames {
+        username: opts.requestheader_username_headers.clone(),
+        group: opts.requestheader_group_headers.clone(),
+        extra_prefix: opts.requestheader_extra_headers_prefix.clone(),
+        uid: opts.requestheader_uid_headers.clone(),
+    };
     state.proxy = Some(Arc::new(proxy));
     let app = Arc::new(state);
     let tasks = vec![
@@ -115,6 +139,7 @@ async fn prepare_pki(
     opts: &Options,
     addr: SocketAddr,
     client_ca: Option<Vec<u8>>,
+    front_proxy_ca: Option<Vec<u8>>,
 ) -> anyhow::Result<(Arc<pki::Pki>, TlsAcceptor)> {
     let pki_opts = PkiOptions {
         tls_sans: opts.tls_sans.clone(),
@@ -127,7 +152,7 @@ async fn prepare_pki(
         .await?
         .context("preparing certificates")?;
     let config = pki
-        .proxy_server_config(client_ca.as_deref())
+        .proxy_server_config_with(client_ca.as_deref(), front_proxy_ca.as_deref())
         .context("building the TLS configuration (is --client-ca-file a PEM bundle of CAs?)")?;
     Ok((Arc::new(pki), TlsAcceptor::from(config)))
 }

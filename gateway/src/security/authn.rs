@@ -26,6 +26,71 @@ pub struct ConnIdentity {
     pub insecure: bool,
     /// The client's address (audit's `sourceIPs`).
     pub peer: Option<std::net::SocketAddr>,
+    /// Proxy mode: the certificate is a front proxy's, whose caller the request's headers
+    /// name ([`RequestHeaderNames`]).
+    pub front_proxy: bool,
+}
+
+/// The headers a front proxy names its caller in (`--requestheader-*-headers`).
+#[derive(Clone, Debug, Default)]
+pub struct RequestHeaderNames {
+    pub username: Vec<String>,
+    pub group: Vec<String>,
+    pub extra_prefix: Vec<String>,
+    pub uid: Vec<String>,
+}
+
+impl RequestHeaderNames {
+    /// The caller a front proxy names, as kube-apiserver's request-header authenticator reads
+    /// it: the first username header present (none: not authenticated), every value of the
+    /// group headers and `system:authenticated`, extra keys lower-cased and percent-decoded,
+    /// the first uid header.
+    pub fn user(&self, headers: &http::HeaderMap) -> Option<UserInfo> {
+        let first = |names: &[String]| {
+            names.iter().find_map(|n| {
+                headers
+                    .get(n.as_str())
+                    .and_then(|v| v.to_str().ok())
+                    .filter(|v| !v.is_empty())
+                    .map(str::to_string)
+            })
+        };
+        let username = first(&self.username)?;
+        let mut groups: Vec<String> = self
+            .group
+            .iter()
+            .flat_map(|n| headers.get_all(n.as_str()))
+            .filter_map(|v| v.to_str().ok())
+            .map(str::to_string)
+            .collect();
+        // As kube-apiserver adds it to everyone it authenticates.
+        if !groups.iter().any(|g| g == "system:authenticated") {
+            groups.push("system:authenticated".into());
+        }
+        let mut extra: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        for (name, value) in headers {
+            let lower = name.as_str();
+            let Some(key) = self
+                .extra_prefix
+                .iter()
+                .find_map(|p| lower.strip_prefix(p.to_ascii_lowercase().as_str()))
+            else {
+                continue;
+            };
+            let key = crate::security::impersonation::unescape_key(key)
+                .unwrap_or_else(|| key.to_string())
+                .to_ascii_lowercase();
+            if let Ok(v) = value.to_str() {
+                extra.entry(key).or_default().push(v.to_string());
+            }
+        }
+        Some(UserInfo {
+            username,
+            uid: first(&self.uid).unwrap_or_default(),
+            groups,
+            extra,
+        })
+    }
 }
 
 pub fn anonymous() -> UserInfo {
@@ -147,10 +212,15 @@ pub async fn authenticate(
 pub async fn authenticate_proxied(
     reviewer: &TokenReviewer,
     conn: &ConnIdentity,
+    front_proxy: &RequestHeaderNames,
     method: &http::Method,
     path: &str,
     headers: &http::HeaderMap,
 ) -> Result<UserInfo, ApiError> {
+    if conn.front_proxy {
+        // The front proxy authenticated its caller; without a name there is no caller.
+        return front_proxy.user(headers).ok_or_else(unauthorized);
+    }
     if let Some(user) = &conn.cert_user {
         return Ok(user.clone());
     }

@@ -78,8 +78,15 @@ async fn serve(
     };
     let (user, peer) = match &caller {
         Caller::Connection(ident) => (
-            authn::authenticate_proxied(&proxy.tokens, ident, req.method(), &path, req.headers())
-                .await,
+            authn::authenticate_proxied(
+                &proxy.tokens,
+                ident,
+                &proxy.request_headers,
+                req.method(),
+                &path,
+                req.headers(),
+            )
+            .await,
             ident.peer,
         ),
         Caller::Internal(user) => (Ok(user.clone()), None),

@@ -125,6 +125,7 @@ async fn serve_connection(
             cert_user: None,
             insecure: true,
             peer: Some(peer),
+            front_proxy: false,
         });
         serve_either(builders, stop, tcp, app, ident).await;
         return;
@@ -146,10 +147,22 @@ async fn serve_connection(
         _ = crate::base::lifecycle::until_set(&mut stop_handshake) => return,
     };
     let session = stream.get_ref().1;
-    let cert_user = session
-        .peer_certificates()
-        .and_then(|c| c.first())
-        .and_then(|c| pki::user_from_client_cert(c.as_ref()));
+    // A proxy that also takes a front proxy's certificates tells them from its callers' by
+    // which CA each verifies against alone.
+    let role = match (
+        app.proxy.as_ref().and_then(|p| p.cert_roles.as_ref()),
+        session.peer_certificates(),
+    ) {
+        (Some(roles), Some(chain)) => roles.role(chain),
+        _ => pki::CertRole::Caller,
+    };
+    let cert_user = match role {
+        pki::CertRole::Caller => session
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .and_then(|c| pki::user_from_client_cert(c.as_ref())),
+        pki::CertRole::FrontProxy | pki::CertRole::Unknown => None,
+    };
     // ALPN's h2 skips looking at the first bytes; without it (or with http/1.1) clients
     // speaking h2 with prior knowledge are still served.
     let h2 = session.alpn_protocol() == Some(b"h2".as_slice());
@@ -157,6 +170,7 @@ async fn serve_connection(
         cert_user,
         insecure: false,
         peer: Some(peer),
+        front_proxy: role == pki::CertRole::FrontProxy,
     });
     if h2 {
         h2conn::serve(stream, app, ident, builders.h2.clone(), stop).await;

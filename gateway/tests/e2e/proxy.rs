@@ -733,3 +733,80 @@ async fn with_caller_tokens_a_token_caller_reaches_the_upstream_with_its_own_tok
     assert_eq!(header(&echo, "impersonate-user"), ["alice"]);
     proxy.handle.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_front_proxy_names_its_caller_in_request_headers() {
+    let up = start_upstream().await;
+    // The front proxy's CA, apart from the cluster's.
+    let front_dir = tempfile::tempdir().unwrap();
+    let front = pki::ensure_pki(
+        &front_dir.path().join("front"),
+        &PkiOptions {
+            tls_sans: vec![],
+            admin_kubeconfig_path: front_dir.path().join("front.kubeconfig"),
+            server_url: "https://127.0.0.1:1".into(),
+            cluster_signing: None,
+        },
+    )
+    .unwrap();
+    let front_ca = front_dir.path().join("front-ca.crt");
+    std::fs::write(&front_ca, front.ca_pem()).unwrap();
+    let proxy = Proxy::start(up.addr, |o| {
+        o.requestheader_client_ca_file = Some(front_ca.clone());
+        o.requestheader_allowed_names = vec!["front-proxy-client".into()];
+    })
+    .await
+    .unwrap();
+    let as_front = |name: &str, h2: bool| {
+        let (cert, key) = front
+            .issue_client_cert(name, &[], Duration::from_secs(3600))
+            .unwrap();
+        proxy.client(Some((cert.as_str(), key.as_str())), h2)
+    };
+    let named = [
+        ("x-remote-user", "carol"),
+        ("x-remote-group", "g1"),
+        ("x-remote-group", "g2"),
+        ("x-remote-uid", "u-9"),
+        ("x-remote-extra-scopes", "read"),
+        ("x-remote-extra-acme.com%2Fproject", "p1"),
+    ];
+    for h2 in [false, true] {
+        let r = as_front("front-proxy-client", h2)
+            .request(Method::GET, "/echo", "", &named)
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        let echo = r.json();
+        assert_eq!(header(&echo, "impersonate-user"), ["carol"]);
+        assert_eq!(
+            header(&echo, "impersonate-group"),
+            ["g1", "g2", "system:authenticated"]
+        );
+        assert_eq!(header(&echo, "impersonate-uid"), ["u-9"]);
+        assert_eq!(header(&echo, "impersonate-extra-scopes"), ["read"]);
+        assert_eq!(
+            header(&echo, "impersonate-extra-acme.com%2fproject"),
+            ["p1"]
+        );
+        // The front proxy's own headers never reach the upstream.
+        assert!(header(&echo, "x-remote-user").is_empty());
+    }
+    // A front proxy that names nobody has no caller.
+    let r = as_front("front-proxy-client", false)
+        .request(Method::GET, "/echo", "", &[])
+        .await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    // A certificate of the front proxy's CA with a name not allowed is nobody.
+    let r = as_front("someone-else", false)
+        .request(Method::GET, "/echo", "", &named)
+        .await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{}", r.text());
+    // A caller's own certificate: the headers are ignored, the certificate decides.
+    let r = proxy
+        .user("alice", &[], false)
+        .request(Method::GET, "/echo", "", &named)
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(header(&r.json(), "impersonate-user"), ["alice"]);
+    proxy.handle.shutdown().await;
+}

@@ -65,6 +65,25 @@ impl Pki {
         &self,
         client_ca_pem: Option<&[u8]>,
     ) -> Result<Arc<ServerConfig>, PkiError> {
+        self.proxy_server_config_with(client_ca_pem, None)
+    }
+
+    /// As [`Pki::proxy_server_config`], also accepting the certificates of a front proxy's
+    /// CA (`--requestheader-client-ca-file`): which of the two signed a certificate is
+    /// decided after the handshake ([`ClientCertRoles`]).
+    pub fn proxy_server_config_with(
+        &self,
+        client_ca_pem: Option<&[u8]>,
+        front_proxy_ca_pem: Option<&[u8]>,
+    ) -> Result<Arc<ServerConfig>, PkiError> {
+        let joined: Vec<u8>;
+        let client_ca_pem = match (client_ca_pem, front_proxy_ca_pem) {
+            (Some(a), Some(b)) => {
+                joined = [a, b"\n", b].concat();
+                Some(joined.as_slice())
+            }
+            (a, b) => a.or(b),
+        };
         let provider = provider();
         let tls = |source| PkiError::Tls {
             what: "server",
@@ -146,4 +165,91 @@ fn parse_private_key(what: &str, pem: &str) -> Result<PrivateKeyDer<'static>, Pk
         what: what.to_owned(),
         source,
     })
+}
+
+/// Which CA signed a client certificate, for a proxy that accepts two (its callers' and a
+/// front proxy's): each is verified against one CA alone, as kube-apiserver's x509 and
+/// request-header authenticators each verify against their own.
+pub struct ClientCertRoles {
+    client: Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>,
+    front_proxy: Arc<dyn rustls::server::danger::ClientCertVerifier>,
+    allowed_names: Vec<String>,
+}
+
+/// What a client certificate is to a proxy.
+#[derive(Debug, PartialEq, Eq)]
+pub enum CertRole {
+    /// A caller's own certificate (`--client-ca-file`).
+    Caller,
+    /// A front proxy's (`--requestheader-client-ca-file`, an allowed common name).
+    FrontProxy,
+    /// Neither.
+    Unknown,
+}
+
+fn verifier(
+    pem: &[u8],
+    what: &str,
+) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, PkiError> {
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(pem) {
+        let cert = cert.map_err(|source| PkiError::Pem {
+            what: what.into(),
+            source,
+        })?;
+        roots.add(cert).map_err(|source| PkiError::Tls {
+            what: "server",
+            source,
+        })?;
+    }
+    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+        .build()
+        .map_err(|source| PkiError::Verifier { source })
+}
+
+impl ClientCertRoles {
+    pub fn new(
+        client_ca_pem: Option<&[u8]>,
+        front_proxy_ca_pem: &[u8],
+        allowed_names: Vec<String>,
+    ) -> Result<Self, PkiError> {
+        Ok(ClientCertRoles {
+            client: client_ca_pem
+                .map(|pem| verifier(pem, "the client CA bundle"))
+                .transpose()?,
+            front_proxy: verifier(front_proxy_ca_pem, "the request-header CA bundle")?,
+            allowed_names,
+        })
+    }
+
+    /// The role of a certificate chain the handshake accepted.
+    pub fn role(&self, chain: &[CertificateDer<'_>]) -> CertRole {
+        let Some((leaf, intermediates)) = chain.split_first() else {
+            return CertRole::Unknown;
+        };
+        let now = rustls_pki_types::UnixTime::now();
+        let front = self
+            .front_proxy
+            .verify_client_cert(leaf, intermediates, now)
+            .is_ok();
+        if front {
+            let name = x509_parser::parse_x509_certificate(leaf.as_ref())
+                .ok()
+                .and_then(|(_, c)| {
+                    c.subject()
+                        .iter_common_name()
+                        .next()
+                        .and_then(|n| n.as_str().ok().map(str::to_string))
+                });
+            let allowed = self.allowed_names.is_empty()
+                || name.is_some_and(|n| self.allowed_names.contains(&n));
+            if allowed {
+                return CertRole::FrontProxy;
+            }
+        }
+        match &self.client {
+            Some(v) if v.verify_client_cert(leaf, intermediates, now).is_ok() => CertRole::Caller,
+            _ => CertRole::Unknown,
+        }
+    }
 }
