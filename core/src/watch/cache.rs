@@ -199,17 +199,8 @@ impl WatchCache {
     /// history no longer connects to the new state.
     pub fn replace(&self, kvs: &[KeyValue], revision: Revision, now: Instant) -> ApplyReport {
         let mut report = ApplyReport::default();
-        let ingest = self.shared.encoder.codec.ingest;
-        let mut state = State::new();
-        for kv in kvs {
-            match ingest(kv) {
-                Ok(obj) => {
-                    state.insert(kv.key.clone(), Arc::new(obj));
-                    report.applied = report.applied.saturating_add(1);
-                }
-                Err(e) => report.error(e),
-            }
-        }
+        let state = self.ingest_all(kvs, &mut report);
+        report.applied = state.len();
         let mut wake = Vec::new();
         {
             let shared = &self.shared;
@@ -232,6 +223,21 @@ impl WatchCache {
         report.woken = wake.len();
         self.wake(wake, revision);
         report
+    }
+
+    /// The state a full read describes; what cannot be decoded is left out and reported.
+    fn ingest_all(&self, kvs: &[KeyValue], report: &mut ApplyReport) -> State {
+        let ingest = self.shared.encoder.codec.ingest;
+        let mut state = State::new();
+        for kv in kvs {
+            match ingest(kv) {
+                Ok(obj) => {
+                    state.insert(kv.key.clone(), Arc::new(obj));
+                }
+                Err(e) => report.error(e),
+            }
+        }
+        state
     }
 
     /// Applies one item of the store's change feed: events update the state, enter the
@@ -394,16 +400,7 @@ impl WatchCache {
             return self.replace(kvs, revision, now);
         }
         let mut report = ApplyReport::default();
-        let ingest = self.shared.encoder.codec.ingest;
-        let mut fresh = State::new();
-        for kv in kvs {
-            match ingest(kv) {
-                Ok(obj) => {
-                    fresh.insert(kv.key.clone(), Arc::new(obj));
-                }
-                Err(e) => report.error(e),
-            }
-        }
+        let fresh = self.ingest_all(kvs, &mut report);
         let mut wake = Vec::new();
         let shared = &self.shared;
         let revision = {

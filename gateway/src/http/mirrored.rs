@@ -27,32 +27,27 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
-use rand::Rng as _;
+use http::{HeaderMap, Response, header};
 use svc_config::subject_access_review::{ResourceAttributes, SelectorAttributes};
+use svc_core::ApiError;
 use svc_core::selector::{FieldSelector, LabelSelector};
 use svc_core::table::IncludeObject;
 use svc_core::user::UserInfo;
 use svc_core::watch::unstructured::supports_field;
 use svc_core::watch::{FrameFormat, ListRequest, Selector, WatchRequest, WatchStart};
-use svc_core::{ApiError, ListMeta};
 
 use crate::base::query::{ListOptions, Query, RvMatch};
 use crate::http::api::Api;
 use crate::http::negotiate::{self, Format};
 use crate::http::proxy::Proxy;
 use crate::http::respond::{self, Body};
-use crate::http::stream::WatchStream;
 use crate::outbound::mirror::{Mirror, Mirrored};
-use crate::registry::list::{decode_token, encode_token, expired_continue};
+use crate::registry::list::{decode_token, expired_continue, page_meta};
 use crate::security::impersonation;
 
 /// How long a cached read waits for its cache to reach the version it names before it is
 /// passed through instead.
 pub const CATCH_UP: Duration = Duration::from_millis(100);
-
-/// The longest `timeoutSeconds` honoured (as in standalone mode).
-const MAX_WATCH_TIMEOUT: Duration = Duration::from_secs(366 * 24 * 3600);
 
 /// A collection request: /api/v1[/namespaces/NS]/RES or /apis/G/V[/namespaces/NS]/RES.
 struct Collection<'a> {
@@ -352,20 +347,14 @@ fn list(
         Err(ApiError::Expired(_)) => return Err(Fallback::PassThrough),
         Err(e) => return Err(e.into()),
     };
-    let mut meta = ListMeta {
-        resource_version: page.revision.to_string(),
-        ..Default::default()
-    };
-    if let Some(last) = &page.continue_after {
-        meta.continue_ = encode_token(
-            page.revision,
-            last.get(prefix.len()..).unwrap_or_default(),
-            issued,
-        );
-        if selector.is_empty() {
-            meta.remaining_item_count = page.remaining.map(|r| r as i64);
-        }
-    }
+    let meta = page_meta(
+        page.revision,
+        page.continue_after.as_deref(),
+        page.remaining,
+        &prefix,
+        &selector,
+        issued,
+    );
     Ok(respond::list(
         cache,
         &meta,
@@ -423,40 +412,20 @@ fn watch(
         format: frames,
     };
     let (watcher, first) = match mirrored.cache.watch(req, Instant::now()) {
-        Ok(w) => (Some(w), None),
+        Ok(w) => (Some(w), None::<bytes::Bytes>),
         // The history moved on meanwhile: the upstream may still hold it.
         Err(ApiError::Expired(_) | ApiError::Gone(_)) => return Err(Fallback::PassThrough),
         Err(e) => return Err(e.into()),
     };
-    let timeout = match opts.timeout_seconds {
-        Some(s) => Duration::from_secs(u64::try_from(s).unwrap_or(0)).min(MAX_WATCH_TIMEOUT),
-        None => {
-            let min = api.opts.min_request_timeout;
-            min.saturating_add(min.mul_f64(rand::rng().random::<f64>()))
-        }
-    };
-    let open = api.metrics.watch_opened(info, !namespace.is_empty());
-    let deadline = crate::base::deadline::Deadline::later(tokio::time::Instant::now(), timeout);
-    let stream = WatchStream::new(
+    Ok(crate::http::stream::watch_response(
+        api,
+        info,
+        !namespace.is_empty(),
         watcher,
         first,
-        deadline,
-        open,
-        api.metrics.watch_events(info),
-    );
-    let mut resp = stream.into_response(api.registry.stop_watches.clone());
-    *resp.status_mut() = StatusCode::OK;
-    let content_type = match format {
-        Format::Cbor => "application/cbor-seq",
-        _ => "application/json",
-    };
-    resp.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    resp.headers_mut().insert(
-        header::CACHE_CONTROL,
-        HeaderValue::from_static("no-cache, private"),
-    );
-    Ok(resp)
+        opts.timeout_seconds,
+        format,
+    ))
 }
 
 #[cfg(test)]

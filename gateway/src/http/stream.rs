@@ -229,3 +229,63 @@ impl WatchStream {
         resp
     }
 }
+
+/// The longest `timeoutSeconds` honoured: a watch open longer than a year ends anyway when the
+/// server restarts, and a longer deadline would overflow the clock.
+const MAX_WATCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(366 * 24 * 3600);
+
+/// The response of a watch of `info` that `watcher` serves (None when it could not start:
+/// then `first`, its `ERROR` frame, is all it sends), in `format`, until `timeoutSeconds` or
+/// else a random time between `--min-request-timeout` and twice that, as Kubernetes picks it.
+pub fn watch_response(
+    api: &crate::http::api::Api,
+    info: &'static svc_core::ResourceInfo,
+    namespaced: bool,
+    watcher: Option<Watcher>,
+    first: Option<Bytes>,
+    timeout_seconds: Option<i64>,
+    format: crate::http::negotiate::Format,
+) -> Response<Body> {
+    use crate::http::negotiate::Format;
+    use http::{HeaderValue, StatusCode, header};
+    use rand::Rng as _;
+    let timeout = match timeout_seconds {
+        // Negative values were refused with the query; a huge one is as good as a year (and
+        // must not overflow the deadline).
+        Some(s) => {
+            std::time::Duration::from_secs(u64::try_from(s).unwrap_or(0)).min(MAX_WATCH_TIMEOUT)
+        }
+        None => {
+            let min = api.opts.min_request_timeout;
+            min.saturating_add(min.mul_f64(rand::rng().random::<f64>()))
+        }
+    };
+    let open = api.metrics.watch_opened(info, namespaced);
+    let deadline = crate::base::deadline::Deadline::later(tokio::time::Instant::now(), timeout);
+    let stream = WatchStream::new(
+        watcher,
+        first,
+        deadline,
+        open,
+        api.metrics.watch_events(info),
+    );
+    let mut resp = stream.into_response(api.registry.stop_watches.clone());
+    *resp.status_mut() = StatusCode::OK;
+    let content_type = match format {
+        Format::Json | Format::Yaml | Format::Table | Format::PartialMetadata { .. } => {
+            HeaderValue::from_static("application/json")
+        }
+        Format::Cbor => HeaderValue::from_static("application/cbor-seq"),
+        // Kubernetes marks protobuf watch streams with `;stream=watch`.
+        Format::Protobuf(ct) => HeaderValue::from_str(&format!("{ct};stream=watch")).unwrap_or(
+            HeaderValue::from_static("application/vnd.kubernetes.protobuf;stream=watch"),
+        ),
+    };
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, content_type);
+    resp.headers_mut().insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache, private"),
+    );
+    resp
+}

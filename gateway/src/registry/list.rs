@@ -226,25 +226,47 @@ pub async fn list<'r, T: Kind>(
         }
     };
 
-    let mut meta = ListMeta {
-        resource_version: page.revision.to_string(),
-        ..Default::default()
-    };
-    if let Some(last) = &page.continue_after {
-        meta.continue_ = encode_token(
-            page.revision,
-            last.get(prefix.len()..).unwrap_or_default(),
-            issued,
-        );
-        if selector.is_empty() {
-            meta.remaining_item_count = page.remaining.map(|r| r as i64);
-        }
-    }
+    let meta = page_meta(
+        page.revision,
+        page.continue_after.as_deref(),
+        page.remaining,
+        &prefix,
+        &selector,
+        issued,
+    );
     Ok(Listed {
         cache,
         meta,
         items: page.items,
     })
+}
+
+/// The metadata of a page read at `revision` from the collection at `prefix`: a continue
+/// token when more follows `continue_after` (issued when the first page was), and the count
+/// of what remains when no selector filters it, as Kubernetes gives it.
+pub fn page_meta(
+    revision: i64,
+    continue_after: Option<&[u8]>,
+    remaining: Option<usize>,
+    prefix: &[u8],
+    selector: &Selector,
+    issued: i64,
+) -> ListMeta {
+    let mut meta = ListMeta {
+        resource_version: revision.to_string(),
+        ..Default::default()
+    };
+    if let Some(last) = continue_after {
+        meta.continue_ = encode_token(
+            revision,
+            last.get(prefix.len()..).unwrap_or_default(),
+            issued,
+        );
+        if selector.is_empty() {
+            meta.remaining_item_count = remaining.map(|r| r as i64);
+        }
+    }
+    meta
 }
 
 /// Where a list reads: at a revision (None: the cache's current state), after a key (a

@@ -198,17 +198,28 @@ async fn start_upstream() -> Arc<Upstream> {
         release: Notify::new(),
         abandoned: AtomicUsize::new(0),
     });
-    let serving = up.clone();
+    serve_scripted(listener, up.clone(), answer);
+    up
+}
+
+/// Serves a scripted upstream on `listener` over HTTP/1.1 (upgrades included): each request
+/// is answered by `answer` with the upstream's state.
+pub(crate) fn serve_scripted<S, F, Fut>(listener: TcpListener, state: Arc<S>, answer: F)
+where
+    S: Send + Sync + 'static,
+    F: Fn(Arc<S>, Request<Incoming>) -> Fut + Copy + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Response<Out>> + Send + 'static,
+{
     tokio::spawn(async move {
         loop {
             let Ok((tcp, _)) = listener.accept().await else {
                 return;
             };
-            let up = serving.clone();
+            let state = state.clone();
             tokio::spawn(async move {
                 let svc = service_fn(move |req| {
-                    let up = up.clone();
-                    async move { Ok::<_, Infallible>(answer(up, req).await) }
+                    let state = state.clone();
+                    async move { Ok::<_, Infallible>(answer(state, req).await) }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(tcp), svc)
@@ -217,7 +228,20 @@ async fn start_upstream() -> Arc<Upstream> {
             });
         }
     });
-    up
+}
+
+/// A CA of its own in `dir`, for callers' (or front proxies') certificates.
+pub(crate) fn new_ca(dir: &std::path::Path, name: &str) -> pki::Pki {
+    pki::ensure_pki(
+        &dir.join(name),
+        &PkiOptions {
+            tls_sans: vec![],
+            admin_kubeconfig_path: dir.join(format!("{name}.kubeconfig")),
+            server_url: "https://127.0.0.1:1".into(),
+            cluster_signing: None,
+        },
+    )
+    .unwrap()
 }
 
 /// The cluster's CA (the callers' certificates) and a proxy in front of `upstream`.
@@ -235,16 +259,7 @@ impl Proxy {
         change: impl FnOnce(&mut Options),
     ) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir().unwrap();
-        let cluster = pki::ensure_pki(
-            &dir.path().join("cluster"),
-            &PkiOptions {
-                tls_sans: vec![],
-                admin_kubeconfig_path: dir.path().join("cluster.kubeconfig"),
-                server_url: "https://127.0.0.1:1".into(),
-                cluster_signing: None,
-            },
-        )
-        .unwrap();
+        let cluster = new_ca(dir.path(), "cluster");
         let ca = dir.path().join("client-ca.crt");
         std::fs::write(&ca, cluster.ca_pem()).unwrap();
         let kubeconfig = dir.path().join("upstream.kubeconfig");
@@ -739,16 +754,7 @@ async fn a_front_proxy_names_its_caller_in_request_headers() {
     let up = start_upstream().await;
     // The front proxy's CA, apart from the cluster's.
     let front_dir = tempfile::tempdir().unwrap();
-    let front = pki::ensure_pki(
-        &front_dir.path().join("front"),
-        &PkiOptions {
-            tls_sans: vec![],
-            admin_kubeconfig_path: front_dir.path().join("front.kubeconfig"),
-            server_url: "https://127.0.0.1:1".into(),
-            cluster_signing: None,
-        },
-    )
-    .unwrap();
+    let front = new_ca(front_dir.path(), "front");
     let front_ca = front_dir.path().join("front-ca.crt");
     std::fs::write(&front_ca, front.ca_pem()).unwrap();
     let proxy = Proxy::start(up.addr, |o| {

@@ -19,13 +19,11 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
-use crate::proxy::{Out, Proxy, full};
+use crate::proxy::{Out, Proxy, full, serve_scripted};
 use crate::support::watch_validator::{End, Start};
 use crate::watch_guarantees::{BASE, NS, run_with_fault};
 
@@ -311,24 +309,7 @@ async fn start_upstream() -> Arc<Upstream> {
         }),
         resumed: tokio::sync::Notify::new(),
     });
-    let serving = up.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((tcp, _)) = listener.accept().await else {
-                return;
-            };
-            let up = serving.clone();
-            tokio::spawn(async move {
-                let svc = service_fn(move |req| {
-                    let up = up.clone();
-                    async move { Ok::<_, Infallible>(answer(up, req).await) }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tcp), svc)
-                    .await;
-            });
-        }
-    });
+    serve_scripted(listener, up.clone(), answer);
     up
 }
 
