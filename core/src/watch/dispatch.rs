@@ -1,8 +1,9 @@
 //! The watcher registry and event dispatch (the fan-out half of Kubernetes' `cacher.go`).
 //!
-//! Watchers are indexed by namespace, and by namespace and name for single-object watches,
-//! plus one bucket for watches across all namespaces, so dispatching an event visits only
-//! the watchers that could match it: O(matching), never O(all watchers).
+//! Watchers are indexed by namespace, by namespace and name for single-object watches, by a
+//! field their selector pins to a value (`spec.nodeName=node-1`: every kubelet watches its
+//! own pods so), plus one bucket for watches across all namespaces, so dispatching an event
+//! visits only the watchers that could match it: O(matching), never O(all watchers).
 //!
 //! Dispatch pushes no frames. It appends one `u64` (the event's sequence number and the event
 //! type this watcher sees) to the watcher's queue and wakes it; the watcher resolves those
@@ -98,6 +99,8 @@ pub(crate) struct Registry {
     len: usize,
     all: Vec<u32>,
     by_ns: HashMap<Box<str>, NsBucket>,
+    /// Watchers by pinned field, then value.
+    by_field: HashMap<Box<str>, HashMap<Box<str>, Vec<u32>>>,
     /// Watchers walking the ring themselves, by the position they need (possibly stale low).
     lagging: BTreeSet<(u64, u32)>,
     /// Watchers examined by dispatch since the cache was made (a test and a metric).
@@ -146,6 +149,12 @@ impl Registry {
                 .by_name
                 .entry(name.into())
                 .or_default(),
+            Bucket::Field(field, value) => self
+                .by_field
+                .entry(field.into())
+                .or_default()
+                .entry(value.into())
+                .or_default(),
         }
     }
 
@@ -184,6 +193,16 @@ impl Registry {
             e.pos = entry.pos;
         }
         // Empty buckets are dropped so that churn over many namespaces leaves nothing behind.
+        if let Bucket::Field(field, value) = bucket
+            && let Some(values) = self.by_field.get_mut(field)
+        {
+            if values.get(value).is_some_and(Vec::is_empty) {
+                values.remove(value);
+            }
+            if values.is_empty() {
+                self.by_field.remove(field);
+            }
+        }
         if let Bucket::Namespace(ns) | Bucket::Name(ns, _) = bucket
             && let Some(b) = self.by_ns.get_mut(ns)
         {
@@ -216,18 +235,31 @@ impl Registry {
                 entries,
                 all,
                 by_ns,
+                by_field,
                 lagging,
                 visits,
                 ..
             } = self;
             let ns = by_ns.get(&*event.object.namespace);
             let named = ns.and_then(|b| b.by_name.get(&*event.object.name));
+            // Watchers of the pinned values the object has now and had before (one that
+            // stops matching is told with a DELETED).
+            let mut pinned: Vec<&[u32]> = Vec::new();
+            for (field, values) in by_field.iter() {
+                let now = event.object.field(field).unwrap_or("");
+                pinned.extend(values.get(now).map(Vec::as_slice));
+                if let Some(before) = event.prev.as_deref().map(|p| p.field(field).unwrap_or(""))
+                    && before != now
+                {
+                    pinned.extend(values.get(before).map(Vec::as_slice));
+                }
+            }
             let lists = [
                 Some(all.as_slice()),
                 ns.map(|b| b.watchers.as_slice()),
                 named.map(Vec::as_slice),
             ];
-            for &id in lists.into_iter().flatten().flatten() {
+            for &id in lists.into_iter().flatten().chain(pinned).flatten() {
                 // A statistic: wrapping costs nothing in the fan-out loop.
                 *visits = visits.wrapping_add(1);
                 let Some(Some(entry)) = entries.get(id as usize) else {

@@ -35,6 +35,9 @@ pub struct WatchFilter {
     pub namespace: Option<Box<str>>,
     /// The name, when the field selector pins `metadata.name` (single-object watches).
     pub name: Option<Box<str>>,
+    /// Another field the selector pins to a value (`spec.nodeName=node-1`, a kubelet's pods):
+    /// the watcher is filed under it, so an event visits only the watchers of its value.
+    pub pinned: Option<(Box<str>, Box<str>)>,
     pub selector: Selector,
     /// Events at or before this revision are not for this watcher (a watch that started
     /// ahead of the cache, [`WatchStart::Ahead`]); 0 for every other watch.
@@ -47,6 +50,8 @@ pub(crate) enum Bucket<'a> {
     All,
     Namespace(&'a str),
     Name(&'a str, &'a str),
+    /// A pinned field and its value, across namespaces (the filter still checks them).
+    Field(&'a str, &'a str),
 }
 
 impl WatchFilter {
@@ -61,9 +66,16 @@ impl WatchFilter {
                 .filter(|ns| !ns.is_empty())
                 .or_else(|| selector.fields.exact("metadata.namespace"))
         };
+        let pinned = selector
+            .fields
+            .terms
+            .iter()
+            .find(|t| !t.negated && !t.field.starts_with("metadata."))
+            .map(|t| (t.field.as_str().into(), t.value.as_str().into()));
         WatchFilter {
             namespace: namespace.map(Into::into),
             name: selector.fields.exact("metadata.name").map(Into::into),
+            pinned,
             selector,
             after: 0,
         }
@@ -95,10 +107,15 @@ impl WatchFilter {
     }
 
     pub(crate) fn bucket(&self) -> Bucket<'_> {
-        match (self.namespace.as_deref(), self.name.as_deref()) {
-            (Some(ns), Some(name)) => Bucket::Name(ns, name),
-            (Some(ns), None) => Bucket::Namespace(ns),
-            (None, _) => Bucket::All,
+        match (
+            self.namespace.as_deref(),
+            self.name.as_deref(),
+            &self.pinned,
+        ) {
+            (Some(ns), Some(name), _) => Bucket::Name(ns, name),
+            (_, _, Some((field, value))) => Bucket::Field(field, value),
+            (Some(ns), None, None) => Bucket::Namespace(ns),
+            (None, _, None) => Bucket::All,
         }
     }
 }

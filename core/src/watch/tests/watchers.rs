@@ -629,3 +629,95 @@ fn a_watch_ahead_of_the_cache_skips_what_comes_up_to_its_revision() {
     let names: Vec<String> = decode_frames(&d.frames).into_iter().map(|f| f.1).collect();
     assert_eq!(names, ["o10", "o11"]);
 }
+
+/// Pods described at run time (proxy mode's kind of object), for the field index.
+static PODS: crate::resource::ResourceInfo = crate::resource::ResourceInfo {
+    group: "",
+    version: "v1",
+    kind: "Pod",
+    list_kind: "PodList",
+    plural: "pods",
+    singular: "pod",
+    short_names: &[],
+    scope: crate::resource::Scope::Namespaced,
+    verbs: &["list", "watch"],
+    name_rule: crate::validation::NameRule::PathSegment,
+    extra_fields: &["spec.nodeName"],
+    allow_create_on_update: false,
+    delete_returns_object: false,
+    merge_strategies: &[],
+    columns: &[],
+    schema: crate::resource::no_schema,
+    subresources: &[],
+    stored: true,
+    expires: false,
+};
+
+fn pod(name: &str, node: &str, rev: Revision) -> Event {
+    let json = format!(
+        r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"{name}","namespace":"ns","resourceVersion":"{rev}"}},"spec":{{"nodeName":"{node}"}}}}"#
+    );
+    Event {
+        kind: EventKind::Put,
+        kv: KeyValue {
+            key: Bytes::from(PODS.key("ns", name)),
+            value: Bytes::from(json),
+            create_revision: rev,
+            mod_revision: rev,
+            version: 1,
+        },
+        prev_kv: None,
+    }
+}
+
+#[test]
+fn dispatch_visits_only_the_watchers_of_a_pinned_field_value() {
+    let clock = Clock::new();
+    let c = WatchCache::new(unstructured::codec(&PODS), config());
+    c.replace(&[], 1, clock.at(0.0));
+    // 5,000 kubelets, each watching the pods of its node across namespaces, and the
+    // scheduler watching unscheduled pods.
+    let pinned = |node: &str| {
+        Selector::new(
+            LabelSelector::default(),
+            FieldSelector::parse(&format!("spec.nodeName={node}"), |f| f == "spec.nodeName")
+                .unwrap(),
+        )
+    };
+    let mut kubelets: Vec<Watcher> = (0..5000)
+        .map(|i| {
+            c.watch(
+                watch_req(None, pinned(&format!("node-{i}")), WatchStart::Now),
+                clock.at(0.0),
+            )
+            .unwrap()
+        })
+        .collect();
+    let mut scheduler = c
+        .watch(watch_req(None, pinned(""), WatchStart::Now), clock.at(0.0))
+        .unwrap();
+    // Created unscheduled: only the scheduler is visited.
+    let before = c.stats().dispatch_visits;
+    apply(&c, vec![pod("p", "", 2)], clock.at(1.0));
+    assert_eq!(c.stats().dispatch_visits - before, 1);
+    // Bound to node-7: the scheduler (it leaves its selector: DELETED) and node-7's kubelet.
+    let before = c.stats().dispatch_visits;
+    apply(&c, vec![pod("p", "node-7", 3)], clock.at(1.0));
+    assert_eq!(c.stats().dispatch_visits - before, 2);
+    let got = |w: &mut Watcher| -> Vec<String> {
+        decode_frames(&w.drain(1 << 20, clock.at(1.0)).frames)
+            .into_iter()
+            .map(|(ty, name, _)| format!("{ty} {name}"))
+            .collect()
+    };
+    assert_eq!(got(&mut scheduler), ["ADDED p", "DELETED p"]);
+    assert_eq!(got(&mut kubelets[7]), ["ADDED p"]);
+    assert!(got(&mut kubelets[8]).is_empty());
+    // Dropped watchers leave no bucket behind.
+    kubelets.clear();
+    drop(scheduler);
+    assert_eq!(c.stats().watchers, 0);
+    let before = c.stats().dispatch_visits;
+    apply(&c, vec![pod("p", "node-8", 4)], clock.at(1.0));
+    assert_eq!(c.stats().dispatch_visits - before, 0);
+}
