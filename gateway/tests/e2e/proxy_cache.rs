@@ -124,6 +124,11 @@ async fn answer(up: Arc<Upstream>, req: Request<Incoming>) -> Response<Out> {
             StatusCode::OK,
             json!({"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "items": []}),
         ),
+        // Streaming lists are not offered: the proxy lists in pages.
+        (Method::GET, _) if query.contains_key("sendInitialEvents") => full(
+            StatusCode::BAD_REQUEST,
+            json!({"kind": "Status", "code": 400}),
+        ),
         (Method::GET, "/api/v1/configmaps" | "/api/v1/namespaces/ns/configmaps")
             if query.get("watch").is_some_and(|w| w == "1" || w == "true") =>
         {

@@ -1,6 +1,7 @@
-//! One upstream list+watch per cached resource, filling its watch cache: a paginated list
-//! (the first page a consistent read), then a watch with bookmarks from the list's
-//! resourceVersion, resumed from the last revision seen when it ends or fails. A watch the
+//! One upstream list+watch per cached resource, filling its watch cache: a streaming list
+//! (a watch with `sendInitialEvents`, ended by its `initial-events-end` bookmark) where the
+//! upstream offers one, else a paginated list (the first page a consistent read), then a
+//! watch with bookmarks from the list's resourceVersion, resumed from the last revision seen when it ends or fails. A watch the
 //! upstream refuses as too old (410, its history compacted) is followed by a new list whose
 //! differences from the cache reach clients as ordinary events (`WatchCache::resync`), so
 //! they stay connected. An upstream that says nothing for `--upstream-watch-idle-timeout`
@@ -92,13 +93,14 @@ pub async fn run(
     status.started.get_or_init(Instant::now);
     let mut from: Option<Revision> = None;
     let mut backoff = BACKOFF_MIN;
+    let mut streaming = true;
     loop {
         if *stop.borrow() {
             return;
         }
         let rev = match from {
             Some(rev) => rev,
-            None => match list(&upstream, info).await {
+            None => match fill(&upstream, info, &mut streaming).await {
                 Ok((kvs, rev)) => {
                     let report = cache.resync(&kvs, rev, Instant::now());
                     for e in &report.errors {
@@ -204,6 +206,115 @@ fn key_value(info: &ResourceInfo, raw: Bytes) -> Result<KeyValue, String> {
         mod_revision: rev,
         version: 1,
     })
+}
+
+/// How long a streaming list may take to send the initial state.
+const STREAMING_LIST_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Every object of `info` upstream and the revision of the read: streamed where the upstream
+/// offers it (less memory there than a list of pages), else page by page.
+/// Once a streaming list fails (`streaming` is cleared), this informer lists in pages from
+/// then on: an upstream that ignores `sendInitialEvents` never ends the initial events.
+async fn fill(
+    upstream: &Upstream,
+    info: &'static ResourceInfo,
+    streaming: &mut bool,
+) -> Result<(Vec<KeyValue>, Revision), String> {
+    if *streaming {
+        let outcome = match tokio::time::timeout(
+            STREAMING_LIST_TIMEOUT,
+            streaming_list(upstream, info),
+        )
+        .await
+        {
+            Ok(Ok(Some(read))) => return Ok(read),
+            // Not offered (an upstream without WatchList refuses the request).
+            Ok(Ok(None)) => "refused".to_string(),
+            Ok(Err(e)) => e,
+            Err(_) => format!("no end within {STREAMING_LIST_TIMEOUT:?}"),
+        };
+        tracing::info!(resource = info.plural, group = info.group, why = %outcome, "listing in pages: the upstream's streaming list did not serve");
+        *streaming = false;
+    }
+    list(upstream, info).await
+}
+
+/// The initial events of a streaming list from the newest state, up to its
+/// `initial-events-end` bookmark; None when the upstream refuses streaming lists.
+async fn streaming_list(
+    upstream: &Upstream,
+    info: &'static ResourceInfo,
+) -> Result<Option<(Vec<KeyValue>, Revision)>, String> {
+    let url = format!(
+        "{}?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan\
+         &allowWatchBookmarks=true&timeoutSeconds={}",
+        collection_path(info),
+        STREAMING_LIST_TIMEOUT.as_secs()
+    );
+    let request = http::Request::get(&url)
+        .header(http::header::ACCEPT, "application/json")
+        .body(client::buffered(Bytes::new()))
+        .map_err(|e| e.to_string())?;
+    let response = tokio::time::timeout(CALL_TIMEOUT, upstream.send(request))
+        .await
+        .map_err(|_| format!("{url}: no answer within {CALL_TIMEOUT:?}"))?
+        .map_err(|e| e.to_string())?;
+    if response.status().is_client_error() {
+        return Ok(None);
+    }
+    if !response.status().is_success() {
+        return Err(format!("{url} answered {}", response.status()));
+    }
+    let mut body = response.into_body();
+    let mut buf = BytesMut::new();
+    let mut kvs = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(|e| e.to_string())?.into_data() else {
+            continue;
+        };
+        buf.extend_from_slice(&data);
+        while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
+            let line = buf.split_to(nl.saturating_add(1)).freeze();
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            let parsed: Line<'_> = serde_json::from_slice(&line).map_err(|e| e.to_string())?;
+            let raw = line.slice_ref(parsed.object.get().as_bytes());
+            match &*parsed.ty {
+                "ADDED" => kvs.push(key_value(info, raw)?),
+                "BOOKMARK" => {
+                    #[derive(Deserialize)]
+                    struct Mark {
+                        #[serde(default)]
+                        metadata: MarkMeta,
+                    }
+                    #[derive(Default, Deserialize)]
+                    struct MarkMeta {
+                        #[serde(default, rename = "resourceVersion")]
+                        resource_version: String,
+                        #[serde(default)]
+                        annotations: std::collections::BTreeMap<String, String>,
+                    }
+                    let m: Mark = serde_json::from_slice(&raw).map_err(|e| e.to_string())?;
+                    if m.metadata
+                        .annotations
+                        .get("k8s.io/initial-events-end")
+                        .map(String::as_str)
+                        == Some("true")
+                    {
+                        return Ok(Some((kvs, parse_rv(&m.metadata.resource_version)?)));
+                    }
+                }
+                // An upstream that does not stream lists answers a plain watch, or its
+                // refusal as an event: pages instead.
+                _ => return Ok(None),
+            }
+        }
+        if buf.len() > MAX_LINE {
+            return Err(format!("a watch event over {MAX_LINE} bytes"));
+        }
+    }
+    Ok(None)
 }
 
 /// Every object of `info` upstream, page by page, and the revision of the read. A page whose
