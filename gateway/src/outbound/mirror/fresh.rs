@@ -18,8 +18,7 @@
 
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
-use http_body_util::BodyExt as _;
+use bytes::Bytes;
 use parking_lot::Mutex;
 use serde::Deserialize;
 use svc_core::ResourceInfo;
@@ -27,7 +26,7 @@ use svc_core::watch::WatchCache;
 use svc_storage::FeedItem;
 use tokio::sync::oneshot;
 
-use super::informer::{Taken, collection_path, flush, take_line};
+use super::informer::{Taken, collection_path, flush, lines, take_line};
 use crate::outbound::client;
 use crate::outbound::upstream::Upstream;
 
@@ -38,8 +37,6 @@ pub const PROOF_TIMEOUT: Duration = Duration::from_secs(6);
 const SHORT_WATCH_SECONDS: u32 = 3;
 /// A name no object has (names are DNS subdomains, which have no upper case).
 const NO_SUCH_NAME: &str = "SVC-PROXY-FRESHNESS-PROBE";
-/// The longest line read from the probe's streams.
-const MAX_LINE: usize = 16 << 20;
 
 type Waiter = oneshot::Sender<Result<(), String>>;
 
@@ -123,30 +120,6 @@ async fn open(upstream: &Upstream, url: &str) -> Result<hyper::body::Incoming, S
         return Err(format!("{url} answered {}", response.status()));
     }
     Ok(response.into_body())
-}
-
-/// Feeds the lines of a watch body to `each` until it returns a value or the body ends.
-async fn lines<T>(
-    mut body: hyper::body::Incoming,
-    mut each: impl FnMut(&Bytes) -> Result<Option<T>, String>,
-) -> Result<Option<T>, String> {
-    let mut buf = BytesMut::new();
-    while let Some(frame) = body.frame().await {
-        let Ok(data) = frame.map_err(|e| e.to_string())?.into_data() else {
-            continue;
-        };
-        buf.extend_from_slice(&data);
-        while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
-            let line = buf.split_to(nl.saturating_add(1)).freeze();
-            if let Some(v) = each(&line)? {
-                return Ok(Some(v));
-            }
-        }
-        if buf.len() > MAX_LINE {
-            return Err(format!("a watch event over {MAX_LINE} bytes"));
-        }
-    }
-    Ok(None)
 }
 
 async fn proof(

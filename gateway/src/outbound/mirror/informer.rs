@@ -265,9 +265,55 @@ async fn streaming_list(
     if !response.status().is_success() {
         return Err(format!("{url} answered {}", response.status()));
     }
-    let mut body = response.into_body();
-    let mut buf = BytesMut::new();
     let mut kvs = Vec::new();
+    let end = lines(response.into_body(), |line| {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return Ok(None);
+        }
+        let parsed: Line<'_> = serde_json::from_slice(line).map_err(|e| e.to_string())?;
+        let raw = line.slice_ref(parsed.object.get().as_bytes());
+        match &*parsed.ty {
+            "ADDED" => {
+                kvs.push(key_value(info, raw)?);
+                Ok(None)
+            }
+            "BOOKMARK" => {
+                #[derive(Deserialize)]
+                struct Mark {
+                    #[serde(default)]
+                    metadata: MarkMeta,
+                }
+                #[derive(Default, Deserialize)]
+                struct MarkMeta {
+                    #[serde(default, rename = "resourceVersion")]
+                    resource_version: String,
+                    #[serde(default)]
+                    annotations: std::collections::BTreeMap<String, String>,
+                }
+                let m: Mark = serde_json::from_slice(&raw).map_err(|e| e.to_string())?;
+                let ended = m.metadata.annotations.get("k8s.io/initial-events-end")
+                    == Some(&"true".to_string());
+                if ended {
+                    parse_rv(&m.metadata.resource_version).map(|rv| Some(Some(rv)))
+                } else {
+                    Ok(None)
+                }
+            }
+            // An upstream that does not stream lists answers a plain watch, or its refusal
+            // as an event: pages instead.
+            _ => Ok(Some(None)),
+        }
+    })
+    .await?;
+    Ok(end.flatten().map(|rv| (kvs, rv)))
+}
+
+/// Feeds the lines of a watch body to `each` until it returns a value or the body ends.
+pub(super) async fn lines<T>(
+    mut body: hyper::body::Incoming,
+    mut each: impl FnMut(&Bytes) -> Result<Option<T>, String>,
+) -> Result<Option<T>, String> {
+    let mut buf = BytesMut::new();
     while let Some(frame) = body.frame().await {
         let Ok(data) = frame.map_err(|e| e.to_string())?.into_data() else {
             continue;
@@ -275,39 +321,8 @@ async fn streaming_list(
         buf.extend_from_slice(&data);
         while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
             let line = buf.split_to(nl.saturating_add(1)).freeze();
-            if line.iter().all(u8::is_ascii_whitespace) {
-                continue;
-            }
-            let parsed: Line<'_> = serde_json::from_slice(&line).map_err(|e| e.to_string())?;
-            let raw = line.slice_ref(parsed.object.get().as_bytes());
-            match &*parsed.ty {
-                "ADDED" => kvs.push(key_value(info, raw)?),
-                "BOOKMARK" => {
-                    #[derive(Deserialize)]
-                    struct Mark {
-                        #[serde(default)]
-                        metadata: MarkMeta,
-                    }
-                    #[derive(Default, Deserialize)]
-                    struct MarkMeta {
-                        #[serde(default, rename = "resourceVersion")]
-                        resource_version: String,
-                        #[serde(default)]
-                        annotations: std::collections::BTreeMap<String, String>,
-                    }
-                    let m: Mark = serde_json::from_slice(&raw).map_err(|e| e.to_string())?;
-                    if m.metadata
-                        .annotations
-                        .get("k8s.io/initial-events-end")
-                        .map(String::as_str)
-                        == Some("true")
-                    {
-                        return Ok(Some((kvs, parse_rv(&m.metadata.resource_version)?)));
-                    }
-                }
-                // An upstream that does not stream lists answers a plain watch, or its
-                // refusal as an event: pages instead.
-                _ => return Ok(None),
+            if let Some(v) = each(&line)? {
+                return Ok(Some(v));
             }
         }
         if buf.len() > MAX_LINE {
