@@ -346,6 +346,59 @@ async fn wait_for(limit: Duration, cond: impl Fn() -> bool) -> bool {
     true
 }
 
+/// The quiet window measured before the storm.
+const QUIET_WINDOW: Duration = Duration::from_secs(2);
+
+/// The processes whose costs the storm is measured by.
+struct Pids {
+    server: Option<String>,
+    store: Option<String>,
+}
+
+/// CPU seconds of the server and the store, and the store's RSS, at one instant.
+struct Sample {
+    at: Instant,
+    server_cpu: Option<f64>,
+    store_cpu: Option<f64>,
+    store_rss: Option<u64>,
+}
+
+impl Pids {
+    fn sample(&self) -> Sample {
+        Sample {
+            at: Instant::now(),
+            server_cpu: self.server.as_deref().and_then(stats::proc_cpu_secs),
+            store_cpu: self.store.as_deref().and_then(stats::proc_cpu_secs),
+            store_rss: self.store.as_deref().and_then(stats::proc_rss_bytes),
+        }
+    }
+}
+
+impl Sample {
+    /// Cores used (server, store) between `earlier` and this sample, over at least `min_s`.
+    fn rates_since(&self, earlier: &Sample, min_s: f64) -> (Option<f64>, Option<f64>) {
+        let secs = self
+            .at
+            .duration_since(earlier.at)
+            .as_secs_f64()
+            .max(min_s)
+            .max(1e-3);
+        let rate = |a: Option<f64>, b: Option<f64>| Some((a? - b?).max(0.0) / secs);
+        (
+            rate(self.server_cpu, earlier.server_cpu),
+            rate(self.store_cpu, earlier.store_cpu),
+        )
+    }
+}
+
+/// What the storm cost: cores (server, store) quiet and during, the store's RSS.
+struct StormCosts {
+    quiet: (Option<f64>, Option<f64>),
+    storm: (Option<f64>, Option<f64>),
+    store_rss_before: Option<u64>,
+    store_rss_peak: Option<u64>,
+}
+
 pub async fn run(p: &Params) -> Result<Results> {
     let (tgt, info) = resolve_target(p).await?;
     let Tgt::Server(ep) = tgt else {
@@ -399,10 +452,45 @@ pub async fn run(p: &Params) -> Result<Results> {
     let wh = spawn_writers(p, &ep, &ns, &live, &acked, &wstop_rx);
     tokio::time::sleep(p.duration / 3).await;
 
+    // What the server and the store (`--store-pid`: etcd, or a proxy's upstream) spend in two
+    // quiet seconds before the storm, and during it.
+    let pids = Pids {
+        server: info.server_pid.map(|p| p.to_string()),
+        store: p.store_pid.map(|p| p.to_string()),
+    };
+    let quiet = pids.sample();
+    tokio::time::sleep(QUIET_WINDOW).await;
+    let before = pids.sample();
+    let rss_peak = Arc::new(Mutex::new(before.store_rss));
+    let rss_sampler = {
+        let (peak, pid) = (rss_peak.clone(), pids.store.clone());
+        let mut done = stop_rx.clone();
+        tokio::spawn(async move {
+            let Some(pid) = pid else { return };
+            loop {
+                if let Some(r) = stats::proc_rss_bytes(&pid) {
+                    let mut p = peak.lock();
+                    *p = Some(p.map_or(r, |m: u64| m.max(r)));
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    _ = done.changed() => return,
+                }
+            }
+        })
+    };
     let relists_before = sh.relists.load(Relaxed);
     let storm_at = Instant::now();
     let all_back = storm(&storm_tx, storm_at, &times, &sh, w).await;
     let storm_s = storm_at.elapsed().as_secs_f64();
+    let after = pids.sample();
+    rss_sampler.abort();
+    let costs = StormCosts {
+        quiet: before.rates_since(&quiet, QUIET_WINDOW.as_secs_f64()),
+        storm: after.rates_since(&before, storm_s),
+        store_rss_before: before.store_rss,
+        store_rss_peak: *rss_peak.lock(),
+    };
     // Writes keep going for the rest of the run, and at least a third of it after everyone
     // is back, so the gap check covers writes made after the storm.
     let rest = (p.duration * 2 / 3).saturating_sub(storm_at.elapsed());
@@ -438,6 +526,7 @@ pub async fn run(p: &Params) -> Result<Results> {
         relists_before,
         storm_s,
         all_back,
+        costs,
         acked,
         write_phase,
         elapsed,
@@ -531,6 +620,7 @@ struct Measured {
     initial_open_s: f64,
     relists_before: u64,
     storm_s: f64,
+    costs: StormCosts,
     all_back: bool,
     /// Revisions of the acknowledged writes, sorted.
     acked: Vec<u64>,
@@ -584,6 +674,14 @@ fn results(
         (relist.max() as f64 / 1000.0).into(),
     );
     put("storm_wait_s", m.storm_s.into());
+    let cores = |v: Option<f64>| v.map_or(serde_json::Value::Null, Into::into);
+    put("server_cores_quiet", cores(m.costs.quiet.0));
+    put("server_cores_storm", cores(m.costs.storm.0));
+    put("store_cores_quiet", cores(m.costs.quiet.1));
+    put("store_cores_storm", cores(m.costs.storm.1));
+    let mib = |v: Option<u64>| v.map_or(serde_json::Value::Null, |b| (b as f64 / 1048576.0).into());
+    put("store_rss_before_mib", mib(m.costs.store_rss_before));
+    put("store_rss_storm_peak_mib", mib(m.costs.store_rss_peak));
     put(
         "relists_in_storm",
         (g(&sh.relists) - m.relists_before).into(),
