@@ -36,13 +36,13 @@ use svc_core::user::UserInfo;
 use svc_core::watch::unstructured::supports_field;
 use svc_core::watch::{FrameFormat, ListRequest, Selector, WatchRequest, WatchStart};
 
-use crate::base::query::{ListOptions, Query, RvMatch};
+use crate::base::query::{ListOptions, Query};
 use crate::http::api::Api;
 use crate::http::negotiate::{self, Format};
 use crate::http::proxy::Proxy;
 use crate::http::respond::{self, Body};
 use crate::outbound::mirror::{Mirror, Mirrored};
-use crate::registry::list::{decode_token, expired_continue, page_meta};
+use crate::registry::list::{decode_token, expired_continue, page_meta, reads_exactly};
 use crate::security::impersonation;
 
 /// How long a cached read waits for its cache to reach the version it names before it is
@@ -324,12 +324,7 @@ fn list(
         None => {
             let exact = match opts.resource_version.as_deref() {
                 None | Some("0") => None,
-                Some(v) => {
-                    let rv = v.parse::<i64>().unwrap_or_default();
-                    (opts.resource_version_match == Some(RvMatch::Exact)
-                        || (opts.resource_version_match.is_none() && limit.is_some()))
-                    .then_some(rv)
-                }
+                Some(v) => reads_exactly(opts, limit).then(|| v.parse::<i64>().unwrap_or_default()),
             };
             (exact, None, crate::registry::list::unix_now())
         }

@@ -241,6 +241,13 @@ pub async fn list<'r, T: Kind>(
     })
 }
 
+/// Whether a list at a resourceVersion (not `0`) reads at exactly that revision: asked with
+/// `Exact`, or (the legacy rule) with a `limit` and no match.
+pub fn reads_exactly(opts: &ListOptions, limit: Option<usize>) -> bool {
+    opts.resource_version_match == Some(RvMatch::Exact)
+        || (opts.resource_version_match.is_none() && limit.is_some())
+}
+
 /// The metadata of a page read at `revision` from the collection at `prefix`: a continue
 /// token when more follows `continue_after` (issued when the first page was), and the count
 /// of what remains when no selector filters it, as Kubernetes gives it.
@@ -317,8 +324,7 @@ async fn read_point(
             Some("0") => (None, None),
             Some(rv) => {
                 let rv = parse_resource_version(rv)?;
-                let exact = opts.resource_version_match == Some(RvMatch::Exact)
-                    || (opts.resource_version_match.is_none() && limit.is_some());
+                let exact = reads_exactly(opts, limit);
                 wait_for_cache(cache, rv).await?;
                 (exact.then_some(rv), None)
             }

@@ -20,13 +20,12 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use serde::Deserialize;
 use svc_core::ResourceInfo;
 use svc_core::watch::WatchCache;
 use svc_storage::FeedItem;
 use tokio::sync::oneshot;
 
-use super::informer::{Taken, collection_path, flush, lines, take_line};
+use super::informer::{Bookmark, Line, Taken, collection_path, flush, lines, take_line};
 use crate::outbound::client;
 use crate::outbound::upstream::Upstream;
 
@@ -88,28 +87,6 @@ impl Freshness {
     }
 }
 
-#[derive(Deserialize)]
-struct BookmarkHead {
-    #[serde(default)]
-    metadata: BookmarkMeta,
-}
-
-#[derive(Default, Deserialize)]
-struct BookmarkMeta {
-    #[serde(default, rename = "resourceVersion")]
-    resource_version: String,
-    #[serde(default)]
-    annotations: std::collections::BTreeMap<String, String>,
-}
-
-#[derive(Deserialize)]
-struct LineHead<'a> {
-    #[serde(rename = "type", borrow)]
-    ty: std::borrow::Cow<'a, str>,
-    #[serde(borrow)]
-    object: &'a serde_json::value::RawValue,
-}
-
 async fn open(upstream: &Upstream, url: &str) -> Result<hyper::body::Incoming, String> {
     let request = http::Request::get(url)
         .header(http::header::ACCEPT, "application/json")
@@ -138,24 +115,11 @@ async fn proof(
         if line.iter().all(u8::is_ascii_whitespace) {
             return Ok(None);
         }
-        let l: LineHead<'_> = serde_json::from_slice(line).map_err(|e| e.to_string())?;
+        let l: Line<'_> = serde_json::from_slice(line).map_err(|e| e.to_string())?;
         if l.ty != "BOOKMARK" {
             return Err(format!("{} before the initial events ended", l.ty));
         }
-        let b: BookmarkHead = serde_json::from_str(l.object.get()).map_err(|e| e.to_string())?;
-        if b.metadata
-            .annotations
-            .get("k8s.io/initial-events-end")
-            .map(String::as_str)
-            != Some("true")
-        {
-            return Ok(None);
-        }
-        b.metadata
-            .resource_version
-            .parse::<i64>()
-            .map(Some)
-            .map_err(|e| e.to_string())
+        Bookmark::initial_events_end(l.object.get().as_bytes())
     })
     .await?
     .ok_or("the streaming list ended without its initial-events-end bookmark")?;

@@ -277,28 +277,7 @@ async fn streaming_list(
                 kvs.push(key_value(info, raw)?);
                 Ok(None)
             }
-            "BOOKMARK" => {
-                #[derive(Deserialize)]
-                struct Mark {
-                    #[serde(default)]
-                    metadata: MarkMeta,
-                }
-                #[derive(Default, Deserialize)]
-                struct MarkMeta {
-                    #[serde(default, rename = "resourceVersion")]
-                    resource_version: String,
-                    #[serde(default)]
-                    annotations: std::collections::BTreeMap<String, String>,
-                }
-                let m: Mark = serde_json::from_slice(&raw).map_err(|e| e.to_string())?;
-                let ended = m.metadata.annotations.get("k8s.io/initial-events-end")
-                    == Some(&"true".to_string());
-                if ended {
-                    parse_rv(&m.metadata.resource_version).map(|rv| Some(Some(rv)))
-                } else {
-                    Ok(None)
-                }
-            }
+            "BOOKMARK" => Ok(Bookmark::initial_events_end(&raw)?.map(Some)),
             // An upstream that does not stream lists answers a plain watch, or its refusal
             // as an event: pages instead.
             _ => Ok(Some(None)),
@@ -389,12 +368,47 @@ enum End {
     Failed(Revision, String),
 }
 
+/// One line of a JSON watch stream: its type, and its object as sent.
 #[derive(Deserialize)]
-struct Line<'a> {
+pub(super) struct Line<'a> {
     #[serde(rename = "type", borrow)]
-    ty: std::borrow::Cow<'a, str>,
+    pub(super) ty: std::borrow::Cow<'a, str>,
     #[serde(borrow)]
-    object: &'a RawValue,
+    pub(super) object: &'a RawValue,
+}
+
+/// A bookmark's object: its revision, and whether it ends a streaming list's initial
+/// events (`k8s.io/initial-events-end`).
+#[derive(Deserialize)]
+pub(super) struct Bookmark {
+    #[serde(default)]
+    metadata: BookmarkMeta,
+}
+
+#[derive(Default, Deserialize)]
+struct BookmarkMeta {
+    #[serde(default, rename = "resourceVersion")]
+    resource_version: String,
+    #[serde(default)]
+    annotations: std::collections::BTreeMap<String, String>,
+}
+
+impl Bookmark {
+    /// The revision of the bookmark that ends a streaming list's initial events; None for
+    /// any other bookmark.
+    pub(super) fn initial_events_end(object: &[u8]) -> Result<Option<Revision>, String> {
+        let b: Bookmark = serde_json::from_slice(object).map_err(|e| e.to_string())?;
+        let ended = b
+            .metadata
+            .annotations
+            .get("k8s.io/initial-events-end")
+            .is_some_and(|v| v == "true");
+        if ended {
+            parse_rv(&b.metadata.resource_version).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
 }
 
 #[derive(Deserialize)]
