@@ -2,12 +2,15 @@
 //! nodes, custom resources): a [`KindCodec`] that reads what the cache needs (namespace, name,
 //! labels, the field-selector values of the built-in kinds that have any) from the object's
 //! JSON as the upstream sent it, keeps those bytes as the object's canonical JSON, and
-//! re-stamps `resourceVersion` without knowing the schema. There is no protobuf encoder: a
-//! schema-agnostic object has no field numbers.
+//! re-stamps `resourceVersion` without knowing the schema. The built-in kinds are also served
+//! as protobuf, written from that JSON with the field numbers of [`protobuf`]'s schema; other
+//! kinds (custom resources) are JSON, YAML and CBOR only, as Kubernetes serves them.
 //!
 //! The codec's functions take only the key-value, so the kind is read from the object itself
 //! (`apiVersion`, `kind`): whoever feeds the cache must put them in (list items of built-in
 //! kinds come without them, see [`with_type_meta`]).
+
+pub mod protobuf;
 
 use std::collections::BTreeMap;
 
@@ -208,13 +211,18 @@ pub fn restamp(json: &[u8], revision: Revision) -> Result<Vec<u8>, ApiError> {
     serde_json::to_vec(&v).map_err(ApiError::internal)
 }
 
-/// A JSON-only codec for a kind described at run time.
+/// A codec for a kind described at run time: with protobuf where the kind is a built-in one.
 pub fn codec(info: &'static ResourceInfo) -> KindCodec {
+    let api_version = if info.group.is_empty() {
+        info.version.to_string()
+    } else {
+        format!("{}/{}", info.group, info.version)
+    };
     KindCodec {
         info,
         ingest,
         restamp,
-        protobuf: None,
+        protobuf: protobuf::has_kind(&api_version, info.kind).then_some(protobuf::encode as _),
     }
 }
 

@@ -15,7 +15,8 @@
 //! | watch from an older version (one held before this proxy started) | passed through, so clients resume instead of relisting |
 //! | watch, resourceVersion unset, `sendInitialEvents=true` (client-go's informers) | from the cache, once proven as fresh as the upstream (`outbound/mirror/fresh.rs`); passed through when it cannot be |
 //! | watch, resourceVersion unset, no initial events | passed through (a consistent start) |
-//! | protobuf only, Tables, field selectors the cache cannot evaluate, bad parameters | passed through: the upstream answers |
+//! | protobuf of a built-in kind (kubelets, controllers) | from the cache, written from the upstream's JSON (`svc_core::watch::unstructured::protobuf`) |
+//! | protobuf only of a custom resource (which the upstream refuses too), Tables, field selectors the cache cannot evaluate, bad parameters | passed through: the upstream answers |
 //!
 //! A cached read is authorized first with the upstream's SubjectAccessReview, selectors
 //! included (`security/access_review.rs`, answers cached 10 s), as the user the caller is, or
@@ -129,7 +130,8 @@ pub async fn serve(
             return None;
         }
     }
-    let format = cached_format(headers, api, opts.watch)?;
+    let protobuf = mirrored.cache.codec().protobuf.is_some();
+    let format = cached_format(headers, api, opts.watch, protobuf)?;
     let labels = LabelSelector::parse(&opts.label_selector).ok()?;
     let fields = FieldSelector::parse(&opts.field_selector, |f| {
         supports_field(info.group, info.kind, f)
@@ -217,11 +219,13 @@ fn initial_events(opts: &ListOptions) -> bool {
     }
 }
 
-/// What the cache answers in: JSON (also for a client that prefers protobuf but takes JSON,
-/// as client-go's clients do), YAML and partial metadata for lists, CBOR. `None`: protobuf
-/// only, or Tables, which the upstream answers.
-fn cached_format(headers: &HeaderMap, api: &Api, watch: bool) -> Option<Format> {
+/// What the cache answers in: JSON, protobuf for the built-in kinds (`protobuf`: the cache
+/// can write it), JSON for a client that prefers protobuf of a kind without it but takes JSON
+/// (as client-go's clients do), YAML and partial metadata for lists, CBOR. `None`: protobuf
+/// only of a kind without it, or Tables, which the upstream answers.
+fn cached_format(headers: &HeaderMap, api: &Api, watch: bool, protobuf: bool) -> Option<Format> {
     match negotiate::response_format(headers, &api.opts.feature_gates, watch).ok()? {
+        f @ Format::Protobuf(_) if protobuf => Some(f),
         Format::Protobuf(_) => {
             let accept = headers.get(header::ACCEPT)?.to_str().ok()?;
             accept
@@ -371,6 +375,7 @@ fn watch(
     let info = mirrored.info;
     let frames = match format {
         Format::Json => FrameFormat::Json,
+        Format::Protobuf(_) => FrameFormat::Protobuf,
         Format::Cbor => FrameFormat::CborSeq,
         Format::PartialMetadata { group, list: false } => FrameFormat::PartialMetadata(group),
         _ => return Err(Fallback::PassThrough),
