@@ -77,10 +77,10 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("list10k");
     g.sample_size(10);
     g.bench_function("json_splice", |b| {
-        b.iter(|| frames::list_json("v1", "ServiceAccountList", &meta, &items).unwrap())
+        b.iter(|| frames::list_json("v1", "ServiceAccountList", &meta, &items, false).unwrap())
     });
     let whole: serde_json::Value = serde_json::from_slice(
-        &frames::list_json("v1", "ServiceAccountList", &meta, &items).unwrap(),
+        &frames::list_json("v1", "ServiceAccountList", &meta, &items, false).unwrap(),
     )
     .unwrap();
     g.bench_function("yaml", |b| b.iter(|| yaml::encode(&whole).unwrap()));
@@ -94,7 +94,7 @@ fn bench(c: &mut Criterion) {
     g.bench_function("cbor", |b| b.iter(|| cbor::encode(&whole).unwrap()));
     g.finish();
 
-    let body = frames::list_json("v1", "ServiceAccountList", &meta, &items).unwrap();
+    let body = frames::list_json("v1", "ServiceAccountList", &meta, &items, false).unwrap();
     let mut g = c.benchmark_group("gzip");
     for (label, size) in [
         ("1KiB", 1 << 10),

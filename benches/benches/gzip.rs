@@ -65,7 +65,7 @@ fn list_body(n: usize) -> Vec<u8> {
         resource_version: (n + 1).to_string(),
         ..Default::default()
     };
-    frames::list_json("v1", "ServiceAccountList", &meta, &items).unwrap()
+    frames::list_json("v1", "ServiceAccountList", &meta, &items, false).unwrap()
 }
 
 /// What the gateway does to a body (`pipeline::gzip`).

@@ -92,7 +92,7 @@ fn bench_list(c: &mut Criterion) {
                     resource_version: list.revision.to_string(),
                     ..Default::default()
                 };
-                list_json("v1", "ServiceAccountList", &meta, &list.items).ok()
+                list_json("v1", "ServiceAccountList", &meta, &list.items, false).ok()
             })
         });
     }

@@ -3,9 +3,6 @@ package diff
 // explained maps differences to the entries of ../DIFFERENCES.md; see explanation. The first
 // row that matches wins, so narrow rows come before broad ones.
 var explained = []explanation{
-	// D2: list items carry apiVersion and kind.
-	{"D2", "*", "body.items[*].apiVersion body.items[*].kind"},
-
 	// D3: error texts written by Go libraries (encoding/json, strconv, the selector parsers).
 	{"D3", "secrets-crud/create-kind-mismatch secrets-invalid/body-* patch-types/json-patch-not-array " +
 		"patch-types/merge-patch-not-object apply/bad-yaml apply/wrong-kind apply/no-kind " +

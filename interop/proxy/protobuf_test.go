@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -373,7 +374,8 @@ func TestCacheProtobufWatch(t *testing.T) {
 
 // TestCacheProtobufEveryKind: every built-in resource the upstream holds objects of, listed
 // cluster-wide in protobuf through the cache, is the upstream's bytes, object for object (those
-// at the same resourceVersion on both sides).
+// at the same resourceVersion on both sides); in JSON, the same values (items without
+// apiVersion and kind, as kube-apiserver lists its built-in kinds).
 func TestCacheProtobufEveryKind(t *testing.T) {
 	e := getEnv(t)
 	c := ctx(t)
@@ -409,6 +411,20 @@ func TestCacheProtobufEveryKind(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			jp, err := jsonItems(c, e.proxy, e, t, path, "0")
+			if err != nil {
+				t.Errorf("%s through the proxy: %v", path, err)
+				continue
+			}
+			jd, err := jsonItems(c, e.upstream, e, t, path, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for name, want := range jd {
+				if have, ok := jp[name]; ok && have["metadata"].(map[string]any)["resourceVersion"] == want["metadata"].(map[string]any)["resourceVersion"] && !reflect.DeepEqual(have, want) {
+					t.Errorf("%s %s: not the upstream's JSON:\n proxy:    %v\n upstream: %v", path, name, have, want)
+				}
+			}
 			n := 0
 			for name, want := range d {
 				have, ok := p[name]
@@ -430,6 +446,29 @@ func TestCacheProtobufEveryKind(t *testing.T) {
 	if kinds < 10 {
 		t.Errorf("only %d kinds had objects to compare", kinds)
 	}
+}
+
+// jsonItems lists a resource in JSON through cfg: each item by name.
+func jsonItems(c context.Context, cfg *rest.Config, e *env, t *testing.T, path, rv string) (map[string]map[string]any, error) {
+	req := e.clients(t, cfg).CoreV1().RESTClient().Get().AbsPath(path).SetHeader("Accept", "application/json")
+	if rv != "" {
+		req = req.Param("resourceVersion", rv)
+	}
+	body, err := req.Do(c).Raw()
+	if err != nil {
+		return nil, err
+	}
+	var list struct {
+		Items []map[string]any `json:"items"`
+	}
+	if err := json.Unmarshal(body, &list); err != nil {
+		return nil, err
+	}
+	out := map[string]map[string]any{}
+	for _, item := range list.Items {
+		out[item["metadata"].(map[string]any)["name"].(string)] = item
+	}
+	return out, nil
 }
 
 // rvOf is an object message's metadata.resourceVersion.

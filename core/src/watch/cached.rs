@@ -194,6 +194,9 @@ pub struct KindCodec {
     pub restamp: fn(&[u8], Revision) -> Result<Vec<u8>, ApiError>,
     /// Bare protobuf message from JSON; `None` for types served only as JSON.
     pub protobuf: Option<ProtobufFn>,
+    /// Whether a list's items keep `apiVersion` and `kind`: Kubernetes clears them from the
+    /// items of its built-in kinds' lists and keeps them in custom resources' (unstructured).
+    pub list_item_types: bool,
 }
 
 impl KindCodec {
@@ -204,6 +207,7 @@ impl KindCodec {
             ingest: ingest::<T>,
             restamp: restamp::<T>,
             protobuf: None,
+            list_item_types: false,
         }
     }
 

@@ -164,6 +164,7 @@ pub fn list_json(
     list_kind: &str,
     meta: &ListMeta,
     items: &[Arc<CachedObject>],
+    item_types: bool,
 ) -> Result<Vec<u8>, ApiError> {
     let meta = serde_json::to_vec(meta).map_err(ApiError::internal)?;
     let body: usize = items.iter().map(|o| o.json.len().saturating_add(1)).sum();
@@ -174,17 +175,60 @@ pub fn list_json(
         api_version,
         list_kind,
         &meta,
-        items.iter().map(|o| &o.json[..]),
+        items.iter().map(|o| {
+            if item_types {
+                (&b""[..], &o.json[..])
+            } else {
+                without_type_meta(&o.json)
+            }
+        }),
         len,
     ))
 }
 
-/// `{"kind":..,"apiVersion":..,"metadata":..,"items":[..]}` from items already encoded.
+/// An object's JSON as `{` and the rest with its leading `apiVersion` and `kind` members left
+/// out, as Kubernetes writes the items of a built-in kind's list. JSON that does not begin with
+/// them (in either order, compactly written) is given back whole, after an empty head.
+pub fn without_type_meta(json: &[u8]) -> (&'static [u8], &[u8]) {
+    let Some(mut rest) = json.strip_prefix(b"{") else {
+        return (b"", json);
+    };
+    let mut removed = false;
+    for _ in 0..2 {
+        let Some(value) = [&b"\"apiVersion\":\""[..], b"\"kind\":\""]
+            .into_iter()
+            .find_map(|name| rest.strip_prefix(name))
+        else {
+            break;
+        };
+        // The values are type names: no escapes. One with a backslash is left alone.
+        let Some(end) = value.iter().position(|&b| b == b'"' || b == b'\\') else {
+            return (b"", json);
+        };
+        if value.get(end) != Some(&b'"') {
+            return (b"", json);
+        }
+        let after = value.get(end.saturating_add(1)..).unwrap_or_default();
+        rest = match after.strip_prefix(b",") {
+            Some(r) => r,
+            None if after.starts_with(b"}") => after,
+            None => return (b"", json),
+        };
+        removed = true;
+    }
+    if !removed {
+        return (b"", json);
+    }
+    (b"{", rest)
+}
+
+/// `{"kind":..,"apiVersion":..,"metadata":..,"items":[..]}` from items already encoded, each
+/// as a head and the rest.
 fn list_body<'a>(
     api_version: &str,
     list_kind: &str,
     meta: &[u8],
-    items: impl Iterator<Item = &'a [u8]>,
+    items: impl Iterator<Item = (&'a [u8], &'a [u8])>,
     capacity: usize,
 ) -> Vec<u8> {
     let mut out = Vec::with_capacity(capacity);
@@ -196,11 +240,12 @@ fn list_body<'a>(
     out.extend_from_slice(b"\",\"metadata\":");
     out.extend_from_slice(meta);
     out.extend_from_slice(b",\"items\":[");
-    for (i, item) in items.enumerate() {
+    for (i, (head, rest)) in items.enumerate() {
         if i > 0 {
             out.push(b',');
         }
-        out.extend_from_slice(item);
+        out.extend_from_slice(head);
+        out.extend_from_slice(rest);
     }
     out.extend_from_slice(b"]}");
     out
@@ -241,7 +286,7 @@ pub fn partial_object_metadata_list(
         group.api_version(),
         "PartialObjectMetadataList",
         &meta,
-        partial.iter().map(Vec::as_slice),
+        partial.iter().map(|p| (&b""[..], p.as_slice())),
         meta.len().saturating_add(len).saturating_add(96),
     ))
 }

@@ -218,11 +218,13 @@ pub fn codec(info: &'static ResourceInfo) -> KindCodec {
     } else {
         format!("{}/{}", info.group, info.version)
     };
+    let built_in = protobuf::has_kind(&api_version, info.kind);
     KindCodec {
         info,
         ingest,
         restamp,
-        protobuf: protobuf::has_kind(&api_version, info.kind).then_some(protobuf::encode as _),
+        protobuf: built_in.then_some(protobuf::encode as _),
+        list_item_types: !built_in,
     }
 }
 

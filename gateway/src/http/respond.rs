@@ -129,14 +129,25 @@ pub fn list(
         items.iter().map(|o| serde_json::from_slice(&o.json).map_err(ApiError::internal)).collect()
     };
     let whole = || -> Result<serde_json::Value, ApiError> {
-        let body = svc_core::watch::frames::list_json(&api_version, info.list_kind, meta, items)?;
+        let body = svc_core::watch::frames::list_json(
+            &api_version,
+            info.list_kind,
+            meta,
+            items,
+            cache.codec().list_item_types,
+        )?;
         serde_json::from_slice(&body).map_err(ApiError::internal)
     };
     Ok(match format {
         Format::Json if pretty => json(StatusCode::OK, &whole()?, true),
         Format::Json => {
-            let mut body =
-                svc_core::watch::frames::list_json(&api_version, info.list_kind, meta, items)?;
+            let mut body = svc_core::watch::frames::list_json(
+                &api_version,
+                info.list_kind,
+                meta,
+                items,
+                cache.codec().list_item_types,
+            )?;
             body.push(b'\n');
             bytes_response(StatusCode::OK, "application/json", body)
         }

@@ -60,12 +60,22 @@ fn apply_updates_state_and_lists_per_namespace() {
         resource_version: a.revision.to_string(),
         ..Default::default()
     };
-    let body =
-        crate::watch::frames::list_json("v1", "ServiceAccountList", &meta, &a.items).unwrap();
+    let body = crate::watch::frames::list_json("v1", "ServiceAccountList", &meta, &a.items, false)
+        .unwrap();
     let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(body["kind"], "ServiceAccountList");
     assert_eq!(body["metadata"]["resourceVersion"], "7");
-    assert_eq!(body["items"][0], json);
+    // Without the item's apiVersion and kind, as Kubernetes lists its built-in kinds...
+    let mut bare = json.clone();
+    bare.as_object_mut().unwrap().remove("apiVersion");
+    bare.as_object_mut().unwrap().remove("kind");
+    assert_eq!(body["items"][0], bare);
+    assert!(body["items"][0].get("kind").is_none());
+    // ... and with them, as it lists custom resources.
+    let typed =
+        crate::watch::frames::list_json("v1", "ServiceAccountList", &meta, &a.items, true).unwrap();
+    let typed: serde_json::Value = serde_json::from_slice(&typed).unwrap();
+    assert_eq!(typed["items"][0], json);
     // The same items as metadata alone.
     let partial = crate::watch::frames::partial_object_metadata_list(
         crate::watch::MetaGroup::K8s,
@@ -82,7 +92,8 @@ fn apply_updates_state_and_lists_per_namespace() {
         serde_json::json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
             "metadata": json["metadata"]})
     );
-    let empty = crate::watch::frames::list_json("v1", "ServiceAccountList", &meta, &[]).unwrap();
+    let empty =
+        crate::watch::frames::list_json("v1", "ServiceAccountList", &meta, &[], false).unwrap();
     assert!(
         serde_json::from_slice::<serde_json::Value>(&empty).unwrap()["items"]
             .as_array()
@@ -536,4 +547,42 @@ fn not_ready_until_filled_and_undecodable_objects_are_reported() {
     );
     assert_eq!(c.snapshot().unwrap().len(), 1);
     assert_eq!(c.oldest_revision(), 5);
+}
+
+#[test]
+fn type_meta_leaves_list_items_only_where_it_leads_them() {
+    use crate::watch::frames::without_type_meta;
+    let join = |(head, rest): (&[u8], &[u8])| [head, rest].concat();
+    for (json, want) in [
+        (
+            &br#"{"apiVersion":"v1","kind":"Pod","metadata":{}}"#[..],
+            &br#"{"metadata":{}}"#[..],
+        ),
+        (
+            br#"{"kind":"Pod","apiVersion":"v1","metadata":{}}"#,
+            br#"{"metadata":{}}"#,
+        ),
+        (
+            br#"{"kind":"Pod","metadata":{"kind":"x"}}"#,
+            br#"{"metadata":{"kind":"x"}}"#,
+        ),
+        (br#"{"apiVersion":"v1","kind":"Pod"}"#, b"{}"),
+        // Left whole: not leading, escaped, spaced, or not an object.
+        (
+            br#"{"metadata":{},"kind":"Pod"}"#,
+            br#"{"metadata":{},"kind":"Pod"}"#,
+        ),
+        (
+            br#"{"kind":"P\"od","metadata":{}}"#,
+            br#"{"kind":"P\"od","metadata":{}}"#,
+        ),
+        (br#"{ "kind":"Pod"}"#, br#"{ "kind":"Pod"}"#),
+        (br#"{"kind":"Pod""#, br#"{"kind":"Pod""#),
+        (b"[]", b"[]"),
+    ] {
+        assert_eq!(
+            String::from_utf8(join(without_type_meta(json))).unwrap(),
+            String::from_utf8(want.to_vec()).unwrap()
+        );
+    }
 }
