@@ -2,6 +2,9 @@
 //!
 //! Measures:
 //! - `object/{json,yaml,protobuf,cbor}`: one typical ServiceAccount (~450 bytes of JSON);
+//! - `object/unstructured_pod_protobuf`: proxy mode's protobuf of a built-in kind, a 2.5 KB
+//!   pod's JSON written with the schema (`svc_core::watch::unstructured::protobuf`), paid once
+//!   per event and per object for protobuf watchers and lists;
 //! - `list10k/{json_splice,yaml,protobuf,cbor}`: a 10,000-item list body (JSON splices the
 //!   cached canonical bytes; the others re-encode);
 //! - `gzip/{1KiB,4KiB,16KiB,64KiB,1MiB}`: gzip level 1 (`flate2`, miniz_oxide) of list JSON
@@ -11,7 +14,9 @@
 //! --measurement-time 3`).
 //!
 //! Last results (2-core shared VM, noisy; 2026-11-23, `--measurement-time 2`):
-//! - object: json 0.33 µs, yaml 3.3 µs, protobuf 0.43 µs, cbor 0.34 µs
+//! - object: json 0.33 µs, yaml 3.3 µs, protobuf 0.43 µs, cbor 0.34 µs; proxy mode's pod
+//!   as protobuf 24.6 µs (2026-11-27, `--measurement-time 3`), of which reading the JSON into
+//!   a `serde_json::Value` is 14.8 µs: paid once per event, whatever the watchers
 //! - list of 10,000: json splice 0.64 ms, yaml 37 ms, protobuf 1.16 ms (items' messages
 //!   cached after the first list), cbor 3.9 ms
 //! - gzip level 1, setup included: 1 KiB 11.8 µs, 4 KiB 14.8 µs, 16 KiB 20.1 µs, 64 KiB
@@ -58,6 +63,50 @@ fn objects(n: usize) -> Vec<Arc<CachedObject>> {
         .collect()
 }
 
+/// A scheduled pod of about 2.5 KB, shaped as kube-apiserver writes one.
+fn pod_json() -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "kind": "Pod", "apiVersion": "v1",
+        "metadata": {"name": "web-7d4b9c-x2x9q", "generateName": "web-7d4b9c-", "namespace": "prod",
+            "uid": "0f6c2a40-5b8e-4c1e-9f57-3f1f0f6e2b11", "resourceVersion": "123456",
+            "creationTimestamp": "2026-11-27T06:30:00Z",
+            "labels": {"app": "web", "pod-template-hash": "7d4b9c"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7d4b9c",
+                "uid": "6a1c1f4e-8a55-4f0e-9a3b-5c3e7d1e2f00", "controller": true, "blockOwnerDeletion": true}],
+            "managedFields": [{"manager": "kube-controller-manager", "operation": "Update",
+                "apiVersion": "v1", "time": "2026-11-27T06:30:00Z", "fieldsType": "FieldsV1",
+                "fieldsV1": {"f:metadata": {"f:generateName": {}, "f:labels": {".": {}, "f:app": {}}},
+                    "f:spec": {"f:containers": {"k:{\"name\":\"app\"}": {".": {}, "f:image": {}}}}}}]},
+        "spec": {"volumes": [{"name": "kube-api-access-abcde", "projected": {"sources": [
+                {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}],
+                "defaultMode": 420}}],
+            "containers": [{"name": "app", "image": "registry.example.com/web:1.2.3",
+                "ports": [{"name": "http", "containerPort": 8080, "protocol": "TCP"}],
+                "resources": {"limits": {"cpu": "500m", "memory": "256Mi"}, "requests": {"cpu": "100m", "memory": "128Mi"}},
+                "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http", "scheme": "HTTP"},
+                    "timeoutSeconds": 1, "periodSeconds": 10, "successThreshold": 1, "failureThreshold": 3},
+                "volumeMounts": [{"name": "kube-api-access-abcde", "readOnly": true,
+                    "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}],
+                "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File",
+                "imagePullPolicy": "IfNotPresent"}],
+            "restartPolicy": "Always", "terminationGracePeriodSeconds": 30, "dnsPolicy": "ClusterFirst",
+            "serviceAccountName": "default", "serviceAccount": "default", "nodeName": "node-0042",
+            "securityContext": {}, "schedulerName": "default-scheduler",
+            "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}],
+            "priority": 0, "enableServiceLinks": true, "preemptionPolicy": "PreemptLowerPriority"},
+        "status": {"phase": "Running", "conditions": [
+                {"type": "Ready", "status": "True", "lastProbeTime": null, "lastTransitionTime": "2026-11-27T06:30:09Z"}],
+            "hostIP": "10.0.0.42", "podIP": "10.244.3.17", "podIPs": [{"ip": "10.244.3.17"}],
+            "startTime": "2026-11-27T06:30:00Z", "qosClass": "Burstable",
+            "containerStatuses": [{"name": "app", "state": {"running": {"startedAt": "2026-11-27T06:30:05Z"}},
+                "ready": true, "restartCount": 0, "image": "registry.example.com/web:1.2.3",
+                "imageID": "registry.example.com/web@sha256:0123", "containerID": "containerd://abc", "started": true}]}
+    }))
+    .unwrap()
+}
+
 fn bench(c: &mut Criterion) {
     let kv = sa_kv("bench", "one", 1, 42);
     let sa: ServiceAccount = decode_from_store(&kv).unwrap();
@@ -66,6 +115,11 @@ fn bench(c: &mut Criterion) {
     g.bench_function("yaml", |b| b.iter(|| yaml::encode(&sa).unwrap()));
     g.bench_function("protobuf", |b| b.iter(|| sa.to_proto_bytes()));
     g.bench_function("cbor", |b| b.iter(|| cbor::encode(&sa).unwrap()));
+    // Proxy mode: a pod as kube-apiserver sends it, written as protobuf by the schema.
+    let pod = pod_json();
+    g.bench_function("unstructured_pod_protobuf", |b| {
+        b.iter(|| svc_core::watch::unstructured::protobuf::encode(&pod).unwrap())
+    });
     g.finish();
 
     let items = objects(10_000);
