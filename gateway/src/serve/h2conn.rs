@@ -357,6 +357,15 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
     fn poll_signals(&mut self, cx: &mut Context<'_>) -> bool {
         if !self.watches_stopped && self.stop_watches.as_mut().poll(cx).is_ready() {
             self.watches_stopped = true;
+            // GOAWAY first, so a client learns the connection is going before it sees its
+            // watches end: it then opens the next watch elsewhere instead of on this
+            // connection as it closes (which Go's client may report as a broken pipe, and
+            // client-go's reflector answers with a full relist).
+            if !self.closing {
+                self.closing = true;
+                self.conn.graceful_shutdown();
+                self.idle_fut = idle(&self.activity, CLOSE_GRACE);
+            }
             for w in self.watches.iter_mut() {
                 w.finish();
             }
