@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::task::Waker;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -20,7 +19,7 @@ use super::interval::WatchCacheInterval;
 use super::settings::WatchCacheConfig;
 use super::snapshots::{SnapshotRing, State};
 use super::waiters::{RevisionWait, Waiters};
-use super::wakes::WakeGate;
+use super::wakes::{WakeGate, Wakeup};
 use super::watcher::{WatchFilter, WatchRequest, WatchStart, Watcher};
 use crate::status::ApiError;
 
@@ -309,7 +308,7 @@ impl WatchCache {
         ev: &Event,
         now: Instant,
         report: &mut ApplyReport,
-        wake: &mut Vec<Waker>,
+        wake: &mut Vec<Wakeup>,
     ) {
         let rev = ev.revision();
         if !inner.ready || rev <= inner.revision {
@@ -365,7 +364,7 @@ impl WatchCache {
         prev: Option<Arc<CachedObject>>,
         rev: Revision,
         now: Instant,
-        wake: &mut Vec<Waker>,
+        wake: &mut Vec<Wakeup>,
     ) {
         let seq = inner.history.next_seq();
         let prev = if event_type == EventType::Deleted {
@@ -474,7 +473,7 @@ impl WatchCache {
         inner: &mut Inner,
         reg: &mut Registry,
         now: Instant,
-        wake: &mut Vec<Waker>,
+        wake: &mut Vec<Wakeup>,
     ) -> usize {
         let shared = &self.shared;
         let evicted = inner
@@ -491,7 +490,7 @@ impl WatchCache {
         evicted
     }
 
-    fn wake(&self, wake: Vec<Waker>, revision: Revision) {
+    fn wake(&self, wake: Vec<Wakeup>, revision: Revision) {
         self.shared.gate.wake(wake);
         self.shared.waiters.wake(revision);
     }

@@ -27,6 +27,7 @@ use svc_storage::Revision;
 
 use super::history::WatchCacheEvent;
 use super::interval::WatchCacheInterval;
+use super::wakes::Wakeup;
 use super::watcher::{Bucket, WatchFilter};
 
 /// What one watcher shares with the dispatcher. Kept small: this is the per-watcher cost.
@@ -45,6 +46,10 @@ pub(crate) struct SlotState {
     /// The key this watcher is filed under in `Registry::lagging`, if it is.
     pub(crate) lagging_key: Option<u64>,
     pub(crate) waker: Option<Waker>,
+    /// The task group the waker belongs to (`Watcher::set_wake_group`: an h2 connection,
+    /// whose task drives all its watches); 0 for none. The gate wakes a group's watchers
+    /// together, so their connection runs once for all of them.
+    pub(crate) group: u64,
     /// Set when the ring moved past this watcher (or the cache was relisted): the oldest
     /// revision a watch may resume from, for the 410 message.
     pub(crate) expired: Option<Revision>,
@@ -56,12 +61,12 @@ impl SlotState {
         !self.queue.is_empty() || self.catchup.is_some() || self.expired.is_some()
     }
 
-    fn expire(&mut self, oldest: Revision, wake: &mut Vec<Waker>) {
+    fn expire(&mut self, oldest: Revision, wake: &mut Vec<Wakeup>) {
         self.expired = Some(oldest);
         self.queue = VecDeque::new();
         self.catchup = None;
         if let Some(w) = self.waker.take() {
-            wake.push(w);
+            wake.push((self.group, w));
         }
     }
 
@@ -227,7 +232,7 @@ impl Registry {
         ring_first_seq: u64,
         oldest: Revision,
         queue_limit: usize,
-        wake: &mut Vec<Waker>,
+        wake: &mut Vec<Wakeup>,
     ) {
         let mut expired: Vec<u32> = Vec::new();
         {
@@ -283,7 +288,7 @@ impl Registry {
                     st.queue.push_back(pack(event.seq, ty));
                 }
                 if let Some(w) = st.waker.take() {
-                    wake.push(w);
+                    wake.push((st.group, w));
                 }
             }
         }
@@ -298,7 +303,7 @@ impl Registry {
         &mut self,
         first_seq: u64,
         oldest: Revision,
-        wake: &mut Vec<Waker>,
+        wake: &mut Vec<Wakeup>,
     ) {
         let mut expired = Vec::new();
         while let Some(&(key, id)) = self.lagging.first() {
@@ -329,7 +334,7 @@ impl Registry {
     }
 
     /// Ends every watcher (the cache was relisted: its history no longer connects).
-    pub(crate) fn expire_all(&mut self, oldest: Revision, wake: &mut Vec<Waker>) {
+    pub(crate) fn expire_all(&mut self, oldest: Revision, wake: &mut Vec<Wakeup>) {
         for entry in self.entries.iter().flatten() {
             entry.slot.state.lock().expire(oldest, wake);
         }

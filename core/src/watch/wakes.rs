@@ -19,6 +19,13 @@
 //! or its socket, may register a second one meanwhile), and it is capped at
 //! [`MAX_DEFERRED`]: past the cap wakers are woken at once, so a wake-up is never lost.
 //!
+//! Grouping: a waker may name its task group (an h2 connection, whose one task drives every
+//! watch on it; `Watcher::set_wake_group`). A deferred batch is ordered by group, a slice
+//! counts a group as the one task it is and never ends inside one, so the connection's task
+//! runs once for all its woken watchers and writes their frames in one write, instead of once
+//! (and one write) per watcher when its watchers are spread through the registry; and 50,000
+//! watchers on 500 connections are 500 tasks to pace, not 50,000. Group 0 is no group.
+//!
 //! Plain `std::task` wakers: core stays runtime-free, the gateway owns the pacer task.
 
 use std::collections::VecDeque;
@@ -30,8 +37,11 @@ use std::task::{Context, Poll, Waker};
 
 use parking_lot::Mutex;
 
-/// Wakers a gate holds for its pacer, at most (16 bytes each: 4 MiB).
+/// Wakers a gate holds for its pacer, at most (24 bytes each: 6 MiB).
 pub const MAX_DEFERRED: usize = 1 << 18;
+
+/// A waker and its task group (0: none).
+pub(crate) type Wakeup = (u64, Waker);
 
 /// Where the wakers of watchers with new events go (one gate may serve many caches).
 #[derive(Debug)]
@@ -45,7 +55,7 @@ pub struct WakeGate {
 
 #[derive(Debug, Default)]
 struct GateInner {
-    pending: VecDeque<Waker>,
+    pending: VecDeque<Wakeup>,
     pacer: Option<Waker>,
 }
 
@@ -71,13 +81,14 @@ impl WakeGate {
 
     /// Wakes `wakers` now if the gate is idle and they fit in a slice; otherwise wakes what
     /// fits (nothing if others are already waiting: they go first) and queues the rest for
-    /// the pacer, in order.
-    pub(crate) fn wake(&self, wakers: Vec<Waker>) {
+    /// the pacer, in order of group. A slice is `slice` tasks: the watchers of one group
+    /// count as one.
+    pub(crate) fn wake(&self, wakers: Vec<Wakeup>) {
         if wakers.is_empty() {
             return;
         }
         let Some(slice) = self.slice else {
-            wakers.into_iter().for_each(Waker::wake);
+            wakers.into_iter().for_each(|(_, w)| w.wake());
             return;
         };
         let mut now = wakers;
@@ -86,34 +97,45 @@ impl WakeGate {
             if g.pending.is_empty() && now.len() <= slice {
                 None
             } else {
+                // A group's watchers together (dispatch visits them in registry order).
+                now.sort_unstable_by_key(|(group, _)| *group);
                 let room = MAX_DEFERRED.saturating_sub(g.pending.len());
-                let keep = if g.pending.is_empty() { slice } else { 0 };
+                let keep = if g.pending.is_empty() {
+                    slice_len(now.iter(), slice)
+                } else {
+                    0
+                };
                 // Past the cap the excess is woken at once: paced less, never lost.
                 let keep = keep.max(now.len().saturating_sub(room));
                 let later = now.split_off(keep.min(now.len()));
-                self.deferred
-                    .fetch_add(later.len() as u64, Ordering::Relaxed);
-                g.pending.extend(later);
-                g.pacer.take()
+                if later.is_empty() {
+                    None
+                } else {
+                    self.deferred
+                        .fetch_add(later.len() as u64, Ordering::Relaxed);
+                    g.pending.extend(later);
+                    g.pacer.take()
+                }
             }
         };
-        now.into_iter().for_each(Waker::wake);
+        now.into_iter().for_each(|(_, w)| w.wake());
         if let Some(p) = pacer {
             p.wake();
         }
     }
 
-    /// Wakes up to one slice of the waiting watchers; returns how many it woke (0: none
-    /// waiting). The pacer calls this, yielding to the runtime between calls.
+    /// Wakes one slice of the waiting watchers (a slice counts tasks: a group's watchers
+    /// are one); returns how many it woke (0: none waiting). The pacer calls this, yielding to the
+    /// runtime between calls.
     pub fn release(&self) -> usize {
         let n = self.slice.unwrap_or(usize::MAX);
-        let batch: Vec<Waker> = {
+        let batch: Vec<Wakeup> = {
             let mut g = self.inner.lock();
-            let n = n.min(g.pending.len());
+            let n = slice_len(g.pending.iter(), n);
             g.pending.drain(..n).collect()
         };
         let woken = batch.len();
-        batch.into_iter().for_each(Waker::wake);
+        batch.into_iter().for_each(|(_, w)| w.wake());
         woken
     }
 
@@ -131,6 +153,24 @@ impl WakeGate {
     pub fn deferred(&self) -> u64 {
         self.deferred.load(Ordering::Relaxed)
     }
+}
+
+/// How many wakers from the front of `wakers` make one slice: at most `slice` tasks, where
+/// the wakers of one group (consecutive, as the gate orders them) are one task, since one
+/// task polls them all, and each waker of group 0 is a task of its own.
+fn slice_len<'a>(wakers: impl Iterator<Item = &'a Wakeup>, slice: usize) -> usize {
+    let (mut taken, mut tasks, mut last) = (0usize, 0usize, 0u64);
+    for &(group, _) in wakers {
+        if group == 0 || group != last {
+            if tasks == slice {
+                break;
+            }
+            tasks = tasks.saturating_add(1);
+            last = group;
+        }
+        taken = taken.saturating_add(1);
+    }
+    taken
 }
 
 /// The future of [`WakeGate::pace`].
@@ -167,9 +207,13 @@ mod tests {
         }
     }
 
-    fn wakers(n: usize) -> (Arc<Count>, Vec<Waker>) {
+    fn wakers(n: usize) -> (Arc<Count>, Vec<Wakeup>) {
+        grouped(n, |_| 0)
+    }
+
+    fn grouped(n: usize, group: impl Fn(usize) -> u64) -> (Arc<Count>, Vec<Wakeup>) {
         let c = Arc::new(Count(AtomicUsize::new(0)));
-        let w = (0..n).map(|_| Waker::from(c.clone())).collect();
+        let w = (0..n).map(|i| (group(i), Waker::from(c.clone()))).collect();
         (c, w)
     }
 
@@ -188,7 +232,7 @@ mod tests {
         let (c, w) = wakers(10);
         let (p, pw) = wakers(1);
         let mut backlog = gate.pace();
-        let mut cx = Context::from_waker(&pw[0]);
+        let mut cx = Context::from_waker(&pw[0].1);
         assert!(Pin::new(&mut backlog).poll(&mut cx).is_pending());
         gate.wake(w);
         assert_eq!(woken(&c), 4, "one slice at once");
@@ -218,6 +262,47 @@ mod tests {
         gate.wake(w2);
         assert_eq!(woken(&c2), 10, "no room: woken at once");
         assert_eq!(gate.waiting(), MAX_DEFERRED);
+    }
+
+    #[test]
+    fn a_groups_watchers_are_woken_together_whatever_their_order() {
+        // 40 watchers of 4 connections, registered round-robin (as clients spread watches).
+        let gate = WakeGate::paced(4);
+        let (p, pw) = wakers(1);
+        let mut backlog = gate.pace();
+        let mut cx = Context::from_waker(&pw[0].1);
+        assert!(Pin::new(&mut backlog).poll(&mut cx).is_pending());
+        let c: Vec<_> = (0..4)
+            .map(|_| Arc::new(Count(AtomicUsize::new(0))))
+            .collect();
+        let w = (0..40)
+            .map(|i| ((i % 4 + 1) as u64, Waker::from(c[i % 4].clone())))
+            .collect();
+        gate.wake(w);
+        // A slice is 4 tasks: the 10 watchers of a connection are one.
+        let counts = |c: &[Arc<Count>]| c.iter().map(|c| woken(c)).collect::<Vec<_>>();
+        assert_eq!(counts(&c), [10, 10, 10, 10]);
+        assert_eq!(woken(&p), 0, "nothing deferred");
+        // With six connections, the first slice is four whole ones, the pacer the rest.
+        let c: Vec<_> = (0..6)
+            .map(|_| Arc::new(Count(AtomicUsize::new(0))))
+            .collect();
+        let w = (0..60)
+            .map(|i| ((i % 6 + 1) as u64, Waker::from(c[i % 6].clone())))
+            .collect();
+        gate.wake(w);
+        assert_eq!(counts(&c), [10, 10, 10, 10, 0, 0]);
+        assert_eq!(woken(&p), 1);
+        assert_eq!(gate.release(), 20);
+        assert_eq!(counts(&c), [10; 6]);
+        assert_eq!(gate.release(), 0);
+        // Group 0 is no group: plain slices.
+        let (c0, w0) = grouped(10, |_| 0);
+        gate.wake(w0);
+        assert_eq!(woken(&c0), 4);
+        assert_eq!(gate.release(), 4);
+        assert_eq!(gate.release(), 2);
+        assert_eq!(woken(&c0), 10);
     }
 
     #[test]

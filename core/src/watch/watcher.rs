@@ -200,6 +200,13 @@ pub struct Watcher {
 }
 
 impl Watcher {
+    /// Names the task group that drives this watcher (an h2 connection's task, which polls
+    /// every watch on it): the wake gate wakes a group's watchers together (`wakes.rs`).
+    /// 0, the default, is no group.
+    pub fn set_wake_group(&self, group: u64) {
+        self.slot.state.lock().group = group;
+    }
+
     #[allow(clippy::too_many_arguments)] // internal constructor, called from one place
     pub(crate) fn new(
         cache: WatchCache,

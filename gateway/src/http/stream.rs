@@ -57,6 +57,13 @@ impl WatchStream {
     /// The next chunk to write, `Ready(None)` once the stream is over, or `Pending` with `cx`
     /// registered to be woken when the watcher has something. Time is not watched here: the
     /// caller also wakes the stream at [`Self::wake_at`] (a bookmark or the deadline is due).
+    /// The task group that drives this stream (see `Watcher::set_wake_group`).
+    pub fn set_wake_group(&self, group: u64) {
+        if let Some(w) = &self.watcher {
+            w.set_wake_group(group);
+        }
+    }
+
     pub fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
         if let Some(f) = self.first.take() {
             self.done = self.watcher.is_none();

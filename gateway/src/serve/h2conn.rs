@@ -195,12 +195,18 @@ impl Future for WatchTask {
 
 /// What every request task of a connection shares.
 struct ConnState {
+    /// This connection's wake group: its watchers are woken together (`WakeGate`).
+    id: u64,
     app: Arc<ServerState>,
     ident: Arc<ConnIdentity>,
     activity: Arc<Activity>,
     timers: Arc<Mutex<Timers>>,
     watches: mpsc::Sender<WatchTask>,
 }
+
+/// Connection ids for wake groups; from 1, as 0 is no group. Wrapping after 2^64 would
+/// only merge two connections' groups.
+static NEXT_CONN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 type Signal = Pin<Box<dyn Future<Output = ()> + Send>>;
 
@@ -248,6 +254,7 @@ pub async fn serve<I>(
     let (watch_tx, watch_rx) =
         mpsc::channel::<WatchTask>(limits.max_concurrent_streams.clamp(1, 4096) as usize);
     let shared = Arc::new(ConnState {
+        id: NEXT_CONN.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         app: app.clone(),
         ident,
         activity: activity.clone(),
@@ -487,6 +494,7 @@ async fn hand_over(
     let Ok(send) = respond.send_response(head(parts, None), false) else {
         return;
     };
+    stream.set_wake_group(shared.id);
     let task = WatchTask {
         stream,
         send,
