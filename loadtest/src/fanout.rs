@@ -205,11 +205,16 @@ async fn start_raw(
     streams: &mut Vec<Receiving>,
 ) -> Result<crate::raw::RawChild> {
     use crate::raw::mux;
-    let child = crate::raw::RawChild::spawn().await?;
+    let child = crate::raw::RawChild::spawn(p.raw_cpus.as_deref()).await?;
     let addr = child.addr;
     info.server_pid = Some(p.server_pid.unwrap_or(child.pid));
+    let pinned = p
+        .raw_cpus
+        .as_deref()
+        .map(|c| format!(", taskset -c {c}"))
+        .unwrap_or_default();
     let Some(conns) = p.raw_connections else {
-        info.endpoint = format!("{addr} (raw-server, pid {})", child.pid);
+        info.endpoint = format!("{addr} (raw-server, pid {}{pinned})", child.pid);
         let socks: Vec<Result<tokio::net::TcpStream>> = futures::stream::iter(0..watchers)
             .map(|_| crate::raw::connect_reader(addr))
             .buffered(OPEN_CONCURRENCY)
@@ -223,7 +228,7 @@ async fn start_raw(
     };
     let conns = conns.clamp(1, watchers.max(1));
     info.endpoint = format!(
-        "{addr} (raw-server, pid {}; raw-mux: {watchers} streams over {conns} connections)",
+        "{addr} (raw-server, pid {}{pinned}; raw-mux: {watchers} streams over {conns} connections)",
         child.pid
     );
     let widths: Vec<usize> = (0..conns)

@@ -137,6 +137,10 @@ pub struct Params {
     /// connection per watcher).
     #[arg(long)]
     pub raw_connections: Option<usize>,
+    /// --raw: CPUs the raw-server child process is pinned to (a `taskset -c` list; default:
+    /// not pinned, so it may run on every CPU the load generator may).
+    #[arg(long)]
+    pub raw_cpus: Option<String>,
     /// A kubeconfig (current context; client certificate and CA from its base64 data).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,

@@ -155,18 +155,33 @@ pub struct RawChild {
 }
 
 impl RawChild {
-    /// Spawns this executable as `raw-server` on a free loopback port and waits until it
-    /// listens.
-    pub async fn spawn() -> Result<Self> {
+    /// Spawns this executable as `raw-server` on a free loopback port (pinned with
+    /// `taskset -c` to `cpus` when given) and waits until it listens.
+    pub async fn spawn(cpus: Option<&str>) -> Result<Self> {
         let exe = std::env::current_exe().context("locating svc-loadtest")?;
-        let mut child = tokio::process::Command::new(exe)
-            .args(["raw-server", "--listen", "127.0.0.1:0", "--exit-with-stdin"])
+        let args = ["raw-server", "--listen", "127.0.0.1:0", "--exit-with-stdin"];
+        let mut cmd = match cpus {
+            Some(cpus) => {
+                let mut c = tokio::process::Command::new("taskset");
+                c.args(["-c", cpus]).arg(exe).args(args);
+                c
+            }
+            None => {
+                let mut c = tokio::process::Command::new(exe);
+                c.args(args);
+                c
+            }
+        };
+        let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
             .spawn()
-            .context("spawning raw-server")?;
+            .with_context(|| match cpus {
+                Some(c) => format!("spawning raw-server under taskset -c {c}"),
+                None => "spawning raw-server".into(),
+            })?;
         let pid = child.id().context("raw-server exited at once")?;
         let stdout = child.stdout.take().context("raw-server stdout")?;
         let mut line = String::new();

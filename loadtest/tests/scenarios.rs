@@ -727,10 +727,11 @@ fn raw_server_fans_out_frames() {
 
 /// raw-mux: the watchers are logical streams over a few connections of the raw server, each
 /// counted like any watcher: every stream gets every frame, in order, at a fixed rate and at
-/// full speed (where the server stops reading the writer while a connection is behind).
+/// full speed (where the server stops reading the writer while a connection is behind), with
+/// the server pinned to a CPU the second time.
 #[test]
 fn raw_mux_baseline_gives_every_stream_every_frame() {
-    for pace in [&["--rate", "500"][..], &["--max"]] {
+    for pace in [&["--rate", "500"][..], &["--max", "--raw-cpus", "0"]] {
         let out = tempfile::tempdir().unwrap();
         let mut a = vec![
             "fanout",
@@ -758,6 +759,11 @@ fn raw_mux_baseline_gives_every_stream_every_frame() {
             "{}",
             r["target"]
         );
+        let pinned = r["target"]["endpoint"]
+            .as_str()
+            .unwrap()
+            .contains("taskset -c 0;");
+        assert_eq!(pinned, pace.contains(&"--raw-cpus"), "{}", r["target"]);
         let md = std::fs::read_to_string(out.path().join("report.md")).unwrap();
         assert!(
             md.contains("20 watchers as raw-mux streams over 3 connections"),
