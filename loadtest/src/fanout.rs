@@ -24,6 +24,10 @@ use crate::stats::{self, Live, new_hist, now_nanos, proc_cpu_secs};
 use crate::target::{self, Conn, Endpoint};
 use crate::watch::{Format, GroupCtx, Opener, WStream, run_group, tag};
 
+/// A receiver's stream and how many watchers it carries (more than one: a raw-mux
+/// connection's logical streams).
+type Receiving = (WStream, usize);
+
 /// Objects each fan-out writer creates once and then updates in turn.
 const POOL: u64 = 50;
 /// Concurrent connection attempts while opening watchers.
@@ -81,11 +85,12 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
 
     // Set up the target and open the watchers before any write, so every watcher is
     // expected to see every acknowledged write.
-    let (mut streams, format, opener, stalled_opener): (Vec<WStream>, Format, Option<Opener>, _) =
+    let (mut streams, format, opener, stalled_opener): (Vec<Receiving>, Format, Option<Opener>, _) =
         match &tgt {
             Tgt::Server(ep) => {
                 let (opener, format) = k8s_setup(ep, &run_id, p).await?;
                 let s = open_all(watchers, p.h2_connections, ep, opener.clone()).await?;
+                let s = s.into_iter().map(|s| (s, 1)).collect();
                 (s, format, Some(opener), Some(ep.clone()))
             }
             Tgt::Etcd(_) | Tgt::Raw => (Vec::new(), Format::Raw(p.object_size.max(16)), None, None),
@@ -104,7 +109,7 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
         None
     };
     let raw_addr = raw_child.as_ref().map(|c| c.addr);
-    let opened = streams.len() + etcd_opened;
+    let opened = streams.iter().map(|(_, n)| n).sum::<usize>() + etcd_opened;
     let open_failures = watchers - opened;
 
     let groups = spawn_groups(streams, &h, format, &opener);
@@ -190,34 +195,65 @@ async fn open_etcd_watchers(
 }
 
 /// raw: the server is a child process; each reader is returned once it is subscribed, so
-/// no frame is sent before every reader can see it.
+/// no frame is sent before every reader can see it. With `--raw-connections`, the watchers
+/// are logical streams over that many connections (raw-mux), each connection's streams
+/// numbered contiguously so that a receiver group owns whole connections.
 async fn start_raw(
     p: &Params,
     info: &mut TargetInfo,
     watchers: usize,
-    streams: &mut Vec<WStream>,
+    streams: &mut Vec<Receiving>,
 ) -> Result<crate::raw::RawChild> {
-    let child = crate::raw::RawChild::spawn().await?;
+    use crate::raw::mux;
+    let child = crate::raw::RawChild::spawn(p.raw_cpus.as_deref()).await?;
     let addr = child.addr;
-    info.endpoint = format!("{addr} (raw-server, pid {})", child.pid);
     info.server_pid = Some(p.server_pid.unwrap_or(child.pid));
-    let socks: Vec<Result<tokio::net::TcpStream>> = futures::stream::iter(0..watchers)
-        .map(|_| crate::raw::connect_reader(addr))
+    let pinned = p
+        .raw_cpus
+        .as_deref()
+        .map(|c| format!(", taskset -c {c}"))
+        .unwrap_or_default();
+    let Some(conns) = p.raw_connections else {
+        info.endpoint = format!("{addr} (raw-server, pid {}{pinned})", child.pid);
+        let socks: Vec<Result<tokio::net::TcpStream>> = futures::stream::iter(0..watchers)
+            .map(|_| crate::raw::connect_reader(addr))
+            .buffered(OPEN_CONCURRENCY)
+            .collect()
+            .await;
+        for (i, s) in socks.into_iter().enumerate() {
+            let s = tokio_util::io::ReaderStream::with_capacity(s?, crate::raw::MAX_WRITE);
+            streams.push((tag(i, s), 1));
+        }
+        return Ok(child);
+    };
+    let conns = conns.clamp(1, watchers.max(1));
+    info.endpoint = format!(
+        "{addr} (raw-server, pid {}{pinned}; raw-mux: {watchers} streams over {conns} connections)",
+        child.pid
+    );
+    let widths: Vec<usize> = (0..conns)
+        .map(|c| mux::streams_on(watchers, conns, c))
+        .filter(|n| *n > 0)
+        .collect();
+    let socks: Vec<Result<tokio::net::TcpStream>> = futures::stream::iter(widths.clone())
+        .map(|n| crate::raw::connect_mux(addr, u32::try_from(n).unwrap_or(u32::MAX)))
         .buffered(OPEN_CONCURRENCY)
         .collect()
         .await;
-    for (i, s) in socks.into_iter().enumerate() {
-        streams.push(tag(
-            i,
-            tokio_util::io::ReaderStream::with_capacity(s?, crate::raw::MAX_WRITE),
-        ));
+    let mut base = 0;
+    for (s, n) in socks.into_iter().zip(widths) {
+        let s: WStream = Box::pin(mux::DemuxStream::new(s?, base, n as u32));
+        streams.push((s, n));
+        base += n;
     }
     Ok(child)
 }
 
-/// Receivers: a few tasks, each multiplexing a share of the streams.
+/// Receivers: a few tasks, each multiplexing a share of the streams. A stream carries
+/// `width` watchers (a raw-mux connection many, any other stream one), numbered on from the
+/// previous stream's.
 fn spawn_groups(
-    streams: Vec<WStream>,
+    streams: Vec<Receiving>,
     h: &Harness,
     format: Format,
     opener: &Option<Opener>,
@@ -225,21 +261,33 @@ fn spawn_groups(
     let mut groups: Vec<JoinHandle<crate::watch::Group>> = Vec::new();
     if !streams.is_empty() {
         let ngroups = streams.len().clamp(1, 16);
-        let mut buckets: Vec<Vec<WStream>> = (0..ngroups).map(|_| Vec::new()).collect();
-        // Streams are tagged 0..len in order; group g gets a contiguous range.
+        // (first watcher, watchers, streams) of each group.
+        let mut buckets: Vec<(usize, usize, Vec<WStream>)> =
+            (0..ngroups).map(|_| (0, 0, Vec::new())).collect();
+        // Streams are tagged in order; group g gets a contiguous range of them, and so of
+        // watchers.
         let per = streams.len().div_ceil(ngroups).max(1);
-        for (i, s) in streams.into_iter().enumerate() {
-            buckets[i / per].push(s);
+        let mut next = 0;
+        for (i, (s, width)) in streams.into_iter().enumerate() {
+            let b = &mut buckets[i / per];
+            if b.2.is_empty() {
+                b.0 = next;
+            }
+            b.1 += width;
+            b.2.push(s);
+            next += width;
         }
-        for (g, b) in buckets.into_iter().enumerate() {
+        for (base, n, b) in buckets {
+            if b.is_empty() {
+                continue;
+            }
             let ctx = GroupCtx {
                 live: h.live.clone(),
                 format,
                 opener: opener.clone(),
                 stop: h.groups_stop.1.clone(),
             };
-            let n = b.len();
-            groups.push(tokio::spawn(run_group(ctx, g * per, b, n)));
+            groups.push(tokio::spawn(run_group(ctx, base, b, n)));
         }
     }
     groups

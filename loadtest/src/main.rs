@@ -87,7 +87,8 @@ enum Cmd {
     /// Runs one YAML scenario against several targets in turn; one report with ratios.
     Compare(CompareArgs),
     /// The raw baseline's server (what `--raw` spawns as a child process): fans out the
-    /// frames of a writer connection to every reader connection.
+    /// frames of a writer connection to every reader connection (to every logical stream of
+    /// a multiplexed one).
     RawServer(RawServerArgs),
     /// A no-op HTTPS webhook (TLS from --cert/--key): allows every AdmissionReview (echoing
     /// its uid) and SubjectAccessReview; prints its address like raw-server.
@@ -131,6 +132,15 @@ pub struct Params {
     /// ceiling.
     #[arg(long)]
     pub raw: bool,
+    /// --raw: multiplex the watchers as logical streams over this many TCP connections
+    /// (raw-mux: spread round-robin, as --h2-connections spreads h2 streams; default: one
+    /// connection per watcher).
+    #[arg(long)]
+    pub raw_connections: Option<usize>,
+    /// --raw: CPUs the raw-server child process is pinned to (a `taskset -c` list; default:
+    /// not pinned, so it may run on every CPU the load generator may).
+    #[arg(long)]
+    pub raw_cpus: Option<String>,
     /// A kubeconfig (current context; client certificate and CA from its base64 data).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,

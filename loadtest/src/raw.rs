@@ -6,8 +6,9 @@
 //! encoding, no storage and no bookkeeping: the hardware ceiling beside every server figure.
 //!
 //! The protocol: a client's first byte is `R` (a reader: the server answers `K` once it is
-//! subscribed, then sends frames) or `W` (the writer: a 4-byte little-endian frame size, then
-//! frames). A frame is seq (u64 LE), the writer's timestamp (u64 LE) and padding.
+//! subscribed, then sends frames), `M` (a multiplexed reader of many logical streams, see
+//! `mux.rs`) or `W` (the writer: a 4-byte little-endian frame size, then frames). A frame is
+//! seq (u64 LE), the writer's timestamp (u64 LE) and padding.
 
 use std::net::SocketAddr;
 use std::process::Stdio;
@@ -23,8 +24,11 @@ use tokio::sync::{broadcast, watch};
 
 use crate::stats::{Live, now_nanos};
 
+pub mod mux;
+
 pub const MAX_WRITE: usize = 64 * 1024;
 const READER: u8 = b'R';
+const MUX_READER: u8 = b'M';
 const WRITER: u8 = b'W';
 const READY: u8 = b'K';
 /// Batches the slowest reader may fall behind before the server stops reading the writer.
@@ -67,6 +71,18 @@ async fn connection(mut sock: TcpStream, tx: broadcast::Sender<Bytes>) {
             let rx = tx.subscribe();
             if sock.write_all(&[READY]).await.is_ok() {
                 serve(sock, rx).await;
+            }
+        }
+        MUX_READER => {
+            let Ok(streams) = sock.read_u32_le().await else {
+                return;
+            };
+            if !(1..=mux::MAX_STREAMS).contains(&streams) {
+                return;
+            }
+            let rx = tx.subscribe();
+            if sock.write_all(&[READY]).await.is_ok() {
+                mux::serve(sock, rx, streams).await;
             }
         }
         WRITER => {
@@ -139,18 +155,33 @@ pub struct RawChild {
 }
 
 impl RawChild {
-    /// Spawns this executable as `raw-server` on a free loopback port and waits until it
-    /// listens.
-    pub async fn spawn() -> Result<Self> {
+    /// Spawns this executable as `raw-server` on a free loopback port (pinned with
+    /// `taskset -c` to `cpus` when given) and waits until it listens.
+    pub async fn spawn(cpus: Option<&str>) -> Result<Self> {
         let exe = std::env::current_exe().context("locating svc-loadtest")?;
-        let mut child = tokio::process::Command::new(exe)
-            .args(["raw-server", "--listen", "127.0.0.1:0", "--exit-with-stdin"])
+        let args = ["raw-server", "--listen", "127.0.0.1:0", "--exit-with-stdin"];
+        let mut cmd = match cpus {
+            Some(cpus) => {
+                let mut c = tokio::process::Command::new("taskset");
+                c.args(["-c", cpus]).arg(exe).args(args);
+                c
+            }
+            None => {
+                let mut c = tokio::process::Command::new(exe);
+                c.args(args);
+                c
+            }
+        };
+        let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
             .spawn()
-            .context("spawning raw-server")?;
+            .with_context(|| match cpus {
+                Some(c) => format!("spawning raw-server under taskset -c {c}"),
+                None => "spawning raw-server".into(),
+            })?;
         let pid = child.id().context("raw-server exited at once")?;
         let stdout = child.stdout.take().context("raw-server stdout")?;
         let mut line = String::new();
@@ -180,6 +211,28 @@ pub async fn connect_reader(addr: SocketAddr) -> Result<TcpStream> {
     let mut s = TcpStream::connect(addr).await?;
     s.set_nodelay(true)?;
     s.write_all(&[READER]).await?;
+    let mut ok = [0u8; 1];
+    s.read_exact(&mut ok).await?;
+    if ok[0] != READY {
+        bail!("raw-server answered {:?}", ok[0]);
+    }
+    Ok(s)
+}
+
+/// A multiplexed reader connection carrying `streams` logical streams, returned once the
+/// server has subscribed it.
+pub async fn connect_mux(addr: SocketAddr, streams: u32) -> Result<TcpStream> {
+    if !(1..=mux::MAX_STREAMS).contains(&streams) {
+        bail!(
+            "raw-mux: {streams} streams on one connection (1 to {})",
+            mux::MAX_STREAMS
+        );
+    }
+    let mut s = TcpStream::connect(addr).await?;
+    s.set_nodelay(true)?;
+    let mut hello = [MUX_READER; 5];
+    hello[1..].copy_from_slice(&streams.to_le_bytes());
+    s.write_all(&hello).await?;
     let mut ok = [0u8; 1];
     s.read_exact(&mut ok).await?;
     if ok[0] != READY {

@@ -354,9 +354,10 @@ fn header(m: &mut String, first: &Results) {
         m,
         "Parameters: {} watchers{}, {} writers at {}, {}-byte objects, {} media, {:?} per run.\n",
         p.watchers,
-        match p.h2_connections {
-            Some(c) => format!(" as h2 streams over {c} connections"),
-            None => " over one HTTP/1.1 connection each".into(),
+        match (p.h2_connections, p.raw_connections.filter(|_| p.raw)) {
+            (Some(c), _) => format!(" as h2 streams over {c} connections"),
+            (None, Some(c)) => format!(" as raw-mux streams over {c} connections"),
+            (None, None) => " over one HTTP/1.1 connection each".into(),
         },
         p.writers,
         if p.max {

@@ -38,6 +38,12 @@ pub(crate) async fn resolve_target(p: &Params) -> Result<(Tgt, TargetInfo)> {
     if given != 1 {
         bail!("give exactly one of --raw, --kubeconfig, --server, --etcd-endpoints");
     }
+    if !p.raw && (p.raw_connections.is_some() || p.raw_cpus.is_some()) {
+        bail!("--raw-connections and --raw-cpus need --raw");
+    }
+    if p.raw_connections == Some(0) {
+        bail!("--raw-connections must be at least 1");
+    }
     if p.raw {
         return Ok((
             Tgt::Raw,

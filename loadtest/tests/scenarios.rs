@@ -725,6 +725,108 @@ fn raw_server_fans_out_frames() {
     let _ = child.wait();
 }
 
+/// raw-mux: the watchers are logical streams over a few connections of the raw server, each
+/// counted like any watcher: every stream gets every frame, in order, at a fixed rate and at
+/// full speed (where the server stops reading the writer while a connection is behind), with
+/// the server pinned to a CPU the second time.
+#[test]
+fn raw_mux_baseline_gives_every_stream_every_frame() {
+    for pace in [&["--rate", "500"][..], &["--max", "--raw-cpus", "0"]] {
+        let out = tempfile::tempdir().unwrap();
+        let mut a = vec![
+            "fanout",
+            "--raw",
+            "--raw-connections",
+            "3",
+            "--watchers",
+            "20",
+            "--object-size",
+            "100",
+            "--duration",
+            "1s",
+            "--drain",
+            "5s",
+        ];
+        a.extend(pace);
+        let (_, r) = loadtest_pid(&a, out.path());
+        check_schema(&r, "fanout", "raw");
+        check_fanout(&r, 20);
+        assert!(
+            r["target"]["endpoint"]
+                .as_str()
+                .unwrap()
+                .contains("raw-mux: 20 streams over 3 connections"),
+            "{}",
+            r["target"]
+        );
+        let pinned = r["target"]["endpoint"]
+            .as_str()
+            .unwrap()
+            .contains("taskset -c 0;");
+        assert_eq!(pinned, pace.contains(&"--raw-cpus"), "{}", r["target"]);
+        let md = std::fs::read_to_string(out.path().join("report.md")).unwrap();
+        assert!(
+            md.contains("20 watchers as raw-mux streams over 3 connections"),
+            "{md}"
+        );
+    }
+}
+
+/// `raw-server`'s multiplexed readers on the wire: `M` and a stream count, `K`, then per
+/// batch a chunk for each stream (id and length, u32 LE each, and the stream's copy).
+#[test]
+fn raw_server_multiplexes_streams_on_one_connection() {
+    use std::io::{BufRead, Read, Write};
+    let mut child = Command::new(BIN)
+        .args(["raw-server", "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap()
+        .to_string();
+    let mut reader = std::net::TcpStream::connect(&addr).unwrap();
+    reader
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    reader.write_all(b"M").unwrap();
+    reader.write_all(&3u32.to_le_bytes()).unwrap();
+    let mut ok = [0u8; 1];
+    reader.read_exact(&mut ok).unwrap();
+    assert_eq!(&ok, b"K");
+    let mut writer = std::net::TcpStream::connect(&addr).unwrap();
+    writer.write_all(b"W").unwrap();
+    writer.write_all(&32u32.to_le_bytes()).unwrap();
+    let frames: Vec<u8> = (0..96u8).collect();
+    writer.write_all(&frames).unwrap();
+    // However the server batched the three frames, each stream gets all of them, in order.
+    let mut got = vec![Vec::new(); 3];
+    while got.iter().any(|g| g.len() < frames.len()) {
+        let mut h = [0u8; 8];
+        reader.read_exact(&mut h).unwrap();
+        let id = u32::from_le_bytes(h[..4].try_into().unwrap()) as usize;
+        let len = u32::from_le_bytes(h[4..].try_into().unwrap()) as usize;
+        assert!(
+            id < 3 && len > 0 && len.is_multiple_of(32),
+            "chunk {id} of {len} bytes"
+        );
+        let mut b = vec![0u8; len];
+        reader.read_exact(&mut b).unwrap();
+        got[id].extend(b);
+    }
+    for g in &got {
+        assert_eq!(g, &frames);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 #[test]
 fn refuses_non_loopback_targets() {
     let out = tempfile::tempdir().unwrap();
