@@ -12,7 +12,7 @@ use svc_storage::{KeyValue, Revision};
 use crate::codec::ProtoKind;
 use crate::object::decode_from_store;
 use crate::resource::{Resource, ResourceInfo, field_value};
-use crate::selector::{FieldSelector, LabelSelector};
+use crate::selector::{FieldSelector, LabelSelector, Labels};
 use crate::status::ApiError;
 
 /// One object as the cache holds it: what filtering needs, decoded once at ingest, plus the
@@ -23,7 +23,7 @@ pub struct CachedObject {
     /// Empty for cluster-scoped objects.
     pub namespace: Box<str>,
     pub name: Box<str>,
-    pub labels: BTreeMap<String, String>,
+    pub labels: Labels,
     /// Values of the type's extra field selectors (`ResourceInfo::extra_fields`).
     pub fields: Vec<(&'static str, String)>,
     /// The store revision of the last write, which is also `metadata.resourceVersion`.
@@ -49,7 +49,7 @@ impl CachedObject {
             key,
             namespace: namespace.into(),
             name: name.into(),
-            labels,
+            labels: labels.into(),
             fields,
             resource_version,
             json,

@@ -292,7 +292,7 @@ mod tests {
         ))
         .unwrap();
         assert_eq!((&*obj.namespace, &*obj.name), ("ns", "p"));
-        assert_eq!(obj.labels.get("app").map(String::as_str), Some("web"));
+        assert_eq!(obj.labels.get("app"), Some("web"));
         assert_eq!(obj.field("spec.nodeName"), Some("n1"));
         assert_eq!(obj.field("status.phase"), Some("Running"));
         assert_eq!(obj.field("spec.hostNetwork"), Some("false"));

@@ -47,10 +47,7 @@ fn apply_updates_state_and_lists_per_namespace() {
     assert_eq!(names(&a.items), ["a/one"]);
     assert_eq!(a.revision, 7);
     assert_eq!(a.items[0].resource_version, 6);
-    assert_eq!(
-        a.items[0].labels.get("app").map(String::as_str),
-        Some("api")
-    );
+    assert_eq!(a.items[0].labels.get("app"), Some("api"));
     let json: serde_json::Value = serde_json::from_slice(&a.items[0].json).unwrap();
     assert_eq!(json["metadata"]["resourceVersion"], "6");
     assert_eq!(json["kind"], "ServiceAccount");

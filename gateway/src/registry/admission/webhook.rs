@@ -275,7 +275,11 @@ impl Webhooks {
                 let key = Namespace::INFO.key("", attrs.namespace);
                 let snapshot = self.namespaces.snapshot()?;
                 match snapshot.get(&key) {
-                    Some(ns) => ns.labels.clone(),
+                    Some(ns) => ns
+                        .labels
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
                     None => {
                         return Err(ApiError::NotFound(svc_core::status::Subject::new(
                             "",
