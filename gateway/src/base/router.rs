@@ -4,6 +4,8 @@
 use svc_core::ResourceInfo;
 use svc_core::registry;
 
+use crate::base::query::Query;
+
 #[derive(Debug, PartialEq)]
 pub enum Route {
     /// `/api`
@@ -157,8 +159,47 @@ fn resource(group: &str, version: &str, rest: &[&str]) -> Route {
     }
 }
 
+/// Whether a request asks for a watch, and the segments of its path after the group and
+/// version with the deprecated `watch` segment left out. A watch is `?watch=true` (read as
+/// every query flag is, [`Query::bool`]) or a `/watch/` path (`/api/v1/watch/pods`).
+pub fn watch_and_rest(uri: &http::Uri) -> (bool, Vec<&str>) {
+    let watch = Query::parse(uri.query()).bool("watch").unwrap_or(false);
+    let segments: Vec<&str> = uri.path().split('/').filter(|s| !s.is_empty()).collect();
+    let rest = match segments.first() {
+        Some(&"api") => segments.get(2..),
+        Some(&"apis") => segments.get(3..),
+        _ => None,
+    }
+    .unwrap_or_default();
+    match rest.split_first() {
+        Some((&"watch", tail)) => (true, tail.to_vec()),
+        _ => (watch, rest.to_vec()),
+    }
+}
+
+/// Whether a request asks for a watch (see [`watch_and_rest`]).
+pub fn is_watch(uri: &http::Uri) -> bool {
+    watch_and_rest(uri).0
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn watches_are_told_by_their_query_or_their_deprecated_path() {
+        let watch = |u: &str| super::is_watch(&u.parse().unwrap());
+        assert!(watch("/api/v1/pods?watch=true"));
+        assert!(watch(
+            "/apis/apps/v1/namespaces/a/deployments?watch=1&resourceVersion=5"
+        ));
+        assert!(watch("/api/v1/watch/namespaces/a/pods"));
+        assert!(watch("/apis/apps/v1/watch/deployments"));
+        assert!(!watch("/api/v1/pods"));
+        assert!(!watch("/api/v1/pods?watch=false"));
+        assert!(!watch("/api/v1/namespaces/watch/pods"));
+        assert!(!watch("/apis/apps/v1/namespaces/watch"));
+        assert!(!watch("/readyz"));
+    }
+
     use super::*;
 
     fn res(path: &str) -> (String, String, Option<String>, Option<String>) {

@@ -255,30 +255,17 @@ fn upstream_unreachable(upstream: &Upstream, e: &ClientError) -> ApiError {
 /// Whether a request may run for as long as it likes, as kube-apiserver's long-running check
 /// says: watches, and the `log`, `exec`, `attach`, `portforward` and `proxy` subresources.
 pub fn long_running(uri: &http::Uri) -> bool {
-    let watch = uri.query().is_some_and(|q| {
-        form_urlencoded::parse(q.as_bytes()).any(|(k, v)| k == "watch" && (v == "true" || v == "1"))
-    });
-    let segments: Vec<&str> = uri.path().split('/').filter(|s| !s.is_empty()).collect();
-    // What follows the group and version: [watch] [namespaces NS] RESOURCE [NAME [SUB ...]].
-    let rest = match segments.first() {
-        Some(&"api") => segments.get(2..),
-        Some(&"apis") => segments.get(3..),
-        _ => None,
-    }
-    .unwrap_or_default();
-    let (legacy_watch, rest) = match rest.split_first() {
-        Some((&"watch", tail)) => (true, tail),
-        _ => (false, rest),
-    };
-    let rest = match rest {
+    // What follows the group and version: [namespaces NS] RESOURCE [NAME [SUB ...]].
+    let (watch, rest) = crate::base::router::watch_and_rest(uri);
+    let rest = match rest.as_slice() {
         ["namespaces", _, tail @ ..] if !tail.is_empty() => tail,
-        _ => rest,
+        rest => rest,
     };
     let subresource = matches!(
         rest.get(2).copied(),
         Some("log" | "exec" | "attach" | "portforward" | "proxy")
     );
-    watch || legacy_watch || subresource
+    watch || subresource
 }
 
 /// Fields that belong to one connection (RFC 9110 §7.6.1), never passed on.

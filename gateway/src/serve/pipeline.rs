@@ -46,26 +46,12 @@ impl RequestBody {
 }
 
 /// Every request enters here: route, authenticate, authorize, dispatch, account.
-/// Whether a request asks for a watch: `?watch=true` (or `1`), or the deprecated `/watch/`
-/// path of a group version.
-fn is_watch(uri: &http::Uri) -> bool {
-    if Query::parse(uri.query()).bool("watch").unwrap_or(false) {
-        return true;
-    }
-    let mut segments = uri.path().trim_start_matches('/').split('/');
-    match segments.next() {
-        Some("api") => segments.nth(1) == Some("watch"),
-        Some("apis") => segments.nth(2) == Some("watch"),
-        _ => false,
-    }
-}
-
 pub async fn handle(
     app: Arc<ServerState>,
     caller: Caller,
     mut req: Request<RequestBody>,
 ) -> Response<Body> {
-    if *app.api.registry.stop_watches.borrow() && is_watch(req.uri()) {
+    if *app.api.registry.stop_watches.borrow() && router::is_watch(req.uri()) {
         // Watches are being ended for shutdown: one accepted now would end within the second,
         // and client-go relists after such a "very short watch"; a 429 makes it retry the
         // watch from the version it holds, on the next server (kube-apiserver's
@@ -599,26 +585,5 @@ where
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::is_watch;
-
-    #[test]
-    fn watches_are_told_by_their_query_or_their_deprecated_path() {
-        let watch = |u: &str| is_watch(&u.parse().unwrap());
-        assert!(watch("/api/v1/pods?watch=true"));
-        assert!(watch(
-            "/apis/apps/v1/namespaces/a/deployments?watch=1&resourceVersion=5"
-        ));
-        assert!(watch("/api/v1/watch/namespaces/a/pods"));
-        assert!(watch("/apis/apps/v1/watch/deployments"));
-        assert!(!watch("/api/v1/pods"));
-        assert!(!watch("/api/v1/pods?watch=false"));
-        assert!(!watch("/api/v1/namespaces/watch/pods"));
-        assert!(!watch("/apis/apps/v1/namespaces/watch"));
-        assert!(!watch("/readyz"));
     }
 }
