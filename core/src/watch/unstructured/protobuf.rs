@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::sync::LazyLock;
 
 use base64::Engine;
+use prost::encoding::{WireType, encode_key, encode_varint};
 use serde_json::{Map, Value};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
@@ -199,7 +200,7 @@ impl Schema {
             }
             Ty::Bool => write_varint_field(number, u64::from(v.as_bool().unwrap_or(false)), out),
             Ty::Double => {
-                write_key(number, 1, out);
+                encode_key(number, WireType::SixtyFourBit, out);
                 out.extend_from_slice(&v.as_f64().unwrap_or_default().to_le_bytes());
             }
             Ty::Time | Ty::MicroTime => {
@@ -308,26 +309,14 @@ fn integer(v: &Value) -> i64 {
         .unwrap_or_default()
 }
 
-fn write_varint(mut v: u64, out: &mut Vec<u8>) {
-    while v >= 0x80 {
-        out.push((v & 0x7f) as u8 | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
-fn write_key(number: u32, wire: u8, out: &mut Vec<u8>) {
-    write_varint((u64::from(number) << 3) | u64::from(wire), out);
-}
-
 fn write_varint_field(number: u32, v: u64, out: &mut Vec<u8>) {
-    write_key(number, 0, out);
-    write_varint(v, out);
+    encode_key(number, WireType::Varint, out);
+    encode_varint(v, out);
 }
 
 fn write_bytes(number: u32, b: &[u8], out: &mut Vec<u8>) {
-    write_key(number, 2, out);
-    write_varint(b.len() as u64, out);
+    encode_key(number, WireType::LengthDelimited, out);
+    encode_varint(b.len() as u64, out);
     out.extend_from_slice(b);
 }
 
