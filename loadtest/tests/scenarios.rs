@@ -682,10 +682,9 @@ fn raw_baseline_server_runs_in_its_own_process() {
     assert!(!Path::new(&format!("/proc/{server}")).exists());
 }
 
-/// `raw-server` on its own: names the port it bound, fans a writer's frames out to a reader.
-#[test]
-fn raw_server_fans_out_frames() {
-    use std::io::{BufRead, Read, Write};
+/// Starts `raw-server` on a free port: the child and the address it names on its first line.
+fn spawn_raw_server() -> (std::process::Child, String) {
+    use std::io::BufRead;
     let mut child = Command::new(BIN)
         .args(["raw-server", "--listen", "127.0.0.1:0"])
         .stdout(Stdio::piped())
@@ -700,6 +699,14 @@ fn raw_server_fans_out_frames() {
         .strip_prefix("listening on ")
         .unwrap()
         .to_string();
+    (child, addr)
+}
+
+/// `raw-server` on its own: names the port it bound, fans a writer's frames out to a reader.
+#[test]
+fn raw_server_fans_out_frames() {
+    use std::io::{Read, Write};
+    let (mut child, addr) = spawn_raw_server();
     let mut reader = std::net::TcpStream::connect(&addr).unwrap();
     reader
         .set_read_timeout(Some(Duration::from_secs(5)))
@@ -776,21 +783,8 @@ fn raw_mux_baseline_gives_every_stream_every_frame() {
 /// batch a chunk for each stream (id and length, u32 LE each, and the stream's copy).
 #[test]
 fn raw_server_multiplexes_streams_on_one_connection() {
-    use std::io::{BufRead, Read, Write};
-    let mut child = Command::new(BIN)
-        .args(["raw-server", "--listen", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap()
-        .to_string();
+    use std::io::{Read, Write};
+    let (mut child, addr) = spawn_raw_server();
     let mut reader = std::net::TcpStream::connect(&addr).unwrap();
     reader
         .set_read_timeout(Some(Duration::from_secs(5)))
