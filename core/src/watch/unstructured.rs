@@ -213,12 +213,7 @@ pub fn restamp(json: &[u8], revision: Revision) -> Result<Vec<u8>, ApiError> {
 
 /// A codec for a kind described at run time: with protobuf where the kind is a built-in one.
 pub fn codec(info: &'static ResourceInfo) -> KindCodec {
-    let api_version = if info.group.is_empty() {
-        info.version.to_string()
-    } else {
-        format!("{}/{}", info.group, info.version)
-    };
-    let built_in = protobuf::has_kind(&api_version, info.kind);
+    let built_in = protobuf::has_kind(&info.api_version(), info.kind);
     KindCodec {
         info,
         ingest,
