@@ -368,20 +368,14 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             // watches end: it then opens the next watch elsewhere instead of on this
             // connection as it closes (which Go's client may report as a broken pipe, and
             // client-go's reflector answers with a full relist).
-            if !self.closing {
-                self.closing = true;
-                self.conn.graceful_shutdown();
-                self.idle_fut = idle(&self.activity, CLOSE_GRACE);
-            }
+            self.close();
             for w in self.watches.iter_mut() {
                 w.finish();
             }
             self.watches.clear();
         }
         if !self.closing && self.stop_accepting.as_mut().poll(cx).is_ready() {
-            self.closing = true;
-            self.conn.graceful_shutdown();
-            self.idle_fut = idle(&self.activity, CLOSE_GRACE);
+            self.close();
         }
         if self.idle_fut.as_mut().poll(cx).is_ready() {
             if self.closing {
@@ -390,14 +384,22 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 return true;
             }
             tracing::debug!("closing an idle connection");
-            self.closing = true;
-            self.conn.graceful_shutdown();
-            self.idle_fut = idle(&self.activity, CLOSE_GRACE);
+            self.close();
             if self.idle_fut.as_mut().poll(cx).is_ready() {
                 return true;
             }
         }
         false
+    }
+
+    /// Starts a graceful close (GOAWAY), once: the connection is then dropped when it has
+    /// carried nothing for [`CLOSE_GRACE`].
+    fn close(&mut self) {
+        if !self.closing {
+            self.closing = true;
+            self.conn.graceful_shutdown();
+            self.idle_fut = idle(&self.activity, CLOSE_GRACE);
+        }
     }
 
     /// New watches join the set; every woken watch moves its frames into its stream; the one
