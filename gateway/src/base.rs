@@ -1,7 +1,9 @@
 //! The first floor: what every other layer may use and that uses nothing of the gateway's own.
 //! Command-line flags, feature gates, query strings, the router's path parsing, lifecycle
-//! signals, saturating deadlines, configuration-file reloading and `validate-config`.
+//! signals, saturating deadlines, configuration-file reloading, `validate-config`, and giving
+//! the allocator's free memory back after a load.
 
+pub mod allocator;
 pub mod annotations;
 pub mod deadline;
 pub mod features;

@@ -23,6 +23,7 @@ fn main() -> anyhow::Result<()> {
     } else {
         sub.init();
     }
+    svc_gateway::base::allocator::spawn_trimmer();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -6,6 +6,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use anyhow::Context as _;
+use prometheus_client::metrics::gauge::Gauge;
 use svc_core::validation::declarative::{Mismatch, Mode, Validator};
 use svc_storage::Store;
 use tokio::sync::{Notify, watch};
@@ -45,6 +46,9 @@ pub struct ServerState {
     /// Proxy mode (`--upstream-kubeconfig`): every request but the health probes goes to the
     /// upstream, and the registry is never reached. `None` in standalone mode.
     pub proxy: Option<Arc<Proxy>>,
+    /// What h2 connections' watches hold outside the watch caches' rings
+    /// (`svc_http2_watch_held_bytes`; bounded per connection by `h2ledger::WATCH_BUDGET`).
+    pub h2_watch_held: Gauge,
 }
 
 /// What a server is made of besides its options and store.
@@ -113,6 +117,13 @@ impl ServerState {
             flow_metrics.clone(),
         );
         let watches = InflightLimit::new(opts.max_watches);
+        let h2_watch_held = Gauge::default();
+        metrics.register(
+            "svc_http2_watch_held_bytes",
+            "Bytes h2 connections' watches hold outside the watch caches: drained batches and \
+             what h2 has not written yet",
+            h2_watch_held.clone(),
+        );
         let registry = Registry {
             store,
             caches,
@@ -149,6 +160,7 @@ impl ServerState {
             flow_metrics,
             egress,
             proxy: None,
+            h2_watch_held,
         })
     }
 }

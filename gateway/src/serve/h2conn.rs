@@ -4,10 +4,13 @@
 //! The connection task keeps its watches in one `FuturesUnordered` (only woken members are
 //! polled) and, per wake-up, moves every ready watcher's frames (shared `Bytes`, no copies)
 //! into its h2 stream as far as that stream's flow-control window allows, then lets the
-//! connection write them all: one write per connection, not one per stream. A client that
-//! does not read gets nothing buffered for it: its watcher falls behind in the cache's ring
-//! and ends with its `ERROR` (410) as over HTTP/1.1. Timers are per connection too: one sleep
-//! aimed at the earliest bookmark or deadline of its watches, one shutdown signal.
+//! connection write them all: one write per connection, not one per stream. What the
+//! connection's watches hold outside the cache's ring (drained batches, and what h2 has not
+//! written yet) is bounded per connection by the [`Ledger`]'s budget: past it they stop
+//! draining, so a client that does not read keeps its events in the ring, shared, and its
+//! watchers fall behind there and end with their `ERROR` (410) as over HTTP/1.1. Timers are
+//! per connection too: one sleep aimed at the earliest bookmark or deadline of its watches,
+//! one shutdown signal.
 //!
 //! The limits hyper's builder set are kept: concurrent streams, header list size, rapid-reset
 //! bounds, a keepalive ping every 30 s while requests are in flight, the idle timeout (counted
@@ -36,6 +39,7 @@ use crate::http::stream::{WatchHandoff, WatchStream};
 use crate::security::authn::ConnIdentity;
 use crate::serve::app::ServerState;
 use crate::serve::conn_limits::{Activity, Busy, CLOSE_GRACE};
+use crate::serve::h2ledger::{Ledger, LedgerIo};
 use crate::serve::pipeline::{self, Caller, H2Body, RequestBody};
 
 /// Rapid reset (CVE-2023-44487): streams a client may open and reset before the server has
@@ -124,7 +128,18 @@ struct WatchTask {
     /// The wake-up filed in [`Timers`] for this watch.
     armed: Option<Instant>,
     timers: Arc<Mutex<Timers>>,
+    /// The connection's budget, and this stream's id in it.
+    ledger: Ledger,
+    id: u32,
+    /// Where this watch's waker waits for the budget (`Ledger::spent`).
+    parked: Option<u64>,
     _guards: Guards,
+}
+
+impl Drop for WatchTask {
+    fn drop(&mut self) {
+        self.ledger.end(self.id, self.pending.len());
+    }
 }
 
 impl WatchTask {
@@ -172,13 +187,24 @@ impl Future for WatchTask {
                     }
                 }
                 let part = this.pending.split_to(cap.min(this.pending.len()));
+                let n = part.len();
                 if this.send.send_data(part, false).is_err() {
                     return Poll::Ready(());
                 }
+                this.ledger.handed(this.id, n);
                 continue;
             }
+            let deadline = this.stream.deadline();
+            if Instant::now() < deadline && this.ledger.spent(cx, &mut this.parked) {
+                // The connection holds its budget: the events wait in the ring.
+                this.arm(deadline, cx);
+                return Poll::Pending;
+            }
             match this.stream.poll_chunk(cx) {
-                Poll::Ready(Some(chunk)) => this.pending = chunk,
+                Poll::Ready(Some(chunk)) => {
+                    this.ledger.hold(chunk.len());
+                    this.pending = chunk;
+                }
                 Poll::Ready(None) => {
                     let _ = this.send.send_data(Bytes::new(), true);
                     return Poll::Ready(());
@@ -202,6 +228,7 @@ struct ConnState {
     activity: Arc<Activity>,
     timers: Arc<Mutex<Timers>>,
     watches: mpsc::Sender<WatchTask>,
+    ledger: Ledger,
 }
 
 /// Connection ids for wake groups; from 1, as 0 is no group. Wrapping after 2^64 would
@@ -232,6 +259,8 @@ pub async fn serve<I>(
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let activity = Activity::new();
+    let ledger = Ledger::new(app.h2_watch_held.clone());
+    let io = LedgerIo::new(io, ledger.clone());
     let mut stop_accepting = signal(&stop);
     let mut idle_fut = idle(&activity, limits.idle_timeout);
     let handshake = builder(&limits).handshake::<_, Bytes>(io);
@@ -260,6 +289,7 @@ pub async fn serve<I>(
         activity: activity.clone(),
         timers: Arc::new(Mutex::new(Timers::default())),
         watches: watch_tx,
+        ledger,
     });
     let mut driver = Driver {
         conn,
@@ -498,11 +528,14 @@ async fn hand_over(
     };
     stream.set_wake_group(shared.id);
     let task = WatchTask {
+        id: send.stream_id().as_u32(),
         stream,
         send,
         pending: Bytes::new(),
         armed: None,
         timers: shared.timers.clone(),
+        ledger: shared.ledger.clone(),
+        parked: None,
         _guards: Guards {
             _body: body,
             _busy: busy,

@@ -458,3 +458,183 @@ async fn shutdown_ends_h2_watches_and_their_connection() {
     };
     assert!(failed, "the connection is closed after shutdown");
 }
+
+/// A client socket whose reading the test can stop and start again: stopped, the client
+/// reads nothing, so what the server writes piles up in the kernel's buffers, then in the
+/// server's.
+struct Pausable<I> {
+    io: I,
+    pause: Pause,
+}
+
+#[derive(Clone, Default)]
+struct Pause(std::sync::Arc<parking_lot::Mutex<(bool, Option<std::task::Waker>)>>);
+
+impl Pause {
+    fn set(&self, paused: bool) {
+        let mut p = self.0.lock();
+        p.0 = paused;
+        if !paused && let Some(w) = p.1.take() {
+            w.wake();
+        }
+    }
+}
+
+impl<I: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Pausable<I> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        {
+            let mut p = self.pause.0.lock();
+            if p.0 {
+                p.1 = Some(cx.waker().clone());
+                return std::task::Poll::Pending;
+            }
+        }
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<I: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Pausable<I> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// The `svc_http2_watch_held_bytes` gauge.
+async fn held_bytes(srv: &TestServer) -> f64 {
+    let text = srv
+        .admin()
+        .request(Method::GET, "/metrics", "", &[])
+        .await
+        .text();
+    text.lines()
+        .find(|l| l.starts_with("svc_http2_watch_held_bytes "))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .expect("svc_http2_watch_held_bytes")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_costs_its_connection_budget_not_every_streams_buffers() {
+    // The budget of one connection's watches (h2ledger::WATCH_BUDGET), and the largest batch
+    // one drain may add past it (one 50 KB event).
+    const BUDGET: f64 = 1024.0 * 1024.0;
+    const EVENT: f64 = 64.0 * 1024.0;
+    const STREAMS: usize = 16;
+    const EVENTS: usize = 120;
+    let srv = TestServer::start().await;
+    let admin = srv.admin();
+    create_namespace(&admin, "held").await;
+    let rv = list_rv(&srv, "/api/v1/namespaces/held/serviceaccounts").await;
+    // Windows as large as Go's client gives (4 MiB a stream): flow control alone would let
+    // the server queue up to h2's 400 KiB send buffer for every stream.
+    let (cert, key) = srv.handle().pki.admin_credentials();
+    let cfg = srv
+        .handle()
+        .pki
+        .client_config_for(Some((cert, key)), &[b"h2"])
+        .unwrap();
+    let tcp = TcpStream::connect(srv.handle().addr).await.unwrap();
+    let tls = TlsConnector::from(cfg)
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    let pause = Pause::default();
+    let io = Pausable {
+        io: tls,
+        pause: pause.clone(),
+    };
+    let (conn, driver) = h2::client::Builder::new()
+        .initial_window_size(4 << 20)
+        .initial_connection_window_size(1 << 30)
+        .handshake::<_, Bytes>(io)
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        let _ = driver.await;
+    });
+    let path = format!("/api/v1/namespaces/held/serviceaccounts?watch=1&resourceVersion={rv}");
+    let mut watches = Vec::new();
+    for _ in 0..STREAMS {
+        watches.push(Events::open(&conn, &path).await);
+    }
+    pause.set(true);
+    // 16 streams × 120 events × 50 KB: 96 MB for the watches, far more than the kernel's
+    // socket buffers take.
+    let blob = "x".repeat(50_000);
+    let mut peak: f64 = 0.0;
+    for i in 0..EVENTS {
+        let (s, v) = admin
+            .post(
+                "/api/v1/namespaces/held/serviceaccounts",
+                json!({"metadata": {"name": format!("s{i}"), "annotations": {"blob": blob}}}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{v}");
+        if i % 10 == 9 {
+            peak = peak.max(held_bytes(&srv).await);
+        }
+    }
+    // The socket's buffers fill, then the connection's budget, and no more.
+    eventually(
+        BOUND,
+        "the stalled connection holds about its budget",
+        || async { held_bytes(&srv).await >= BUDGET / 2.0 },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    peak = peak.max(held_bytes(&srv).await);
+    assert!(
+        peak <= BUDGET + EVENT,
+        "held {peak} bytes, past the budget {BUDGET} and one event"
+    );
+    // Reading again, every stream goes on in order: every event, or those it got before it
+    // fell out of the history and its 410.
+    pause.set(false);
+    let want: Vec<String> = (0..EVENTS).map(|i| format!("s{i}")).collect();
+    for mut w in watches {
+        let mut names = Vec::new();
+        while names.len() < EVENTS {
+            let ev = w.next().await.expect("the watch goes on");
+            if ev["type"] == "ERROR" {
+                assert_eq!(ev["object"]["code"], 410, "{ev}");
+                break;
+            }
+            assert_eq!(ev["type"], "ADDED", "{ev}");
+            names.push(
+                ev["object"]["metadata"]["name"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+            );
+        }
+        assert_eq!(names[..], want[..names.len()], "in order, from the start");
+    }
+    drop(conn);
+    eventually(
+        BOUND,
+        "a closed connection gives its bytes back",
+        || async { held_bytes(&srv).await == 0.0 },
+    )
+    .await;
+}

@@ -491,6 +491,12 @@ async fn metrics_have_kube_apiserver_names_and_labels() {
         "apiserver_watch_cache_dispatch_visits_total",
         &gr,
     );
+    assert_eq!(f.kind("svc_http2_watch_held_bytes"), "gauge");
+    f.value(
+        "svc_http2_watch_held_bytes",
+        "svc_http2_watch_held_bytes",
+        &[],
+    );
 
     // Nothing disagreed in validation.
     assert_eq!(
