@@ -264,6 +264,12 @@ pub struct Options {
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     pub storage_history_retention: Duration,
 
+    /// MiB of the embedded store's page cache (redb's). Reads are served by the watch caches,
+    /// so the store's cache serves writes and startup; pages it does not hold are read from
+    /// the operating system's file cache.
+    #[arg(long, default_value_t = 256)]
+    pub storage_page_cache_mb: usize,
+
     /// How long an Event lives: every write of one gives it this time to live, after which
     /// the store deletes it without anything scanning for it (0: events never expire).
     #[arg(long, default_value = "1h", value_parser = parse_duration)]
@@ -429,6 +435,7 @@ impl Options {
             // Check often enough that history never outlives its retention by much.
             compaction_check_interval: (retention.checked_div(2).unwrap_or_default())
                 .clamp(Duration::from_millis(100), Duration::from_secs(10)),
+            cache_size: self.storage_page_cache_mb.saturating_mul(1024 * 1024),
             ..Default::default()
         }
     }
