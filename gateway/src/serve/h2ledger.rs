@@ -31,10 +31,11 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// Bytes an h2 connection's watches may have waiting in h2 for the socket before they stop
-/// draining: far more than a socket that keeps up ever leaves queued. A connection holds at
+/// draining. The kernel's socket buffer (megabytes, on a fast link) fills first, so this only
+/// keeps it fed; 500 connections hold at most 128 MiB together. A connection holds at
 /// most this and the one batch that reached it, plus one batch (64 KiB, or one larger event)
 /// per stream whose client leaves its window shut.
-pub const WATCH_BUDGET: usize = 1024 * 1024;
+pub const WATCH_BUDGET: usize = 256 * 1024;
 
 /// DATA, in an h2 frame header's type octet.
 const DATA: u8 = 0;

@@ -538,7 +538,7 @@ async fn held_bytes(srv: &TestServer) -> f64 {
 async fn a_client_that_stops_reading_costs_its_connection_budget_not_every_streams_buffers() {
     // The budget of one connection's watches (h2ledger::WATCH_BUDGET), and the largest batch
     // one drain may add past it (one 50 KB event).
-    const BUDGET: f64 = 1024.0 * 1024.0;
+    const BUDGET: f64 = 256.0 * 1024.0;
     const EVENT: f64 = 64.0 * 1024.0;
     const STREAMS: usize = 16;
     const EVENTS: usize = 120;
