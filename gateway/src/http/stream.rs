@@ -23,7 +23,7 @@ use crate::http::respond::Body;
 use crate::observe::metrics::{OpenWatch, WatchEvents};
 
 /// Bytes of frames coalesced into one write (one chunk) per wake-up.
-const MAX_BATCH_BYTES: usize = 64 * 1024;
+pub const MAX_BATCH_BYTES: usize = 64 * 1024;
 
 /// One watch stream, polled by whoever serves the connection: an HTTP/1.1 response body
 /// ([`WatchBody`]) or the h2 connection task (`h2conn.rs`). It keeps no timer and no stop
@@ -65,6 +65,38 @@ impl WatchStream {
     }
 
     pub fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+        self.poll_chunk_within(cx, MAX_BATCH_BYTES)
+    }
+
+    /// Whether [`Self::poll_chunk`] has something to give (frames, a bookmark, the end), without
+    /// draining: a server asks for room to send only then. Pending registers the waker as
+    /// `poll_chunk` would; a Ready may still find nothing (the chunk's poll then waits).
+    pub fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.first.is_some() || self.done || !self.idle {
+            return Poll::Ready(());
+        }
+        let Some(watcher) = self.watcher.as_mut() else {
+            return Poll::Ready(());
+        };
+        let now = Instant::now();
+        if tokio::time::Instant::now() >= self.deadline
+            || watcher.next_bookmark_at().is_some_and(|b| b <= now)
+        {
+            return Poll::Ready(());
+        }
+        if Pin::new(&mut watcher.ready()).poll(cx).is_ready() {
+            self.idle = false;
+            return Poll::Ready(());
+        }
+        Poll::Pending
+    }
+
+    /// As [`Self::poll_chunk`], with at most about `max_bytes` (at least one frame).
+    pub fn poll_chunk_within(
+        &mut self,
+        cx: &mut Context<'_>,
+        max_bytes: usize,
+    ) -> Poll<Option<Bytes>> {
         if let Some(f) = self.first.take() {
             self.done = self.watcher.is_none();
             self.sent.record(std::slice::from_ref(&f));
@@ -91,7 +123,7 @@ impl WatchStream {
                 self.idle = false;
             } else {
                 self.idle = false;
-                let d = watcher.drain(MAX_BATCH_BYTES, Instant::now());
+                let d = watcher.drain(max_bytes.min(MAX_BATCH_BYTES), Instant::now());
                 if d.finished {
                     self.done = true;
                 }

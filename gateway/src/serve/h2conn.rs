@@ -35,7 +35,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, Sleep};
 
 use crate::http::respond::Body;
-use crate::http::stream::{WatchHandoff, WatchStream};
+use crate::http::stream::{MAX_BATCH_BYTES, WatchHandoff, WatchStream};
 use crate::security::authn::ConnIdentity;
 use crate::serve::app::ServerState;
 use crate::serve::conn_limits::{Activity, Busy, CLOSE_GRACE};
@@ -148,6 +148,16 @@ impl WatchTask {
         let _ = self.send.send_data(Bytes::new(), true);
     }
 
+    /// Nothing to send: gives back the window room asked for (other streams may use it) and
+    /// waits for the watcher, its next bookmark or its deadline.
+    fn idle(&mut self, cx: &Context<'_>) {
+        if self.send.capacity() > 0 {
+            self.send.reserve_capacity(0);
+        }
+        let at = self.stream.wake_at();
+        self.arm(at, cx);
+    }
+
     fn arm(&mut self, at: Instant, cx: &Context<'_>) {
         if self.armed != Some(at) {
             self.armed = Some(at);
@@ -195,12 +205,34 @@ impl Future for WatchTask {
                 continue;
             }
             let deadline = this.stream.deadline();
-            if Instant::now() < deadline && this.ledger.spent(cx, &mut this.parked) {
-                // The connection holds its budget: the events wait in the ring.
-                this.arm(deadline, cx);
-                return Poll::Pending;
+            let mut room = MAX_BATCH_BYTES;
+            if Instant::now() < deadline {
+                if this.ledger.spent(cx, &mut this.parked) {
+                    // The connection holds its budget: the events wait in the ring.
+                    this.arm(deadline, cx);
+                    return Poll::Pending;
+                }
+                if this.stream.poll_ready(cx).is_pending() {
+                    this.idle(cx);
+                    return Poll::Pending;
+                }
+                // Something to send: room in the stream's window is asked for only now, and
+                // nothing is drained until there is some, so a stream whose client leaves
+                // its window shut keeps its events in the ring, not in a batch of its own.
+                this.send.reserve_capacity(MAX_BATCH_BYTES);
+                room = this.send.capacity();
+                while room == 0 {
+                    match this.send.poll_capacity(cx) {
+                        Poll::Ready(Some(Ok(n))) => room = n,
+                        Poll::Ready(Some(Err(_)) | None) => return Poll::Ready(()),
+                        Poll::Pending => {
+                            this.arm(deadline, cx);
+                            return Poll::Pending;
+                        }
+                    }
+                }
             }
-            match this.stream.poll_chunk(cx) {
+            match this.stream.poll_chunk_within(cx, room) {
                 Poll::Ready(Some(chunk)) => {
                     this.ledger.hold(chunk.len());
                     this.pending = chunk;
@@ -210,8 +242,7 @@ impl Future for WatchTask {
                     return Poll::Ready(());
                 }
                 Poll::Pending => {
-                    let at = this.stream.wake_at();
-                    this.arm(at, cx);
+                    this.idle(cx);
                     return Poll::Pending;
                 }
             }
