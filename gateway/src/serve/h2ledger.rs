@@ -14,11 +14,11 @@
 //! that falls out of the ring's history ends with the cache's 410, as a slow watcher does in
 //! kube-apiserver. Draining resumes once the socket has taken the queue down to half.
 //!
-//! Only what waits for the socket counts against the budget. A watch hands h2 no more than
-//! its stream's flow-control window lets out, so what h2 holds always waits for the socket
-//! alone; a chunk that waits for its own stream's window (a client that stops reading one
-//! stream) is at most one batch per stream, and must not stop the connection's other
-//! streams, as h2's flow control means it not to.
+//! Only what waits for the socket counts against the budget. A watch drains no more than its
+//! stream's flow-control window lets out (`h2conn.rs`), so what h2 holds always waits for the
+//! socket alone; a stream whose client leaves its window shut keeps its events in the ring
+//! (only an event larger than the room it had waits in a chunk of its own), and must not
+//! stop the connection's other streams, as h2's flow control means it not to.
 
 use std::collections::HashMap;
 use std::io::IoSlice;
@@ -33,8 +33,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// Bytes an h2 connection's watches may have waiting in h2 for the socket before they stop
 /// draining. The kernel's socket buffer (megabytes, on a fast link) fills first, so this only
 /// keeps it fed; 500 connections hold at most 128 MiB together. A connection holds at
-/// most this and the one batch that reached it, plus one batch (64 KiB, or one larger event)
-/// per stream whose client leaves its window shut.
+/// most this and the one batch that reached it, plus, per stream, the part of one event
+/// larger than its window's room.
 pub const WATCH_BUDGET: usize = 256 * 1024;
 
 /// DATA, in an h2 frame header's type octet.
