@@ -133,6 +133,9 @@ struct WatchTask {
     id: u32,
     /// Where this watch's waker waits for the budget (`Ledger::spent`).
     parked: Option<u64>,
+    /// Window room h2 gave this stream and it has not used yet (h2 is asked only when it
+    /// is not enough: each call takes the connection's lock).
+    room: usize,
     _guards: Guards,
 }
 
@@ -151,7 +154,8 @@ impl WatchTask {
     /// Nothing to send: gives back the window room asked for (other streams may use it) and
     /// waits for the watcher, its next bookmark or its deadline.
     fn idle(&mut self, cx: &Context<'_>) {
-        if self.send.capacity() > 0 {
+        if self.room > 0 {
+            self.room = 0;
             self.send.reserve_capacity(0);
         }
         let at = self.stream.wake_at();
@@ -171,12 +175,24 @@ impl Future for WatchTask {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = &mut *self;
+        if this.send.poll_reset(cx).is_ready() {
+            // The client reset the stream (or the connection is gone).
+            return Poll::Ready(());
+        }
         loop {
-            if this.send.poll_reset(cx).is_ready() {
-                // The client reset the stream (or the connection is gone).
-                return Poll::Ready(());
+            if !this.pending.is_empty() && this.room >= this.pending.len() {
+                // Drained within the room h2 gave: no need to ask again.
+                let part = std::mem::take(&mut this.pending);
+                let n = part.len();
+                if this.send.send_data(part, false).is_err() {
+                    return Poll::Ready(());
+                }
+                this.room = this.room.saturating_sub(n);
+                this.ledger.handed(this.id, n);
+                continue;
             }
             if !this.pending.is_empty() {
+                this.room = 0;
                 this.send.reserve_capacity(this.pending.len());
                 let mut cap = this.send.capacity();
                 while cap == 0 {
@@ -219,8 +235,11 @@ impl Future for WatchTask {
                 // Something to send: room in the stream's window is asked for only now, and
                 // nothing is drained until there is some, so a stream whose client leaves
                 // its window shut keeps its events in the ring, not in a batch of its own.
-                this.send.reserve_capacity(MAX_BATCH_BYTES);
-                room = this.send.capacity();
+                if this.room == 0 {
+                    this.send.reserve_capacity(MAX_BATCH_BYTES);
+                    this.room = this.send.capacity();
+                }
+                room = this.room;
                 while room == 0 {
                     match this.send.poll_capacity(cx) {
                         Poll::Ready(Some(Ok(n))) => room = n,
@@ -231,6 +250,7 @@ impl Future for WatchTask {
                         }
                     }
                 }
+                this.room = room;
             }
             match this.stream.poll_chunk_within(cx, room) {
                 Poll::Ready(Some(chunk)) => {
@@ -567,6 +587,7 @@ async fn hand_over(
         timers: shared.timers.clone(),
         ledger: shared.ledger.clone(),
         parked: None,
+        room: 0,
         _guards: Guards {
             _body: body,
             _busy: busy,
