@@ -180,17 +180,6 @@ impl Future for WatchTask {
             return Poll::Ready(());
         }
         loop {
-            if !this.pending.is_empty() && this.room >= this.pending.len() {
-                // Drained within the room h2 gave: no need to ask again.
-                let part = std::mem::take(&mut this.pending);
-                let n = part.len();
-                if this.send.send_data(part, false).is_err() {
-                    return Poll::Ready(());
-                }
-                this.room = this.room.saturating_sub(n);
-                this.ledger.handed(this.id, n);
-                continue;
-            }
             if !this.pending.is_empty() {
                 this.room = 0;
                 this.send.reserve_capacity(this.pending.len());
@@ -253,6 +242,15 @@ impl Future for WatchTask {
                 this.room = room;
             }
             match this.stream.poll_chunk_within(cx, room) {
+                Poll::Ready(Some(chunk)) if chunk.len() <= this.room => {
+                    // Within the room h2 gave: handed over at once.
+                    let n = chunk.len();
+                    if this.send.send_data(chunk, false).is_err() {
+                        return Poll::Ready(());
+                    }
+                    this.room = this.room.saturating_sub(n);
+                    this.ledger.sent(this.id, n);
+                }
                 Poll::Ready(Some(chunk)) => {
                     this.ledger.hold(chunk.len());
                     this.pending = chunk;

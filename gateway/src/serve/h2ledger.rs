@@ -26,6 +26,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use parking_lot::Mutex;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -43,11 +45,17 @@ const DATA: u8 = 0;
 const HEADER_LEN: usize = 9;
 
 #[derive(Default)]
+struct Shared {
+    state: Mutex<State>,
+    /// `State::streams`' sum: what waits for the socket, against the budget. Changed under
+    /// the lock; read without it by the common case of [`Ledger::spent`].
+    queued: AtomicUsize,
+}
+
+#[derive(Default)]
 struct State {
     /// Per watch stream: bytes handed to h2 and not yet written.
     streams: HashMap<u32, usize>,
-    /// `streams`' sum: what waits for the socket, against the budget.
-    queued: usize,
     /// Everything the connection's watches hold: `queued` and the chunks not yet handed to
     /// h2 (the gauge's share).
     held: usize,
@@ -61,7 +69,7 @@ struct State {
 /// One h2 connection's count of what its watches hold; shared by its watches and its socket.
 #[derive(Clone)]
 pub struct Ledger {
-    state: Arc<Mutex<State>>,
+    state: Arc<Shared>,
     /// Every connection's held bytes together (`svc_http2_watch_held_bytes`).
     gauge: Gauge,
 }
@@ -77,8 +85,12 @@ impl Ledger {
     /// True when the budget is spent: the caller must not drain, and is woken when it may.
     /// `parked` is the caller's own record of where its waker was filed.
     pub fn spent(&self, cx: &Context<'_>, parked: &mut Option<u64>) -> bool {
-        let mut s = self.state.lock();
-        if s.queued < WATCH_BUDGET {
+        if self.state.queued.load(Ordering::Acquire) < WATCH_BUDGET {
+            return false;
+        }
+        // Checked again under the lock, which every decrease and its wake-ups take.
+        let mut s = self.state.state.lock();
+        if self.state.queued.load(Ordering::Acquire) < WATCH_BUDGET {
             return false;
         }
         if *parked != Some(s.wakes) {
@@ -90,39 +102,65 @@ impl Ledger {
 
     /// A watch drained a chunk of `n` bytes.
     pub fn hold(&self, n: usize) {
-        let mut s = self.state.lock();
+        let mut s = self.state.state.lock();
         s.held = s.held.saturating_add(n);
         self.gauge.inc_by(gauge_value(n));
     }
 
     /// `n` bytes of a held chunk went to h2 on stream `id`: still held until written.
     pub fn handed(&self, id: u32, n: usize) {
-        let mut s = self.state.lock();
+        let mut s = self.state.state.lock();
+        self.queue(&mut s, id, n);
+    }
+
+    /// A watch drained `n` bytes and handed them all to h2 at once (`hold` and `handed`).
+    pub fn sent(&self, id: u32, n: usize) {
+        let mut s = self.state.state.lock();
+        s.held = s.held.saturating_add(n);
+        self.gauge.inc_by(gauge_value(n));
+        self.queue(&mut s, id, n);
+    }
+
+    fn queue(&self, s: &mut State, id: u32, n: usize) {
         let queued = s.streams.entry(id).or_default();
         *queued = queued.saturating_add(n);
-        s.queued = s.queued.saturating_add(n);
+        let _ = self
+            .state
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                Some(q.saturating_add(n))
+            });
+    }
+
+    fn unqueue(&self, n: usize) {
+        let _ = self
+            .state
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                Some(q.saturating_sub(n))
+            });
     }
 
     /// A watch ends: what it held and what h2 had not written for it (h2 drops a reset
     /// stream's queue) are freed.
     pub fn end(&self, id: u32, unsent: usize) {
-        let mut s = self.state.lock();
+        let mut s = self.state.state.lock();
         let queued = s.streams.remove(&id).unwrap_or(0);
-        s.queued = s.queued.saturating_sub(queued);
+        self.unqueue(queued);
         let freed = queued.saturating_add(unsent);
         self.free(&mut s, freed);
     }
 
     /// `n` payload bytes of a DATA frame on stream `id` went to the socket.
     fn written(&self, id: u32, n: usize) {
-        let mut s = self.state.lock();
+        let mut s = self.state.state.lock();
         let Some(queued) = s.streams.get_mut(&id) else {
             // Not a watch stream (a list, a proxied response): not counted.
             return;
         };
         let freed = n.min(*queued);
         *queued = queued.saturating_sub(freed);
-        s.queued = s.queued.saturating_sub(freed);
+        self.unqueue(freed);
         self.free(&mut s, freed);
     }
 
@@ -132,7 +170,7 @@ impl Ledger {
         }
         s.held = s.held.saturating_sub(n);
         self.gauge.dec_by(gauge_value(n));
-        if s.queued <= WATCH_BUDGET / 2 && !s.blocked.is_empty() {
+        if !s.blocked.is_empty() && self.state.queued.load(Ordering::Acquire) <= WATCH_BUDGET / 2 {
             s.wakes = s.wakes.wrapping_add(1);
             for w in s.blocked.drain(..) {
                 w.wake();
@@ -143,7 +181,7 @@ impl Ledger {
     /// The bytes held now.
     #[cfg(test)]
     fn held(&self) -> usize {
-        self.state.lock().held
+        self.state.state.lock().held
     }
 }
 
@@ -151,7 +189,7 @@ impl Drop for Ledger {
     fn drop(&mut self) {
         // The last handle (the socket's or a watch's) gives the connection's share back.
         if Arc::strong_count(&self.state) == 1 {
-            let held = self.state.lock().held;
+            let held = self.state.state.lock().held;
             self.gauge.dec_by(gauge_value(held));
         }
     }
@@ -344,7 +382,7 @@ mod tests {
         assert!(ledger.spent(&cx, &mut b));
         // Asked again while parked: filed once.
         assert!(ledger.spent(&cx, &mut a));
-        assert_eq!(ledger.state.lock().blocked.len(), 2);
+        assert_eq!(ledger.state.state.lock().blocked.len(), 2);
         assert_eq!(gauge.get(), WATCH_BUDGET as i64);
 
         // A quarter written: new drains may go on, but the parked are not woken yet.
