@@ -127,7 +127,7 @@ async fn serve_connection(
             peer: Some(peer),
             front_proxy: false,
         });
-        serve_either(builders, stop, tcp, app, ident).await;
+        Box::pin(serve_either(builders, stop, tcp, app, ident)).await;
         return;
     };
     let handshake = tokio::time::timeout(app.api.opts.tls_handshake_timeout, tls.accept(tcp));
@@ -172,10 +172,13 @@ async fn serve_connection(
         peer: Some(peer),
         front_proxy: role == pki::CertRole::FrontProxy,
     });
+    // Each protocol's future boxed on its own: the connection's task is otherwise as large
+    // as its largest state (the handshake's, h2's, HTTP/1.1's), whichever the connection
+    // speaks, for as long as it lives.
     if h2 {
-        h2conn::serve(stream, app, ident, builders.h2.clone(), stop).await;
+        Box::pin(h2conn::serve(stream, app, ident, builders.h2.clone(), stop)).await;
     } else {
-        serve_either(builders, stop, stream, app, ident).await;
+        Box::pin(serve_either(builders, stop, stream, app, ident)).await;
     }
 }
 
@@ -222,9 +225,9 @@ async fn serve_either<I>(
         io,
     };
     if io.head.as_ref() == H2_PREFACE {
-        h2conn::serve(io, app, ident, builders.h2.clone(), stop).await;
+        Box::pin(h2conn::serve(io, app, ident, builders.h2.clone(), stop)).await;
     } else {
-        serve_h1(&builders.h1, stop, TokioIo::new(io), app, ident).await;
+        Box::pin(serve_h1(&builders.h1, stop, TokioIo::new(io), app, ident)).await;
     }
 }
 
