@@ -78,14 +78,17 @@ impl WatchStream {
         let Some(watcher) = self.watcher.as_mut() else {
             return Poll::Ready(());
         };
-        let now = Instant::now();
-        if tokio::time::Instant::now() >= self.deadline
-            || watcher.next_bookmark_at().is_some_and(|b| b <= now)
-        {
-            return Poll::Ready(());
-        }
         if Pin::new(&mut watcher.ready()).poll(cx).is_ready() {
             self.idle = false;
+            return Poll::Ready(());
+        }
+        // Nothing from the cache: only the clock can have something due (read only now,
+        // as most wake-ups bring events).
+        if tokio::time::Instant::now() >= self.deadline
+            || watcher
+                .next_bookmark_at()
+                .is_some_and(|b| b <= Instant::now())
+        {
             return Poll::Ready(());
         }
         Poll::Pending
