@@ -672,14 +672,7 @@ mod tests {
     fn timers_wake_what_is_due_and_keep_the_rest() {
         let mut t = Timers::default();
         let now = Instant::now();
-        let woken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        struct Count(Arc<std::sync::atomic::AtomicUsize>);
-        impl std::task::Wake for Count {
-            fn wake(self: Arc<Self>) {
-                self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            }
-        }
-        let waker = Waker::from(Arc::new(Count(woken.clone())));
+        let (woken, waker) = crate::serve::h2ledger::counting_waker();
         t.add(now + Duration::from_secs(5), waker.clone());
         t.add(now, waker.clone());
         t.add(now, waker);

@@ -324,6 +324,19 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for LedgerIo<I> {
     }
 }
 
+/// A waker that counts its wake-ups, for the serve layer's unit tests.
+#[cfg(test)]
+pub(crate) fn counting_waker() -> (Arc<AtomicUsize>, Waker) {
+    struct Count(Arc<AtomicUsize>);
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let woken = Arc::new(AtomicUsize::new(0));
+    (woken.clone(), Waker::from(Arc::new(Count(woken))))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::arithmetic_side_effects)]
@@ -365,14 +378,7 @@ mod tests {
     fn the_budget_stops_drains_until_the_socket_takes_half() {
         let gauge = Gauge::default();
         let ledger = Ledger::new(gauge.clone());
-        let woken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        struct Count(Arc<std::sync::atomic::AtomicUsize>);
-        impl std::task::Wake for Count {
-            fn wake(self: Arc<Self>) {
-                self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            }
-        }
-        let waker = Waker::from(Arc::new(Count(woken.clone())));
+        let (woken, waker) = counting_waker();
         let cx = Context::from_waker(&waker);
         let (mut a, mut b) = (None, None);
         assert!(!ledger.spent(&cx, &mut a));
