@@ -128,26 +128,23 @@ pub fn list(
     let as_value = |items: &[std::sync::Arc<svc_core::watch::CachedObject>]| -> Result<Vec<serde_json::Value>, ApiError> {
         items.iter().map(|o| serde_json::from_slice(&o.json).map_err(ApiError::internal)).collect()
     };
-    let whole = || -> Result<serde_json::Value, ApiError> {
-        let body = svc_core::watch::frames::list_json(
+    // The list's JSON, items spliced in as the cache keeps them.
+    let spliced = || {
+        svc_core::watch::frames::list_json(
             &api_version,
             info.list_kind,
             meta,
             items,
             cache.codec().list_item_types,
-        )?;
-        serde_json::from_slice(&body).map_err(ApiError::internal)
+        )
+    };
+    let whole = || -> Result<serde_json::Value, ApiError> {
+        serde_json::from_slice(&spliced()?).map_err(ApiError::internal)
     };
     Ok(match format {
         Format::Json if pretty => json(StatusCode::OK, &whole()?, true),
         Format::Json => {
-            let mut body = svc_core::watch::frames::list_json(
-                &api_version,
-                info.list_kind,
-                meta,
-                items,
-                cache.codec().list_item_types,
-            )?;
+            let mut body = spliced()?;
             body.push(b'\n');
             bytes_response(StatusCode::OK, "application/json", body)
         }
