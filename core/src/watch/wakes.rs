@@ -24,11 +24,15 @@
 //! counts a group as the one task it is and never ends inside one, so the connection's task
 //! runs once for all its woken watchers and writes their frames in one write, instead of once
 //! (and one write) per watcher when its watchers are spread through the registry; and 50,000
-//! watchers on 500 connections are 500 tasks to pace, not 50,000. Group 0 is no group.
+//! watchers on 500 connections are 500 tasks to pace, not 50,000. A group that is already
+//! waiting takes the wakers later dispatches defer into its one place in the FIFO: under
+//! load each event finds only a few of a connection's watchers idle, and queued one batch
+//! behind another they made the connection's task run once per event, a stream or two at a
+//! time. Group 0 is no group.
 //!
 //! Plain `std::task` wakers: core stays runtime-free, the gateway owns the pacer task.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -55,8 +59,63 @@ pub struct WakeGate {
 
 #[derive(Debug, Default)]
 struct GateInner {
-    pending: VecDeque<Wakeup>,
+    /// Tasks waiting for the pacer, in order: a group's wakers deferred by any number of
+    /// dispatches gather in the group's one entry (its first waker, then the rest), so the
+    /// group's task runs once for all of them.
+    pending: VecDeque<(u64, Waker, Vec<Waker>)>,
+    /// Each waiting group's entry, by absolute position (`popped` + index in `pending`).
+    groups: HashMap<u64, u64>,
+    /// Entries taken from the front of `pending` so far.
+    popped: u64,
+    /// Wakers waiting, in every entry.
+    wakers: usize,
     pacer: Option<Waker>,
+}
+
+impl GateInner {
+    /// Queues wakers behind those waiting; a group already waiting takes them into its entry.
+    fn defer(&mut self, later: Vec<Wakeup>) {
+        for (group, w) in later {
+            self.wakers = self.wakers.saturating_add(1);
+            if group != 0
+                && let Some(&at) = self.groups.get(&group)
+                && let Some(entry) = usize::try_from(at.saturating_sub(self.popped))
+                    .ok()
+                    .and_then(|i| self.pending.get_mut(i))
+            {
+                entry.2.push(w);
+                continue;
+            }
+            if group != 0 {
+                let at = self.popped.saturating_add(self.pending.len() as u64);
+                self.groups.insert(group, at);
+            }
+            self.pending.push_back((group, w, Vec::new()));
+        }
+    }
+
+    /// Takes the first `tasks` entries' wakers.
+    fn take(&mut self, tasks: usize) -> Vec<Waker> {
+        let mut out = Vec::new();
+        for _ in 0..tasks {
+            let Some((group, first, rest)) = self.pending.pop_front() else {
+                break;
+            };
+            self.popped = self.popped.wrapping_add(1);
+            if group != 0 {
+                self.groups.remove(&group);
+            }
+            self.wakers = self.wakers.saturating_sub(rest.len().saturating_add(1));
+            out.push(first);
+            out.extend(rest);
+        }
+        if self.pending.is_empty() {
+            // Let what a burst grew go.
+            self.groups = HashMap::new();
+            self.pending = VecDeque::new();
+        }
+        out
+    }
 }
 
 impl WakeGate {
@@ -99,7 +158,7 @@ impl WakeGate {
             } else {
                 // A group's watchers together (dispatch visits them in registry order).
                 now.sort_unstable_by_key(|(group, _)| *group);
-                let room = MAX_DEFERRED.saturating_sub(g.pending.len());
+                let room = MAX_DEFERRED.saturating_sub(g.wakers);
                 let keep = if g.pending.is_empty() {
                     slice_len(now.iter(), slice)
                 } else {
@@ -113,7 +172,7 @@ impl WakeGate {
                 } else {
                     self.deferred
                         .fetch_add(later.len() as u64, Ordering::Relaxed);
-                    g.pending.extend(later);
+                    g.defer(later);
                     g.pacer.take()
                 }
             }
@@ -129,13 +188,9 @@ impl WakeGate {
     /// runtime between calls.
     pub fn release(&self) -> usize {
         let n = self.slice.unwrap_or(usize::MAX);
-        let batch: Vec<Wakeup> = {
-            let mut g = self.inner.lock();
-            let n = slice_len(g.pending.iter(), n);
-            g.pending.drain(..n).collect()
-        };
+        let batch = self.inner.lock().take(n);
         let woken = batch.len();
-        batch.into_iter().for_each(|(_, w)| w.wake());
+        batch.into_iter().for_each(Waker::wake);
         woken
     }
 
@@ -146,7 +201,7 @@ impl WakeGate {
 
     /// Watchers waiting for the pacer now.
     pub fn waiting(&self) -> usize {
-        self.inner.lock().pending.len()
+        self.inner.lock().wakers
     }
 
     /// Watcher wake-ups that went through the pacer, in total.
@@ -303,6 +358,31 @@ mod tests {
         assert_eq!(gate.release(), 4);
         assert_eq!(gate.release(), 2);
         assert_eq!(woken(&c0), 10);
+    }
+
+    #[test]
+    fn a_group_deferred_by_many_dispatches_is_woken_once_in_its_first_place() {
+        let gate = WakeGate::paced(2);
+        let c: Vec<_> = (0..3)
+            .map(|_| Arc::new(Count(AtomicUsize::new(0))))
+            .collect();
+        let w = |g: usize| (g as u64 + 1, Waker::from(c[g].clone()));
+        // Three tasks while the gate is idle: two now, group 3 waits.
+        gate.wake(vec![w(0), w(1), w(2)]);
+        assert_eq!(gate.waiting(), 1);
+        // Each later dispatch finds one or two watchers of each connection idle.
+        for _ in 0..5 {
+            gate.wake(vec![w(0), w(1), w(2), w(2)]);
+        }
+        assert_eq!(gate.waiting(), 21);
+        let counts = || c.iter().map(|c| woken(c)).collect::<Vec<_>>();
+        // One slice is two tasks: group 3 (first in line, with everything deferred for it
+        // since) and group 1, each once.
+        assert_eq!(gate.release(), 11 + 5);
+        assert_eq!(counts(), [1 + 5, 1, 1 + 10]);
+        assert_eq!(gate.release(), 5);
+        assert_eq!(counts(), [6, 6, 11]);
+        assert_eq!((gate.release(), gate.waiting()), (0, 0));
     }
 
     #[test]
