@@ -183,24 +183,21 @@ impl Future for WatchTask {
             if !this.pending.is_empty() {
                 this.room = 0;
                 this.send.reserve_capacity(this.pending.len());
-                let mut cap = this.send.capacity();
-                while cap == 0 {
-                    match this.send.poll_capacity(cx) {
-                        Poll::Ready(Some(Ok(n))) => cap = n,
-                        Poll::Ready(Some(Err(_)) | None) => return Poll::Ready(()),
-                        Poll::Pending => {
-                            // A client that does not read holds a chunk only until the
-                            // deadline: then the stream is reset.
-                            let deadline = this.stream.deadline();
-                            if Instant::now() >= deadline {
-                                this.send.send_reset(Reason::CANCEL);
-                                return Poll::Ready(());
-                            }
-                            this.arm(deadline, cx);
-                            return Poll::Pending;
+                let cap = match poll_room(&mut this.send, cx) {
+                    Poll::Ready(Some(n)) => n,
+                    Poll::Ready(None) => return Poll::Ready(()),
+                    Poll::Pending => {
+                        // A client that does not read holds a chunk only until the
+                        // deadline: then the stream is reset.
+                        let deadline = this.stream.deadline();
+                        if Instant::now() >= deadline {
+                            this.send.send_reset(Reason::CANCEL);
+                            return Poll::Ready(());
                         }
+                        this.arm(deadline, cx);
+                        return Poll::Pending;
                     }
-                }
+                };
                 let part = this.pending.split_to(cap.min(this.pending.len()));
                 let n = part.len();
                 if this.send.send_data(part, false).is_err() {
@@ -210,8 +207,7 @@ impl Future for WatchTask {
                 continue;
             }
             let deadline = this.stream.deadline();
-            let mut room = MAX_BATCH_BYTES;
-            if Instant::now() < deadline {
+            let room = if Instant::now() < deadline {
                 if this.ledger.spent(cx, &mut this.parked) {
                     // The connection holds its budget: the events wait in the ring.
                     this.arm(deadline, cx);
@@ -226,21 +222,20 @@ impl Future for WatchTask {
                 // its window shut keeps its events in the ring, not in a batch of its own.
                 if this.room == 0 {
                     this.send.reserve_capacity(MAX_BATCH_BYTES);
-                    this.room = this.send.capacity();
-                }
-                room = this.room;
-                while room == 0 {
-                    match this.send.poll_capacity(cx) {
-                        Poll::Ready(Some(Ok(n))) => room = n,
-                        Poll::Ready(Some(Err(_)) | None) => return Poll::Ready(()),
+                    match poll_room(&mut this.send, cx) {
+                        Poll::Ready(Some(n)) => this.room = n,
+                        Poll::Ready(None) => return Poll::Ready(()),
                         Poll::Pending => {
                             this.arm(deadline, cx);
                             return Poll::Pending;
                         }
                     }
                 }
-                this.room = room;
-            }
+                this.room
+            } else {
+                // Past the deadline only the last bookmark is left to send.
+                MAX_BATCH_BYTES
+            };
             match this.stream.poll_chunk_within(cx, room) {
                 Poll::Ready(Some(chunk)) if chunk.len() <= this.room => {
                     // Within the room h2 gave: handed over at once.
@@ -595,6 +590,24 @@ async fn hand_over(
     let _ = shared.watches.send(task).await;
 }
 
+/// Room in the stream's flow-control window: what h2 has given it, else a wait until it gives
+/// some (`None`: the stream or the connection is gone). The caller asks for room first
+/// (`reserve_capacity`).
+fn poll_room(send: &mut SendStream<Bytes>, cx: &mut Context<'_>) -> Poll<Option<usize>> {
+    loop {
+        let room = send.capacity();
+        if room > 0 {
+            return Poll::Ready(Some(room));
+        }
+        match send.poll_capacity(cx) {
+            // Given room may already be gone: look again (h2 reports each increase once).
+            Poll::Ready(Some(Ok(_))) => {}
+            Poll::Ready(Some(Err(_)) | None) => return Poll::Ready(None),
+            Poll::Pending => return Poll::Pending,
+        }
+    }
+}
+
 /// Writes a response body within the stream's flow-control window: never more than the client
 /// lets out is handed to h2.
 async fn write_response(mut respond: SendResponse<Bytes>, resp: Response<Body>, head_only: bool) {
@@ -635,21 +648,10 @@ async fn write_response(mut respond: SendResponse<Bytes>, resp: Response<Body>, 
         while !data.is_empty() {
             send.reserve_capacity(data.len());
             let cap = std::future::poll_fn(|cx| {
-                if send.capacity() > 0 {
-                    return Poll::Ready(Some(send.capacity()));
-                }
-                if send.poll_reset(cx).is_ready() {
+                if send.capacity() == 0 && send.poll_reset(cx).is_ready() {
                     return Poll::Ready(None);
                 }
-                match send.poll_capacity(cx) {
-                    Poll::Ready(Some(Ok(n))) if n > 0 => Poll::Ready(Some(n)),
-                    Poll::Ready(Some(Ok(_))) => {
-                        cx.waker().wake_by_ref();
-                        Poll::Pending
-                    }
-                    Poll::Ready(Some(Err(_)) | None) => Poll::Ready(None),
-                    Poll::Pending => Poll::Pending,
-                }
+                poll_room(&mut send, cx)
             })
             .await;
             let Some(cap) = cap else {

@@ -136,17 +136,26 @@ impl Events {
     }
 }
 
-/// The `apiserver_registered_watchers` gauge for ServiceAccounts.
-async fn sa_watchers(srv: &TestServer) -> f64 {
+/// The sum of the `/metrics` samples whose line `line` picks, and how many it picked.
+async fn metric(srv: &TestServer, line: impl Fn(&str) -> bool) -> (f64, usize) {
     let text = srv
         .admin()
         .request(Method::GET, "/metrics", "", &[])
         .await
         .text();
     text.lines()
-        .filter(|l| l.starts_with("apiserver_registered_watchers{") && l.contains("ServiceAccount"))
+        .filter(|l| line(l))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+        .fold((0.0, 0), |(sum, n), v| (sum + v, n + 1))
+}
+
+/// The `apiserver_registered_watchers` gauge for ServiceAccounts.
+async fn sa_watchers(srv: &TestServer) -> f64 {
+    metric(srv, |l| {
+        l.starts_with("apiserver_registered_watchers{") && l.contains("ServiceAccount")
+    })
+    .await
+    .0
 }
 
 async fn list_rv(srv: &TestServer, path: &str) -> String {
@@ -528,15 +537,9 @@ impl<I: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Pausable<I> {
 
 /// The `svc_http2_watch_held_bytes` gauge.
 async fn held_bytes(srv: &TestServer) -> f64 {
-    let text = srv
-        .admin()
-        .request(Method::GET, "/metrics", "", &[])
-        .await
-        .text();
-    text.lines()
-        .find(|l| l.starts_with("svc_http2_watch_held_bytes "))
-        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .expect("svc_http2_watch_held_bytes")
+    let (held, n) = metric(srv, |l| l.starts_with("svc_http2_watch_held_bytes ")).await;
+    assert_eq!(n, 1, "one svc_http2_watch_held_bytes sample");
+    held
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
