@@ -6,6 +6,7 @@
 pub mod app;
 pub mod audited;
 pub mod conn_limits;
+pub mod h1conn;
 pub mod h2conn;
 pub mod h2ledger;
 pub mod loopback;

@@ -3,16 +3,14 @@
 //! handed to the pipeline (`pipeline.rs`).
 
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
@@ -22,6 +20,7 @@ use crate::outbound::pki;
 use crate::security::authn::ConnIdentity;
 use crate::serve::app::ServerState;
 use crate::serve::conn_limits::{self, Activity, CLOSE_GRACE, ConnectionLimit, CountedBody};
+use crate::serve::h1conn::{self, Prefixed};
 use crate::serve::h2conn;
 use crate::serve::pipeline::{self, Caller, RequestBody};
 
@@ -45,6 +44,7 @@ fn h1_builder(opts: &Options) -> http1::Builder {
 /// How connections of a listener are served: HTTP/1.1 by hyper, h2 by `h2conn.rs`.
 struct Builders {
     h1: http1::Builder,
+    h1_limits: h1conn::Limits,
     h2: h2conn::Limits,
 }
 
@@ -56,6 +56,12 @@ pub async fn accept_loop(
 ) {
     let builders = Arc::new(Builders {
         h1: h1_builder(&app.api.opts),
+        h1_limits: h1conn::Limits {
+            max_head: app.api.opts.http_max_header_bytes.max(8192),
+            max_headers: H1_MAX_HEADERS,
+            header_read_timeout: app.api.opts.http_header_read_timeout,
+            idle_timeout: app.api.opts.http_idle_timeout,
+        },
         h2: h2conn::Limits {
             max_concurrent_streams: app.api.opts.http2_max_streams_per_connection,
             max_header_list_size: u32::try_from(app.api.opts.http_max_header_bytes)
@@ -220,69 +226,26 @@ async fn serve_either<I>(
     if !complete {
         return;
     }
-    let io = Prefixed {
-        head: Bytes::from(seen),
-        io,
-    };
-    if io.head.as_ref() == H2_PREFACE {
+    if seen == H2_PREFACE {
+        let io = Prefixed {
+            head: Bytes::from(seen),
+            io,
+        };
         Box::pin(h2conn::serve(io, app, ident, builders.h2.clone(), stop)).await;
-    } else {
-        Box::pin(serve_h1(&builders.h1, stop, TokioIo::new(io), app, ident)).await;
+        return;
     }
-}
-
-/// A connection with the bytes already read from it put back in front.
-struct Prefixed<I> {
-    head: Bytes,
-    io: I,
-}
-
-impl<I: AsyncRead + Unpin> AsyncRead for Prefixed<I> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        if !self.head.is_empty() {
-            let n = self.head.len().min(buf.remaining());
-            let part = self.head.split_to(n);
-            buf.put_slice(&part);
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut self.io).poll_read(cx, buf)
-    }
-}
-
-impl<I: AsyncWrite + Unpin> AsyncWrite for Prefixed<I> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        mut self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
+    // GETs without a body are served outside hyper while they last (`h1conn.rs`).
+    let rest = Box::pin(h1conn::serve(
+        io,
+        seen,
+        &builders.h1_limits,
+        stop.clone(),
+        app.clone(),
+        ident.clone(),
+    ))
+    .await;
+    if let Some(rest) = rest {
+        Box::pin(serve_h1(&builders.h1, stop, TokioIo::new(rest), app, ident)).await;
     }
 }
 

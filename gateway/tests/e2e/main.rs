@@ -32,6 +32,7 @@ mod fuzz_api;
 mod h2_watch;
 mod health;
 mod hostile;
+mod http1;
 mod identity;
 mod jwt;
 mod kubectl_writes;
