@@ -12,7 +12,8 @@
 //!
 //! Heap per cached object (2026-11-27): 1,498 B with labels in a `BTreeMap` (a node of
 //! eleven slots however few the labels), 1,042 B with them in a sorted boxed slice
-//! (`selector::Labels`); 326 B of either is the object's JSON.
+//! (`selector::Labels`); 326 B of either is the object's JSON. 858 B once the JSON and the
+//! key are allocated at their size (a JSON of 326 B had sat in serde_json's 512 B buffer).
 //!
 //! Last results (2-core shared VM; 2026-11-23):
 //! - heap per idle watcher: 303 B in one namespace, 439 B with one namespace each

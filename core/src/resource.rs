@@ -80,6 +80,9 @@ pub struct SubresourceInfo {
     pub group_version: Option<(&'static str, &'static str)>,
 }
 
+/// Where every key of the store starts, as in Kubernetes' etcd layout.
+const REGISTRY: &str = "/registry/";
+
 /// Verbs of a status-like subresource: read and write a part of the parent object.
 pub const SUBRESOURCE_VERBS: &[&str] = &["get", "patch", "update"];
 
@@ -120,7 +123,23 @@ impl ResourceInfo {
 
     /// The store key of one object: `/registry/<plural>/[<namespace>/]<name>`.
     pub fn key(&self, namespace: &str, name: &str) -> Vec<u8> {
-        let mut k = self.prefix(Some(namespace));
+        let ns = match self.scope {
+            Scope::Namespaced if !namespace.is_empty() => namespace,
+            _ => "",
+        };
+        // Sized exactly: the key is kept for the object's life (store writes, the cache), and
+        // a buffer grown by doubling would keep up to twice its length.
+        let len = [REGISTRY.len(), self.plural.len(), ns.len(), name.len(), 2]
+            .iter()
+            .fold(0usize, |n, l| n.saturating_add(*l));
+        let mut k = Vec::with_capacity(len);
+        k.extend_from_slice(REGISTRY.as_bytes());
+        k.extend_from_slice(self.plural.as_bytes());
+        k.push(b'/');
+        if !ns.is_empty() {
+            k.extend_from_slice(ns.as_bytes());
+            k.push(b'/');
+        }
         k.extend_from_slice(name.as_bytes());
         k
     }
@@ -128,7 +147,7 @@ impl ResourceInfo {
     /// The key prefix of a collection: every object of the type, or of one namespace.
     /// Ends in `/` so `ns-a` never matches `ns-ab`.
     pub fn prefix(&self, namespace: Option<&str>) -> Vec<u8> {
-        let mut k = format!("/registry/{}/", self.plural).into_bytes();
+        let mut k = format!("{REGISTRY}{}/", self.plural).into_bytes();
         if let (Scope::Namespaced, Some(ns)) = (self.scope, namespace)
             && !ns.is_empty()
         {

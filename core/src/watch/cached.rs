@@ -147,7 +147,10 @@ impl fmt::Debug for CachedObject {
 /// "ingest" function. One typed decode and one encode per write, paid once at ingest.
 pub fn ingest<T: Resource>(kv: &KeyValue) -> Result<CachedObject, ApiError> {
     let obj: T = decode_from_store(kv)?;
-    let json = serde_json::to_vec(&obj).map_err(ApiError::internal)?;
+    let mut json = serde_json::to_vec(&obj).map_err(ApiError::internal)?;
+    // Kept for the object's life: without this, the room serde_json's doubling left (up to
+    // the JSON's own length again) stays allocated with it.
+    json.shrink_to_fit();
     let fields = T::INFO
         .extra_fields
         .iter()
@@ -170,7 +173,9 @@ pub fn ingest<T: Resource>(kv: &KeyValue) -> Result<CachedObject, ApiError> {
 pub fn restamp<T: Resource>(json: &[u8], revision: Revision) -> Result<Vec<u8>, ApiError> {
     let mut obj: T = serde_json::from_slice(json).map_err(ApiError::internal)?;
     obj.meta_mut().resource_version = revision.to_string();
-    serde_json::to_vec(&obj).map_err(ApiError::internal)
+    let mut json = serde_json::to_vec(&obj).map_err(ApiError::internal)?;
+    json.shrink_to_fit();
+    Ok(json)
 }
 
 /// The bare protobuf message of an object given as (canonical or bookmark) JSON.
