@@ -119,3 +119,5 @@ echo "$(nproc) cores; load average at start: $(cut -d' ' -f1-3 /proc/loadavg)" |
 "$L" fairness --kubeconfig "$W/lt-hammer.kubeconfig" --writer-kubeconfig "$W/lt-writer.kubeconfig" \
     --objects "$OBJECTS" --clients "$CLIENTS" --rate "$RATE" --writers 2 --duration "$DUR" \
     --server-pid "$GPID" "${HAMMER_ARGS[@]}" --out "$OUT/fairness"
+# The server's own account of both phases: request durations by verb, store and fsync times.
+kubectl --kubeconfig "$KC" get --raw /metrics > "$OUT/metrics.txt" 2>/dev/null || true
