@@ -10,35 +10,17 @@ use bytes::Bytes;
 use h2::RecvStream;
 use h2::client::SendRequest;
 use http::{Method, Request, StatusCode};
-use rustls::pki_types::ServerName;
 use serde_json::{Value, json};
-use tokio::net::TcpStream;
-use tokio_rustls::TlsConnector;
 
 use crate::support::client::{TestServer, create_namespace, eventually};
 
 /// Every step must end well within this.
 const BOUND: Duration = Duration::from_secs(30);
 
-/// A TLS connection offering h2, with the admin certificate.
-async fn admin_tls(srv: &TestServer) -> tokio_rustls::client::TlsStream<TcpStream> {
-    let (cert, key) = srv.handle().pki.admin_credentials();
-    let cfg = srv
-        .handle()
-        .pki
-        .client_config_for(Some((cert, key)), &[b"h2"])
-        .unwrap();
-    let tcp = TcpStream::connect(srv.handle().addr).await.unwrap();
-    TlsConnector::from(cfg)
-        .connect(ServerName::try_from("localhost").unwrap(), tcp)
-        .await
-        .unwrap()
-}
-
 /// An h2 connection with the admin certificate; `window` is every stream's receive window
 /// (the connection's is large, so one stream that is not read cannot hold up the others).
 async fn connect(srv: &TestServer, window: u32) -> SendRequest<Bytes> {
-    let tls = admin_tls(srv).await;
+    let tls = srv.admin_tls(b"h2").await;
     let (send, conn) = h2::client::Builder::new()
         .initial_window_size(window)
         .initial_connection_window_size(64 << 20)
@@ -556,7 +538,7 @@ async fn a_client_that_stops_reading_costs_its_connection_budget_not_every_strea
     let rv = list_rv(&srv, "/api/v1/namespaces/held/serviceaccounts").await;
     // Windows as large as Go's client gives (4 MiB a stream): flow control alone would let
     // the server queue up to h2's 400 KiB send buffer for every stream.
-    let tls = admin_tls(&srv).await;
+    let tls = srv.admin_tls(b"h2").await;
     let pause = Pause::default();
     let io = Pausable {
         io: tls,

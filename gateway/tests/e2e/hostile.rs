@@ -33,17 +33,7 @@ async fn assert_still_serving(srv: &TestServer) {
 
 /// A TLS stream to the server with the admin certificate, offering `alpn`.
 async fn tls(srv: &TestServer, alpn: &[u8]) -> TlsStream<TcpStream> {
-    let (cert, key) = srv.handle().pki.admin_credentials();
-    let cfg = srv
-        .handle()
-        .pki
-        .client_config_for(Some((cert, key)), &[alpn])
-        .unwrap();
-    let tcp = TcpStream::connect(srv.handle().addr).await.unwrap();
-    TlsConnector::from(cfg)
-        .connect(ServerName::try_from("localhost").unwrap(), tcp)
-        .await
-        .unwrap()
+    srv.admin_tls(alpn).await
 }
 
 /// Reads until the peer closes (EOF or error); false if it is still open after `limit`.

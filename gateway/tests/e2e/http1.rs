@@ -4,11 +4,9 @@
 
 use std::time::Duration;
 
-use rustls::pki_types::ServerName;
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
 use crate::support::client::{TestServer, create_namespace};
@@ -17,17 +15,7 @@ use crate::support::client::{TestServer, create_namespace};
 const BOUND: Duration = Duration::from_secs(10);
 
 async fn tls(srv: &TestServer) -> TlsStream<TcpStream> {
-    let (cert, key) = srv.handle().pki.admin_credentials();
-    let cfg = srv
-        .handle()
-        .pki
-        .client_config_for(Some((cert, key)), &[b"http/1.1"])
-        .unwrap();
-    let tcp = TcpStream::connect(srv.handle().addr).await.unwrap();
-    TlsConnector::from(cfg)
-        .connect(ServerName::try_from("localhost").unwrap(), tcp)
-        .await
-        .unwrap()
+    srv.admin_tls(b"http/1.1").await
 }
 
 /// Responses read off a connection, one after the other.

@@ -49,6 +49,22 @@ impl TestServer {
         self.client_with(Some((cert.to_string(), key.to_string())), false)
     }
 
+    /// A raw TLS stream with the admin certificate, offering `alpn` (for tests that write
+    /// the protocol byte by byte).
+    pub async fn admin_tls(&self, alpn: &[u8]) -> tokio_rustls::client::TlsStream<TcpStream> {
+        let (cert, key) = self.handle().pki.admin_credentials();
+        let cfg = self
+            .handle()
+            .pki
+            .client_config_for(Some((cert, key)), &[alpn])
+            .unwrap();
+        let tcp = TcpStream::connect(self.handle().addr).await.unwrap();
+        TlsConnector::from(cfg)
+            .connect(ServerName::try_from("localhost").unwrap(), tcp)
+            .await
+            .unwrap()
+    }
+
     /// A client presenting no certificate.
     pub fn anonymous(&self) -> Client {
         self.client_with(None, false)
