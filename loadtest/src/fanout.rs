@@ -332,7 +332,7 @@ fn spawn_writers(
                         ep.clone(),
                         run_id.clone(),
                         w,
-                        per_writer_rate,
+                        Pace::new(per_writer_rate, w, writers),
                         size,
                         writes.clone(),
                         live.clone(),
@@ -359,7 +359,7 @@ fn spawn_writers(
                         etcd.clone(),
                         run_id.clone(),
                         w,
-                        per_writer_rate,
+                        Pace::new(per_writer_rate, w, writers),
                         size,
                         churn,
                         live.clone(),
@@ -668,12 +668,34 @@ async fn k8s_setup(ep: &Endpoint, ns: &str, p: &Params) -> Result<(Opener, Forma
     Ok((opener, format))
 }
 
-async fn pace(start: Instant, i: u64, rate: Option<f64>) {
-    if let Some(r) = rate
-        && r > 0.0
-    {
-        let at = start + Duration::from_secs_f64(i as f64 / r);
-        tokio::time::sleep_until(at.into()).await;
+/// When one of several writers sends: each at its share of the rate (`None`: at full
+/// speed), writer `w` of `n` shifted by `w / n` of its interval, so that together they
+/// offer one even stream of writes, as the raw baseline's single writer does, not `n`
+/// writes at once every interval.
+#[derive(Clone, Copy, Debug)]
+struct Pace {
+    per_writer: Option<f64>,
+    phase: f64,
+}
+
+impl Pace {
+    fn new(per_writer: Option<f64>, w: usize, writers: usize) -> Self {
+        Pace {
+            per_writer,
+            phase: w as f64 / writers.max(1) as f64,
+        }
+    }
+
+    /// When write `i` is due (`None`: at once).
+    fn due(&self, start: Instant, i: u64) -> Option<Instant> {
+        let r = self.per_writer.filter(|r| *r > 0.0)?;
+        Some(start + Duration::from_secs_f64((i as f64 + self.phase) / r))
+    }
+
+    async fn wait(&self, start: Instant, i: u64) {
+        if let Some(at) = self.due(start, i) {
+            tokio::time::sleep_until(at.into()).await;
+        }
     }
 }
 
@@ -683,7 +705,7 @@ async fn k8s_writer(
     ep: Endpoint,
     ns: String,
     w: usize,
-    rate: Option<f64>,
+    rate: Pace,
     size: usize,
     writes: Writes,
     live: Arc<Live>,
@@ -694,7 +716,7 @@ async fn k8s_writer(
     let coll = format!("/api/v1/namespaces/{ns}/serviceaccounts");
     let mut i: u64 = 0;
     while !*stop.borrow() {
-        pace(start, i, rate).await;
+        rate.wait(start, i).await;
         if *stop.borrow() {
             break;
         }
@@ -760,7 +782,7 @@ async fn etcd_writer(
     etcd: crate::etcd::Etcd,
     run: String,
     w: usize,
-    rate: Option<f64>,
+    rate: Pace,
     size: usize,
     churn: bool,
     live: Arc<Live>,
@@ -770,7 +792,7 @@ async fn etcd_writer(
     let start = Instant::now();
     let mut i: u64 = 0;
     while !*stop.borrow() {
-        pace(start, i, rate).await;
+        rate.wait(start, i).await;
         if *stop.borrow() {
             break;
         }
@@ -797,5 +819,35 @@ async fn etcd_writer(
             }
             Err(e) => live.write_failed(format!("{e:#}")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writers_together_offer_one_even_stream_of_writes() {
+        // 10 writers at 10 writes/s each: 100 writes/s, one every 10 ms, not 10 at once.
+        let start = Instant::now();
+        let mut at: Vec<u128> = (0..10)
+            .flat_map(|w| {
+                let pace = Pace::new(Some(10.0), w, 10);
+                (0..3).map(move |i| {
+                    pace.due(start, i)
+                        .unwrap()
+                        .duration_since(start)
+                        .as_micros()
+                })
+            })
+            .collect();
+        at.sort_unstable();
+        let want: Vec<u128> = (0..30).map(|k| k * 10_000).collect();
+        for (got, want) in at.iter().zip(&want) {
+            assert!(got.abs_diff(*want) <= 1, "{at:?}");
+        }
+        assert_eq!(at.len(), 30);
+        // At full speed nobody waits.
+        assert_eq!(Pace::new(None, 3, 10).due(start, 1000), None);
     }
 }
