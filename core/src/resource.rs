@@ -123,23 +123,7 @@ impl ResourceInfo {
 
     /// The store key of one object: `/registry/<plural>/[<namespace>/]<name>`.
     pub fn key(&self, namespace: &str, name: &str) -> Vec<u8> {
-        let ns = match self.scope {
-            Scope::Namespaced if !namespace.is_empty() => namespace,
-            _ => "",
-        };
-        // Sized exactly: the key is kept for the object's life (store writes, the cache), and
-        // a buffer grown by doubling would keep up to twice its length.
-        let len = [REGISTRY.len(), self.plural.len(), ns.len(), name.len(), 2]
-            .iter()
-            .fold(0usize, |n, l| n.saturating_add(*l));
-        let mut k = Vec::with_capacity(len);
-        k.extend_from_slice(REGISTRY.as_bytes());
-        k.extend_from_slice(self.plural.as_bytes());
-        k.push(b'/');
-        if !ns.is_empty() {
-            k.extend_from_slice(ns.as_bytes());
-            k.push(b'/');
-        }
+        let mut k = self.prefix_with_room(Some(namespace), name.len());
         k.extend_from_slice(name.as_bytes());
         k
     }
@@ -147,10 +131,25 @@ impl ResourceInfo {
     /// The key prefix of a collection: every object of the type, or of one namespace.
     /// Ends in `/` so `ns-a` never matches `ns-ab`.
     pub fn prefix(&self, namespace: Option<&str>) -> Vec<u8> {
-        let mut k = format!("{REGISTRY}{}/", self.plural).into_bytes();
-        if let (Scope::Namespaced, Some(ns)) = (self.scope, namespace)
-            && !ns.is_empty()
-        {
+        self.prefix_with_room(namespace, 0)
+    }
+
+    /// [`Self::prefix`] in a buffer sized for it and `room` more bytes, exactly: a key is kept
+    /// for its object's life (store writes, the cache), and a buffer grown by doubling would
+    /// keep up to twice its length.
+    fn prefix_with_room(&self, namespace: Option<&str>, room: usize) -> Vec<u8> {
+        let ns = match (self.scope, namespace) {
+            (Scope::Namespaced, Some(ns)) => ns,
+            _ => "",
+        };
+        let len = [REGISTRY.len(), self.plural.len(), ns.len(), room, 2]
+            .iter()
+            .fold(0usize, |n, l| n.saturating_add(*l));
+        let mut k = Vec::with_capacity(len);
+        k.extend_from_slice(REGISTRY.as_bytes());
+        k.extend_from_slice(self.plural.as_bytes());
+        k.push(b'/');
+        if !ns.is_empty() {
             k.extend_from_slice(ns.as_bytes());
             k.push(b'/');
         }

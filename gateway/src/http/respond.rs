@@ -4,7 +4,7 @@
 use std::convert::Infallible;
 
 use bytes::Bytes;
-use http::{HeaderValue, Response, StatusCode, header};
+use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use serde::Serialize;
@@ -285,5 +285,14 @@ pub fn watch_error_frame(format: Format, err: &ApiError) -> Bytes {
             .unwrap_or_default(),
         // Negotiation never picks these for a watch.
         Format::Yaml | Format::Table => Bytes::new(),
+    }
+}
+
+/// Adds a `date` header of now, as hyper writes one, unless the response has its own.
+pub fn ensure_date(headers: &mut HeaderMap) {
+    if !headers.contains_key(header::DATE)
+        && let Ok(v) = HeaderValue::from_str(&httpdate::fmt_http_date(std::time::SystemTime::now()))
+    {
+        headers.insert(header::DATE, v);
     }
 }

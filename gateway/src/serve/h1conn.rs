@@ -318,11 +318,7 @@ fn response_head(
     if close && !headers.contains_key(header::CONNECTION) {
         headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
-    if !headers.contains_key(header::DATE)
-        && let Ok(v) = HeaderValue::from_str(&httpdate::fmt_http_date(std::time::SystemTime::now()))
-    {
-        headers.insert(header::DATE, v);
-    }
+    crate::http::respond::ensure_date(headers);
     let mut head = Vec::with_capacity(256);
     head.extend_from_slice(b"HTTP/1.1 ");
     head.extend_from_slice(status.as_str().as_bytes());

@@ -550,11 +550,7 @@ fn head(parts: http::response::Parts, len: Option<u64>) -> Response<()> {
     {
         headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
     }
-    if !headers.contains_key(header::DATE)
-        && let Ok(v) = HeaderValue::from_str(&httpdate::fmt_http_date(std::time::SystemTime::now()))
-    {
-        headers.insert(header::DATE, v);
-    }
+    crate::http::respond::ensure_date(headers);
     head.extensions_mut().clear();
     head
 }

@@ -28,11 +28,16 @@ use crate::serve::pipeline::{self, Caller, RequestBody};
 /// bytes; this keeps the parser's table bounded while letting any ordinary request through.
 const H1_MAX_HEADERS: usize = 1024;
 
+/// The largest HTTP/1.1 request head, from the flag: hyper's read buffer holds the whole
+/// head, so it bounds its size, and cannot be under 8 KiB.
+fn h1_max_head(opts: &Options) -> usize {
+    opts.http_max_header_bytes.max(8192)
+}
+
 /// The HTTP/1.1 connection builder with the limits of the flags.
 fn h1_builder(opts: &Options) -> http1::Builder {
     let mut builder = http1::Builder::new();
-    // hyper's read buffer holds the whole request head, so it bounds its size (at least 8 KiB).
-    let max_head = opts.http_max_header_bytes.max(8192);
+    let max_head = h1_max_head(opts);
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(opts.http_header_read_timeout)
@@ -41,7 +46,8 @@ fn h1_builder(opts: &Options) -> http1::Builder {
     builder
 }
 
-/// How connections of a listener are served: HTTP/1.1 by hyper, h2 by `h2conn.rs`.
+/// How connections of a listener are served: HTTP/1.1 by `h1conn.rs` (then hyper), h2 by
+/// `h2conn.rs`.
 struct Builders {
     h1: http1::Builder,
     h1_limits: h1conn::Limits,
@@ -57,7 +63,7 @@ pub async fn accept_loop(
     let builders = Arc::new(Builders {
         h1: h1_builder(&app.api.opts),
         h1_limits: h1conn::Limits {
-            max_head: app.api.opts.http_max_header_bytes.max(8192),
+            max_head: h1_max_head(&app.api.opts),
             max_headers: H1_MAX_HEADERS,
             header_read_timeout: app.api.opts.http_header_read_timeout,
             idle_timeout: app.api.opts.http_idle_timeout,
