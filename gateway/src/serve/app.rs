@@ -6,6 +6,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use anyhow::Context as _;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use svc_core::validation::declarative::{Mismatch, Mode, Validator};
 use svc_storage::Store;
@@ -49,6 +50,8 @@ pub struct ServerState {
     /// What h2 connections' watches hold outside the watch caches' rings
     /// (`svc_http2_watch_held_bytes`; bounded per connection by `h2ledger::WATCH_BUDGET`).
     pub h2_watch_held: Gauge,
+    /// Writes h2 connections passed to their transport (`svc_http2_writes_total`).
+    pub h2_writes: Counter,
 }
 
 /// What a server is made of besides its options and store.
@@ -124,6 +127,13 @@ impl ServerState {
              what h2 has not written yet",
             h2_watch_held.clone(),
         );
+        let h2_writes = Counter::default();
+        metrics.register(
+            "svc_http2_writes",
+            "Writes h2 connections passed to their transport (TLS or TCP): each carries the \
+             frames one round of the connection's task gathered, for every stream it served",
+            h2_writes.clone(),
+        );
         let registry = Registry {
             store,
             caches,
@@ -161,6 +171,7 @@ impl ServerState {
             egress,
             proxy: None,
             h2_watch_held,
+            h2_writes,
         })
     }
 }

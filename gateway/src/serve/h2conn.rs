@@ -39,7 +39,7 @@ use crate::http::stream::{MAX_BATCH_BYTES, WatchHandoff, WatchStream};
 use crate::security::authn::ConnIdentity;
 use crate::serve::app::ServerState;
 use crate::serve::conn_limits::{Activity, Busy, CLOSE_GRACE};
-use crate::serve::h2ledger::{Ledger, LedgerIo};
+use crate::serve::h2ledger::{Ledger, LedgerIo, Round};
 use crate::serve::pipeline::{self, Caller, H2Body, RequestBody};
 
 /// Rapid reset (CVE-2023-44487): streams a client may open and reset before the server has
@@ -303,8 +303,9 @@ pub async fn serve<I>(
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let activity = Activity::new();
-    let ledger = Ledger::new(app.h2_watch_held.clone());
-    let io = LedgerIo::new(io, ledger.clone());
+    let ledger = Ledger::new(app.h2_watch_held.clone(), app.h2_writes.clone());
+    let round = Round::default();
+    let io = LedgerIo::new(io, ledger.clone(), round.clone());
     let mut stop_accepting = signal(&stop);
     let mut idle_fut = idle(&activity, limits.idle_timeout);
     let handshake = builder(&limits).handshake::<_, Bytes>(io);
@@ -349,6 +350,7 @@ pub async fn serve<I>(
         timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
         timer_at: None,
         keepalive,
+        round,
     };
     let result = std::future::poll_fn(|cx| driver.poll(cx)).await;
     if let Err(e) = result {
@@ -375,6 +377,8 @@ struct Driver<I> {
     timer: Pin<Box<Sleep>>,
     timer_at: Option<Instant>,
     keepalive: Keepalive,
+    /// Open while a round moves frames into h2: its writes are gathered into one.
+    round: Round,
 }
 
 /// The connection's keepalive: a PING when requests are in flight and nothing was heard for
@@ -418,16 +422,20 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         if self.poll_signals(cx) {
             return Poll::Ready(Ok(()));
         }
+        self.round.open();
         self.poll_watches(cx);
         if self.keepalive.poll(cx, self.activity.in_flight()).is_err() {
             return Poll::Ready(Ok(()));
         }
-        // ...and the connection writes them all, then takes new requests.
+        // ...and the connection writes them all, then takes new requests. Its writes are
+        // gathered while the round is open; once h2 has nothing more to do, the round closes
+        // and h2 is polled once more, to pass what was gathered to the socket in one write.
         loop {
             match self.conn.poll_accept(cx) {
                 Poll::Ready(Some(Ok((req, respond)))) => spawn_request(&self.shared, req, respond),
                 Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e)),
                 Poll::Ready(None) => return Poll::Ready(Ok(())),
+                Poll::Pending if self.round.is_open() => self.round.close(),
                 Poll::Pending => return Poll::Pending,
             }
         }

@@ -26,9 +26,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
@@ -72,13 +73,16 @@ pub struct Ledger {
     state: Arc<Shared>,
     /// Every connection's held bytes together (`svc_http2_watch_held_bytes`).
     gauge: Gauge,
+    /// Every connection's writes to its transport (`svc_http2_writes_total`).
+    writes: Counter,
 }
 
 impl Ledger {
-    pub fn new(gauge: Gauge) -> Self {
+    pub fn new(gauge: Gauge, writes: Counter) -> Self {
         Ledger {
             state: Arc::default(),
             gauge,
+            writes,
         }
     }
 
@@ -245,23 +249,69 @@ impl FrameReader {
     }
 }
 
-/// The connection's socket, as h2 writes to it: every byte written goes through a
-/// [`FrameReader`] that credits the [`Ledger`].
+/// What a connection gathers of h2's writes during a round before passing them on: a write
+/// that would take it past this first passes on what is gathered.
+pub const GATHER: usize = 64 * 1024;
+
+/// Whether the connection's task is in a round ([`Round::open`]) or ending it
+/// ([`Round::close`]): in a round h2's flushes only gather, at its end they pass everything
+/// on. Outside any round (the handshake, a connection closing) every flush passes through.
+#[derive(Clone, Default)]
+pub struct Round(Arc<AtomicBool>);
+
+impl Round {
+    pub fn open(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    pub fn close(&self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// The connection's socket, as h2 writes to it.
+///
+/// Gathering: h2 flushes after every DATA frame larger than 256 bytes (it keeps one such
+/// frame aside at a time, and flushes to take the next), so a round of its connection task
+/// that moves one event into each of 100 streams would make 100 socket writes. Its writes
+/// are copied here instead, and passed on in one write when the round ends (the connection
+/// task closes its [`Round`] and lets h2 flush once more), or sooner once [`GATHER`] bytes
+/// are waiting. Outside a round every flush passes through.
+///
+/// Every byte passed to the socket goes through a [`FrameReader`] that credits the
+/// [`Ledger`]: what waits here still counts as waiting for the socket.
 pub struct LedgerIo<I> {
     io: I,
     ledger: Ledger,
     frames: FrameReader,
+    round: Round,
+    /// Bytes h2 wrote and the socket has not taken yet, from `at` on; freed once passed on,
+    /// so an idle connection holds none.
+    out: Vec<u8>,
+    at: usize,
 }
 
 impl<I> LedgerIo<I> {
-    pub fn new(io: I, ledger: Ledger) -> Self {
+    pub fn new(io: I, ledger: Ledger, round: Round) -> Self {
         LedgerIo {
             io,
             ledger,
             frames: FrameReader::default(),
+            round,
+            out: Vec::new(),
+            at: 0,
         }
     }
 
+    fn waiting(&self) -> usize {
+        self.out.len().saturating_sub(self.at)
+    }
+
+    /// Credits the DATA frames in `n` bytes of `bufs` that went to the socket.
     fn wrote(&mut self, bufs: &[IoSlice<'_>], mut n: usize) {
         let ledger = &self.ledger;
         for b in bufs {
@@ -273,6 +323,68 @@ impl<I> LedgerIo<I> {
             self.frames
                 .read(part, &mut |stream, len| ledger.written(stream, len));
         }
+    }
+}
+
+impl<I: AsyncWrite + Unpin> LedgerIo<I> {
+    /// Passes on everything gathered.
+    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        while self.at < self.out.len() {
+            let rest = self.out.get(self.at..).unwrap_or_default();
+            let r = Pin::new(&mut self.io).poll_write(cx, rest);
+            if r.is_ready() {
+                self.ledger.writes.inc();
+            }
+            let n = match r {
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()));
+                }
+                Poll::Ready(Ok(n)) => n,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            };
+            let ledger = &self.ledger;
+            let written = rest.get(..n).unwrap_or_default();
+            self.frames
+                .read(written, &mut |stream, len| ledger.written(stream, len));
+            self.at = self.at.saturating_add(n);
+        }
+        self.out = Vec::new();
+        self.at = 0;
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_gather(
+        &mut self,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let total = bufs.iter().fold(0usize, |n, b| n.saturating_add(b.len()));
+        if self.waiting() > 0 && self.waiting().saturating_add(total) > GATHER {
+            match self.poll_drain(cx) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        if self.waiting() == 0 && total >= GATHER {
+            // Large enough on its own: straight to the socket, no copy.
+            let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+            if r.is_ready() {
+                self.ledger.writes.inc();
+            }
+            if let Poll::Ready(Ok(n)) = r {
+                self.wrote(bufs, n);
+            }
+            return r;
+        }
+        if self.out.is_empty() {
+            self.out.reserve(GATHER.min(total.max(4096)));
+        }
+        for b in bufs {
+            self.out.extend_from_slice(b);
+        }
+        Poll::Ready(Ok(total))
     }
 }
 
@@ -292,11 +404,7 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for LedgerIo<I> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        let r = Pin::new(&mut self.io).poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = r {
-            self.wrote(&[IoSlice::new(buf)], n);
-        }
-        r
+        self.poll_gather(cx, &[IoSlice::new(buf)])
     }
 
     fn poll_write_vectored(
@@ -304,23 +412,29 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for LedgerIo<I> {
         cx: &mut Context<'_>,
         bufs: &[IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
-        if let Poll::Ready(Ok(n)) = r {
-            self.wrote(bufs, n);
-        }
-        r
+        self.poll_gather(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
+        true
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
+        if self.round.is_open() && self.waiting() < GATHER {
+            // Mid-round: the round's end passes it on.
+            return Poll::Ready(Ok(()));
+        }
+        match self.poll_drain(cx) {
+            Poll::Ready(Ok(())) => Pin::new(&mut self.io).poll_flush(cx),
+            other => other,
+        }
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
+        match self.poll_drain(cx) {
+            Poll::Ready(Ok(())) => Pin::new(&mut self.io).poll_shutdown(cx),
+            other => other,
+        }
     }
 }
 
@@ -377,7 +491,7 @@ mod tests {
     #[test]
     fn the_budget_stops_drains_until_the_socket_takes_half() {
         let gauge = Gauge::default();
-        let ledger = Ledger::new(gauge.clone());
+        let ledger = Ledger::new(gauge.clone(), Counter::default());
         let (woken, waker) = counting_waker();
         let cx = Context::from_waker(&waker);
         let (mut a, mut b) = (None, None);
@@ -411,10 +525,195 @@ mod tests {
         assert_eq!(gauge.get(), 0);
     }
 
+    /// A socket that takes at most `room` bytes (then `Pending`), counting its writes.
+    #[derive(Default)]
+    struct Socket {
+        room: usize,
+        writes: usize,
+        data: Vec<u8>,
+    }
+
+    impl AsyncWrite for Socket {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            let n = buf.len().min(self.room);
+            if n == 0 {
+                return Poll::Pending;
+            }
+            self.room -= n;
+            self.writes += 1;
+            self.data.extend_from_slice(&buf[..n]);
+            Poll::Ready(Ok(n))
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// Writes each frame of `wire()` as h2 does (head and payload in one vectored write, then
+    /// a flush); every call must complete at once.
+    fn write_frames(io: &mut LedgerIo<Socket>, cx: &mut Context<'_>) {
+        let w = wire();
+        let mut rest = &w[..];
+        while !rest.is_empty() {
+            let len = usize::from(rest[0]) << 16 | usize::from(rest[1]) << 8 | usize::from(rest[2]);
+            let (head, tail) = rest.split_at(HEADER_LEN);
+            let (payload, tail) = tail.split_at(len);
+            let bufs = [IoSlice::new(head), IoSlice::new(payload)];
+            let n = match Pin::new(&mut *io).poll_write_vectored(cx, &bufs) {
+                Poll::Ready(Ok(n)) => n,
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(n, HEADER_LEN + len);
+            assert!(Pin::new(&mut *io).poll_flush(cx).is_ready());
+            rest = tail;
+        }
+    }
+
+    fn ledger_with_watches() -> (Ledger, Counter) {
+        let writes = Counter::default();
+        let ledger = Ledger::new(Gauge::default(), writes.clone());
+        ledger.sent(3, 117);
+        ledger.sent(5, 3000);
+        (ledger, writes)
+    }
+
+    #[test]
+    fn a_round_s_frames_reach_the_socket_in_one_write_when_it_ends() {
+        let (ledger, writes) = ledger_with_watches();
+        let round = Round::default();
+        let mut io = LedgerIo::new(
+            Socket {
+                room: usize::MAX,
+                ..Socket::default()
+            },
+            ledger.clone(),
+            round.clone(),
+        );
+        let mut cx = Context::from_waker(Waker::noop());
+        round.open();
+        write_frames(&mut io, &mut cx);
+        // h2 flushed after every frame: nothing reached the socket, all still held.
+        assert_eq!(io.io.writes, 0);
+        assert_eq!(ledger.held(), 3117);
+        round.close();
+        assert!(matches!(
+            Pin::new(&mut io).poll_flush(&mut cx),
+            Poll::Ready(Ok(()))
+        ));
+        assert_eq!(io.io.writes, 1);
+        assert_eq!(io.io.data, wire());
+        assert_eq!(
+            ledger.held(),
+            0,
+            "the DATA frames are credited once written"
+        );
+        assert_eq!(writes.get(), 1);
+        // Nothing waits any more: the gathering buffer is freed.
+        assert_eq!(io.out.capacity(), 0);
+    }
+
+    #[test]
+    fn outside_a_round_every_flush_passes_through() {
+        let (ledger, _) = ledger_with_watches();
+        let mut io = LedgerIo::new(
+            Socket {
+                room: usize::MAX,
+                ..Socket::default()
+            },
+            ledger,
+            Round::default(),
+        );
+        let mut cx = Context::from_waker(Waker::noop());
+        write_frames(&mut io, &mut cx);
+        assert_eq!(io.io.writes, 7, "one write per flushed frame");
+        assert_eq!(io.io.data, wire());
+    }
+
+    #[test]
+    fn a_round_passes_on_what_it_gathered_once_it_reaches_the_limit() {
+        let (ledger, _) = ledger_with_watches();
+        let round = Round::default();
+        let mut io = LedgerIo::new(
+            Socket {
+                room: usize::MAX,
+                ..Socket::default()
+            },
+            ledger,
+            round.clone(),
+        );
+        let mut cx = Context::from_waker(Waker::noop());
+        round.open();
+        let chunk = vec![0u8; 1000];
+        let mut total = 0;
+        while total <= GATHER + 1000 {
+            assert!(matches!(
+                Pin::new(&mut io).poll_write(&mut cx, &chunk),
+                Poll::Ready(Ok(1000))
+            ));
+            assert!(Pin::new(&mut io).poll_flush(&mut cx).is_ready());
+            total += 1000;
+        }
+        assert_eq!(
+            io.io.writes, 1,
+            "the limit passed on what was gathered, in one write"
+        );
+        assert!(io.waiting() <= GATHER);
+        // A write as large as the limit goes straight through once nothing waits.
+        round.close();
+        assert!(Pin::new(&mut io).poll_flush(&mut cx).is_ready());
+        let big = vec![1u8; GATHER];
+        assert!(matches!(
+            Pin::new(&mut io).poll_write(&mut cx, &big),
+            Poll::Ready(Ok(n)) if n == GATHER
+        ));
+        assert_eq!(io.io.writes, 3);
+        assert_eq!(io.io.data.len(), total + GATHER);
+    }
+
+    #[test]
+    fn a_full_socket_keeps_what_was_gathered_and_holds_h2_back() {
+        let (ledger, _) = ledger_with_watches();
+        let round = Round::default();
+        let mut io = LedgerIo::new(Socket::default(), ledger.clone(), round.clone());
+        let mut cx = Context::from_waker(Waker::noop());
+        round.open();
+        write_frames(&mut io, &mut cx);
+        round.close();
+        // The socket takes nothing: the flush waits, and so does a write past the limit.
+        assert!(Pin::new(&mut io).poll_flush(&mut cx).is_pending());
+        let big = vec![0u8; GATHER];
+        assert!(Pin::new(&mut io).poll_write(&mut cx, &big).is_pending());
+        assert_eq!(ledger.held(), 3117);
+        // Some room: part of it goes, each DATA frame credited as its header goes.
+        io.io.room = 150;
+        assert!(Pin::new(&mut io).poll_flush(&mut cx).is_pending());
+        assert_eq!(
+            ledger.held(),
+            3017,
+            "stream 3's first frame went, stream 5's did not"
+        );
+        io.io.room = usize::MAX;
+        assert!(matches!(
+            Pin::new(&mut io).poll_flush(&mut cx),
+            Poll::Ready(Ok(()))
+        ));
+        assert_eq!(io.io.data, wire());
+        assert_eq!(ledger.held(), 0);
+    }
+
     #[test]
     fn a_dropped_connection_gives_its_share_back() {
         let gauge = Gauge::default();
-        let ledger = Ledger::new(gauge.clone());
+        let ledger = Ledger::new(gauge.clone(), Counter::default());
         let other = ledger.clone();
         ledger.hold(4096);
         drop(ledger);

@@ -197,6 +197,46 @@ async fn many_watches_on_one_connection_each_get_every_event_in_order() {
     .await;
 }
 
+/// The `svc_http2_writes_total` counter.
+async fn h2_writes(srv: &TestServer) -> f64 {
+    let (writes, n) = metric(srv, |l| l.starts_with("svc_http2_writes_total ")).await;
+    assert_eq!(n, 1, "one svc_http2_writes_total sample");
+    writes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_event_reaches_every_watch_of_a_connection_in_a_few_writes() {
+    // One DATA frame per stream, gathered: h2 alone writes each frame over 256 bytes on its
+    // own (100 writes); a round of the connection's task passes every frame it moved to the
+    // socket in one write. A round carries at least two streams (`FuturesUnordered` ends it
+    // once two of its members were woken while polled, which h2's window bookkeeping does).
+    const WATCHES: usize = 100;
+    let srv = TestServer::start_with(|o| o.http2_max_streams_per_connection = 500).await;
+    create_namespace(&srv.admin(), "gathered").await;
+    let rv = list_rv(&srv, "/api/v1/namespaces/gathered/serviceaccounts").await;
+    let before = sa_watchers(&srv).await;
+    let conn = connect(&srv, 1 << 20).await;
+    let path = format!(
+        "/api/v1/namespaces/gathered/serviceaccounts?watch=1&labelSelector=t%3Dh2&resourceVersion={rv}"
+    );
+    let mut watches = Vec::new();
+    for _ in 0..WATCHES {
+        watches.push(Events::open(&conn, &path).await);
+    }
+    assert_eq!(sa_watchers(&srv).await - before, WATCHES as f64);
+    let writes = h2_writes(&srv).await;
+    create_sa(&srv, "gathered", "one").await;
+    for (n, w) in watches.iter_mut().enumerate() {
+        let ev = w.next().await.expect("the watch is open");
+        assert_eq!(ev["object"]["metadata"]["name"], "one", "watch {n}");
+    }
+    let writes = h2_writes(&srv).await - writes;
+    assert!(
+        (1.0..=(WATCHES / 2 + 5) as f64).contains(&writes),
+        "{writes} writes carried one event to {WATCHES} streams of one connection"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_reset_by_the_client_ends_its_watch() {
     let srv = TestServer::start().await;

@@ -497,6 +497,8 @@ async fn metrics_have_kube_apiserver_names_and_labels() {
         "svc_http2_watch_held_bytes",
         &[],
     );
+    assert_eq!(f.kind("svc_http2_writes"), "counter");
+    f.value("svc_http2_writes", "svc_http2_writes_total", &[]);
 
     // Nothing disagreed in validation.
     assert_eq!(
