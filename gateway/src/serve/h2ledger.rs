@@ -533,6 +533,16 @@ mod tests {
         data: Vec<u8>,
     }
 
+    impl Socket {
+        /// A socket that takes everything.
+        fn open() -> Self {
+            Socket {
+                room: usize::MAX,
+                ..Socket::default()
+            }
+        }
+    }
+
     impl AsyncWrite for Socket {
         fn poll_write(
             mut self: Pin<&mut Self>,
@@ -590,14 +600,7 @@ mod tests {
     fn a_round_s_frames_reach_the_socket_in_one_write_when_it_ends() {
         let (ledger, writes) = ledger_with_watches();
         let round = Round::default();
-        let mut io = LedgerIo::new(
-            Socket {
-                room: usize::MAX,
-                ..Socket::default()
-            },
-            ledger.clone(),
-            round.clone(),
-        );
+        let mut io = LedgerIo::new(Socket::open(), ledger.clone(), round.clone());
         let mut cx = Context::from_waker(Waker::noop());
         round.open();
         write_frames(&mut io, &mut cx);
@@ -624,14 +627,7 @@ mod tests {
     #[test]
     fn outside_a_round_every_flush_passes_through() {
         let (ledger, _) = ledger_with_watches();
-        let mut io = LedgerIo::new(
-            Socket {
-                room: usize::MAX,
-                ..Socket::default()
-            },
-            ledger,
-            Round::default(),
-        );
+        let mut io = LedgerIo::new(Socket::open(), ledger, Round::default());
         let mut cx = Context::from_waker(Waker::noop());
         write_frames(&mut io, &mut cx);
         assert_eq!(io.io.writes, 7, "one write per flushed frame");
@@ -642,14 +638,7 @@ mod tests {
     fn a_round_passes_on_what_it_gathered_once_it_reaches_the_limit() {
         let (ledger, _) = ledger_with_watches();
         let round = Round::default();
-        let mut io = LedgerIo::new(
-            Socket {
-                room: usize::MAX,
-                ..Socket::default()
-            },
-            ledger,
-            round.clone(),
-        );
+        let mut io = LedgerIo::new(Socket::open(), ledger, round.clone());
         let mut cx = Context::from_waker(Waker::noop());
         round.open();
         let chunk = vec![0u8; 1000];

@@ -159,23 +159,34 @@ async fn create_sa(srv: &TestServer, ns: &str, name: &str) {
     assert_eq!(s, StatusCode::CREATED, "{v}");
 }
 
+/// `n` watches of namespace `ns`'s ServiceAccounts (labelled `t=h2`) on one new h2
+/// connection, from the namespace's creation on; with the watcher count before them.
+async fn watches_on_one_connection(
+    srv: &TestServer,
+    ns: &str,
+    n: usize,
+) -> (f64, SendRequest<Bytes>, Vec<Events>) {
+    create_namespace(&srv.admin(), ns).await;
+    let rv = list_rv(srv, &format!("/api/v1/namespaces/{ns}/serviceaccounts")).await;
+    let before = sa_watchers(srv).await;
+    let conn = connect(srv, 1 << 20).await;
+    let path = format!(
+        "/api/v1/namespaces/{ns}/serviceaccounts?watch=1&labelSelector=t%3Dh2&resourceVersion={rv}"
+    );
+    let mut watches = Vec::new();
+    for _ in 0..n {
+        watches.push(Events::open(&conn, &path).await);
+    }
+    assert_eq!(sa_watchers(srv).await - before, n as f64);
+    (before, conn, watches)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_watches_on_one_connection_each_get_every_event_in_order() {
     const WATCHES: usize = 200;
     const EVENTS: usize = 10;
     let srv = TestServer::start_with(|o| o.http2_max_streams_per_connection = 500).await;
-    create_namespace(&srv.admin(), "many").await;
-    let rv = list_rv(&srv, "/api/v1/namespaces/many/serviceaccounts").await;
-    let before = sa_watchers(&srv).await;
-    let conn = connect(&srv, 1 << 20).await;
-    let path = format!(
-        "/api/v1/namespaces/many/serviceaccounts?watch=1&labelSelector=t%3Dh2&resourceVersion={rv}"
-    );
-    let mut watches = Vec::new();
-    for _ in 0..WATCHES {
-        watches.push(Events::open(&conn, &path).await);
-    }
-    assert_eq!(sa_watchers(&srv).await - before, WATCHES as f64);
+    let (before, _conn, mut watches) = watches_on_one_connection(&srv, "many", WATCHES).await;
     for i in 0..EVENTS {
         create_sa(&srv, "many", &format!("c{i}")).await;
     }
@@ -212,18 +223,7 @@ async fn one_event_reaches_every_watch_of_a_connection_in_a_few_writes() {
     // once two of its members were woken while polled, which h2's window bookkeeping does).
     const WATCHES: usize = 100;
     let srv = TestServer::start_with(|o| o.http2_max_streams_per_connection = 500).await;
-    create_namespace(&srv.admin(), "gathered").await;
-    let rv = list_rv(&srv, "/api/v1/namespaces/gathered/serviceaccounts").await;
-    let before = sa_watchers(&srv).await;
-    let conn = connect(&srv, 1 << 20).await;
-    let path = format!(
-        "/api/v1/namespaces/gathered/serviceaccounts?watch=1&labelSelector=t%3Dh2&resourceVersion={rv}"
-    );
-    let mut watches = Vec::new();
-    for _ in 0..WATCHES {
-        watches.push(Events::open(&conn, &path).await);
-    }
-    assert_eq!(sa_watchers(&srv).await - before, WATCHES as f64);
+    let (_, _conn, mut watches) = watches_on_one_connection(&srv, "gathered", WATCHES).await;
     let writes = h2_writes(&srv).await;
     create_sa(&srv, "gathered", "one").await;
     for (n, w) in watches.iter_mut().enumerate() {
