@@ -215,6 +215,11 @@ struct FrameReader {
 }
 
 impl FrameReader {
+    /// Reads `bytes`, which went to the socket, and credits their DATA frames to `ledger`.
+    fn credit(&mut self, bytes: &[u8], ledger: &Ledger) {
+        self.read(bytes, &mut |stream, len| ledger.written(stream, len));
+    }
+
     /// Reads `bytes`, the next bytes on the wire; calls `data(stream, len)` for each DATA
     /// frame whose header completes.
     fn read(&mut self, mut bytes: &[u8], data: &mut impl FnMut(u32, usize)) {
@@ -313,15 +318,13 @@ impl<I> LedgerIo<I> {
 
     /// Credits the DATA frames in `n` bytes of `bufs` that went to the socket.
     fn wrote(&mut self, bufs: &[IoSlice<'_>], mut n: usize) {
-        let ledger = &self.ledger;
         for b in bufs {
             if n == 0 {
                 break;
             }
             let part = b.get(..n.min(b.len())).unwrap_or_default();
             n = n.saturating_sub(part.len());
-            self.frames
-                .read(part, &mut |stream, len| ledger.written(stream, len));
+            self.frames.credit(part, &self.ledger);
         }
     }
 }
@@ -343,10 +346,8 @@ impl<I: AsyncWrite + Unpin> LedgerIo<I> {
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Pending => return Poll::Pending,
             };
-            let ledger = &self.ledger;
-            let written = rest.get(..n).unwrap_or_default();
             self.frames
-                .read(written, &mut |stream, len| ledger.written(stream, len));
+                .credit(rest.get(..n).unwrap_or_default(), &self.ledger);
             self.at = self.at.saturating_add(n);
         }
         self.out = Vec::new();
