@@ -8,7 +8,7 @@
 # hammer queues. The writer runs on its own thread in the load generator; the hammer is a
 # child process pinned to HAMMER_CPUS (default: the last core) at niceness HAMMER_NICE
 # (default 10). Release binaries in BIN (default target/release; GW overrides the gateway's,
-# e.g. to compare two builds); the report in OUT.
+# e.g. to compare two builds; GW_ARGS adds flags to it); the report in OUT.
 #
 # usage: cargo build --release -p svc-gateway -p svc-loadtest
 #        scripts/measure-fairness.sh        # OUT=/tmp/svc-fairness OBJECTS=10000 CLIENTS=32
@@ -93,7 +93,7 @@ EOF
 
 "$GW" --data-dir "$W/data" --bind-address 127.0.0.1 --secure-port 0 --log-level warn \
     --authorization-config "$W/authz.yaml" \
-    --max-requests-inflight "$INFLIGHT" --max-queued-requests-per-user "$QUEUE" \
+    --max-requests-inflight "$INFLIGHT" --max-queued-requests-per-user "$QUEUE" ${GW_ARGS:-} \
     > "$OUT/gateway.log" 2>&1 &
 GPID=$!
 PIDS+=("$GPID")

@@ -5,6 +5,7 @@
 
 pub mod app;
 pub mod audited;
+pub mod bulk;
 pub mod conn_limits;
 pub mod h1conn;
 pub mod h2conn;

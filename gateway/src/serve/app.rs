@@ -30,6 +30,7 @@ use crate::registry::state::Registry;
 use crate::security::state::Security;
 use crate::security::tokens::Tokens;
 use crate::security::{audit, jwt};
+use crate::serve::bulk::Bulk;
 
 pub struct ServerState {
     /// Everything the handlers serve with.
@@ -52,6 +53,8 @@ pub struct ServerState {
     pub h2_watch_held: Gauge,
     /// Writes h2 connections passed to their transport (`svc_http2_writes_total`).
     pub h2_writes: Counter,
+    /// `--list-niceness`: the threads lists over HTTP/1.1 run on (`bulk.rs`); `None` at 0.
+    pub bulk: Option<Bulk>,
 }
 
 /// What a server is made of besides its options and store.
@@ -134,6 +137,13 @@ impl ServerState {
              frames one round of the connection's task gathered, for every stream it served",
             h2_writes.clone(),
         );
+        let bulk = match opts.list_niceness {
+            0 => None,
+            steps => {
+                let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+                Some(Bulk::new(threads, steps).context("starting the list threads")?)
+            }
+        };
         let registry = Registry {
             store,
             caches,
@@ -172,6 +182,7 @@ impl ServerState {
             proxy: None,
             h2_watch_held,
             h2_writes,
+            bulk,
         })
     }
 }

@@ -29,6 +29,7 @@ use hyper::body::Body as _;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::sync::watch;
 
+use crate::base::verb::Verb;
 use crate::http::respond::Body;
 use crate::security::authn::ConnIdentity;
 use crate::serve::app::ServerState;
@@ -56,69 +57,234 @@ pub struct Prefixed<I> {
 
 /// Serves `io` (whose first bytes, `seen`, are already read) while its requests are GETs
 /// without a body; `Some` hands the connection, with what was read of the next request, to
-/// hyper.
+/// hyper. With `--list-niceness`, the connection moves to the bulk threads (`bulk.rs`) with
+/// its first list, and stays there, reading its next heads too, for as long as it lists.
 pub async fn serve<I>(
-    mut io: I,
+    io: I,
     seen: Vec<u8>,
     limits: &Limits,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
     app: Arc<ServerState>,
     ident: Arc<ConnIdentity>,
 ) -> Option<Prefixed<I>>
 where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let conn = Conn {
+        limits: limits.clone(),
+        stop,
+        app,
+        ident,
+    };
+    let mut exit = serve_lane(io, seen, None, conn.clone(), Lane::Request).await;
+    loop {
+        let Exit::Switch { io, buf, next } = exit else {
+            break;
+        };
+        let Some(bulk) = conn.app.bulk.as_ref() else {
+            return None; // never switched without bulk threads
+        };
+        let task = bulk.spawn(serve_lane(io, buf, Some(next), conn.clone(), Lane::Bulk));
+        exit = match task.await {
+            Ok(Exit::Switch { io, buf, next }) => {
+                serve_lane(io, buf, Some(next), conn.clone(), Lane::Request).await
+            }
+            Ok(other) => other,
+            Err(e) => {
+                tracing::warn!(error = %e, "a connection's task on the bulk threads ended");
+                return None;
+            }
+        };
+    }
+    match exit {
+        Exit::Hyper(prefixed) => Some(prefixed),
+        Exit::End | Exit::Switch { .. } => None,
+    }
+}
+
+/// What every request of a connection is served with.
+#[derive(Clone)]
+struct Conn {
+    limits: Limits,
+    stop: watch::Receiver<bool>,
+    app: Arc<ServerState>,
+    ident: Arc<ConnIdentity>,
+}
+
+/// Which threads a connection is served on.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Lane {
+    /// The request threads.
+    Request,
+    /// The bulk threads, for lists.
+    Bulk,
+}
+
+/// How serving a connection on one lane ended.
+enum Exit<I> {
+    /// Closed, or gone.
+    End,
+    /// To hyper.
+    Hyper(Prefixed<I>),
+    /// A request for the other lane: the connection, what follows the request's head, and the
+    /// request.
+    Switch {
+        io: I,
+        buf: Vec<u8>,
+        next: Box<Parsed>,
+    },
+}
+
+/// The lane a request is served on: lists on the bulk threads when there are some.
+fn lane_of(app: &ServerState, req: &Request<RequestBody>) -> Lane {
+    if app.bulk.is_some() && is_list(req) {
+        Lane::Bulk
+    } else {
+        Lane::Request
+    }
+}
+
+/// Serves the connection's requests (`first`, then what it reads) on `lane`, until one
+/// belongs to the other lane.
+async fn serve_lane<I>(
+    mut io: I,
+    mut buf: Vec<u8>,
+    mut first: Option<Box<Parsed>>,
+    mut conn: Conn,
+    lane: Lane,
+) -> Exit<I>
+where
     I: AsyncRead + AsyncWrite + Unpin,
 {
-    let mut buf = seen;
     loop {
-        let parsed = match read_head(&mut io, &mut buf, limits, &mut stop).await {
-            HeadRead::Ours(p) => p,
-            HeadRead::Hyper => {
-                return Some(Prefixed {
-                    head: Bytes::from(buf),
-                    io,
-                });
-            }
-            HeadRead::End => return None,
-        };
-        // What follows the head (pipelined requests) stays; an empty buffer is freed, so a
-        // watch holds none.
-        buf.drain(..parsed.len.min(buf.len()));
-        if buf.is_empty() {
-            buf = Vec::new();
-        }
-        let caller = Caller::Connection(ident.clone());
-        // Boxed: the pipeline's future is large, and only needed until the response is made.
-        let resp = Box::pin(pipeline::handle(app.clone(), caller, parsed.req)).await;
-        let (head, body, close) = response_head(resp, parsed.close || *stop.borrow());
-        let mut out = Out::new(head, body);
-        let mut closing = false;
-        let sent = {
-            let mut send = std::pin::pin!(std::future::poll_fn(|cx| out.poll_send(
-                &mut io,
-                cx,
-                &mut buf,
-                limits.max_head
-            )));
-            loop {
-                tokio::select! {
-                    r = &mut send => break r,
-                    // At shutdown the response in flight is finished (a watch ends itself).
-                    _ = crate::base::lifecycle::until_set(&mut stop), if !closing => closing = true,
+        let parsed = match first.take() {
+            Some(p) => p,
+            None => match read_head(&mut io, &mut buf, &conn.limits, &mut conn.stop).await {
+                HeadRead::Ours(p) => {
+                    // What follows the head (pipelined requests) stays; an empty buffer is
+                    // freed, so a watch holds none.
+                    buf.drain(..p.len.min(buf.len()));
+                    if buf.is_empty() {
+                        buf = Vec::new();
+                    }
+                    p
                 }
-            }
+                HeadRead::Hyper => {
+                    return Exit::Hyper(Prefixed {
+                        head: Bytes::from(buf),
+                        io,
+                    });
+                }
+                HeadRead::End => return Exit::End,
+            },
         };
+        if lane_of(&conn.app, &parsed.req) != lane {
+            return Exit::Switch {
+                io,
+                buf,
+                next: parsed,
+            };
+        }
+        let Parsed { req, close, .. } = *parsed;
+        let caller = Caller::Connection(conn.ident.clone());
+        let Answered {
+            io: back,
+            spare,
+            sent,
+            close,
+            closing,
+        } = respond(
+            io,
+            buf,
+            conn.app.clone(),
+            caller,
+            req,
+            close,
+            conn.limits.max_head,
+            conn.stop.clone(),
+        )
+        .await;
+        io = back;
+        buf = spare;
         match sent {
-            Ok(Sent::Complete) if !close && !closing && !*stop.borrow() => {}
+            Ok(Sent::Complete) if !close && !closing && !*conn.stop.borrow() => {}
             Ok(Sent::Complete) => {
                 let _ = tokio::time::timeout(CLOSE_GRACE, io.shutdown()).await;
-                return None;
+                return Exit::End;
             }
-            Ok(Sent::Gone) => return None,
+            Ok(Sent::Gone) => return Exit::End,
             Err(e) => {
                 tracing::debug!(error = %e, "connection ended while writing a response");
-                return None;
+                return Exit::End;
             }
         }
+    }
+}
+
+/// Whether a request is a list (a GET of a collection, not a watch).
+fn is_list(req: &Request<RequestBody>) -> bool {
+    let route = crate::base::router::route(req.uri().path());
+    Verb::of(
+        req.method(),
+        &route,
+        crate::base::router::is_watch(req.uri()),
+    ) == Verb::List
+}
+
+/// A request answered: the connection and what was read of the next request given back, with
+/// how the response went.
+struct Answered<I> {
+    io: I,
+    spare: Vec<u8>,
+    sent: Result<Sent, std::io::Error>,
+    /// Either side asked to close after it.
+    close: bool,
+    /// Shutdown began while it was written.
+    closing: bool,
+}
+
+/// Handles one request and writes its response; what the client sends meanwhile goes to
+/// `spare` (up to `max_spare` bytes).
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one request's whole context, moved in and out"
+)]
+async fn respond<I>(
+    mut io: I,
+    mut spare: Vec<u8>,
+    app: Arc<ServerState>,
+    caller: Caller,
+    req: Request<RequestBody>,
+    close_asked: bool,
+    max_spare: usize,
+    mut stop: watch::Receiver<bool>,
+) -> Answered<I>
+where
+    I: AsyncRead + AsyncWrite + Unpin,
+{
+    // Boxed: the pipeline's future is large, and only needed until the response is made.
+    let resp = Box::pin(pipeline::handle(app, caller, req)).await;
+    let (head, body, close) = response_head(resp, close_asked || *stop.borrow());
+    let mut out = Out::new(head, body);
+    let mut closing = false;
+    let sent = {
+        let mut send = std::pin::pin!(std::future::poll_fn(
+            |cx| out.poll_send(&mut io, cx, &mut spare, max_spare)
+        ));
+        loop {
+            tokio::select! {
+                r = &mut send => break r,
+                // At shutdown the response in flight is finished (a watch ends itself).
+                _ = crate::base::lifecycle::until_set(&mut stop), if !closing => closing = true,
+            }
+        }
+    };
+    Answered {
+        io,
+        spare,
+        sent,
+        close,
+        closing,
     }
 }
 

@@ -245,3 +245,95 @@ async fn a_watch_is_a_chunked_stream_of_events_and_ends_when_its_client_leaves()
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Run time so far (ns, `/proc/self/task/T/schedstat`) of this process's threads named
+/// `svc-bulk` at niceness `nice`, and how many there are.
+#[cfg(target_os = "linux")]
+fn bulk_threads(nice: i64) -> (u64, usize) {
+    let mut ran = 0;
+    let mut count = 0;
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let dir = task.path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
+        // The fields after the command's closing parenthesis; niceness is the 19th field.
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let niceness: Option<i64> = rest.split_whitespace().nth(16).and_then(|f| f.parse().ok());
+        if comm.trim() != "svc-bulk" || niceness != Some(nice) {
+            continue;
+        }
+        let sched = std::fs::read_to_string(dir.join("schedstat")).unwrap_or_default();
+        ran += sched
+            .split_whitespace()
+            .next()
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0);
+        count += 1;
+    }
+    (ran, count)
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn lists_run_on_the_nicer_threads_and_the_connection_comes_back_for_the_rest() {
+    // 19: apart from every other test server of this process (default 10 steps nicer).
+    let srv = TestServer::start_with(|o| o.list_niceness = 19).await;
+    let (before, threads) = bulk_threads(19);
+    assert!(
+        threads >= 1,
+        "the server starts its list threads at niceness 19"
+    );
+    let (r, mut w) = tokio::io::split(tls(&srv).await);
+    let mut rd = Reader { r, buf: Vec::new() };
+    let ns = r#"{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"lanes"}}"#;
+    // Lists (bulk threads), a get and a readyz (request threads), lists again, a POST (hyper
+    // from there on), and a list that hyper serves.
+    let mut all = String::new();
+    for _ in 0..20 {
+        all += &get("/api/v1/namespaces");
+    }
+    all += &get("/api/v1/namespaces/default");
+    all += &get("/readyz");
+    all += &get("/api/v1/namespaces?limit=1");
+    all += &format!(
+        "POST /api/v1/namespaces HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{ns}",
+        ns.len()
+    );
+    all += &get("/api/v1/namespaces");
+    w.write_all(all.as_bytes()).await.unwrap();
+    for _ in 0..20 {
+        let (h, v) = rd.response().await;
+        assert_eq!(h.status, 200);
+        assert_eq!(v["kind"], "NamespaceList");
+        assert!(!v["items"].as_array().unwrap().is_empty());
+    }
+    let (h, v) = rd.response().await;
+    assert_eq!(
+        (h.status, &v["metadata"]["name"]),
+        (200, &Value::from("default"))
+    );
+    let h = rd.head().await;
+    assert_eq!(h.status, 200);
+    assert_eq!(rd.body(&h).await, b"ok");
+    let (h, v) = rd.response().await;
+    assert_eq!(h.status, 200);
+    assert_eq!(v["items"].as_array().unwrap().len(), 1);
+    let (h, v) = rd.response().await;
+    assert_eq!(h.status, 201, "{v}");
+    let (h, v) = rd.response().await;
+    assert_eq!(h.status, 200);
+    let names: Vec<&str> = v["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|o| o["metadata"]["name"].as_str())
+        .collect();
+    assert!(names.contains(&"lanes"), "{names:?}");
+    let (after, _) = bulk_threads(19);
+    assert!(
+        after > before,
+        "the lists ran on the niceness-19 threads ({before} ns before, {after} ns after)"
+    );
+}

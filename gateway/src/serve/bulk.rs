@@ -1,0 +1,128 @@
+//! Threads of their own, at a lower OS priority, for the requests that move the most bytes
+//! for the least urgency: lists over HTTP/1.1 (`--list-niceness`). A list of 10,000 objects
+//! is megabytes to gather, encrypt and copy into a socket; 32 clients listing at once kept
+//! both request threads of a 2-core machine busy, and a write queued behind them (writer
+//! p99 5.6–9× its p99 alone, in BENCHMARKS.md). Here a list's request, from its handler to
+//! its response's last byte, runs on the bulk runtime, whose threads run at the niceness
+//! asked for: when the CPUs are busy, the kernel runs the request threads (writes, gets,
+//! watches) ahead of them, and the request threads' own queues hold no lists.
+//!
+//! The sockets stay registered with the request runtime's reactor: a bulk thread only polls
+//! them. Lists over h2 stay on the request threads, as the connection's one task writes for
+//! every stream of it.
+
+use std::future::Future;
+use std::io;
+
+use tokio::runtime::{Handle, Runtime};
+use tokio::task::JoinHandle;
+
+/// The bulk runtime. Dropping it stops its threads without waiting for them.
+pub struct Bulk {
+    rt: Option<Runtime>,
+    handle: Handle,
+}
+
+impl Bulk {
+    /// A runtime of `threads` threads, each `steps` nicer than the thread that
+    /// started it (up to 19).
+    pub fn new(threads: usize, steps: u8) -> io::Result<Bulk> {
+        // Absolute, so that a thread a bulk thread starts (which inherits its niceness) gets
+        // the same, not more.
+        let to = niceness().saturating_add(i32::from(steps)).min(19);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads.max(1))
+            .thread_name("svc-bulk")
+            .on_thread_start(move || {
+                if let Err(e) = set_niceness(to) {
+                    tracing::warn!(error = %e, to, "bulk thread left at the process's niceness");
+                }
+            })
+            .enable_all()
+            .build()?;
+        let handle = rt.handle().clone();
+        Ok(Bulk {
+            rt: Some(rt),
+            handle,
+        })
+    }
+
+    /// Runs `fut` on a bulk thread.
+    pub fn spawn<F>(&self, fut: F) -> JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.handle.spawn(fut)
+    }
+}
+
+impl Drop for Bulk {
+    fn drop(&mut self) {
+        // A runtime dropped inside another's task would block it; this one is not waited for.
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Sets the calling thread's niceness to `to`: on Linux each thread has its own, and
+/// `setpriority(PRIO_PROCESS, 0, n)` sets the caller's. Raising it needs no privilege.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code, reason = "setpriority has no safe binding")]
+pub fn set_niceness(to: i32) -> io::Result<()> {
+    // SAFETY: `setpriority` takes plain integers and changes only the calling thread's niceness.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, to) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Elsewhere the niceness is per process: bulk threads keep the process's.
+#[cfg(not(target_os = "linux"))]
+pub fn set_niceness(_to: i32) -> io::Result<()> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        "per-thread niceness is Linux's",
+    ))
+}
+
+/// The calling thread's niceness (on Linux, its own).
+#[allow(unsafe_code, reason = "getpriority has no safe binding")]
+pub fn niceness() -> i32 {
+    // SAFETY: `getpriority` takes plain integers and reads the calling thread's niceness. Its
+    // -1 for an error is also a valid niceness; the caller (this thread) always exists.
+    unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn bulk_threads_run_at_the_niceness_asked_and_the_caller_keeps_its_own() {
+        let before = niceness();
+        let bulk = Bulk::new(1, 7).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let inside = rt.block_on(bulk.spawn(async { niceness() })).unwrap();
+        assert_eq!(inside, (before + 7).min(19));
+        assert_eq!(niceness(), before);
+    }
+
+    #[test]
+    fn a_bulk_runtime_dropped_inside_a_task_does_not_block_it() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let bulk = Bulk::new(2, 5).unwrap();
+            assert_eq!(bulk.spawn(async { 1 + 1 }).await.unwrap(), 2);
+            drop(bulk);
+        });
+    }
+}
