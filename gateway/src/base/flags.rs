@@ -273,8 +273,9 @@ pub struct Options {
 
     /// MiB of the embedded store's page cache (redb's). Reads are served by the watch caches,
     /// so the store's cache serves writes and startup; pages it does not hold are read from
-    /// the operating system's file cache.
-    #[arg(long, default_value_t = 256)]
+    /// the operating system's file cache, which the kernel can reclaim, where this cache's
+    /// pages are the process's own until it exits.
+    #[arg(long, default_value_t = 32)]
     pub storage_page_cache_mb: usize,
 
     /// How long an Event lives: every write of one gives it this time to live, after which
