@@ -7,8 +7,9 @@
 # scripts/measure_issuer.py). The gateway runs with a small `--max-requests-inflight`, so the
 # hammer queues. The writer runs on its own thread in the load generator; the hammer is a
 # child process pinned to HAMMER_CPUS (default: the last core) at niceness HAMMER_NICE
-# (default 10). Release binaries in BIN (default target/release; GW overrides the gateway's,
-# e.g. to compare two builds; GW_ARGS adds flags to it); the report in OUT.
+# (default 10), listing over HTTP/1.1 (HAMMER_H2=1: over h2). Release binaries in BIN
+# (default target/release; GW overrides the gateway's, e.g. to compare two builds; GW_ARGS
+# adds flags to it); the report in OUT.
 #
 # usage: cargo build --release -p svc-gateway -p svc-loadtest
 #        scripts/measure-fairness.sh        # OUT=/tmp/svc-fairness OBJECTS=10000 CLIENTS=32
@@ -27,6 +28,7 @@ GW=${GW:-$BIN/svc-gateway}
 HAMMER_NICE=${HAMMER_NICE:-10}
 HAMMER_ARGS=(--hammer-nice "$HAMMER_NICE")
 [ -n "${HAMMER_CPUS:-}" ] && HAMMER_ARGS+=(--hammer-cpus "$HAMMER_CPUS")
+[ -n "${HAMMER_H2:-}" ] && HAMMER_ARGS+=(--hammer-h2)
 L="$BIN/svc-loadtest"
 mkdir -p "$OUT"
 W=$(mktemp -d)

@@ -15,7 +15,8 @@
 //! (`svc-loadtest fairness-hammer`, spawned like `raw-server`) pinned with `taskset` to
 //! `--hammer-cpus` (default: the last core) at niceness `--hammer-nice` (default 10), so
 //! that it takes at most one core and yields it to the server and the writer when they want
-//! it. The hammer does not build the listed objects: it counts each list's items in one
+//! it. Its clients list over HTTP/1.1, or over h2 with `--hammer-h2` (a connection each). The
+//! hammer does not build the listed objects: it counts each list's items in one
 //! pass over the bytes (`count_items`) and counts a list short of the collection as an error.
 
 use std::io::Write as _;
@@ -316,13 +317,14 @@ async fn list_once(c: &mut Conn, ns: &str) -> Result<std::result::Result<u64, St
     Ok(Ok(count_items(&resp.1).context("list")?))
 }
 
-/// Starts `clients` tasks listing `ns` until `stop`; a list with fewer than `expect` items
-/// is short (an error).
+/// Starts `clients` tasks listing `ns` until `stop`, each on a connection of its own (h2 or
+/// HTTP/1.1); a list with fewer than `expect` items is short (an error).
 fn hammer(
     ep: &Endpoint,
     ns: &str,
     clients: usize,
     expect: u64,
+    h2: bool,
     stop: &Arc<AtomicBool>,
     h: &Arc<Hammer>,
 ) {
@@ -332,7 +334,7 @@ fn hammer(
             let mut conn: Option<Conn> = None;
             while !stop.load(Relaxed) {
                 if conn.is_none() {
-                    match ep.connect(false).await {
+                    match ep.connect(h2).await {
                         Ok(c) => conn = Some(c),
                         Err(_) => {
                             h.errors.fetch_add(1, Relaxed);
@@ -386,6 +388,9 @@ pub struct HammerArgs {
     expect: u64,
     #[arg(long)]
     allow_remote: bool,
+    /// List over h2 (one connection per client) instead of HTTP/1.1.
+    #[arg(long)]
+    h2: bool,
 }
 
 /// The hammer's process: lists until standard input closes, printing its cumulative counts
@@ -394,7 +399,7 @@ pub async fn hammer_main(a: HammerArgs) -> Result<()> {
     let ep = target::from_kubeconfig(&a.kubeconfig, a.allow_remote).await?;
     let stop = Arc::new(AtomicBool::new(false));
     let h = Arc::new(Hammer::default());
-    hammer(&ep, &a.namespace, a.clients, a.expect, &stop, &h);
+    hammer(&ep, &a.namespace, a.clients, a.expect, a.h2, &stop, &h);
     let (tx, mut rx) = tokio::sync::oneshot::channel::<()>();
     std::thread::spawn(move || {
         let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
@@ -476,6 +481,9 @@ impl HammerChild {
         if p.allow_remote {
             argv.push("--allow-remote".into());
         }
+        if p.hammer_h2 {
+            argv.push("--h2".into());
+        }
         let mut child = tokio::process::Command::new(&argv[0])
             .args(&argv[1..])
             .stdin(Stdio::piped())
@@ -497,6 +505,9 @@ impl HammerChild {
             }
         });
         how.push("svc-loadtest fairness-hammer".into());
+        if p.hammer_h2 {
+            how.push("--h2".into());
+        }
         Ok(HammerChild {
             child,
             pid,

@@ -233,6 +233,9 @@ pub struct Params {
     /// fairness: the hammer process's niceness (`nice -n`; 0: as the load generator).
     #[arg(long, default_value_t = 10)]
     pub hammer_nice: i32,
+    /// fairness: the hammer lists over h2 (one connection per client) instead of HTTP/1.1.
+    #[arg(long)]
+    pub hammer_h2: bool,
 }
 
 fn secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {

@@ -893,6 +893,16 @@ fn user_kubeconfig(server: &svc_gateway::run::ServerHandle, user: &str, dir: &Pa
 /// release (BENCHMARKS.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fairness_reports_the_writer_alone_and_beside_the_hammer() {
+    fairness_case(false).await;
+}
+
+/// The same with the hammer listing over h2 (`--hammer-h2`, a connection per client).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fairness_reports_the_writer_beside_a_hammer_listing_over_h2() {
+    fairness_case(true).await;
+}
+
+async fn fairness_case(h2: bool) {
     let dir = tempfile::tempdir().unwrap();
     let mut opts = svc_gateway::base::flags::Options::for_tests(dir.path().join("server"));
     opts.log_level = "warn".into();
@@ -908,32 +918,32 @@ async fn fairness_reports_the_writer_alone_and_beside_the_hammer() {
         .set_authorizers(vec![Box::new(AllowUsers(&["lt-hammer", "lt-writer"]))]);
     let hammer = user_kubeconfig(&server, "lt-hammer", dir.path());
     let writer = user_kubeconfig(&server, "lt-writer", dir.path());
-    let r = &loadtest(
-        args(&[
-            "fairness",
-            "--kubeconfig",
-            &hammer,
-            "--writer-kubeconfig",
-            &writer,
-            "--objects",
-            "500",
-            "--clients",
-            "8",
-            "--rate",
-            "20",
-            "--writers",
-            "2",
-            "--duration",
-            "2s",
-            // Pinned (the default) but not niced: on a busy machine a niced hammer gets
-            // too little CPU to keep three lists in flight at once, and the test is of
-            // what the server refuses, not of the measurement's CPU policy.
-            "--hammer-nice",
-            "0",
-        ]),
-        dir.path().join("fairness"),
-    )
-    .await[0];
+    let mut flags = vec![
+        "fairness",
+        "--kubeconfig",
+        &hammer,
+        "--writer-kubeconfig",
+        &writer,
+        "--objects",
+        "500",
+        "--clients",
+        "8",
+        "--rate",
+        "20",
+        "--writers",
+        "2",
+        "--duration",
+        "2s",
+        // Pinned (the default) but not niced: on a busy machine a niced hammer gets
+        // too little CPU to keep three lists in flight at once, and the test is of
+        // what the server refuses, not of the measurement's CPU policy.
+        "--hammer-nice",
+        "0",
+    ];
+    if h2 {
+        flags.push("--hammer-h2");
+    }
+    let r = &loadtest(args(&flags), dir.path().join("fairness")).await[0];
     assert_eq!(r["scenario"], "fairness");
     let x = &r["extra"];
     for k in [
@@ -959,13 +969,18 @@ async fn fairness_reports_the_writer_alone_and_beside_the_hammer() {
     assert_eq!(x["hammer_short_lists"], 0, "{x}");
     // The hammer ran in its own process (its CPU read from its own /proc entry), the writer
     // on the load generator's writer thread; each phase's CPU is reported.
+    let process = if h2 {
+        "svc-loadtest fairness-hammer --h2"
+    } else {
+        "svc-loadtest fairness-hammer"
+    };
     assert!(
-        x["hammer_process"]
-            .as_str()
-            .unwrap()
-            .ends_with("svc-loadtest fairness-hammer"),
+        x["hammer_process"].as_str().unwrap().ends_with(process),
         "{x}"
     );
+    // Only the hammer's clients may speak h2 (the writer and the seeding speak HTTP/1.1).
+    let h2_writes = server.app.h2_writes.get();
+    assert_eq!(h2_writes > 0, h2, "h2 writes: {h2_writes}");
     assert!(x["hammer_cpu_pct"].as_f64().unwrap() > 0.0, "{x}");
     for k in ["loadgen_cpu_pct_alone", "loadgen_cpu_pct_hammered"] {
         assert!(x[k].as_f64().unwrap() >= 0.0, "{k}: {x}");

@@ -8,14 +8,18 @@
 //! watches) ahead of them, and the request threads' own queues hold no lists.
 //!
 //! The sockets stay registered with the request runtime's reactor: a bulk thread only polls
-//! them. Lists over h2 stay on the request threads, as the connection's one task writes for
-//! every stream of it.
+//! them. Over h2, a list's request task (its handler, and handing its body to h2 as the
+//! stream's window allows) runs here; the connection's one task, which encrypts and writes
+//! for every stream of it, stays on the request threads.
 
 use std::future::Future;
 use std::io;
 
 use tokio::runtime::{Handle, Runtime};
 use tokio::task::JoinHandle;
+
+use crate::base::router;
+use crate::base::verb::Verb;
 
 /// The bulk runtime. Dropping it stops its threads without waiting for them.
 pub struct Bulk {
@@ -47,6 +51,11 @@ impl Bulk {
         })
     }
 
+    /// Where to spawn onto the bulk threads.
+    pub fn handle(&self) -> &Handle {
+        &self.handle
+    }
+
     /// Runs `fut` on a bulk thread.
     pub fn spawn<F>(&self, fut: F) -> JoinHandle<F::Output>
     where
@@ -64,6 +73,11 @@ impl Drop for Bulk {
             rt.shutdown_background();
         }
     }
+}
+
+/// Whether a request is a list (a GET of a collection, not a watch): what runs here.
+pub fn is_list(method: &http::Method, uri: &http::Uri) -> bool {
+    Verb::of(method, &router::route(uri.path()), router::is_watch(uri)) == Verb::List
 }
 
 /// Sets the calling thread's niceness to `to`: on Linux each thread has its own, and
@@ -112,6 +126,21 @@ mod tests {
         let inside = rt.block_on(bulk.spawn(async { niceness() })).unwrap();
         assert_eq!(inside, (before + 7).min(19));
         assert_eq!(niceness(), before);
+    }
+
+    #[test]
+    fn lists_are_gets_of_collections_that_are_not_watches() {
+        let list = |m: http::Method, u: &str| is_list(&m, &u.parse().unwrap());
+        assert!(list(http::Method::GET, "/api/v1/namespaces"));
+        assert!(list(
+            http::Method::GET,
+            "/apis/apps/v1/namespaces/a/deployments?limit=500"
+        ));
+        assert!(!list(http::Method::GET, "/api/v1/namespaces?watch=true"));
+        assert!(!list(http::Method::GET, "/api/v1/watch/namespaces"));
+        assert!(!list(http::Method::GET, "/api/v1/namespaces/default"));
+        assert!(!list(http::Method::POST, "/api/v1/namespaces"));
+        assert!(!list(http::Method::GET, "/readyz"));
     }
 
     #[test]

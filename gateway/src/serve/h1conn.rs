@@ -29,10 +29,10 @@ use hyper::body::Body as _;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::sync::watch;
 
-use crate::base::verb::Verb;
 use crate::http::respond::Body;
 use crate::security::authn::ConnIdentity;
 use crate::serve::app::ServerState;
+use crate::serve::bulk::is_list;
 use crate::serve::conn_limits::CLOSE_GRACE;
 use crate::serve::pipeline::{self, Caller, RequestBody};
 
@@ -137,7 +137,7 @@ enum Exit<I> {
 
 /// The lane a request is served on: lists on the bulk threads when there are some.
 fn lane_of(app: &ServerState, req: &Request<RequestBody>) -> Lane {
-    if app.bulk.is_some() && is_list(req) {
+    if app.bulk.is_some() && is_list(req.method(), req.uri()) {
         Lane::Bulk
     } else {
         Lane::Request
@@ -219,16 +219,6 @@ where
             }
         }
     }
-}
-
-/// Whether a request is a list (a GET of a collection, not a watch).
-fn is_list(req: &Request<RequestBody>) -> bool {
-    let route = crate::base::router::route(req.uri().path());
-    Verb::of(
-        req.method(),
-        &route,
-        crate::base::router::is_watch(req.uri()),
-    ) == Verb::List
 }
 
 /// A request answered: the connection and what was read of the next request given back, with

@@ -38,6 +38,7 @@ use crate::http::respond::Body;
 use crate::http::stream::{MAX_BATCH_BYTES, WatchHandoff, WatchStream};
 use crate::security::authn::ConnIdentity;
 use crate::serve::app::ServerState;
+use crate::serve::bulk::is_list;
 use crate::serve::conn_limits::{Activity, Busy, CLOSE_GRACE};
 use crate::serve::h2ledger::{Ledger, LedgerIo, Round};
 use crate::serve::pipeline::{self, Caller, H2Body, RequestBody};
@@ -515,7 +516,13 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
 fn spawn_request(shared: &Arc<ConnState>, req: Request<RecvStream>, respond: SendResponse<Bytes>) {
     let busy = shared.activity.begin();
     let shared = shared.clone();
-    tokio::spawn(async move {
+    let bulk = shared
+        .app
+        .bulk
+        .as_ref()
+        .filter(|_| is_list(req.method(), req.uri()))
+        .map(|b| b.handle().clone());
+    let task = async move {
         let head_only = req.method() == Method::HEAD;
         let declared = req
             .headers()
@@ -536,7 +543,12 @@ fn spawn_request(shared: &Arc<ConnState>, req: Request<RecvStream>, respond: Sen
                 drop(busy);
             }
         }
-    });
+    };
+    // A list's task runs on the bulk threads (`bulk.rs`).
+    match bulk {
+        Some(on) => drop(on.spawn(task)),
+        None => drop(tokio::spawn(task)),
+    }
 }
 
 /// The response head without what h2 forbids, with `content-length` when the body's size is

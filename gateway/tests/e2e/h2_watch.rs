@@ -658,3 +658,71 @@ async fn a_client_that_stops_reading_costs_its_connection_budget_not_every_strea
     )
     .await;
 }
+
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_list_over_h2_runs_on_the_nicer_threads_and_a_watch_beside_it_goes_on() {
+    // 19: apart from every other test server of this process (default 10 steps nicer).
+    let srv = TestServer::start_with(|o| o.list_niceness = 19).await;
+    create_sa(&srv, "default", "lane").await;
+    let conn = connect(&srv, 1 << 20).await;
+    let (status, mut body) = send(
+        &conn,
+        Method::GET,
+        "/api/v1/namespaces/default/serviceaccounts",
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let list: Value = serde_json::from_slice(&read_all(&mut body).await).unwrap();
+    let rv = list["metadata"]["resourceVersion"].as_str().unwrap();
+    let (status, mut watch) = send(
+        &conn,
+        Method::GET,
+        &format!("/api/v1/namespaces/default/serviceaccounts?watch=1&resourceVersion={rv}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (before, threads) = crate::support::threads::settled_bulk_threads(19).await;
+    assert!(
+        threads >= 1,
+        "the server starts its list threads at niceness 19"
+    );
+    for _ in 0..20 {
+        let (status, mut body) = send(
+            &conn,
+            Method::GET,
+            "/api/v1/namespaces/default/serviceaccounts",
+            None,
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        let list: Value = serde_json::from_slice(&read_all(&mut body).await).unwrap();
+        assert_eq!(list["kind"], "ServiceAccountList");
+        assert!(
+            list["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|o| o["metadata"]["name"] == "lane")
+        );
+    }
+    let (after, _) = crate::support::threads::bulk_threads(19);
+    assert!(
+        after > before,
+        "the lists ran on the niceness-19 threads ({before} ns before, {after} ns after)"
+    );
+    // The watch on the same connection still gets its events.
+    create_sa(&srv, "default", "lane-2").await;
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("lane-2") {
+        let chunk = tokio::time::timeout(BOUND, watch.data())
+            .await
+            .expect("the watch gets its event in time")
+            .expect("the watch goes on")
+            .unwrap();
+        let _ = watch.flow_control().release_capacity(chunk.len());
+        seen.extend_from_slice(&chunk);
+    }
+}

@@ -10,6 +10,8 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
 use crate::support::client::{TestServer, create_namespace};
+#[cfg(target_os = "linux")]
+use crate::support::threads::{bulk_threads, settled_bulk_threads};
 
 /// Every step must end well within this.
 const BOUND: Duration = Duration::from_secs(10);
@@ -246,41 +248,12 @@ async fn a_watch_is_a_chunked_stream_of_events_and_ends_when_its_client_leaves()
     }
 }
 
-/// Run time so far (ns, `/proc/self/task/T/schedstat`) of this process's threads named
-/// `svc-bulk` at niceness `nice`, and how many there are.
-#[cfg(target_os = "linux")]
-fn bulk_threads(nice: i64) -> (u64, usize) {
-    let mut ran = 0;
-    let mut count = 0;
-    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-        let dir = task.path();
-        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
-        let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
-        // The fields after the command's closing parenthesis; niceness is the 19th field.
-        let Some((_, rest)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        let niceness: Option<i64> = rest.split_whitespace().nth(16).and_then(|f| f.parse().ok());
-        if comm.trim() != "svc-bulk" || niceness != Some(nice) {
-            continue;
-        }
-        let sched = std::fs::read_to_string(dir.join("schedstat")).unwrap_or_default();
-        ran += sched
-            .split_whitespace()
-            .next()
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0);
-        count += 1;
-    }
-    (ran, count)
-}
-
 #[cfg(target_os = "linux")]
 #[tokio::test]
 async fn lists_run_on_the_nicer_threads_and_the_connection_comes_back_for_the_rest() {
     // 19: apart from every other test server of this process (default 10 steps nicer).
     let srv = TestServer::start_with(|o| o.list_niceness = 19).await;
-    let (before, threads) = bulk_threads(19);
+    let (before, threads) = settled_bulk_threads(19).await;
     assert!(
         threads >= 1,
         "the server starts its list threads at niceness 19"
