@@ -19,7 +19,6 @@ use tokio::runtime::{Handle, Runtime};
 use tokio::task::JoinHandle;
 
 use crate::base::router;
-use crate::base::verb::Verb;
 
 /// The bulk runtime. Dropping it stops its threads without waiting for them.
 pub struct Bulk {
@@ -75,9 +74,26 @@ impl Drop for Bulk {
     }
 }
 
-/// Whether a request is a list (a GET of a collection, not a watch): what runs here.
+/// Whether a request is a list (a GET of a collection, not a watch): what runs here. Told by
+/// the path's shape, as Kubernetes' request info tells it, so that the kinds this server does
+/// not know itself (custom resources, an upstream's in proxy mode) are told too: after the
+/// group and version, `{resource}` or `namespaces/{namespace}/{resource}` (but not a
+/// namespace's own `status` or `finalize`).
 pub fn is_list(method: &http::Method, uri: &http::Uri) -> bool {
-    Verb::of(method, &router::route(uri.path()), router::is_watch(uri)) == Verb::List
+    if method != http::Method::GET {
+        return false;
+    }
+    let (watch, rest) = router::watch_and_rest(uri);
+    if watch {
+        return false;
+    }
+    let parts = match rest.as_slice() {
+        ["namespaces", _, sub, tail @ ..] if !matches!(*sub, "status" | "finalize") => {
+            tail.len().saturating_add(1)
+        }
+        all => all.len(),
+    };
+    parts == 1
 }
 
 /// Sets the calling thread's niceness to `to`: on Linux each thread has its own, and
@@ -134,7 +150,7 @@ mod tests {
         assert!(list(http::Method::GET, "/api/v1/namespaces"));
         assert!(list(
             http::Method::GET,
-            "/apis/apps/v1/namespaces/a/deployments?limit=500"
+            "/api/v1/namespaces/a/serviceaccounts?limit=500"
         ));
         assert!(!list(http::Method::GET, "/api/v1/namespaces?watch=true"));
         assert!(!list(http::Method::GET, "/api/v1/watch/namespaces"));
