@@ -85,6 +85,13 @@ async fn read_all(body: &mut RecvStream) -> Vec<u8> {
     out
 }
 
+/// A GET on the connection that must answer 200 with JSON: the JSON.
+async fn get_json(conn: &SendRequest<Bytes>, path: &str) -> Value {
+    let (status, mut body) = send(conn, Method::GET, path, None).await;
+    assert_eq!(status, StatusCode::OK, "GET {path}");
+    serde_json::from_slice(&read_all(&mut body).await).unwrap()
+}
+
 /// Watch events read line by line from one stream.
 struct Events {
     body: RecvStream,
@@ -417,15 +424,7 @@ async fn ordinary_requests_share_a_connection_with_watches() {
         );
     }
     // A list of about 1 MB, on the same connection.
-    let (status, mut resp) = send(
-        &conn,
-        Method::GET,
-        "/api/v1/namespaces/mixed/serviceaccounts",
-        None,
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK);
-    let list: Value = serde_json::from_slice(&read_all(&mut resp).await).unwrap();
+    let list = get_json(&conn, "/api/v1/namespaces/mixed/serviceaccounts").await;
     let items = list["items"].as_array().unwrap();
     assert_eq!(
         items
@@ -666,15 +665,7 @@ async fn a_list_over_h2_runs_on_the_nicer_threads_and_a_watch_beside_it_goes_on(
     let srv = TestServer::start_with(|o| o.list_niceness = 19).await;
     create_sa(&srv, "default", "lane").await;
     let conn = connect(&srv, 1 << 20).await;
-    let (status, mut body) = send(
-        &conn,
-        Method::GET,
-        "/api/v1/namespaces/default/serviceaccounts",
-        None,
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK);
-    let list: Value = serde_json::from_slice(&read_all(&mut body).await).unwrap();
+    let list = get_json(&conn, "/api/v1/namespaces/default/serviceaccounts").await;
     let rv = list["metadata"]["resourceVersion"].as_str().unwrap();
     let (status, mut watch) = send(
         &conn,
@@ -690,15 +681,7 @@ async fn a_list_over_h2_runs_on_the_nicer_threads_and_a_watch_beside_it_goes_on(
         "the server starts its list threads at niceness 19"
     );
     for _ in 0..20 {
-        let (status, mut body) = send(
-            &conn,
-            Method::GET,
-            "/api/v1/namespaces/default/serviceaccounts",
-            None,
-        )
-        .await;
-        assert_eq!(status, StatusCode::OK);
-        let list: Value = serde_json::from_slice(&read_all(&mut body).await).unwrap();
+        let list = get_json(&conn, "/api/v1/namespaces/default/serviceaccounts").await;
         assert_eq!(list["kind"], "ServiceAccountList");
         assert!(
             list["items"]
