@@ -160,6 +160,25 @@ mod tests {
     }
 
     #[test]
+    fn a_bulk_runtime_dropped_on_one_of_its_own_threads_lets_that_task_finish() {
+        // The server's state owns the runtime and the tasks on it hold the state: the last
+        // holder may be a list's task on a bulk thread.
+        let bulk = std::sync::Arc::new(parking_lot::Mutex::new(Some(Bulk::new(1, 1).unwrap())));
+        let inner = bulk.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        if let Some(b) = bulk.lock().as_ref() {
+            drop(b.spawn(async move {
+                let taken = inner.lock().take();
+                drop(taken);
+                tx.send(()).unwrap();
+            }));
+        }
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the task that dropped its runtime ran on to its end");
+        assert!(bulk.lock().is_none());
+    }
+
+    #[test]
     fn a_bulk_runtime_dropped_inside_a_task_does_not_block_it() {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
