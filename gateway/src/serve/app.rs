@@ -53,7 +53,7 @@ pub struct ServerState {
     pub h2_watch_held: Gauge,
     /// Writes h2 connections passed to their transport (`svc_http2_writes_total`).
     pub h2_writes: Counter,
-    /// `--list-niceness`: the threads lists over HTTP/1.1 run on (`bulk.rs`); `None` at 0.
+    /// `--list-niceness`: the threads lists run on (`bulk.rs`); `None` at 0.
     pub bulk: Option<Bulk>,
 }
 
