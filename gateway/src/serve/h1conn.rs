@@ -185,27 +185,25 @@ where
                 next: parsed,
             };
         }
-        let Parsed { req, close, .. } = *parsed;
         let caller = Caller::Connection(conn.ident.clone());
-        let Answered {
-            io: back,
-            spare,
-            sent,
-            close,
-            closing,
-        } = respond(
-            io,
-            buf,
-            conn.app.clone(),
-            caller,
-            req,
-            close,
-            conn.limits.max_head,
-            conn.stop.clone(),
-        )
-        .await;
-        io = back;
-        buf = spare;
+        // Boxed: the pipeline's future is large, and only needed until the response is made.
+        let resp = Box::pin(pipeline::handle(conn.app.clone(), caller, parsed.req)).await;
+        let (head, body, close) = response_head(resp, parsed.close || *conn.stop.borrow());
+        let mut out = Out::new(head, body);
+        let mut closing = false;
+        let sent = {
+            let max_spare = conn.limits.max_head;
+            let mut send = std::pin::pin!(std::future::poll_fn(
+                |cx| out.poll_send(&mut io, cx, &mut buf, max_spare)
+            ));
+            loop {
+                tokio::select! {
+                    r = &mut send => break r,
+                    // At shutdown the response in flight is finished (a watch ends itself).
+                    _ = crate::base::lifecycle::until_set(&mut conn.stop), if !closing => closing = true,
+                }
+            }
+        };
         match sent {
             Ok(Sent::Complete) if !close && !closing && !*conn.stop.borrow() => {}
             Ok(Sent::Complete) => {
@@ -218,63 +216,6 @@ where
                 return Exit::End;
             }
         }
-    }
-}
-
-/// A request answered: the connection and what was read of the next request given back, with
-/// how the response went.
-struct Answered<I> {
-    io: I,
-    spare: Vec<u8>,
-    sent: Result<Sent, std::io::Error>,
-    /// Either side asked to close after it.
-    close: bool,
-    /// Shutdown began while it was written.
-    closing: bool,
-}
-
-/// Handles one request and writes its response; what the client sends meanwhile goes to
-/// `spare` (up to `max_spare` bytes).
-#[allow(
-    clippy::too_many_arguments,
-    reason = "one request's whole context, moved in and out"
-)]
-async fn respond<I>(
-    mut io: I,
-    mut spare: Vec<u8>,
-    app: Arc<ServerState>,
-    caller: Caller,
-    req: Request<RequestBody>,
-    close_asked: bool,
-    max_spare: usize,
-    mut stop: watch::Receiver<bool>,
-) -> Answered<I>
-where
-    I: AsyncRead + AsyncWrite + Unpin,
-{
-    // Boxed: the pipeline's future is large, and only needed until the response is made.
-    let resp = Box::pin(pipeline::handle(app, caller, req)).await;
-    let (head, body, close) = response_head(resp, close_asked || *stop.borrow());
-    let mut out = Out::new(head, body);
-    let mut closing = false;
-    let sent = {
-        let mut send = std::pin::pin!(std::future::poll_fn(
-            |cx| out.poll_send(&mut io, cx, &mut spare, max_spare)
-        ));
-        loop {
-            tokio::select! {
-                r = &mut send => break r,
-                // At shutdown the response in flight is finished (a watch ends itself).
-                _ = crate::base::lifecycle::until_set(&mut stop), if !closing => closing = true,
-            }
-        }
-    };
-    Answered {
-        io,
-        spare,
-        sent,
-        close,
-        closing,
     }
 }
 
