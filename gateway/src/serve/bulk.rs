@@ -1,5 +1,5 @@
 //! Threads of their own, at a lower OS priority, for the requests that move the most bytes
-//! for the least urgency: lists over HTTP/1.1 (`--list-niceness`). A list of 10,000 objects
+//! for the least urgency: lists (`--list-niceness`). A list of 10,000 objects
 //! is megabytes to gather, encrypt and copy into a socket; 32 clients listing at once kept
 //! both request threads of a 2-core machine busy, and a write queued behind them (writer
 //! p99 5.6–9× its p99 alone, in BENCHMARKS.md). Here a list's request, from its handler to
