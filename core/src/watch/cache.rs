@@ -3,6 +3,7 @@
 //! in the history ring, keeps list snapshots, and dispatches each event to the watchers it
 //! concerns. Lists are answered from O(1) snapshots outside any lock.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Instant;
@@ -12,7 +13,7 @@ use parking_lot::{Mutex, RwLock};
 use svc_storage::{Event, EventKind, FeedItem, KeyValue, Revision};
 
 use super::cached::{CachedObject, KindCodec};
-use super::dispatch::{Registry, SlotState, WatcherSlot};
+use super::dispatch::{QUEUE_START, Registry, SlotState, WatcherSlot};
 use super::frames::{FrameEncoder, FrameFormat};
 use super::history::{EventType, HistoryRing, WatchCacheEvent};
 use super::interval::WatchCacheInterval;
@@ -22,6 +23,9 @@ use super::waiters::{RevisionWait, Waiters};
 use super::wakes::{WakeGate, Wakeup};
 use super::watcher::{WatchFilter, WatchRequest, WatchStart, Watcher};
 use crate::status::ApiError;
+
+/// An event just dispatched, with the frames its watchers will need (`frame_bit`s).
+type Fresh = (Arc<WatchCacheEvent>, u16);
 
 /// Errors kept per apply report, at most (the rest are only counted).
 const MAX_REPORTED_ERRORS: usize = 16;
@@ -43,6 +47,9 @@ pub(crate) struct CacheState {
     pub(crate) waiters: Waiters,
     /// Where the wakers of watchers with new events go (paced by the gateway).
     gate: Arc<WakeGate>,
+    /// The wakers `apply` collects, kept from one event to the next (sized by the watchers
+    /// registered), so that dispatching allocates nothing per event.
+    wake_scratch: Mutex<Vec<Wakeup>>,
 }
 
 impl CacheState {
@@ -144,6 +151,7 @@ impl WatchCache {
                 encoder: FrameEncoder::new(codec),
                 inner: RwLock::new(Inner::default()),
                 registry: Mutex::new(Registry::default()),
+                wake_scratch: Mutex::new(Vec::new()),
                 revision: AtomicI64::new(0),
                 waiters: Waiters::default(),
                 gate,
@@ -220,7 +228,7 @@ impl WatchCache {
             shared.revision.store(revision, Ordering::Release);
         }
         report.woken = wake.len();
-        self.wake(wake, revision);
+        self.wake(&mut wake, revision);
         report
     }
 
@@ -245,9 +253,11 @@ impl WatchCache {
     /// dropped on the way. `now` is the clock of the time bounds.
     pub fn apply(&self, item: FeedItem, now: Instant) -> ApplyReport {
         let mut report = ApplyReport::default();
-        let mut wake = Vec::new();
+        // Taken, not locked across the apply: another caller meanwhile gets a fresh one.
+        let mut wake = std::mem::take(&mut *self.shared.wake_scratch.lock());
+        let mut fresh = Vec::new();
         let shared = &self.shared;
-        let revision = {
+        let (revision, watchers) = {
             let mut guard = shared.inner.write();
             let inner = &mut *guard;
             let mut reg = shared.registry.lock();
@@ -261,7 +271,14 @@ impl WatchCache {
                         inner.events_received.saturating_add(events.len() as u64);
                     let applied_before = report.applied;
                     for ev in &events {
-                        self.apply_event_locked(inner, &mut reg, ev, now, &mut report, &mut wake);
+                        fresh.extend(self.apply_event_locked(
+                            inner,
+                            &mut reg,
+                            ev,
+                            now,
+                            &mut report,
+                            &mut wake,
+                        ));
                     }
                     if report.applied > applied_before {
                         inner.snapshots.maybe_take(
@@ -276,10 +293,21 @@ impl WatchCache {
             }
             report.evicted = self.evict_locked(inner, &mut reg, now, &mut wake);
             shared.revision.store(inner.revision, Ordering::Release);
-            inner.revision
+            (inner.revision, reg.len())
         };
+        // The frames the woken watchers will need are encoded here, outside the locks and
+        // before they run: on the ingest thread, where the ring's other long-lived data is
+        // allocated, rather than on whichever request thread drains first.
+        for (event, frames) in fresh {
+            shared.encoder.prepare(&event, frames);
+        }
         report.woken = wake.len();
-        self.wake(wake, revision);
+        self.wake(&mut wake, revision);
+        // Kept at about the watchers registered: what a burst of them grew goes with them.
+        if wake.capacity() > watchers.max(64).saturating_mul(2) {
+            wake.shrink_to(watchers);
+        }
+        *self.shared.wake_scratch.lock() = wake;
         report
     }
 
@@ -297,7 +325,7 @@ impl WatchCache {
                 inner.revision,
             )
         };
-        self.wake(wake, revision);
+        self.wake(&mut wake, revision);
         evicted
     }
 
@@ -309,11 +337,11 @@ impl WatchCache {
         now: Instant,
         report: &mut ApplyReport,
         wake: &mut Vec<Wakeup>,
-    ) {
+    ) -> Option<Fresh> {
         let rev = ev.revision();
         if !inner.ready || rev <= inner.revision {
             report.skipped = report.skipped.saturating_add(1);
-            return;
+            return None;
         }
         let key = &ev.kv.key;
         let prev = inner.state.get(&key[..]).cloned();
@@ -336,7 +364,7 @@ impl WatchCache {
                     // write, so this is corruption, reported to the ingest task's log.
                     report.error(e);
                     inner.revision = rev;
-                    return;
+                    return None;
                 }
             },
             EventKind::Delete => match inner.state.remove(&key[..]) {
@@ -345,15 +373,16 @@ impl WatchCache {
                     // Never seen (or left out as undecodable): nothing to tell anyone.
                     inner.revision = rev;
                     report.skipped = report.skipped.saturating_add(1);
-                    return;
+                    return None;
                 }
             },
         };
-        self.push_event_locked(inner, reg, event_type, object, prev, rev, now, wake);
         report.applied = report.applied.saturating_add(1);
+        self.push_event_locked(inner, reg, event_type, object, prev, rev, now, wake)
     }
 
-    /// Records one change in the history, dispatches it and moves the revision to `rev`.
+    /// Records one change in the history, dispatches it and moves the revision to `rev`;
+    /// returns the event with the frames its watchers will need, if any.
     #[allow(clippy::too_many_arguments)]
     fn push_event_locked(
         &self,
@@ -365,7 +394,7 @@ impl WatchCache {
         rev: Revision,
         now: Instant,
         wake: &mut Vec<Wakeup>,
-    ) {
+    ) -> Option<Fresh> {
         let seq = inner.history.next_seq();
         let prev = if event_type == EventType::Deleted {
             Some(object.clone())
@@ -376,16 +405,18 @@ impl WatchCache {
             event_type, object, prev, rev, seq, now,
         ));
         inner.snapshots.note_event(rev, event.prev.as_deref());
-        reg.dispatch(
+        let frames = reg.dispatch(
             &event,
             inner.history.first_seq(),
             inner.history.evicted_upto(),
             self.shared.config.watcher_queue_limit,
             wake,
         );
+        let fresh = (frames != 0).then(|| (event.clone(), frames));
         inner.history.push(event);
         inner.revision = rev;
         inner.last_event = rev;
+        fresh
     }
 
     /// Brings a filled cache to a new full read at `revision` (a relist after the feed's start
@@ -464,7 +495,7 @@ impl WatchCache {
             revision
         };
         report.woken = wake.len();
-        self.wake(wake, revision);
+        self.wake(&mut wake, revision);
         report
     }
 
@@ -490,7 +521,7 @@ impl WatchCache {
         evicted
     }
 
-    fn wake(&self, wake: Vec<Wakeup>, revision: Revision) {
+    fn wake(&self, wake: &mut Vec<Wakeup>, revision: Revision) {
         self.shared.gate.wake(wake);
         self.shared.waiters.wake(revision);
     }
@@ -563,6 +594,8 @@ impl WatchCache {
             filter,
             state: Mutex::new(SlotState {
                 catchup,
+                queue: VecDeque::with_capacity(QUEUE_START),
+                format: req.format.index() as u8,
                 ..SlotState::default()
             }),
         });

@@ -14,6 +14,12 @@
 //! moves past its position. Such lagging watchers sit in an ordered set by position, so the
 //! eviction that overruns them finds them in O(log n) and wakes them with the news.
 //!
+//! Dispatch allocates nothing per event once warm: it never grows a queue (one that is full
+//! overflows into the walk above, and the watcher doubles its own queue, up to the limit, when
+//! it has walked), the cache keeps its wake list from event to event, and the wake gate keeps
+//! its slots. It runs on the caches' ingest thread, where what the cache keeps is allocated;
+//! short-lived blocks among those would leave pages resident after a load.
+//!
 //! Locks: the cache's state lock, then this registry's mutex, then one watcher's slot mutex;
 //! always in that order. Watchers draining take only the state lock (shared) and their own
 //! slot, never the registry, so thousands of them do not contend with one another.
@@ -25,6 +31,7 @@ use std::task::Waker;
 use parking_lot::Mutex;
 use svc_storage::Revision;
 
+use super::frames::FrameFormat;
 use super::history::WatchCacheEvent;
 use super::interval::WatchCacheInterval;
 use super::wakes::Wakeup;
@@ -50,6 +57,9 @@ pub(crate) struct SlotState {
     /// whose task drives all its watches); 0 for none. The gate wakes a group's watchers
     /// together, so their connection runs once for all of them.
     pub(crate) group: u64,
+    /// The media type it is served in (`FrameFormat::index`): dispatch reports which frames
+    /// its watchers will need. Kept here, beside what dispatch touches anyway.
+    pub(crate) format: u8,
     /// Set when the ring moved past this watcher (or the cache was relisted): the oldest
     /// revision a watch may resume from, for the 410 message.
     pub(crate) expired: Option<Revision>,
@@ -77,6 +87,24 @@ impl SlotState {
             None => self.queue.front().map(|p| p >> 2),
         }
     }
+}
+
+/// Positions a new watcher's queue holds before it first falls back to walking the ring.
+/// Dispatch never grows a queue (it runs on the caches' ingest thread, whose long-lived
+/// allocations short-lived ones would scatter, and it is the hot loop); a watcher that had to
+/// walk doubles its own queue, up to `watcher_queue_limit`, on its own thread.
+pub(crate) const QUEUE_START: usize = 8;
+
+/// The bit of one (event type, format) frame in `dispatch`'s answer.
+pub(crate) fn frame_bit(ty: super::EventType, format: FrameFormat) -> u16 {
+    frame_bit_at(ty, format.index() as u8)
+}
+
+fn frame_bit_at(ty: super::EventType, format: u8) -> u16 {
+    let i = (ty as u32)
+        .wrapping_mul(FrameFormat::ALL.len() as u32)
+        .wrapping_add(u32::from(format));
+    1u16.checked_shl(i).unwrap_or(0)
 }
 
 pub(crate) fn pack(seq: u64, ty: super::EventType) -> u64 {
@@ -223,7 +251,8 @@ impl Registry {
     }
 
     /// Queues `event` for every watcher it concerns and collects the wakers to call once
-    /// the locks are released. `ring_first_seq`/`oldest` describe the ring before this
+    /// the locks are released; returns the frames (`frame_bit` of type and format) those
+    /// watchers will need. `ring_first_seq`/`oldest` describe the ring before this
     /// event's eviction pass: a visited watcher whose oldest needed event is already gone is
     /// expired here, so a stalled watcher is found by the next event it would have received.
     pub(crate) fn dispatch(
@@ -233,7 +262,8 @@ impl Registry {
         oldest: Revision,
         queue_limit: usize,
         wake: &mut Vec<Wakeup>,
-    ) {
+    ) -> u16 {
+        let mut frames = 0u16;
         let mut expired: Vec<u32> = Vec::new();
         {
             let Registry {
@@ -282,11 +312,13 @@ impl Registry {
                     expired.push(id);
                     continue;
                 }
-                if st.queue.len() >= queue_limit {
+                // The queue never grows here: growing it is the watcher's (`QUEUE_START`).
+                if st.queue.len() >= queue_limit.min(st.queue.capacity()) {
                     overflow(&mut st, id, event.seq, lagging);
                 } else {
                     st.queue.push_back(pack(event.seq, ty));
                 }
+                frames |= frame_bit_at(ty, st.format);
                 if let Some(w) = st.waker.take() {
                     wake.push((st.group, w));
                 }
@@ -295,6 +327,7 @@ impl Registry {
         for id in expired {
             self.remove_id(id);
         }
+        frames
     }
 
     /// Ends the lagging watchers whose position the ring has just dropped (`first_seq` is
@@ -355,7 +388,7 @@ fn overflow(st: &mut SlotState, id: u32, seq: u64, lagging: &mut BTreeSet<(u64, 
             st.catchup = Some(WatchCacheInterval::new(start, seq.saturating_add(1)));
         }
     }
-    st.queue = VecDeque::new();
+    st.queue.clear();
     if st.lagging_key.is_none()
         && let Some(c) = &st.catchup
     {

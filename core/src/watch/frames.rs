@@ -63,7 +63,7 @@ impl FrameFormat {
         FrameFormat::PartialMetadata(MetaGroup::Svc),
     ];
 
-    fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         match self {
             FrameFormat::Json => 0,
             FrameFormat::Protobuf => 1,
@@ -370,6 +370,19 @@ impl FrameEncoder {
         result
             .clone()
             .map_err(|m| ApiError::Internal(m.to_string()))
+    }
+
+    /// Encodes the frames of `event` named in `frames` (`dispatch::frame_bit`s) now, so that
+    /// the watchers find them made; a failure is kept in the frame's cell and reported to each
+    /// of them.
+    pub(crate) fn prepare(&self, event: &WatchCacheEvent, frames: u16) {
+        for ty in [EventType::Added, EventType::Modified, EventType::Deleted] {
+            for format in FrameFormat::ALL {
+                if frames & super::dispatch::frame_bit(ty, format) != 0 {
+                    let _ = self.event_frame(event, ty, format);
+                }
+            }
+        }
     }
 
     /// A frame for `obj` that is not shared (initial `ADDED` events: each watcher walks its

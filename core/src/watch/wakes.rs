@@ -59,62 +59,122 @@ pub struct WakeGate {
 
 #[derive(Debug, Default)]
 struct GateInner {
-    /// Tasks waiting for the pacer, in order: a group's wakers deferred by any number of
-    /// dispatches gather in the group's one entry (its first waker, then the rest), so the
-    /// group's task runs once for all of them.
-    pending: VecDeque<(u64, Waker, Vec<Waker>)>,
-    /// Each waiting group's entry, by absolute position (`popped` + index in `pending`).
-    groups: HashMap<u64, u64>,
-    /// Entries taken from the front of `pending` so far.
-    popped: u64,
+    /// Tasks waiting for the pacer, in order: indices into `slots` of each entry's first
+    /// waker. A group's wakers deferred by any number of dispatches gather in its one entry
+    /// (a chain through `slots`), so the group's task runs once for all of them.
+    pending: VecDeque<u32>,
+    /// Every deferred waker, in one slab (free ones on `free`): deferring allocates nothing
+    /// once the slab has grown to the backlog, so the caches' ingest thread, which defers,
+    /// does not scatter short-lived blocks among the long-lived ones it allocates.
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    /// Each waiting group's entry (the index of its first slot).
+    groups: HashMap<u64, u32>,
     /// Wakers waiting, in every entry.
     wakers: usize,
+    /// The most wakers waiting at once since the backlog last emptied.
+    peak: usize,
     pacer: Option<Waker>,
 }
 
+/// One deferred waker; an entry's first slot also keeps the entry's group and last slot.
+#[derive(Debug)]
+struct Slot {
+    waker: Option<Waker>,
+    group: u64,
+    next: u32,
+    last: u32,
+}
+
+/// The end of a chain of slots.
+const NONE: u32 = u32::MAX;
+
+/// Slab capacity always kept. More is kept while each backlog fills a quarter of it (under
+/// a steady load the slab is not regrown round after round), and let go after one that
+/// does not: after the load.
+const KEEP_SLOTS: usize = 4096;
+
 impl GateInner {
+    fn slot(&mut self, group: u64, waker: Waker) -> u32 {
+        let slot = Slot {
+            waker: Some(waker),
+            group,
+            next: NONE,
+            last: NONE,
+        };
+        if let Some(i) = self.free.pop()
+            && let Some(s) = self.slots.get_mut(i as usize)
+        {
+            *s = slot;
+            return i;
+        }
+        self.slots.push(slot);
+        // At most MAX_DEFERRED slots, far below u32::MAX.
+        u32::try_from(self.slots.len().saturating_sub(1)).unwrap_or(NONE)
+    }
+
     /// Queues wakers behind those waiting; a group already waiting takes them into its entry.
-    fn defer(&mut self, later: Vec<Wakeup>) {
+    fn defer(&mut self, later: impl Iterator<Item = Wakeup>) {
         for (group, w) in later {
             self.wakers = self.wakers.saturating_add(1);
+            self.peak = self.peak.max(self.wakers);
+            let i = self.slot(group, w);
             if group != 0
-                && let Some(&at) = self.groups.get(&group)
-                && let Some(entry) = usize::try_from(at.saturating_sub(self.popped))
-                    .ok()
-                    .and_then(|i| self.pending.get_mut(i))
+                && let Some(&head) = self.groups.get(&group)
             {
-                entry.2.push(w);
+                let tail = self
+                    .slots
+                    .get(head as usize)
+                    .map_or(head, |s| if s.last == NONE { head } else { s.last });
+                if let Some(t) = self.slots.get_mut(tail as usize) {
+                    t.next = i;
+                }
+                if let Some(h) = self.slots.get_mut(head as usize) {
+                    h.last = i;
+                }
                 continue;
             }
             if group != 0 {
-                let at = self.popped.saturating_add(self.pending.len() as u64);
-                self.groups.insert(group, at);
+                self.groups.insert(group, i);
             }
-            self.pending.push_back((group, w, Vec::new()));
+            self.pending.push_back(i);
         }
     }
 
-    /// Takes the first `tasks` entries' wakers.
-    fn take(&mut self, tasks: usize) -> Vec<Waker> {
-        let mut out = Vec::new();
+    /// Takes the first `tasks` entries' wakers into `out`.
+    fn take(&mut self, tasks: usize, out: &mut Vec<Waker>) {
         for _ in 0..tasks {
-            let Some((group, first, rest)) = self.pending.pop_front() else {
+            let Some(head) = self.pending.pop_front() else {
                 break;
             };
-            self.popped = self.popped.wrapping_add(1);
-            if group != 0 {
+            if let Some(group) = self.slots.get(head as usize).map(|s| s.group)
+                && group != 0
+            {
                 self.groups.remove(&group);
             }
-            self.wakers = self.wakers.saturating_sub(rest.len().saturating_add(1));
-            out.push(first);
-            out.extend(rest);
+            let mut at = head;
+            while let Some(s) = self.slots.get_mut(at as usize) {
+                if let Some(w) = s.waker.take() {
+                    out.push(w);
+                    self.wakers = self.wakers.saturating_sub(1);
+                }
+                self.free.push(at);
+                at = s.next;
+            }
         }
-        if self.pending.is_empty() {
-            // Let what a burst grew go.
-            self.groups = HashMap::new();
-            self.pending = VecDeque::new();
+        // Judged once per backlog, when its last entry goes.
+        if self.pending.is_empty() && self.peak > 0 {
+            if self.slots.capacity() > KEEP_SLOTS
+                && self.peak.saturating_mul(4) < self.slots.capacity()
+            {
+                // Let what a burst grew go.
+                *self = GateInner {
+                    pacer: self.pacer.take(),
+                    ..GateInner::default()
+                };
+            }
+            self.peak = 0;
         }
-        out
     }
 }
 
@@ -142,42 +202,43 @@ impl WakeGate {
     /// fits (nothing if others are already waiting: they go first) and queues the rest for
     /// the pacer, in order of group. A slice is `slice` tasks: the watchers of one group
     /// count as one.
-    pub(crate) fn wake(&self, wakers: Vec<Wakeup>) {
+    /// `wakers` is left empty, its capacity kept for the caller's next round.
+    pub(crate) fn wake(&self, wakers: &mut Vec<Wakeup>) {
         if wakers.is_empty() {
             return;
         }
         let Some(slice) = self.slice else {
-            wakers.into_iter().for_each(|(_, w)| w.wake());
+            wakers.drain(..).for_each(|(_, w)| w.wake());
             return;
         };
-        let mut now = wakers;
         let pacer = {
             let mut g = self.inner.lock();
-            if g.pending.is_empty() && now.len() <= slice {
+            if g.pending.is_empty() && wakers.len() <= slice {
                 None
             } else {
                 // A group's watchers together (dispatch visits them in registry order).
-                now.sort_unstable_by_key(|(group, _)| *group);
+                wakers.sort_unstable_by_key(|(group, _)| *group);
                 let room = MAX_DEFERRED.saturating_sub(g.wakers);
                 let keep = if g.pending.is_empty() {
-                    slice_len(now.iter(), slice)
+                    slice_len(wakers.iter(), slice)
                 } else {
                     0
                 };
                 // Past the cap the excess is woken at once: paced less, never lost.
-                let keep = keep.max(now.len().saturating_sub(room));
-                let later = now.split_off(keep.min(now.len()));
-                if later.is_empty() {
+                let keep = keep
+                    .max(wakers.len().saturating_sub(room))
+                    .min(wakers.len());
+                let later = wakers.len().saturating_sub(keep);
+                if later == 0 {
                     None
                 } else {
-                    self.deferred
-                        .fetch_add(later.len() as u64, Ordering::Relaxed);
-                    g.defer(later);
+                    self.deferred.fetch_add(later as u64, Ordering::Relaxed);
+                    g.defer(wakers.drain(keep..));
                     g.pacer.take()
                 }
             }
         };
-        now.into_iter().for_each(|(_, w)| w.wake());
+        wakers.drain(..).for_each(|(_, w)| w.wake());
         if let Some(p) = pacer {
             p.wake();
         }
@@ -188,7 +249,8 @@ impl WakeGate {
     /// runtime between calls.
     pub fn release(&self) -> usize {
         let n = self.slice.unwrap_or(usize::MAX);
-        let batch = self.inner.lock().take(n);
+        let mut batch = Vec::new();
+        self.inner.lock().take(n, &mut batch);
         let woken = batch.len();
         batch.into_iter().for_each(Waker::wake);
         woken
@@ -279,25 +341,25 @@ mod tests {
     #[test]
     fn an_idle_gate_wakes_a_slice_at_once_and_queues_the_rest_for_the_pacer() {
         let gate = WakeGate::paced(4);
-        let (c, w) = wakers(3);
-        gate.wake(w);
+        let (c, mut w) = wakers(3);
+        gate.wake(&mut w);
         assert_eq!(woken(&c), 3);
         assert_eq!(gate.waiting(), 0);
 
-        let (c, w) = wakers(10);
+        let (c, mut w) = wakers(10);
         let (p, pw) = wakers(1);
         let mut backlog = gate.pace();
         let mut cx = Context::from_waker(&pw[0].1);
         assert!(Pin::new(&mut backlog).poll(&mut cx).is_pending());
-        gate.wake(w);
+        gate.wake(&mut w);
         assert_eq!(woken(&c), 4, "one slice at once");
         assert_eq!(gate.waiting(), 6);
         assert_eq!(woken(&p), 1, "the pacer is told");
         assert!(Pin::new(&mut backlog).poll(&mut cx).is_ready());
 
         // While some wait, newcomers queue behind them.
-        let (c2, w2) = wakers(2);
-        gate.wake(w2);
+        let (c2, mut w2) = wakers(2);
+        gate.wake(&mut w2);
         assert_eq!(woken(&c2), 0);
         assert_eq!(gate.release(), 4);
         assert_eq!(woken(&c), 8);
@@ -310,11 +372,11 @@ mod tests {
     #[test]
     fn past_its_cap_the_gate_wakes_at_once_instead_of_queueing() {
         let gate = WakeGate::paced(1);
-        let (c, w) = wakers(MAX_DEFERRED + 1);
-        gate.wake(w);
+        let (c, mut w) = wakers(MAX_DEFERRED + 1);
+        gate.wake(&mut w);
         assert_eq!((woken(&c), gate.waiting()), (1, MAX_DEFERRED));
-        let (c2, w2) = wakers(10);
-        gate.wake(w2);
+        let (c2, mut w2) = wakers(10);
+        gate.wake(&mut w2);
         assert_eq!(woken(&c2), 10, "no room: woken at once");
         assert_eq!(gate.waiting(), MAX_DEFERRED);
     }
@@ -330,10 +392,10 @@ mod tests {
         let c: Vec<_> = (0..4)
             .map(|_| Arc::new(Count(AtomicUsize::new(0))))
             .collect();
-        let w = (0..40)
+        let mut w: Vec<Wakeup> = (0..40)
             .map(|i| ((i % 4 + 1) as u64, Waker::from(c[i % 4].clone())))
             .collect();
-        gate.wake(w);
+        gate.wake(&mut w);
         // A slice is 4 tasks: the 10 watchers of a connection are one.
         let counts = |c: &[Arc<Count>]| c.iter().map(|c| woken(c)).collect::<Vec<_>>();
         assert_eq!(counts(&c), [10, 10, 10, 10]);
@@ -342,18 +404,18 @@ mod tests {
         let c: Vec<_> = (0..6)
             .map(|_| Arc::new(Count(AtomicUsize::new(0))))
             .collect();
-        let w = (0..60)
+        let mut w: Vec<Wakeup> = (0..60)
             .map(|i| ((i % 6 + 1) as u64, Waker::from(c[i % 6].clone())))
             .collect();
-        gate.wake(w);
+        gate.wake(&mut w);
         assert_eq!(counts(&c), [10, 10, 10, 10, 0, 0]);
         assert_eq!(woken(&p), 1);
         assert_eq!(gate.release(), 20);
         assert_eq!(counts(&c), [10; 6]);
         assert_eq!(gate.release(), 0);
         // Group 0 is no group: plain slices.
-        let (c0, w0) = grouped(10, |_| 0);
-        gate.wake(w0);
+        let (c0, mut w0) = grouped(10, |_| 0);
+        gate.wake(&mut w0);
         assert_eq!(woken(&c0), 4);
         assert_eq!(gate.release(), 4);
         assert_eq!(gate.release(), 2);
@@ -368,11 +430,11 @@ mod tests {
             .collect();
         let w = |g: usize| (g as u64 + 1, Waker::from(c[g].clone()));
         // Three tasks while the gate is idle: two now, group 3 waits.
-        gate.wake(vec![w(0), w(1), w(2)]);
+        gate.wake(&mut vec![w(0), w(1), w(2)]);
         assert_eq!(gate.waiting(), 1);
         // Each later dispatch finds one or two watchers of each connection idle.
         for _ in 0..5 {
-            gate.wake(vec![w(0), w(1), w(2), w(2)]);
+            gate.wake(&mut vec![w(0), w(1), w(2), w(2)]);
         }
         assert_eq!(gate.waiting(), 21);
         let counts = || c.iter().map(|c| woken(c)).collect::<Vec<_>>();
@@ -386,10 +448,47 @@ mod tests {
     }
 
     #[test]
+    fn deferring_reuses_the_slots_a_release_freed_and_a_burst_lets_them_go() {
+        let gate = WakeGate::paced(2);
+        let c: Vec<_> = (0..10)
+            .map(|_| Arc::new(Count(AtomicUsize::new(0))))
+            .collect();
+        let round = |gate: &WakeGate| {
+            let mut w: Vec<Wakeup> = (0..100)
+                .map(|i| ((i % 10 + 1) as u64, Waker::from(c[i % 10].clone())))
+                .collect();
+            gate.wake(&mut w);
+            assert!(w.is_empty(), "the caller's vector comes back empty");
+            while gate.release() > 0 {}
+        };
+        round(&gate);
+        let slots = gate.inner.lock().slots.len();
+        assert_eq!(slots, 80, "two groups of ten went at once, eight waited");
+        for _ in 0..5 {
+            round(&gate);
+        }
+        assert_eq!(gate.inner.lock().slots.len(), slots, "the same slots again");
+        let counts: Vec<usize> = c.iter().map(|c| woken(c)).collect();
+        assert_eq!(counts, [60; 10]);
+        // A burst past what is kept stays while bursts that size go on, and is let go after
+        // a backlog that fills less than a quarter of it.
+        for _ in 0..2 {
+            let (_, mut many) = grouped(KEEP_SLOTS * 2, |i| i as u64 + 1);
+            gate.wake(&mut many);
+            assert!(gate.inner.lock().slots.len() > KEEP_SLOTS);
+            while gate.release() > 0 {}
+            assert!(gate.inner.lock().slots.capacity() > KEEP_SLOTS, "kept");
+        }
+        round(&gate);
+        assert_eq!(gate.inner.lock().slots.capacity(), 0);
+        assert_eq!(gate.waiting(), 0);
+    }
+
+    #[test]
     fn a_direct_gate_wakes_everything_at_once() {
         let gate = WakeGate::direct();
-        let (c, w) = wakers(10_000);
-        gate.wake(w);
+        let (c, mut w) = wakers(10_000);
+        gate.wake(&mut w);
         assert_eq!(woken(&c), 10_000);
         assert_eq!(gate.waiting(), 0);
     }

@@ -7,6 +7,7 @@
 //! budget, write them in one vectored write, repeat until `finished`. The cache never
 //! blocks on a watcher and never holds frames for it.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::ops::Bound;
 use std::pin::Pin;
@@ -19,7 +20,7 @@ use svc_storage::{KeyRange, Revision};
 
 use super::cache::WatchCache;
 use super::cached::{CachedObject, Selector};
-use super::dispatch::WatcherSlot;
+use super::dispatch::{QUEUE_START, WatcherSlot};
 use super::frames::FrameFormat;
 use super::history::{EventType, WatchCacheEvent};
 use super::snapshots::State;
@@ -364,6 +365,7 @@ impl Watcher {
             if let Some(oldest) = st.expired {
                 overrun = Some(oldest);
             }
+            let walked = st.catchup.is_some();
             // The catch-up interval first: its events all precede the queued ones.
             if let (None, Some(mut iv)) = (overrun, st.catchup) {
                 while room(&picked, estimate) {
@@ -383,10 +385,12 @@ impl Watcher {
                 }
                 st.catchup = (!iv.is_done()).then_some(iv);
             }
+            let mut taken = 0usize;
             while overrun.is_none() && st.catchup.is_none() && room(&picked, estimate) {
                 let Some(p) = st.queue.pop_front() else {
                     break;
                 };
+                taken = taken.saturating_add(1);
                 match inner.history.get(p >> 2) {
                     Err(o) => overrun = Some(o.oldest_revision),
                     Ok(Some(ev)) => {
@@ -396,9 +400,17 @@ impl Watcher {
                     Ok(None) => {}
                 }
             }
-            if st.queue.is_empty() && st.queue.capacity() > 64 {
-                // A burst grew the queue; an idle watcher should not keep the capacity.
-                st.queue = Default::default();
+            let cap = st.queue.capacity();
+            if walked && st.catchup.is_none() && overrun.is_none() {
+                // The queue ran over (or the watch began behind): room for twice as many
+                // positions next time, allocated here rather than by dispatch.
+                let want = cap.saturating_mul(2).min(shared.config.watcher_queue_limit);
+                let more = want.saturating_sub(st.queue.len());
+                st.queue.reserve_exact(more);
+            } else if st.queue.is_empty() && cap > 64 && taken.saturating_mul(4) < cap {
+                // A burst grew the queue; a watcher getting a few events at a time should
+                // not keep the capacity.
+                st.queue = VecDeque::with_capacity(taken.saturating_mul(2).max(QUEUE_START));
             }
             if overrun.is_some() {
                 st.queue = Default::default();
@@ -471,6 +483,12 @@ impl Watcher {
     pub(crate) fn backlog(&self) -> (usize, bool) {
         let st = self.slot.state.lock();
         (st.queue.len(), st.catchup.is_some())
+    }
+
+    /// Positions its queue holds before dispatch sends it walking (tests).
+    #[cfg(test)]
+    pub(crate) fn queue_room(&self) -> usize {
+        self.slot.state.lock().queue.capacity()
     }
 
     fn finish(&mut self) {

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::codec::{decode_envelope, decode_watch_event_protobuf};
-use crate::watch::dispatch::WatcherSlot;
+use crate::watch::dispatch::{QUEUE_START, WatcherSlot};
 use crate::watch::watcher::Bucket;
 
 fn object(labels: &[(&str, &str)], rev: Revision) -> Arc<CachedObject> {
@@ -720,4 +720,85 @@ fn dispatch_visits_only_the_watchers_of_a_pinned_field_value() {
     let before = c.stats().dispatch_visits;
     apply(&c, vec![pod("p", "node-8", 4)], clock.at(1.0));
     assert_eq!(c.stats().dispatch_visits - before, 0);
+}
+
+#[test]
+fn dispatch_never_grows_a_queue_the_watcher_walks_past_it_and_grows_its_own() {
+    let clock = Clock::new();
+    let c = cache_with(
+        WatchCacheConfig {
+            watcher_queue_limit: 64,
+            ..config()
+        },
+        &clock,
+    );
+    let mut w = c
+        .watch(watch_req(None, sel("", ""), WatchStart::Now), clock.at(0.0))
+        .unwrap();
+    let room = w.queue_room();
+    assert!((QUEUE_START..64).contains(&room), "starts small: {room}");
+    // Twice its room in events: the queue keeps its capacity, the rest becomes a walk.
+    let n = 2 * room as i64;
+    for r in 2..2 + n {
+        apply(&c, vec![put("a", &format!("o{r}"), &[], r)], clock.at(0.0));
+    }
+    assert_eq!(w.queue_room(), room, "dispatch did not grow it");
+    let (queued, walks) = w.backlog();
+    assert!(
+        walks && queued < room,
+        "it walks the ring instead: {queued}"
+    );
+    let mut revs = Vec::new();
+    loop {
+        let d = w.drain(1 << 20, clock.at(0.0));
+        revs.extend(decode_frames(&d.frames).into_iter().map(|(_, _, rv)| rv));
+        if !d.more {
+            break;
+        }
+    }
+    let expected: Vec<String> = (2..2 + n).map(|r| r.to_string()).collect();
+    assert_eq!(revs, expected, "every event once, in order");
+    assert!(w.queue_room() >= 2 * room, "it doubled its own queue");
+    // Twice the old room now fits without a walk.
+    for r in 2 + n..2 + 2 * n {
+        apply(&c, vec![put("a", &format!("o{r}"), &[], r)], clock.at(0.0));
+    }
+    assert_eq!(w.backlog(), (n as usize, false));
+}
+
+#[test]
+fn the_frames_a_watcher_needs_are_encoded_before_it_drains_and_only_those() {
+    let clock = Clock::new();
+    let c = cache_with(config(), &clock);
+    apply(&c, vec![put("a", "x", &[], 2)], clock.at(0.0));
+    assert_eq!(
+        c.encodings(FrameFormat::Json),
+        0,
+        "nobody watches: nothing encoded"
+    );
+    let mut w = c
+        .watch(watch_req(None, sel("", ""), WatchStart::Now), clock.at(0.0))
+        .unwrap();
+    // A selector that turns the update into ADDED for this watcher.
+    let mut proto = watch_req(None, sel("app=web", ""), WatchStart::Now);
+    proto.format = FrameFormat::Protobuf;
+    let mut p = c.watch(proto, clock.at(0.0)).unwrap();
+    apply(&c, vec![put("a", "x", &[("app", "web")], 3)], clock.at(0.0));
+    assert_eq!(c.encodings(FrameFormat::Json), 1);
+    assert_eq!(c.encodings(FrameFormat::Protobuf), 1);
+    assert_eq!(c.encodings(FrameFormat::CborSeq), 0);
+    let d = w.drain(1 << 20, clock.at(0.0));
+    assert_eq!(
+        decode_frames(&d.frames),
+        [("MODIFIED".to_string(), "x".to_string(), "3".to_string())]
+    );
+    assert_eq!(p.drain(1 << 20, clock.at(0.0)).frames.len(), 1);
+    assert_eq!(
+        (
+            c.encodings(FrameFormat::Json),
+            c.encodings(FrameFormat::Protobuf)
+        ),
+        (1, 1),
+        "the drains found them made"
+    );
 }
