@@ -12,5 +12,6 @@ pub mod lifecycle;
 pub mod query;
 pub mod reload;
 pub mod router;
+pub mod threads;
 pub mod validate_config;
 pub mod verb;

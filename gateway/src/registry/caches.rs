@@ -1,8 +1,8 @@
 //! One watch cache per served type, each filled by an ingest task from the store's change
 //! feed; every list and watch is served from these.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -12,6 +12,8 @@ use svc_core::registry::{self, Kind, KindVisitor};
 use svc_core::watch::{KindCodec, WakeGate, WatchCache, WatchCacheConfig};
 use svc_storage::Store;
 use tokio::sync::watch;
+
+use crate::base::threads::Threads;
 
 pub mod freshness;
 
@@ -45,6 +47,13 @@ pub struct Caches {
     caches: Vec<WatchCache>,
     /// Shared by every cache: one fan-out backlog, paced by one task.
     gate: Arc<WakeGate>,
+    /// The thread the ingest tasks run on, once started: one of its own for every cache's
+    /// ingest task. What a cache keeps (decoded objects, history events, their encoded
+    /// frames) is allocated there, apart from the request threads' short-lived buffers: the
+    /// C allocator keeps one arena per thread, and long-lived blocks left scattered among a
+    /// load's freed buffers keep their pages resident after the load. Ingest also stops
+    /// waiting in the request threads' queues behind the watchers it feeds.
+    ingest: OnceLock<Threads>,
 }
 
 impl Caches {
@@ -56,6 +65,7 @@ impl Caches {
                 .map(|c| WatchCache::with_gate(c, config.clone(), gate.clone()))
                 .collect(),
             gate,
+            ingest: OnceLock::new(),
         }
     }
 
@@ -80,8 +90,17 @@ impl Caches {
         stop: watch::Receiver<bool>,
         synced: Arc<AtomicBool>,
     ) {
+        let thread = match Threads::new("svc-ingest", 1, || {}) {
+            Ok(t) => Some(self.ingest.get_or_init(|| t)),
+            Err(e) => {
+                tracing::warn!(error = %e, "watch caches' ingest runs on the request threads");
+                None
+            }
+        };
+        let here = tokio::runtime::Handle::current();
+        let on = thread.map_or(&here, Threads::handle);
         for cache in &self.caches {
-            tokio::spawn(ingest(store.clone(), cache.clone(), stop.clone()));
+            on.spawn(ingest(store.clone(), cache.clone(), stop.clone()));
         }
         tokio::spawn(pace(self.gate.clone(), stop.clone()));
         let caches: Vec<WatchCache> = self.caches.clone();
@@ -165,5 +184,51 @@ async fn ingest(store: Arc<dyn Store>, cache: WatchCache, mut stop: watch::Recei
             }
         }
         tokio::time::sleep(RELIST_BACKOFF).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use svc_storage::embedded::{EmbeddedConfig, EmbeddedStore};
+
+    /// The ingest tasks run on their thread of their own: the caches follow the store while
+    /// every thread of the runtime that started them is busy (here its only one, blocked).
+    #[tokio::test]
+    async fn the_caches_keep_up_while_the_request_threads_are_busy() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path(), EmbeddedConfig::default()).unwrap();
+        let caches = Caches::new(&WatchCacheConfig::default());
+        let (_stop_tx, stop) = watch::channel(false);
+        let synced = Arc::new(AtomicBool::new(false));
+        caches.start(store.clone(), stop, synced.clone());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !synced.load(Ordering::Acquire) {
+            assert!(Instant::now() < deadline, "the caches never filled");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let info = registry::all()
+            .iter()
+            .find(|i| i.plural == "serviceaccounts")
+            .unwrap();
+        let cache = caches.get(info);
+        let written = store
+            .create(
+                Bytes::from_static(b"/registry/serviceaccounts/default/a"),
+                Bytes::from_static(
+                    br#"{"apiVersion":"v1","kind":"ServiceAccount","metadata":{"name":"a","namespace":"default"}}"#,
+                ),
+            )
+            .await
+            .unwrap();
+        // Blocks this runtime's one thread: nothing spawned on it runs until the loop ends.
+        while cache.revision() < written.mod_revision {
+            assert!(
+                Instant::now() < deadline,
+                "the write never reached the cache while the runtime's thread was busy"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }

@@ -15,15 +15,15 @@
 use std::future::Future;
 use std::io;
 
-use tokio::runtime::{Handle, Runtime};
+use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 
 use crate::base::router;
+use crate::base::threads::Threads;
 
 /// The bulk runtime. Dropping it stops its threads without waiting for them.
 pub struct Bulk {
-    rt: Option<Runtime>,
-    handle: Handle,
+    threads: Threads,
 }
 
 impl Bulk {
@@ -33,26 +33,17 @@ impl Bulk {
         // Absolute, so that a thread a bulk thread starts (which inherits its niceness) gets
         // the same, not more.
         let to = niceness().saturating_add(i32::from(steps)).min(19);
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(threads.max(1))
-            .thread_name("svc-bulk")
-            .on_thread_start(move || {
-                if let Err(e) = set_niceness(to) {
-                    tracing::warn!(error = %e, to, "bulk thread left at the process's niceness");
-                }
-            })
-            .enable_all()
-            .build()?;
-        let handle = rt.handle().clone();
-        Ok(Bulk {
-            rt: Some(rt),
-            handle,
-        })
+        let threads = Threads::new("svc-bulk", threads, move || {
+            if let Err(e) = set_niceness(to) {
+                tracing::warn!(error = %e, to, "bulk thread left at the process's niceness");
+            }
+        })?;
+        Ok(Bulk { threads })
     }
 
     /// Where to spawn onto the bulk threads.
     pub fn handle(&self) -> &Handle {
-        &self.handle
+        self.threads.handle()
     }
 
     /// Runs `fut` on a bulk thread.
@@ -61,16 +52,7 @@ impl Bulk {
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        self.handle.spawn(fut)
-    }
-}
-
-impl Drop for Bulk {
-    fn drop(&mut self) {
-        // A runtime dropped inside another's task would block it; this one is not waited for.
-        if let Some(rt) = self.rt.take() {
-            rt.shutdown_background();
-        }
+        self.threads.spawn(fut)
     }
 }
 
