@@ -142,7 +142,14 @@ async fn serve_connection(
         Box::pin(serve_either(builders, stop, tcp, app, ident)).await;
         return;
     };
-    let handshake = tokio::time::timeout(app.api.opts.tls_handshake_timeout, tls.accept(tcp));
+    // Boxed, and the stream after it too: the connection's task is otherwise as large as the
+    // handshake's state, and each protocol's boxed future holds the stream inline, for as
+    // long as the connection lives (an idle HTTP/1.1 watch over TLS carried rustls'
+    // connection three times over: in the task, in `serve_either` and in `h1conn`).
+    let handshake = tokio::time::timeout(
+        app.api.opts.tls_handshake_timeout,
+        Box::pin(tls.accept(tcp)),
+    );
     let mut stop_handshake = stop.clone();
     let stream = tokio::select! {
         r = handshake => match r {
@@ -158,6 +165,7 @@ async fn serve_connection(
         },
         _ = crate::base::lifecycle::until_set(&mut stop_handshake) => return,
     };
+    let stream = Box::new(stream);
     let session = stream.get_ref().1;
     // A proxy that also takes a front proxy's certificates tells them from its callers' by
     // which CA each verifies against alone.
