@@ -148,27 +148,24 @@ fn an_idle_http1_watch_over_tls_holds_less_than_16_kib_of_the_servers_heap() {
             .unwrap(),
     );
     let addr = handle.addr;
-    let settle = || std::thread::sleep(Duration::from_millis(500));
+    // Opens `WATCHES` idle watches, then lets the server settle.
+    let open_all = || {
+        let open = client_rt.block_on(async {
+            let mut v = Vec::new();
+            for _ in 0..WATCHES {
+                v.push(open_watch(addr, tls.clone()).await);
+            }
+            v
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        open
+    };
 
     // One round first, so that what the first watch starts once (caches, pools, tables)
     // is not charged to the watches measured; then the same number again, measured.
-    let warm = client_rt.block_on(async {
-        let mut v = Vec::new();
-        for _ in 0..WATCHES {
-            v.push(open_watch(addr, tls.clone()).await);
-        }
-        v
-    });
-    settle();
+    let warm = open_all();
     let before = LIVE.load(Ordering::Relaxed);
-    let measured = client_rt.block_on(async {
-        let mut v = Vec::new();
-        for _ in 0..WATCHES {
-            v.push(open_watch(addr, tls.clone()).await);
-        }
-        v
-    });
-    settle();
+    let measured = open_all();
     let after = LIVE.load(Ordering::Relaxed);
     let per_watch = (after - before) / WATCHES as i64;
     eprintln!("server heap per idle HTTP/1.1 watch over TLS: {per_watch} bytes");
