@@ -12,6 +12,8 @@
 //!   caches of run-time kinds), an update of a pod on one node: the field index visits one;
 //! - `fanout/10k_json`: `apply` plus every one of the 10,000 watchers draining its frame
 //!   (one JSON encoding, 10,000 shared `Bytes`), i.e. the whole cost of one event.
+//! - `fanout/10k_json_2_threads`: the same, with two threads draining 5,000 watchers each at
+//!   once, as two cores deliver one event.
 //! - `wake/10k_direct` and `wake/10k_paced`: `apply` of one update to 10,000 watchers that
 //!   are all waiting (a waker registered through `Watcher::ready`), with the gateway's wake
 //!   gate in front (`paced`: 64 woken at once, the rest released slice by slice as the pacer
@@ -49,6 +51,14 @@
 //! one watcher's JSON frame is now encoded inside `apply`, timed, instead of in its drain);
 //! `fanout/10k_json` 1.13-1.20 ms before, 1.08-1.14 ms after.
 //!
+//! Drains that write nothing every watcher shares (2026-11-27: frames taken under the lock,
+//! no clone of the cache's `Arc` or of the event's): the bench binaries of the commit before
+//! and after, alternating, three runs each: `fanout/10k_json` 1.07-1.09 ms before, 0.95-1.01
+//! ms after; `fanout/10k_json_2_threads` 1.25-1.29 ms before (two threads took longer than
+//! one), 0.90-0.91 ms after. A cache lock sharded by thread (crossbeam's `ShardedLock`) on
+//! top gave 0.82-0.84 ms, but delayed events end to end (`svc-loadtest fanout`, 5k × 100
+//! writes/s, 8 runs each: p50 24 → 30 ms, p99 76 → 105 ms): not kept.
+//!
 //! The field index (2026-11-27, quiet machine): `dispatch/10k_pinned_nodes_one_matching`
 //! 2.12 µs; with the index turned off (every pinned watcher in the all-namespaces bucket,
 //! visited and filtered per event) 145 µs, 68× more. Same run: `no_watchers` 2.55 µs,
@@ -65,7 +75,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
 use std::task::{Context, Waker};
 use std::time::{Duration, Instant};
 
@@ -308,5 +319,62 @@ fn bench_wake(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_dispatch, bench_wake);
+/// `fanout/10k_json_2_threads`: `apply`, then two threads draining 5,000 watchers each at
+/// once, as two request threads deliver one event: what the drains of different cores share
+/// (the cache, its lock, the event, its frame) is written by both.
+fn bench_parallel_drains(c: &mut Criterion) {
+    const THREADS: usize = 2;
+    let config = WatchCacheConfig {
+        watcher_queue_limit: 1 << 12,
+        ..WatchCacheConfig::default()
+    };
+    let (cache, mut rev) = filled_cache(config, 1000, 10, Instant::now());
+    let start = Arc::new(Barrier::new(THREADS + 1));
+    let done = Arc::new(Barrier::new(THREADS + 1));
+    let stop = Arc::new(AtomicBool::new(false));
+    let drained = Arc::new(AtomicUsize::new(0));
+    let workers: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let mut mine: Vec<Watcher> = (0..WATCHERS / THREADS)
+                .map(|_| watch(&cache, "ns-0001"))
+                .collect();
+            let (start, done, stop, drained) =
+                (start.clone(), done.clone(), stop.clone(), drained.clone());
+            std::thread::spawn(move || {
+                loop {
+                    start.wait();
+                    if stop.load(Ordering::Acquire) {
+                        return;
+                    }
+                    drained.fetch_add(drain_all(&mut mine), Ordering::Relaxed);
+                    done.wait();
+                }
+            })
+        })
+        .collect();
+    let mut group = c.benchmark_group("fanout");
+    group.bench_function("10k_json_2_threads", |b| {
+        b.iter_custom(|iters| {
+            time_applies(&cache, &mut rev, "ns-0001", iters, |_| {
+                let t = Instant::now();
+                start.wait();
+                done.wait();
+                t.elapsed()
+            })
+        })
+    });
+    group.finish();
+    stop.store(true, Ordering::Release);
+    start.wait();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let n = drained.load(Ordering::Relaxed);
+    assert!(
+        n > 0 && n.is_multiple_of(WATCHERS),
+        "{n} frames: every watcher one per event"
+    );
+}
+
+criterion_group!(benches, bench_dispatch, bench_wake, bench_parallel_drains);
 criterion_main!(benches);

@@ -372,6 +372,20 @@ impl FrameEncoder {
             .map_err(|m| ApiError::Internal(m.to_string()))
     }
 
+    /// The frame of `event` as `ty` if it is encoded already (as `apply` encodes the frames
+    /// an event's watchers need): a lookup, cheap enough to take under the cache's lock.
+    pub(crate) fn encoded_frame(
+        event: &WatchCacheEvent,
+        ty: EventType,
+        format: FrameFormat,
+    ) -> Option<Result<Bytes, ApiError>> {
+        event
+            .frames
+            .cell(ty, format)
+            .get()
+            .map(|r| r.clone().map_err(|m| ApiError::Internal(m.to_string())))
+    }
+
     /// Encodes the frames of `event` named in `frames` (`dispatch::frame_bit`s) now, so that
     /// the watchers find them made; a failure is kept in the frame's cell and reported to each
     /// of them.

@@ -21,7 +21,7 @@ use svc_storage::{KeyRange, Revision};
 use super::cache::WatchCache;
 use super::cached::{CachedObject, Selector};
 use super::dispatch::{QUEUE_START, WatcherSlot};
-use super::frames::FrameFormat;
+use super::frames::{FrameEncoder, FrameFormat};
 use super::history::{EventType, WatchCacheEvent};
 use super::snapshots::State;
 use crate::status::ApiError;
@@ -350,11 +350,22 @@ impl Watcher {
     }
 
     fn drain_events(&mut self, out: &mut Drain, max_bytes: usize, now: Instant) {
-        let shared = self.cache.shared.clone();
-        let mut picked: Vec<(Arc<WatchCacheEvent>, EventType)> = Vec::new();
+        // Borrowed, not cloned, and frames taken under the lock where they are encoded
+        // already (nearly always): every watcher of the cache drains through the same
+        // `Arc`s, and each clone and drop of one is an atomic write to a cache line that
+        // every core delivering events then passes around.
+        let shared = &self.cache.shared;
+        let mut picked: Vec<Picked> = Vec::new();
         let mut estimate = out.bytes;
         let mut overrun: Option<Revision> = None;
         let caught_up_at;
+        let format = self.format;
+        let pick = |ev: &Arc<WatchCacheEvent>, ty: EventType| match FrameEncoder::encoded_frame(
+            ev, ty, format,
+        ) {
+            Some(frame) => Picked::Frame(frame, ev.revision),
+            None => Picked::Event(ev.clone(), ty),
+        };
         {
             let inner = shared.inner.read();
             let mut st = self.slot.state.lock();
@@ -378,7 +389,7 @@ impl Watcher {
                         Ok(Some(ev)) => {
                             if let Some(ty) = self.slot.filter.transition(ev) {
                                 estimate = estimate.saturating_add(frame_estimate(ev));
-                                picked.push((ev.clone(), ty));
+                                picked.push(pick(ev, ty));
                             }
                         }
                     }
@@ -395,7 +406,7 @@ impl Watcher {
                     Err(o) => overrun = Some(o.oldest_revision),
                     Ok(Some(ev)) => {
                         estimate = estimate.saturating_add(frame_estimate(ev));
-                        picked.push((ev.clone(), EventType::from_bits(p)));
+                        picked.push(pick(ev, EventType::from_bits(p)));
                     }
                     Ok(None) => {}
                 }
@@ -421,19 +432,30 @@ impl Watcher {
         }
 
         let encoder = &shared.encoder;
-        for (ev, ty) in picked {
-            match encoder.event_frame(&ev, ty, self.format) {
+        let mut failed = false;
+        for p in picked {
+            // Frames not encoded yet are encoded here, outside the lock.
+            let (frame, revision) = match p {
+                Picked::Frame(frame, revision) => (frame, revision),
+                Picked::Event(ev, ty) => (encoder.event_frame(&ev, ty, format), ev.revision),
+            };
+            match frame {
                 Ok(f) => {
                     out.push(f);
-                    self.synced = self.synced.max(ev.revision);
+                    self.synced = self.synced.max(revision);
                 }
                 Err(e) => {
-                    out.push(encoder.error(&e, self.format));
-                    self.finish();
-                    return;
+                    out.push(encoder.error(&e, format));
+                    failed = true;
+                    break;
                 }
             }
         }
+        if failed {
+            self.finish();
+            return;
+        }
+        let encoder = &self.cache.shared.encoder;
         if let Some(oldest) = overrun {
             let err = ApiError::Expired(format!(
                 "too old resource version: {} ({oldest})",
@@ -510,6 +532,13 @@ impl Drop for Watcher {
             .lock()
             .remove(self.id, &self.slot);
     }
+}
+
+/// An event a drain picked under the cache's lock: its frame, or the event itself when its
+/// frame is still to be encoded.
+enum Picked {
+    Frame(Result<Bytes, ApiError>, Revision),
+    Event(Arc<WatchCacheEvent>, EventType),
 }
 
 fn frame_estimate(ev: &WatchCacheEvent) -> usize {
