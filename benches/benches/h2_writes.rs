@@ -30,8 +30,8 @@ use std::io::Read;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
+use svc_gateway::observe::metrics::striped::StripedCounter;
 use svc_gateway::serve::h2ledger::{Ledger, LedgerIo, Round};
 use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
@@ -76,7 +76,7 @@ fn bench(c: &mut Criterion) {
                 }
             }
         });
-        let writes = Counter::default();
+        let writes = StripedCounter::default();
         let round = Round::default();
         let mut io = LedgerIo::new(
             ours,

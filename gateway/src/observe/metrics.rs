@@ -8,22 +8,22 @@ pub mod authz;
 pub mod caches;
 pub mod flow;
 pub mod store;
+pub mod striped;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method};
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 use svc_core::ResourceInfo;
+
+use striped::{SizeHistogram, StripedCounter};
 
 use crate::base::query::Query;
 use crate::base::router::Route;
@@ -207,7 +207,7 @@ pub struct Metrics {
     inflight: Family<InflightLabels, Gauge>,
     longrunning: Family<LongRunningLabels, Gauge>,
     registered_watchers: Family<KindLabels, Gauge>,
-    watch_events: Family<ResourceLabels, Counter>,
+    watch_events: Family<ResourceLabels, StripedCounter>,
     watch_event_sizes: Family<ResourceLabels, SizeHistogram>,
     /// Lists and watches proxy mode served from its caches.
     mirror_reads: Family<MirrorReadLabels, Counter>,
@@ -336,7 +336,7 @@ impl Metrics {
             "Number of currently registered watchers for a given resource",
             registered_watchers.clone(),
         );
-        let watch_events = Family::<ResourceLabels, Counter>::default();
+        let watch_events = Family::<ResourceLabels, StripedCounter>::default();
         registry.register(
             "apiserver_watch_events",
             "Number of events sent in watch clients",
@@ -527,7 +527,7 @@ impl Drop for OpenWatch {
 /// `apiserver_watch_events_total` and `apiserver_watch_events_sizes` of one type.
 #[derive(Clone, Debug)]
 pub struct WatchEvents {
-    count: Counter,
+    count: StripedCounter,
     sizes: SizeHistogram,
 }
 
@@ -536,98 +536,6 @@ impl WatchEvents {
     pub fn record(&self, frames: &[Bytes]) {
         self.count.inc_by(frames.len() as u64);
         self.sizes.observe_all(frames.iter().map(Bytes::len));
-    }
-}
-
-/// A histogram of byte sizes with fixed buckets, updated with atomics only: watch fan-out
-/// records every frame sent to every watcher, and `prometheus-client`'s `Histogram` takes a
-/// lock per observation. Encoded by `prometheus-client` like its own histograms.
-#[derive(Clone, Debug)]
-pub struct SizeHistogram {
-    inner: Arc<SizeHistogramInner>,
-}
-
-#[derive(Debug)]
-struct SizeHistogramInner {
-    bounds: &'static [f64],
-    /// One per bound, then +Inf; not cumulative.
-    buckets: Vec<AtomicU64>,
-    count: AtomicU64,
-    sum: AtomicU64,
-}
-
-impl SizeHistogram {
-    pub fn new(bounds: &'static [f64]) -> Self {
-        SizeHistogram {
-            inner: Arc::new(SizeHistogramInner {
-                bounds,
-                buckets: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
-                count: AtomicU64::new(0),
-                sum: AtomicU64::new(0),
-            }),
-        }
-    }
-
-    pub fn observe_all(&self, sizes: impl Iterator<Item = usize>) {
-        let inner = &self.inner;
-        let (mut n, mut sum) = (0u64, 0u64);
-        let mut last: Option<(usize, u64)> = None;
-        // Wrapping, as the atomic counters they are added to wrap.
-        for size in sizes {
-            n = n.wrapping_add(1);
-            sum = sum.wrapping_add(size as u64);
-            let i = inner.bounds.partition_point(|b| *b < size as f64);
-            // Frames of one batch are mostly alike: add runs to the same bucket at once.
-            match &mut last {
-                Some((j, k)) if *j == i => *k = k.wrapping_add(1),
-                _ => {
-                    if let Some((j, k)) = last.take()
-                        && let Some(bucket) = inner.buckets.get(j)
-                    {
-                        bucket.fetch_add(k, Ordering::Relaxed);
-                    }
-                    last = Some((i, 1));
-                }
-            }
-        }
-        if let Some((j, k)) = last
-            && let Some(bucket) = inner.buckets.get(j)
-        {
-            bucket.fetch_add(k, Ordering::Relaxed);
-        }
-        if n > 0 {
-            inner.count.fetch_add(n, Ordering::Relaxed);
-            inner.sum.fetch_add(sum, Ordering::Relaxed);
-        }
-    }
-}
-
-impl TypedMetric for SizeHistogram {
-    const TYPE: MetricType = MetricType::Histogram;
-}
-
-impl EncodeMetric for SizeHistogram {
-    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
-        let inner = &self.inner;
-        let buckets: Vec<(f64, u64)> = inner
-            .bounds
-            .iter()
-            .copied()
-            .chain(std::iter::once(f64::INFINITY))
-            .zip(inner.buckets.iter().map(|b| b.load(Ordering::Relaxed)))
-            .collect();
-        // The count is the sum of the buckets read, so the two always agree in one scrape.
-        let count = buckets.iter().map(|(_, c)| c).sum();
-        encoder.encode_histogram::<NoLabelSet>(
-            inner.sum.load(Ordering::Relaxed) as f64,
-            count,
-            &buckets,
-            None,
-        )
-    }
-
-    fn metric_type(&self) -> MetricType {
-        Self::TYPE
     }
 }
 
@@ -684,21 +592,5 @@ mod tests {
         assert_eq!((l.verb, l.scope), ("DELETE", "namespace"));
         let l = info(Method::GET, "/healthz", None);
         assert_eq!((l.verb, l.scope, l.resource, l.group), ("GET", "", "", ""));
-    }
-
-    #[test]
-    fn size_histogram_counts_each_frame_once() {
-        static BOUNDS: [f64; 2] = [10.0, 100.0];
-        let h = SizeHistogram::new(&BOUNDS);
-        h.observe_all([1usize, 10, 11, 11, 500].into_iter());
-        let got: Vec<u64> = h
-            .inner
-            .buckets
-            .iter()
-            .map(|b| b.load(Ordering::Relaxed))
-            .collect();
-        assert_eq!(got, [2, 2, 1]);
-        assert_eq!(h.inner.count.load(Ordering::Relaxed), 5);
-        assert_eq!(h.inner.sum.load(Ordering::Relaxed), 533);
     }
 }

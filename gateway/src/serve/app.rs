@@ -6,7 +6,6 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use anyhow::Context as _;
-use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use svc_core::validation::declarative::{Mismatch, Mode, Validator};
 use svc_storage::Store;
@@ -21,6 +20,7 @@ use crate::http::limits::{FairConfig, FairLimit, FlowMetrics, InflightLimit};
 use crate::http::proxy::Proxy;
 use crate::observe::metrics::Metrics;
 use crate::observe::metrics::store::InstrumentedStore;
+use crate::observe::metrics::striped::StripedCounter;
 use crate::observe::trace::{self, Tracer};
 use crate::outbound::client::WebhookClient;
 use crate::outbound::egress::Egress;
@@ -52,7 +52,7 @@ pub struct ServerState {
     /// (`svc_http2_watch_held_bytes`; bounded per connection by `h2ledger::WATCH_BUDGET`).
     pub h2_watch_held: Gauge,
     /// Writes h2 connections passed to their transport (`svc_http2_writes_total`).
-    pub h2_writes: Counter,
+    pub h2_writes: StripedCounter,
     /// `--list-niceness`: the threads lists run on (`bulk.rs`); `None` at 0.
     pub bulk: Option<Bulk>,
 }
@@ -130,7 +130,7 @@ impl ServerState {
              what h2 has not written yet",
             h2_watch_held.clone(),
         );
-        let h2_writes = Counter::default();
+        let h2_writes = StripedCounter::default();
         metrics.register(
             "svc_http2_writes",
             "Writes h2 connections passed to their transport (TLS or TCP): each carries the \

@@ -29,8 +29,9 @@ use std::task::{Context, Poll, Waker};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
-use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
+
+use crate::observe::metrics::striped::StripedCounter;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// Bytes an h2 connection's watches may have waiting in h2 for the socket before they stop
@@ -40,10 +41,47 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// larger than its window's room.
 pub const WATCH_BUDGET: usize = 256 * 1024;
 
+/// How far the gauge may lag behind what a connection holds (see `State::reported`).
+const GAUGE_SLACK: usize = 64 * 1024;
+
 /// DATA, in an h2 frame header's type octet.
 const DATA: u8 = 0;
 /// An h2 frame header: 24-bit length, type, flags, 31-bit stream id.
 const HEADER_LEN: usize = 9;
+
+/// Hashes h2 stream ids (odd, increasing, chosen by the client) with one multiplication:
+/// the map is looked up twice per frame, and SipHash's resistance to chosen keys buys
+/// nothing for a map that only the connection's own streams, at most its stream limit, fill.
+#[derive(Clone, Copy, Default)]
+struct StreamIds;
+
+impl std::hash::BuildHasher for StreamIds {
+    type Hasher = StreamIdHasher;
+
+    fn build_hasher(&self) -> StreamIdHasher {
+        StreamIdHasher(0)
+    }
+}
+
+struct StreamIdHasher(u64);
+
+impl std::hash::Hasher for StreamIdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u32(&mut self, id: u32) {
+        // Fibonacci hashing: hashbrown takes its buckets from the top bits and its tags
+        // from the top seven, which the multiplication fills from every bit of the id.
+        self.0 = u64::from(id).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
 
 #[derive(Default)]
 struct Shared {
@@ -56,10 +94,16 @@ struct Shared {
 #[derive(Default)]
 struct State {
     /// Per watch stream: bytes handed to h2 and not yet written.
-    streams: HashMap<u32, usize>,
+    streams: HashMap<u32, usize, StreamIds>,
+    /// Their sum, published in [`Shared::queued`].
+    queued: usize,
     /// Everything the connection's watches hold: `queued` and the chunks not yet handed to
     /// h2 (the gauge's share).
     held: usize,
+    /// What the gauge was last told of `held`: it is told once the two drift more than
+    /// [`GAUGE_SLACK`] apart, and exactly when a watch ends, not once per frame (the gauge
+    /// is every connection's, one cache line the cores would pass back and forth).
+    reported: usize,
     /// Watches that found the budget spent, woken when it is half free again.
     blocked: Vec<Waker>,
     /// How many times `blocked` was woken: a watch polled again while still parked does
@@ -74,11 +118,11 @@ pub struct Ledger {
     /// Every connection's held bytes together (`svc_http2_watch_held_bytes`).
     gauge: Gauge,
     /// Every connection's writes to its transport (`svc_http2_writes_total`).
-    writes: Counter,
+    writes: StripedCounter,
 }
 
 impl Ledger {
-    pub fn new(gauge: Gauge, writes: Counter) -> Self {
+    pub fn new(gauge: Gauge, writes: StripedCounter) -> Self {
         Ledger {
             state: Arc::default(),
             gauge,
@@ -108,7 +152,7 @@ impl Ledger {
     pub fn hold(&self, n: usize) {
         let mut s = self.state.state.lock();
         s.held = s.held.saturating_add(n);
-        self.gauge.inc_by(gauge_value(n));
+        self.report(&mut s, GAUGE_SLACK);
     }
 
     /// `n` bytes of a held chunk went to h2 on stream `id`: still held until written.
@@ -121,28 +165,35 @@ impl Ledger {
     pub fn sent(&self, id: u32, n: usize) {
         let mut s = self.state.state.lock();
         s.held = s.held.saturating_add(n);
-        self.gauge.inc_by(gauge_value(n));
         self.queue(&mut s, id, n);
+        self.report(&mut s, GAUGE_SLACK);
     }
 
     fn queue(&self, s: &mut State, id: u32, n: usize) {
         let queued = s.streams.entry(id).or_default();
         *queued = queued.saturating_add(n);
-        let _ = self
-            .state
-            .queued
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
-                Some(q.saturating_add(n))
-            });
+        s.queued = s.queued.saturating_add(n);
+        self.state.queued.store(s.queued, Ordering::Release);
     }
 
-    fn unqueue(&self, n: usize) {
-        let _ = self
-            .state
-            .queued
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
-                Some(q.saturating_sub(n))
-            });
+    fn unqueue(&self, s: &mut State, n: usize) {
+        s.queued = s.queued.saturating_sub(n);
+        self.state.queued.store(s.queued, Ordering::Release);
+    }
+
+    /// Tells the gauge what `held` became, once it drifted more than `slack` from what it
+    /// was told last.
+    fn report(&self, s: &mut State, slack: usize) {
+        if s.held.abs_diff(s.reported) > slack {
+            if s.held > s.reported {
+                self.gauge
+                    .inc_by(gauge_value(s.held.saturating_sub(s.reported)));
+            } else {
+                self.gauge
+                    .dec_by(gauge_value(s.reported.saturating_sub(s.held)));
+            }
+            s.reported = s.held;
+        }
     }
 
     /// A watch ends: what it held and what h2 had not written for it (h2 drops a reset
@@ -150,22 +201,22 @@ impl Ledger {
     pub fn end(&self, id: u32, unsent: usize) {
         let mut s = self.state.state.lock();
         let queued = s.streams.remove(&id).unwrap_or(0);
-        self.unqueue(queued);
+        self.unqueue(&mut s, queued);
         let freed = queued.saturating_add(unsent);
         self.free(&mut s, freed);
+        self.report(&mut s, 0);
     }
 
     /// `n` payload bytes of a DATA frame on stream `id` went to the socket.
-    fn written(&self, id: u32, n: usize) {
-        let mut s = self.state.state.lock();
+    fn written(&self, s: &mut State, id: u32, n: usize) {
         let Some(queued) = s.streams.get_mut(&id) else {
             // Not a watch stream (a list, a proxied response): not counted.
             return;
         };
         let freed = n.min(*queued);
         *queued = queued.saturating_sub(freed);
-        self.unqueue(freed);
-        self.free(&mut s, freed);
+        self.unqueue(s, freed);
+        self.free(s, freed);
     }
 
     fn free(&self, s: &mut State, n: usize) {
@@ -173,13 +224,20 @@ impl Ledger {
             return;
         }
         s.held = s.held.saturating_sub(n);
-        self.gauge.dec_by(gauge_value(n));
-        if !s.blocked.is_empty() && self.state.queued.load(Ordering::Acquire) <= WATCH_BUDGET / 2 {
+        if !s.blocked.is_empty() && s.queued <= WATCH_BUDGET / 2 {
             s.wakes = s.wakes.wrapping_add(1);
             for w in s.blocked.drain(..) {
                 w.wake();
             }
         }
+    }
+
+    /// Credits one DATA frame written, as a socket write carrying only it would.
+    #[cfg(test)]
+    fn written_one(&self, id: u32, n: usize) {
+        let mut s = self.state.state.lock();
+        self.written(&mut s, id, n);
+        self.report(&mut s, 0);
     }
 
     /// The bytes held now.
@@ -193,8 +251,8 @@ impl Drop for Ledger {
     fn drop(&mut self) {
         // The last handle (the socket's or a watch's) gives the connection's share back.
         if Arc::strong_count(&self.state) == 1 {
-            let held = self.state.state.lock().held;
-            self.gauge.dec_by(gauge_value(held));
+            let reported = self.state.state.lock().reported;
+            self.gauge.dec_by(gauge_value(reported));
         }
     }
 }
@@ -216,8 +274,13 @@ struct FrameReader {
 
 impl FrameReader {
     /// Reads `bytes`, which went to the socket, and credits their DATA frames to `ledger`.
+    /// The ledger's lock is taken once for the whole write.
     fn credit(&mut self, bytes: &[u8], ledger: &Ledger) {
-        self.read(bytes, &mut |stream, len| ledger.written(stream, len));
+        let mut s = ledger.state.state.lock();
+        self.read(bytes, &mut |stream, len| {
+            ledger.written(&mut s, stream, len)
+        });
+        ledger.report(&mut s, GAUGE_SLACK);
     }
 
     /// Reads `bytes`, the next bytes on the wire; calls `data(stream, len)` for each DATA
@@ -336,7 +399,7 @@ impl<I: AsyncWrite + Unpin> LedgerIo<I> {
             let rest = self.out.get(self.at..).unwrap_or_default();
             let r = Pin::new(&mut self.io).poll_write(cx, rest);
             if r.is_ready() {
-                self.ledger.writes.inc();
+                self.ledger.writes.inc_by(1);
             }
             let n = match r {
                 Poll::Ready(Ok(0)) => {
@@ -372,7 +435,7 @@ impl<I: AsyncWrite + Unpin> LedgerIo<I> {
             // Large enough on its own: straight to the socket, no copy.
             let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
             if r.is_ready() {
-                self.ledger.writes.inc();
+                self.ledger.writes.inc_by(1);
             }
             if let Poll::Ready(Ok(n)) = r {
                 self.wrote(bufs, n);
@@ -492,7 +555,7 @@ mod tests {
     #[test]
     fn the_budget_stops_drains_until_the_socket_takes_half() {
         let gauge = Gauge::default();
-        let ledger = Ledger::new(gauge.clone(), Counter::default());
+        let ledger = Ledger::new(gauge.clone(), StripedCounter::default());
         let (woken, waker) = counting_waker();
         let cx = Context::from_waker(&waker);
         let (mut a, mut b) = (None, None);
@@ -507,14 +570,14 @@ mod tests {
         assert_eq!(gauge.get(), WATCH_BUDGET as i64);
 
         // A quarter written: new drains may go on, but the parked are not woken yet.
-        ledger.written(3, WATCH_BUDGET / 4);
+        ledger.written_one(3, WATCH_BUDGET / 4);
         assert_eq!(woken.load(std::sync::atomic::Ordering::SeqCst), 0);
         // Half written: the blocked watches are woken.
-        ledger.written(3, WATCH_BUDGET / 4);
+        ledger.written_one(3, WATCH_BUDGET / 4);
         assert_eq!(woken.load(std::sync::atomic::Ordering::SeqCst), 2);
         assert!(!ledger.spent(&cx, &mut a));
         // Frames of streams that are not watches do not count.
-        ledger.written(9, 1000);
+        ledger.written_one(9, 1000);
         assert_eq!(ledger.held(), WATCH_BUDGET / 2);
         // A chunk waiting for its stream's window is held, but does not spend the budget.
         ledger.hold(WATCH_BUDGET);
@@ -589,8 +652,8 @@ mod tests {
         }
     }
 
-    fn ledger_with_watches() -> (Ledger, Counter) {
-        let writes = Counter::default();
+    fn ledger_with_watches() -> (Ledger, StripedCounter) {
+        let writes = StripedCounter::default();
         let ledger = Ledger::new(Gauge::default(), writes.clone());
         ledger.sent(3, 117);
         ledger.sent(5, 3000);
@@ -703,12 +766,38 @@ mod tests {
     #[test]
     fn a_dropped_connection_gives_its_share_back() {
         let gauge = Gauge::default();
-        let ledger = Ledger::new(gauge.clone(), Counter::default());
+        let ledger = Ledger::new(gauge.clone(), StripedCounter::default());
         let other = ledger.clone();
-        ledger.hold(4096);
+        ledger.hold(GAUGE_SLACK + 4096);
         drop(ledger);
-        assert_eq!(gauge.get(), 4096);
+        assert_eq!(gauge.get(), (GAUGE_SLACK + 4096) as i64);
         drop(other);
+        assert_eq!(gauge.get(), 0);
+    }
+
+    #[test]
+    fn the_gauge_lags_by_at_most_the_slack_and_is_exact_when_a_watch_ends() {
+        let gauge = Gauge::default();
+        let ledger = Ledger::new(gauge.clone(), StripedCounter::default());
+        let mut sent = 0;
+        for _ in 0..200 {
+            ledger.sent(3, 1000);
+            sent += 1000;
+            let lag = sent - gauge.get() as usize;
+            assert!(lag <= GAUGE_SLACK, "{lag}");
+        }
+        assert!(gauge.get() > 0, "told on the way");
+        // Writes credit the frames; the gauge follows within the slack.
+        let mut r = FrameReader::default();
+        for _ in 0..150 {
+            r.credit(&[0, 0, 200, DATA, 0, 0, 0, 0, 3], &ledger);
+            r.credit(&[b'x'; 200], &ledger);
+            sent -= 200;
+            let off = (gauge.get() - sent as i64).unsigned_abs() as usize;
+            assert!(off <= GAUGE_SLACK, "{off}");
+        }
+        assert_eq!(ledger.held(), sent);
+        ledger.end(3, 0);
         assert_eq!(gauge.get(), 0);
     }
 }
