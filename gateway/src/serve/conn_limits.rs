@@ -13,7 +13,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -84,6 +84,9 @@ impl ConnectionLimit {
 #[derive(Debug, Default)]
 pub struct Activity {
     active: AtomicUsize,
+    /// Counts the changes of `active`: a connection's task polls its idle timer again only
+    /// once this moved (or nothing is in flight), not on every wake-up.
+    changes: AtomicU64,
     changed: Notify,
 }
 
@@ -94,6 +97,7 @@ pub struct Busy(Arc<Activity>);
 impl Drop for Busy {
     fn drop(&mut self) {
         self.0.active.fetch_sub(1, Ordering::AcqRel);
+        self.0.changes.fetch_add(1, Ordering::AcqRel);
         self.0.changed.notify_waiters();
     }
 }
@@ -106,12 +110,18 @@ impl Activity {
     /// Marks a request as started.
     pub fn begin(self: &Arc<Self>) -> Busy {
         self.active.fetch_add(1, Ordering::AcqRel);
+        self.changes.fetch_add(1, Ordering::AcqRel);
         self.changed.notify_waiters();
         Busy(self.clone())
     }
 
     pub fn in_flight(&self) -> usize {
         self.active.load(Ordering::Acquire)
+    }
+
+    /// How many times the count of requests in flight changed.
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
     }
 
     /// Resolves once no request has been in flight for `timeout` without interruption.
