@@ -349,3 +349,57 @@ async fn the_upstream_decides_who_reads_the_cache() {
         "nothing reached the upstream's lists"
     );
 }
+
+/// The informers run on a thread of their own (`svc-mirror`), with upstream connections of
+/// their own: the proxy's cache follows the upstream while every thread of the runtime that
+/// serves requests is busy (here its only one, blocked).
+#[tokio::test(flavor = "current_thread")]
+async fn the_cache_follows_the_upstream_while_the_request_threads_are_busy() {
+    // The upstream on a runtime of its own, which blocking this one does not stop.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            tx.send(start_upstream().await).unwrap();
+            std::future::pending::<()>().await
+        });
+    });
+    let up = rx.recv().unwrap();
+    up.change("a", Some("1"), false);
+    let proxy = Proxy::start(up.addr, |_| {}).await.unwrap();
+    let alice = proxy.user("alice", &["dev"], false);
+    eventually(Duration::from_secs(20), "the cache is filled", || async {
+        alice.get("/readyz").await.0 == StatusCode::OK
+    })
+    .await;
+    let mirror = proxy
+        .handle
+        .app
+        .proxy
+        .as_ref()
+        .and_then(|p| p.mirror.clone())
+        .expect("proxy mode has its caches");
+    let configmaps = mirror
+        .get("", "v1", "configmaps")
+        .expect("configmaps are cached");
+    let before = configmaps.cache.revision();
+    up.change("b", Some("1"), false);
+    // Blocks this runtime's one thread: nothing spawned on it runs until the loop ends.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while configmaps.cache.revision() <= before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the upstream's event never reached the cache while the request thread was busy"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // And the proxy serves it once its thread is free.
+    let (status, list) = alice
+        .get("/api/v1/namespaces/ns/configmaps?resourceVersion=0")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    assert_eq!(names(&list), ["a=1", "b=1"]);
+}
