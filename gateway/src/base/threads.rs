@@ -1,6 +1,5 @@
 //! A Tokio runtime on threads of its own, beside the request runtime: the caches' ingest
-//! thread (`registry::caches`), proxy mode's informer thread (`outbound::mirror`) and the
-//! list threads (`serve::bulk`). Dropping one stops its
+//! thread (`registry::caches`) and the list threads (`serve::bulk`). Dropping one stops its
 //! threads without waiting for them, so the last holder of the server's state may drop it
 //! from anywhere, one of its own threads included.
 

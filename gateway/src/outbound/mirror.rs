@@ -5,14 +5,6 @@
 //! created, changed or deleted upstream is picked up at run time: a resource that appears
 //! gets its informer, one that goes away is dropped with its watchers, and every other
 //! resource's cache and watchers go on untouched.
-//!
-//! Discovery and the informers run on a thread of their own, `svc-mirror` ([`Mirror::start`]),
-//! as standalone mode's ingest runs on `svc-ingest`: decoding the upstream's events and
-//! applying them to the caches (dispatch, the frames watchers need) do not wait in the request
-//! threads' queues behind the fan-out they feed, and what the caches keep is allocated apart
-//! from the request threads' short-lived buffers. The informers reach the upstream through a
-//! client of their own (its own connections), so no request passed through shares their
-//! connections, whose tasks run on that thread.
 
 pub mod discovery;
 pub mod fresh;
@@ -29,7 +21,6 @@ use svc_core::ResourceInfo;
 use svc_core::watch::{WakeGate, WatchCache, WatchCacheConfig, unstructured};
 use tokio::sync::{Notify, watch};
 
-use crate::base::threads::Threads;
 use crate::outbound::upstream::{CALL_TIMEOUT, Upstream};
 use discovery::{Discovered, ResourceFilter};
 use informer::InformerStatus;
@@ -110,8 +101,6 @@ pub struct Mirror {
     discovered: std::sync::atomic::AtomicBool,
     /// Woken by the CRD informer: read discovery now.
     rediscover: Arc<Notify>,
-    /// The thread discovery and the informers run on, once started.
-    thread: std::sync::OnceLock<Threads>,
 }
 
 impl Mirror {
@@ -134,21 +123,6 @@ impl Mirror {
             resources: RwLock::new(HashMap::new()),
             discovered: std::sync::atomic::AtomicBool::new(false),
             rediscover: Arc::new(Notify::new()),
-            thread: std::sync::OnceLock::new(),
-        }
-    }
-
-    /// Starts [`Self::run`] on the mirror's thread, `svc-mirror` (on the caller's runtime if
-    /// that thread cannot be started). The upstream given to [`Self::new`] should be a client
-    /// of the mirror's own (see the module doc).
-    pub fn start(self: &Arc<Self>, stop: watch::Receiver<bool>) -> tokio::task::JoinHandle<()> {
-        let run = self.clone().run(stop);
-        match Threads::new("svc-mirror", 1, || {}) {
-            Ok(t) => self.thread.get_or_init(|| t).spawn(run),
-            Err(e) => {
-                tracing::warn!(error = %e, "no thread for the upstream informers: they run on the request threads");
-                tokio::spawn(run)
-            }
         }
     }
 

@@ -37,9 +37,6 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
     let egress = Egress::from_options(&opts)?;
     let upstream = Upstream::from_kubeconfig_file(&kubeconfig, &egress)
         .map_err(|e| anyhow::anyhow!("--upstream-kubeconfig: {e}"))?;
-    // The informers' client: connections of their own, driven on their thread.
-    let informers = Upstream::from_kubeconfig_file(&kubeconfig, &egress)
-        .map_err(|e| anyhow::anyhow!("--upstream-kubeconfig: {e}"))?;
     let client_ca = match &opts.client_ca_file {
         None => {
             tracing::warn!("no --client-ca-file: only bearer tokens authenticate callers");
@@ -93,7 +90,7 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
     };
     let filter = ResourceFilter::parse(&opts.cache_resources).map_err(anyhow::Error::msg)?;
     let mirror = Arc::new(Mirror::new(
-        informers,
+        upstream.clone(),
         filter,
         opts.watch_cache_config(),
         opts.upstream_watch_idle_timeout,
@@ -122,7 +119,7 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
             mirror.gate().clone(),
             stop_watches_rx_for_mirror.clone(),
         )),
-        mirror.start(stop_watches_rx_for_mirror),
+        tokio::spawn(mirror.run(stop_watches_rx_for_mirror)),
     ];
     tracing::info!(%addr, upstream = %upstream.url(), "serving as a proxy");
     Ok(ServerHandle {
