@@ -294,16 +294,23 @@ type Signal = Pin<Box<dyn Future<Output = ()> + Send>>;
 struct Flag {
     fut: Signal,
     rx: watch::Receiver<bool>,
-    registered: bool,
+    /// The waker the future registered when last polled.
+    registered: Option<Waker>,
 }
 
 impl Flag {
     fn poll_set(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        // The task's waker does not change, so the one registered stays good.
-        if self.registered && matches!(self.rx.has_changed(), Ok(false)) {
+        // A task's waker does not change, so the one registered stays good; a poll with
+        // another waker registers it.
+        if self
+            .registered
+            .as_ref()
+            .is_some_and(|w| w.will_wake(cx.waker()))
+            && matches!(self.rx.has_changed(), Ok(false))
+        {
             return Poll::Pending;
         }
-        self.registered = true;
+        self.registered = Some(cx.waker().clone());
         self.fut.as_mut().poll(cx)
     }
 }
@@ -321,7 +328,7 @@ fn signal(rx: &watch::Receiver<bool>) -> Flag {
     Flag {
         fut: Box::pin(async move { crate::base::lifecycle::until_set(&mut waited).await }),
         rx: rx.clone(),
-        registered: false,
+        registered: None,
     }
 }
 
@@ -409,8 +416,9 @@ struct Driver<I> {
     /// Idle past `--http-idle-timeout` (or past the grace once closing).
     idle_fut: Signal,
     /// `Activity::changes` when `idle_fut` was last polled while requests were in flight
-    /// (then it waits for a change of that count, and its waker is registered).
-    idle_seen: Option<u64>,
+    /// (then it waits for a change of that count, and the waker it was polled with is
+    /// registered).
+    idle_seen: Option<(u64, Waker)>,
     closing: bool,
     /// The server ends its watches.
     stop_watches: Flag,
@@ -521,7 +529,11 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
     /// since it was last polled (it then only waits for that change); true once idle.
     fn poll_idle(&mut self, cx: &mut Context<'_>) -> bool {
         let changes = self.activity.changes();
-        if self.idle_seen == Some(changes) {
+        if self
+            .idle_seen
+            .as_ref()
+            .is_some_and(|(seen, w)| *seen == changes && w.will_wake(cx.waker()))
+        {
             return false;
         }
         // Read before the poll: a change during it is seen at the next wake-up.
@@ -529,7 +541,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         if self.idle_fut.as_mut().poll(cx).is_ready() {
             return true;
         }
-        self.idle_seen = busy.then_some(changes);
+        self.idle_seen = busy.then(|| (changes, cx.waker().clone()));
         false
     }
 
@@ -757,6 +769,26 @@ mod tests {
         t.fire(now);
         assert_eq!(woken.load(std::sync::atomic::Ordering::SeqCst), 2);
         assert_eq!(t.first(), Some(now + Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn a_flag_wakes_the_waker_it_was_last_polled_with_once_set() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let (tx, rx) = watch::channel(false);
+        let mut flag = signal(&rx);
+        let (a_woken, a) = crate::serve::h2ledger::counting_waker();
+        let (b_woken, b) = crate::serve::h2ledger::counting_waker();
+        assert!(flag.poll_set(&mut Context::from_waker(&a)).is_pending());
+        assert!(flag.poll_set(&mut Context::from_waker(&a)).is_pending());
+        // Polled with another waker: that one is registered, not skipped.
+        assert!(flag.poll_set(&mut Context::from_waker(&b)).is_pending());
+        tx.send(true).unwrap();
+        assert_eq!(b_woken.load(SeqCst), 1, "the last waker is woken");
+        assert!(flag.poll_set(&mut Context::from_waker(&b)).is_ready());
+        assert_eq!(a_woken.load(SeqCst), 0, "the waker replaced is not");
+        // A flag set before its first poll is seen at once.
+        let mut late = signal(&rx);
+        assert!(late.poll_set(&mut Context::from_waker(&a)).is_ready());
     }
 
     #[test]
