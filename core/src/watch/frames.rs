@@ -335,6 +335,11 @@ pub(crate) struct FrameEncoder {
     bookmarks: Mutex<Vec<BookmarkEntry>>,
 }
 
+/// A watcher's share of a frame cell's content: the frame, or the encoding's error.
+fn shared_frame(cell: &Result<Bytes, Arc<str>>) -> Result<Bytes, ApiError> {
+    cell.clone().map_err(|m| ApiError::Internal(m.to_string()))
+}
+
 impl FrameEncoder {
     pub(crate) fn new(codec: KindCodec) -> Self {
         FrameEncoder {
@@ -353,8 +358,40 @@ impl FrameEncoder {
         ty: EventType,
         format: FrameFormat,
     ) -> Result<Bytes, ApiError> {
-        let cell = event.frames.cell(ty, format);
-        let result = cell.get_or_init(|| {
+        shared_frame(self.encoded_cell(event, ty, format))
+    }
+
+    /// The frame of `event` as `ty` if it is encoded already (as `apply` encodes the frames
+    /// an event's watchers need): a lookup, cheap enough to take under the cache's lock.
+    pub(crate) fn encoded_frame(
+        event: &WatchCacheEvent,
+        ty: EventType,
+        format: FrameFormat,
+    ) -> Option<Result<Bytes, ApiError>> {
+        event.frames.cell(ty, format).get().map(shared_frame)
+    }
+
+    /// Encodes the frames of `event` named in `frames` (`dispatch::frame_bit`s) now, so that
+    /// the watchers find them made; a failure is kept in the frame's cell and reported to each
+    /// of them.
+    pub(crate) fn prepare(&self, event: &WatchCacheEvent, frames: u16) {
+        for ty in [EventType::Added, EventType::Modified, EventType::Deleted] {
+            for format in FrameFormat::ALL {
+                if frames & super::dispatch::frame_bit(ty, format) != 0 {
+                    self.encoded_cell(event, ty, format);
+                }
+            }
+        }
+    }
+
+    /// The cell of `event`'s frame as `ty`, encoded into on first use.
+    fn encoded_cell<'e>(
+        &self,
+        event: &'e WatchCacheEvent,
+        ty: EventType,
+        format: FrameFormat,
+    ) -> &'e Result<Bytes, Arc<str>> {
+        event.frames.cell(ty, format).get_or_init(|| {
             self.stats.count(format);
             let encoded = match ty {
                 EventType::Deleted => event
@@ -366,37 +403,7 @@ impl FrameEncoder {
                 event.frames.charge(frame.len(), &self.frame_bytes);
             }
             encoded.map_err(|e| Arc::from(e.to_string()))
-        });
-        result
-            .clone()
-            .map_err(|m| ApiError::Internal(m.to_string()))
-    }
-
-    /// The frame of `event` as `ty` if it is encoded already (as `apply` encodes the frames
-    /// an event's watchers need): a lookup, cheap enough to take under the cache's lock.
-    pub(crate) fn encoded_frame(
-        event: &WatchCacheEvent,
-        ty: EventType,
-        format: FrameFormat,
-    ) -> Option<Result<Bytes, ApiError>> {
-        event
-            .frames
-            .cell(ty, format)
-            .get()
-            .map(|r| r.clone().map_err(|m| ApiError::Internal(m.to_string())))
-    }
-
-    /// Encodes the frames of `event` named in `frames` (`dispatch::frame_bit`s) now, so that
-    /// the watchers find them made; a failure is kept in the frame's cell and reported to each
-    /// of them.
-    pub(crate) fn prepare(&self, event: &WatchCacheEvent, frames: u16) {
-        for ty in [EventType::Added, EventType::Modified, EventType::Deleted] {
-            for format in FrameFormat::ALL {
-                if frames & super::dispatch::frame_bit(ty, format) != 0 {
-                    let _ = self.event_frame(event, ty, format);
-                }
-            }
-        }
+        })
     }
 
     /// A frame for `obj` that is not shared (initial `ADDED` events: each watcher walks its
