@@ -106,11 +106,10 @@ impl SizeHistogram {
         let Some(stripe) = inner.stripes.get(stripe()) else {
             return;
         };
-        let (mut n, mut sum) = (0u64, 0u64);
+        let mut sum = 0u64;
         let mut last: Option<(usize, u64)> = None;
         // Wrapping, as the atomic counters they are added to wrap.
         for size in sizes {
-            n = n.wrapping_add(1);
             sum = sum.wrapping_add(size as u64);
             let i = inner.bounds.partition_point(|b| *b < size as f64);
             // Frames of one batch are mostly alike: add runs to the same bucket at once.
@@ -126,12 +125,11 @@ impl SizeHistogram {
                 }
             }
         }
-        if let Some((j, k)) = last
-            && let Some(bucket) = stripe.buckets.get(j)
-        {
-            bucket.fetch_add(k, Ordering::Relaxed);
-        }
-        if n > 0 {
+        // `last` is set once anything was observed.
+        if let Some((j, k)) = last {
+            if let Some(bucket) = stripe.buckets.get(j) {
+                bucket.fetch_add(k, Ordering::Relaxed);
+            }
             stripe.sum.fetch_add(sum, Ordering::Relaxed);
         }
     }
