@@ -30,9 +30,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 use prometheus_client::metrics::gauge::Gauge;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::observe::metrics::striped::StripedCounter;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// Bytes an h2 connection's watches may have waiting in h2 for the socket before they stop
 /// draining. The kernel's socket buffer (megabytes, on a fast link) fills first, so this only
@@ -237,7 +237,7 @@ impl Ledger {
     fn written_one(&self, id: u32, n: usize) {
         let mut s = self.state.state.lock();
         self.written(&mut s, id, n);
-        self.report(&mut s, 0);
+        self.report(&mut s, GAUGE_SLACK);
     }
 
     /// The bytes held now.
