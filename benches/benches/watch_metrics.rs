@@ -27,15 +27,14 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use svc_gateway::observe::metrics::WATCH_EVENT_SIZE_BUCKETS;
 use svc_gateway::observe::metrics::striped::{SizeHistogram, StripedCounter};
 
 const THREADS: usize = 2;
 const FRAMES: usize = 10_000;
 const SIZE: usize = 600;
-/// kube-apiserver's buckets for `apiserver_watch_events_sizes`.
-static BOUNDS: [f64; 8] = [
-    1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0, 65536.0, 131072.0,
-];
+/// The gateway's buckets for `apiserver_watch_events_sizes` (kube-apiserver's).
+static BOUNDS: [f64; 8] = WATCH_EVENT_SIZE_BUCKETS;
 
 /// The metrics as they were: one counter, and a histogram's buckets, count and sum, each one
 /// atomic every thread adds to.

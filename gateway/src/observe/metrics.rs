@@ -44,7 +44,7 @@ pub const LATENCY_BUCKETS: [f64; 23] = [
 ];
 
 /// kube-apiserver's buckets for `apiserver_watch_events_sizes`: 1 KiB, 2 KiB, ... 128 KiB.
-const WATCH_EVENT_SIZE_BUCKETS: [f64; 8] = [
+pub const WATCH_EVENT_SIZE_BUCKETS: [f64; 8] = [
     1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0, 65536.0, 131072.0,
 ];
 
