@@ -122,6 +122,13 @@ impl EtcdMember {
     pub fn is_running(&self) -> bool {
         self.child.is_some()
     }
+
+    /// Whether the process was started and has since exited on its own.
+    fn has_exited(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|child| !matches!(child.try_wait(), Ok(None)))
+    }
 }
 
 impl Drop for EtcdMember {
@@ -129,6 +136,9 @@ impl Drop for EtcdMember {
         self.kill();
     }
 }
+
+/// How many times a cluster is started on fresh ports before a test gives up.
+const START_ATTEMPTS: u32 = 3;
 
 /// One or more etcd members forming one cluster.
 pub struct EtcdCluster {
@@ -154,35 +164,97 @@ impl EtcdCluster {
             Some((server, client)) => (Some(server), Some(client)),
             None => (None, None),
         };
-        let ports: Vec<(u16, u16)> = (0..size).map(|_| (free_port(), free_port())).collect();
-        let initial_cluster = ports
-            .iter()
-            .enumerate()
-            .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
-            .collect::<Vec<_>>()
-            .join(",");
-        let mut members: Vec<EtcdMember> = ports
-            .iter()
-            .enumerate()
-            .map(|(i, (client, peer))| EtcdMember {
-                name: format!("m{i}"),
-                client_port: *client,
-                peer_port: *peer,
-                data_dir: dir.join(format!("m{i}")),
-                initial_cluster: initial_cluster.clone(),
-                tls: server_tls.clone(),
-                child: None,
+        // A port chosen here can be taken by another test before etcd binds it; the member
+        // then exits at once. Such a start is thrown away and tried again on fresh ports.
+        for attempt in 1..=START_ATTEMPTS {
+            let data = dir.join(format!("try{attempt}"));
+            let mut members = Self::members(&data, size, server_tls.as_ref());
+            for member in &mut members {
+                member.start();
+            }
+            let mut cluster = EtcdCluster {
+                members,
+                client_tls: client_tls.clone(),
+            };
+            match cluster.wait_every_member(Duration::from_secs(30)).await {
+                Ok(()) => return cluster,
+                Err(exited) if attempt < START_ATTEMPTS => {
+                    eprintln!("test etcd member {exited} exited at start; trying fresh ports");
+                }
+                Err(exited) => panic!(
+                    "test etcd member {exited} exited at start {START_ATTEMPTS} times (see {})",
+                    data.display()
+                ),
+            }
+        }
+        unreachable!("the last attempt returns or panics")
+    }
+
+    /// `size` members under `dir` on distinct free ports, not started.
+    fn members(dir: &Path, size: usize, tls: Option<&ServerTls>) -> Vec<EtcdMember> {
+        // Every listener stays bound until all are chosen, so no two members share a port.
+        let listeners: Vec<TcpListener> = (0..size * 2)
+            .map(|_| match TcpListener::bind("127.0.0.1:0") {
+                Ok(listener) => listener,
+                Err(e) => panic!("no free loopback port: {e}"),
             })
             .collect();
-        for member in &mut members {
-            member.start();
+        let ports: Vec<u16> = listeners
+            .iter()
+            .map(|l| l.local_addr().map(|a| a.port()).unwrap())
+            .collect();
+        drop(listeners);
+        let initial_cluster = (0..size)
+            .map(|i| format!("m{i}=http://127.0.0.1:{}", ports[2 * i + 1]))
+            .collect::<Vec<_>>()
+            .join(",");
+        (0..size)
+            .map(|i| EtcdMember {
+                name: format!("m{i}"),
+                client_port: ports[2 * i],
+                peer_port: ports[2 * i + 1],
+                data_dir: dir.join(format!("m{i}")),
+                initial_cluster: initial_cluster.clone(),
+                tls: tls.cloned(),
+                child: None,
+            })
+            .collect()
+    }
+
+    /// Waits until each member answers a linearizable read on its own endpoint; `Err` names
+    /// a member whose process exited meanwhile.
+    async fn wait_every_member(&mut self, limit: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
+        for index in 0..self.members.len() {
+            let name = self.members[index].name.clone();
+            let config = EtcdConfig {
+                endpoints: vec![self.members[index].client_url()],
+                tls: self.client_tls.clone(),
+                request_timeout: Duration::from_secs(1),
+                ..EtcdConfig::default()
+            };
+            let store = match EtcdStore::connect(config).await {
+                Ok(store) => store,
+                Err(e) => panic!("connecting to the test etcd: {e}"),
+            };
+            loop {
+                let exited = self
+                    .members
+                    .iter_mut()
+                    .find_map(|m| m.has_exited().then(|| m.name.clone()));
+                if let Some(exited) = exited {
+                    return Err(exited);
+                }
+                match store.health().await {
+                    Ok(()) => break,
+                    Err(e) if Instant::now() >= deadline => {
+                        panic!("test etcd {name} not ready after {limit:?}: {e}")
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
         }
-        let cluster = EtcdCluster {
-            members,
-            client_tls,
-        };
-        cluster.wait_ready(Duration::from_secs(30)).await;
-        cluster
+        Ok(())
     }
 
     /// Every member's client URL.
