@@ -226,6 +226,26 @@ pub(crate) fn on_event(
     lat.push(now.saturating_sub(ts) / 1000);
 }
 
+/// The length a protobuf watch frame's 4-byte prefix gives, once the prefix is there.
+fn proto_len(b: &[u8]) -> Option<usize> {
+    let head: [u8; 4] = b.get(..4)?.try_into().ok()?;
+    Some(u32::from_be_bytes(head) as usize)
+}
+
+/// One protobuf watch frame (without its length prefix).
+fn proto_frame(f: &Finders, st: &mut WState, frame: &[u8], now: u64, lat: &mut Vec<u64>) {
+    // A map entry: key bytes, then field 2 (0x12), a length, the value's digits.
+    let ts = after(&f.ts_proto, frame)
+        .filter(|r| r.len() > 2 && r[0] == 0x12)
+        .and_then(|r| digits(&r[2..]));
+    if ts.is_none() && f.code410.find(frame).is_none() && frame.len() < 64 {
+        return;
+    }
+    // Protobuf events carry no resourceVersion marker we can find without a schema:
+    // ordering is checked by counts only.
+    on_event(st, lat, now, None, ts);
+}
+
 /// One line of a JSON watch stream (without its newline).
 fn json_line(f: &Finders, st: &mut WState, line: &[u8], now: u64, lat: &mut Vec<u64>, live: &Live) {
     if line.iter().all(|c| c.is_ascii_whitespace()) {
@@ -315,25 +335,29 @@ fn parse(
             st.rem.extend_from_slice(rest);
         }
         Format::K8sProto => {
-            st.rem.extend_from_slice(&b);
-            while st.rem.len() >= 4 {
-                let len = u32::from_be_bytes(st.rem[0..4].try_into().unwrap_or_default()) as usize;
-                if st.rem.len() < 4 + len {
-                    break;
+            // Frames are read where they lie in the chunk, as JSON lines are; only a frame
+            // split across chunks is copied, into `rem`, until it is whole.
+            let mut rest: &[u8] = &b;
+            while !st.rem.is_empty() && !rest.is_empty() {
+                let want = proto_len(&st.rem).map_or(4, |len| len.saturating_add(4));
+                let take = want.saturating_sub(st.rem.len()).min(rest.len());
+                st.rem.extend_from_slice(&rest[..take]);
+                rest = &rest[take..];
+                if proto_len(&st.rem).is_some_and(|len| st.rem.len() == len.saturating_add(4)) {
+                    let mut frame = std::mem::take(&mut st.rem);
+                    proto_frame(f, st, &frame[4..], now, lat);
+                    frame.clear();
+                    st.rem = frame;
                 }
-                st.rem.advance(4);
-                let frame = st.rem.split_to(len).freeze();
-                // A map entry: key bytes, then field 2 (0x12), a length, the value's digits.
-                let ts = after(&f.ts_proto, &frame)
-                    .filter(|r| r.len() > 2 && r[0] == 0x12)
-                    .and_then(|r| digits(&r[2..]));
-                if ts.is_none() && f.code410.find(&frame).is_none() && frame.len() < 64 {
-                    continue;
-                }
-                // Protobuf events carry no resourceVersion marker we can find without a
-                // schema: ordering is checked by counts only.
-                on_event(st, lat, now, None, ts);
             }
+            while let Some(len) = proto_len(rest) {
+                let Some(frame) = rest.get(4..len.saturating_add(4)) else {
+                    break;
+                };
+                proto_frame(f, st, frame, now, lat);
+                rest = &rest[len.saturating_add(4)..];
+            }
+            st.rem.extend_from_slice(rest);
         }
     }
 }
@@ -398,5 +422,56 @@ mod tests {
             (0, 10),
             "a partial line waits in rem"
         );
+    }
+
+    /// The same for protobuf frames: a length prefix split anywhere, frames whole in one
+    /// chunk or spread over three.
+    #[test]
+    fn proto_frames_split_anywhere_count_the_same() {
+        let frame = |ts: u64, pad: usize| {
+            let mut body = vec![b'x'; pad];
+            body.extend_from_slice(TS_ANNOTATION.as_bytes());
+            let value = ts.to_string();
+            body.push(0x12);
+            body.push(value.len() as u8);
+            body.extend_from_slice(value.as_bytes());
+            let mut out = (body.len() as u32).to_be_bytes().to_vec();
+            out.extend_from_slice(&body);
+            out
+        };
+        let mut bytes = frame(1_000, 80);
+        bytes.extend_from_slice(&frame(2_000, 3));
+        // A short frame with no timestamp (a bookmark, say) is not an event.
+        bytes.extend_from_slice(&[0, 0, 0, 2, 1, 2]);
+        bytes.extend_from_slice(&frame(3_000, 200));
+        let f = Finders::new();
+        let live = Live::new();
+        let run = |cuts: &[usize]| {
+            let mut st = WState::default();
+            let mut lat = Vec::new();
+            let mut from = 0;
+            for &to in cuts.iter().chain([bytes.len()].iter()) {
+                let chunk = Bytes::copy_from_slice(&bytes[from..to]);
+                parse(
+                    &f,
+                    Format::K8sProto,
+                    &mut st,
+                    chunk,
+                    10_000_000,
+                    &mut lat,
+                    &live,
+                );
+                from = to;
+            }
+            (st.count, st.foreign, st.rem.len(), lat)
+        };
+        let whole = run(&[]);
+        assert_eq!(whole, (3, 0, 0, vec![9_999, 9_998, 9_997]));
+        for a in 0..=bytes.len() {
+            assert_eq!(run(&[a]), whole, "cut at {a}");
+            for b in (a..=bytes.len()).step_by(5) {
+                assert_eq!(run(&[a, b]), whole, "cuts at {a}, {b}");
+            }
+        }
     }
 }
