@@ -300,7 +300,7 @@ impl Registry {
                 let Some(Some(entry)) = entries.get(id as usize) else {
                     continue;
                 };
-                let Some(ty) = entry.slot.filter.transition(event) else {
+                let Some(ty) = entry.slot.filter.transition_in_bucket(event) else {
                     continue;
                 };
                 let mut st = entry.slot.state.lock();

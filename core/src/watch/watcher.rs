@@ -107,6 +107,25 @@ impl WatchFilter {
         }
     }
 
+    /// [`transition`](Self::transition), for a watcher that dispatch found in the index
+    /// bucket of the event's object ([`bucket`](Self::bucket)): the bucket already holds its
+    /// namespace (and name), and the previous object shares the key, so a filter with no
+    /// selector matched both and needs no comparison. Every other filter is checked in full.
+    pub(crate) fn transition_in_bucket(&self, event: &WatchCacheEvent) -> Option<EventType> {
+        if !self.selector.is_empty() {
+            return self.transition(event);
+        }
+        if event.revision <= self.after {
+            return None;
+        }
+        match (event.prev.is_some(), event.event_type != EventType::Deleted) {
+            (true, true) => Some(EventType::Modified),
+            (false, true) => Some(EventType::Added),
+            (true, false) => Some(EventType::Deleted),
+            (false, false) => None,
+        }
+    }
+
     pub(crate) fn bucket(&self) -> Bucket<'_> {
         match (
             self.namespace.as_deref(),

@@ -31,6 +31,13 @@ fn check(
         expected,
         "{prev:?} -> {cur:?} with {selector:?}"
     );
+    // Dispatch's shortcut, for the watcher found in the object's bucket, agrees.
+    assert_eq!(filter.bucket(), Bucket::Namespace("a"));
+    assert_eq!(
+        filter.transition_in_bucket(&ev),
+        expected,
+        "in its bucket: {prev:?} -> {cur:?} with {selector:?}"
+    );
 }
 
 #[test]
@@ -48,6 +55,33 @@ fn selector_transitions() {
     check(Some(db), None, "app=web", None);
     check(Some(db), Some(web), "", Some(Modified));
     check(Some(db), None, "", Some(Deleted));
+    check(None, Some(db), "", Some(Added));
+}
+
+/// A watch that started ahead of the cache skips the events at or before its revision, with
+/// or without a selector, in dispatch as elsewhere.
+#[test]
+fn a_watch_ahead_skips_events_in_its_bucket_too() {
+    let ev = |rev| {
+        WatchCacheEvent::new(
+            EventType::Added,
+            object(&[], rev),
+            None,
+            rev,
+            0,
+            Instant::now(),
+        )
+    };
+    for selector in ["", "app!=db"] {
+        let mut filter = WatchFilter::new(Some("a"), sel(selector, ""), true);
+        filter.after = 5;
+        assert_eq!(filter.transition_in_bucket(&ev(5)), None, "{selector:?}");
+        assert_eq!(
+            filter.transition_in_bucket(&ev(6)),
+            Some(EventType::Added),
+            "{selector:?}"
+        );
+    }
 }
 
 #[test]
