@@ -366,6 +366,35 @@ fn parse(
 mod tests {
     use super::*;
 
+    /// What reading `bytes` in the chunks `cuts` ends between leaves: the watcher's state
+    /// and the latencies recorded (µs, the clock at 10 s).
+    fn read_in_chunks(format: Format, bytes: &[u8], cuts: &[usize]) -> (WState, Vec<u64>) {
+        let (f, live) = (Finders::new(), Live::new());
+        let mut st = WState::default();
+        let mut lat = Vec::new();
+        let mut from = 0;
+        for &to in cuts.iter().chain([bytes.len()].iter()) {
+            let chunk = Bytes::copy_from_slice(&bytes[from..to]);
+            parse(&f, format, &mut st, chunk, 10_000_000, &mut lat, &live);
+            from = to;
+        }
+        (st, lat)
+    }
+
+    /// Every cut into two chunks, and many into three, reads as `whole`.
+    fn every_cut_reads_as<T: PartialEq + std::fmt::Debug>(
+        bytes: &[u8],
+        whole: &T,
+        run: impl Fn(&[usize]) -> T,
+    ) {
+        for a in 0..=bytes.len() {
+            assert_eq!(&run(&[a]), whole, "cut at {a}");
+            for b in (a..=bytes.len()).step_by(7) {
+                assert_eq!(&run(&[a, b]), whole, "cuts at {a}, {b}");
+            }
+        }
+    }
+
     fn event(rv: u64, ts: u64) -> String {
         format!(
             "{{\"type\":\"ADDED\",\"object\":{{\"metadata\":{{\"resourceVersion\":\"{rv}\",\
@@ -384,39 +413,14 @@ mod tests {
             event(6, 3_000)
         );
         let bytes = stream.as_bytes();
-        let f = Finders::new();
-        let live = Live::new();
         let run = |cuts: &[usize]| {
-            let mut st = WState::default();
-            let mut lat = Vec::new();
-            let mut from = 0;
-            for &to in cuts.iter().chain([bytes.len()].iter()) {
-                let chunk = Bytes::copy_from_slice(&bytes[from..to]);
-                parse(
-                    &f,
-                    Format::K8sJson,
-                    &mut st,
-                    chunk,
-                    10_000_000,
-                    &mut lat,
-                    &live,
-                );
-                from = to;
-            }
+            let (st, lat) = read_in_chunks(Format::K8sJson, bytes, cuts);
             (st.count, st.dups, st.last_rv, st.rem.len(), lat)
         };
         let whole = run(&[]);
         assert_eq!(whole, (3, 1, 6, 0, vec![9_999, 9_998, 9_997]));
-        for a in 0..=bytes.len() {
-            assert_eq!(run(&[a]), whole, "cut at {a}");
-            for b in (a..=bytes.len()).step_by(7) {
-                assert_eq!(run(&[a, b]), whole, "cuts at {a}, {b}");
-            }
-        }
-        let mut st = WState::default();
-        let mut lat = Vec::new();
-        let partial = Bytes::copy_from_slice(&bytes[..10]);
-        parse(&f, Format::K8sJson, &mut st, partial, 0, &mut lat, &live);
+        every_cut_reads_as(bytes, &whole, run);
+        let (st, _) = read_in_chunks(Format::K8sJson, &bytes[..10], &[]);
         assert_eq!(
             (st.count, st.rem.len()),
             (0, 10),
@@ -444,34 +448,12 @@ mod tests {
         // A short frame with no timestamp (a bookmark, say) is not an event.
         bytes.extend_from_slice(&[0, 0, 0, 2, 1, 2]);
         bytes.extend_from_slice(&frame(3_000, 200));
-        let f = Finders::new();
-        let live = Live::new();
         let run = |cuts: &[usize]| {
-            let mut st = WState::default();
-            let mut lat = Vec::new();
-            let mut from = 0;
-            for &to in cuts.iter().chain([bytes.len()].iter()) {
-                let chunk = Bytes::copy_from_slice(&bytes[from..to]);
-                parse(
-                    &f,
-                    Format::K8sProto,
-                    &mut st,
-                    chunk,
-                    10_000_000,
-                    &mut lat,
-                    &live,
-                );
-                from = to;
-            }
+            let (st, lat) = read_in_chunks(Format::K8sProto, &bytes, cuts);
             (st.count, st.foreign, st.rem.len(), lat)
         };
         let whole = run(&[]);
         assert_eq!(whole, (3, 0, 0, vec![9_999, 9_998, 9_997]));
-        for a in 0..=bytes.len() {
-            assert_eq!(run(&[a]), whole, "cut at {a}");
-            for b in (a..=bytes.len()).step_by(5) {
-                assert_eq!(run(&[a, b]), whole, "cuts at {a}, {b}");
-            }
-        }
+        every_cut_reads_as(&bytes, &whole, run);
     }
 }
