@@ -21,9 +21,21 @@ use crate::Store;
 
 /// A free loopback port (bound and released; the small reuse race is acceptable in tests).
 pub fn free_port() -> u16 {
-    match TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()) {
-        Ok(addr) => addr.port(),
+    port_of(&loopback_listener())
+}
+
+/// A listener on a free loopback port.
+fn loopback_listener() -> TcpListener {
+    match TcpListener::bind("127.0.0.1:0") {
+        Ok(listener) => listener,
         Err(e) => panic!("no free loopback port: {e}"),
+    }
+}
+
+fn port_of(listener: &TcpListener) -> u16 {
+    match listener.local_addr() {
+        Ok(addr) => addr.port(),
+        Err(e) => panic!("a bound listener without an address: {e}"),
     }
 }
 
@@ -193,16 +205,8 @@ impl EtcdCluster {
     /// `size` members under `dir` on distinct free ports, not started.
     fn members(dir: &Path, size: usize, tls: Option<&ServerTls>) -> Vec<EtcdMember> {
         // Every listener stays bound until all are chosen, so no two members share a port.
-        let listeners: Vec<TcpListener> = (0..size * 2)
-            .map(|_| match TcpListener::bind("127.0.0.1:0") {
-                Ok(listener) => listener,
-                Err(e) => panic!("no free loopback port: {e}"),
-            })
-            .collect();
-        let ports: Vec<u16> = listeners
-            .iter()
-            .map(|l| l.local_addr().map(|a| a.port()).unwrap())
-            .collect();
+        let listeners: Vec<TcpListener> = (0..size * 2).map(|_| loopback_listener()).collect();
+        let ports: Vec<u16> = listeners.iter().map(port_of).collect();
         drop(listeners);
         let initial_cluster = (0..size)
             .map(|i| format!("m{i}=http://127.0.0.1:{}", ports[2 * i + 1]))
