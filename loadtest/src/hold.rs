@@ -193,35 +193,13 @@ impl LineCounter {
     /// tail stays in `rem`.
     pub fn feed(&self, rem: &mut BytesMut, chunk: &[u8]) -> (u32, u32) {
         let (mut events, mut errors) = (0, 0);
-        let mut count = |line: &[u8]| {
+        crate::watch::complete_lines(rem, chunk, |line| {
             if self.error.find(line).is_some() {
                 errors += 1;
             } else if self.ts.find(line).is_some() {
                 events += 1;
             }
-        };
-        let mut rest = chunk;
-        if !rem.is_empty() {
-            match memchr::memchr(b'\n', rest) {
-                None => {
-                    rem.extend_from_slice(rest);
-                    return (0, 0);
-                }
-                Some(nl) => {
-                    rem.extend_from_slice(&rest[..nl]);
-                    count(rem);
-                    rem.clear();
-                    rest = &rest[nl + 1..];
-                }
-            }
-        }
-        for line in rest.split_inclusive(|c| *c == b'\n') {
-            if line.ends_with(b"\n") {
-                count(line);
-            } else {
-                rem.extend_from_slice(line);
-            }
-        }
+        });
         (events, errors)
     }
 }

@@ -226,6 +226,28 @@ pub(crate) fn on_event(
     lat.push(now.saturating_sub(ts) / 1000);
 }
 
+/// Calls `each` with every complete line (without its newline) of `rem` followed by `chunk`,
+/// read where it lies: only a line cut by the end of a chunk is copied, into `rem`, until its
+/// newline arrives.
+pub(crate) fn complete_lines(rem: &mut BytesMut, chunk: &[u8], mut each: impl FnMut(&[u8])) {
+    let mut rest = chunk;
+    if !rem.is_empty() {
+        let Some(nl) = memchr::memchr(b'\n', rest) else {
+            rem.extend_from_slice(rest);
+            return;
+        };
+        rem.extend_from_slice(&rest[..nl]);
+        each(rem);
+        rem.clear();
+        rest = &rest[nl + 1..];
+    }
+    while let Some(nl) = memchr::memchr(b'\n', rest) {
+        each(&rest[..nl]);
+        rest = &rest[nl + 1..];
+    }
+    rem.extend_from_slice(rest);
+}
+
 /// The length a protobuf watch frame's 4-byte prefix gives, once the prefix is there.
 fn proto_len(b: &[u8]) -> Option<usize> {
     let head: [u8; 4] = b.get(..4)?.try_into().ok()?;
@@ -313,26 +335,10 @@ fn parse(
             st.rem = buf;
         }
         Format::K8sJson => {
-            // Lines are read where they lie in the chunk; only a line split across chunks is
-            // copied, into `rem`, until its newline arrives.
-            let mut rest: &[u8] = &b;
-            if !st.rem.is_empty() {
-                let Some(nl) = memchr::memchr(b'\n', rest) else {
-                    st.rem.extend_from_slice(rest);
-                    return;
-                };
-                st.rem.extend_from_slice(&rest[..nl]);
-                let mut line = std::mem::take(&mut st.rem);
-                json_line(f, st, &line, now, lat, live);
-                line.clear();
-                st.rem = line;
-                rest = &rest[nl + 1..];
-            }
-            while let Some(nl) = memchr::memchr(b'\n', rest) {
-                json_line(f, st, &rest[..nl], now, lat, live);
-                rest = &rest[nl + 1..];
-            }
-            st.rem.extend_from_slice(rest);
+            // `rem` is taken out while its lines are read, as `json_line` needs the state.
+            let mut rem = std::mem::take(&mut st.rem);
+            complete_lines(&mut rem, &b, |line| json_line(f, st, line, now, lat, live));
+            st.rem = rem;
         }
         Format::K8sProto => {
             // Frames are read where they lie in the chunk, as JSON lines are; only a frame
