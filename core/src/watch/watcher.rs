@@ -94,17 +94,7 @@ impl WatchFilter {
     /// `ADDED` if it starts matching, `DELETED` (of the previous object) if it stops
     /// matching or is deleted while matching, nothing if it matched at no point.
     pub fn transition(&self, event: &WatchCacheEvent) -> Option<EventType> {
-        if event.revision <= self.after {
-            return None;
-        }
-        let before = event.prev.as_deref().is_some_and(|p| self.matches(p));
-        let after = event.event_type != EventType::Deleted && self.matches(&event.object);
-        match (before, after) {
-            (true, true) => Some(EventType::Modified),
-            (false, true) => Some(EventType::Added),
-            (true, false) => Some(EventType::Deleted),
-            (false, false) => None,
-        }
+        self.transition_by(event, |obj| self.matches(obj))
     }
 
     /// [`transition`](Self::transition), for a watcher that dispatch found in the index
@@ -112,13 +102,25 @@ impl WatchFilter {
     /// namespace (and name), and the previous object shares the key, so a filter with no
     /// selector matched both and needs no comparison. Every other filter is checked in full.
     pub(crate) fn transition_in_bucket(&self, event: &WatchCacheEvent) -> Option<EventType> {
-        if !self.selector.is_empty() {
-            return self.transition(event);
+        if self.selector.is_empty() {
+            self.transition_by(event, |_| true)
+        } else {
+            self.transition(event)
         }
+    }
+
+    /// The transition table, with `matches` saying whether an object matches this filter.
+    fn transition_by(
+        &self,
+        event: &WatchCacheEvent,
+        matches: impl Fn(&CachedObject) -> bool,
+    ) -> Option<EventType> {
         if event.revision <= self.after {
             return None;
         }
-        match (event.prev.is_some(), event.event_type != EventType::Deleted) {
+        let before = event.prev.as_deref().is_some_and(&matches);
+        let after = event.event_type != EventType::Deleted && matches(&event.object);
+        match (before, after) {
             (true, true) => Some(EventType::Modified),
             (false, true) => Some(EventType::Added),
             (true, false) => Some(EventType::Deleted),
