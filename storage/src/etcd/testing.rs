@@ -231,16 +231,7 @@ impl EtcdCluster {
         let deadline = Instant::now() + limit;
         for index in 0..self.members.len() {
             let name = self.members[index].name.clone();
-            let config = EtcdConfig {
-                endpoints: vec![self.members[index].client_url()],
-                tls: self.client_tls.clone(),
-                request_timeout: Duration::from_secs(1),
-                ..EtcdConfig::default()
-            };
-            let store = match EtcdStore::connect(config).await {
-                Ok(store) => store,
-                Err(e) => panic!("connecting to the test etcd: {e}"),
-            };
+            let store = self.probe(vec![self.members[index].client_url()]).await;
             loop {
                 let exited = self
                     .members
@@ -259,6 +250,20 @@ impl EtcdCluster {
             }
         }
         Ok(())
+    }
+
+    /// A store on `endpoints` for readiness probes: each call gives up after a second.
+    async fn probe(&self, endpoints: Vec<String>) -> std::sync::Arc<EtcdStore> {
+        let config = EtcdConfig {
+            endpoints,
+            tls: self.client_tls.clone(),
+            request_timeout: Duration::from_secs(1),
+            ..EtcdConfig::default()
+        };
+        match EtcdStore::connect(config).await {
+            Ok(store) => store,
+            Err(e) => panic!("connecting to the test etcd: {e}"),
+        }
     }
 
     /// Every member's client URL.
@@ -289,16 +294,7 @@ impl EtcdCluster {
             .filter(|m| m.is_running())
             .map(EtcdMember::client_url)
             .collect();
-        let config = EtcdConfig {
-            endpoints: running,
-            tls: self.client_tls.clone(),
-            request_timeout: Duration::from_secs(1),
-            ..EtcdConfig::default()
-        };
-        let store = match EtcdStore::connect(config).await {
-            Ok(store) => store,
-            Err(e) => panic!("connecting to the test etcd: {e}"),
-        };
+        let store = self.probe(running).await;
         let deadline = Instant::now() + limit;
         loop {
             match store.health().await {
