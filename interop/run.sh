@@ -21,6 +21,7 @@
 #   INTEROP_DIFF_RUN       a pattern of scenarios for it, e.g. 'watch|chunking' (default: all)
 #   INTEROP_PROXY=0        skip the proxy-mode tests
 #   INTEROP_PROXY_RUN      a -test.run pattern for them (default: every test)
+#   INTEROP_PROXY_COUNT    run them this many times over, to shake out timing faults (default 1)
 #   INTEROP_SKIP_PYTHON=1  skip the proxy test with the Python client when python3 lacks kubernetes
 #   INTEROP_SKIP_NODE=1    skip the proxy test with the JavaScript client when node or npm is missing
 #                          (it runs `npm ci` in proxy/clients/node once; otherwise both fail)
@@ -153,8 +154,9 @@ if [[ ${INTEROP_PROXY:-1} != 0 ]]; then
 				INTEROP_UPSTREAM_PKI=$WORK/proxy-upstream/pki INTEROP_UPSTREAM_DIR=$WORK/proxy-upstream \
 				INTEROP_PROXY_DIR=$WORK/proxy \
 				INTEROP_PROXY_URL=$(cat "$WORK/proxy/url") INTEROP_PROXY_CA=$WORK/proxy/ca.crt \
-				go tool test2json -t -p proxy "$WORK/proxy.test" -test.v=test2json -test.count=1 \
-				-test.timeout=300s ${INTEROP_PROXY_RUN:+-test.run "$INTEROP_PROXY_RUN"} >"$WORK/proxy.json" 2>&1
+				go tool test2json -t -p proxy "$WORK/proxy.test" -test.v=test2json \
+				-test.count="${INTEROP_PROXY_COUNT:-1}" -test.timeout="$((300 * ${INTEROP_PROXY_COUNT:-1}))s" \
+				${INTEROP_PROXY_RUN:+-test.run "$INTEROP_PROXY_RUN"} >"$WORK/proxy.json" 2>&1
 		) || true
 	else
 		log "the proxy or its upstream did not start"

@@ -9,12 +9,13 @@ use std::net::SocketAddr;
 use std::os::unix::fs::DirBuilderExt as _;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use anyhow::Context;
 use svc_config::egress::Selection;
 use svc_storage::Store;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 
@@ -23,7 +24,7 @@ use crate::controllers::{bootstrap, csr};
 use crate::outbound::egress::Egress;
 use crate::outbound::pki::{self, PkiOptions};
 use crate::serve::app::{Parts, ServerState};
-use crate::serve::server::accept_loop;
+use crate::serve::server::{Stops, accept_loop};
 
 /// A running server.
 pub struct ServerHandle {
@@ -36,20 +37,86 @@ pub struct ServerHandle {
     pub admin_kubeconfig: std::path::PathBuf,
     /// The cluster PKI (tests issue client certificates from it).
     pub pki: Arc<pki::Pki>,
-    stop_accepting: watch::Sender<bool>,
-    stop_watches: watch::Sender<bool>,
+    signals: Signals,
     tasks: Vec<JoinHandle<()>>,
 }
 
+/// How long shutdown waits for h2 connections to send their GOAWAY before it ends the
+/// watches anyway.
+const FAREWELL_WAIT: Duration = Duration::from_secs(1);
+
+/// A server's stop signals, set in shutdown's order by [`ServerHandle::shutdown`].
+pub(crate) struct Signals {
+    close_listeners: watch::Sender<bool>,
+    /// Each accept loop holds a clone until its listener is closed.
+    listener_open: mpsc::Sender<()>,
+    listeners_closed: mpsc::Receiver<()>,
+    close_connections: watch::Sender<bool>,
+    stop_watches: watch::Sender<bool>,
+}
+
+impl Signals {
+    pub(crate) fn new() -> Self {
+        let (listener_open, listeners_closed) = mpsc::channel(1);
+        Signals {
+            close_listeners: watch::Sender::new(false),
+            listener_open,
+            listeners_closed,
+            close_connections: watch::Sender::new(false),
+            stop_watches: watch::Sender::new(false),
+        }
+    }
+
+    /// What long-running work (watches, controllers, reloads) ends on.
+    pub(crate) fn watches(&self) -> watch::Receiver<bool> {
+        self.stop_watches.subscribe()
+    }
+
+    /// What one accept loop and its connections end on.
+    pub(crate) fn accept_loop(&self) -> Stops {
+        Stops {
+            close_listener: self.close_listeners.subscribe(),
+            listener_closed: self.listener_open.clone(),
+            close_connections: self.close_connections.subscribe(),
+        }
+    }
+}
+
 impl ServerHandle {
-    /// Graceful shutdown: fail `/readyz`, keep serving for `--shutdown-delay-duration`, stop
-    /// accepting, end watches, and wait (up to `--shutdown-timeout`) for requests in flight.
+    /// Graceful shutdown: fail `/readyz` and keep serving for `--shutdown-delay-duration`;
+    /// close the listeners; close the connections (h2's GOAWAY); then end the watches, and
+    /// wait (up to `--shutdown-timeout`) for requests in flight.
+    ///
+    /// The order is kube-apiserver's, and for the same reason: a client whose watch ends
+    /// reconnects at once. With its connection already saying GOAWAY it does not open the next
+    /// watch there, and with the listeners closed its new connection is refused (it retries
+    /// the watch from the version it holds) rather than accepted by a server about to drop it
+    /// (client-go reports that as a broken pipe, and its reflector lists again).
     pub async fn shutdown(self) {
         self.app.api.shutting_down.store(true, Ordering::Release);
         tracing::info!(delay = ?self.app.api.opts.shutdown_delay_duration, "shutdown started");
         tokio::time::sleep(self.app.api.opts.shutdown_delay_duration).await;
-        let _ = self.stop_watches.send(true);
-        let _ = self.stop_accepting.send(true);
+        let Signals {
+            close_listeners,
+            listener_open,
+            mut listeners_closed,
+            close_connections,
+            stop_watches,
+        } = self.signals;
+        let _ = close_listeners.send(true);
+        drop(listener_open);
+        let _ = listeners_closed.recv().await;
+        let _ = close_connections.send(true);
+        if tokio::time::timeout(FAREWELL_WAIT, self.app.farewells.all_said())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                wait = ?FAREWELL_WAIT,
+                "ending watches before every h2 connection has sent its GOAWAY"
+            );
+        }
+        let _ = stop_watches.send(true);
         for t in self.tasks {
             let _ = t.await;
         }
@@ -118,8 +185,7 @@ pub async fn start_with_store(
     let kubeconfig = opts.data_dir.join("admin.kubeconfig");
     let (pki, tls) = prepare_pki(&opts, addr, &kubeconfig).await?;
 
-    let (stop_watches_tx, stop_watches_rx) = watch::channel(false);
-    let (stop_accepting_tx, stop_accepting_rx) = watch::channel(false);
+    let signals = Signals::new();
     let tokens = crate::security::tokens::Tokens::new(
         &opts,
         pki.sa_signing_key_pem(),
@@ -131,14 +197,14 @@ pub async fn start_with_store(
         Some(path) => Some(crate::observe::trace::file::read(path).map_err(anyhow::Error::msg)?),
     };
     let parts = Parts {
-        stop_watches: stop_watches_rx.clone(),
+        stop_watches: signals.watches(),
         tokens,
         tracing,
         admission,
         egress: Egress::from_options(&opts)?,
     };
     let app = Arc::new(ServerState::new(opts.clone(), store, parts)?);
-    let reload_task = start_authentication_config(&app, stop_watches_rx)?;
+    let reload_task = start_authentication_config(&app, signals.watches())?;
     let authorization_reload = crate::security::authorization_config::start(
         &app.api.security,
         &opts,
@@ -152,7 +218,7 @@ pub async fn start_with_store(
         listener,
         Some(tls),
         app.clone(),
-        stop_accepting_rx.clone(),
+        signals.accept_loop(),
     ))];
     let mut insecure_addr = None;
     if opts.insecure_port != 0 {
@@ -162,7 +228,7 @@ pub async fn start_with_store(
             l,
             None,
             app.clone(),
-            stop_accepting_rx,
+            signals.accept_loop(),
         )));
     }
     tasks.extend(reload_task);
@@ -176,8 +242,7 @@ pub async fn start_with_store(
         app,
         admin_kubeconfig: kubeconfig,
         pki,
-        stop_accepting: stop_accepting_tx,
-        stop_watches: stop_watches_tx,
+        signals,
         tasks,
     })
 }

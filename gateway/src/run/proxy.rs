@@ -12,7 +12,6 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use svc_storage::{FeedStream, KeyRange, KeyValue, RangeResult, Revision, Store, StoreError};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 use crate::base::flags::Options;
@@ -22,7 +21,7 @@ use crate::outbound::mirror::Mirror;
 use crate::outbound::mirror::discovery::ResourceFilter;
 use crate::outbound::pki::{self, PkiOptions};
 use crate::outbound::upstream::Upstream;
-use crate::run::ServerHandle;
+use crate::run::{ServerHandle, Signals};
 use crate::serve::app::{Parts, ServerState};
 use crate::serve::server::accept_loop;
 
@@ -70,9 +69,7 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
     };
     let (pki, tls) = prepare_pki(&opts, addr, client_ca, front_proxy_ca).await?;
 
-    let (stop_watches_tx, stop_watches_rx) = watch::channel(false);
-    let stop_watches_rx_for_mirror = stop_watches_rx.clone();
-    let (stop_accepting_tx, stop_accepting_rx) = watch::channel(false);
+    let signals = Signals::new();
     let tokens = crate::security::tokens::Tokens::new(
         &opts,
         pki.sa_signing_key_pem(),
@@ -82,7 +79,7 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
     let admission =
         crate::registry::admission::Chain::from_options(&opts).map_err(anyhow::Error::msg)?;
     let parts = Parts {
-        stop_watches: stop_watches_rx,
+        stop_watches: signals.watches(),
         tokens,
         tracing: None,
         admission,
@@ -113,13 +110,13 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
             listener,
             Some(tls),
             app.clone(),
-            stop_accepting_rx,
+            signals.accept_loop(),
         )),
         tokio::spawn(crate::registry::caches::pace(
             mirror.gate().clone(),
-            stop_watches_rx_for_mirror.clone(),
+            signals.watches(),
         )),
-        tokio::spawn(mirror.run(stop_watches_rx_for_mirror)),
+        tokio::spawn(mirror.run(signals.watches())),
     ];
     tracing::info!(%addr, upstream = %upstream.url(), "serving as a proxy");
     Ok(ServerHandle {
@@ -128,8 +125,7 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
         app,
         admin_kubeconfig: std::path::PathBuf::new(),
         pki,
-        stop_accepting: stop_accepting_tx,
-        stop_watches: stop_watches_tx,
+        signals,
         tasks,
     })
 }

@@ -13,7 +13,7 @@ use tokio::sync::{Notify, watch};
 
 use crate::base::features::Feature;
 use crate::base::flags::Options;
-use crate::base::lifecycle::PostStartHooks;
+use crate::base::lifecycle::{Farewells, PostStartHooks};
 use crate::base::reload::ReloadMetrics;
 use crate::http::api::Api;
 use crate::http::limits::{FairConfig, FairLimit, FlowMetrics, InflightLimit};
@@ -55,6 +55,8 @@ pub struct ServerState {
     pub h2_writes: StripedCounter,
     /// `--list-niceness`: the threads lists run on (`bulk.rs`); `None` at 0.
     pub bulk: Option<Bulk>,
+    /// The h2 connections yet to send their GOAWAY once shutdown asks them to close.
+    pub farewells: Arc<Farewells>,
 }
 
 /// What a server is made of besides its options and store.
@@ -183,6 +185,7 @@ impl ServerState {
             h2_watch_held,
             h2_writes,
             bulk,
+            farewells: Arc::default(),
         })
     }
 }

@@ -253,6 +253,10 @@ where
     }
     let timer = tokio::time::sleep(limits.header_read_timeout);
     tokio::pin!(timer);
+    // A head begun as shutdown began is still read (its request is answered, with
+    // `Connection: close`), for a short while.
+    let grace = crate::base::lifecycle::grace_after(stop, CLOSE_GRACE);
+    tokio::pin!(grace);
     loop {
         match parse(buf, limits.max_headers) {
             Parse::Ours(p) => return HeadRead::Ours(p),
@@ -268,7 +272,7 @@ where
                 tracing::debug!("request head not read within the header read timeout");
                 return HeadRead::End;
             }
-            _ = crate::base::lifecycle::until_set(stop) => return HeadRead::End,
+            () = &mut grace => return HeadRead::End,
         }
     }
 }

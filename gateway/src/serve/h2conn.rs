@@ -34,6 +34,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, Sleep};
 
+use crate::base::lifecycle::Farewell;
 use crate::http::respond::Body;
 use crate::http::stream::{MAX_BATCH_BYTES, WatchHandoff, WatchStream};
 use crate::security::authn::ConnIdentity;
@@ -352,9 +353,12 @@ pub async fn serve<I>(
     let ledger = Ledger::new(app.h2_watch_held.clone(), app.h2_writes.clone());
     let round = Round::default();
     let io = LedgerIo::new(io, ledger.clone(), round.clone());
-    let mut stop_accepting = signal(&stop);
+    let stop_accepting = signal(&stop);
     let mut idle_fut = idle(&activity, limits.idle_timeout);
     let handshake = builder(&limits).handshake::<_, Bytes>(io);
+    // A connection opened as shutdown began still completes its handshake: it then says
+    // GOAWAY at once, and serves the streams its client sent before hearing it.
+    let mut late = stop.clone();
     let mut conn = tokio::select! {
         r = handshake => match r {
             Ok(c) => c,
@@ -363,7 +367,7 @@ pub async fn serve<I>(
                 return;
             }
         },
-        () = &mut stop_accepting => return,
+        () = crate::base::lifecycle::grace_after(&mut late, CLOSE_GRACE) => return,
         () = &mut idle_fut => return,
     };
     let keepalive = Keepalive {
@@ -398,8 +402,17 @@ pub async fn serve<I>(
         timer_at: None,
         keepalive,
         round,
+        farewell: Some(app.farewells.owe()),
     };
-    let result = std::future::poll_fn(|cx| driver.poll(cx)).await;
+    let result = std::future::poll_fn(|cx| {
+        let r = driver.poll(cx);
+        // A poll that closed the connection passed its GOAWAY to the socket.
+        if driver.closing {
+            driver.farewell = None;
+        }
+        r
+    })
+    .await;
     if let Err(e) = result {
         tracing::debug!(error = %e, "h2 connection ended with an error");
     }
@@ -430,6 +443,8 @@ struct Driver<I> {
     keepalive: Keepalive,
     /// Open while a round moves frames into h2: its writes are gathered into one.
     round: Round,
+    /// Owed until the poll that starts the graceful close (shutdown waits for every one).
+    farewell: Option<Farewell>,
 }
 
 /// The connection's keepalive: a PING when requests are in flight and nothing was heard for

@@ -54,12 +54,28 @@ struct Builders {
     h2: h2conn::Limits,
 }
 
+/// What ends an accept loop and then its connections, in shutdown's order (`run.rs`).
+pub struct Stops {
+    /// Set first: the loop closes its listener, so that clients are refused (and retry) from
+    /// then on instead of being accepted by a server that is closing, and drops
+    /// `listener_closed`.
+    pub close_listener: watch::Receiver<bool>,
+    pub listener_closed: tokio::sync::mpsc::Sender<()>,
+    /// Set once every listener is closed: connections close gracefully (h2's GOAWAY).
+    pub close_connections: watch::Receiver<bool>,
+}
+
 pub async fn accept_loop(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
     app: Arc<ServerState>,
-    mut stop: watch::Receiver<bool>,
+    stops: Stops,
 ) {
+    let Stops {
+        close_listener: mut stop_listening,
+        listener_closed,
+        close_connections: stop,
+    } = stops;
     let builders = Arc::new(Builders {
         h1: h1_builder(&app.api.opts),
         h1_limits: h1conn::Limits {
@@ -84,7 +100,7 @@ pub async fn accept_loop(
         // Room for one more connection first: past the cap, clients wait in the backlog.
         let permit = tokio::select! {
             p = limit.acquire() => p,
-            _ = crate::base::lifecycle::until_set(&mut stop) => break,
+            _ = crate::base::lifecycle::until_set(&mut stop_listening) => break,
         };
         let (tcp, peer) = tokio::select! {
             r = listener.accept() => match r {
@@ -96,7 +112,7 @@ pub async fn accept_loop(
                     continue;
                 }
             },
-            _ = crate::base::lifecycle::until_set(&mut stop) => break,
+            _ = crate::base::lifecycle::until_set(&mut stop_listening) => break,
         };
         let _ = tcp.set_nodelay(true);
         let app = app.clone();
@@ -111,6 +127,7 @@ pub async fn accept_loop(
         });
     }
     drop(listener);
+    drop(listener_closed);
     drop(open_tx);
     let timeout = app.api.opts.shutdown_timeout;
     if tokio::time::timeout(timeout, open_rx.recv()).await.is_err() {
@@ -163,7 +180,8 @@ async fn serve_connection(
                 return;
             }
         },
-        _ = crate::base::lifecycle::until_set(&mut stop_handshake) => return,
+        // One begun as shutdown began may still finish, and send its request.
+        _ = crate::base::lifecycle::grace_after(&mut stop_handshake, CLOSE_GRACE) => return,
     };
     let stream = Box::new(stream);
     let session = stream.get_ref().1;
@@ -235,7 +253,8 @@ async fn serve_either<I>(
     let read = tokio::time::timeout(app.api.opts.http_idle_timeout, read);
     let complete = tokio::select! {
         r = read => matches!(r, Ok(true)),
-        _ = crate::base::lifecycle::until_set(&mut stop) => false,
+        // A connection opened as shutdown began may still send its first request.
+        _ = crate::base::lifecycle::grace_after(&mut stop, CLOSE_GRACE) => false,
     };
     if !complete {
         return;

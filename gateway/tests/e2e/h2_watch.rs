@@ -12,7 +12,9 @@ use h2::client::SendRequest;
 use http::{Method, Request, StatusCode};
 use serde_json::{Value, json};
 
-use crate::support::client::{TestServer, create_namespace, eventually};
+use crate::support::client::{
+    TestServer, assert_goaway_and_listener_closed, create_namespace, eventually,
+};
 
 /// Every step must end well within this.
 const BOUND: Duration = Duration::from_secs(30);
@@ -492,6 +494,37 @@ async fn shutdown_ends_h2_watches_and_their_connection() {
         },
     };
     assert!(failed, "the connection is closed after shutdown");
+}
+
+/// What a client whose watch ends at shutdown meets when it reconnects at once, as client-go's
+/// reflector does: its connection has already said GOAWAY (so the next watch is not sent into
+/// a connection about to close, where Go's client meets a broken pipe and the reflector lists
+/// again), and the listener is already closed (a new connection is refused, which client-go
+/// retries, rather than accepted and dropped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_ends_at_shutdown_after_goaway_and_the_listener_closing() {
+    let mut srv = TestServer::start().await;
+    create_namespace(&srv.admin(), "order").await;
+    let rv = list_rv(&srv, "/api/v1/namespaces/order/serviceaccounts").await;
+    let addr = srv.handle().addr;
+    let path = format!("/api/v1/namespaces/order/serviceaccounts?watch=1&resourceVersion={rv}");
+    // Watches on several connections, so that each ordering is checked more than once.
+    let mut conns = Vec::new();
+    for _ in 0..4 {
+        let conn = connect(&srv, 1 << 20).await;
+        let w = Events::open(&conn, &path).await;
+        conns.push((conn, w));
+    }
+    let handle = srv.handle.take().unwrap();
+    let shutdown = tokio::spawn(handle.shutdown());
+    for (conn, w) in &mut conns {
+        assert!(w.next().await.is_none(), "the watch ends at shutdown");
+        assert_goaway_and_listener_closed(conn.clone(), addr).await;
+    }
+    tokio::time::timeout(BOUND, shutdown)
+        .await
+        .expect("shutdown ends with the watches")
+        .unwrap();
 }
 
 /// A client socket whose reading the test can stop and start again: stopped, the client

@@ -1,5 +1,6 @@
 //! Health endpoints and graceful shutdown through a real socket: output format, `verbose`,
-//! `exclude`, per-check paths, readiness failing during shutdown, metrics.
+//! `exclude`, per-check paths, readiness failing during shutdown, a connection opened as
+//! shutdown began, metrics.
 
 use std::time::Duration;
 
@@ -95,6 +96,40 @@ async fn readiness_fails_during_shutdown_delay_then_server_stops() {
     .await;
     assert!(ended.is_ok(), "watch survived shutdown");
     assert!(c.connect().await.is_err(), "still accepting after shutdown");
+}
+
+/// A connection accepted before the listener closed, whose request comes after: it is
+/// answered (with `Connection: close`), not dropped, as Go's server gives a new connection
+/// time to send its first request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_opened_before_shutdown_still_gets_its_answer() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let mut srv = TestServer::start().await;
+    let addr = srv.handle().addr;
+    let mut tls = srv.admin_tls(b"http/1.1").await;
+    let handle = srv.handle.take().unwrap();
+    let shutdown = tokio::spawn(handle.shutdown());
+    eventually(Duration::from_secs(10), "the listener closes", || async {
+        tokio::net::TcpStream::connect(addr).await.is_err()
+    })
+    .await;
+    tls.write_all(b"GET /version HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut answer))
+        .await
+        .expect("the answer, then the end of the connection")
+        .expect("an answer, not a reset");
+    let answer = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+    assert!(answer.starts_with("http/1.1 200"), "{answer}");
+    assert!(answer.contains("\r\nconnection: close\r\n"), "{answer}");
+    assert!(answer.contains("gitversion"), "{answer}");
+    tokio::time::timeout(Duration::from_secs(10), shutdown)
+        .await
+        .expect("shutdown hung")
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

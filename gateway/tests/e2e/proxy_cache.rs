@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
 use crate::proxy::{Out, Proxy, full, serve_scripted};
-use crate::support::client::{eventually, summary};
+use crate::support::client::{assert_goaway_and_listener_closed, eventually, summary};
 
 type Line = Result<Frame<Bytes>, Infallible>;
 
@@ -348,4 +348,77 @@ async fn the_upstream_decides_who_reads_the_cache() {
         1,
         "nothing reached the upstream's lists"
     );
+}
+
+/// Proxy mode's watches (from the cache, and passed upstream) are response bodies that end on
+/// the server's watch stop: they too end only after their connection said GOAWAY and the
+/// listener closed, so a client reconnecting at once is refused and retries its watch rather
+/// than meeting a broken pipe (`interop/proxy`'s restart test does this with client-go).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_end_at_shutdown_after_goaway_and_the_listener_closing() {
+    let up = start_upstream().await;
+    up.change("a", Some("1"), false);
+    up.change("b", Some("1"), false);
+    let proxy = Proxy::start(up.addr, |_| {}).await.unwrap();
+    let alice = proxy.user("alice", &["dev"], true);
+    eventually(Duration::from_secs(20), "the cache is filled", || async {
+        alice.get("/readyz").await.0 == StatusCode::OK
+    })
+    .await;
+    let addr = proxy.handle.addr;
+    let watches_before = up.watches.load(Ordering::SeqCst);
+    let mut conns = Vec::new();
+    // From the cache's version, and from before the cache (passed upstream).
+    for rv in ["2", "1"] {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let tls = tokio_rustls::TlsConnector::from(alice.tls.clone())
+            .connect(
+                rustls::pki_types::ServerName::try_from("localhost").unwrap(),
+                tcp,
+            )
+            .await
+            .unwrap();
+        let (send, conn) = h2::client::handshake(tls).await.unwrap();
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let req = Request::get(format!(
+            "https://localhost/api/v1/namespaces/ns/configmaps?watch=1&resourceVersion={rv}"
+        ))
+        .body(())
+        .unwrap();
+        let (resp, _) = send
+            .clone()
+            .ready()
+            .await
+            .unwrap()
+            .send_request(req, true)
+            .unwrap();
+        let resp = tokio::time::timeout(Duration::from_secs(10), resp)
+            .await
+            .expect("the watch's head")
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK, "the watch from {rv}");
+        conns.push((send, resp.into_body()));
+    }
+    assert_eq!(
+        up.watches.load(Ordering::SeqCst),
+        watches_before + 1,
+        "one of the two watches was passed upstream"
+    );
+    let shutdown = tokio::spawn(proxy.handle.shutdown());
+    for (send, mut body) in conns {
+        while let Some(d) = tokio::time::timeout(Duration::from_secs(10), body.data())
+            .await
+            .expect("the watch ends at shutdown")
+        {
+            let Ok(d) = d else { break };
+            let _ = body.flow_control().release_capacity(d.len());
+        }
+        assert_goaway_and_listener_closed(send, addr).await;
+    }
+    tokio::time::timeout(Duration::from_secs(30), shutdown)
+        .await
+        .expect("shutdown ends with the watches")
+        .unwrap();
 }

@@ -370,3 +370,32 @@ pub async fn create_namespace(c: &Client, name: &str) {
     )
     .await;
 }
+
+/// Asserts what a client whose watch just ended at shutdown meets when it goes on at once:
+/// its h2 connection has already said GOAWAY (a new stream is refused by the client itself),
+/// and `addr`'s listener is already closed (a new connection is refused).
+pub async fn assert_goaway_and_listener_closed(
+    conn: h2::client::SendRequest<Bytes>,
+    addr: std::net::SocketAddr,
+) {
+    let err = match conn.ready().await {
+        Err(e) => e,
+        Ok(mut s) => match s.send_request(
+            http::Request::get("https://localhost/readyz")
+                .body(())
+                .unwrap(),
+            true,
+        ) {
+            Err(e) => e,
+            Ok(_) => panic!("a new stream was sent on a connection whose watch had ended"),
+        },
+    };
+    assert!(
+        err.is_go_away() && err.is_remote(),
+        "the connection said GOAWAY before the watch ended: {err:?}"
+    );
+    assert!(
+        TcpStream::connect(addr).await.is_err(),
+        "the listener is closed before the watches end"
+    );
+}
