@@ -103,6 +103,7 @@ impl ServerHandle {
             close_connections,
             stop_watches,
         } = self.signals;
+        self.app.api.closing.store(true, Ordering::Release);
         let _ = close_listeners.send(true);
         drop(listener_open);
         let _ = listeners_closed.recv().await;

@@ -25,4 +25,7 @@ pub struct Api {
     pub started: Instant,
     /// Set when SIGTERM (or a test) starts shutdown: `/readyz` fails from then on.
     pub shutting_down: AtomicBool,
+    /// Set when shutdown closes the listeners, after its delay: a watch asked for from then on
+    /// would end within moments, so it is answered with a 429 instead.
+    pub closing: AtomicBool,
 }

@@ -173,6 +173,7 @@ impl ServerState {
             hooks: PostStartHooks::default(),
             started: Instant::now(),
             shutting_down: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
         };
         Ok(ServerState {
             api: Arc::new(api),

@@ -51,8 +51,10 @@ pub async fn handle(
     caller: Caller,
     mut req: Request<RequestBody>,
 ) -> Response<Body> {
-    if *app.api.registry.stop_watches.borrow() && router::is_watch(req.uri()) {
-        // Watches are being ended for shutdown: one accepted now would end within the second,
+    let closing = app.api.closing.load(std::sync::atomic::Ordering::Acquire)
+        || *app.api.registry.stop_watches.borrow();
+    if closing && router::is_watch(req.uri()) {
+        // Watches are about to end for shutdown: one accepted now would end within the second,
         // and client-go relists after such a "very short watch"; a 429 makes it retry the
         // watch from the version it holds, on the next server (kube-apiserver's
         // `--shutdown-send-retry-after` answers the same).

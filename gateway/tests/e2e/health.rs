@@ -98,34 +98,50 @@ async fn readiness_fails_during_shutdown_delay_then_server_stops() {
     assert!(c.connect().await.is_err(), "still accepting after shutdown");
 }
 
-/// A connection accepted before the listener closed, whose request comes after: it is
+/// Connections accepted before the listener closed, whose requests come after: each is
 /// answered (with `Connection: close`), not dropped, as Go's server gives a new connection
-/// time to send its first request.
+/// time to send its first request; a watch asked for then is a 429 (it would end at once),
+/// which client-go retries from its version elsewhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_opened_before_shutdown_still_gets_its_answer() {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
     let mut srv = TestServer::start().await;
     let addr = srv.handle().addr;
-    let mut tls = srv.admin_tls(b"http/1.1").await;
+    let mut get = srv.admin_tls(b"http/1.1").await;
+    let mut watch = srv.admin_tls(b"http/1.1").await;
     let handle = srv.handle.take().unwrap();
     let shutdown = tokio::spawn(handle.shutdown());
     eventually(Duration::from_secs(10), "the listener closes", || async {
         tokio::net::TcpStream::connect(addr).await.is_err()
     })
     .await;
-    tls.write_all(b"GET /version HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        .await
-        .unwrap();
-    let mut answer = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut answer))
-        .await
-        .expect("the answer, then the end of the connection")
-        .expect("an answer, not a reset");
-    let answer = String::from_utf8_lossy(&answer).to_ascii_lowercase();
-    assert!(answer.starts_with("http/1.1 200"), "{answer}");
-    assert!(answer.contains("\r\nconnection: close\r\n"), "{answer}");
-    assert!(answer.contains("gitversion"), "{answer}");
+    let mut answers = Vec::new();
+    for (tls, path) in [
+        (&mut get, "/version"),
+        (&mut watch, "/api/v1/namespaces?watch=1"),
+    ] {
+        tls.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut answer))
+            .await
+            .expect("the answer, then the end of the connection")
+            .expect("an answer, not a reset");
+        let answer = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+        assert!(answer.contains("\r\nconnection: close\r\n"), "{answer}");
+        answers.push(answer);
+    }
+    assert!(answers[0].starts_with("http/1.1 200"), "{}", answers[0]);
+    assert!(answers[0].contains("gitversion"), "{}", answers[0]);
+    assert!(answers[1].starts_with("http/1.1 429"), "{}", answers[1]);
+    assert!(
+        answers[1].contains("\r\nretry-after: 1\r\n"),
+        "{}",
+        answers[1]
+    );
+    assert!(answers[1].contains("shutting down"), "{}", answers[1]);
     tokio::time::timeout(Duration::from_secs(10), shutdown)
         .await
         .expect("shutdown hung")
