@@ -1,5 +1,6 @@
 //! Start-up and shutdown plumbing shared by every layer: post-start hooks that readiness
-//! waits for, and the stop signals long-running tasks and requests select on.
+//! waits for, the stop signals long-running tasks and requests select on, and the GOAWAYs
+//! shutdown waits for before it ends the watches.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -37,8 +38,9 @@ pub async fn until_set(flag: &mut watch::Receiver<bool>) {
     let _ = flag.wait_for(|s| *s).await;
 }
 
-/// Resolves `grace` after `flag` turns true: what a connection that was being opened when shutdown began gets to finish opening
-/// and send its first request (Go's server gives new connections the same chance).
+/// Resolves `grace` after `flag` turns true: how long a connection that was being opened when
+/// shutdown began gets to finish opening and send its first request (Go's server gives new
+/// connections the same chance).
 pub async fn grace_after(flag: &mut watch::Receiver<bool>, grace: std::time::Duration) {
     until_set(flag).await;
     tokio::time::sleep(grace).await;
