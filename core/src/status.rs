@@ -173,12 +173,18 @@ pub enum ApiError {
     /// 410 with reason `Gone`.
     #[error("{0}")]
     Gone(String),
-    /// 504: e.g. `Too large resource version`; may carry a retry hint.
+    /// 504: a request or a call that took too long; may carry a retry hint.
     #[error("{message}")]
     Timeout {
         message: String,
         retry_after_seconds: Option<i32>,
     },
+    /// 504 with reason `Timeout`: a resourceVersion the server has not reached, as Kubernetes
+    /// answers it (its `Timeout: ` prefix, the `ResourceVersionTooLarge` cause client-go's
+    /// reflector looks for to list afresh instead of retrying the same version, a retry
+    /// after 1 s).
+    #[error("Timeout: Too large resource version: {requested}, current: {current}")]
+    TooLargeResourceVersion { requested: i64, current: i64 },
     #[error("{message}")]
     TooManyRequests {
         message: String,
@@ -233,7 +239,7 @@ impl ApiError {
             ApiError::UnsupportedMediaType(_) => 415,
             ApiError::RequestEntityTooLarge(_) => 413,
             ApiError::Expired(_) | ApiError::Gone(_) => 410,
-            ApiError::Timeout { .. } => 504,
+            ApiError::Timeout { .. } | ApiError::TooLargeResourceVersion { .. } => 504,
             ApiError::TooManyRequests { .. } => 429,
             ApiError::ServiceUnavailable(_) => 503,
             ApiError::Internal(_) => 500,
@@ -255,7 +261,7 @@ impl ApiError {
             ApiError::RequestEntityTooLarge(_) => "RequestEntityTooLarge",
             ApiError::Expired(_) => "Expired",
             ApiError::Gone(_) => "Gone",
-            ApiError::Timeout { .. } => "Timeout",
+            ApiError::Timeout { .. } | ApiError::TooLargeResourceVersion { .. } => "Timeout",
             ApiError::TooManyRequests { .. } => "TooManyRequests",
             ApiError::ServiceUnavailable(_) => "ServiceUnavailable",
             ApiError::Internal(_) => "InternalError",
@@ -273,6 +279,7 @@ impl ApiError {
                 retry_after_seconds,
                 ..
             } => *retry_after_seconds,
+            ApiError::TooLargeResourceVersion { .. } => Some(1),
             _ => None,
         }
     }
@@ -315,6 +322,15 @@ impl ApiError {
                 retry_after_seconds: Some(*s),
                 ..Default::default()
             }),
+            ApiError::TooLargeResourceVersion { .. } => Some(StatusDetails {
+                causes: vec![StatusCause {
+                    reason: "ResourceVersionTooLarge".into(),
+                    message: "Too large resource version".into(),
+                    field: String::new(),
+                }],
+                retry_after_seconds: self.retry_after(),
+                ..Default::default()
+            }),
             _ => None,
         };
         Status::failure(self.code(), self.reason(), self.to_string(), details)
@@ -334,10 +350,7 @@ impl ApiError {
 
     /// `Too large resource version` (504), as Kubernetes answers for a future version.
     pub fn too_large_resource_version(requested: i64, current: i64) -> Self {
-        ApiError::Timeout {
-            message: format!("Too large resource version: {requested}, current: {current}"),
-            retry_after_seconds: Some(1),
-        }
+        ApiError::TooLargeResourceVersion { requested, current }
     }
 }
 
@@ -355,6 +368,31 @@ mod tests {
                 "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                 "message": "serviceaccounts \"builder\" not found", "reason": "NotFound",
                 "details": {"name": "builder", "kind": "serviceaccounts"}, "code": 404
+            })
+        );
+    }
+
+    /// kube-apiserver's `storage.NewTooLargeResourceVersionError`, field for field: client-go's
+    /// reflector knows it by the cause, and then lists afresh.
+    #[test]
+    fn too_large_resource_version_matches_kubernetes_shape() {
+        let e = ApiError::too_large_resource_version(10, 5);
+        assert_eq!(e.retry_after(), Some(1));
+        let v = serde_json::to_value(e.to_status()).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": "Timeout: Too large resource version: 10, current: 5",
+                "reason": "Timeout",
+                "details": {
+                    "causes": [{
+                        "reason": "ResourceVersionTooLarge",
+                        "message": "Too large resource version"
+                    }],
+                    "retryAfterSeconds": 1
+                },
+                "code": 504
             })
         );
     }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -22,8 +23,8 @@ import (
 
 // TestCoreClientBasics: what controllers do with the typed core client besides informers:
 // paginated lists through client-go's pager, optimistic concurrency with RetryOnConflict,
-// dry-run, generateName, field selectors, JSON and strategic merge patches, and
-// deletecollection.
+// dry-run, generateName, field selectors, JSON and strategic merge patches, deletecollection,
+// and the answer to a version ahead of the store.
 func TestCoreClientBasics(t *testing.T) {
 	tg := getTarget(t)
 	ctx := context.Background()
@@ -74,6 +75,27 @@ func TestCoreClientBasics(t *testing.T) {
 		}
 		if l.RemainingItemCount == nil || *l.RemainingItemCount != 5 || l.Continue == "" {
 			t.Fatalf("limit 2 of 7: remainingItemCount %v, continue %q", l.RemainingItemCount, l.Continue)
+		}
+	})
+
+	// A version the server has not reached: client-go's reflector knows the answer by its
+	// ResourceVersionTooLarge cause, and then lists afresh instead of asking for it again.
+	t.Run("TooLargeResourceVersion", func(t *testing.T) {
+		l, err := secrets.List(ctx, metav1.ListOptions{Limit: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rv, err := strconv.ParseInt(l.ResourceVersion, 10, 64)
+		if err != nil {
+			t.Fatalf("the list's resourceVersion %q: %v", l.ResourceVersion, err)
+		}
+		ahead := strconv.FormatInt(rv+1_000_000, 10)
+		_, err = secrets.List(ctx, metav1.ListOptions{ResourceVersion: ahead, ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan})
+		if !apierrors.IsTimeout(err) || !apierrors.HasStatusCause(err, metav1.CauseTypeResourceVersionTooLarge) {
+			t.Fatalf("a list from %s (the store is at %d): %v; want a Timeout with the ResourceVersionTooLarge cause", ahead, rv, err)
+		}
+		if s, ok := apierrors.SuggestsClientDelay(err); !ok || s != 1 {
+			t.Fatalf("a list from %s: retry after %d s (%v), want 1", ahead, s, ok)
 		}
 	})
 

@@ -66,9 +66,6 @@ var explained = []explanation{
 	// D15: duplicate YAML keys in an applied configuration are refused.
 	{"D15", "field-validation/*-apply-duplicate", "*"},
 
-	// D16: "Too large resource version".
-	{"D16", "resource-versions/*too-large*", "body.message body.details.causes"},
-
 	// D17: resourceVersion=0 with limit or continue.
 	{"D17", "resource-versions/list-rv-0-limit chunking/continue-with-rv-0",
 		"body.items[*] body.metadata.continue body.metadata.remainingItemCount"},

@@ -165,6 +165,10 @@ async fn list_table_rows() {
             .contains("Too large resource version")
     );
     assert_eq!(st["details"]["retryAfterSeconds"], 1);
+    assert_eq!(
+        st["details"]["causes"][0]["reason"], "ResourceVersionTooLarge",
+        "the cause client-go's reflector looks for: {st}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

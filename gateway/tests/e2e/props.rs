@@ -44,7 +44,8 @@ fn too_large_resource_version(r: &Resp) -> bool {
         && v["reason"] == "Timeout"
         && v["message"]
             .as_str()
-            .is_some_and(|m| m.starts_with("Too large resource version"))
+            .is_some_and(|m| m.starts_with("Timeout: Too large resource version"))
+        && v["details"]["causes"][0]["reason"] == "ResourceVersionTooLarge"
         && v["details"]["retryAfterSeconds"].is_number()
 }
 
