@@ -180,9 +180,8 @@ pub enum ApiError {
         retry_after_seconds: Option<i32>,
     },
     /// 504 with reason `Timeout`: a resourceVersion the server has not reached, as Kubernetes
-    /// answers it (its `Timeout: ` prefix, the `ResourceVersionTooLarge` cause client-go's
-    /// reflector looks for to list afresh instead of retrying the same version, a retry
-    /// after 1 s).
+    /// answers it: its `Timeout: ` prefix, the `ResourceVersionTooLarge` cause by which clients
+    /// know it (client-go's reflector then lists afresh), a retry after 1 s.
     #[error("Timeout: Too large resource version: {requested}, current: {current}")]
     TooLargeResourceVersion { requested: i64, current: i64 },
     #[error("{message}")]
