@@ -49,8 +49,13 @@ pub struct Status {
     pub reason: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub details: Option<StatusDetails>,
-    #[serde(default)]
+    /// The HTTP code of a failure; 0, and left out, in a success (as Go's `omitempty`).
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub code: u16,
+}
+
+fn is_zero(code: &u16) -> bool {
+    *code == 0
 }
 
 impl Status {
@@ -63,7 +68,7 @@ impl Status {
             message: String::new(),
             reason: String::new(),
             details,
-            code: 200,
+            code: 0,
         }
     }
 
@@ -394,6 +399,21 @@ mod tests {
                 "code": 504
             })
         );
+    }
+
+    /// kube-apiserver's success Status (a delete of a kind that does not return the object,
+    /// a deletecollection) has no `code`.
+    #[test]
+    fn success_matches_kubernetes_shape() {
+        let v = serde_json::to_value(Status::success(None)).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"
+            })
+        );
+        let back: Status = serde_json::from_value(v).unwrap();
+        assert_eq!(back, Status::success(None));
     }
 
     #[test]
