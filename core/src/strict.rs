@@ -11,7 +11,7 @@ use std::fmt;
 use serde::de::{DeserializeOwned, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
-use crate::status::ApiError;
+use crate::status::{ApiError, StatusCause};
 
 /// The `fieldValidation` directive.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,16 +22,21 @@ pub enum FieldValidation {
 }
 
 impl FieldValidation {
-    /// Parses the query parameter; Kubernetes' default is `Warn`.
-    pub fn parse(v: Option<&str>) -> Result<Self, ApiError> {
+    /// Parses the query parameter; Kubernetes' default is `Warn`. An unknown value is the
+    /// cause of a 422 of the write's options (the caller knows which: `CreateOptions`, ...).
+    pub fn parse(v: Option<&str>) -> Result<Self, StatusCause> {
         match v {
             None | Some("") | Some("Warn") => Ok(FieldValidation::Warn),
             Some("Ignore") => Ok(FieldValidation::Ignore),
             Some("Strict") => Ok(FieldValidation::Strict),
-            Some(other) => Err(ApiError::bad_request(format!(
-                "fieldValidation: Unsupported value: {other:?}: supported values: \"Ignore\", \
-                 \"Strict\", \"Warn\""
-            ))),
+            Some(other) => Err(StatusCause {
+                reason: "FieldValueNotSupported".into(),
+                message: format!(
+                    "Unsupported value: {other:?}: supported values: \"\", \"Ignore\", \
+                     \"Strict\", \"Warn\""
+                ),
+                field: "fieldValidation".into(),
+            }),
         }
     }
 

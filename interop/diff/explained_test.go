@@ -19,10 +19,6 @@ var explained = []explanation{
 		"watch/streaming-list-no-match watch/send-initial-events-on-list watch/watch-exact",
 		"code body.code body.reason body.message body.details"},
 
-	// D5: invalid write options (dryRun, fieldValidation, fieldManager, force) are 400 or lack the group.
-	{"D5", "dry-run/bad-value field-validation/bad-value apply/no-field-manager apply/force-on-merge-patch",
-		"code body.code body.reason body.message body.details body.details.group"},
-
 	// D6: deletecollection answers a Status, as the spec's operation tables say.
 	{"D6", "deletecollection/delete-by-label deletecollection/by-field deletecollection/sa-delete-by-label " +
 		"dry-run/deletecollection events/deletecollection",

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 
 use svc_core::ApiError;
+use svc_core::status::StatusCause;
 
 /// The raw query, decoded.
 #[derive(Debug, Default)]
@@ -70,15 +71,32 @@ impl Query {
         self.bool("pretty").unwrap_or(false)
     }
 
-    pub fn dry_run(&self) -> Result<bool, ApiError> {
-        match self.get("dryRun") {
-            None | Some("") => Ok(false),
-            Some("All") => Ok(true),
-            Some(other) => Err(ApiError::bad_request(format!(
-                "Invalid dryRun value {other:?}: supported values: \"All\""
-            ))),
-        }
+    /// `dryRun`: every value `All`, or none. Anything else is the cause of a 422 of the
+    /// write's options (the caller knows which: `CreateOptions`, ...), as Kubernetes'
+    /// `ValidateDryRun` says it.
+    pub fn dry_run(&self) -> Result<bool, StatusCause> {
+        dry_run(&self.get_all("dryRun"))
     }
+}
+
+/// `dryRun` from its values (the query's, or a DeleteOptions body's).
+pub fn dry_run<S: AsRef<str>>(values: &[S]) -> Result<bool, StatusCause> {
+    let values: Vec<&str> = values
+        .iter()
+        .map(AsRef::as_ref)
+        .filter(|v| !v.is_empty())
+        .collect();
+    if values.iter().all(|v| *v == "All") {
+        return Ok(!values.is_empty());
+    }
+    Err(StatusCause {
+        reason: "FieldValueNotSupported".into(),
+        message: format!(
+            "Unsupported value: {}: supported values: \"All\"",
+            serde_json::to_string(&values).unwrap_or_default()
+        ),
+        field: "dryRun".into(),
+    })
 }
 
 /// `resourceVersionMatch` values.
@@ -169,6 +187,21 @@ mod tests {
             ListOptions::from_query(&Query::parse(Some("resourceVersionMatch=Newest"))).is_err()
         );
         assert!(Query::parse(Some("watch")).bool("watch").unwrap());
-        assert!(Query::parse(Some("dryRun=Some")).dry_run().is_err());
+        let bad = Query::parse(Some("dryRun=Some")).dry_run().unwrap_err();
+        assert_eq!(
+            (
+                bad.reason.as_str(),
+                bad.field.as_str(),
+                bad.message.as_str()
+            ),
+            (
+                "FieldValueNotSupported",
+                "dryRun",
+                "Unsupported value: [\"Some\"]: supported values: \"All\""
+            )
+        );
+        assert!(Query::parse(Some("dryRun=All")).dry_run().unwrap());
+        assert!(!Query::parse(Some("dryRun=")).dry_run().unwrap());
+        assert!(!Query::parse(None).dry_run().unwrap());
     }
 }

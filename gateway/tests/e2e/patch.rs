@@ -204,9 +204,18 @@ async fn server_side_apply_ownership() {
     let (_srv, c) = setup().await;
     let base = "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: app\n";
 
-    // fieldManager is required.
+    // fieldManager is required: 422 of the PatchOptions, as kube-apiserver answers.
     let r = apply(&c, "", base).await;
-    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text());
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text());
+    assert_eq!(
+        r.json()["message"],
+        "PatchOptions.meta.svc.io \"\" is invalid: fieldManager: Required value: is required \
+         for apply patch"
+    );
+    assert_eq!(
+        r.json()["details"]["causes"][0]["reason"],
+        "FieldValueRequired"
+    );
 
     // Apply creates a missing object (201) and records an Apply entry.
     let r = apply(

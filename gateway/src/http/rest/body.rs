@@ -6,7 +6,7 @@
 use serde_json::Value;
 use svc_core::codec;
 use svc_core::registry::Kind;
-use svc_core::strict::{self as decode, FieldValidation};
+use svc_core::strict as decode;
 use svc_core::{ApiError, object};
 
 use super::call::RestRequest;
@@ -38,7 +38,7 @@ pub fn decode_object<T: Kind>(
     versions: Versions,
 ) -> Result<Decoded<T>, ApiError> {
     let format = negotiate::request_format(&call.parts.headers, &app.opts.feature_gates)?;
-    let validation = FieldValidation::parse(call.query.get("fieldValidation"))?;
+    let validation = call.field_validation()?;
     if call.body.is_empty() {
         return Err(ApiError::bad_request("the request body is empty"));
     }

@@ -7,6 +7,7 @@ use http::{header, request};
 use svc_core::resource::field_value;
 use svc_core::selector::{FieldSelector, LabelSelector};
 use svc_core::status::StatusCause;
+use svc_core::strict::FieldValidation;
 use svc_core::{ApiError, Resource};
 
 use crate::base::query::{ListOptions, Query};
@@ -58,6 +59,35 @@ pub struct RestRequest {
 }
 
 impl RestRequest {
+    /// 422 Invalid of the write's options (`CreateOptions`, `UpdateOptions`, `PatchOptions` or
+    /// `DeleteOptions`, by method), as Kubernetes refuses a bad `dryRun`, `fieldValidation`,
+    /// `fieldManager` or `force`.
+    pub fn invalid_options(&self, cause: StatusCause) -> ApiError {
+        let kind = match self.parts.method {
+            http::Method::PUT => "UpdateOptions",
+            http::Method::PATCH => "PatchOptions",
+            http::Method::DELETE => "DeleteOptions",
+            _ => "CreateOptions",
+        };
+        ApiError::Invalid {
+            kind: kind.into(),
+            group: "meta.svc.io".into(),
+            name: String::new(),
+            causes: vec![cause],
+        }
+    }
+
+    /// The query's `dryRun`.
+    pub fn dry_run(&self) -> Result<bool, ApiError> {
+        self.query.dry_run().map_err(|c| self.invalid_options(c))
+    }
+
+    /// The query's `fieldValidation`.
+    pub fn field_validation(&self) -> Result<FieldValidation, ApiError> {
+        FieldValidation::parse(self.query.get("fieldValidation"))
+            .map_err(|c| self.invalid_options(c))
+    }
+
     /// Who writes and how, for the registry's typed writes.
     pub fn write_request(&self, dry_run: bool) -> WriteRequest<'_> {
         WriteRequest {
@@ -106,9 +136,11 @@ pub fn field_manager(call: &RestRequest, required: bool) -> Result<String, ApiEr
     let manager = match call.query.get("fieldManager") {
         Some(m) if !m.is_empty() => m.to_string(),
         _ if required => {
-            return Err(ApiError::bad_request(
-                "PATCH, fieldManager is required for apply requests",
-            ));
+            return Err(call.invalid_options(StatusCause {
+                reason: "FieldValueRequired".into(),
+                message: "Required value: is required for apply patch".into(),
+                field: "fieldManager".into(),
+            }));
         }
         _ => call
             .parts

@@ -132,22 +132,17 @@ fn patch_options(app: &Api, call: &RestRequest) -> Result<PatchOptions, ApiError
     let force = call.query.bool("force")?;
     let is_apply = patch_type == PatchType::Apply;
     if force && !is_apply {
-        return Err(ApiError::Invalid {
-            kind: "PatchOptions".into(),
-            group: String::new(),
-            name: String::new(),
-            causes: vec![StatusCause {
-                reason: "FieldValueForbidden".into(),
-                message: "Forbidden: may not be specified for non-apply patch".into(),
-                field: "force".into(),
-            }],
-        });
+        return Err(call.invalid_options(StatusCause {
+            reason: "FieldValueForbidden".into(),
+            message: "Forbidden: may not be specified for non-apply patch".into(),
+            field: "force".into(),
+        }));
     }
     Ok(PatchOptions {
         patch_type,
         cbor,
-        dry_run: call.query.dry_run()?,
-        validation: FieldValidation::parse(call.query.get("fieldValidation"))?,
+        dry_run: call.dry_run()?,
+        validation: call.field_validation()?,
         force,
         manager: field_manager(call, is_apply)?,
     })

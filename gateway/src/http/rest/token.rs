@@ -80,7 +80,7 @@ pub(super) async fn create_token(
     name: &str,
 ) -> Result<Response<Body>, ApiError> {
     let (mut req, api_version, warnings) = decode::<TokenRequest>(app, call)?;
-    let dry_run = call.query.dry_run()?;
+    let dry_run = call.dry_run()?;
     let ns = path_namespace::<ServiceAccount>(&call.route)?.to_string();
     // Admission sees a create of `serviceaccounts/token` whose object is the TokenRequest.
     let mut outcome = Outcome::default();
@@ -165,7 +165,7 @@ pub(super) async fn review_token(
             "token is required for TokenReview in authentication",
         ));
     }
-    call.query.dry_run()?;
+    call.dry_run()?;
     review.status = Default::default();
     // The JWT authenticators know no audiences of their own: as Kubernetes wraps them
     // (audience-agnostic), a token they accept answers for this server's audiences that the

@@ -29,7 +29,7 @@ pub async fn create<T: Kind>(
     app: &Arc<Api>,
     call: &RestRequest,
 ) -> Result<Response<Body>, ApiError> {
-    let dry_run = call.query.dry_run()?;
+    let dry_run = call.dry_run()?;
     let (obj, warnings): (T, _) = decode_body(app, call)?;
     let manager = field_manager(call, false)?;
     let written = registry::write::create(
@@ -67,7 +67,7 @@ pub async fn update<T: Kind>(
     call: &RestRequest,
     name: &str,
 ) -> Result<Response<Body>, ApiError> {
-    let dry_run = call.query.dry_run()?;
+    let dry_run = call.dry_run()?;
     let (mut obj, warnings): (T, _) = decode_body(app, call)?;
     let ns = path_namespace::<T>(&call.route)?.to_string();
     if obj.meta().name.is_empty() {
@@ -132,14 +132,10 @@ fn delete_options(call: &RestRequest) -> Result<(DeleteOptions, bool), ApiError>
             ),
         ));
     }
-    let dry_run = match opts.dry_run.as_slice() {
-        [] => call.query.dry_run()?,
-        [v] if v == "All" => true,
-        other => {
-            return Err(ApiError::bad_request(format!(
-                "Invalid dryRun value {other:?}: supported values: \"All\""
-            )));
-        }
+    let dry_run = if opts.dry_run.is_empty() {
+        call.dry_run()?
+    } else {
+        crate::base::query::dry_run(&opts.dry_run).map_err(|c| call.invalid_options(c))?
     };
     Ok((opts, dry_run))
 }
