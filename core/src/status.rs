@@ -162,8 +162,14 @@ pub enum ApiError {
     BadRequest(String),
     #[error("{0}")]
     Unauthorized(String),
-    #[error("{0}")]
-    Forbidden(String),
+    /// 403; `subject`, where the refusal is about one object, names it in the details, with
+    /// `causes`.
+    #[error("{message}")]
+    Forbidden {
+        message: String,
+        subject: Option<Subject>,
+        causes: Vec<StatusCause>,
+    },
     #[error("{0}")]
     MethodNotAllowed(String),
     #[error("{0}")]
@@ -237,7 +243,7 @@ impl ApiError {
             ApiError::Invalid { .. } | ApiError::Unprocessable(_) => 422,
             ApiError::BadRequest(_) => 400,
             ApiError::Unauthorized(_) => 401,
-            ApiError::Forbidden(_) => 403,
+            ApiError::Forbidden { .. } => 403,
             ApiError::MethodNotAllowed(_) => 405,
             ApiError::NotAcceptable(_) => 406,
             ApiError::UnsupportedMediaType(_) => 415,
@@ -258,7 +264,7 @@ impl ApiError {
             ApiError::Invalid { .. } | ApiError::Unprocessable(_) => "Invalid",
             ApiError::BadRequest(_) => "BadRequest",
             ApiError::Unauthorized(_) => "Unauthorized",
-            ApiError::Forbidden(_) => "Forbidden",
+            ApiError::Forbidden { .. } => "Forbidden",
             ApiError::MethodNotAllowed(_) => "MethodNotAllowed",
             ApiError::NotAcceptable(_) => "NotAcceptable",
             ApiError::UnsupportedMediaType(_) => "UnsupportedMediaType",
@@ -291,6 +297,11 @@ impl ApiError {
     pub fn to_status(&self) -> Status {
         let details = match self {
             ApiError::NotFound(s) | ApiError::AlreadyExists(s) => Some(s.details(vec![])),
+            ApiError::Forbidden {
+                subject: Some(s),
+                causes,
+                ..
+            } => Some(s.details(causes.clone())),
             ApiError::Conflict { subject, .. } => Some(subject.details(vec![])),
             ApiError::ApplyConflict { causes, .. } => Some(StatusDetails {
                 causes: causes.clone(),
@@ -338,6 +349,15 @@ impl ApiError {
             _ => None,
         };
         Status::failure(self.code(), self.reason(), self.to_string(), details)
+    }
+
+    /// 403 about no one object.
+    pub fn forbidden(msg: impl Into<String>) -> Self {
+        ApiError::Forbidden {
+            message: msg.into(),
+            subject: None,
+            causes: vec![],
+        }
     }
 
     pub fn bad_request(msg: impl Into<String>) -> Self {
@@ -414,6 +434,35 @@ mod tests {
         );
         let back: Status = serde_json::from_value(v).unwrap();
         assert_eq!(back, Status::success(None));
+    }
+
+    /// A refusal about one object names it in its details, as Kubernetes' `NewForbidden`.
+    #[test]
+    fn forbidden_names_its_object_when_it_has_one() {
+        let about = ApiError::Forbidden {
+            message: "secrets \"late\" is forbidden: unable to create new content".into(),
+            subject: Some(Subject::new("", "secrets", "late")),
+            causes: vec![StatusCause {
+                reason: "NamespaceTerminating".into(),
+                message: "namespace ns is being terminated".into(),
+                field: "metadata.namespace".into(),
+            }],
+        };
+        let v = serde_json::to_value(about.to_status()).unwrap();
+        assert_eq!(
+            v["details"],
+            serde_json::json!({"name": "late", "kind": "secrets", "causes": [{
+                "reason": "NamespaceTerminating",
+                "message": "namespace ns is being terminated",
+                "field": "metadata.namespace"
+            }]})
+        );
+        assert_eq!(
+            (v["code"].as_u64(), v["reason"].as_str()),
+            (Some(403), Some("Forbidden"))
+        );
+        let plain = serde_json::to_value(ApiError::forbidden("no").to_status()).unwrap();
+        assert!(plain.get("details").is_none(), "{plain}");
     }
 
     #[test]

@@ -111,9 +111,6 @@ var explained = []explanation{
 
 	// D30: a write that changes nothing.
 	{"D30", "patch-types/sa-*", "body.metadata.resourceVersion"},
-
-	// D32: Forbidden in a terminating namespace.
-	{"D32", "namespaces/create-in-terminating", "body.details"},
 }
 
 // timingDependent rows explain differences that depend on timing or on map order inside

@@ -287,7 +287,7 @@ async fn authorize(
         message.push_str(": ");
         message.push_str(&reason);
     }
-    Err(ApiError::Forbidden(message))
+    Err(ApiError::forbidden(message))
 }
 
 /// Why a cached read did not answer.

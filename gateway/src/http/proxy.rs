@@ -82,7 +82,7 @@ impl Proxy {
             message.push_str(": ");
             message.push_str(&reason);
         }
-        Err(ApiError::Forbidden(message))
+        Err(ApiError::forbidden(message))
     }
 
     /// Passes `req` upstream as `caller` (or as whom the caller impersonates, once allowed)

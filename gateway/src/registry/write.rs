@@ -129,11 +129,19 @@ async fn check_namespace_open<T: Kind>(
     let kv = kv.ok_or_else(|| ApiError::NotFound(Subject::new("", "namespaces", ns)))?;
     let nsobj: Namespace = object::decode_from_store(&kv)?;
     if nsobj.metadata.deletion_timestamp.is_some() {
-        return Err(ApiError::Forbidden(format!(
-            "{} \"{name}\" is forbidden: unable to create new content in namespace {ns} because \
-             it is being terminated",
-            T::INFO.plural
-        )));
+        return Err(ApiError::Forbidden {
+            message: format!(
+                "{} \"{name}\" is forbidden: unable to create new content in namespace {ns} \
+                 because it is being terminated",
+                T::INFO.plural
+            ),
+            subject: Some(Subject::new(T::INFO.group, T::INFO.plural, name)),
+            causes: vec![svc_core::status::StatusCause {
+                reason: "NamespaceTerminating".into(),
+                message: format!("namespace {ns} is being terminated"),
+                field: "metadata.namespace".into(),
+            }],
+        });
     }
     Ok(())
 }

@@ -235,9 +235,9 @@ pub fn forbidden(user: &UserInfo, attrs: &Attributes<'_>, reason: &str) -> ApiEr
         ),
     };
     if reason.is_empty() {
-        ApiError::Forbidden(base)
+        ApiError::forbidden(base)
     } else {
-        ApiError::Forbidden(format!("{base}: {reason}"))
+        ApiError::forbidden(format!("{base}: {reason}"))
     }
 }
 

@@ -255,7 +255,7 @@ fn forbidden(caller: &UserInfo, check: &ResourceAttributes, reason: &str) -> Api
         message.push_str(": ");
         message.push_str(reason);
     }
-    ApiError::Forbidden(message)
+    ApiError::forbidden(message)
 }
 
 #[cfg(test)]

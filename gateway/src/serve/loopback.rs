@@ -50,7 +50,7 @@ fn status_error(code: StatusCode, body: &Value) -> ApiError {
             message,
         },
         StatusCode::NOT_FOUND => ApiError::PathNotFound(message),
-        StatusCode::FORBIDDEN => ApiError::Forbidden(message),
+        StatusCode::FORBIDDEN => ApiError::forbidden(message),
         StatusCode::UNPROCESSABLE_ENTITY => ApiError::Unprocessable(message),
         StatusCode::SERVICE_UNAVAILABLE => ApiError::ServiceUnavailable(message),
         _ => ApiError::Internal(format!("{code}: {message}")),

@@ -273,11 +273,23 @@ async fn finalizers_hold_deletion_and_namespaces_empty_before_going() {
     assert!(s.is_success(), "{v}");
     // Kubernetes' namespace registry sets no grace period on a terminating namespace.
     assert!(v["metadata"]["deletionGracePeriodSeconds"].is_null(), "{v}");
-    let (s, _) = c.post(SA, json!({"metadata": {"name": "late"}})).await;
+    let (s, refused) = c.post(SA, json!({"metadata": {"name": "late"}})).await;
     assert!(
         s == StatusCode::FORBIDDEN || s == StatusCode::NOT_FOUND,
         "create in a terminating namespace: {s}"
     );
+    if s == StatusCode::FORBIDDEN {
+        // As kube-apiserver's: the details name the object refused, and why.
+        assert_eq!(
+            refused["details"],
+            json!({"name": "late", "kind": "serviceaccounts", "causes": [{
+                "reason": "NamespaceTerminating",
+                "message": "namespace w is being terminated",
+                "field": "metadata.namespace"
+            }]}),
+            "{refused}"
+        );
+    }
     for _ in 0..200 {
         if c.get("/api/v1/namespaces/w").await.0 == StatusCode::NOT_FOUND {
             break;

@@ -188,7 +188,7 @@ impl Validating for Arc<Recorder> {
             .lock()
             .push(format!("{} {seen}", attrs.operation.as_str()));
         if attrs.name == "refuse" {
-            return Err(ApiError::Forbidden("refused by the recorder".into()));
+            return Err(ApiError::forbidden("refused by the recorder"));
         }
         Ok(())
     }
@@ -252,7 +252,7 @@ async fn validating_plugins_see_what_mutating_ones_made() {
         .validate::<Namespace>(&d, None, Some(&old), &mut out)
         .await
         .unwrap_err();
-    assert!(matches!(err, ApiError::Forbidden(_)));
+    assert!(matches!(err, ApiError::Forbidden { .. }));
     assert_eq!(
         *recorder.0.lock(),
         ["CREATE yes", "UPDATE yes", "DELETE old=true"]

@@ -238,8 +238,8 @@ impl Webhooks {
                 return Ok(h);
             }
             if Instant::now() >= deadline {
-                return Err(ApiError::Forbidden(
-                    "admission webhooks: not yet ready to handle request".into(),
+                return Err(ApiError::forbidden(
+                    "admission webhooks: not yet ready to handle request",
                 ));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;

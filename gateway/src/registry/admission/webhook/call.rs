@@ -133,7 +133,7 @@ pub fn denial(webhook: &str, status: Option<&ResponseStatus>) -> ApiError {
     };
     match status.code.unwrap_or(0) {
         401 => ApiError::Unauthorized(message),
-        403 => ApiError::Forbidden(message),
+        403 => ApiError::forbidden(message),
         405 => ApiError::MethodNotAllowed(message),
         406 => ApiError::NotAcceptable(message),
         410 => ApiError::Gone(message),
