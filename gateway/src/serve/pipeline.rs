@@ -51,8 +51,8 @@ pub async fn handle(
     caller: Caller,
     mut req: Request<RequestBody>,
 ) -> Response<Body> {
-    let closing = app.api.closing.load(std::sync::atomic::Ordering::Acquire)
-        || *app.api.registry.stop_watches.borrow();
+    // Shutdown sets `closing` before it stops the watches, so the flag alone says both.
+    let closing = app.api.closing.load(std::sync::atomic::Ordering::Acquire);
     if closing && router::is_watch(req.uri()) {
         // Watches are about to end for shutdown: one accepted now would end within the second,
         // and client-go relists after such a "very short watch"; a 429 makes it retry the
