@@ -193,33 +193,102 @@ pub enum PkiError {
     },
 }
 
-/// Identity of a client certificate whose chain the TLS layer has already verified:
-/// CN is the username, each O a group (the Kubernetes convention), plus
-/// `system:authenticated`. `None` when the certificate does not parse or has no CN. It is
-/// the reading of a certificate's subject, which the PKI needs for its own certificates
-/// (`issue.rs` checks the admin certificate names `system:masters`); `security::authn` calls
-/// it for the connection's client certificate.
-pub fn user_from_client_cert(cert_der: &[u8]) -> Option<UserInfo> {
-    let (_, cert) = x509_parser::parse_x509_certificate(cert_der).ok()?;
-    let username = cert.subject().iter_common_name().next()?.as_str().ok()?;
-    if username.is_empty() {
-        return None;
+/// The subject attribute kube-apiserver reads a user's uid from (1.34 and later, gate
+/// `AllowParsingUserUIDFromCertAuth`, on by default).
+const UID_OID: &str = "1.3.6.1.4.1.57683.2";
+/// The user extra that names the credential a request was authenticated with.
+pub const CREDENTIAL_ID_KEY: &str = "authentication.kubernetes.io/credential-id";
+
+/// Identity of a client certificate whose chain the TLS layer has already verified, read as
+/// kube-apiserver's `CommonNameUserConversion` reads it: the subject's last CN is the
+/// username, each O a group in order (the Kubernetes convention), the one uid attribute
+/// (OID 1.3.6.1.4.1.57683.2) the uid, and the extra `authentication.kubernetes.io/credential-id`
+/// is `X509SHA256=` and the hex SHA-256 of the certificate; `system:authenticated` is added.
+/// `Ok(None)` when the certificate has no CN (no user, as kube-apiserver's chain goes on to
+/// the next authenticator); an error for a certificate that does not parse, an attribute that
+/// is not text, or a uid that is empty or given more than once. It is the reading of a
+/// certificate's subject, which the PKI needs for its own certificates (`issue.rs` checks the
+/// admin certificate names `system:masters`); `security::authn` calls it for the connection's
+/// client certificate.
+pub fn client_cert_identity(cert_der: &[u8]) -> Result<Option<UserInfo>, String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(cert_der)
+        .map_err(|e| format!("the client certificate does not parse: {e}"))?;
+    let subject = cert.subject();
+    let text = |a: &x509_parser::x509::AttributeTypeAndValue<'_>, what: &str| {
+        attribute_text(a).ok_or_else(|| format!("the client certificate's {what} is not text"))
+    };
+    let mut username = None;
+    for cn in subject.iter_common_name() {
+        username = Some(text(cn, "common name")?);
     }
-    let mut groups: Vec<String> = cert
-        .subject()
+    let Some(username) = username.filter(|u| !u.is_empty()) else {
+        return Ok(None);
+    };
+    let mut groups = subject
         .iter_organization()
-        .filter_map(|o| o.as_str().ok())
-        .filter(|o| !o.is_empty())
-        .map(str::to_owned)
-        .collect();
+        .map(|o| text(o, "organization"))
+        .collect::<Result<Vec<_>, _>>()?;
+    let uids = subject
+        .iter_attributes()
+        .filter(|a| a.attr_type().to_id_string() == UID_OID)
+        .map(|a| text(a, "uid"))
+        .collect::<Result<Vec<_>, _>>()?;
+    let uid = match uids.as_slice() {
+        [] => String::new(),
+        [uid] if !uid.is_empty() => uid.clone(),
+        [_] => return Err("the client certificate's uid is empty".into()),
+        _ => return Err(format!("the client certificate has {} uids", uids.len())),
+    };
     if !groups.iter().any(|g| g == AUTHENTICATED_GROUP) {
         groups.push(AUTHENTICATED_GROUP.to_owned());
     }
-    Some(UserInfo {
-        username: username.to_owned(),
+    let digest = ring::digest::digest(&ring::digest::SHA256, cert_der);
+    let id: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    Ok(Some(UserInfo {
+        username,
+        uid,
         groups,
-        ..UserInfo::default()
-    })
+        extra: [(
+            CREDENTIAL_ID_KEY.to_owned(),
+            vec![format!("X509SHA256={id}")],
+        )]
+        .into_iter()
+        .collect(),
+    }))
+}
+
+/// An attribute's value as Go's `crypto/x509` reads it into a string: the string types
+/// as they are (T61String only where it is UTF-8), BMPString from UTF-16 with a trailing
+/// NUL dropped. `None` for any other type.
+fn attribute_text(a: &x509_parser::x509::AttributeTypeAndValue<'_>) -> Option<String> {
+    use x509_parser::asn1_rs::Tag;
+    let value = a.attr_value();
+    let data = value.as_bytes();
+    match value.tag() {
+        Tag::NumericString
+        | Tag::PrintableString
+        | Tag::Utf8String
+        | Tag::Ia5String
+        | Tag::T61String => std::str::from_utf8(data).ok().map(str::to_owned),
+        Tag::BmpString => {
+            let data = data.strip_suffix(&[0, 0]).unwrap_or(data);
+            if data.len() % 2 != 0 {
+                return None;
+            }
+            let units = data
+                .chunks_exact(2)
+                .map(|c| Some(u16::from_be_bytes([*c.first()?, *c.get(1)?])))
+                .collect::<Option<Vec<u16>>>()?;
+            String::from_utf16(&units).ok()
+        }
+        _ => None,
+    }
+}
+
+/// The user of a client certificate ([`client_cert_identity`]); `None` when it names none
+/// or cannot be read.
+pub fn user_from_client_cert(cert_der: &[u8]) -> Option<UserInfo> {
+    client_cert_identity(cert_der).ok().flatten()
 }
 
 /// The loaded PKI of one data directory. Private keys stay out of `Debug`.

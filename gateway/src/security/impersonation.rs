@@ -48,48 +48,91 @@ pub struct Requested {
     pub extra: BTreeMap<String, Vec<String>>,
 }
 
-/// The caller's impersonation headers: `None` when there are none; 400 for a group, uid or
-/// extra without a user, or a value that is not text (as kube-apiserver refuses them).
+/// The caller's impersonation headers, read as kube-apiserver's impersonation filter reads
+/// them: the first `Impersonate-User` and the first `Impersonate-Uid` (Go's `Header.Get`;
+/// an empty one is none), every group and extra. `None` when no user is asked for and nothing
+/// else is either; 400 for a group, uid or extra without a user, or a value that is not text.
 pub fn requested(headers: &HeaderMap) -> Result<Option<Requested>, ApiError> {
     let text = |v: &HeaderValue| {
         v.to_str()
             .map(str::to_owned)
             .map_err(|_| ApiError::bad_request("an impersonation header is not text"))
     };
-    let mut found = false;
     let mut r = Requested::default();
+    if let Some(user) = headers.get(USER) {
+        r.user = text(user)?;
+    }
+    if let Some(uid) = headers.get(UID) {
+        r.uid = Some(text(uid)?).filter(|u| !u.is_empty());
+    }
+    for group in headers.get_all(GROUP) {
+        r.groups.push(text(group)?);
+    }
     for (name, value) in headers {
         let n = name.as_str();
-        if n == USER {
-            found = true;
-            r.user = text(value)?;
-        } else if n == GROUP {
-            found = true;
-            r.groups.push(text(value)?);
-        } else if n == UID {
-            found = true;
-            r.uid = Some(text(value)?);
-        } else if let Some(key) = n.strip_prefix(EXTRA_PREFIX) {
-            found = true;
+        if let Some(key) = n.strip_prefix(EXTRA_PREFIX) {
             let key = unescape_key(key)
                 .ok_or_else(|| ApiError::bad_request(format!("malformed header {n:?}")))?;
             r.extra.entry(key).or_default().push(text(value)?);
         }
     }
-    if !found {
-        return Ok(None);
-    }
+    let others = !r.groups.is_empty() || r.uid.is_some() || !r.extra.is_empty();
     if r.user.is_empty() {
-        return Err(ApiError::bad_request(
-            "requested impersonation of groups, a uid or extras without impersonating a user",
-        ));
+        if others {
+            return Err(ApiError::bad_request(
+                "requested impersonation of groups, a uid or extras without impersonating a user",
+            ));
+        }
+        return Ok(None);
     }
     Ok(Some(r))
 }
 
+/// Whether the upstream reads `value` from a header exactly as it was sent: Go's HTTP/1.1
+/// server trims leading and trailing blanks, and no server keeps control characters, so a
+/// value with either would reach the upstream as another identity.
+fn passes_exactly(value: &str) -> bool {
+    let blank = |c: char| c == ' ' || c == '\t';
+    !value.starts_with(blank) && !value.ends_with(blank) && !value.chars().any(char::is_control)
+}
+
+/// Refuses (403, logged) an identity the upstream would not read exactly as it is from
+/// `Impersonate-*` headers: a name, uid, group, extra key or extra value with leading or
+/// trailing blanks or control characters (a certificate's `O= system:masters` would
+/// otherwise reach the upstream as `system:masters`). Every path that acts for a caller
+/// upstream asks this first, cached reads included, so all of them refuse alike.
+pub fn passable(user: &UserInfo) -> Result<(), ApiError> {
+    let extras = user
+        .extra
+        .iter()
+        .flat_map(|(k, vs)| std::iter::once(k).chain(vs.iter()));
+    let bad = std::iter::once(&user.username)
+        .chain(std::iter::once(&user.uid))
+        .chain(user.groups.iter())
+        .chain(extras)
+        .find(|v| !passes_exactly(v));
+    match bad {
+        None => Ok(()),
+        Some(value) => {
+            tracing::warn!(
+                user = ?user.username,
+                value = ?value,
+                "refused: the identity cannot be passed upstream exactly"
+            );
+            Err(ApiError::forbidden(format!(
+                "the identity of User {:?} cannot be passed to the upstream API server exactly: \
+                 {value:?} has leading or trailing blanks or control characters",
+                user.username
+            )))
+        }
+    }
+}
+
 /// The headers that make the upstream act as `user` (the proxy's credential must be allowed
-/// to impersonate): user, one group header per group, uid and extras when set.
+/// to impersonate): user, one group header per group, uid and extras when set; 403 for an
+/// identity they cannot carry exactly ([`passable`]).
 pub fn headers_for(user: &UserInfo, out: &mut HeaderMap) -> Result<(), ApiError> {
+    passable(user)?;
     let value = |v: &str| {
         HeaderValue::from_str(v).map_err(|_| {
             ApiError::bad_request(format!("the identity {v:?} cannot be sent in a header"))
@@ -203,11 +246,16 @@ pub async fn impersonate(
     })
 }
 
-/// `system:serviceaccount:<namespace>:<name>` split, when well formed.
+/// `system:serviceaccount:<namespace>:<name>` split, when well formed as kube-apiserver's
+/// `SplitUsername` says: two parts, the namespace a DNS-1123 label and the name a DNS-1123
+/// subdomain. Any other name is a plain user's, impersonated as one.
 fn service_account(user: &str) -> Option<(&str, &str)> {
     let rest = user.strip_prefix(SERVICE_ACCOUNT_PREFIX)?;
     let (namespace, name) = rest.split_once(':')?;
-    (!namespace.is_empty() && !name.is_empty() && !name.contains(':')).then_some((namespace, name))
+    let valid = !name.contains(':')
+        && svc_core::validation::dns1123_label(namespace).is_ok()
+        && svc_core::validation::dns1123_subdomain(name).is_ok();
+    valid.then_some((namespace, name))
 }
 
 fn attrs(
@@ -327,5 +375,75 @@ mod tests {
             Some(("ns", "sa"))
         );
         assert_eq!(service_account("system:serviceaccount:ns"), None);
+    }
+
+    #[test]
+    fn the_first_user_and_uid_are_read_as_go_reads_them() {
+        let mut headers = HeaderMap::new();
+        headers.append(USER, HeaderValue::from_static("admin"));
+        headers.append(USER, HeaderValue::from_static("erin"));
+        headers.append(UID, HeaderValue::from_static("u1"));
+        headers.append(UID, HeaderValue::from_static("u2"));
+        let r = requested(&headers).unwrap().unwrap();
+        assert_eq!(r.user, "admin");
+        assert_eq!(r.uid.as_deref(), Some("u1"));
+        // An empty user with nothing else asks for nothing; with a group it is refused.
+        let mut empty = HeaderMap::new();
+        empty.insert(USER, HeaderValue::from_static(""));
+        assert_eq!(requested(&empty).unwrap(), None);
+        empty.insert(GROUP, HeaderValue::from_static("g"));
+        assert_eq!(requested(&empty).unwrap_err().code(), 400);
+    }
+
+    #[test]
+    fn service_account_names_are_validated_as_kube_apiserver_validates_them() {
+        for bad in [
+            "system:serviceaccount:ns:NOT_VALID",
+            "system:serviceaccount:ns:a:b",
+            "system:serviceaccount:NS:sa",
+            "system:serviceaccount::sa",
+            "system:serviceaccount:ns:",
+            "system:serviceaccount:ns:-sa",
+        ] {
+            assert_eq!(service_account(bad), None, "{bad}");
+        }
+        assert_eq!(
+            service_account("system:serviceaccount:kube-system:node.controller"),
+            Some(("kube-system", "node.controller"))
+        );
+    }
+
+    #[test]
+    fn identities_the_upstream_would_read_otherwise_are_refused() {
+        let user = |name: &str, group: &str| UserInfo {
+            username: name.into(),
+            groups: vec![group.into(), "system:authenticated".into()],
+            ..UserInfo::default()
+        };
+        for (name, group) in [
+            ("bob", " system:masters"),
+            ("bob", "system:masters "),
+            ("bob", "system:masters\t"),
+            (" bob", "dev"),
+            ("bob\t", "dev"),
+            ("bo\u{7}b", "dev"),
+        ] {
+            let mut out = HeaderMap::new();
+            let e = headers_for(&user(name, group), &mut out).unwrap_err();
+            assert_eq!(e.code(), 403, "{name:?} {group:?}");
+            assert!(out.is_empty());
+        }
+        let mut extra = user("bob", "dev");
+        extra.extra.insert("scopes".into(), vec!["a ".into()]);
+        assert_eq!(passable(&extra).unwrap_err().code(), 403);
+        // Inner blanks, empty groups and text beyond ASCII pass as they are.
+        let fine = UserInfo {
+            username: "jane doe".into(),
+            groups: vec![String::new(), "équipe".into()],
+            ..UserInfo::default()
+        };
+        let mut out = HeaderMap::new();
+        headers_for(&fine, &mut out).unwrap();
+        assert_eq!(out[USER], "jane doe");
     }
 }

@@ -195,10 +195,15 @@ async fn serve_connection(
         _ => pki::CertRole::Caller,
     };
     let cert_user = match role {
-        pki::CertRole::Caller => session
-            .peer_certificates()
-            .and_then(|c| c.first())
-            .and_then(|c| pki::user_from_client_cert(c.as_ref())),
+        pki::CertRole::Caller => match session.peer_certificates().and_then(|c| c.first()) {
+            None => None,
+            // As kube-apiserver's chain does, a certificate it cannot read a user from
+            // leaves the request to the next authenticator (a token, or anonymous).
+            Some(cert) => pki::client_cert_identity(cert.as_ref()).unwrap_or_else(|why| {
+                tracing::warn!(%peer, reason = %why, "client certificate not used");
+                None
+            }),
+        },
         pki::CertRole::FrontProxy | pki::CertRole::Unknown => None,
     };
     // ALPN's h2 skips looking at the first bytes; without it (or with http/1.1) clients

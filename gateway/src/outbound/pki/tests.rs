@@ -329,7 +329,12 @@ fn client_certs_carry_every_group() {
                 "system:nodes".into(),
                 "system:authenticated".into()
             ],
-            extra: Default::default(),
+            extra: [(
+                CREDENTIAL_ID_KEY.to_string(),
+                vec![format!("X509SHA256={}", sha256_hex(&der_of(&cert)))]
+            )]
+            .into_iter()
+            .collect(),
         }
     );
     let json = serde_json::to_value(&user).unwrap();
@@ -452,4 +457,75 @@ async fn tls_rejects_a_cert_from_another_ca() {
     let result = handshake(pki.server_config().unwrap(), client, "localhost").await;
     assert!(result.server.is_err());
     assert!(result.client.is_err());
+}
+
+fn sha256_hex(der: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, der)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A self-signed certificate with `subject` as its subject, DER.
+fn cert_with_subject(subject: rcgen::DistinguishedName) -> Vec<u8> {
+    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut params = rcgen::CertificateParams::default();
+    params.distinguished_name = subject;
+    params.self_signed(&key).unwrap().der().to_vec()
+}
+
+#[test]
+fn client_certs_are_read_as_kube_apiserver_reads_them() {
+    use rcgen::{DnType, DnValue};
+    let cn = DnType::CustomDnType(vec![2, 5, 4, 3]);
+    let uid = DnType::CustomDnType(vec![1, 3, 6, 1, 4, 1, 57683, 2]);
+    // Two common names: the last is the user.
+    let mut two = rcgen::DistinguishedName::new();
+    two.push(DnType::CommonName, "bob");
+    two.push(DnType::OrganizationName, "dev");
+    two.push(cn.clone(), "carol");
+    let der = cert_with_subject(two);
+    let user = client_cert_identity(&der).unwrap().unwrap();
+    assert_eq!(user.username, "carol");
+    assert_eq!(user.groups, ["dev", "system:authenticated"]);
+    assert_eq!(user.uid, "");
+    assert_eq!(
+        user.extra[CREDENTIAL_ID_KEY],
+        [format!("X509SHA256={}", sha256_hex(&der))]
+    );
+    // The uid attribute, and a common name in UTF-16.
+    let mut with_uid = rcgen::DistinguishedName::new();
+    with_uid.push(
+        DnType::CommonName,
+        DnValue::BmpString(rcgen::string::BmpString::try_from("jöe").unwrap()),
+    );
+    with_uid.push(uid.clone(), DnValue::Utf8String("uid-1".into()));
+    let user = client_cert_identity(&cert_with_subject(with_uid))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (user.username.as_str(), user.uid.as_str()),
+        ("jöe", "uid-1")
+    );
+    // An empty uid authenticates nobody; no common name is no user.
+    let mut empty_uid = rcgen::DistinguishedName::new();
+    empty_uid.push(DnType::CommonName, "joe");
+    empty_uid.push(uid, DnValue::Utf8String(String::new()));
+    assert!(client_cert_identity(&cert_with_subject(empty_uid)).is_err());
+    let mut no_cn = rcgen::DistinguishedName::new();
+    no_cn.push(DnType::OrganizationName, "system:masters");
+    assert_eq!(
+        client_cert_identity(&cert_with_subject(no_cn)).unwrap(),
+        None
+    );
+    // Blanks stay as they are: refusing such a name is the proxy's to do.
+    let mut blank = rcgen::DistinguishedName::new();
+    blank.push(DnType::CommonName, "bob");
+    blank.push(DnType::OrganizationName, " system:masters");
+    let user = client_cert_identity(&cert_with_subject(blank))
+        .unwrap()
+        .unwrap();
+    assert_eq!(user.groups[0], " system:masters");
+    assert!(client_cert_identity(b"not a certificate").is_err());
 }
