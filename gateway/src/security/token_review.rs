@@ -1,23 +1,34 @@
 //! Bearer tokens in proxy mode: each is checked with the upstream's TokenReview
 //! (`authentication.k8s.io/v1`, sent under the proxy's own credential), and the answer, a user
-//! or a refusal, is kept for [`TTL`] (10 s, as aggregated API servers cache theirs) in a
-//! bounded cache keyed by the token's SHA-256. A review that fails (the upstream unreachable,
-//! an answer that does not parse) is not cached: the request is refused with 401 and the
-//! next one asks again.
+//! or a refusal, is kept for [`TTL`] in a bounded cache keyed by the token's SHA-256.
+//!
+//! Why 1 s: the upstream keeps accepting a revoked token (its ServiceAccount, Pod or Secret
+//! deleted) for as long as its own token cache holds it, 10 s after the answer it cached,
+//! and a TokenReview is answered from that same cache. The proxy cannot know when the entry
+//! its answer came from was made, so an answer kept for 10 s here could outlive the
+//! upstream's by almost 10 s. Kept for 1 s, a token stops working through the proxy within
+//! 1 s of when it stops working directly. The upstream answers each review from its cache, and
+//! concurrent requests with one token share one review ([`TokenReviewer::authenticate`]).
+//!
+//! A review that fails (the upstream unreachable, an answer that does not parse) is not
+//! cached: the request is refused with 401 and the next one asks again.
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
 use serde::Deserialize;
 use svc_core::user::UserInfo;
+use tokio::sync::OnceCell;
 
 use crate::base::deadline::Deadline as _;
 use crate::outbound::upstream::Upstream;
 use crate::security::tokens::HashCache;
 
 /// How long an answer is kept, allowed or refused.
-pub const TTL: Duration = Duration::from_secs(10);
+pub const TTL: Duration = Duration::from_secs(1);
 /// Most answers kept; the least recently used makes room.
 pub const CAPACITY: usize = 16_384;
 /// Where TokenReviews are created.
@@ -35,11 +46,15 @@ pub enum ReviewError {
 }
 
 type Answer = Result<UserInfo, String>;
+/// One review in flight, awaited by every request that carries its token meanwhile.
+type Pending = Arc<OnceCell<Result<Answer, ReviewError>>>;
 
 /// The token authenticator of proxy mode.
 pub struct TokenReviewer {
     upstream: Upstream,
     cache: Mutex<HashCache<(Answer, Instant)>>,
+    /// Reviews in flight by token hash; bounded by the requests waiting on them.
+    pending: Mutex<HashMap<[u8; 32], Pending>>,
 }
 
 impl TokenReviewer {
@@ -47,25 +62,41 @@ impl TokenReviewer {
         TokenReviewer {
             upstream,
             cache: Mutex::new(HashCache::with_capacity(CAPACITY)),
+            pending: Mutex::new(HashMap::new()),
         }
     }
 
-    /// The user a token stands for, from the cache or a fresh review.
+    /// The user a token stands for, from the cache or a fresh review: one review per token
+    /// at a time, whose answer every request that waited for it takes.
     pub async fn authenticate(&self, token: &str) -> Result<UserInfo, ReviewError> {
         let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
         let mut key = [0u8; 32];
         key.copy_from_slice(digest.as_ref());
         let now = Instant::now();
         let cached = self.cache.lock().get(&key, |(_, at)| now < at.later(TTL));
-        let answer = match cached {
-            Some((answer, _)) => answer,
-            None => {
-                let answer = self.review(token).await?;
-                self.cache.lock().insert(key, (answer.clone(), now));
-                answer
-            }
+        if let Some((answer, _)) = cached {
+            return answer.map_err(ReviewError::Refused);
+        }
+        // The entry goes when its last waiter is done, or gives up (a caller gone).
+        let leave = Leave {
+            map: &self.pending,
+            key,
+            pending: Arc::clone(self.pending.lock().entry(key).or_default()),
         };
-        answer.map_err(ReviewError::Refused)
+        let outcome = leave
+            .pending
+            .get_or_init(|| async {
+                let asked = Instant::now();
+                let answer = self.review(token).await;
+                if let Ok(answer) = &answer {
+                    // Aged from when it was asked: the upstream's answer is as old as that.
+                    self.cache.lock().insert(key, (answer.clone(), asked));
+                }
+                answer
+            })
+            .await
+            .clone();
+        outcome?.map_err(ReviewError::Refused)
     }
 
     async fn review(&self, token: &str) -> Result<Answer, ReviewError> {
@@ -88,6 +119,27 @@ impl TokenReviewer {
             )));
         }
         decode(&response.body).map_err(ReviewError::Failed)
+    }
+}
+
+/// Removes a review in flight from the map once no request waits for it (the map holds one
+/// reference, each waiter one): the map stays as small as the requests waiting.
+struct Leave<'a> {
+    map: &'a Mutex<HashMap<[u8; 32], Pending>>,
+    key: [u8; 32],
+    pending: Pending,
+}
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        let mut map = self.map.lock();
+        // Two references left: the map's and this waiter's.
+        if map
+            .get(&self.key)
+            .is_some_and(|p| Arc::ptr_eq(p, &self.pending) && Arc::strong_count(p) <= 2)
+        {
+            map.remove(&self.key);
+        }
     }
 }
 
