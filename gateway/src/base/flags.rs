@@ -88,6 +88,18 @@ pub struct Options {
     #[arg(long, default_value = "150s", value_parser = parse_duration)]
     pub upstream_watch_idle_timeout: Duration,
 
+    /// Proxy mode: the most long-running requests one user may have passed upstream at once
+    /// (watches the caches do not answer, logs with follow, exec, attach, port-forward,
+    /// proxy); past it a request is answered 429. Each goes over an upstream connection of
+    /// its own, never over the one that carries short requests and the proxy's own calls.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub upstream_long_running_per_user: u32,
+
+    /// Proxy mode: the most long-running requests passed upstream at once, all users
+    /// together; past it a request is answered 429.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub upstream_long_running_max: u32,
+
     /// Address to serve HTTPS on.
     #[arg(long, default_value = "0.0.0.0")]
     pub bind_address: IpAddr,

@@ -153,6 +153,9 @@ pub async fn serve(
         }
         Err(e) => return Some(respond::error(&e)),
     };
+    if let Err(e) = impersonation::passable(&acting) {
+        return Some(respond::error(&e));
+    }
     let verb = if opts.watch { "watch" } else { "list" };
     if let Err(e) = authorize(proxy, &acting, &mirrored, target.namespace, verb, &opts).await {
         return Some(respond::error(&e));
@@ -265,6 +268,7 @@ async fn authorize(
         group: info.group.to_string(),
         version: info.version.to_string(),
         resource: info.plural.to_string(),
+        name: name_of(&opts.field_selector).unwrap_or_default(),
         field_selector: selector(&opts.field_selector),
         label_selector: selector(&opts.label_selector),
         ..Default::default()
@@ -288,6 +292,20 @@ async fn authorize(
         message.push_str(&reason);
     }
     Err(ApiError::forbidden(message))
+}
+
+/// The name a list or watch is about, as kube-apiserver's request info takes it for
+/// authorization: the value a `metadata.name` term of the field selector pins (`=` or `==`),
+/// when it could be a path segment. The Node authorizer allows a node its own Node and the
+/// ConfigMaps and Secrets of its pods this way, one object at a time.
+fn name_of(field_selector: &str) -> Option<String> {
+    if field_selector.is_empty() {
+        return None;
+    }
+    let fields = FieldSelector::parse(field_selector, |_| true).ok()?;
+    let name = fields.exact("metadata.name")?;
+    let segment = !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '%']);
+    segment.then(|| name.to_string())
 }
 
 /// Why a cached read did not answer.
@@ -431,6 +449,27 @@ fn watch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_name_pinned_by_the_field_selector_is_authorized_as_kube_apiserver_does() {
+        assert_eq!(name_of("metadata.name=cm1").as_deref(), Some("cm1"));
+        assert_eq!(name_of("metadata.name==cm1").as_deref(), Some("cm1"));
+        assert_eq!(
+            name_of("metadata.namespace=kp,metadata.name=hollow-1").as_deref(),
+            Some("hollow-1")
+        );
+        for none in [
+            "",
+            "metadata.name!=cm1",
+            "spec.nodeName=n1",
+            "metadata.name=a/b",
+            "metadata.name=..",
+            "metadata.name=a%2f",
+            "bad selector",
+        ] {
+            assert_eq!(name_of(none), None, "{none}");
+        }
+    }
 
     #[test]
     fn only_collections_are_read_from_the_cache() {

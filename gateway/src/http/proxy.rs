@@ -19,6 +19,7 @@
 //! logs, exec, attach, port-forward, proxy), which have no time limit.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, header};
@@ -29,10 +30,14 @@ use svc_core::user::UserInfo;
 
 use crate::http::respond::{self, Body};
 use crate::outbound::client::{ClientError, RequestBody};
+
+pub mod long_running;
+
 use crate::outbound::upstream::Upstream;
 use crate::security::access_review::AccessReviewer;
 use crate::security::impersonation;
 use crate::security::token_review::TokenReviewer;
+use long_running::{LongRunning, Place};
 
 /// What proxy mode serves with: the upstream, and the two things that ask it about callers
 /// (who they are, what they may do).
@@ -48,6 +53,8 @@ pub struct Proxy {
     pub cert_roles: Option<crate::outbound::pki::ClientCertRoles>,
     /// The headers a front proxy names its caller in.
     pub request_headers: crate::security::authn::RequestHeaderNames,
+    /// The bound on long-running requests passed upstream.
+    pub long_running: Arc<LongRunning>,
 }
 
 impl Proxy {
@@ -60,6 +67,7 @@ impl Proxy {
             caller_tokens: false,
             cert_roles: None,
             request_headers: Default::default(),
+            long_running: LongRunning::new(100, 10_000),
         }
     }
 
@@ -89,7 +97,9 @@ impl Proxy {
     /// and returns the upstream's answer; `head_timeout` bounds the wait for its head. With
     /// `token` (the caller authenticated with it, and `--upstream-caller-tokens` is set) the
     /// request carries the caller's token instead, and its own `Impersonate-*` headers are
-    /// the upstream's to judge.
+    /// the upstream's to judge. With `place` (a long-running request, or one that asks to
+    /// switch protocols: [`Proxy::admit_alone`]) it goes over an upstream connection of its
+    /// own, and the place is held until its answer's stream, or the joined connections, end.
     pub async fn forward(
         &self,
         req: Request<RequestBody>,
@@ -97,14 +107,30 @@ impl Proxy {
         peer: Option<SocketAddr>,
         head_timeout: Option<Duration>,
         token: Option<HeaderValue>,
+        place: Option<Place>,
     ) -> Response<Body> {
         match self
-            .try_forward(req, caller, peer, head_timeout, token)
+            .try_forward(req, caller, peer, head_timeout, token, place)
             .await
         {
             Ok(resp) => resp,
             Err(e) => respond::error(&e),
         }
+    }
+
+    /// A place for a request that goes upstream over a connection of its own (long-running,
+    /// or asking to switch protocols), counted against `caller`'s limit; `None` for any
+    /// other request; 429 past a limit.
+    pub fn admit_alone(
+        &self,
+        uri: &http::Uri,
+        headers: &HeaderMap,
+        caller: &UserInfo,
+    ) -> Result<Option<Place>, ApiError> {
+        if !long_running(uri) && upgrade_asked(headers).is_none() {
+            return Ok(None);
+        }
+        self.long_running.admit(&caller.username).map(Some)
     }
 
     async fn try_forward(
@@ -114,6 +140,7 @@ impl Proxy {
         peer: Option<SocketAddr>,
         head_timeout: Option<Duration>,
         token: Option<HeaderValue>,
+        place: Option<Place>,
     ) -> Result<Response<Body>, ApiError> {
         // The caller's own impersonation, as the upstream would see it with the caller's
         // token: passed on as asked.
@@ -157,10 +184,13 @@ impl Proxy {
             .parse()
             .map_err(|e| ApiError::bad_request(format!("request path: {e}")))?;
         let upstream_req = Request::from_parts(parts, body);
+        // Long-running requests and upgrades never share the connection of short requests
+        // and the proxy's own calls: each takes an HTTP/1.1 connection of its own.
+        let alone = upgrade.is_some() || place.is_some();
         let sent = async {
-            match (token, upgrade.is_some()) {
-                (Some(t), up) => self.upstream.send_as(upstream_req, t, up).await,
-                (None, true) => self.upstream.send_upgrade(upstream_req).await,
+            match (token, alone) {
+                (Some(t), alone) => self.upstream.send_as(upstream_req, t, alone).await,
+                (None, true) => self.upstream.send_alone(upstream_req).await,
                 (None, false) => self.upstream.send(upstream_req).await,
             }
         };
@@ -183,20 +213,28 @@ impl Proxy {
         if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS
             && let Some(client_upgrade) = client_upgrade
         {
-            return Ok(join_upgraded(client_upgrade, &mut resp));
+            return Ok(join_upgraded(client_upgrade, &mut resp, place));
         }
         let (mut parts, body) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers);
-        Ok(Response::from_parts(
-            parts,
-            body.map_err(std::io::Error::other).boxed(),
-        ))
+        let body = body.map_err(std::io::Error::other);
+        let body = match place {
+            // Held until the stream ends (or is dropped).
+            Some(place) => body
+                .map_frame(move |f| {
+                    let _held = &place;
+                    f
+                })
+                .boxed(),
+            None => body.boxed(),
+        };
+        Ok(Response::from_parts(parts, body))
     }
 }
 
 /// The protocol a request asks to switch to: its `Upgrade`, when `Connection` names
 /// `upgrade`.
-fn upgrade_asked(headers: &HeaderMap) -> Option<HeaderValue> {
+pub fn upgrade_asked(headers: &HeaderMap) -> Option<HeaderValue> {
     let asked = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -213,6 +251,7 @@ fn upgrade_asked(headers: &HeaderMap) -> Option<HeaderValue> {
 fn join_upgraded(
     client: hyper::upgrade::OnUpgrade,
     upstream: &mut Response<hyper::body::Incoming>,
+    place: Option<Place>,
 ) -> Response<Body> {
     let upstream_upgrade = hyper::upgrade::on(&mut *upstream);
     let mut out = Response::new(respond::full(bytes::Bytes::new()));
@@ -226,6 +265,8 @@ fn join_upgraded(
     }
     *out.headers_mut() = headers;
     tokio::spawn(async move {
+        // The place is the joined connections' until they end.
+        let _held = place;
         match (client.await, upstream_upgrade.await) {
             (Ok(c), Ok(u)) => {
                 let mut c = hyper_util::rt::TokioIo::new(c);

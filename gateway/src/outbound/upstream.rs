@@ -1,7 +1,9 @@
 //! The upstream of proxy mode (`--upstream-kubeconfig`): an unmodified kube-apiserver, reached
 //! with the kubeconfig's server, CA and credential (the proxy's own identity) through the
 //! pooled client of `client.rs` (h2 where the upstream offers it by ALPN, HTTP/1.1 else; the
-//! pool's limits are hyper's). Requests passed through stream both ways and carry no timeout
+//! pool's limits are hyper's). Short requests and the proxy's own calls share one h2
+//! connection; long-running requests and upgrades each take an HTTP/1.1 connection of their
+//! own ([`Upstream::send_alone`]), bounded by `http/proxy/long_running.rs`. Requests passed through stream both ways and carry no timeout
 //! here (watches must not have one; the caller bounds the others); the proxy's own calls
 //! (TokenReview, SubjectAccessReview, readiness) are bounded in time and size.
 
@@ -46,9 +48,11 @@ impl Upstream {
         self.client.request(request).await
     }
 
-    /// Sends a request that asks to switch protocols (`Upgrade`), on an HTTP/1.1 connection
-    /// of its own. No timeout.
-    pub async fn send_upgrade(
+    /// Sends a request on an HTTP/1.1 connection of its own, never the h2 connection that
+    /// short requests share: one that asks to switch protocols (`Upgrade`), or a
+    /// long-running one (a watch, logs with follow), which could otherwise hold that
+    /// connection's streams from everyone else. No timeout.
+    pub async fn send_alone(
         &self,
         request: http::Request<RequestBody>,
     ) -> Result<http::Response<hyper::body::Incoming>, ClientError> {

@@ -36,6 +36,10 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
     let egress = Egress::from_options(&opts)?;
     let upstream = Upstream::from_kubeconfig_file(&kubeconfig, &egress)
         .map_err(|e| anyhow::anyhow!("--upstream-kubeconfig: {e}"))?;
+    // The caches' lists, watches and proofs of freshness over a connection of their own, so
+    // that their watches take none of the streams short requests need.
+    let caches_upstream = Upstream::from_kubeconfig_file(&kubeconfig, &egress)
+        .map_err(|e| anyhow::anyhow!("--upstream-kubeconfig: {e}"))?;
     let client_ca = match &opts.client_ca_file {
         None => {
             tracing::warn!("no --client-ca-file: only bearer tokens authenticate callers");
@@ -87,7 +91,7 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
     };
     let filter = ResourceFilter::parse(&opts.cache_resources).map_err(anyhow::Error::msg)?;
     let mirror = Arc::new(Mirror::new(
-        upstream.clone(),
+        caches_upstream,
         filter,
         opts.watch_cache_config(),
         opts.upstream_watch_idle_timeout,
@@ -96,6 +100,10 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
     let mut proxy = Proxy::new(upstream.clone());
     proxy.mirror = Some(mirror.clone());
     proxy.caller_tokens = opts.upstream_caller_tokens;
+    proxy.long_running = crate::http::proxy::long_running::LongRunning::new(
+        opts.upstream_long_running_per_user as usize,
+        opts.upstream_long_running_max as usize,
+    );
     proxy.cert_roles = cert_roles;
     proxy.request_headers = crate::security::authn::RequestHeaderNames {
         username: opts.requestheader_username_headers.clone(),

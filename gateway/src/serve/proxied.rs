@@ -1,7 +1,7 @@
 //! The pipeline of proxy mode (`--upstream-kubeconfig`): authenticate (client certificate of
 //! `--client-ca-file`, or a token the upstream's TokenReview accepts), answer the proxy's own
-//! `/healthz`, `/livez` and `/readyz`, and its own `/metrics` to whom the upstream lets read
-//! that path, take a place under the in-flight limits, and pass everything else upstream
+//! `/healthz`, `/livez` and `/readyz` (to anyone; a single check such as `/readyz/upstream`,
+//! and its own `/metrics`, to whom the upstream lets read that path), take a place under the in-flight limits, and pass everything else upstream
 //! (`http/proxy.rs`). Authorization is the upstream's: it sees the caller through
 //! impersonation. A watch passed through ends when the server ends its watches at shutdown.
 
@@ -98,6 +98,13 @@ async fn serve(
     let read = matches!(*req.method(), Method::GET | Method::HEAD);
     match router::route(&path) {
         Route::Health { endpoint, check } if read => {
+            // The bare endpoints are everyone's (kube-apiserver's `system:public-info-viewer`
+            // grants them); a single check is read by whom the upstream lets read its path.
+            if check.is_some()
+                && let Err(e) = proxy.may_read(&user, &path).await
+            {
+                return respond::error(&e);
+            }
             return health::serve_proxied(
                 &app.api,
                 &proxy.upstream,
@@ -149,9 +156,17 @@ async fn serve(
             None => resp,
         };
     }
+    // A long-running request or an upgrade takes an upstream connection of its own, within
+    // the caller's bound (429 past it).
+    let place = match proxy.admit_alone(req.uri(), req.headers(), &user) {
+        Ok(place) => place,
+        Err(e) => return respond::error(&e),
+    };
     let head_timeout = (!long_running).then_some(app.api.opts.request_timeout);
     let req = req.map(RequestBody::into_outbound);
-    let resp = proxy.forward(req, &user, peer, head_timeout, token).await;
+    let resp = proxy
+        .forward(req, &user, peer, head_timeout, token, place)
+        .await;
     if !long_running {
         return resp;
     }
@@ -194,12 +209,15 @@ impl hyper::body::Body for UntilStopped {
     }
 }
 
-/// The server's metrics with the caches' series added before the OpenMetrics end marker.
+/// The server's metrics with the caches' and the long-running bound's series added before the
+/// OpenMetrics end marker.
 fn with_mirror_metrics(mut text: String, proxy: &Proxy) -> String {
-    let Some(mirror) = &proxy.mirror else {
-        return text;
-    };
-    let extra = mirror.encode_metrics();
+    let mut extra = proxy
+        .mirror
+        .as_ref()
+        .map(|m| m.encode_metrics())
+        .unwrap_or_default();
+    extra.push_str(&proxy.long_running.encode_metrics());
     match text.rfind("# EOF") {
         Some(at) => text.insert_str(at, &extra),
         None => text.push_str(&extra),

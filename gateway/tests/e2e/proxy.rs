@@ -816,3 +816,179 @@ async fn a_front_proxy_names_its_caller_in_request_headers() {
     assert_eq!(header(&r.json(), "impersonate-user"), ["alice"]);
     proxy.handle.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_identity_the_upstream_would_read_otherwise_is_refused_on_every_path() {
+    let up = start_upstream().await;
+    let proxy = Proxy::start(up.addr, |_| {}).await.unwrap();
+    // Go's HTTP/1.1 server trims blanks from header values: sent as it is, a group
+    // " system:masters" would be system:masters upstream.
+    let upgrade = [("connection", "Upgrade"), ("upgrade", "websocket")];
+    for (user, group) in [
+        ("bob", " system:masters"),
+        ("bob", "system:masters "),
+        (" bob", "dev"),
+        ("bob\t", "dev"),
+    ] {
+        for h2 in [false, true] {
+            let caller = proxy.user(user, &[group], h2);
+            for (path, headers) in [
+                ("/echo", &[][..]),
+                ("/api/v1/namespaces/ns/secrets", &[][..]),
+                ("/api/v1/namespaces/ns/secrets", &upgrade[..]),
+                ("/api/v1/namespaces/ns/pods/p/exec", &upgrade[..]),
+                ("/stream?watch=true", &[][..]),
+            ] {
+                if h2 && !headers.is_empty() {
+                    continue;
+                }
+                let r = caller.request(Method::GET, path, "", headers).await;
+                assert_eq!(
+                    r.status,
+                    StatusCode::FORBIDDEN,
+                    "{user:?} {group:?} {path} h2={h2}: {}",
+                    r.text()
+                );
+                assert_eq!(r.json()["kind"], "Status");
+            }
+        }
+    }
+    proxy.handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn impersonation_headers_are_read_as_kube_apiserver_reads_them() {
+    let up = start_upstream().await;
+    let proxy = Proxy::start(up.addr, |_| {}).await.unwrap();
+    let boss = proxy.user(BOSS, &[], false);
+    // Two users asked for: the first is the one (Go's Header.Get).
+    let r = boss
+        .request(
+            Method::GET,
+            "/echo",
+            "",
+            &[("impersonate-user", "bob"), ("impersonate-user", "carol")],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(header(&r.json(), "impersonate-user"), ["bob"]);
+    // A well-formed service account gets its groups; a malformed one is a plain user.
+    let r = boss
+        .request(
+            Method::GET,
+            "/echo",
+            "",
+            &[("impersonate-user", "system:serviceaccount:ns:robot")],
+        )
+        .await;
+    assert_eq!(
+        header(&r.json(), "impersonate-group"),
+        [
+            "system:serviceaccounts",
+            "system:serviceaccounts:ns",
+            "system:authenticated"
+        ]
+    );
+    let r = boss
+        .request(
+            Method::GET,
+            "/echo",
+            "",
+            &[("impersonate-user", "system:serviceaccount:ns:NOT_VALID")],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(
+        header(&r.json(), "impersonate-group"),
+        ["system:authenticated"]
+    );
+    // A certificate's user passes with the credential it was read from.
+    let r = boss.request(Method::GET, "/echo", "", &[]).await;
+    let id = header(
+        &r.json(),
+        "impersonate-extra-authentication.kubernetes.io%2fcredential-id",
+    )
+    .concat();
+    assert!(id.starts_with("X509SHA256=") && id.len() == 11 + 64, "{id}");
+    proxy.handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_running_requests_are_bounded_per_user_and_in_all() {
+    let up = start_upstream().await;
+    let proxy = Proxy::start(up.addr, |o| {
+        o.upstream_long_running_per_user = 2;
+        o.upstream_long_running_max = 3;
+    })
+    .await
+    .unwrap();
+    let open = |client: Client| async move {
+        let mut conn = client.connect().await.unwrap();
+        let resp = conn
+            .send(Client::build(
+                Method::GET,
+                "/stream?watch=true",
+                Bytes::new(),
+                &[],
+            ))
+            .await
+            .unwrap();
+        (conn, resp)
+    };
+    let alice = proxy.user("alice", &[], true);
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let (conn, resp) = open(alice.clone()).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        let mut body = resp.into_body();
+        body.frame().await.unwrap().unwrap();
+        held.push((conn, body));
+    }
+    // Past alice's own bound: 429, while her short requests and other users go on.
+    let (_conn, resp) = open(alice.clone()).await;
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(resp.headers()["retry-after"], "1");
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let status: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(status["reason"], "TooManyRequests", "{status}");
+    assert!(
+        status["message"]
+            .as_str()
+            .unwrap()
+            .contains("--upstream-long-running-per-user"),
+        "{status}"
+    );
+    assert_eq!(alice.get("/echo").await.0, StatusCode::OK);
+    let carol = proxy.user("carol", &[], false);
+    let (carol_conn, resp) = open(carol.clone()).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut carol_body = resp.into_body();
+    carol_body.frame().await.unwrap().unwrap();
+    // Past the bound of all users together.
+    let dave = proxy.user("dave", &[], false);
+    let (_conn, resp) = open(dave.clone()).await;
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+    let boss = proxy.user(BOSS, &[], false);
+    let metrics = boss.request(Method::GET, "/metrics", "", &[]).await.text();
+    for line in [
+        "svc_proxy_upstream_long_running_requests 3",
+        "svc_proxy_upstream_long_running_refused_total{scope=\"user\"} 1",
+        "svc_proxy_upstream_long_running_refused_total{scope=\"total\"} 1",
+        "svc_proxy_upstream_long_running_limit{scope=\"user\"} 2",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line}: {metrics}");
+    }
+    // A place comes back when its stream ends.
+    drop(held.pop());
+    drop(carol_body);
+    drop(carol_conn);
+    eventually(Duration::from_secs(5), "the places come back", || async {
+        let text = boss.request(Method::GET, "/metrics", "", &[]).await.text();
+        text.lines()
+            .any(|l| l == "svc_proxy_upstream_long_running_requests 1")
+    })
+    .await;
+    let (_conn, resp) = open(alice.clone()).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    proxy.handle.shutdown().await;
+}
