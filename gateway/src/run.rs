@@ -24,7 +24,7 @@ use crate::controllers::{bootstrap, csr};
 use crate::outbound::egress::Egress;
 use crate::outbound::pki::{self, PkiOptions};
 use crate::serve::app::{Parts, ServerState};
-use crate::serve::server::{Stops, accept_loop};
+use crate::serve::server::{Stops, Tls, accept_loop};
 
 /// A running server.
 pub struct ServerHandle {
@@ -254,7 +254,7 @@ async fn prepare_pki(
     opts: &Options,
     addr: SocketAddr,
     kubeconfig: &std::path::Path,
-) -> anyhow::Result<(Arc<pki::Pki>, TlsAcceptor)> {
+) -> anyhow::Result<(Arc<pki::Pki>, Tls)> {
     let host = if addr.ip().is_unspecified() {
         "127.0.0.1".to_string()
     } else {
@@ -275,10 +275,13 @@ async fn prepare_pki(
     let pki = tokio::task::spawn_blocking(move || pki::ensure_pki(&cert_dir, &pki_opts))
         .await?
         .context("preparing certificates")?;
-    let tls = TlsAcceptor::from(
-        pki.server_config()
-            .context("building the TLS configuration")?,
-    );
+    let (config, client_certs) = pki
+        .server_config()
+        .context("building the TLS configuration")?;
+    let tls = Tls {
+        acceptor: TlsAcceptor::from(config),
+        client_certs,
+    };
     Ok((Arc::new(pki), tls))
 }
 

@@ -49,8 +49,6 @@ pub struct Proxy {
     pub mirror: Option<std::sync::Arc<crate::outbound::mirror::Mirror>>,
     /// `--upstream-caller-tokens`: a caller's bearer token is its credential upstream.
     pub caller_tokens: bool,
-    /// `--requestheader-client-ca-file`: which client certificates are front proxies'.
-    pub cert_roles: Option<crate::outbound::pki::ClientCertRoles>,
     /// The headers a front proxy names its caller in.
     pub request_headers: crate::security::authn::RequestHeaderNames,
     /// The bound on long-running requests passed upstream.
@@ -65,7 +63,6 @@ impl Proxy {
             upstream,
             mirror: None,
             caller_tokens: false,
-            cert_roles: None,
             request_headers: Default::default(),
             long_running: LongRunning::new(100, 10_000),
         }

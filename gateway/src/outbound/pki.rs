@@ -20,7 +20,7 @@ mod tls;
 mod tests;
 
 pub use request::{CertificateRequestInfo, inspect_request};
-pub use tls::{CertRole, ClientCertRoles, SERVER_ALPN};
+pub use tls::{CertRole, ClientCerts, SERVER_ALPN};
 
 use std::fmt;
 use std::path::{Path, PathBuf};

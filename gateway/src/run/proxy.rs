@@ -23,7 +23,7 @@ use crate::outbound::pki::{self, PkiOptions};
 use crate::outbound::upstream::Upstream;
 use crate::run::{ServerHandle, Signals};
 use crate::serve::app::{Parts, ServerState};
-use crate::serve::server::accept_loop;
+use crate::serve::server::{Tls, accept_loop};
 
 /// Starts the proxy: checks the flags, reads the upstream kubeconfig and the client CA, binds
 /// the listener and serves. The upstream is not dialled here: an unreachable one shows in
@@ -60,18 +60,8 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
             format!("reading --requestheader-client-ca-file {}", path.display())
         })?),
     };
-    let cert_roles = match &front_proxy_ca {
-        None => None,
-        Some(pem) => Some(
-            crate::outbound::pki::ClientCertRoles::new(
-                client_ca.as_deref(),
-                pem,
-                opts.requestheader_allowed_names.clone(),
-            )
-            .context("--requestheader-client-ca-file")?,
-        ),
-    };
-    let (pki, tls) = prepare_pki(&opts, addr, client_ca, front_proxy_ca).await?;
+    let front_proxy = front_proxy_ca.map(|pem| (pem, opts.requestheader_allowed_names.clone()));
+    let (pki, tls) = prepare_pki(&opts, addr, client_ca, front_proxy).await?;
 
     let signals = Signals::new();
     let tokens = crate::security::tokens::Tokens::new(
@@ -104,7 +94,6 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
         opts.upstream_long_running_per_user as usize,
         opts.upstream_long_running_max as usize,
     );
-    proxy.cert_roles = cert_roles;
     proxy.request_headers = crate::security::authn::RequestHeaderNames {
         username: opts.requestheader_username_headers.clone(),
         group: opts.requestheader_group_headers.clone(),
@@ -143,8 +132,8 @@ async fn prepare_pki(
     opts: &Options,
     addr: SocketAddr,
     client_ca: Option<Vec<u8>>,
-    front_proxy_ca: Option<Vec<u8>>,
-) -> anyhow::Result<(Arc<pki::Pki>, TlsAcceptor)> {
+    front_proxy: Option<(Vec<u8>, Vec<String>)>,
+) -> anyhow::Result<(Arc<pki::Pki>, Tls)> {
     let pki_opts = PkiOptions {
         tls_sans: opts.tls_sans.clone(),
         admin_kubeconfig_path: std::path::PathBuf::new(),
@@ -155,10 +144,17 @@ async fn prepare_pki(
     let pki = tokio::task::spawn_blocking(move || pki::ensure_pki(&cert_dir, &pki_opts))
         .await?
         .context("preparing certificates")?;
-    let config = pki
-        .proxy_server_config_with(client_ca.as_deref(), front_proxy_ca.as_deref())
+    let front_proxy = front_proxy
+        .as_ref()
+        .map(|(pem, names)| (pem.as_slice(), names.clone()));
+    let (config, client_certs) = pki
+        .proxy_server_config(client_ca.as_deref(), front_proxy)
         .context("building the TLS configuration (is --client-ca-file a PEM bundle of CAs?)")?;
-    Ok((Arc::new(pki), TlsAcceptor::from(config)))
+    let tls = Tls {
+        acceptor: TlsAcceptor::from(config),
+        client_certs,
+    };
+    Ok((Arc::new(pki), tls))
 }
 
 /// The store of a proxy: there is none. The server state is built around a store, but in

@@ -65,9 +65,16 @@ pub struct Stops {
     pub close_connections: watch::Receiver<bool>,
 }
 
+/// A listener's TLS: the acceptor, and what verifies the client certificates it lets in.
+#[derive(Clone)]
+pub struct Tls {
+    pub acceptor: TlsAcceptor,
+    pub client_certs: Arc<pki::ClientCerts>,
+}
+
 pub async fn accept_loop(
     listener: TcpListener,
-    tls: Option<TlsAcceptor>,
+    tls: Option<Tls>,
     app: Arc<ServerState>,
     stops: Stops,
 ) {
@@ -144,7 +151,7 @@ pub async fn accept_loop(
 async fn serve_connection(
     tcp: TcpStream,
     peer: SocketAddr,
-    tls: Option<TlsAcceptor>,
+    tls: Option<Tls>,
     app: Arc<ServerState>,
     builders: &Builders,
     stop: watch::Receiver<bool>,
@@ -165,13 +172,16 @@ async fn serve_connection(
     // connection three times over: in the task, in `serve_either` and in `h1conn`).
     let handshake = tokio::time::timeout(
         app.api.opts.tls_handshake_timeout,
-        Box::pin(tls.accept(tcp)),
+        Box::pin(tls.acceptor.accept(tcp)),
     );
     let mut stop_handshake = stop.clone();
     let stream = tokio::select! {
         r = handshake => match r {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
+                // Any client certificate gets through the handshake (its chain is judged
+                // below), so what fails here is the TLS itself, or a client that cannot
+                // prove it holds its certificate's key.
                 tracing::debug!(%peer, error = %e, "TLS handshake failed");
                 return;
             }
@@ -185,26 +195,31 @@ async fn serve_connection(
     };
     let stream = Box::new(stream);
     let session = stream.get_ref().1;
-    // A proxy that also takes a front proxy's certificates tells them from its callers' by
-    // which CA each verifies against alone.
-    let role = match (
-        app.proxy.as_ref().and_then(|p| p.cert_roles.as_ref()),
-        session.peer_certificates(),
-    ) {
-        (Some(roles), Some(chain)) => roles.role(chain),
-        _ => pki::CertRole::Caller,
-    };
-    let cert_user = match role {
-        pki::CertRole::Caller => match session.peer_certificates().and_then(|c| c.first()) {
-            None => None,
-            // As kube-apiserver's chain does, a certificate it cannot read a user from
-            // leaves the request to the next authenticator (a token, or anonymous).
-            Some(cert) => pki::client_cert_identity(cert.as_ref()).unwrap_or_else(|why| {
-                tracing::warn!(%peer, reason = %why, "client certificate not used");
+    // The chain is verified here, after the handshake, as kube-apiserver verifies it: one
+    // that does not verify authenticates nobody, and says why in the log.
+    let role = session
+        .peer_certificates()
+        .filter(|chain| !chain.is_empty())
+        .and_then(|chain| match tls.client_certs.role(chain) {
+            Ok(role) => Some(role),
+            Err(why) => {
+                tracing::info!(%peer, reason = %why, "client certificate not verified");
                 None
-            }),
-        },
-        pki::CertRole::FrontProxy | pki::CertRole::Unknown => None,
+            }
+        });
+    let cert_user = match role {
+        Some(pki::CertRole::Caller) => {
+            match session.peer_certificates().and_then(|c| c.first()) {
+                None => None,
+                // As kube-apiserver's chain does, a certificate it cannot read a user from
+                // leaves the request to the next authenticator (a token, or anonymous).
+                Some(cert) => pki::client_cert_identity(cert.as_ref()).unwrap_or_else(|why| {
+                    tracing::info!(%peer, reason = %why, "client certificate not used");
+                    None
+                }),
+            }
+        }
+        Some(pki::CertRole::FrontProxy) | None => None,
     };
     // ALPN's h2 skips looking at the first bytes; without it (or with http/1.1) clients
     // speaking h2 with prior knowledge are still served.
@@ -213,7 +228,7 @@ async fn serve_connection(
         cert_user,
         insecure: false,
         peer: Some(peer),
-        front_proxy: role == pki::CertRole::FrontProxy,
+        front_proxy: role == Some(pki::CertRole::FrontProxy),
     });
     // Each protocol's future boxed on its own: the connection's task is otherwise as large
     // as its largest state (the handshake's, h2's, HTTP/1.1's), whichever the connection

@@ -53,7 +53,7 @@ impl Webhook {
             cluster_signing: None,
         };
         let pki = pki::ensure_pki(&dir.path().join("pki"), &opts).unwrap();
-        let tls = TlsAcceptor::from(pki.server_config().unwrap());
+        let tls = TlsAcceptor::from(pki.server_config().unwrap().0);
         let calls = Arc::new(AtomicUsize::new(0));
         tokio::spawn(serve(listener, tls, calls.clone()));
         Webhook {

@@ -992,3 +992,41 @@ async fn long_running_requests_are_bounded_per_user_and_in_all() {
     assert_eq!(resp.status(), StatusCode::OK);
     proxy.handle.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_of_another_ca_is_no_credential_and_no_dropped_connection() {
+    let up = start_upstream().await;
+    let proxy = Proxy::start(up.addr, |_| {}).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let other = new_ca(dir.path(), "other");
+    let (cert, key) = other
+        .issue_client_cert(
+            "mallory",
+            &["system:masters".into()],
+            Duration::from_secs(600),
+        )
+        .unwrap();
+    for h2 in [false, true] {
+        // As kube-apiserver answers: the connection is served, the certificate names
+        // nobody, and a bearer token still authenticates.
+        let mallory = proxy.client(Some((cert.as_str(), key.as_str())), h2);
+        let r = mallory.request(Method::GET, "/echo", "", &[]).await;
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{}", r.text());
+        assert_eq!(r.json()["kind"], "Status");
+        let bearer = format!("Bearer {GOOD_TOKEN}");
+        let r = mallory
+            .request(
+                Method::GET,
+                "/echo",
+                "",
+                &[("authorization", bearer.as_str())],
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        assert_eq!(
+            header(&r.json(), "impersonate-user"),
+            ["system:serviceaccount:ns:robot"]
+        );
+    }
+    proxy.handle.shutdown().await;
+}

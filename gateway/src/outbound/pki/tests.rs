@@ -400,7 +400,7 @@ async fn tls_identifies_the_admin_and_negotiates_h2() {
     let client = pki
         .client_config_for(Some(pki.admin_credentials()), &[b"h2", b"http/1.1"])
         .unwrap();
-    let result = handshake(pki.server_config().unwrap(), client, "localhost").await;
+    let result = handshake(pki.server_config().unwrap().0, client, "localhost").await;
     let ServerView { peer, alpn } = result.server.unwrap();
     assert_eq!(alpn.as_deref(), Some(&b"h2"[..]));
     assert_eq!(result.client.unwrap().as_deref(), Some(&b"h2"[..]));
@@ -415,7 +415,7 @@ async fn tls_without_a_client_cert_still_connects() {
     let tmp = tempfile::tempdir().unwrap();
     let pki = ensure_pki(tmp.path(), &options(tmp.path(), &[])).unwrap();
     let client = pki.client_config_for(None, &[b"http/1.1"]).unwrap();
-    let result = handshake(pki.server_config().unwrap(), client, "127.0.0.1").await;
+    let result = handshake(pki.server_config().unwrap().0, client, "127.0.0.1").await;
     let ServerView { peer, alpn } = result.server.unwrap();
     assert!(peer.is_none());
     assert_eq!(alpn.as_deref(), Some(&b"http/1.1"[..]));
@@ -431,7 +431,7 @@ async fn tls_accepts_issued_multi_group_certs() {
         .issue_client_cert("jane", &groups, Duration::from_secs(600))
         .unwrap();
     let client = pki.client_config_for(Some((&cert, &key)), &[]).unwrap();
-    let result = handshake(pki.server_config().unwrap(), client, "localhost").await;
+    let result = handshake(pki.server_config().unwrap().0, client, "localhost").await;
     let ServerView { peer, alpn } = result.server.unwrap();
     assert_eq!(alpn, None);
     let user = user_from_client_cert(&peer.unwrap()[0]).unwrap();
@@ -439,7 +439,7 @@ async fn tls_accepts_issued_multi_group_certs() {
 }
 
 #[tokio::test]
-async fn tls_rejects_a_cert_from_another_ca() {
+async fn a_cert_from_another_ca_gets_through_the_handshake_and_authenticates_nobody() {
     let tmp = tempfile::tempdir().unwrap();
     let ours = tmp.path().join("ours");
     let theirs = tmp.path().join("theirs");
@@ -452,11 +452,68 @@ async fn tls_rejects_a_cert_from_another_ca() {
             Duration::from_secs(600),
         )
         .unwrap();
-    // Trusts our CA for the server, but presents a certificate from theirs.
+    // Trusts our CA for the server, but presents a certificate from theirs: as
+    // kube-apiserver does, the handshake goes through and the certificate names nobody.
     let client = pki.client_config_for(Some((&cert, &key)), &[]).unwrap();
-    let result = handshake(pki.server_config().unwrap(), client, "localhost").await;
-    assert!(result.server.is_err());
-    assert!(result.client.is_err());
+    let (config, client_certs) = pki.server_config().unwrap();
+    let result = handshake(config, client, "localhost").await;
+    let peer = result.server.unwrap().peer.unwrap();
+    // Both CAs have one name: the signature is what tells them apart.
+    let why = client_certs.role(&peer).unwrap_err();
+    assert!(why.contains("invalid peer certificate"), "{why}");
+    // Our own certificates are callers'.
+    let admin = CertificateDer::from_pem_slice(pki.admin_credentials().0.as_bytes()).unwrap();
+    assert_eq!(client_certs.role(&[admin]), Ok(CertRole::Caller));
+}
+
+#[tokio::test]
+async fn a_cert_without_extensions_is_verified_as_go_verifies_it() {
+    let ca = include_str!("testdata/v1-ca.crt");
+    let cert = include_str!("testdata/v1-client.crt");
+    let key = include_str!("testdata/v1-client.key");
+    let tmp = tempfile::tempdir().unwrap();
+    let pki = ensure_pki(tmp.path(), &options(tmp.path(), &[])).unwrap();
+    let (config, client_certs) = pki.proxy_server_config(Some(ca.as_bytes()), None).unwrap();
+    // rustls' client refuses to present an X.509 v1 certificate itself; Go's, curl's and
+    // OpenSSL's present it.
+    let client = client_presenting(&pki, cert, key);
+    let result = handshake(config, client, "localhost").await;
+    let peer = result.server.unwrap().peer.unwrap();
+    assert_eq!(client_certs.role(&peer), Ok(CertRole::Caller));
+    let user = user_from_client_cert(&peer[0]).unwrap();
+    assert_eq!(user.username, "v1user");
+    assert_eq!(user.groups, ["dev", "system:authenticated"]);
+    // Verified against the CA that signed it, and no other.
+    let (_, ours) = pki
+        .proxy_server_config(Some(pki.ca_pem().as_bytes()), None)
+        .unwrap();
+    let why = ours.role(&peer).unwrap_err();
+    assert!(why.contains("not signed by a trusted CA"), "{why}");
+    // A front proxy's CA alone: the certificate is a front proxy's, if its name is allowed.
+    let (_, front) = pki
+        .proxy_server_config(None, Some((ca.as_bytes(), vec!["v1user".into()])))
+        .unwrap();
+    assert_eq!(front.role(&peer), Ok(CertRole::FrontProxy));
+    let (_, front) = pki
+        .proxy_server_config(None, Some((ca.as_bytes(), vec!["someone".into()])))
+        .unwrap();
+    assert!(front.role(&peer).unwrap_err().contains("is not allowed"));
+}
+
+#[tokio::test]
+async fn a_client_that_cannot_sign_with_its_certificates_key_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pki = ensure_pki(tmp.path(), &options(tmp.path(), &[])).unwrap();
+    // The admin's certificate, presented with another key.
+    let (cert, _) = pki.admin_credentials();
+    let (_, other_key) = pki
+        .issue_client_cert("x", &[], Duration::from_secs(600))
+        .unwrap();
+    let client = pki.client_config_for(Some((cert, &other_key)), &[]);
+    if let Ok(client) = client {
+        let result = handshake(pki.server_config().unwrap().0, client, "localhost").await;
+        assert!(result.server.is_err());
+    }
 }
 
 fn sha256_hex(der: &[u8]) -> String {
@@ -528,4 +585,42 @@ fn client_certs_are_read_as_kube_apiserver_reads_them() {
         .unwrap();
     assert_eq!(user.groups[0], " system:masters");
     assert!(client_cert_identity(b"not a certificate").is_err());
+}
+
+/// A client configuration that trusts `pki`'s CA and presents `cert_pem` with `key_pem`
+/// whatever the certificate is (rustls' own `with_client_auth_cert` reads it with webpki,
+/// which refuses X.509 v1).
+fn client_presenting(pki: &Pki, cert_pem: &str, key_pem: &str) -> Arc<rustls::ClientConfig> {
+    #[derive(Debug)]
+    struct Always(Arc<rustls::sign::CertifiedKey>);
+    impl rustls::client::ResolvesClientCert for Always {
+        fn resolve(
+            &self,
+            _: &[&[u8]],
+            _: &[rustls::SignatureScheme],
+        ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+            Some(self.0.clone())
+        }
+        fn has_certs(&self) -> bool {
+            true
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let chain = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = rustls_pki_types::PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).unwrap();
+    let signing = provider.key_provider.load_private_key(key).unwrap();
+    let certified = Arc::new(rustls::sign::CertifiedKey::new(chain, signing));
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(pki.ca_pem().as_bytes()).unwrap())
+        .unwrap();
+    Arc::new(
+        rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_client_cert_resolver(Arc::new(Always(certified))),
+    )
 }

@@ -1,5 +1,6 @@
 //! rustls configurations built from the PKI: the server's (client certificates optional,
-//! so a request without one reaches HTTP and gets a 401 there) and a client's for tests
+//! so a request without one reaches HTTP and gets a 401 there, and verified after the
+//! handshake by [`ClientCerts`], as kube-apiserver verifies them) and a client's for tests
 //! and tools.
 //!
 //! Both name the ring provider explicitly: relying on a process-wide default would make
@@ -7,9 +8,14 @@
 
 use std::sync::Arc;
 
-use rustls::crypto::CryptoProvider;
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
 use rustls::server::WebPkiClientVerifier;
-use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{
+    ClientConfig, DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig,
+    SignatureScheme,
+};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
@@ -24,92 +30,47 @@ fn provider() -> Arc<CryptoProvider> {
 
 impl Pki {
     /// The listener's TLS configuration: serves `apiserver.crt`, offers h2 and http/1.1,
-    /// and asks for (but does not require) a client certificate chaining to the CA, or to
-    /// the CA that signs certificate requests when that is another one.
-    pub fn server_config(&self) -> Result<Arc<ServerConfig>, PkiError> {
-        let provider = provider();
-        let mut roots = self.ca_roots("server")?;
+    /// and asks for (but does not require) a client certificate, which [`ClientCerts`]
+    /// verifies after the handshake against the CA, and the CA that signs certificate
+    /// requests when that is another one.
+    pub fn server_config(&self) -> Result<(Arc<ServerConfig>, Arc<ClientCerts>), PkiError> {
+        let mut cas = vec![self.ca.cert_der.clone()];
         if let Some(signer) = &self.signer {
-            roots
-                .add(signer.cert_der.clone())
-                .map_err(|source| PkiError::Tls {
-                    what: "server",
-                    source,
-                })?;
+            cas.push(signer.cert_der.clone());
         }
-        let roots = Arc::new(roots);
-        let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
-            .allow_unauthenticated()
-            .build()
-            .map_err(|source| PkiError::Verifier { source })?;
-        let key = parse_private_key("the serving key", &self.serving_key_pem)?;
-        let tls = |source| PkiError::Tls {
-            what: "server",
-            source,
-        };
-        let mut config = ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(tls)?
-            .with_client_cert_verifier(verifier)
-            .with_single_cert(vec![self.serving_cert_der.clone()], key)
-            .map_err(tls)?;
-        config.alpn_protocols = SERVER_ALPN.iter().map(|p| p.to_vec()).collect();
-        Ok(Arc::new(config))
+        let client_certs = ClientCerts::from_certs(cas)?;
+        let config = self.serving_config(&client_certs)?;
+        Ok((config, Arc::new(client_certs)))
     }
 
     /// The listener's TLS configuration in proxy mode: serves `apiserver.crt`, offers h2 and
-    /// http/1.1, and asks for (but does not require) a client certificate chaining to one of
-    /// the CAs of `client_ca_pem` (`--client-ca-file`); never to this PKI's own CA, whose
-    /// certificates the upstream does not know. Without a bundle no certificate is asked for.
+    /// http/1.1, and asks for (but does not require) a client certificate, verified after
+    /// the handshake against the CAs of `client_ca_pem` (`--client-ca-file`; never this
+    /// PKI's own CA, whose certificates the upstream does not know) or, with `front_proxy`,
+    /// a front proxy's CAs and allowed names (`--requestheader-client-ca-file`,
+    /// `--requestheader-allowed-names`). Without either no certificate is asked for.
     pub fn proxy_server_config(
         &self,
         client_ca_pem: Option<&[u8]>,
-    ) -> Result<Arc<ServerConfig>, PkiError> {
-        self.proxy_server_config_with(client_ca_pem, None)
+        front_proxy: Option<(&[u8], Vec<String>)>,
+    ) -> Result<(Arc<ServerConfig>, Arc<ClientCerts>), PkiError> {
+        let client_certs = ClientCerts::new(client_ca_pem, front_proxy)?;
+        let config = self.serving_config(&client_certs)?;
+        Ok((config, Arc::new(client_certs)))
     }
 
-    /// As [`Pki::proxy_server_config`], also accepting the certificates of a front proxy's
-    /// CA (`--requestheader-client-ca-file`): which of the two signed a certificate is
-    /// decided after the handshake ([`ClientCertRoles`]).
-    pub fn proxy_server_config_with(
-        &self,
-        client_ca_pem: Option<&[u8]>,
-        front_proxy_ca_pem: Option<&[u8]>,
-    ) -> Result<Arc<ServerConfig>, PkiError> {
-        let joined: Vec<u8>;
-        let client_ca_pem = match (client_ca_pem, front_proxy_ca_pem) {
-            (Some(a), Some(b)) => {
-                joined = [a, b"\n", b].concat();
-                Some(joined.as_slice())
-            }
-            (a, b) => a.or(b),
-        };
-        let provider = provider();
+    fn serving_config(&self, client_certs: &ClientCerts) -> Result<Arc<ServerConfig>, PkiError> {
         let tls = |source| PkiError::Tls {
             what: "server",
             source,
         };
-        let builder = ServerConfig::builder_with_provider(provider.clone())
+        let builder = ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(tls)?;
-        let builder = match client_ca_pem {
-            None => builder.with_no_client_auth(),
-            Some(pem) => {
-                let mut roots = RootCertStore::empty();
-                for cert in CertificateDer::pem_slice_iter(pem) {
-                    let cert = cert.map_err(|source| PkiError::Pem {
-                        what: "the client CA bundle".into(),
-                        source,
-                    })?;
-                    roots.add(cert).map_err(tls)?;
-                }
-                let verifier =
-                    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                        .allow_unauthenticated()
-                        .build()
-                        .map_err(|source| PkiError::Verifier { source })?;
-                builder.with_client_cert_verifier(verifier)
-            }
+        let builder = if client_certs.asks() {
+            builder.with_client_cert_verifier(client_certs.handshake_verifier())
+        } else {
+            builder.with_no_client_auth()
         };
         let key = parse_private_key("the serving key", &self.serving_key_pem)?;
         let mut config = builder
@@ -167,89 +128,326 @@ fn parse_private_key(what: &str, pem: &str) -> Result<PrivateKeyDer<'static>, Pk
     })
 }
 
-/// Which CA signed a client certificate, for a proxy that accepts two (its callers' and a
-/// front proxy's): each is verified against one CA alone, as kube-apiserver's x509 and
-/// request-header authenticators each verify against their own.
-pub struct ClientCertRoles {
-    client: Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>,
-    front_proxy: Arc<dyn rustls::server::danger::ClientCertVerifier>,
-    allowed_names: Vec<String>,
+/// Client certificates as kube-apiserver takes them (Go's `tls.RequestClientCert`, then its
+/// x509 authenticator): any certificate is accepted at the handshake, once the client proves
+/// it holds the key, and its chain is verified after it ([`ClientCerts::role`]) against the
+/// callers' CAs, or a front proxy's. A chain that verifies against neither authenticates
+/// nobody: the connection stays, its requests are judged without the certificate (a 401, or a
+/// bearer token's user), and the reason is logged, where a refusal in the handshake would
+/// leave the client a dropped connection and nothing in any log. Certificates without
+/// extensions (X.509 v1), which Go verifies and rustls' verifier refuses, are verified here
+/// against the CA that signed them.
+pub struct ClientCerts {
+    callers: Option<CaBundle>,
+    front_proxy: Option<(CaBundle, Vec<String>)>,
 }
 
-/// What a client certificate is to a proxy.
-#[derive(Debug, PartialEq, Eq)]
+/// What a client certificate is to the server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CertRole {
-    /// A caller's own certificate (`--client-ca-file`).
+    /// A caller's own certificate (the cluster CA, or `--client-ca-file`).
     Caller,
     /// A front proxy's (`--requestheader-client-ca-file`, an allowed common name).
     FrontProxy,
-    /// Neither.
-    Unknown,
 }
 
-fn verifier(
-    pem: &[u8],
-    what: &str,
-) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, PkiError> {
-    let mut roots = RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(pem) {
-        let cert = cert.map_err(|source| PkiError::Pem {
-            what: what.into(),
-            source,
-        })?;
-        roots.add(cert).map_err(|source| PkiError::Tls {
+/// A bundle of CAs, each client certificate verified against it alone.
+struct CaBundle {
+    webpki: Arc<dyn ClientCertVerifier>,
+    /// Each CA's subject and public key (DER), for certificates without extensions.
+    roots: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Each CA's subject, sent to clients as the CAs the server trusts.
+    subjects: Vec<DistinguishedName>,
+}
+
+impl CaBundle {
+    fn new(certs: Vec<CertificateDer<'static>>, what: &str) -> Result<Self, PkiError> {
+        let tls = |source| PkiError::Tls {
             what: "server",
             source,
-        })?;
-    }
-    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
-        .build()
-        .map_err(|source| PkiError::Verifier { source })
-}
-
-impl ClientCertRoles {
-    pub fn new(
-        client_ca_pem: Option<&[u8]>,
-        front_proxy_ca_pem: &[u8],
-        allowed_names: Vec<String>,
-    ) -> Result<Self, PkiError> {
-        Ok(ClientCertRoles {
-            client: client_ca_pem
-                .map(|pem| verifier(pem, "the client CA bundle"))
-                .transpose()?,
-            front_proxy: verifier(front_proxy_ca_pem, "the request-header CA bundle")?,
-            allowed_names,
+        };
+        let mut store = RootCertStore::empty();
+        let mut roots = Vec::new();
+        let mut subjects = Vec::new();
+        for cert in certs {
+            let (_, parsed) =
+                x509_parser::parse_x509_certificate(cert.as_ref()).map_err(|e| PkiError::Pem {
+                    what: format!("{what}: {e}"),
+                    source: rustls_pki_types::pem::Error::NoItemsFound,
+                })?;
+            roots.push((
+                parsed.subject().as_raw().to_vec(),
+                parsed.public_key().raw.to_vec(),
+            ));
+            subjects.push(DistinguishedName::from(parsed.subject().as_raw().to_vec()));
+            store.add(cert).map_err(tls)?;
+        }
+        let webpki = WebPkiClientVerifier::builder_with_provider(Arc::new(store), provider())
+            .build()
+            .map_err(|source| PkiError::Verifier { source })?;
+        Ok(CaBundle {
+            webpki,
+            roots,
+            subjects,
         })
     }
 
-    /// The role of a certificate chain the handshake accepted.
-    pub fn role(&self, chain: &[CertificateDer<'_>]) -> CertRole {
+    fn from_pem(pem: &[u8], what: &str) -> Result<Self, PkiError> {
+        let certs = CertificateDer::pem_slice_iter(pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|source| PkiError::Pem {
+                what: what.into(),
+                source,
+            })?;
+        Self::new(certs, what)
+    }
+
+    /// Whether the chain verifies against one of the CAs, for client authentication now.
+    fn verify(&self, chain: &[CertificateDer<'_>]) -> Result<(), String> {
         let Some((leaf, intermediates)) = chain.split_first() else {
-            return CertRole::Unknown;
+            return Err("no certificate".into());
         };
         let now = rustls_pki_types::UnixTime::now();
-        let front = self
-            .front_proxy
-            .verify_client_cert(leaf, intermediates, now)
-            .is_ok();
-        if front {
-            let name = x509_parser::parse_x509_certificate(leaf.as_ref())
-                .ok()
-                .and_then(|(_, c)| {
-                    c.subject()
-                        .iter_common_name()
-                        .next()
-                        .and_then(|n| n.as_str().ok().map(str::to_string))
-                });
-            let allowed = self.allowed_names.is_empty()
-                || name.is_some_and(|n| self.allowed_names.contains(&n));
-            if allowed {
-                return CertRole::FrontProxy;
-            }
+        let err = match self.webpki.verify_client_cert(leaf, intermediates, now) {
+            Ok(_) => return Ok(()),
+            Err(e) => e.to_string(),
+        };
+        let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref())
+            .map_err(|e| format!("the certificate does not parse: {e}"))?;
+        if cert.version() != x509_parser::x509::X509Version::V1 {
+            return Err(err);
         }
-        match &self.client {
-            Some(v) if v.verify_client_cert(leaf, intermediates, now).is_ok() => CertRole::Caller,
-            _ => CertRole::Unknown,
+        // X.509 v1: no extensions, so no constraints to check but the signature and the
+        // validity; only a certificate a CA of the bundle signed itself.
+        if !cert.validity().is_valid() {
+            return Err("the certificate has expired or is not yet valid".into());
+        }
+        let issuer = cert.issuer().as_raw();
+        let signed = self.roots.iter().any(|(subject, key)| {
+            subject.as_slice() == issuer
+                && <x509_parser::x509::SubjectPublicKeyInfo<'_> as x509_parser::prelude::FromDer<
+                    '_,
+                    x509_parser::error::X509Error,
+                >>::from_der(key)
+                .is_ok_and(|(_, spki)| cert.verify_signature(Some(&spki)).is_ok())
+        });
+        if signed {
+            Ok(())
+        } else {
+            Err("the certificate (X.509 v1) was not signed by a trusted CA".into())
         }
     }
+}
+
+impl ClientCerts {
+    /// Callers' certificates verified against `callers` (PEM bundles, or certificates), a
+    /// front proxy's against `front_proxy` with its allowed common names (none: any).
+    pub fn new(
+        callers: Option<&[u8]>,
+        front_proxy: Option<(&[u8], Vec<String>)>,
+    ) -> Result<Self, PkiError> {
+        Ok(ClientCerts {
+            callers: callers
+                .map(|pem| CaBundle::from_pem(pem, "the client CA bundle"))
+                .transpose()?,
+            front_proxy: front_proxy
+                .map(|(pem, names)| {
+                    CaBundle::from_pem(pem, "the request-header CA bundle").map(|b| (b, names))
+                })
+                .transpose()?,
+        })
+    }
+
+    fn from_certs(certs: Vec<CertificateDer<'static>>) -> Result<Self, PkiError> {
+        Ok(ClientCerts {
+            callers: Some(CaBundle::new(certs, "the cluster CA")?),
+            front_proxy: None,
+        })
+    }
+
+    /// Whether any certificate is asked for.
+    fn asks(&self) -> bool {
+        self.callers.is_some() || self.front_proxy.is_some()
+    }
+
+    /// The role of a certificate chain the handshake accepted: a front proxy's when it
+    /// verifies against the front proxy's CAs alone and names an allowed common name (the
+    /// last CN, as Go reads it), else a caller's when it verifies against the callers' CAs;
+    /// why not, when neither.
+    pub fn role(&self, chain: &[CertificateDer<'_>]) -> Result<CertRole, String> {
+        let mut why = Vec::new();
+        if let Some((bundle, allowed)) = &self.front_proxy {
+            match bundle.verify(chain) {
+                Ok(()) => {
+                    let name = chain.first().and_then(|leaf| {
+                        let (_, c) = x509_parser::parse_x509_certificate(leaf.as_ref()).ok()?;
+                        let last = c.subject().iter_common_name().last()?;
+                        last.as_str().ok().map(str::to_string)
+                    });
+                    if allowed.is_empty() || name.as_ref().is_some_and(|n| allowed.contains(n)) {
+                        return Ok(CertRole::FrontProxy);
+                    }
+                    why.push(format!(
+                        "a front proxy's certificate whose common name {name:?} is not allowed \
+                         (--requestheader-allowed-names)"
+                    ));
+                }
+                Err(e) => why.push(format!("not a front proxy's: {e}")),
+            }
+        }
+        match &self.callers {
+            Some(bundle) => match bundle.verify(chain) {
+                Ok(()) => return Ok(CertRole::Caller),
+                Err(e) => why.push(e),
+            },
+            None => why.push("no client CA is configured".into()),
+        }
+        Err(why.join("; "))
+    }
+
+    /// The handshake's verifier: any certificate, its key proven.
+    fn handshake_verifier(&self) -> Arc<dyn ClientCertVerifier> {
+        let mut hints: Vec<DistinguishedName> = Vec::new();
+        for bundle in self
+            .callers
+            .iter()
+            .chain(self.front_proxy.iter().map(|(b, _)| b))
+        {
+            hints.extend(bundle.subjects.iter().cloned());
+        }
+        Arc::new(AnyClientCert {
+            algorithms: provider().signature_verification_algorithms,
+            hints,
+        })
+    }
+}
+
+/// Accepts any client certificate, checking only the client's signature over the handshake
+/// with the certificate's key; the chain is [`ClientCerts::role`]'s to judge.
+#[derive(Debug)]
+struct AnyClientCert {
+    algorithms: WebPkiSupportedAlgorithms,
+    hints: Vec<DistinguishedName>,
+}
+
+impl ClientCertVerifier for AnyClientCert {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &self.hints
+    }
+
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: rustls_pki_types::UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        Ok(ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_signed(&self.algorithms, message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        // TLS 1.3 has no PKCS#1 v1.5 signatures in the handshake.
+        if matches!(
+            dss.scheme,
+            SignatureScheme::RSA_PKCS1_SHA256
+                | SignatureScheme::RSA_PKCS1_SHA384
+                | SignatureScheme::RSA_PKCS1_SHA512
+                | SignatureScheme::RSA_PKCS1_SHA1
+        ) {
+            return Err(rustls::Error::PeerMisbehaved(
+                rustls::PeerMisbehaved::SignedHandshakeWithUnadvertisedSigScheme,
+            ));
+        }
+        verify_signed(&self.algorithms, message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
+
+/// The client's signature over the handshake, checked with the public key of its
+/// certificate (read by x509-parser, which reads X.509 v1 too): one of the provider's
+/// algorithms for the scheme whose key type is the certificate's.
+fn verify_signed(
+    algorithms: &WebPkiSupportedAlgorithms,
+    message: &[u8],
+    cert: &CertificateDer<'_>,
+    dss: &DigitallySignedStruct,
+) -> Result<HandshakeSignatureValid, rustls::Error> {
+    let bad = || rustls::Error::InvalidCertificate(rustls::CertificateError::BadSignature);
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref())
+        .map_err(|_| rustls::Error::InvalidCertificate(rustls::CertificateError::BadEncoding))?;
+    let spki = parsed.public_key();
+    let key_alg = algorithm_contents(spki.raw).ok_or_else(bad)?;
+    let key = spki.subject_public_key.data.as_ref();
+    let (_, candidates) = algorithms
+        .mapping
+        .iter()
+        .find(|(scheme, _)| *scheme == dss.scheme)
+        .ok_or(rustls::Error::PeerMisbehaved(
+            rustls::PeerMisbehaved::SignedHandshakeWithUnadvertisedSigScheme,
+        ))?;
+    let verified = candidates.iter().any(|alg| {
+        alg.public_key_alg_id().as_ref() == key_alg
+            && alg.verify_signature(key, message, dss.signature()).is_ok()
+    });
+    if verified {
+        Ok(HandshakeSignatureValid::assertion())
+    } else {
+        Err(bad())
+    }
+}
+
+/// The contents of a SubjectPublicKeyInfo's AlgorithmIdentifier (the SEQUENCE's body, as
+/// rustls' algorithm ids are written): `SEQUENCE { SEQUENCE { alg... }, BIT STRING }`.
+fn algorithm_contents(spki: &[u8]) -> Option<&[u8]> {
+    let (tag, body, _) = der_element(spki)?;
+    if tag != 0x30 {
+        return None;
+    }
+    let (tag, alg, _) = der_element(body)?;
+    (tag == 0x30).then_some(alg)
+}
+
+/// One DER element: its tag, its contents and what follows it.
+fn der_element(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = input.split_first()?;
+    let (&first, rest) = rest.split_first()?;
+    let (len, rest) = if first < 0x80 {
+        (usize::from(first), rest)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 {
+            return None;
+        }
+        let (bytes, rest) = rest.split_at_checked(n)?;
+        let len = bytes.iter().try_fold(0usize, |acc, b| {
+            acc.checked_mul(256)?.checked_add(usize::from(*b))
+        })?;
+        (len, rest)
+    };
+    let (body, after) = rest.split_at_checked(len)?;
+    Some((tag, body, after))
 }
