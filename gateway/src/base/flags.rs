@@ -82,9 +82,10 @@ pub struct Options {
     pub upstream_caller_tokens: bool,
 
     /// Proxy mode: how long an upstream watch of a cached resource may say nothing (no event,
-    /// no bookmark) before it is opened again from where it was. kube-apiserver bookmarks
-    /// every watch about once a minute, but sends none for resources it does not
-    /// watch-cache (Events).
+    /// no bookmark) before it is opened again from where it was, once its resource has been
+    /// seen to bookmark. kube-apiserver bookmarks every watch about once a minute, but sends
+    /// none for resources it does not watch-cache (Events): their silence is no sign of
+    /// trouble, and a dead connection under them is found by h2 PINGs.
     #[arg(long, default_value = "150s", value_parser = parse_duration)]
     pub upstream_watch_idle_timeout: Duration,
 

@@ -38,6 +38,11 @@ use crate::outbound::egress::{self, Dialer, Egress, Stream};
 pub const MAX_RESPONSE_BODY: usize = 3 << 20;
 /// A token file is read again when its content is older than this (client-go's period).
 const TOKEN_FILE_REFRESH: Duration = Duration::from_secs(60);
+/// How often an h2 connection with streams open is PINGed.
+const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
+/// How long a PING may go unanswered before its connection is closed (and its streams end
+/// with an error, which the caches' informers resume from).
+const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 /// Idle pooled connections are closed after this.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// Idle pooled connections kept per host.
@@ -645,6 +650,11 @@ fn pool(
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .pool_max_idle_per_host(POOL_MAX_IDLE)
+            // A connection that carries only quiet streams (a watch of Events, which
+            // kube-apiserver never bookmarks) is known dead by its PINGs, not its silence.
+            .timer(TokioTimer::new())
+            .http2_keep_alive_interval(H2_PING_INTERVAL)
+            .http2_keep_alive_timeout(H2_PING_TIMEOUT)
             .build(connector),
     )
 }

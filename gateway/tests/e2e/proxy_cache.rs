@@ -39,6 +39,8 @@ struct State {
     watchers: Vec<futures::channel::mpsc::Sender<Line>>,
     /// The last SubjectAccessReview's resource attributes.
     last_review: Value,
+    /// The `timeoutSeconds` of every watch asked for.
+    watch_timeouts: Vec<u64>,
 }
 
 struct Upstream {
@@ -92,6 +94,17 @@ impl Upstream {
             .retain_mut(|w| w.try_send(Ok(Frame::data(l.clone()))).is_ok());
     }
 
+    /// A bookmark at the current revision to every open watch, as kube-apiserver sends them
+    /// for the resources it watch-caches.
+    fn bookmark(&self) {
+        let mut s = self.state.lock();
+        let obj = json!({"kind": "ConfigMap", "apiVersion": "v1",
+                         "metadata": {"resourceVersion": s.rv.to_string()}});
+        let l = line("BOOKMARK", &obj);
+        s.watchers
+            .retain_mut(|w| w.try_send(Ok(Frame::data(l.clone()))).is_ok());
+    }
+
     /// The history is compacted past every revision so far, and open watches end: the next
     /// watch from an old revision is refused with 410.
     fn compact_and_drop_watches(&self) {
@@ -139,6 +152,9 @@ async fn answer(up: Arc<Upstream>, req: Request<Incoming>) -> Response<Out> {
                 .unwrap_or(0);
             let (mut tx, rx) = futures::channel::mpsc::channel::<Line>(64);
             let mut s = up.state.lock();
+            if let Some(t) = query.get("timeoutSeconds").and_then(|t| t.parse().ok()) {
+                s.watch_timeouts.push(t);
+            }
             if from < s.compacted {
                 let gone = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
                                   "code": 410, "reason": "Expired",
@@ -421,4 +437,45 @@ async fn watches_end_at_shutdown_after_goaway_and_the_listener_closing() {
         .await
         .expect("shutdown ends with the watches")
         .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_resource_keeps_its_watch_until_it_is_seen_to_bookmark() {
+    let up = start_upstream().await;
+    up.change("a", Some("1"), false);
+    let proxy = Proxy::start(up.addr, |o| {
+        o.upstream_watch_idle_timeout = Duration::from_secs(1);
+    })
+    .await
+    .unwrap();
+    let alice = proxy.user("alice", &[], false);
+    eventually(Duration::from_secs(20), "the cache is filled", || async {
+        alice.get("/readyz").await.0 == StatusCode::OK
+    })
+    .await;
+    eventually(
+        Duration::from_secs(10),
+        "the upstream watch opens",
+        || async { up.watches.load(Ordering::SeqCst) == 1 },
+    )
+    .await;
+    // Asked to last hours, not client-go's minutes: a quiet resource resumed after etcd's
+    // compaction would be relisted for nothing.
+    let timeouts = up.state.lock().watch_timeouts.clone();
+    assert!(timeouts.iter().all(|t| *t >= 7_200), "{timeouts:?}");
+    // No bookmark seen yet: silence three times the idle timeout is no reason to reopen.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(up.watches.load(Ordering::SeqCst), 1);
+    assert_eq!(up.lists.load(Ordering::SeqCst), 1);
+    // Once the resource bookmarks, silence is a sign of a hung watch: it is opened again
+    // from where it was, without a list.
+    up.bookmark();
+    eventually(
+        Duration::from_secs(10),
+        "the silent watch is reopened",
+        || async { up.watches.load(Ordering::SeqCst) >= 2 },
+    )
+    .await;
+    assert_eq!(up.lists.load(Ordering::SeqCst), 1);
+    proxy.handle.shutdown().await;
 }

@@ -4,11 +4,18 @@
 //! watch with bookmarks from the list's resourceVersion, resumed from the last revision seen when it ends or fails. A watch the
 //! upstream refuses as too old (410, its history compacted) is followed by a new list whose
 //! differences from the cache reach clients as ordinary events (`WatchCache::resync`), so
-//! they stay connected. An upstream that says nothing for `--upstream-watch-idle-timeout`
-//! (150 s by default; no event, no
-//! bookmark) may be hung, or may not cache the resource (kube-apiserver sends no bookmarks
-//! for Events, which it does not watch-cache): the watch is opened again from where it was,
-//! at once and quietly.
+//! they stay connected.
+//!
+//! Quiet resources: kube-apiserver bookmarks the watches of the resources it watch-caches
+//! about once a minute, and sends no bookmarks at all for those it does not (Events), whose
+//! watches read etcd directly. A watch of such a resource resumed from its last event after a
+//! quiet spell longer than etcd's compaction interval (5 minutes in kube-apiserver) is a 410
+//! and a full relist, for nothing having happened. So watches are asked to last hours
+//! ([`WATCH_SECONDS`], where client-go asks 5 to 10 minutes), and silence counts against a
+//! watch only once its resource has been seen to bookmark: past
+//! `--upstream-watch-idle-timeout` (150 s) such a watch may be hung, and is opened again from
+//! where it was, at once and quietly. A dead connection under a quiet watch is found by the
+//! upstream client's h2 PINGs (`outbound/client.rs`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -50,6 +57,9 @@ pub struct InformerStatus {
     pub lists: AtomicU64,
     /// Upstream watches opened.
     pub watches: AtomicU64,
+    /// A watch of this resource has carried a bookmark: the upstream bookmarks it, so
+    /// silence on its watch is a sign of trouble.
+    pub bookmarks: AtomicBool,
     /// Milliseconds since the informer started at the last word from the upstream (an event,
     /// a bookmark, a list), for the lag metric.
     pub last_contact_ms: AtomicI64,
@@ -210,6 +220,11 @@ fn key_value(info: &ResourceInfo, raw: Bytes) -> Result<KeyValue, String> {
 
 /// How long a streaming list may take to send the initial state.
 const STREAMING_LIST_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long an upstream watch is asked to last (`timeoutSeconds`), chosen at random in this
+/// range for each watch: 2 to 4 hours. A quiet resource's watch resumed after etcd compacted
+/// past its last event is a full relist; a long watch makes that rare. kube-apiserver puts no
+/// limit on it (its own default is 30 to 60 minutes).
+pub const WATCH_SECONDS: std::ops::Range<u64> = 7_200..14_400;
 
 /// Every object of `info` upstream and the revision of the read: streamed where the upstream
 /// offers it (less memory there than a list of pages), else page by page.
@@ -433,7 +448,7 @@ async fn stream(
     idle: Duration,
 ) -> End {
     let mut last = from;
-    let timeout = rand::rng().random_range(300..600);
+    let timeout = rand::rng().random_range(WATCH_SECONDS);
     let url = format!(
         "{}?watch=1&allowWatchBookmarks=true&resourceVersion={from}&timeoutSeconds={timeout}",
         collection_path(info)
@@ -462,8 +477,14 @@ async fn stream(
     let mut body = response.into_body();
     let mut buf = BytesMut::new();
     loop {
+        // Silence is a sign of trouble only where the upstream bookmarks.
+        let patience = if status.bookmarks.load(Ordering::Relaxed) {
+            idle
+        } else {
+            Duration::from_secs(timeout).saturating_add(idle)
+        };
         let frame = tokio::select! {
-            f = tokio::time::timeout(idle, body.frame()) => f,
+            f = tokio::time::timeout(patience, body.frame()) => f,
             _ = crate::base::lifecycle::until_set(stop) => return End::Stopped,
         };
         let data = match frame {
@@ -483,6 +504,7 @@ async fn stream(
             match take_line(info, &line, &mut events) {
                 Ok(Taken::Event(rev)) => last = last.max(rev),
                 Ok(Taken::Bookmark(rev)) => {
+                    status.bookmarks.store(true, Ordering::Relaxed);
                     flush(cache, &mut events, info);
                     cache.apply(FeedItem::Progress(rev), Instant::now());
                     last = last.max(rev);
