@@ -53,11 +53,20 @@ func TestProxyIsReady(t *testing.T) {
 	e := getEnv(t)
 	// Probes need no credential, as kube-apiserver's.
 	client := e.clients(t, rest.AnonymousClientConfig(e.proxy)).Discovery().RESTClient()
-	for _, path := range []string{"/readyz", "/livez", "/healthz", "/readyz/upstream"} {
+	for _, path := range []string{"/readyz", "/livez", "/healthz"} {
 		body, err := client.Get().AbsPath(path).DoRaw(ctx(t))
 		if err != nil || string(body) != "ok" {
 			t.Errorf("GET %s: %q, %v", path, body, err)
 		}
+	}
+	// A single check is for whom the upstream lets read its path: not an anonymous caller
+	// (kube-apiserver's public-info-viewer role grants the bare endpoints only), the admin.
+	if _, err := client.Get().AbsPath("/readyz/upstream").DoRaw(ctx(t)); !apierrors.IsForbidden(err) {
+		t.Errorf("anonymous GET /readyz/upstream: want 403, got %v", err)
+	}
+	admin := e.clients(t, e.proxy).Discovery().RESTClient()
+	if body, err := admin.Get().AbsPath("/readyz/upstream").DoRaw(ctx(t)); err != nil || string(body) != "ok" {
+		t.Errorf("GET /readyz/upstream as the admin: %q, %v", body, err)
 	}
 	// Anything else without a credential is 401.
 	_, err := client.Get().AbsPath("/api/v1/namespaces").DoRaw(ctx(t))

@@ -152,6 +152,12 @@ func writeKubeconfig(t *testing.T, cfg *rest.Config) string {
 
 // mintClientCert issues a client certificate (ECDSA P-256, one hour) from the CA files.
 func mintClientCert(caCertPath, caKeyPath, cn string, orgs []string) (certPEM, keyPEM []byte, err error) {
+	return mintClientCertSubject(caCertPath, caKeyPath, pkix.Name{CommonName: cn, Organization: orgs})
+}
+
+// mintClientCertSubject is mintClientCert with the whole subject given: with only ExtraNames
+// set, each of them is one attribute of its own, in their order (several CNs, a UID).
+func mintClientCertSubject(caCertPath, caKeyPath string, subject pkix.Name) (certPEM, keyPEM []byte, err error) {
 	caCertBytes, err := os.ReadFile(caCertPath)
 	if err != nil {
 		return nil, nil, err
@@ -190,7 +196,7 @@ func mintClientCert(caCertPath, caKeyPath, cn string, orgs []string) (certPEM, k
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: cn, Organization: orgs},
+		Subject:      subject,
 		NotBefore:    time.Now().Add(-5 * time.Minute),
 		NotAfter:     time.Now().Add(time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,

@@ -59,7 +59,9 @@ fn decode(seg: &str) -> Option<String> {
     if s.is_empty() { None } else { Some(s) }
 }
 
-fn percent_decode(seg: &str) -> Option<String> {
+/// `%XX` escapes decoded, as Go's `url.URL.Path` holds a request's path; `None` for a bad
+/// escape or bytes that are not UTF-8.
+pub(crate) fn percent_decode(seg: &str) -> Option<String> {
     let mut bytes = seg.bytes();
     let mut out = Vec::with_capacity(seg.len());
     while let Some(b) = bytes.next() {

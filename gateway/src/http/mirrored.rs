@@ -88,7 +88,10 @@ pub async fn serve(
     query: &Query,
     headers: &HeaderMap,
 ) -> Option<Response<Body>> {
-    let target = collection(path)?;
+    // Read as kube-apiserver reads it: the path percent-decoded first (`perm%2Da` is the
+    // namespace `perm-a`, for the authorization check as for the cache).
+    let decoded = crate::base::router::percent_decode(path)?;
+    let target = collection(&decoded)?;
     let mirrored = mirror.get(target.group, target.version, target.resource)?;
     let info = mirrored.info;
     if !target.namespace.is_empty() && !info.namespaced() {
