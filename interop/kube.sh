@@ -2,6 +2,9 @@
 # The one way every interop test and benchmark starts a real Kubernetes API server.
 #
 #   interop/kube.sh build        build kube-apiserver and etcd into the cache (instant once built)
+#   interop/kube.sh build-components
+#                                also kube-scheduler, kube-controller-manager and kubemark, from
+#                                the same module (about five more minutes the first time)
 #   interop/kube.sh start DIR    start etcd + kube-apiserver on 127.0.0.1; writes DIR/admin.kubeconfig,
 #                                DIR/ca.crt, pid files and logs; returns once /readyz answers 200
 #   interop/kube.sh stop DIR     end them by pid (TERM, then KILL)
@@ -55,6 +58,19 @@ cmd_build() {
 		k8s.io/kubernetes/cmd/kube-apiserver \
 		"-X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
 	build_one etcd "$HERE/build/etcd" "$ETCD" . ""
+}
+
+# The cluster's other components, from the same k8s.io/kubernetes module as kube-apiserver:
+# the scheduler, the controller manager, and kubemark (hollow kubelets and kube-proxies).
+cmd_build_components() {
+	cmd_build
+	local v=${K8S_VERSION#v} minor name
+	minor=$(echo "$v" | cut -d. -f2)
+	for name in kube-scheduler kube-controller-manager kubemark; do
+		build_one "$name" "$HERE/build/kube-apiserver" "$K8S_DIR/$name" \
+			"k8s.io/kubernetes/cmd/$name" \
+			"-X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
+	done
 }
 
 gen_pki() { # DIR
@@ -198,6 +214,7 @@ cmd_stop() {
 
 case "${1:-}" in
 build) cmd_build ;;
+build-components) cmd_build_components ;;
 start) cmd_start "${2:-}" ;;
 stop) cmd_stop "${2:-}" ;;
 paths) echo "$KUBE_APISERVER" && echo "$ETCD" ;;

@@ -2,7 +2,8 @@
 # Runs the client-go conformance tests against kube-apiserver (to prove each test right) and
 # against the svc gateway (to test it), then the differential runner (diff/) against both at
 # once, then the proxy-mode tests (proxy/: the gateway with --upstream-kubeconfig in front of a
-# kube-apiserver of its own), and ends with one line "N passed, N failed" over all four.
+# kube-apiserver of its own), then a simulated cluster directly and through a proxy
+# (cluster.sh, cluster/), and ends with one line "N passed, N failed" over all of them.
 #
 #   interop/run.sh
 #
@@ -22,6 +23,8 @@
 #   INTEROP_PROXY=0        skip the proxy-mode tests
 #   INTEROP_PROXY_RUN      a -test.run pattern for them (default: every test)
 #   INTEROP_PROXY_COUNT    run them this many times over, to shake out timing faults (default 1)
+#   INTEROP_CLUSTER=0      skip the simulated cluster (cluster.sh and cluster/: the controller
+#                          manager, the scheduler and hollow nodes, directly and through a proxy)
 #   INTEROP_SKIP_PYTHON=1  skip the proxy test with the Python client when python3 lacks kubernetes
 #   INTEROP_SKIP_NODE=1    skip the proxy test with the JavaScript client when node or npm is missing
 #                          (it runs `npm ci` in proxy/clients/node once; otherwise both fail)
@@ -51,6 +54,8 @@ cleanup() {
 	"$HERE/kube.sh" stop "$WORK/kube-apiserver" >/dev/null 2>&1 || true
 	"$HERE/gateway.sh" stop "$WORK/proxy" >/dev/null 2>&1 || true
 	"$HERE/kube.sh" stop "$WORK/proxy-upstream" >/dev/null 2>&1 || true
+	"$HERE/cluster.sh" down "$WORK/cluster-direct" >/dev/null 2>&1 || true
+	"$HERE/cluster.sh" down "$WORK/cluster-proxy" >/dev/null 2>&1 || true
 	if [[ -n ${INTEROP_KEEP:-} ]]; then
 		log "kept $WORK"
 	else
@@ -165,6 +170,30 @@ if [[ ${INTEROP_PROXY:-1} != 0 ]]; then
 	"$HERE/kube.sh" stop "$WORK/proxy-upstream"
 	log "proxy: took $((SECONDS - t0)) s"
 	args+=("proxy=$WORK/proxy.json")
+fi
+# A simulated cluster (cluster.sh): the controller manager, the scheduler, hollow kubelets and
+# kube-proxies with their own identities, directly against kube-apiserver and then through a
+# proxy, the same workload on each (cluster/).
+if [[ ${INTEROP_CLUSTER:-1} != 0 ]]; then
+	t0=$SECONDS
+	"$HERE/kube.sh" build-components
+	(cd "$HERE" && go test -c -o "$WORK/cluster.test" ./cluster)
+	for mode in direct proxy; do
+		if "$HERE/cluster.sh" up "$WORK/cluster-$mode" "$mode"; then
+			(
+				cd "$HERE/cluster"
+				CLUSTER_KUBECONFIG=$("$HERE/cluster.sh" kubeconfig "$WORK/cluster-$mode") CLUSTER_MODE=$mode \
+					CLUSTER_NODES=${CLUSTER_HOLLOW_NODES:-3} \
+					go tool test2json -t -p "cluster-$mode" "$WORK/cluster.test" -test.v=test2json \
+					-test.count=1 -test.timeout=600s >"$WORK/cluster-$mode.json" 2>&1
+			) || true
+		else
+			log "the $mode cluster did not start"
+		fi
+		"$HERE/cluster.sh" down "$WORK/cluster-$mode"
+		args+=("cluster-$mode=$WORK/cluster-$mode.json")
+	done
+	log "cluster: took $((SECONDS - t0)) s"
 fi
 log "whole run took $((SECONDS - start)) s"
 summarized=1

@@ -1,0 +1,309 @@
+// Package cluster runs a workload in the shape of clusterloader2's on a simulated cluster
+// (interop/cluster.sh: kube-controller-manager, kube-scheduler, hollow kubelets and hollow
+// kube-proxies from kubemark, each with its own identity), pointed at kube-apiserver directly or
+// at svc-gateway proxies in front of it, and times what the components do: a Deployment whose
+// pods mount a ConfigMap and a Secret started, rolled, scaled down and deleted.
+//
+// The environment interop/run.sh (or a user) sets:
+//
+//	CLUSTER_KUBECONFIG   the admin's kubeconfig for the target (the proxy's in proxy mode)
+//	CLUSTER_MODE         direct or proxy, for the report
+//	CLUSTER_NODES        how many hollow nodes are Ready (default 3)
+//	CLUSTER_PODS         the Deployment's replicas (default 10 per node)
+//
+// Without CLUSTER_KUBECONFIG the test is skipped, so `go test ./...` works anywhere.
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"math/rand"
+	"os"
+	"sort"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+func client(t *testing.T) kubernetes.Interface {
+	t.Helper()
+	path := os.Getenv("CLUSTER_KUBECONFIG")
+	if path == "" {
+		t.Skip("CLUSTER_KUBECONFIG is not set (interop/run.sh sets it)")
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.QPS, cfg.Burst = 100, 200
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// startups records, for each pod of a namespace, when a watcher saw it first and when it saw
+// it Running: the pod startup latency as clusterloader2 measures it.
+type startups struct {
+	mu      sync.Mutex
+	added   map[types.UID]time.Time
+	running map[types.UID]time.Duration
+}
+
+func watchStartups(ctx context.Context, t *testing.T, c kubernetes.Interface, ns string) *startups {
+	t.Helper()
+	s := &startups{added: map[types.UID]time.Time{}, running: map[types.UID]time.Duration{}}
+	w, err := c.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer w.Stop()
+		for ev := range w.ResultChan() {
+			pod, ok := ev.Object.(*corev1.Pod)
+			if !ok || ev.Type == watch.Deleted {
+				continue
+			}
+			now := time.Now()
+			s.mu.Lock()
+			if _, seen := s.added[pod.UID]; !seen {
+				s.added[pod.UID] = now
+			}
+			if _, done := s.running[pod.UID]; !done && pod.Status.Phase == corev1.PodRunning {
+				s.running[pod.UID] = now.Sub(s.added[pod.UID])
+			}
+			s.mu.Unlock()
+		}
+	}()
+	return s
+}
+
+func (s *startups) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.running)
+}
+
+// quantiles of the startups so far: p50, p99.
+func (s *startups) quantiles() (time.Duration, time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var d []time.Duration
+	for _, v := range s.running {
+		d = append(d, v)
+	}
+	if len(d) == 0 {
+		return 0, 0
+	}
+	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
+	at := func(q float64) time.Duration { return d[int(q*float64(len(d)-1))] }
+	return at(0.5), at(0.99)
+}
+
+// until polls cond every 200 ms until it holds (nil), or fails the test after limit.
+func until(ctx context.Context, t *testing.T, limit time.Duration, what string, cond func() (bool, error)) time.Duration {
+	t.Helper()
+	start := time.Now()
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, limit, true, func(context.Context) (bool, error) {
+		ok, err := cond()
+		if err != nil {
+			last = err
+			return false, nil
+		}
+		return ok, nil
+	})
+	if err != nil {
+		t.Fatalf("%s: not within %v (last error: %v)", what, limit, last)
+	}
+	return time.Since(start)
+}
+
+func TestWorkload(t *testing.T) {
+	c := client(t)
+	mode := os.Getenv("CLUSTER_MODE")
+	nodes := envInt("CLUSTER_NODES", 3)
+	pods := envInt("CLUSTER_PODS", 10*nodes)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+
+	// Every hollow node Ready, each with a lease its kubelet renews.
+	until(ctx, t, 2*time.Minute, "every hollow node Ready", func() (bool, error) {
+		list, err := c.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		ready := 0
+		for _, n := range list.Items {
+			for _, cond := range n.Status.Conditions {
+				if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+					ready++
+				}
+			}
+		}
+		return ready >= nodes, nil
+	})
+
+	ns := fmt.Sprintf("wl-%d", rand.Intn(1_000_000))
+	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = c.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
+	}()
+	// The namespace's default ServiceAccount comes from the controller manager.
+	until(ctx, t, time.Minute, "the default ServiceAccount", func() (bool, error) {
+		_, err := c.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, nil
+	})
+	if _, err := c.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: "config"}, Data: map[string]string{"a": "1"},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "secret"}, StringData: map[string]string{"b": "2"},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec: corev1.ServiceSpec{
+			Selector: map[string]string{"app": "web"},
+			Ports:    []corev1.ServicePort{{Port: 80}},
+		},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	starts := watchStartups(ctx, t, c, ns)
+
+	replicas := int32(pods)
+	dep := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: &replicas,
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
+			Strategy: appsv1.DeploymentStrategy{RollingUpdate: &appsv1.RollingUpdateDeployment{}},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "web"}},
+				Spec: corev1.PodSpec{
+					Containers: []corev1.Container{{
+						Name:  "c",
+						Image: "registry.k8s.io/pause:3.10",
+						VolumeMounts: []corev1.VolumeMount{
+							{Name: "config", MountPath: "/config"},
+							{Name: "secret", MountPath: "/secret"},
+						},
+					}},
+					Volumes: []corev1.Volume{
+						{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
+							LocalObjectReference: corev1.LocalObjectReference{Name: "config"}}}},
+						{Name: "secret", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "secret"}}},
+					},
+				},
+			},
+		},
+	}
+	deployments := c.AppsV1().Deployments(ns)
+	if _, err := deployments.Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	rolledOut := func(want int32) func() (bool, error) {
+		return func() (bool, error) {
+			d, err := deployments.Get(ctx, "web", metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			s := d.Status
+			return s.ObservedGeneration >= d.Generation && s.UpdatedReplicas == want &&
+				s.AvailableReplicas == want && s.Replicas == want, nil
+		}
+	}
+	start := until(ctx, t, 4*time.Minute, "the Deployment available", rolledOut(replicas))
+	until(ctx, t, time.Minute, "every pod seen Running by a watcher", func() (bool, error) {
+		return starts.count() >= pods, nil
+	})
+	p50, p99 := starts.quantiles()
+
+	// Its Service's EndpointSlice lists every pod (the EndpointSlice controller).
+	until(ctx, t, time.Minute, "the EndpointSlice of every pod", func() (bool, error) {
+		list, err := c.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=web"})
+		if err != nil {
+			return false, err
+		}
+		n := 0
+		for _, s := range list.Items {
+			n += len(s.Endpoints)
+		}
+		return n == pods, nil
+	})
+
+	// A rolling update: the controller manager waits for its informers to see its own writes,
+	// so a slow watch shows here.
+	patch := fmt.Sprintf(`{"spec":{"template":{"metadata":{"annotations":{"rolled":"%d"}}}}}`, time.Now().UnixNano())
+	if _, err := deployments.Patch(ctx, "web", types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	roll := until(ctx, t, 4*time.Minute, "the rolling update", rolledOut(replicas))
+
+	down := replicas / 3
+	if _, err := deployments.Patch(ctx, "web", types.MergePatchType, fmt.Appendf(nil, `{"spec":{"replicas":%d}}`, down), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	scale := until(ctx, t, 2*time.Minute, "the scale down", rolledOut(down))
+
+	if err := deployments.Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	gone := until(ctx, t, 2*time.Minute, "every pod gone", func() (bool, error) {
+		list, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		return len(list.Items) == 0, nil
+	})
+
+	// Every node's lease renewed in the last 40 s (kubelets renew every 10 s).
+	leases, err := c.CoordinationV1().Leases("kube-node-lease").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh := 0
+	for _, l := range leases.Items {
+		if renewed(l, 40*time.Second) {
+			fresh++
+		}
+	}
+	if fresh < nodes {
+		t.Errorf("%d of %d node leases renewed in the last 40 s", fresh, nodes)
+	}
+	t.Logf("cluster: mode=%s nodes=%d pods=%d startup_p50=%v startup_p99=%v available=%v rollout=%v scale_down=%v delete=%v",
+		mode, nodes, pods, p50.Round(time.Millisecond), p99.Round(time.Millisecond), start.Round(time.Millisecond),
+		roll.Round(time.Millisecond), scale.Round(time.Millisecond), gone.Round(time.Millisecond))
+	if p99 > 5*time.Second {
+		t.Errorf("pod startup p99 %v, over 5 s", p99)
+	}
+}
+
+func renewed(l coordinationv1.Lease, within time.Duration) bool {
+	return l.Spec.RenewTime != nil && time.Since(l.Spec.RenewTime.Time) < within
+}
