@@ -1,28 +1,34 @@
 //! Proof that a cache is as fresh as the upstream, for the reads that must start from the
 //! upstream's newest state (a watch with `sendInitialEvents=true` and no resourceVersion: how
-//! client-go's informers start). The upstream offers no progress request, so the proof is
-//! asked of it in two steps, each served by its watch cache:
+//! client-go's informers start, kubelets' single-object informers of ConfigMaps among them).
+//! The upstream offers no progress request, so the proof is asked of it in two steps, each
+//! served by its watch cache:
 //!
 //! 1. A streaming list with no resourceVersion and a field selector no object matches: the
 //!    upstream answers only once its own cache has caught up with etcd, and its
-//!    `initial-events-end` bookmark names that revision, R.
-//! 2. A short watch from this cache's revision: every event after it, in order, then a
-//!    bookmark (kube-apiserver sends one two seconds before a watch's deadline) at its
-//!    cache's revision, now at least R. The events and the bookmark are applied to this
-//!    cache as the informer's own are (the cache skips what it already has).
+//!    `initial-events-end` bookmark names that revision, R. Each read waits for a first step
+//!    begun after it arrived; reads arriving meanwhile share the next one.
+//! 2. When this cache is behind R: a short watch from this cache's revision, every event
+//!    after it in order, then a bookmark (kube-apiserver sends one two seconds before a
+//!    watch's deadline, one to two seconds in) at its cache's revision. The events and the
+//!    bookmark are applied to this cache as the informer's own are (the cache skips what it
+//!    already has). One such watch runs at a time per resource ([`Freshness`]'s pusher) for
+//!    every read waiting: a bookmark is at a revision the upstream reached after it answered
+//!    every first step begun before it, so it releases them all, and a read is released as
+//!    soon as the cache reaches its own R, whichever watch brought it there.
 //!
-//! Reads waiting meanwhile share one proof ([`Freshness`]): a burst of informers starting at
-//! once costs the upstream two small requests, not a list each. A read that arrives after a
-//! proof's first step waits for the next one, so each is proven against a revision taken
-//! after it arrived.
+//! A burst of informers starting at once costs the upstream a few small requests, not a list
+//! each; two informers of one resource started together (a kubelet mounting a ConfigMap and
+//! the `kube-root-ca.crt` ConfigMap) wait for one bookmark, not one each.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
 use svc_core::ResourceInfo;
 use svc_core::watch::WatchCache;
-use svc_storage::FeedItem;
+use svc_storage::{FeedItem, Revision};
 use tokio::sync::oneshot;
 
 use super::informer::{Bookmark, Line, Taken, collection_path, flush, lines, take_line};
@@ -30,19 +36,47 @@ use crate::outbound::client;
 use crate::outbound::upstream::Upstream;
 
 /// The longest a proof may take (its second step's watch lasts 3 s; the bookmark comes
-/// after about one).
+/// after one to two).
 pub const PROOF_TIMEOUT: Duration = Duration::from_secs(6);
-/// The second step's watch: kube-apiserver bookmarks a watch two seconds before its end.
+/// The second step's watch: kube-apiserver bookmarks a watch two seconds before its end (and
+/// not at all when that is already past as the watch starts).
 const SHORT_WATCH_SECONDS: u32 = 3;
 /// A name no object has (names are DNS subdomains, which have no upper case).
 const NO_SUCH_NAME: &str = "SVC-PROXY-FRESHNESS-PROBE";
 
-type Waiter = oneshot::Sender<Result<(), String>>;
+type Waiter = oneshot::Sender<Result<Revision, String>>;
 
-/// The reads of one resource waiting for a proof, and whether one is under way.
+/// The proofs of one resource: the reads waiting for a first step, and the revision the
+/// second step's pusher is to bring the cache to.
 #[derive(Default)]
 pub struct Freshness {
-    state: Mutex<(Vec<Waiter>, bool)>,
+    /// Reads waiting for the upstream's newest revision, and whether a first step runs.
+    newest: Mutex<(Vec<Waiter>, bool)>,
+    /// The pusher's state.
+    push: Arc<Mutex<Push>>,
+    /// Notified when the pusher gives up, so that the reads waiting pass through at once.
+    failed: Arc<tokio::sync::Notify>,
+}
+
+/// What the pusher is to do.
+#[derive(Default)]
+struct Push {
+    /// The highest revision a read has waited for.
+    target: Revision,
+    /// Reads waiting now: the pusher stops when none is left.
+    waiting: usize,
+    /// Whether a pusher runs.
+    running: bool,
+}
+
+/// A read's place among the pusher's waiters, given back when it stops waiting.
+struct Waiting(Arc<Mutex<Push>>);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let mut s = self.0.lock();
+        s.waiting = s.waiting.saturating_sub(1);
+    }
 }
 
 impl Freshness {
@@ -54,28 +88,63 @@ impl Freshness {
         info: &'static ResourceInfo,
         cache: &WatchCache,
     ) -> Result<(), String> {
+        let deadline = tokio::time::Instant::now() + PROOF_TIMEOUT;
+        let newest = tokio::time::timeout_at(deadline, self.newest(upstream, info))
+            .await
+            .unwrap_or_else(|_| Err(format!("no proof within {PROOF_TIMEOUT:?}")))?;
+        if cache.revision() >= newest {
+            return Ok(());
+        }
+        // Told when the pusher gives up (an upstream that does not bookmark this resource).
+        let failed = self.failed.notified();
+        tokio::pin!(failed);
+        failed.as_mut().enable();
+        let _waiting = self.push_to(newest, upstream, info, cache);
+        let reached = async {
+            tokio::select! {
+                r = cache.wait_for_revision(newest) => r.map_err(|e| e.to_string()),
+                _ = failed => Err("the upstream's watch brought no bookmark".to_string()),
+            }
+        };
+        match tokio::time::timeout_at(deadline, reached).await {
+            Ok(r) => r,
+            Err(_) => {
+                let e = format!(
+                    "the cache reached {} and not {newest} within {PROOF_TIMEOUT:?}",
+                    cache.revision()
+                );
+                tracing::debug!(resource = info.plural, error = %e, "freshness not proven");
+                Err(e)
+            }
+        }
+    }
+
+    /// The upstream's newest revision, from a first step begun after this was called.
+    async fn newest(
+        &self,
+        upstream: &Upstream,
+        info: &'static ResourceInfo,
+    ) -> Result<Revision, String> {
         let (tx, rx) = oneshot::channel();
         let lead = {
-            let mut s = self.state.lock();
+            let mut s = self.newest.lock();
             s.0.push(tx);
             !std::mem::replace(&mut s.1, true)
         };
         if lead {
-            // This read runs the proofs, round after round, while reads keep arriving.
+            // This read asks, round after round, while reads keep arriving.
             loop {
                 let waiting = {
-                    let mut s = self.state.lock();
+                    let mut s = self.newest.lock();
                     if s.0.is_empty() {
                         s.1 = false;
                         break;
                     }
                     std::mem::take(&mut s.0)
                 };
-                let r = tokio::time::timeout(PROOF_TIMEOUT, proof(upstream, info, cache))
-                    .await
-                    .unwrap_or_else(|_| Err(format!("no proof within {PROOF_TIMEOUT:?}")));
+                let r = upstream_newest(upstream, info).await;
                 if let Err(e) = &r {
-                    tracing::debug!(resource = info.plural, error = %e, "freshness not proven");
+                    tracing::debug!(resource = info.plural, error = %e, "upstream revision not read");
                 }
                 for w in waiting {
                     let _ = w.send(r.clone());
@@ -84,6 +153,59 @@ impl Freshness {
         }
         rx.await
             .unwrap_or_else(|_| Err("the proof was abandoned".into()))
+    }
+
+    /// Has the pusher bring the cache to `target` at least, starting it when none runs; the
+    /// read waits while it holds the answer.
+    fn push_to(
+        &self,
+        target: Revision,
+        upstream: &Upstream,
+        info: &'static ResourceInfo,
+        cache: &WatchCache,
+    ) -> Waiting {
+        let start = {
+            let mut s = self.push.lock();
+            s.target = s.target.max(target);
+            s.waiting = s.waiting.saturating_add(1);
+            !std::mem::replace(&mut s.running, true)
+        };
+        if start {
+            tokio::spawn(push(
+                self.push.clone(),
+                self.failed.clone(),
+                upstream.clone(),
+                info,
+                cache.clone(),
+            ));
+        }
+        Waiting(self.push.clone())
+    }
+}
+
+/// The pusher: short watches from the cache's revision until the cache has reached every
+/// revision asked for, or one fails (the reads waiting then time out and pass through).
+async fn push(
+    state: Arc<Mutex<Push>>,
+    failed: Arc<tokio::sync::Notify>,
+    upstream: Upstream,
+    info: &'static ResourceInfo,
+    cache: WatchCache,
+) {
+    loop {
+        {
+            let mut s = state.lock();
+            if s.waiting == 0 || cache.revision() >= s.target {
+                s.running = false;
+                return;
+            }
+        }
+        if let Err(e) = catch_up(&upstream, info, &cache, &state).await {
+            tracing::debug!(resource = info.plural, error = %e, "freshness not proven");
+            state.lock().running = false;
+            failed.notify_waiters();
+            return;
+        }
     }
 }
 
@@ -99,19 +221,18 @@ async fn open(upstream: &Upstream, url: &str) -> Result<hyper::body::Incoming, S
     Ok(response.into_body())
 }
 
-async fn proof(
+/// The first step: the upstream's newest revision, once its cache has it.
+async fn upstream_newest(
     upstream: &Upstream,
     info: &'static ResourceInfo,
-    cache: &WatchCache,
-) -> Result<(), String> {
+) -> Result<Revision, String> {
     let path = collection_path(info);
-    // 1. The upstream's newest revision, once its cache has it.
     let url = format!(
         "{path}?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan\
          &allowWatchBookmarks=true&fieldSelector=metadata.name%3D{NO_SUCH_NAME}&timeoutSeconds=10"
     );
     let body = open(upstream, &url).await?;
-    let newest = lines(body, |line| {
+    lines(body, |line| {
         if line.iter().all(u8::is_ascii_whitespace) {
             return Ok(None);
         }
@@ -122,31 +243,42 @@ async fn proof(
         Bookmark::initial_events_end(l.object.get().as_bytes())
     })
     .await?
-    .ok_or("the streaming list ended without its initial-events-end bookmark")?;
-    if cache.revision() >= newest {
-        return Ok(());
-    }
-    // 2. Everything after this cache's revision, up to a bookmark at `newest` or later.
+    .ok_or_else(|| "the streaming list ended without its initial-events-end bookmark".into())
+}
+
+/// The second step: one short watch from the cache's revision, its events and bookmark
+/// applied to the cache, read until the cache has reached the revision asked for (which
+/// reads arriving meanwhile may raise) or the watch ends.
+async fn catch_up(
+    upstream: &Upstream,
+    info: &'static ResourceInfo,
+    cache: &WatchCache,
+    state: &Mutex<Push>,
+) -> Result<(), String> {
+    let path = collection_path(info);
     let from = cache.revision();
     let url = format!(
         "{path}?watch=1&allowWatchBookmarks=true&resourceVersion={from}\
          &timeoutSeconds={SHORT_WATCH_SECONDS}"
     );
     let body = open(upstream, &url).await?;
+    let mut bookmarked = false;
     let reached = lines(body, |line| {
         let mut events = Vec::new();
         let taken = take_line(info, line, &mut events).map_err(|e| e.to_string())?;
         flush(cache, &mut events, info);
         if let Taken::Bookmark(rev) = taken {
+            bookmarked = true;
             cache.apply(FeedItem::Progress(rev), Instant::now());
         }
-        Ok((cache.revision() >= newest).then_some(()))
+        Ok((cache.revision() >= state.lock().target).then_some(()))
     })
     .await?;
-    reached.ok_or_else(|| {
-        format!(
-            "the upstream's watch from {from} ended before revision {newest} (at {})",
+    match (reached, bookmarked) {
+        (Some(()), _) | (None, true) => Ok(()),
+        (None, false) => Err(format!(
+            "the upstream's watch from {from} ended without a bookmark (at {})",
             cache.revision()
-        )
-    })
+        )),
+    }
 }
