@@ -183,6 +183,7 @@ if [[ ${INTEROP_CLUSTER:-1} != 0 ]]; then
 			(
 				cd "$HERE/cluster"
 				CLUSTER_KUBECONFIG=$("$HERE/cluster.sh" kubeconfig "$WORK/cluster-$mode") CLUSTER_MODE=$mode \
+					CLUSTER_UPSTREAM_KUBECONFIG=$WORK/cluster-$mode/kube/admin.kubeconfig \
 					CLUSTER_NODES=${CLUSTER_HOLLOW_NODES:-3} \
 					go tool test2json -t -p "cluster-$mode" "$WORK/cluster.test" -test.v=test2json \
 					-test.count=1 -test.timeout=600s >"$WORK/cluster-$mode.json" 2>&1

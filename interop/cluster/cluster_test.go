@@ -10,6 +10,9 @@
 //	CLUSTER_MODE         direct or proxy, for the report
 //	CLUSTER_NODES        how many hollow nodes are Ready (default 3)
 //	CLUSTER_PODS         the Deployment's replicas (default 10 per node)
+//	CLUSTER_UPSTREAM_KUBECONFIG  the admin's kubeconfig for kube-apiserver itself: its
+//	                     /metrics are read before and after the workload (CPU seconds,
+//	                     resident memory, watches open)
 //
 // Without CLUSTER_KUBECONFIG the test is skipped, so `go test ./...` works anywhere.
 package cluster
@@ -21,6 +24,7 @@ import (
 	"os"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -138,6 +142,47 @@ func until(ctx context.Context, t *testing.T, limit time.Duration, what string, 
 	return time.Since(start)
 }
 
+// upstreamMetrics reads kube-apiserver's own /metrics: its CPU seconds, resident memory and
+// the watches open on it (long-running WATCH requests).
+func upstreamMetrics(ctx context.Context, t *testing.T) (cpu, rss, watches float64, ok bool) {
+	t.Helper()
+	path := os.Getenv("CLUSTER_UPSTREAM_KUBECONFIG")
+	if path == "" {
+		return 0, 0, 0, false
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := c.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		t.Fatalf("kube-apiserver's /metrics: %v", err)
+	}
+	for _, line := range strings.Split(string(body), "\n") {
+		name, value, found := strings.Cut(line, " ")
+		if !found || strings.HasPrefix(line, "#") {
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		if err != nil {
+			continue
+		}
+		switch {
+		case name == "process_cpu_seconds_total":
+			cpu = v
+		case name == "process_resident_memory_bytes":
+			rss = v
+		case strings.HasPrefix(name, "apiserver_longrunning_requests{") && strings.Contains(name, `verb="WATCH"`):
+			watches += v
+		}
+	}
+	return cpu, rss, watches, true
+}
+
 func TestWorkload(t *testing.T) {
 	c := client(t)
 	mode := os.Getenv("CLUSTER_MODE")
@@ -163,6 +208,7 @@ func TestWorkload(t *testing.T) {
 		return ready >= nodes, nil
 	})
 
+	cpu0, _, watches0, measured := upstreamMetrics(ctx, t)
 	ns := fmt.Sprintf("wl-%d", rand.Intn(1_000_000))
 	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -299,6 +345,11 @@ func TestWorkload(t *testing.T) {
 	t.Logf("cluster: mode=%s nodes=%d pods=%d startup_p50=%v startup_p99=%v available=%v rollout=%v scale_down=%v delete=%v",
 		mode, nodes, pods, p50.Round(time.Millisecond), p99.Round(time.Millisecond), start.Round(time.Millisecond),
 		roll.Round(time.Millisecond), scale.Round(time.Millisecond), gone.Round(time.Millisecond))
+	if measured {
+		cpu1, rss1, watches1, _ := upstreamMetrics(ctx, t)
+		t.Logf("upstream: mode=%s cpu_seconds=%.1f rss_mib=%.0f watches_before=%.0f watches_after=%.0f",
+			mode, cpu1-cpu0, rss1/(1<<20), watches0, watches1)
+	}
 	if p99 > 5*time.Second {
 		t.Errorf("pod startup p99 %v, over 5 s", p99)
 	}

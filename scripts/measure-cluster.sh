@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The simulated cluster of interop/cluster.sh measured the same way directly against
+# kube-apiserver and through svc-gateway proxies, in one run: interop/cluster/'s workload on
+# each (pod startup as a watcher sees it, the Deployment's rollout, scale-down and delete),
+# and around it the CPU seconds and peak resident memory of kube-apiserver, etcd and the
+# proxies (from /proc), and the watches open on kube-apiserver (its own metrics).
+#
+#   scripts/measure-cluster.sh                 # 3 hollow nodes, 2 kube-proxies, 30 pods
+#   NODES=20 KPROXIES=10 PODS=300 PROXIES=2 scripts/measure-cluster.sh
+#
+# Environment: NODES, KPROXIES, PODS, PROXIES (proxy mode), MODES (default "direct proxy"),
+# OUT (default /tmp/svc-cluster), SVC_GATEWAY_BIN (default: a release build).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+NODES=${NODES:-3} KPROXIES=${KPROXIES:-2} PODS=${PODS:-$((NODES * 10))} PROXIES=${PROXIES:-1}
+OUT=${OUT:-/tmp/svc-cluster}
+mkdir -p "$OUT"
+if [[ -z ${SVC_GATEWAY_BIN:-} ]]; then
+	cargo build --release -q -p svc-gateway
+	export SVC_GATEWAY_BIN=$REPO/target/release/svc-gateway
+fi
+(cd interop && go test -c -o "$OUT/cluster.test" ./cluster)
+
+# sum A B / diff A B: arithmetic on decimals.
+sum() { awk -v a="$1" -v b="$2" 'BEGIN { print a + b }'; }
+diff() { awk -v a="$1" -v b="$2" 'BEGIN { print a - b }'; }
+# cpu PIDFILE: the process's user+system CPU seconds so far.
+cpu() {
+	local pid
+	pid=$(cat "$1" 2>/dev/null) || { echo 0; return; }
+	awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$pid/stat" 2>/dev/null || echo 0
+}
+# hwm PIDFILE: the process's peak resident memory, MiB.
+hwm() {
+	local pid
+	pid=$(cat "$1" 2>/dev/null) || { echo 0; return; }
+	awk '/VmHWM/ {printf "%.0f", $2 / 1024}' "/proc/$pid/status" 2>/dev/null || echo 0
+}
+
+for mode in ${MODES:-direct proxy}; do
+	d=$OUT/$mode
+	interop/cluster.sh down "$d" >/dev/null 2>&1 || true
+	rm -rf "$d"
+	CLUSTER_HOLLOW_NODES=$NODES CLUSTER_HOLLOW_PROXIES=$KPROXIES CLUSTER_PROXIES=$PROXIES \
+		CLUSTER_READY_TIMEOUT=300 interop/cluster.sh up "$d" "$mode"
+	before_kube=$(cpu "$d/kube/kube-apiserver.pid") before_etcd=$(cpu "$d/kube/etcd.pid")
+	before_proxy=0
+	for p in "$d"/proxy-*/gateway.pid; do
+		[[ -f $p ]] && before_proxy=$(sum "$before_proxy" "$(cpu "$p")")
+	done
+	(
+		cd interop/cluster
+		CLUSTER_KUBECONFIG=$d/agents/admin.kubeconfig CLUSTER_MODE=$mode CLUSTER_NODES=$NODES \
+			CLUSTER_PODS=$PODS CLUSTER_UPSTREAM_KUBECONFIG=$d/kube/admin.kubeconfig \
+			"$OUT/cluster.test" -test.v -test.count=1 -test.timeout=900s
+	) | tee "$OUT/$mode.log" | grep -E "cluster:|upstream:|FAIL|ok|PASS" || true
+	kube=$(diff "$(cpu "$d/kube/kube-apiserver.pid")" "$before_kube")
+	etcd=$(diff "$(cpu "$d/kube/etcd.pid")" "$before_etcd")
+	proxy=0 proxy_rss=0
+	for p in "$d"/proxy-*/gateway.pid; do
+		[[ -f $p ]] || continue
+		proxy=$(sum "$proxy" "$(cpu "$p")")
+		proxy_rss=$((proxy_rss + $(hwm "$p")))
+	done
+	proxy=$(diff "$proxy" "$before_proxy")
+	echo "resources: mode=$mode kube_apiserver_cpu_s=$kube kube_apiserver_peak_rss_mib=$(hwm "$d/kube/kube-apiserver.pid") etcd_cpu_s=$etcd proxies_cpu_s=$proxy proxies_peak_rss_mib=$proxy_rss" |
+		tee -a "$OUT/$mode.log"
+	interop/cluster.sh down "$d" >/dev/null 2>&1 || true
+done
