@@ -121,6 +121,31 @@ async fn open_watch(
     s
 }
 
+/// Waits until the ServiceAccounts' watch cache answers (429 while it fills after the start),
+/// for at most 60 s.
+async fn wait_ready(addr: std::net::SocketAddr, tls: TlsConnector) {
+    for _ in 0..600 {
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let mut s = tls
+            .connect(ServerName::try_from("localhost").unwrap(), tcp)
+            .await
+            .unwrap();
+        s.write_all(
+            b"GET /api/v1/namespaces/default/serviceaccounts?limit=1 HTTP/1.1\r\n\
+              Host: localhost\r\nConnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let mut answer = Vec::new();
+        let _ = s.read_to_end(&mut answer).await;
+        if answer.starts_with(b"HTTP/1.1 200") {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the server is not ready after 60 s");
+}
+
 #[test]
 fn an_idle_http1_watch_over_tls_holds_less_than_16_kib_of_the_servers_heap() {
     let server_rt = tokio::runtime::Builder::new_multi_thread()
@@ -148,6 +173,9 @@ fn an_idle_http1_watch_over_tls_holds_less_than_16_kib_of_the_servers_heap() {
             .unwrap(),
     );
     let addr = handle.addr;
+    // The watch caches fill after the start; until then a watch is a 429 (seen on a busy
+    // machine).
+    client_rt.block_on(wait_ready(addr, tls.clone()));
     // Opens `WATCHES` idle watches, then lets the server settle.
     let open_all = || {
         let open = client_rt.block_on(async {
