@@ -16,6 +16,9 @@
 #   CLUSTER_HOLLOW_NODES     hollow kubelets (default 3; about 100 MiB each)
 #   CLUSTER_HOLLOW_PROXIES   hollow kube-proxies (default 2)
 #   CLUSTER_PROXIES          proxies in proxy mode, agents spread over them (default 1)
+#   CLUSTER_SIM_NODES        simulated nodes in one process per target (cmd/simnodes: a
+#                            kubelet's and a kube-proxy's requests, each node with its own
+#                            certificate; default 0)
 #   CLUSTER_READY_TIMEOUT    seconds to wait for the nodes (default 120)
 #   SVC_GATEWAY_BIN          the gateway binary (see gateway.sh)
 #
@@ -144,17 +147,31 @@ cmd_up() {
 		spawn "$d" "$name" "$K8S_DIR/kubemark" --morph=proxy --name="hollow-node-$((i % (nodes > 0 ? nodes : 1)))" \
 			--kubeconfig="$d/agents/$name.kubeconfig" --v=1
 	done
+	# Simulated nodes (cmd/simnodes), spread over the targets like the hollow ones.
+	local sims=${CLUSTER_SIM_NODES:-0} targets=1 per
+	[[ $mode == proxy ]] && targets=$proxies
+	if ((sims > 0)); then
+		(cd "$HERE" && go build -o "$d/simnodes" ./cmd/simnodes)
+		per=$(((sims + targets - 1) / targets))
+		for ((i = 0; i < targets; i++)); do
+			target "$d" "$i"
+			spawn "$d" "simnodes-$i" "$d/simnodes" --server "$SERVER" --ca "$SERVER_CA" \
+				--client-ca "$d/kube/pki/ca.crt" --client-ca-key "$d/kube/pki/ca.key" \
+				--first $((i * per)) --nodes $((i == targets - 1 ? sims - i * per : per))
+		done
+	fi
+	local want=$((nodes + sims))
 	local kc=$d/kube/admin.kubeconfig deadline=$((SECONDS + ${CLUSTER_READY_TIMEOUT:-120})) ready=0
 	while ((SECONDS < deadline)); do
 		ready=$(kubectl --kubeconfig "$kc" get nodes --no-headers 2>/dev/null | awk '$2 == "Ready"' | wc -l)
-		((ready >= nodes)) && break
+		((ready >= want)) && break
 		sleep 1
 	done
-	if ((ready < nodes)); then
-		log "$ready of $nodes hollow nodes Ready after ${CLUSTER_READY_TIMEOUT:-120} s; logs in $d/logs"
+	if ((ready < want)); then
+		log "$ready of $want nodes Ready after ${CLUSTER_READY_TIMEOUT:-120} s; logs in $d/logs"
 		return 1
 	fi
-	log "$mode cluster up in $d: $nodes hollow nodes Ready, $kproxies hollow kube-proxies"
+	log "$mode cluster up in $d: $nodes hollow nodes and $sims simulated ones Ready, $kproxies hollow kube-proxies"
 }
 
 cmd_down() {

@@ -6,14 +6,15 @@
 # proxies (from /proc), and the watches open on kube-apiserver (its own metrics).
 #
 #   scripts/measure-cluster.sh                 # 3 hollow nodes, 2 kube-proxies, 30 pods
-#   NODES=20 KPROXIES=10 PODS=300 PROXIES=2 scripts/measure-cluster.sh
+#   NODES=10 KPROXIES=5 SIMS=500 PODS=500 PROXIES=2 scripts/measure-cluster.sh
 #
-# Environment: NODES, KPROXIES, PODS, PROXIES (proxy mode), MODES (default "direct proxy"),
+# Environment: NODES (hollow kubelets), KPROXIES (hollow kube-proxies), SIMS (simulated nodes,
+# interop/cmd/simnodes), PODS, PROXIES (proxy mode), MODES (default "direct proxy"),
 # OUT (default /tmp/svc-cluster), SVC_GATEWAY_BIN (default: a release build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
-NODES=${NODES:-3} KPROXIES=${KPROXIES:-2} PODS=${PODS:-$((NODES * 10))} PROXIES=${PROXIES:-1}
+NODES=${NODES:-3} KPROXIES=${KPROXIES:-2} SIMS=${SIMS:-0} PODS=${PODS:-$((NODES * 10))} PROXIES=${PROXIES:-1}
 OUT=${OUT:-/tmp/svc-cluster}
 mkdir -p "$OUT"
 if [[ -z ${SVC_GATEWAY_BIN:-} ]]; then
@@ -42,7 +43,7 @@ for mode in ${MODES:-direct proxy}; do
 	d=$OUT/$mode
 	interop/cluster.sh down "$d" >/dev/null 2>&1 || true
 	rm -rf "$d"
-	CLUSTER_HOLLOW_NODES=$NODES CLUSTER_HOLLOW_PROXIES=$KPROXIES CLUSTER_PROXIES=$PROXIES \
+	CLUSTER_HOLLOW_NODES=$NODES CLUSTER_HOLLOW_PROXIES=$KPROXIES CLUSTER_PROXIES=$PROXIES CLUSTER_SIM_NODES=$SIMS \
 		CLUSTER_READY_TIMEOUT=300 interop/cluster.sh up "$d" "$mode"
 	before_kube=$(cpu "$d/kube/kube-apiserver.pid") before_etcd=$(cpu "$d/kube/etcd.pid")
 	before_proxy=0
@@ -51,7 +52,7 @@ for mode in ${MODES:-direct proxy}; do
 	done
 	(
 		cd interop/cluster
-		CLUSTER_KUBECONFIG=$d/agents/admin.kubeconfig CLUSTER_MODE=$mode CLUSTER_NODES=$NODES \
+		CLUSTER_KUBECONFIG=$d/agents/admin.kubeconfig CLUSTER_MODE=$mode CLUSTER_NODES=$((NODES + SIMS)) \
 			CLUSTER_PODS=$PODS CLUSTER_UPSTREAM_KUBECONFIG=$d/kube/admin.kubeconfig \
 			"$OUT/cluster.test" -test.v -test.count=1 -test.timeout=900s
 	) | tee "$OUT/$mode.log" | grep -E "cluster:|upstream:|FAIL|ok|PASS" || true

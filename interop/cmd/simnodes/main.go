@@ -1,0 +1,447 @@
+// Command simnodes runs many simulated nodes in one process, for the simulated cluster of
+// interop/cluster.sh where thousands of hollow kubelets would not fit in memory. Each node is a
+// client of its own, with its own client certificate (CN system:node:<name>, O system:nodes,
+// minted from the cluster CA), so the Node authorizer and NodeRestriction judge it as they
+// judge a kubelet, and its own connection. Each makes the requests a kubelet and a kube-proxy
+// make, as the hollow kubelets and kube-proxies of the same cluster were seen making them:
+//
+//   - registers its Node (Ready, 110 pods) and renews its Lease in kube-node-lease every 10 s;
+//
+//   - informers of its pods (fieldSelector spec.nodeName), its own Node (metadata.name),
+//     Services, RuntimeClasses and CSIDrivers (the kubelet's), and EndpointSlices and
+//     ServiceCIDRs (the kube-proxy's), protobuf as both ask;
+//
+//   - for each pod bound to it, a single-object informer per ConfigMap and Secret its
+//     volumes name (the kubelet's watch-based ConfigMap and Secret managers) and a token for
+//     its projected ServiceAccount volume, then its status patched to Running once they have
+//     synced, as a runtime that starts at once would; a pod being deleted is deleted for good
+//     (grace 0), as the kubelet does once its containers stopped.
+//
+//     simnodes --server URL --ca CA.crt --client-ca CA.crt --client-ca-key CA.key --nodes 1000
+//
+// It runs until SIGTERM or SIGINT, then deletes nothing (the nodes go NotReady as their leases
+// expire).
+package main
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"flag"
+	"fmt"
+	"log"
+	"math/big"
+	"os"
+	"os/signal"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+)
+
+func main() {
+	server := flag.String("server", "", "the API server (or proxy) URL")
+	caFile := flag.String("ca", "", "the CA of the server's serving certificate")
+	clientCA := flag.String("client-ca", "", "the cluster CA, whose key signs the nodes' certificates")
+	clientCAKey := flag.String("client-ca-key", "", "the cluster CA's key")
+	nodes := flag.Int("nodes", 100, "how many nodes")
+	first := flag.Int("first", 0, "the first node's number (names are <prefix><n>)")
+	prefix := flag.String("prefix", "sim-node-", "the nodes' name prefix")
+	startRate := flag.Int("start-rate", 50, "nodes started per second")
+	flag.Parse()
+	if *server == "" || *caFile == "" || *clientCA == "" || *clientCAKey == "" {
+		flag.Usage()
+		os.Exit(2)
+	}
+	serverCA, err := os.ReadFile(*caFile)
+	if err != nil {
+		log.Fatal(err)
+	}
+	signer, err := loadCA(*clientCA, *clientCAKey)
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	var running, podsRunning atomic.Int64
+	var wg sync.WaitGroup
+	tick := time.NewTicker(time.Second / time.Duration(max(*startRate, 1)))
+	defer tick.Stop()
+	for i := *first; i < *first+*nodes; i++ {
+		select {
+		case <-ctx.Done():
+		case <-tick.C:
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		name := fmt.Sprintf("%s%d", *prefix, i)
+		config := func(cn, org, agent string) *rest.Config {
+			certPEM, keyPEM, err := signer.mint(cn, org)
+			if err != nil {
+				log.Fatal(err)
+			}
+			cfg := &rest.Config{
+				Host:            *server,
+				TLSClientConfig: rest.TLSClientConfig{CAData: serverCA, CertData: certPEM, KeyData: keyPEM},
+				QPS:             10,
+				Burst:           20,
+				UserAgent:       agent + "/" + name,
+			}
+			cfg.ContentConfig.ContentType = "application/vnd.kubernetes.protobuf"
+			return cfg
+		}
+		kubelet := config("system:node:"+name, "system:nodes", "simnodes-kubelet")
+		proxy := config("system:kube-proxy", "", "simnodes-kube-proxy")
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n := &node{name: name, podsRunning: &podsRunning}
+			if err := n.run(ctx, kubelet, proxy, &running); err != nil && ctx.Err() == nil {
+				log.Printf("%s: %v", name, err)
+			}
+		}()
+	}
+	log.Printf("simnodes: %d nodes started", running.Load())
+	report := time.NewTicker(30 * time.Second)
+	defer report.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			wg.Wait()
+			return
+		case <-report.C:
+			log.Printf("simnodes: %d nodes running, %d pods set Running", running.Load(), podsRunning.Load())
+		}
+	}
+}
+
+// node is one simulated node: a kubelet's and a kube-proxy's requests under its identity.
+type node struct {
+	name        string
+	client      kubernetes.Interface
+	podsRunning *atomic.Int64
+	// The single-object informers of ConfigMaps and Secrets its pods mount, by kind/ns/name.
+	objects sync.Map
+}
+
+func (n *node) run(ctx context.Context, kubelet, kubeProxy *rest.Config, running *atomic.Int64) error {
+	c, err := kubernetes.NewForConfig(kubelet)
+	if err != nil {
+		return err
+	}
+	n.client = c
+	p, err := kubernetes.NewForConfig(kubeProxy)
+	if err != nil {
+		return err
+	}
+	if err := n.register(ctx); err != nil {
+		return fmt.Errorf("registering: %w", err)
+	}
+	running.Add(1)
+	defer running.Add(-1)
+	// The kubelet's informers and the kube-proxy's, each as they select.
+	own := informers.NewSharedInformerFactoryWithOptions(c, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", n.name).String()
+	}))
+	self := informers.NewSharedInformerFactoryWithOptions(c, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", n.name).String()
+	}))
+	all := informers.NewSharedInformerFactory(c, 0)
+	// The kube-proxy's, under its own identity.
+	proxyAll := informers.NewSharedInformerFactory(p, 0)
+	proxySelf := informers.NewSharedInformerFactoryWithOptions(p, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", n.name).String()
+	}))
+	pods := own.Core().V1().Pods().Informer()
+	if _, err := pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { n.podSeen(ctx, o) },
+		UpdateFunc: func(_, o any) { n.podSeen(ctx, o) },
+	}); err != nil {
+		return err
+	}
+	self.Core().V1().Nodes().Informer()
+	all.Core().V1().Services().Informer()
+	all.Node().V1().RuntimeClasses().Informer()
+	all.Storage().V1().CSIDrivers().Informer()
+	proxyAll.Core().V1().Services().Informer()
+	proxyAll.Discovery().V1().EndpointSlices().Informer()
+	proxyAll.Networking().V1().ServiceCIDRs().Informer()
+	proxySelf.Core().V1().Nodes().Informer()
+	factories := []informers.SharedInformerFactory{own, self, all, proxyAll, proxySelf}
+	for _, f := range factories {
+		f.Start(ctx.Done())
+	}
+	// The lease, renewed every 10 s.
+	renew := time.NewTicker(10 * time.Second)
+	defer renew.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			for _, f := range factories {
+				f.Shutdown()
+			}
+			return nil
+		case <-renew.C:
+			if err := n.renew(ctx); err != nil && ctx.Err() == nil {
+				log.Printf("%s: renewing its lease: %v", n.name, err)
+			}
+		}
+	}
+}
+
+func (n *node) register(ctx context.Context) error {
+	now := metav1.Now()
+	pods := resource.MustParse("110")
+	obj := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: n.name, Labels: map[string]string{
+			"kubernetes.io/hostname": n.name, "kubernetes.io/os": "linux", "type": "simulated",
+		}},
+		Status: corev1.NodeStatus{
+			Capacity:    corev1.ResourceList{corev1.ResourcePods: pods, corev1.ResourceCPU: resource.MustParse("4"), corev1.ResourceMemory: resource.MustParse("16Gi")},
+			Allocatable: corev1.ResourceList{corev1.ResourcePods: pods, corev1.ResourceCPU: resource.MustParse("4"), corev1.ResourceMemory: resource.MustParse("16Gi")},
+			Conditions: []corev1.NodeCondition{{
+				Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
+				Message: "simulated", LastHeartbeatTime: now, LastTransitionTime: now,
+			}},
+			NodeInfo: corev1.NodeSystemInfo{KubeletVersion: "v1.37.2", OperatingSystem: "linux", Architecture: "amd64"},
+		},
+	}
+	if _, err := n.client.CoreV1().Nodes().Create(ctx, obj, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	// Status is a subresource: the create dropped it. Patched, as the kubelet patches it
+	// (controllers write the new Node's taints meanwhile, which a node may not touch).
+	status, err := json.Marshal(map[string]any{"status": obj.Status})
+	if err != nil {
+		return err
+	}
+	if _, err := n.client.CoreV1().Nodes().Patch(ctx, n.name, types.StrategicMergePatchType, status, metav1.PatchOptions{}, "status"); err != nil {
+		return err
+	}
+	return n.renew(ctx)
+}
+
+func (n *node) renew(ctx context.Context) error {
+	leases := n.client.CoordinationV1().Leases("kube-node-lease")
+	now := metav1.NewMicroTime(time.Now())
+	l, err := leases.Get(ctx, n.name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		holder, seconds := n.name, int32(40)
+		_, err = leases.Create(ctx, &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Name: n.name},
+			Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &seconds, RenewTime: &now},
+		}, metav1.CreateOptions{})
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	l.Spec.RenewTime = &now
+	_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
+	return err
+}
+
+// podSeen starts a pod bound to this node: the informers of the ConfigMaps and Secrets it
+// mounts first, then its status, Running.
+func (n *node) podSeen(ctx context.Context, o any) {
+	pod, ok := o.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	if pod.DeletionTimestamp != nil {
+		// Its containers stopped at once: the kubelet's final delete.
+		go func() {
+			zero := int64(0)
+			err := n.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+				GracePeriodSeconds: &zero,
+				Preconditions:      &metav1.Preconditions{UID: &pod.UID},
+			})
+			if err != nil && ctx.Err() == nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+				log.Printf("%s: deleting pod %s/%s: %v", n.name, pod.Namespace, pod.Name, err)
+			}
+		}()
+		return
+	}
+	if pod.Status.Phase != "" && pod.Status.Phase != corev1.PodPending {
+		return
+	}
+	go func() {
+		for _, v := range pod.Spec.Volumes {
+			switch {
+			case v.ConfigMap != nil:
+				n.object(ctx, "configmaps", pod.Namespace, v.ConfigMap.Name)
+			case v.Secret != nil:
+				n.object(ctx, "secrets", pod.Namespace, v.Secret.SecretName)
+			case v.Projected != nil:
+				// The ServiceAccount token volume: kube-root-ca.crt, and a token requested
+				// for the pod.
+				for _, src := range v.Projected.Sources {
+					switch {
+					case src.ConfigMap != nil:
+						n.object(ctx, "configmaps", pod.Namespace, src.ConfigMap.Name)
+					case src.ServiceAccountToken != nil:
+						n.token(ctx, pod, src.ServiceAccountToken)
+					}
+				}
+			}
+		}
+		now := metav1.Now()
+		patch := fmt.Sprintf(`{"status":{"phase":"Running","startTime":%q,"conditions":[`+
+			`{"type":"Initialized","status":"True","lastTransitionTime":%[1]q},`+
+			`{"type":"Ready","status":"True","lastTransitionTime":%[1]q},`+
+			`{"type":"ContainersReady","status":"True","lastTransitionTime":%[1]q},`+
+			`{"type":"PodScheduled","status":"True","lastTransitionTime":%[1]q}],`+
+			`"podIP":"10.64.0.1","hostIP":"10.0.0.1"}}`, now.UTC().Format(time.RFC3339))
+		_, err := n.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}, "status")
+		if err == nil {
+			n.podsRunning.Add(1)
+		} else if ctx.Err() == nil && !apierrors.IsNotFound(err) {
+			log.Printf("%s: pod %s/%s status: %v", n.name, pod.Namespace, pod.Name, err)
+		}
+	}()
+}
+
+// token requests a pod's projected ServiceAccount token, bound to the pod, as the kubelet
+// does before it sets up the volume.
+func (n *node) token(ctx context.Context, pod *corev1.Pod, src *corev1.ServiceAccountTokenProjection) {
+	seconds := int64(3607)
+	if src.ExpirationSeconds != nil {
+		seconds = *src.ExpirationSeconds
+	}
+	var audiences []string
+	if src.Audience != "" {
+		audiences = []string{src.Audience}
+	}
+	req := &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{
+			Audiences:         audiences,
+			ExpirationSeconds: &seconds,
+			BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
+		},
+	}
+	// NodeRestriction reads the pod from kube-apiserver's own cache, which may not have its
+	// binding yet: the kubelet retries too.
+	var err error
+	for try := 0; try < 10; try++ {
+		_, err = n.client.CoreV1().ServiceAccounts(pod.Namespace).CreateToken(ctx, pod.Spec.ServiceAccountName, req, metav1.CreateOptions{})
+		if err == nil || !apierrors.IsForbidden(err) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err != nil && ctx.Err() == nil {
+		log.Printf("%s: token for pod %s/%s: %v", n.name, pod.Namespace, pod.Name, err)
+	}
+}
+
+// object starts (once) a single-object informer of a ConfigMap or Secret, and waits until it
+// has synced, as the kubelet's watch-based managers do before a volume is set up.
+func (n *node) object(ctx context.Context, resource, namespace, name string) {
+	key := resource + "/" + namespace + "/" + name
+	v, loaded := n.objects.LoadOrStore(key, make(chan struct{}))
+	synced := v.(chan struct{})
+	if loaded {
+		select {
+		case <-synced:
+		case <-ctx.Done():
+		}
+		return
+	}
+	f := informers.NewSharedInformerFactoryWithOptions(n.client, 0, informers.WithNamespace(namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
+		}))
+	var inf cache.SharedIndexInformer
+	if resource == "configmaps" {
+		inf = f.Core().V1().ConfigMaps().Informer()
+	} else {
+		inf = f.Core().V1().Secrets().Informer()
+	}
+	f.Start(ctx.Done())
+	cache.WaitForCacheSync(ctx.Done(), inf.HasSynced)
+	close(synced)
+}
+
+// ca signs the nodes' client certificates.
+type ca struct {
+	cert *x509.Certificate
+	key  any
+}
+
+func loadCA(certFile, keyFile string) (*ca, error) {
+	certPEM, err := os.ReadFile(certFile)
+	if err != nil {
+		return nil, err
+	}
+	keyPEM, err := os.ReadFile(keyFile)
+	if err != nil {
+		return nil, err
+	}
+	cb, _ := pem.Decode(certPEM)
+	kb, _ := pem.Decode(keyPEM)
+	if cb == nil || kb == nil {
+		return nil, fmt.Errorf("%s, %s: no PEM", certFile, keyFile)
+	}
+	cert, err := x509.ParseCertificate(cb.Bytes)
+	if err != nil {
+		return nil, err
+	}
+	key, err := x509.ParsePKCS8PrivateKey(kb.Bytes)
+	if err != nil {
+		if key, err = x509.ParsePKCS1PrivateKey(kb.Bytes); err != nil {
+			return nil, fmt.Errorf("%s: %w", keyFile, err)
+		}
+	}
+	return &ca{cert: cert, key: key}, nil
+}
+
+func (c *ca) mint(cn, org string) (certPEM, keyPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	serial, err := rand.Int(rand.Reader, big.NewInt(1<<62))
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: cn},
+		NotBefore:    time.Now().Add(-5 * time.Minute),
+		NotAfter:     time.Now().Add(48 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	if org != "" {
+		tmpl.Subject.Organization = []string{org}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.cert, &key.PublicKey, c.key)
+	if err != nil {
+		return nil, nil, err
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), nil
+}
