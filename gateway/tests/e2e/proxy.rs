@@ -27,7 +27,7 @@ use svc_gateway::run::ServerHandle;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
-use crate::support::client::{Client, eventually};
+use crate::support::client::{Client, Conn, eventually};
 
 /// The scripted upstream: `/echo` answers with the headers it got, `/readyz` 200, the two
 /// reviews as below, `/stream` one line at once and one more when `release` is notified.
@@ -305,6 +305,22 @@ impl Proxy {
     }
 }
 
+/// A connection of `client`'s, and the answer to a `/stream?watch=true` sent on it (a
+/// long-running request the upstream keeps open).
+async fn open_stream(client: &Client) -> (Conn, Response<Incoming>) {
+    let mut conn = client.connect().await.unwrap();
+    let resp = conn
+        .send(Client::build(
+            Method::GET,
+            "/stream?watch=true",
+            Bytes::new(),
+            &[],
+        ))
+        .await
+        .unwrap();
+    (conn, resp)
+}
+
 fn header<'a>(echo: &'a Value, name: &str) -> Vec<&'a str> {
     echo["headers"][name]
         .as_array()
@@ -519,16 +535,7 @@ async fn answers_stream_through_as_they_come() {
     let proxy = Proxy::start(up.addr, |_| {}).await.unwrap();
     for h2 in [false, true] {
         let alice = proxy.user("alice", &[], h2);
-        let mut conn = alice.connect().await.unwrap();
-        let resp = conn
-            .send(Client::build(
-                Method::GET,
-                "/stream?watch=true",
-                Bytes::new(),
-                &[],
-            ))
-            .await
-            .unwrap();
+        let (_conn, resp) = open_stream(&alice).await;
         assert_eq!(resp.status(), StatusCode::OK);
         let mut body = resp.into_body();
         let first = tokio::time::timeout(Duration::from_secs(5), body.frame())
@@ -550,16 +557,7 @@ async fn a_stream_the_caller_leaves_is_ended_upstream_at_once() {
     let proxy = Proxy::start(up.addr, |_| {}).await.unwrap();
     for (i, h2) in [false, true].into_iter().enumerate() {
         let alice = proxy.user("alice", &[], h2);
-        let mut conn = alice.connect().await.unwrap();
-        let resp = conn
-            .send(Client::build(
-                Method::GET,
-                "/stream?watch=true",
-                Bytes::new(),
-                &[],
-            ))
-            .await
-            .unwrap();
+        let (conn, resp) = open_stream(&alice).await;
         let mut body = resp.into_body();
         let first = body.frame().await.unwrap().unwrap();
         assert_eq!(first.into_data().unwrap(), "first\n");
@@ -922,30 +920,17 @@ async fn long_running_requests_are_bounded_per_user_and_in_all() {
     })
     .await
     .unwrap();
-    let open = |client: Client| async move {
-        let mut conn = client.connect().await.unwrap();
-        let resp = conn
-            .send(Client::build(
-                Method::GET,
-                "/stream?watch=true",
-                Bytes::new(),
-                &[],
-            ))
-            .await
-            .unwrap();
-        (conn, resp)
-    };
     let alice = proxy.user("alice", &[], true);
     let mut held = Vec::new();
     for _ in 0..2 {
-        let (conn, resp) = open(alice.clone()).await;
+        let (conn, resp) = open_stream(&alice).await;
         assert_eq!(resp.status(), StatusCode::OK);
         let mut body = resp.into_body();
         body.frame().await.unwrap().unwrap();
         held.push((conn, body));
     }
     // Past alice's own bound: 429, while her short requests and other users go on.
-    let (_conn, resp) = open(alice.clone()).await;
+    let (_conn, resp) = open_stream(&alice).await;
     assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(resp.headers()["retry-after"], "1");
     let body = resp.into_body().collect().await.unwrap().to_bytes();
@@ -960,13 +945,13 @@ async fn long_running_requests_are_bounded_per_user_and_in_all() {
     );
     assert_eq!(alice.get("/echo").await.0, StatusCode::OK);
     let carol = proxy.user("carol", &[], false);
-    let (carol_conn, resp) = open(carol.clone()).await;
+    let (carol_conn, resp) = open_stream(&carol).await;
     assert_eq!(resp.status(), StatusCode::OK);
     let mut carol_body = resp.into_body();
     carol_body.frame().await.unwrap().unwrap();
     // Past the bound of all users together.
     let dave = proxy.user("dave", &[], false);
-    let (_conn, resp) = open(dave.clone()).await;
+    let (_conn, resp) = open_stream(&dave).await;
     assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
     let boss = proxy.user(BOSS, &[], false);
     let metrics = boss.request(Method::GET, "/metrics", "", &[]).await.text();
@@ -988,7 +973,7 @@ async fn long_running_requests_are_bounded_per_user_and_in_all() {
             .any(|l| l == "svc_proxy_upstream_long_running_requests 1")
     })
     .await;
-    let (_conn, resp) = open(alice.clone()).await;
+    let (_conn, resp) = open_stream(&alice).await;
     assert_eq!(resp.status(), StatusCode::OK);
     proxy.handle.shutdown().await;
 }
