@@ -37,7 +37,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
+	watchtools "k8s.io/client-go/tools/watch"
 )
 
 func envInt(name string, def int) int {
@@ -76,7 +78,16 @@ type startups struct {
 func watchStartups(ctx context.Context, t *testing.T, c kubernetes.Interface, ns string) *startups {
 	t.Helper()
 	s := &startups{added: map[types.UID]time.Time{}, running: map[types.UID]time.Duration{}}
-	w, err := c.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{})
+	list, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Resumed from the last version seen whenever the server ends the watch.
+	w, err := watchtools.NewRetryWatcherWithContext(ctx, list.ResourceVersion, &cache.ListWatch{
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return c.CoreV1().Pods(ns).Watch(ctx, o)
+		},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
