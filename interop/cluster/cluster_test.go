@@ -20,6 +20,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand"
 	"os"
 	"sort"
@@ -153,13 +154,36 @@ func until(ctx context.Context, t *testing.T, limit time.Duration, what string, 
 	return time.Since(start)
 }
 
-// upstreamMetrics reads kube-apiserver's own /metrics: its CPU seconds, resident memory and
-// the watches open on it (long-running WATCH requests).
-func upstreamMetrics(ctx context.Context, t *testing.T) (cpu, rss, watches float64, ok bool) {
+// scrape is what kube-apiserver's own /metrics say: its CPU seconds, resident memory, the
+// watches open on it (long-running WATCH requests), and its request latency SLI histogram
+// (apiserver_request_sli_duration_seconds) summed by class of call.
+type scrape struct {
+	cpu, rss, watches float64
+	// buckets[class][le] = cumulative count.
+	buckets map[string]map[float64]float64
+}
+
+// class of a call, as the Kubernetes API call latency SLOs group them: mutating calls,
+// single-object reads, and lists.
+func class(labels string) string {
+	switch {
+	case strings.Contains(labels, `verb="POST"`), strings.Contains(labels, `verb="PUT"`),
+		strings.Contains(labels, `verb="PATCH"`), strings.Contains(labels, `verb="DELETE"`):
+		return "mutating"
+	case strings.Contains(labels, `verb="GET"`):
+		return "get"
+	case strings.Contains(labels, `verb="LIST"`):
+		return "list"
+	}
+	return ""
+}
+
+func upstreamMetrics(ctx context.Context, t *testing.T) (scrape, bool) {
 	t.Helper()
+	s := scrape{buckets: map[string]map[float64]float64{}}
 	path := os.Getenv("CLUSTER_UPSTREAM_KUBECONFIG")
 	if path == "" {
-		return 0, 0, 0, false
+		return s, false
 	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", path)
 	if err != nil {
@@ -184,14 +208,53 @@ func upstreamMetrics(ctx context.Context, t *testing.T) (cpu, rss, watches float
 		}
 		switch {
 		case name == "process_cpu_seconds_total":
-			cpu = v
+			s.cpu = v
 		case name == "process_resident_memory_bytes":
-			rss = v
+			s.rss = v
 		case strings.HasPrefix(name, "apiserver_longrunning_requests{") && strings.Contains(name, `verb="WATCH"`):
-			watches += v
+			s.watches += v
+		case strings.HasPrefix(name, "apiserver_request_sli_duration_seconds_bucket{"):
+			cl := class(name)
+			_, le, ok := strings.Cut(name, `le="`)
+			if cl == "" || !ok {
+				continue
+			}
+			bound, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSuffix(le, "}"), `"`), 64)
+			if err != nil {
+				bound = math.Inf(1)
+			}
+			if s.buckets[cl] == nil {
+				s.buckets[cl] = map[float64]float64{}
+			}
+			s.buckets[cl][bound] += v
 		}
 	}
-	return cpu, rss, watches, true
+	return s, true
+}
+
+// sliP99 is the p99 of a class's calls between two scrapes: the upper bound of the first
+// bucket holding 99 % of them (histogram_quantile without interpolation; -1 past the last
+// bound), and how many there were.
+func sliP99(before, after scrape, cl string) (time.Duration, int) {
+	var bounds []float64
+	for b := range after.buckets[cl] {
+		bounds = append(bounds, b)
+	}
+	sort.Float64s(bounds)
+	if len(bounds) == 0 {
+		return 0, 0
+	}
+	delta := func(b float64) float64 { return after.buckets[cl][b] - before.buckets[cl][b] }
+	total := delta(bounds[len(bounds)-1])
+	for _, b := range bounds {
+		if delta(b) >= 0.99*total {
+			if math.IsInf(b, 1) {
+				return -1, int(total)
+			}
+			return time.Duration(b * float64(time.Second)), int(total)
+		}
+	}
+	return -1, int(total)
 }
 
 func TestWorkload(t *testing.T) {
@@ -219,7 +282,7 @@ func TestWorkload(t *testing.T) {
 		return ready >= nodes, nil
 	})
 
-	cpu0, _, watches0, measured := upstreamMetrics(ctx, t)
+	before, measured := upstreamMetrics(ctx, t)
 	ns := fmt.Sprintf("wl-%d", rand.Intn(1_000_000))
 	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -357,9 +420,13 @@ func TestWorkload(t *testing.T) {
 		mode, nodes, pods, p50.Round(time.Millisecond), p99.Round(time.Millisecond), start.Round(time.Millisecond),
 		roll.Round(time.Millisecond), scale.Round(time.Millisecond), gone.Round(time.Millisecond))
 	if measured {
-		cpu1, rss1, watches1, _ := upstreamMetrics(ctx, t)
+		after, _ := upstreamMetrics(ctx, t)
 		t.Logf("upstream: mode=%s cpu_seconds=%.1f rss_mib=%.0f watches_before=%.0f watches_after=%.0f",
-			mode, cpu1-cpu0, rss1/(1<<20), watches0, watches1)
+			mode, after.cpu-before.cpu, after.rss/(1<<20), before.watches, after.watches)
+		for _, cl := range []string{"mutating", "get", "list"} {
+			q, n := sliP99(before, after, cl)
+			t.Logf("upstream sli: mode=%s class=%s calls=%d p99<=%v", mode, cl, n, q)
+		}
 	}
 	if p99 > 5*time.Second {
 		t.Errorf("pod startup p99 %v, over 5 s", p99)
