@@ -32,6 +32,7 @@ use svc_storage::{FeedItem, Revision};
 use tokio::sync::oneshot;
 
 use super::informer::{Bookmark, Line, Taken, collection_path, flush, lines, take_line};
+use crate::base::deadline::Deadline as _;
 use crate::outbound::client;
 use crate::outbound::upstream::Upstream;
 
@@ -88,7 +89,7 @@ impl Freshness {
         info: &'static ResourceInfo,
         cache: &WatchCache,
     ) -> Result<(), String> {
-        let deadline = tokio::time::Instant::now() + PROOF_TIMEOUT;
+        let deadline = tokio::time::Instant::now().later(PROOF_TIMEOUT);
         let newest = tokio::time::timeout_at(deadline, self.newest(upstream, info))
             .await
             .unwrap_or_else(|_| Err(format!("no proof within {PROOF_TIMEOUT:?}")))?;
