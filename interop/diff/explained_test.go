@@ -40,7 +40,6 @@ var explained = []explanation{
 	{"D10", "apply/empty-managed-fields-keeps", "body.metadata.managedFields"},
 
 	// D11: the credential id in a user's extra.
-	{"D11", "certificates/*", "*spec.extra"},
 	{"D11", "token-review/review", "body.status.user.extra*"},
 
 	// D12: Table columns.
