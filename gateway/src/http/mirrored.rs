@@ -160,7 +160,18 @@ pub async fn serve(
         return Some(respond::error(&e));
     }
     let verb = if opts.watch { "watch" } else { "list" };
-    if let Err(e) = authorize(proxy, &acting, &mirrored, target.namespace, verb, &opts).await {
+    let name = pinned_name(&fields);
+    if let Err(e) = authorize(
+        proxy,
+        &acting,
+        &mirrored,
+        target.namespace,
+        name,
+        verb,
+        &opts,
+    )
+    .await
+    {
         return Some(respond::error(&e));
     }
     if !mirrored.status.synced.load(Ordering::Acquire) {
@@ -250,12 +261,14 @@ fn cached_format(headers: &HeaderMap, api: &Api, watch: bool, protobuf: bool) ->
     }
 }
 
-/// Asks the upstream whether `user` may `verb` the collection, with the request's selectors.
+/// Asks the upstream whether `user` may `verb` the collection (the object `name` names, when a
+/// field selector pins one), with the request's selectors.
 async fn authorize(
     proxy: &Proxy,
     user: &UserInfo,
     mirrored: &Mirrored,
     namespace: &str,
+    name: Option<&str>,
     verb: &str,
     opts: &ListOptions,
 ) -> Result<(), ApiError> {
@@ -271,7 +284,7 @@ async fn authorize(
         group: info.group.to_string(),
         version: info.version.to_string(),
         resource: info.plural.to_string(),
-        name: name_of(&opts.field_selector).unwrap_or_default(),
+        name: name.unwrap_or_default().to_string(),
         field_selector: selector(&opts.field_selector),
         label_selector: selector(&opts.label_selector),
         ..Default::default()
@@ -301,14 +314,10 @@ async fn authorize(
 /// authorization: the value a `metadata.name` term of the field selector pins (`=` or `==`),
 /// when it could be a path segment. The Node authorizer allows a node its own Node and the
 /// ConfigMaps and Secrets of its pods this way, one object at a time.
-fn name_of(field_selector: &str) -> Option<String> {
-    if field_selector.is_empty() {
-        return None;
-    }
-    let fields = FieldSelector::parse(field_selector, |_| true).ok()?;
-    let name = fields.exact("metadata.name")?;
-    let segment = !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '%']);
-    segment.then(|| name.to_string())
+fn pinned_name(fields: &FieldSelector) -> Option<&str> {
+    fields
+        .exact("metadata.name")
+        .filter(|n| !n.is_empty() && *n != "." && *n != ".." && !n.contains(['/', '%']))
 }
 
 /// Why a cached read did not answer.
@@ -455,6 +464,10 @@ mod tests {
 
     #[test]
     fn a_name_pinned_by_the_field_selector_is_authorized_as_kube_apiserver_does() {
+        let name_of = |sel: &str| {
+            let fields = FieldSelector::parse(sel, |_| true).ok()?;
+            pinned_name(&fields).map(str::to_string)
+        };
         assert_eq!(name_of("metadata.name=cm1").as_deref(), Some("cm1"));
         assert_eq!(name_of("metadata.name==cm1").as_deref(), Some("cm1"));
         assert_eq!(

@@ -214,16 +214,10 @@ impl Proxy {
         }
         let (mut parts, body) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers);
-        let body = body.map_err(std::io::Error::other);
+        let body = body.map_err(std::io::Error::other).boxed();
         let body = match place {
-            // Held until the stream ends (or is dropped).
-            Some(place) => body
-                .map_frame(move |f| {
-                    let _held = &place;
-                    f
-                })
-                .boxed(),
-            None => body.boxed(),
+            Some(place) => respond::holding(body, place),
+            None => body,
         };
         Ok(Response::from_parts(parts, body))
     }

@@ -17,6 +17,14 @@ use svc_core::registry::Kind;
 /// The body type of every response: a full buffer or a stream (watches).
 pub type Body = BoxBody<Bytes, std::io::Error>;
 
+/// `body`, holding `guard` (a place under a limit) until the stream ends or is dropped.
+pub fn holding<G: Send + Sync + 'static>(body: Body, guard: G) -> Body {
+    Body::new(body.map_frame(move |f| {
+        let _held = &guard;
+        f
+    }))
+}
+
 pub fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into())
         .map_err(|e: Infallible| match e {})

@@ -217,11 +217,7 @@ pub fn client_cert_identity(cert_der: &[u8]) -> Result<Option<UserInfo>, String>
     let text = |a: &x509_parser::x509::AttributeTypeAndValue<'_>, what: &str| {
         attribute_text(a).ok_or_else(|| format!("the client certificate's {what} is not text"))
     };
-    let mut username = None;
-    for cn in subject.iter_common_name() {
-        username = Some(text(cn, "common name")?);
-    }
-    let Some(username) = username.filter(|u| !u.is_empty()) else {
+    let Some(username) = common_name(subject)?.filter(|u| !u.is_empty()) else {
         return Ok(None);
     };
     let mut groups = subject
@@ -255,6 +251,18 @@ pub fn client_cert_identity(cert_der: &[u8]) -> Result<Option<UserInfo>, String>
         .into_iter()
         .collect(),
     }))
+}
+
+/// A subject's common name as Go's `pkix.Name` holds it: the last CN (an error when one is
+/// not text).
+pub(crate) fn common_name(
+    subject: &x509_parser::x509::X509Name<'_>,
+) -> Result<Option<String>, String> {
+    let mut name = None;
+    for cn in subject.iter_common_name() {
+        name = Some(attribute_text(cn).ok_or("the client certificate's common name is not text")?);
+    }
+    Ok(name)
 }
 
 /// An attribute's value as Go's `crypto/x509` reads it into a string: the string types

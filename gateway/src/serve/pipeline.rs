@@ -368,12 +368,7 @@ async fn serve(
     if let Some(place) = watch {
         return dispatch(app, req, route, query, verb, user, record)
             .await
-            .map(|body| {
-                respond::Body::new(body.map_frame(move |f| {
-                    let _held = &place;
-                    f
-                }))
-            });
+            .map(|body| respond::holding(body, place));
     }
     if verb == Verb::Watch {
         return dispatch(app, req, route, query, verb, user, record).await;

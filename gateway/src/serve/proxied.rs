@@ -147,12 +147,7 @@ async fn serve(
     {
         return match watch {
             // A cached watch holds its place until its stream ends.
-            Some(place) => resp.map(|body| {
-                Body::new(body.map_frame(move |f| {
-                    let _held = &place;
-                    f
-                }))
-            }),
+            Some(place) => resp.map(|body| respond::holding(body, place)),
             None => resp,
         };
     }

@@ -281,8 +281,7 @@ impl ClientCerts {
                 Ok(()) => {
                     let name = chain.first().and_then(|leaf| {
                         let (_, c) = x509_parser::parse_x509_certificate(leaf.as_ref()).ok()?;
-                        let last = c.subject().iter_common_name().last()?;
-                        last.as_str().ok().map(str::to_string)
+                        super::common_name(c.subject()).ok().flatten()
                     });
                     if allowed.is_empty() || name.as_ref().is_some_and(|n| allowed.contains(n)) {
                         return Ok(CertRole::FrontProxy);
