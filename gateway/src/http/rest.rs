@@ -18,32 +18,50 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use http::{Method, Response, StatusCode};
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
 use svc_core::object::parse_resource_version;
+use svc_core::user::UserInfo;
 use svc_core::{ApiError, registry};
 
-use call::path_namespace;
-pub use call::{RestRequest, Selectors};
+use call::{RestRequest, Selectors, path_namespace};
 
 use crate::base::features::Feature;
-use crate::base::query::ListOptions;
+use crate::base::query::{ListOptions, Query};
+use crate::base::router::ResourceRoute;
 use crate::base::verb::Verb;
 use crate::http::api::Api;
 use crate::http::negotiate;
 use crate::http::respond::{self, Body};
 use svc_core::registry::{Kind, KindVisitor};
 
-/// Serves one resource request with the handlers instantiated for the route's kind.
-/// The answer, and every error after content negotiation, is in the negotiated format (a
-/// protobuf client gets its `Status` in protobuf, as from kube-apiserver).
-pub async fn serve(app: &Arc<Api>, mut call: RestRequest) -> Response<Body> {
-    let watch = call.query.bool("watch").unwrap_or(false);
-    call.format =
-        match negotiate::response_format(&call.parts.headers, &app.opts.feature_gates, watch) {
-            Ok(format) => format,
-            Err(e) => return respond::error(&e),
-        };
-    let format = call.format;
+/// Serves one resource request (its body read whole) with the handlers instantiated for the
+/// route's kind: the one entry point of the handlers, so that the pipeline names none of
+/// their types. The answer, and every error after content negotiation, is in the negotiated
+/// format (a protobuf client gets its `Status` in protobuf, as from kube-apiserver).
+pub async fn serve(
+    app: &Arc<Api>,
+    req: Request<Bytes>,
+    route: ResourceRoute,
+    query: Query,
+    verb: Verb,
+    user: UserInfo,
+) -> Response<Body> {
+    let (parts, body) = req.into_parts();
+    let watch = query.bool("watch").unwrap_or(false);
+    let format = match negotiate::response_format(&parts.headers, &app.opts.feature_gates, watch) {
+        Ok(format) => format,
+        Err(e) => return respond::error(&e),
+    };
+    let call = RestRequest {
+        parts,
+        body,
+        route,
+        query,
+        verb,
+        user,
+        format,
+    };
     let info = call.route.info;
     let result = match registry::visit(info, Serve { app, call }) {
         Some(fut) => fut.await,

@@ -19,6 +19,7 @@ use crate::base::query::Query;
 use crate::base::router::{self, Route};
 use crate::base::verb::Verb;
 use crate::http::respond::{self, Body};
+use crate::http::rest::serve as serve_resource;
 use crate::security::authn;
 use crate::security::authz::Attributes;
 use crate::serve::app::ServerState;
@@ -27,8 +28,8 @@ use crate::serve::proxied;
 pub use crate::serve::request::{Caller, H2Body, RequestBody};
 use crate::serve::seats::{Admitted, admit};
 use crate::{
-    http::discovery, http::health, http::limits, http::openapi, http::openapi_v2, http::rest,
-    observe::metrics, observe::trace, security::audit,
+    http::discovery, http::health, http::limits, http::openapi, http::openapi_v2, observe::metrics,
+    observe::trace, security::audit,
 };
 
 impl RequestBody {
@@ -417,17 +418,13 @@ async fn dispatch(
             } else {
                 Bytes::new()
             };
-            rest::serve(
+            serve_resource(
                 &app.api,
-                rest::RestRequest {
-                    parts,
-                    body,
-                    route: r,
-                    query,
-                    verb,
-                    user,
-                    format: crate::http::negotiate::Format::Json,
-                },
+                Request::from_parts(parts, body),
+                r,
+                query,
+                verb,
+                user,
             )
             .await
         }

@@ -54,7 +54,7 @@ pub struct RestRequest {
     /// The request's verb, as the pipeline computed it.
     pub verb: Verb,
     pub user: UserInfo,
-    /// The negotiated response format (set before a handler runs).
+    /// The negotiated response format.
     pub format: Format,
 }
 
