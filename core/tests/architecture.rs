@@ -286,8 +286,9 @@ fn the_checkers_object_to_broken_inputs() {
     assert_eq!(found.len(), 1, "{found:?}");
 }
 
-/// The kind names declared in `core/src/kinds/` (`kind: "ServiceAccount",` in an INFO).
-fn declared_kinds() -> Vec<String> {
+/// The kinds declared in `core/src/kinds/`, as `(group, kind)` (`kind: "ServiceAccount",` in
+/// an INFO, and the `group:` just before it, a literal or a `const` of the same file).
+fn declared_kinds() -> Vec<(String, String)> {
     let mut files = Vec::new();
     rust_files(&root().join("core/src/kinds"), &mut files);
     let mut kinds = Vec::new();
@@ -297,9 +298,8 @@ fn declared_kinds() -> Vec<String> {
         for (i, line) in lines.iter().enumerate() {
             // `kind: "Secret",` opening a ResourceInfo (not a subresource's `kind`, nor
             // `kind: "Pod".into(),` in a test).
-            let in_info = lines[i.saturating_sub(4)..i]
-                .iter()
-                .any(|l| l.contains("ResourceInfo {"));
+            let before = &lines[i.saturating_sub(4)..i];
+            let in_info = before.iter().any(|l| l.contains("ResourceInfo {"));
             if in_info
                 && let Some(rest) = line.trim().strip_prefix("kind: \"")
                 && let Some((name, ",")) = rest.split_once('"')
@@ -310,7 +310,13 @@ fn declared_kinds() -> Vec<String> {
                     .iter()
                     .any(|l| l.trim() == "verbs: &[],");
                 if !subresource_only {
-                    kinds.push(name.to_string());
+                    let group = before
+                        .iter()
+                        .find_map(|l| l.trim().strip_prefix("group: "))
+                        .map(|g| g.trim_end_matches(','))
+                        .and_then(|g| string_literal(g).or_else(|| const_str(&text, g)))
+                        .unwrap_or_else(|| panic!("{}: the group of {name}", f.display()));
+                    kinds.push((group, name.to_string()));
                 }
             }
         }
@@ -318,28 +324,94 @@ fn declared_kinds() -> Vec<String> {
     kinds
 }
 
-/// Lines that branch on a kind's name (`"ServiceAccount" =>`): a per-kind table.
-fn per_kind_tables(kinds: &[String], files: &[(String, String)]) -> Vec<String> {
+/// The text of a string literal without escapes (`"apps"`), else None.
+fn string_literal(s: &str) -> Option<String> {
+    let inner = s.trim().strip_prefix('"')?.strip_suffix('"')?;
+    (!inner.contains(['"', '\\'])).then(|| inner.to_string())
+}
+
+/// The value of `const NAME: &str = "...";` in `text`.
+fn const_str(text: &str, name: &str) -> Option<String> {
+    text.lines().find_map(|l| {
+        let rest = l.trim().trim_start_matches("pub ").strip_prefix("const ")?;
+        let value = rest.strip_prefix(name)?.trim().strip_prefix(": &str =")?;
+        string_literal(value.trim().strip_suffix(';')?)
+    })
+}
+
+/// Lines that branch on a served kind: its name as a match arm (`"ServiceAccount" =>`, `"Secret"
+/// |`), its `(group, kind)` as a tuple (`("", "Secret") =>`, or a table's row `("", "Secret",
+/// FIELDS)`), or its name in a tuple arm over any group (`(_, "Secret") =>`): a per-kind
+/// table. A tuple whose first string is not the kind's group (`("v1", "ServiceAccount")`, an
+/// apiVersion; `("", "Event")`, Kubernetes' core Event, not `events.svc.io`'s) is not one.
+fn per_kind_tables(kinds: &[(String, String)], files: &[(String, String)]) -> Vec<String> {
     let mut out = Vec::new();
     for (path, text) in files {
         for (i, line) in text.lines().enumerate() {
             let code = line.split("//").next().unwrap_or_default();
-            for k in kinds {
-                if code.contains(&format!("\"{k}\" =>")) || code.contains(&format!("\"{k}\" |")) {
-                    out.push(format!("{path}:{}: {}", i + 1, line.trim()));
-                }
+            let arm = kinds.iter().any(|(_, k)| {
+                code.contains(&format!("\"{k}\" =>")) || code.contains(&format!("\"{k}\" |"))
+            });
+            if arm || tuple_on_a_kind(kinds, code) {
+                out.push(format!("{path}:{}: {}", i + 1, line.trim()));
             }
         }
     }
     out
 }
 
+/// Whether `code` holds a tuple naming a served kind (see `per_kind_tables`).
+fn tuple_on_a_kind(kinds: &[(String, String)], code: &str) -> bool {
+    code.match_indices('(').any(|(open, _)| {
+        // A call's or a macro's arguments are not a tuple.
+        if code[..open]
+            .chars()
+            .last()
+            .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '!' || c == '>')
+        {
+            return false;
+        }
+        let inside = &code[open + 1..];
+        let Some(close) = inside.find(')') else {
+            return false;
+        };
+        let elems: Vec<&str> = inside[..close].split(',').map(str::trim).collect();
+        let (Some(first), Some(Some(kind))) =
+            (elems.first(), elems.get(1).map(|e| string_literal(e)))
+        else {
+            return false;
+        };
+        match string_literal(first) {
+            Some(group) => kinds.iter().any(|(g, k)| *g == group && *k == kind),
+            None => {
+                let after = inside[close + 1..].trim_start();
+                let any_group = *first == "_"
+                    || first.chars().all(|c| c.is_alphanumeric() || c == '_') && !first.is_empty();
+                any_group
+                    && elems.len() == 2
+                    && (after.starts_with("=>") || after.starts_with('|'))
+                    && kinds.iter().any(|(_, k)| *k == kind)
+            }
+        }
+    })
+}
+
 #[test]
 fn a_kind_is_one_file_and_one_registry_line() {
     let kinds = declared_kinds();
+    for expected in [("", "ServiceAccount"), ("", "Namespace")] {
+        assert!(
+            kinds
+                .iter()
+                .any(|(g, k)| (g.as_str(), k.as_str()) == expected),
+            "{kinds:?}"
+        );
+    }
     assert!(
-        kinds.iter().any(|k| k == "ServiceAccount") && kinds.iter().any(|k| k == "Namespace"),
-        "{kinds:?}"
+        kinds.iter().any(
+            |(g, k)| g == "admissionregistration.svc.io" && k == "MutatingWebhookConfiguration"
+        ),
+        "a group from a const: {kinds:?}"
     );
     let mut files = Vec::new();
     for dir in ["cel/src", "core/src", "config/src", "gateway/src"] {
@@ -367,7 +439,7 @@ fn a_kind_is_one_file_and_one_registry_line() {
         .find("\nkinds!(")
         .expect("the registry's kinds! invocation");
     let line = &registry[start..start + registry[start..].find(");").unwrap_or(0)];
-    for k in &kinds {
+    for (_, k) in &kinds {
         assert!(
             line.contains(k.as_str()),
             "{k} is declared but not registered: {line}"
@@ -379,6 +451,30 @@ fn a_kind_is_one_file_and_one_registry_line() {
         "match kind {\n    \"ServiceAccount\" => json!({}),\n    _ => json!({}),\n}".to_string(),
     )];
     assert_eq!(per_kind_tables(&kinds, &broken).len(), 1);
+    // Tuple patterns: a match on (group, kind), on any group, and a table's rows.
+    let tuples = vec![(
+        "core/src/watch/unstructured.rs".to_string(),
+        [
+            "match (group, kind) {",
+            "    (\"\", \"Secret\") => SECRET_FIELDS,",
+            "    (\"\", \"Pod\") | (\"\", \"Namespace\") => X,",
+            "    (_, \"ServiceAccount\") => Y,",
+            "    (\"\", \"Event\") => EVENT_FIELDS, // Kubernetes' core Event, not ours",
+            "    (\"v1\", \"ServiceAccount\") if false => Z, // an apiVersion",
+            "}",
+            "const T: &[(&str, &str, &[&str])] = &[(\"certificates.svc.io\", \"CertificateSigningRequest\", &[])];",
+            "assert_eq!(kind_of(x), (\"v1\", \"ServiceAccount\"));",
+            "assert!(supports_field(\"\", \"Secret\", \"type\"));",
+        ]
+        .join("\n"),
+    )];
+    assert_eq!(
+        per_kind_tables(&kinds, &tuples)
+            .iter()
+            .map(|l| l.split(':').nth(1).unwrap().to_string())
+            .collect::<Vec<_>>(),
+        vec!["2", "3", "4", "8"]
+    );
 }
 
 /// Source files ARCHITECTURE.md does not name (as `path/under/src.rs`). Test modules and

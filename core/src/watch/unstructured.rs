@@ -12,6 +12,7 @@
 
 pub mod protobuf;
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
@@ -20,23 +21,21 @@ use serde_json::Value;
 use svc_storage::{KeyValue, Revision};
 
 use super::cached::{CachedObject, KindCodec};
+use crate::registry;
 use crate::resource::ResourceInfo;
 use crate::status::ApiError;
 
-/// A field selector a built-in kind supports: its name, where its value lies in the object,
-/// and the value when that is absent (Kubernetes formats an unset boolean as `false`).
-#[derive(Debug)]
+/// A field selector a built-in kind supports: its name, where its value lies in the object
+/// (a dotted path), and the value when that is absent (Kubernetes formats an unset boolean as
+/// `false`).
+#[derive(Debug, Clone)]
 pub struct SelectableField {
     pub name: &'static str,
-    pub path: &'static [&'static str],
+    pub path: &'static str,
     pub default: &'static str,
 }
 
-const fn field(
-    name: &'static str,
-    path: &'static [&'static str],
-    default: &'static str,
-) -> SelectableField {
+const fn field(name: &'static str, path: &'static str, default: &'static str) -> SelectableField {
     SelectableField {
         name,
         path,
@@ -45,86 +44,68 @@ const fn field(
 }
 
 const POD_FIELDS: &[SelectableField] = &[
-    field("spec.nodeName", &["spec", "nodeName"], ""),
-    field("spec.restartPolicy", &["spec", "restartPolicy"], ""),
-    field("spec.schedulerName", &["spec", "schedulerName"], ""),
-    field(
-        "spec.serviceAccountName",
-        &["spec", "serviceAccountName"],
-        "",
-    ),
-    field("spec.hostNetwork", &["spec", "hostNetwork"], "false"),
-    field("status.phase", &["status", "phase"], ""),
-    field("status.podIP", &["status", "podIP"], ""),
-    field(
-        "status.nominatedNodeName",
-        &["status", "nominatedNodeName"],
-        "",
-    ),
+    field("spec.nodeName", "spec.nodeName", ""),
+    field("spec.restartPolicy", "spec.restartPolicy", ""),
+    field("spec.schedulerName", "spec.schedulerName", ""),
+    field("spec.serviceAccountName", "spec.serviceAccountName", ""),
+    field("spec.hostNetwork", "spec.hostNetwork", "false"),
+    field("status.phase", "status.phase", ""),
+    field("status.podIP", "status.podIP", ""),
+    field("status.nominatedNodeName", "status.nominatedNodeName", ""),
 ];
 
 const EVENT_FIELDS: &[SelectableField] = &[
-    field("involvedObject.kind", &["involvedObject", "kind"], ""),
-    field(
-        "involvedObject.namespace",
-        &["involvedObject", "namespace"],
-        "",
-    ),
-    field("involvedObject.name", &["involvedObject", "name"], ""),
-    field("involvedObject.uid", &["involvedObject", "uid"], ""),
-    field(
-        "involvedObject.apiVersion",
-        &["involvedObject", "apiVersion"],
-        "",
-    ),
+    field("involvedObject.kind", "involvedObject.kind", ""),
+    field("involvedObject.namespace", "involvedObject.namespace", ""),
+    field("involvedObject.name", "involvedObject.name", ""),
+    field("involvedObject.uid", "involvedObject.uid", ""),
+    field("involvedObject.apiVersion", "involvedObject.apiVersion", ""),
     field(
         "involvedObject.resourceVersion",
-        &["involvedObject", "resourceVersion"],
+        "involvedObject.resourceVersion",
         "",
     ),
-    field(
-        "involvedObject.fieldPath",
-        &["involvedObject", "fieldPath"],
-        "",
-    ),
-    field("reason", &["reason"], ""),
-    field("reportingComponent", &["reportingComponent"], ""),
-    field("source", &["source", "component"], ""),
-    field("type", &["type"], ""),
+    field("involvedObject.fieldPath", "involvedObject.fieldPath", ""),
+    field("reason", "reason", ""),
+    field("reportingComponent", "reportingComponent", ""),
+    field("source", "source.component", ""),
+    field("type", "type", ""),
 ];
 
-const SECRET_FIELDS: &[SelectableField] = &[field("type", &["type"], "")];
-const NODE_FIELDS: &[SelectableField] = &[field(
-    "spec.unschedulable",
-    &["spec", "unschedulable"],
-    "false",
-)];
-const NAMESPACE_FIELDS: &[SelectableField] = &[field("status.phase", &["status", "phase"], "")];
+const NODE_FIELDS: &[SelectableField] =
+    &[field("spec.unschedulable", "spec.unschedulable", "false")];
 const SERVICE_FIELDS: &[SelectableField] = &[
-    field("spec.clusterIP", &["spec", "clusterIP"], ""),
-    field("spec.type", &["spec", "type"], ""),
+    field("spec.clusterIP", "spec.clusterIP", ""),
+    field("spec.type", "spec.type", ""),
 ];
-const REPLICAS_FIELDS: &[SelectableField] =
-    &[field("status.replicas", &["status", "replicas"], "0")];
-const JOB_FIELDS: &[SelectableField] =
-    &[field("status.successful", &["status", "successful"], "0")];
-const CSR_FIELDS: &[SelectableField] = &[field("spec.signerName", &["spec", "signerName"], "")];
+const REPLICAS_FIELDS: &[SelectableField] = &[field("status.replicas", "status.replicas", "0")];
+const JOB_FIELDS: &[SelectableField] = &[field("status.successful", "status.successful", "0")];
+const CSR_FIELDS: &[SelectableField] = &[field("spec.signerName", "spec.signerName", "")];
 
 /// The field selectors a kind supports beyond `metadata.name` and `metadata.namespace`, as
 /// kube-apiserver registers them for the built-in kinds; none for any other kind.
-pub fn selectable_fields(group: &str, kind: &str) -> &'static [SelectableField] {
-    match (group, kind) {
+pub fn selectable_fields(group: &str, kind: &str) -> Cow<'static, [SelectableField]> {
+    // A kind this server serves as well (Namespace, Secret) declares them in its own file.
+    if let Some(served) = registry::all()
+        .iter()
+        .find(|i| i.group == group && i.kind == kind)
+    {
+        return served
+            .extra_fields
+            .iter()
+            .map(|f| field(f, f, ""))
+            .collect();
+    }
+    Cow::Borrowed(match (group, kind) {
         ("", "Pod") => POD_FIELDS,
         ("", "Event") => EVENT_FIELDS,
-        ("", "Secret") => SECRET_FIELDS,
         ("", "Node") => NODE_FIELDS,
-        ("", "Namespace") => NAMESPACE_FIELDS,
         ("", "Service") => SERVICE_FIELDS,
         ("", "ReplicationController") | ("apps", "ReplicaSet") => REPLICAS_FIELDS,
         ("batch", "Job") => JOB_FIELDS,
         ("certificates.k8s.io", "CertificateSigningRequest") => CSR_FIELDS,
         _ => &[],
-    }
+    })
 }
 
 /// Whether `field` may be used in a field selector on the kind.
@@ -154,6 +135,11 @@ fn lookup<'v>(v: &'v Value, path: &[&str]) -> Option<&'v Value> {
     path.iter().try_fold(v, |v, k| v.get(*k))
 }
 
+/// The value at a dotted path (`spec.nodeName`).
+fn lookup_dotted<'v>(v: &'v Value, path: &str) -> Option<&'v Value> {
+    path.split('.').try_fold(v, |v, k| v.get(k))
+}
+
 fn invalid(what: &str) -> ApiError {
     ApiError::Internal(format!("an upstream object could not be read: {what}"))
 }
@@ -176,7 +162,7 @@ pub fn ingest(kv: &KeyValue) -> Result<CachedObject, ApiError> {
     let fields = selectable_fields(group_of(api_version), kind)
         .iter()
         .map(|f| {
-            let value = lookup(&v, f.path)
+            let value = lookup_dotted(&v, f.path)
                 .and_then(scalar_text)
                 .unwrap_or_else(|| f.default.to_string());
             (f.name, value)
@@ -307,6 +293,19 @@ mod tests {
         .unwrap();
         assert_eq!(event.field("involvedObject.name"), Some("p"));
         assert_eq!(event.field("source"), Some("kubelet"));
+        // A kind served here too has its fields from its own file.
+        let secret = ingest(&kv(
+            r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"s"},"type":"Opaque"}"#,
+            10,
+        ))
+        .unwrap();
+        assert_eq!(secret.field("type"), Some("Opaque"));
+        let ns = ingest(&kv(
+            r#"{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"n"},"status":{"phase":"Active"}}"#,
+            11,
+        ))
+        .unwrap();
+        assert_eq!(ns.field("status.phase"), Some("Active"));
         assert!(ingest(&kv("[1,2]", 1)).is_ok_and(|o| o.name.is_empty()));
         assert!(ingest(&kv("{", 1)).is_err());
     }
@@ -316,6 +315,10 @@ mod tests {
         assert!(supports_field("", "Pod", "spec.nodeName"));
         assert!(supports_field("example.com", "Widget", "metadata.name"));
         assert!(!supports_field("example.com", "Widget", "spec.nodeName"));
+        for (kind, field) in [("Secret", "type"), ("Namespace", "status.phase")] {
+            assert!(supports_field("", kind, field), "{kind} {field}");
+        }
+        assert!(!supports_field("", "Secret", "status.phase"));
         assert!(supports_field(
             "certificates.k8s.io",
             "CertificateSigningRequest",
