@@ -232,8 +232,11 @@ pub trait Webhook {
     fn apply_defaults(&mut self);
 }
 
+/// The accessors and Kubernetes' v1 defaults (`Fail`, `Equivalent`, empty selectors, 10
+/// seconds, scope `*`) of both webhook types, written once; the optional string fields only
+/// one type has come as `field = default`, each with its accessor.
 macro_rules! webhook_view {
-    ($ty:ty) => {
+    ($($own:ident = $own_default:expr),* $(,)?) => {
         fn name(&self) -> &str {
             &self.name
         }
@@ -267,86 +270,83 @@ macro_rules! webhook_view {
         fn match_policy(&self) -> Option<&str> {
             self.match_policy.as_deref()
         }
+        $(
+            fn $own(&self) -> Option<&str> {
+                self.$own.as_deref()
+            }
+        )*
+        fn apply_defaults(&mut self) {
+            self.failure_policy
+                .get_or_insert_with(|| FAILURE_POLICY_FAIL.into());
+            self.match_policy.get_or_insert_with(|| "Equivalent".into());
+            self.namespace_selector
+                .get_or_insert_with(LabelSelectorSpec::default);
+            self.object_selector
+                .get_or_insert_with(LabelSelectorSpec::default);
+            self.timeout_seconds.get_or_insert(DEFAULT_TIMEOUT_SECONDS);
+            for r in &mut self.rules {
+                r.scope.get_or_insert_with(|| "*".into());
+            }
+            $(
+                self.$own.get_or_insert_with(|| $own_default.into());
+            )*
+        }
     };
 }
 
-/// Kubernetes' v1 defaults: `Fail`, `Equivalent`, empty selectors, 10 seconds, scope `*`.
-fn default_common(
-    failure_policy: &mut Option<String>,
-    match_policy: &mut Option<String>,
-    ns: &mut Option<LabelSelectorSpec>,
-    obj: &mut Option<LabelSelectorSpec>,
-    timeout: &mut Option<i32>,
-    rules: &mut [RuleWithOperations],
-) {
-    failure_policy.get_or_insert_with(|| FAILURE_POLICY_FAIL.into());
-    match_policy.get_or_insert_with(|| "Equivalent".into());
-    ns.get_or_insert_with(LabelSelectorSpec::default);
-    obj.get_or_insert_with(LabelSelectorSpec::default);
-    timeout.get_or_insert(DEFAULT_TIMEOUT_SECONDS);
-    for r in rules {
-        r.scope.get_or_insert_with(|| "*".into());
-    }
-}
-
 impl Webhook for ValidatingWebhook {
-    webhook_view!(ValidatingWebhook);
-    fn apply_defaults(&mut self) {
-        default_common(
-            &mut self.failure_policy,
-            &mut self.match_policy,
-            &mut self.namespace_selector,
-            &mut self.object_selector,
-            &mut self.timeout_seconds,
-            &mut self.rules,
-        );
-    }
+    webhook_view!();
 }
 
 impl Webhook for MutatingWebhook {
-    webhook_view!(MutatingWebhook);
-    fn reinvocation_policy(&self) -> Option<&str> {
-        self.reinvocation_policy.as_deref()
-    }
-    fn apply_defaults(&mut self) {
-        default_common(
-            &mut self.failure_policy,
-            &mut self.match_policy,
-            &mut self.namespace_selector,
-            &mut self.object_selector,
-            &mut self.timeout_seconds,
-            &mut self.rules,
-        );
-        self.reinvocation_policy
-            .get_or_insert_with(|| REINVOCATION_NEVER.into());
-    }
+    webhook_view!(reinvocation_policy = REINVOCATION_NEVER);
 }
 
+/// What sets the two webhook types apart beyond their fields, as data: the configuration kind
+/// that holds them, and whether they may change the object.
+pub trait WebhookType:
+    Webhook
+    + Clone
+    + std::fmt::Debug
+    + Default
+    + PartialEq
+    + Serialize
+    + serde::de::DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+    const CONFIGURATION: &'static ResourceInfo;
+    const MUTATING: bool;
+}
+
+impl WebhookType for ValidatingWebhook {
+    const CONFIGURATION: &'static ResourceInfo = &VALIDATING_INFO;
+    const MUTATING: bool = false;
+}
+
+impl WebhookType for MutatingWebhook {
+    const CONFIGURATION: &'static ResourceInfo = &MUTATING_INFO;
+    const MUTATING: bool = true;
+}
+
+/// A webhook configuration: `ValidatingWebhookConfiguration` or
+/// `MutatingWebhookConfiguration`, by the type of its webhooks.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ValidatingWebhookConfiguration {
+pub struct WebhookConfiguration<W> {
     #[serde(default)]
     pub api_version: String,
     #[serde(default)]
     pub kind: String,
     #[serde(default)]
     pub metadata: ObjectMeta,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub webhooks: Vec<ValidatingWebhook>,
+    #[serde(default = "Vec::new", skip_serializing_if = "Vec::is_empty")]
+    pub webhooks: Vec<W>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct MutatingWebhookConfiguration {
-    #[serde(default)]
-    pub api_version: String,
-    #[serde(default)]
-    pub kind: String,
-    #[serde(default)]
-    pub metadata: ObjectMeta,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub webhooks: Vec<MutatingWebhook>,
-}
+pub type ValidatingWebhookConfiguration = WebhookConfiguration<ValidatingWebhook>;
+pub type MutatingWebhookConfiguration = WebhookConfiguration<MutatingWebhook>;
 
 static VALIDATING_INFO: ResourceInfo = ResourceInfo {
     group: GROUP,
@@ -364,7 +364,7 @@ static VALIDATING_INFO: ResourceInfo = ResourceInfo {
     delete_returns_object: false,
     merge_strategies: MERGE_STRATEGIES,
     columns: &[],
-    schema: validating_schema,
+    schema: webhook_schema::<ValidatingWebhook>,
     subresources: &[],
     stored: true,
     expires: false,
@@ -386,7 +386,7 @@ static MUTATING_INFO: ResourceInfo = ResourceInfo {
     delete_returns_object: false,
     merge_strategies: MERGE_STRATEGIES,
     columns: &[],
-    schema: mutating_schema,
+    schema: webhook_schema::<MutatingWebhook>,
     subresources: &[],
     stored: true,
     expires: false,
@@ -399,7 +399,7 @@ const MERGE_STRATEGIES: &[(&str, Strategy)] = &[
     ("webhooks.matchConditions", Strategy::Keyed("name")),
 ];
 
-fn webhook_schema(mutating: bool) -> Value {
+fn webhook_schema<W: WebhookType>() -> Value {
     let string = json!({"type": "string"});
     let strings = json!({"type": "array", "items": {"type": "string"}});
     let selector = json!({"type": "object", "properties": {
@@ -429,7 +429,9 @@ fn webhook_schema(mutating: bool) -> Value {
             "x-kubernetes-list-map-keys": ["name"], "items": {"type": "object", "properties": {
                 "name": string, "expression": string}}},
     });
-    if mutating && let Some(webhook) = webhook.as_object_mut() {
+    if W::MUTATING
+        && let Some(webhook) = webhook.as_object_mut()
+    {
         webhook.insert("reinvocationPolicy".into(), string);
     }
     json!({
@@ -437,14 +439,6 @@ fn webhook_schema(mutating: bool) -> Value {
             "x-kubernetes-patch-strategy": "merge",
             "items": {"type": "object", "properties": webhook}},
     })
-}
-
-fn validating_schema() -> Value {
-    webhook_schema(false)
-}
-
-fn mutating_schema() -> Value {
-    webhook_schema(true)
 }
 
 static RULES: [Rule; 3] = [
@@ -464,8 +458,8 @@ fn next_generation(meta: &mut crate::meta::ObjectMeta, old: Option<i64>, changed
     }
 }
 
-impl Resource for ValidatingWebhookConfiguration {
-    const INFO: &'static ResourceInfo = &VALIDATING_INFO;
+impl<W: WebhookType> Resource for WebhookConfiguration<W> {
+    const INFO: &'static ResourceInfo = W::CONFIGURATION;
 
     crate::resource::object_accessors!();
 
@@ -488,34 +482,6 @@ impl Resource for ValidatingWebhookConfiguration {
     }
 
     fn validate(&self) -> ErrorList {
-        validation::validate_webhooks(&self.webhooks, false)
-    }
-}
-
-impl Resource for MutatingWebhookConfiguration {
-    const INFO: &'static ResourceInfo = &MUTATING_INFO;
-
-    crate::resource::object_accessors!();
-
-    fn declarative_rules() -> &'static [Rule] {
-        &RULES
-    }
-
-    fn prepare_for_create(&mut self) {
-        self.webhooks.iter_mut().for_each(Webhook::apply_defaults);
-        self.metadata.generation = Some(1);
-    }
-
-    fn prepare_for_update(&mut self, old: &Self) {
-        self.webhooks.iter_mut().for_each(Webhook::apply_defaults);
-        next_generation(
-            &mut self.metadata,
-            old.metadata.generation,
-            self.webhooks != old.webhooks,
-        );
-    }
-
-    fn validate(&self) -> ErrorList {
-        validation::validate_webhooks(&self.webhooks, true)
+        validation::validate_webhooks(&self.webhooks, W::MUTATING)
     }
 }

@@ -6,8 +6,8 @@ use prost::Message;
 
 use super::{
     LabelSelectorRequirement, LabelSelectorSpec, MatchCondition, MutatingWebhook,
-    MutatingWebhookConfiguration, RuleWithOperations, ServiceReference, ValidatingWebhook,
-    ValidatingWebhookConfiguration, WebhookClientConfig,
+    RuleWithOperations, ServiceReference, ValidatingWebhook, WebhookClientConfig,
+    WebhookConfiguration, WebhookType,
 };
 use crate::codec::convert::{object_meta_from_wire, object_meta_to_wire};
 use crate::codec::wire::ObjectMeta;
@@ -80,76 +80,6 @@ struct MatchConditionPb {
     name: Option<String>,
     #[prost(string, optional, tag = "2")]
     expression: Option<String>,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct MutatingWebhookPb {
-    #[prost(string, optional, tag = "1")]
-    name: Option<String>,
-    #[prost(message, optional, tag = "2")]
-    client_config: Option<WebhookClientConfigPb>,
-    #[prost(message, repeated, tag = "3")]
-    rules: Vec<RuleWithOperationsPb>,
-    #[prost(string, optional, tag = "4")]
-    failure_policy: Option<String>,
-    #[prost(message, optional, tag = "5")]
-    namespace_selector: Option<LabelSelectorPb>,
-    #[prost(string, optional, tag = "6")]
-    side_effects: Option<String>,
-    #[prost(int32, optional, tag = "7")]
-    timeout_seconds: Option<i32>,
-    #[prost(string, repeated, tag = "8")]
-    admission_review_versions: Vec<String>,
-    #[prost(string, optional, tag = "9")]
-    match_policy: Option<String>,
-    #[prost(string, optional, tag = "10")]
-    reinvocation_policy: Option<String>,
-    #[prost(message, optional, tag = "11")]
-    object_selector: Option<LabelSelectorPb>,
-    #[prost(message, repeated, tag = "12")]
-    match_conditions: Vec<MatchConditionPb>,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct ValidatingWebhookPb {
-    #[prost(string, optional, tag = "1")]
-    name: Option<String>,
-    #[prost(message, optional, tag = "2")]
-    client_config: Option<WebhookClientConfigPb>,
-    #[prost(message, repeated, tag = "3")]
-    rules: Vec<RuleWithOperationsPb>,
-    #[prost(string, optional, tag = "4")]
-    failure_policy: Option<String>,
-    #[prost(message, optional, tag = "5")]
-    namespace_selector: Option<LabelSelectorPb>,
-    #[prost(string, optional, tag = "6")]
-    side_effects: Option<String>,
-    #[prost(int32, optional, tag = "7")]
-    timeout_seconds: Option<i32>,
-    #[prost(string, repeated, tag = "8")]
-    admission_review_versions: Vec<String>,
-    #[prost(string, optional, tag = "9")]
-    match_policy: Option<String>,
-    #[prost(message, optional, tag = "10")]
-    object_selector: Option<LabelSelectorPb>,
-    #[prost(message, repeated, tag = "11")]
-    match_conditions: Vec<MatchConditionPb>,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct MutatingWebhookConfigurationPb {
-    #[prost(message, optional, tag = "1")]
-    metadata: Option<ObjectMeta>,
-    #[prost(message, repeated, tag = "2")]
-    webhooks: Vec<MutatingWebhookPb>,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct ValidatingWebhookConfigurationPb {
-    #[prost(message, optional, tag = "1")]
-    metadata: Option<ObjectMeta>,
-    #[prost(message, repeated, tag = "2")]
-    webhooks: Vec<ValidatingWebhookPb>,
 }
 
 fn selector_to(s: &LabelSelectorSpec) -> LabelSelectorPb {
@@ -256,116 +186,132 @@ fn conditions_from(c: Vec<MatchConditionPb>) -> Vec<MatchCondition> {
         .collect()
 }
 
-impl ProtoKind for MutatingWebhookConfiguration {
-    fn to_proto_bytes(&self) -> Vec<u8> {
-        MutatingWebhookConfigurationPb {
-            metadata: Some(object_meta_to_wire(&self.metadata)),
-            webhooks: self
-                .webhooks
-                .iter()
-                .map(|w| MutatingWebhookPb {
-                    name: Some(w.name.clone()),
-                    client_config: Some(client_to(&w.client_config)),
-                    rules: w.rules.iter().map(rule_to).collect(),
-                    failure_policy: w.failure_policy.clone(),
-                    namespace_selector: w.namespace_selector.as_ref().map(selector_to),
-                    side_effects: w.side_effects.clone(),
-                    timeout_seconds: w.timeout_seconds,
-                    admission_review_versions: w.admission_review_versions.clone(),
-                    match_policy: w.match_policy.clone(),
-                    reinvocation_policy: w.reinvocation_policy.clone(),
-                    object_selector: w.object_selector.as_ref().map(selector_to),
-                    match_conditions: conditions_to(&w.match_conditions),
-                })
-                .collect(),
+/// One webhook type's protobuf form, written once for both: its message (the fields both
+/// types share, then `$extra`, the optional strings only this type has, then the two fields
+/// whose tags follow them), its configuration's message, and the conversions.
+macro_rules! webhook_wire {
+    (
+        $hook:ident, $hook_pb:ident, $config_pb:ident,
+        extra { $($extra:ident = $extra_tag:tt),* },
+        object_selector = $object_selector:tt,
+        match_conditions = $match_conditions:tt $(,)?
+    ) => {
+        #[derive(Clone, PartialEq, prost::Message)]
+        struct $hook_pb {
+            #[prost(string, optional, tag = "1")]
+            name: Option<String>,
+            #[prost(message, optional, tag = "2")]
+            client_config: Option<WebhookClientConfigPb>,
+            #[prost(message, repeated, tag = "3")]
+            rules: Vec<RuleWithOperationsPb>,
+            #[prost(string, optional, tag = "4")]
+            failure_policy: Option<String>,
+            #[prost(message, optional, tag = "5")]
+            namespace_selector: Option<LabelSelectorPb>,
+            #[prost(string, optional, tag = "6")]
+            side_effects: Option<String>,
+            #[prost(int32, optional, tag = "7")]
+            timeout_seconds: Option<i32>,
+            #[prost(string, repeated, tag = "8")]
+            admission_review_versions: Vec<String>,
+            #[prost(string, optional, tag = "9")]
+            match_policy: Option<String>,
+            $(
+                #[prost(string, optional, tag = $extra_tag)]
+                $extra: Option<String>,
+            )*
+            #[prost(message, optional, tag = $object_selector)]
+            object_selector: Option<LabelSelectorPb>,
+            #[prost(message, repeated, tag = $match_conditions)]
+            match_conditions: Vec<MatchConditionPb>,
         }
-        .encode_to_vec()
-    }
 
-    fn from_proto_bytes(raw: &[u8]) -> Result<Self, ApiError> {
-        let m = MutatingWebhookConfigurationPb::decode(raw)
-            .map_err(|e| decode_error("MutatingWebhookConfiguration", e))?;
-        Ok(MutatingWebhookConfiguration {
-            api_version: String::new(),
-            kind: String::new(),
-            metadata: object_meta_from_wire(m.metadata.unwrap_or_default())?,
-            webhooks: m
-                .webhooks
-                .into_iter()
-                .map(|w| MutatingWebhook {
-                    name: w.name.unwrap_or_default(),
-                    client_config: client_from(w.client_config.unwrap_or_default()),
-                    rules: w.rules.into_iter().map(rule_from).collect(),
-                    failure_policy: w.failure_policy,
-                    match_policy: w.match_policy,
-                    namespace_selector: w.namespace_selector.map(selector_from),
-                    object_selector: w.object_selector.map(selector_from),
-                    side_effects: w.side_effects,
-                    timeout_seconds: w.timeout_seconds,
-                    admission_review_versions: w.admission_review_versions,
-                    reinvocation_policy: w.reinvocation_policy,
-                    match_conditions: conditions_from(w.match_conditions),
+        #[derive(Clone, PartialEq, prost::Message)]
+        struct $config_pb {
+            #[prost(message, optional, tag = "1")]
+            metadata: Option<ObjectMeta>,
+            #[prost(message, repeated, tag = "2")]
+            webhooks: Vec<$hook_pb>,
+        }
+
+        impl ProtoKind for WebhookConfiguration<$hook> {
+            fn to_proto_bytes(&self) -> Vec<u8> {
+                $config_pb {
+                    metadata: Some(object_meta_to_wire(&self.metadata)),
+                    webhooks: self
+                        .webhooks
+                        .iter()
+                        .map(|w| $hook_pb {
+                            name: Some(w.name.clone()),
+                            client_config: Some(client_to(&w.client_config)),
+                            rules: w.rules.iter().map(rule_to).collect(),
+                            failure_policy: w.failure_policy.clone(),
+                            namespace_selector: w.namespace_selector.as_ref().map(selector_to),
+                            side_effects: w.side_effects.clone(),
+                            timeout_seconds: w.timeout_seconds,
+                            admission_review_versions: w.admission_review_versions.clone(),
+                            match_policy: w.match_policy.clone(),
+                            $($extra: w.$extra.clone(),)*
+                            object_selector: w.object_selector.as_ref().map(selector_to),
+                            match_conditions: conditions_to(&w.match_conditions),
+                        })
+                        .collect(),
+                }
+                .encode_to_vec()
+            }
+
+            fn from_proto_bytes(raw: &[u8]) -> Result<Self, ApiError> {
+                let m = $config_pb::decode(raw)
+                    .map_err(|e| decode_error(<$hook as WebhookType>::CONFIGURATION.kind, e))?;
+                Ok(WebhookConfiguration {
+                    api_version: String::new(),
+                    kind: String::new(),
+                    metadata: object_meta_from_wire(m.metadata.unwrap_or_default())?,
+                    webhooks: m
+                        .webhooks
+                        .into_iter()
+                        .map(|w| $hook {
+                            name: w.name.unwrap_or_default(),
+                            client_config: client_from(w.client_config.unwrap_or_default()),
+                            rules: w.rules.into_iter().map(rule_from).collect(),
+                            failure_policy: w.failure_policy,
+                            match_policy: w.match_policy,
+                            namespace_selector: w.namespace_selector.map(selector_from),
+                            object_selector: w.object_selector.map(selector_from),
+                            side_effects: w.side_effects,
+                            timeout_seconds: w.timeout_seconds,
+                            admission_review_versions: w.admission_review_versions,
+                            $($extra: w.$extra,)*
+                            match_conditions: conditions_from(w.match_conditions),
+                        })
+                        .collect(),
                 })
-                .collect(),
-        })
-    }
+            }
+        }
+    };
 }
 
-impl ProtoKind for ValidatingWebhookConfiguration {
-    fn to_proto_bytes(&self) -> Vec<u8> {
-        ValidatingWebhookConfigurationPb {
-            metadata: Some(object_meta_to_wire(&self.metadata)),
-            webhooks: self
-                .webhooks
-                .iter()
-                .map(|w| ValidatingWebhookPb {
-                    name: Some(w.name.clone()),
-                    client_config: Some(client_to(&w.client_config)),
-                    rules: w.rules.iter().map(rule_to).collect(),
-                    failure_policy: w.failure_policy.clone(),
-                    namespace_selector: w.namespace_selector.as_ref().map(selector_to),
-                    side_effects: w.side_effects.clone(),
-                    timeout_seconds: w.timeout_seconds,
-                    admission_review_versions: w.admission_review_versions.clone(),
-                    match_policy: w.match_policy.clone(),
-                    object_selector: w.object_selector.as_ref().map(selector_to),
-                    match_conditions: conditions_to(&w.match_conditions),
-                })
-                .collect(),
-        }
-        .encode_to_vec()
-    }
+webhook_wire!(
+    ValidatingWebhook,
+    ValidatingWebhookPb,
+    ValidatingWebhookConfigurationPb,
+    extra {},
+    object_selector = "10",
+    match_conditions = "11",
+);
 
-    fn from_proto_bytes(raw: &[u8]) -> Result<Self, ApiError> {
-        let m = ValidatingWebhookConfigurationPb::decode(raw)
-            .map_err(|e| decode_error("ValidatingWebhookConfiguration", e))?;
-        Ok(ValidatingWebhookConfiguration {
-            api_version: String::new(),
-            kind: String::new(),
-            metadata: object_meta_from_wire(m.metadata.unwrap_or_default())?,
-            webhooks: m
-                .webhooks
-                .into_iter()
-                .map(|w| ValidatingWebhook {
-                    name: w.name.unwrap_or_default(),
-                    client_config: client_from(w.client_config.unwrap_or_default()),
-                    rules: w.rules.into_iter().map(rule_from).collect(),
-                    failure_policy: w.failure_policy,
-                    match_policy: w.match_policy,
-                    namespace_selector: w.namespace_selector.map(selector_from),
-                    object_selector: w.object_selector.map(selector_from),
-                    side_effects: w.side_effects,
-                    timeout_seconds: w.timeout_seconds,
-                    admission_review_versions: w.admission_review_versions,
-                    match_conditions: conditions_from(w.match_conditions),
-                })
-                .collect(),
-        })
-    }
-}
+webhook_wire!(
+    MutatingWebhook,
+    MutatingWebhookPb,
+    MutatingWebhookConfigurationPb,
+    extra { reinvocation_policy = "10" },
+    object_selector = "11",
+    match_conditions = "12",
+);
 
 #[cfg(test)]
 mod tests {
+    use super::super::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration};
     use super::*;
 
     #[test]
@@ -392,5 +338,40 @@ mod tests {
         let m: ValidatingWebhookConfiguration = serde_json::from_value(v).unwrap();
         let back = ValidatingWebhookConfiguration::from_proto_bytes(&m.to_proto_bytes()).unwrap();
         assert_eq!(back, m);
+    }
+
+    /// Every field of both webhook types at its tag of Kubernetes' `generated.proto`: the
+    /// mutating webhook's `reinvocationPolicy` is 10, its `objectSelector` and
+    /// `matchConditions` one later than the validating webhook's.
+    #[test]
+    fn protobuf_bytes_are_kubernetes_tags() {
+        let json = serde_json::json!({
+            "metadata": {"name": "w"},
+            "webhooks": [{"name": "a", "clientConfig": {"url": "u", "caBundle": "AAEC",
+                "service": {"namespace": "n", "name": "s", "path": "/p", "port": 1}},
+                "rules": [{"operations": ["CREATE"], "apiGroups": ["g"], "apiVersions": ["v"],
+                "resources": ["r"], "scope": "*"}], "failurePolicy": "F", "matchPolicy": "M",
+                "namespaceSelector": {"matchLabels": {"k": "v"}}, "sideEffects": "S",
+                "timeoutSeconds": 3, "admissionReviewVersions": ["v1"],
+                "reinvocationPolicy": "R", "objectSelector": {"matchExpressions": [
+                    {"key": "c", "operator": "In", "values": ["d"]}]},
+                "matchConditions": [{"name": "n", "expression": "e"}]}],
+        });
+        let hex = |b: Vec<u8>| b.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        let m: MutatingWebhookConfiguration = serde_json::from_value(json.clone()).unwrap();
+        assert_eq!(
+            hex(m.to_proto_bytes()),
+            "0a030a017712650a016112160a0c0a016e1201731a022f70200112030001021a01751a160a06435245415445120c0a01671201761a017222012a2201462a080a060a016b1201763201533803420276314a014d5201525a0c120a0a01631202496e1a016462060a016e120165"
+        );
+        let mut v = json;
+        v["webhooks"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("reinvocationPolicy");
+        let m: ValidatingWebhookConfiguration = serde_json::from_value(v).unwrap();
+        assert_eq!(
+            hex(m.to_proto_bytes()),
+            "0a030a017712620a016112160a0c0a016e1201731a022f70200112030001021a01751a160a06435245415445120c0a01671201761a017222012a2201462a080a060a016b1201763201533803420276314a014d520c120a0a01631202496e1a01645a060a016e120165"
+        );
     }
 }

@@ -33,7 +33,7 @@ use svc_config::admission_review::{
     AdmissionRequest, AdmissionResponse, GroupVersionKind, GroupVersionResource,
 };
 use svc_core::kinds::admission_registration::{
-    self as reg, MutatingWebhook, ValidatingWebhook, Webhook,
+    self as reg, MutatingWebhook, Webhook, WebhookConfiguration, WebhookType,
 };
 use svc_core::kinds::{MutatingWebhookConfiguration, Namespace, ValidatingWebhookConfiguration};
 use svc_core::resource::Scope;
@@ -72,16 +72,9 @@ trait Configuration: DeserializeOwned {
     fn into_hooks(self) -> (String, Vec<Self::Hook>);
 }
 
-impl Configuration for MutatingWebhookConfiguration {
-    type Hook = MutatingWebhook;
-    fn into_hooks(self) -> (String, Vec<MutatingWebhook>) {
-        (self.metadata.name, self.webhooks)
-    }
-}
-
-impl Configuration for ValidatingWebhookConfiguration {
-    type Hook = ValidatingWebhook;
-    fn into_hooks(self) -> (String, Vec<ValidatingWebhook>) {
+impl<W: WebhookType> Configuration for WebhookConfiguration<W> {
+    type Hook = W;
+    fn into_hooks(self) -> (String, Vec<W>) {
         (self.metadata.name, self.webhooks)
     }
 }

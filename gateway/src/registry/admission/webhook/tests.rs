@@ -4,6 +4,7 @@
 use base64::Engine;
 use serde_json::json;
 use svc_config::admission_review::ResponseStatus;
+use svc_core::kinds::admission_registration::ValidatingWebhook;
 use svc_core::kinds::{Event, Namespace};
 use svc_core::user::UserInfo;
 
