@@ -14,7 +14,8 @@
 //! HTTP/1.1 connection of its own; when the upstream answers 101, the two connections are
 //! joined byte for byte until either side closes.
 //!
-//! An upstream that cannot be reached is a 503 `Status` naming it; one that sends no answer
+//! An upstream that cannot be reached is a `Status` naming it (a 429 with `Retry-After` when
+//! no connection could be made, a 503 otherwise); one that sends no answer
 //! head within `--request-timeout` is a 504, except for long-running requests (watches,
 //! logs, exec, attach, port-forward, proxy), which have no time limit.
 
@@ -276,12 +277,24 @@ fn join_upgraded(
     out
 }
 
+/// A request the upstream did not answer. One that never left (no connection could be made:
+/// the upstream restarting, say) is a 429 with `Retry-After: 1`, as kube-apiserver answers
+/// while it shuts down: clients retry it, and a client-go informer whose watch is refused so
+/// resumes its watch where it was instead of listing everything again, as it does for
+/// a connection refused by kube-apiserver itself. Any other failure is a 503.
 fn upstream_unreachable(upstream: &Upstream, e: &ClientError) -> ApiError {
     tracing::warn!(upstream = %upstream.url(), error = %e, "upstream request failed");
-    ApiError::ServiceUnavailable(format!(
+    let message = format!(
         "the upstream API server {} could not be reached: {e}",
         upstream.url()
-    ))
+    );
+    match e {
+        ClientError::Connect { .. } => ApiError::TooManyRequests {
+            message: format!("{message}; please try again later"),
+            retry_after_seconds: Some(1),
+        },
+        _ => ApiError::ServiceUnavailable(message),
+    }
 }
 
 /// Whether a request may run for as long as it likes, as kube-apiserver's long-running check

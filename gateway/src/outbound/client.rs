@@ -55,6 +55,9 @@ pub enum ClientError {
     Config(String),
     #[error("{url}: {message}")]
     Request { url: String, message: String },
+    /// No connection could be made: the request never left.
+    #[error("{url}: {message}")]
+    Connect { url: String, message: String },
     #[error("{url}: no response within {timeout:?}")]
     Timeout { url: String, timeout: Duration },
     #[error("{url}: response body over {MAX_RESPONSE_BODY} bytes")]
@@ -340,10 +343,7 @@ impl WebhookClient {
             .insert(http::header::AUTHORIZATION, authorization);
         pool.request(request)
             .await
-            .map_err(|e| ClientError::Request {
-                url,
-                message: error_chain(&e),
-            })
+            .map_err(|e| request_failed(url, &e))
     }
 
     async fn send_on(
@@ -391,7 +391,7 @@ impl WebhookClient {
         }
         pool.request(request)
             .await
-            .map_err(|e| fail(error_chain(&e)))
+            .map_err(|e| request_failed(url, &e))
     }
 
     /// POSTs `body` and reads the answer (at most [`MAX_RESPONSE_BODY`]), all within
@@ -504,6 +504,17 @@ pub fn buffered(body: Bytes) -> RequestBody {
 }
 
 /// An error with its sources, `a: b: c`, as Go prints wrapped errors.
+/// A failed request as a [`ClientError`]: [`ClientError::Connect`] when no connection could
+/// be made, so the request never left.
+fn request_failed(url: String, e: &hyper_util::client::legacy::Error) -> ClientError {
+    let message = error_chain(e);
+    if e.is_connect() {
+        ClientError::Connect { url, message }
+    } else {
+        ClientError::Request { url, message }
+    }
+}
+
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut message = e.to_string();
     let mut source = e.source();

@@ -2,8 +2,9 @@
 //! under the proxy's own credential): may this caller do this? Used for a caller's own
 //! impersonation (`impersonation.rs`) and the proxy's own `/metrics`. Answers, allowed or
 //! not, are kept for [`TTL`] (10 s) in a bounded cache keyed by the whole review, so the
-//! upstream's RBAC decides and a change there takes effect within 10 s. A review that fails
-//! is a 503 and is not cached.
+//! upstream's RBAC decides and a change there takes effect within 10 s. A review that cannot
+//! be had (the upstream unreachable, or failing) is a 429 with `Retry-After: 1`, and is not
+//! cached.
 
 use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
@@ -41,7 +42,7 @@ impl AccessReviewer {
         }
     }
 
-    /// Whether the upstream allows `user` what the attributes name, and its reason; 503 when
+    /// Whether the upstream allows `user` what the attributes name, and its reason; 429 when
     /// the upstream cannot be asked.
     pub async fn review(
         &self,
@@ -73,10 +74,14 @@ impl AccessReviewer {
         if let Some(answer) = cached {
             return Ok(answer);
         }
-        let unavailable = |e: String| {
-            ApiError::ServiceUnavailable(format!(
-                "the upstream API server could not review access: {e}"
-            ))
+        // Asked again later: a 429 with `Retry-After`, as kube-apiserver answers while it
+        // starts or stops, so that a client-go informer resumes its watch rather than
+        // listing everything again (it does after a 503).
+        let unavailable = |e: String| ApiError::TooManyRequests {
+            message: format!(
+                "the upstream API server could not review access: {e}; please try again later"
+            ),
+            retry_after_seconds: Some(1),
         };
         let response = self
             .upstream

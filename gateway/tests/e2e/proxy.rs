@@ -577,7 +577,7 @@ async fn a_stream_the_caller_leaves_is_ended_upstream_at_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unreachable_upstream_is_a_503_and_not_ready() {
+async fn an_unreachable_upstream_is_a_429_to_retry_and_not_ready() {
     // A port nothing listens on.
     let closed = {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -585,15 +585,30 @@ async fn an_unreachable_upstream_is_a_503_and_not_ready() {
     };
     let proxy = Proxy::start(closed, |_| {}).await.unwrap();
     let alice = proxy.user("alice", &[], false);
-    let r = alice.request(Method::GET, "/api/v1/pods", "", &[]).await;
-    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.text());
-    let status = r.json();
-    assert_eq!(status["kind"], "Status");
-    let message = status["message"].as_str().unwrap();
-    assert!(
-        message.contains("could not be reached") && message.contains(&closed.to_string()),
-        "{message}"
-    );
+    // A request that never left is for the client to retry, as kube-apiserver's 429 while it
+    // shuts down: a watch refused so is resumed by client-go, where a 503 makes it relist.
+    for path in ["/api/v1/pods", "/api/v1/pods?watch=1&resourceVersion=5"] {
+        let r = alice.request(Method::GET, path, "", &[]).await;
+        assert_eq!(
+            r.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{path}: {}",
+            r.text()
+        );
+        assert_eq!(
+            r.headers.get("retry-after").and_then(|v| v.to_str().ok()),
+            Some("1"),
+            "{path}"
+        );
+        let status = r.json();
+        assert_eq!(status["kind"], "Status");
+        assert_eq!(status["code"], 429);
+        let message = status["message"].as_str().unwrap();
+        assert!(
+            message.contains("could not be reached") && message.contains(&closed.to_string()),
+            "{message}"
+        );
+    }
     eventually(
         Duration::from_secs(15),
         "/readyz fails its upstream check",
