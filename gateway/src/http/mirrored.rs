@@ -12,7 +12,7 @@
 //! | watch, `resourceVersion=0` | from the cache, initial events first |
 //! | watch from a version the cache holds history for, `sendInitialEvents` included | from the cache |
 //! | watch from a version past the cache that another cache has seen upstream (a consistent list's) | from the cache, skipping what comes up to the version |
-//! | watch from an older version (one held before this proxy started) | passed through, so clients resume instead of relisting |
+//! | watch from an older version (one held before this proxy started) | passed through, so clients resume instead of relisting; 410 when the pass-through is over its bound (`http/proxy/long_running.rs`), so they relist from the cache |
 //! | watch, resourceVersion unset, `sendInitialEvents=true` (client-go's informers) | from the cache, once proven as fresh as the upstream (`outbound/mirror/fresh.rs`); passed through when it cannot be |
 //! | watch, resourceVersion unset, no initial events | passed through (a consistent start) |
 //! | protobuf of a built-in kind (kubelets, controllers) | from the cache, written from the upstream's JSON (`svc_core::watch::unstructured::protobuf`) |
@@ -78,7 +78,12 @@ fn collection(path: &str) -> Option<Collection<'_>> {
     })
 }
 
-/// The answer for a cached read; `None` when the request is to be passed through.
+/// The answer for a cached read; `None` when the request is to be passed through. A watch
+/// from a version older than the cache's history is passed through so that its client
+/// resumes; `older` is then set to the 410 the cache would answer (kube-apiserver's words),
+/// for the caller to give when the pass-through cannot be admitted: the client then lists
+/// again, from this cache, instead of retrying a refusal.
+#[allow(clippy::too_many_arguments)]
 pub async fn serve(
     api: &Arc<Api>,
     proxy: &Proxy,
@@ -87,6 +92,7 @@ pub async fn serve(
     path: &str,
     query: &Query,
     headers: &HeaderMap,
+    older: &mut Option<ApiError>,
 ) -> Option<Response<Body>> {
     // Read as kube-apiserver reads it: the path percent-decoded first (`perm%2Da` is the
     // namespace `perm-a`, for the authorization check as for the cache).
@@ -129,7 +135,12 @@ pub async fn serve(
         if rv.is_none() && !consistent_start {
             return None;
         }
-        if rv_num.is_some_and(|n| n < mirrored.cache.oldest_revision()) {
+        let oldest = mirrored.cache.oldest_revision();
+        if let Some(n) = rv_num.filter(|n| *n < oldest) {
+            *older = Some(ApiError::Expired(format!(
+                "too old resource version: {n} ({})",
+                oldest.saturating_sub(1)
+            )));
             return None;
         }
     }

@@ -140,10 +140,20 @@ async fn serve(
             });
         }
     };
+    let mut older = None;
     if read
         && let Some(mirror) = &proxy.mirror
-        && let Some(resp) =
-            mirrored::serve(&app.api, proxy, mirror, &user, &path, query, req.headers()).await
+        && let Some(resp) = mirrored::serve(
+            &app.api,
+            proxy,
+            mirror,
+            &user,
+            &path,
+            query,
+            req.headers(),
+            &mut older,
+        )
+        .await
     {
         return match watch {
             // A cached watch holds its place until its stream ends.
@@ -153,9 +163,11 @@ async fn serve(
     }
     // A long-running request or an upgrade takes an upstream connection of its own, within
     // the caller's bound (429 past it).
+    // A watch from a version older than the cache, refused a place, is told its version is
+    // too old: its client lists again, from the cache, rather than retry the refusal.
     let place = match proxy.admit_alone(req.uri(), req.headers(), &user) {
         Ok(place) => place,
-        Err(e) => return respond::error(&e),
+        Err(e) => return respond::error(older.as_ref().unwrap_or(&e)),
     };
     let head_timeout = (!long_running).then_some(app.api.opts.request_timeout);
     let req = req.map(RequestBody::into_outbound);
