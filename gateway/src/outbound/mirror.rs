@@ -9,6 +9,7 @@
 pub mod discovery;
 pub mod fresh;
 pub mod informer;
+pub mod resume;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -101,16 +102,22 @@ pub struct Mirror {
     discovered: std::sync::atomic::AtomicBool,
     /// Woken by the CRD informer: read discovery now.
     rediscover: Arc<Notify>,
+    /// Where the caches were, kept for the next run (`mirror/resume.rs`).
+    resume: Option<resume::ResumePoints>,
 }
 
 impl Mirror {
+    /// `resume`: the points a previous run kept, and where to keep this run's (none: every
+    /// cache starts from the newest state).
     pub fn new(
         upstream: Upstream,
         filter: ResourceFilter,
         config: WatchCacheConfig,
         idle: Duration,
+        resume: Option<resume::ResumePoints>,
     ) -> Self {
         Mirror {
+            resume,
             upstream,
             filter,
             idle,
@@ -199,6 +206,30 @@ impl Mirror {
         }
     }
 
+    /// Keeps the caches' resume points (`mirror/resume.rs`) every [`resume::EVERY`] until
+    /// `stop` is set; nothing without them.
+    pub async fn keep_resume_points(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        let Some(points) = &self.resume else {
+            return;
+        };
+        let mut tick = tokio::time::interval(resume::EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = crate::base::lifecycle::until_set(&mut stop) => return,
+            }
+            let now = self
+                .resources
+                .read()
+                .iter()
+                .filter(|(_, m)| m.status.synced.load(Ordering::Acquire))
+                .map(|(key, m)| (key.clone(), m.cache.revision()))
+                .collect();
+            points.tick(std::time::Instant::now(), now);
+        }
+    }
+
     async fn discover(&self) -> Result<Vec<Discovered>, String> {
         let mut found = Vec::new();
         for path in ["/api", "/apis"] {
@@ -253,6 +284,7 @@ impl Mirror {
                 merge_stop(rx, stop.clone()),
                 is_crd.then(|| self.rediscover.clone()),
                 self.idle,
+                self.resume.as_ref().and_then(|r| r.take(&key)),
             );
             tokio::spawn(task);
             tracing::info!(resource = %name_of(info), version = info.version, "caching");

@@ -19,6 +19,7 @@ use crate::http::proxy::Proxy;
 use crate::outbound::egress::Egress;
 use crate::outbound::mirror::Mirror;
 use crate::outbound::mirror::discovery::ResourceFilter;
+use crate::outbound::mirror::resume::ResumePoints;
 use crate::outbound::pki::{self, PkiOptions};
 use crate::outbound::upstream::Upstream;
 use crate::run::{ServerHandle, Signals};
@@ -85,6 +86,16 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
         filter,
         opts.watch_cache_config(),
         opts.upstream_watch_idle_timeout,
+        // A quiet resource's watcher is as far as its last bookmark: points that far back,
+        // and a margin (75 s in all by default, the history kube-apiserver's watch cache
+        // keeps at the least).
+        Some(ResumePoints::open(
+            &opts.data_dir.join("proxy"),
+            opts.watch_bookmark_interval.saturating_add(
+                opts.watch_bookmark_interval
+                    .min(std::time::Duration::from_secs(15)),
+            ),
+        )),
     ));
     let mut state = ServerState::new(opts.clone(), Arc::new(NoStore), parts)?;
     let mut proxy = Proxy::new(upstream.clone());
@@ -113,6 +124,7 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
             mirror.gate().clone(),
             signals.watches(),
         )),
+        tokio::spawn(mirror.clone().keep_resume_points(signals.watches())),
         tokio::spawn(mirror.run(signals.watches())),
     ];
     tracing::info!(%addr, upstream = %upstream.url(), "serving as a proxy");

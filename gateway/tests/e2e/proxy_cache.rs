@@ -3,7 +3,8 @@
 //! a resourceVersion with a history it can lose): lists and watches served from the cache
 //! without reaching the upstream, a relist after the upstream's history is gone whose
 //! differences reach a connected watcher as ordinary events, authorization by the upstream's
-//! SubjectAccessReview with the selectors, and what passes through.
+//! SubjectAccessReview with the selectors, what passes through, and a proxy started again
+//! resuming its clients from where they were.
 //! `interop/proxy/` runs the same against a real kube-apiserver.
 
 use std::collections::BTreeMap;
@@ -41,6 +42,8 @@ struct State {
     last_review: Value,
     /// The `timeoutSeconds` of every watch asked for.
     watch_timeouts: Vec<u64>,
+    /// The revision of every Exact list asked for.
+    exact_lists: Vec<i64>,
 }
 
 struct Upstream {
@@ -170,6 +173,38 @@ async fn answer(up: Arc<Upstream>, req: Request<Incoming>) -> Response<Out> {
                 s.watchers.push(tx);
             }
             Response::new(StreamBody::new(rx).boxed_unsync())
+        }
+        (Method::GET, "/api/v1/configmaps" | "/api/v1/namespaces/ns/configmaps")
+            if query
+                .get("resourceVersionMatch")
+                .is_some_and(|m| m == "Exact") =>
+        {
+            // The state at a past revision, from the history (which holds every change).
+            up.lists.fetch_add(1, Ordering::SeqCst);
+            let mut s = up.state.lock();
+            let at: i64 = query["resourceVersion"].parse().unwrap();
+            s.exact_lists.push(at);
+            if at < s.compacted || at > s.rv {
+                return full(
+                    StatusCode::GONE,
+                    json!({"kind": "Status", "code": 410, "reason": "Expired"}),
+                );
+            }
+            let mut objects = BTreeMap::new();
+            for (_, ty, obj) in s.log.iter().filter(|(rv, _, _)| *rv <= at) {
+                let name = obj["metadata"]["name"].as_str().unwrap().to_string();
+                if *ty == "DELETED" {
+                    objects.remove(&name);
+                } else {
+                    objects.insert(name, obj.clone());
+                }
+            }
+            full(
+                StatusCode::OK,
+                json!({"kind": "ConfigMapList", "apiVersion": "v1",
+                       "metadata": {"resourceVersion": at.to_string()},
+                       "items": objects.into_values().collect::<Vec<_>>()}),
+            )
         }
         (Method::GET, "/api/v1/configmaps" | "/api/v1/namespaces/ns/configmaps") => {
             up.lists.fetch_add(1, Ordering::SeqCst);
@@ -478,4 +513,81 @@ async fn a_quiet_resource_keeps_its_watch_until_it_is_seen_to_bookmark() {
     .await;
     assert_eq!(up.lists.load(Ordering::SeqCst), 1);
     proxy.handle.shutdown().await;
+}
+
+/// A proxy started again with its data directory fills its cache with the upstream's state at
+/// the revision it kept there (`proxy/resume-points`), one its clients had passed: their
+/// watches resume from its cache, with what happened while it was down, instead of passing
+/// through or listing again. A watch from before that point, which cannot pass through (its
+/// bound reached), is told its version is too old, so that its client lists again from the
+/// cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_started_again_resumes_its_clients_from_its_cache() {
+    let up = start_upstream().await;
+    up.change("a", Some("1"), false);
+    up.change("b", Some("1"), false);
+    let proxy = Proxy::start(up.addr, |o| {
+        o.watch_bookmark_interval = Duration::from_secs(1);
+    })
+    .await
+    .unwrap();
+    let alice = proxy.user("alice", &[], false);
+    eventually(Duration::from_secs(20), "the cache is filled", || async {
+        alice.get("/readyz").await.0 == StatusCode::OK
+    })
+    .await;
+    let points = proxy.opts.data_dir.join("proxy").join("resume-points");
+    eventually(
+        Duration::from_secs(15),
+        "the resume points written",
+        || async {
+            std::fs::read_to_string(&points).is_ok_and(|t| t.lines().any(|l| l == "- configmaps 2"))
+        },
+    )
+    .await;
+    let mut opts = proxy.opts.clone();
+    opts.secure_port = proxy.handle.addr.port();
+    proxy.handle.shutdown().await;
+    // While it is down.
+    up.change("c", Some("1"), false);
+    up.change("a", None, false);
+    // Started again, passing nothing long-running upstream: what is not served from the
+    // cache is refused.
+    opts.upstream_long_running_per_user = 0;
+    let handle = svc_gateway::run::start(opts).await.unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "the cache is filled again",
+        || async { alice.get("/readyz").await.0 == StatusCode::OK },
+    )
+    .await;
+    assert_eq!(up.state.lock().exact_lists, [2], "filled at the point kept");
+    let mut watch = alice
+        .watch("/api/v1/namespaces/ns/configmaps?watch=1&resourceVersion=2")
+        .await;
+    let ev = watch.next_within(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(summary(&ev), ("ADDED".into(), "c".into(), "3".into()));
+    let ev = watch.next_within(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(summary(&ev), ("DELETED".into(), "a".into(), "4".into()));
+    let (_, list) = alice
+        .get("/api/v1/namespaces/ns/configmaps?resourceVersion=0")
+        .await;
+    assert_eq!(names(&list), ["b=1", "c=1"]);
+    // From before the point: no history here, no place upstream.
+    let r = alice
+        .request(
+            Method::GET,
+            "/api/v1/namespaces/ns/configmaps?watch=1&resourceVersion=1",
+            "",
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::GONE, "{}", r.text());
+    let status = r.json();
+    assert_eq!(status["reason"], "Expired", "{status}");
+    assert_eq!(
+        status["message"], "too old resource version: 1 (1)",
+        "{status}"
+    );
+    handle.shutdown().await;
 }

@@ -90,7 +90,12 @@ pub fn collection_path(info: &ResourceInfo) -> String {
     }
 }
 
-/// Runs until `stop` is set: list, watch, resume, relist.
+/// Runs until `stop` is set: list, watch, resume, relist. With `resume_from` (the revision
+/// a previous run of this proxy kept, `mirror/resume.rs`), the first fill is the upstream's
+/// state at that revision (an Exact list) and the watch goes on from there, so that clients
+/// of the previous run resume their watches from this cache; the newest state, as without
+/// it, when the upstream no longer holds that revision.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     upstream: Upstream,
     info: &'static ResourceInfo,
@@ -99,6 +104,7 @@ pub async fn run(
     mut stop: watch::Receiver<bool>,
     changed: Option<Arc<Notify>>,
     idle: Duration,
+    mut resume_from: Option<Revision>,
 ) {
     status.started.get_or_init(Instant::now);
     let mut from: Option<Revision> = None;
@@ -110,7 +116,7 @@ pub async fn run(
         }
         let rev = match from {
             Some(rev) => rev,
-            None => match fill(&upstream, info, &mut streaming).await {
+            None => match first_fill(&upstream, info, &mut streaming, resume_from.take()).await {
                 Ok((kvs, rev)) => {
                     let report = cache.resync(&kvs, rev, Instant::now());
                     for e in &report.errors {
@@ -218,6 +224,36 @@ fn key_value(info: &ResourceInfo, raw: Bytes) -> Result<KeyValue, String> {
     })
 }
 
+/// The state at `resume_from` where the upstream still holds it, else the newest.
+async fn first_fill(
+    upstream: &Upstream,
+    info: &'static ResourceInfo,
+    streaming: &mut bool,
+    resume_from: Option<Revision>,
+) -> Result<(Vec<KeyValue>, Revision), String> {
+    if let Some(at) = resume_from {
+        match list(upstream, info, Some(at)).await {
+            Ok(read) => {
+                tracing::info!(
+                    resource = info.plural,
+                    group = info.group,
+                    revision = at,
+                    "resuming from the revision kept by the last run"
+                );
+                return Ok(read);
+            }
+            Err(e) => tracing::info!(
+                resource = info.plural,
+                group = info.group,
+                revision = at,
+                error = %e,
+                "cannot resume from the revision kept by the last run: listing the newest state"
+            ),
+        }
+    }
+    fill(upstream, info, streaming).await
+}
+
 /// How long a streaming list may take to send the initial state.
 const STREAMING_LIST_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long an upstream watch is asked to last (`timeoutSeconds`), chosen at random in this
@@ -251,7 +287,7 @@ async fn fill(
         tracing::info!(resource = info.plural, group = info.group, why = %outcome, "listing in pages: the upstream's streaming list did not serve");
         *streaming = false;
     }
-    list(upstream, info).await
+    list(upstream, info, None).await
 }
 
 /// The initial events of a streaming list from the newest state, up to its
@@ -326,11 +362,13 @@ pub(super) async fn lines<T>(
     Ok(None)
 }
 
-/// Every object of `info` upstream, page by page, and the revision of the read. A page whose
-/// continue token expired starts the list over.
+/// Every object of `info` upstream, page by page, and the revision of the read: the newest,
+/// or exactly `at` (an error when the upstream no longer holds it). A page whose continue
+/// token expired starts the list over.
 async fn list(
     upstream: &Upstream,
     info: &'static ResourceInfo,
+    at: Option<Revision>,
 ) -> Result<(Vec<KeyValue>, Revision), String> {
     let path = collection_path(info);
     'again: loop {
@@ -343,6 +381,9 @@ async fn list(
                 query.append_pair("limit", &PAGE.to_string());
                 if !token.is_empty() {
                     query.append_pair("continue", &token);
+                } else if let Some(at) = at {
+                    query.append_pair("resourceVersion", &at.to_string());
+                    query.append_pair("resourceVersionMatch", "Exact");
                 }
                 format!("{path}?{}", query.finish())
             };
