@@ -11,6 +11,10 @@
 #   interop/cluster.sh down DIR              stop everything started in DIR
 #   interop/cluster.sh kubeconfig DIR        print the admin kubeconfig of the target (the
 #                                            proxy's in proxy mode)
+#   interop/cluster.sh restart-upstream DIR  restart kube-apiserver (TERM, then the same flags,
+#                                            port and etcd): a fault for the agents to ride out
+#   interop/cluster.sh kill-proxy DIR I      SIGKILL the I-th proxy and start it again on its
+#                                            port, with its flags and an empty cache
 #
 # Environment:
 #   CLUSTER_HOLLOW_NODES     hollow kubelets (default 3; about 100 MiB each)
@@ -18,7 +22,8 @@
 #   CLUSTER_PROXIES          proxies in proxy mode, agents spread over them (default 1)
 #   CLUSTER_SIM_NODES        simulated nodes in one process per target (cmd/simnodes: a
 #                            kubelet's and a kube-proxy's requests, each node with its own
-#                            certificate; default 0)
+#                            certificate; default 0); each answers the tests on the address
+#                            in DIR/simnodes-I.addr
 #   CLUSTER_READY_TIMEOUT    seconds to wait for the nodes (default 120)
 #   SVC_GATEWAY_BIN          the gateway binary (see gateway.sh)
 #
@@ -155,8 +160,10 @@ cmd_up() {
 		per=$(((sims + targets - 1) / targets))
 		for ((i = 0; i < targets; i++)); do
 			target "$d" "$i"
+			echo "127.0.0.1:$(free_port)" >"$d/simnodes-$i.addr"
 			spawn "$d" "simnodes-$i" "$d/simnodes" --server "$SERVER" --ca "$SERVER_CA" \
 				--client-ca "$d/kube/pki/ca.crt" --client-ca-key "$d/kube/pki/ca.key" \
+				--status-addr "$(cat "$d/simnodes-$i.addr")" --compare-kubeconfig "$d/kube/admin.kubeconfig" \
 				--first $((i * per)) --nodes $((i == targets - 1 ? sims - i * per : per))
 		done
 	fi
@@ -186,6 +193,21 @@ cmd_down() {
 	"$HERE/kube.sh" stop "$d/kube"
 }
 
+cmd_restart_upstream() {
+	local d=${1:?usage: cluster.sh restart-upstream DIR}
+	"$HERE/kube.sh" restart-apiserver "$d/kube"
+}
+
+cmd_kill_proxy() {
+	local d=${1:?usage: cluster.sh kill-proxy DIR I} i=${2:?usage: cluster.sh kill-proxy DIR I}
+	local p=$d/proxy-$i pid
+	pid=$(cat "$p/gateway.pid")
+	kill -KILL "$pid"
+	while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+	rm -f "$p/gateway.pid"
+	SVC_PROXY_EXTRA_FLAGS=$(cat "$p/flags") "$HERE/gateway.sh" start-proxy "$p" "$d/kube"
+}
+
 cmd_kubeconfig() {
 	local d=${1:?usage: cluster.sh kubeconfig DIR}
 	echo "$d/agents/admin.kubeconfig"
@@ -195,8 +217,10 @@ case "${1:-}" in
 up) cmd_up "${2:-}" "${3:-}" ;;
 down) cmd_down "${2:-}" ;;
 kubeconfig) cmd_kubeconfig "${2:-}" ;;
+restart-upstream) cmd_restart_upstream "${2:-}" ;;
+kill-proxy) cmd_kill_proxy "${2:-}" "${3:-}" ;;
 *)
-	echo "usage: $0 up DIR direct|proxy | down DIR | kubeconfig DIR" >&2
+	echo "usage: $0 up DIR direct|proxy | down DIR | kubeconfig DIR | restart-upstream DIR | kill-proxy DIR I" >&2
 	exit 2
 	;;
 esac

@@ -9,7 +9,8 @@
 #                                  start it in proxy mode in front of the kube-apiserver that
 #                                  kube.sh started in UPSTREAM (its admin kubeconfig is the
 #                                  proxy's own identity, its CA the client CA); DIR/url and
-#                                  DIR/ca.crt (the proxy's serving CA) are written; stop as above
+#                                  DIR/ca.crt (the proxy's serving CA) are written, and its extra
+#                                  flags in DIR/flags; stop as above
 #
 # Environment:
 #   SVC_GATEWAY_BIN            the binary (default: built with cargo into $CARGO_TARGET_DIR)
@@ -90,6 +91,7 @@ cmd_start_proxy() {
 	# shellcheck disable=SC2086
 	launch "$d" "$d/data/pki/ca.crt" --upstream-kubeconfig "$up/admin.kubeconfig" \
 		--client-ca-file "$up/pki/ca.crt" ${SVC_PROXY_EXTRA_FLAGS:-} || return 1
+	echo "${SVC_PROXY_EXTRA_FLAGS:-}" >"$d/flags"
 	cp "$d/data/pki/ca.crt" "$d/ca.crt"
 	echo "https://127.0.0.1:$PORT" >"$d/url"
 	log "svc-gateway proxy ready at https://127.0.0.1:$PORT in front of $(grep -m1 server: "$up/admin.kubeconfig" | awk '{print $2}')"

@@ -8,6 +8,10 @@
 #   interop/kube.sh start DIR    start etcd + kube-apiserver on 127.0.0.1; writes DIR/admin.kubeconfig,
 #                                DIR/ca.crt, pid files and logs; returns once /readyz answers 200
 #   interop/kube.sh stop DIR     end them by pid (TERM, then KILL)
+#   interop/kube.sh restart-apiserver DIR
+#                                stop kube-apiserver (TERM) and start it again on the same port,
+#                                etcd and flags, as an operator's rolling restart does; returns
+#                                once /readyz answers 200
 #   interop/kube.sh paths        print the cached binaries' paths
 #
 # Environment:
@@ -124,6 +128,36 @@ wait_ready() { # port path log pid
 	return 1
 }
 
+# apiserver: start kube-apiserver on $D's port, in front of $D's etcd, with the extra flags
+# kept in $D/apiserver.flags; returns once /readyz answers 200.
+apiserver() {
+	local port etcd_url flags
+	port=$(cat "$D/port")
+	etcd_url=$(cat "$D/etcd.url")
+	flags=$(cat "$D/apiserver.flags")
+	# shellcheck disable=SC2086
+	"$KUBE_APISERVER" \
+		--bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$port" \
+		--etcd-servers="$etcd_url" \
+		--cert-dir="$D/pki" --tls-cert-file="$D/pki/serving.crt" --tls-private-key-file="$D/pki/serving.key" \
+		--client-ca-file="$D/pki/ca.crt" \
+		--authorization-mode=Node,RBAC \
+		--service-account-issuer=https://kubernetes.default.svc.cluster.local \
+		--service-account-key-file="$D/pki/sa.pub" \
+		--service-account-signing-key-file="$D/pki/sa.key" \
+		--api-audiences=https://kubernetes.default.svc.cluster.local \
+		--service-cluster-ip-range=10.0.0.0/24 \
+		--allow-privileged=false \
+		--enable-priority-and-fairness=false \
+		--profiling=false \
+		--endpoint-reconciler-type=none \
+		--v=1 \
+		$flags >>"$D/kube-apiserver.log" 2>&1 &
+	echo $! >"$D/kube-apiserver.pid"
+
+	wait_ready "$port" /readyz "$D/kube-apiserver.log" "$(cat "$D/kube-apiserver.pid")"
+}
+
 cmd_start() {
 	D=${1:?usage: kube.sh start DIR}
 	mkdir -p "$D"
@@ -160,26 +194,7 @@ cmd_start() {
 		sleep 0.2
 	done
 
-	# shellcheck disable=SC2086
-	"$KUBE_APISERVER" \
-		--bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$port" \
-		--etcd-servers="http://127.0.0.1:$etcd_client" \
-		--cert-dir="$D/pki" --tls-cert-file="$D/pki/serving.crt" --tls-private-key-file="$D/pki/serving.key" \
-		--client-ca-file="$D/pki/ca.crt" \
-		--authorization-mode=Node,RBAC \
-		--service-account-issuer=https://kubernetes.default.svc.cluster.local \
-		--service-account-key-file="$D/pki/sa.pub" \
-		--service-account-signing-key-file="$D/pki/sa.key" \
-		--api-audiences=https://kubernetes.default.svc.cluster.local \
-		--service-cluster-ip-range=10.0.0.0/24 \
-		--allow-privileged=false \
-		--enable-priority-and-fairness=false \
-		--profiling=false \
-		--endpoint-reconciler-type=none \
-		--v=1 \
-		${KUBE_APISERVER_EXTRA_FLAGS:-} >>"$D/kube-apiserver.log" 2>&1 &
-	echo $! >"$D/kube-apiserver.pid"
-
+	echo "${KUBE_APISERVER_EXTRA_FLAGS:-}" >"$D/apiserver.flags"
 	cat >"$D/admin.kubeconfig" <<-EOF
 		apiVersion: v1
 		kind: Config
@@ -199,11 +214,19 @@ cmd_start() {
 		current-context: admin
 	EOF
 
-	wait_ready "$port" /readyz "$D/kube-apiserver.log" "$(cat "$D/kube-apiserver.pid")" || {
+	apiserver || {
 		cmd_stop "$D"
 		return 1
 	}
 	log "kube-apiserver ready at https://127.0.0.1:$port (kubeconfig $D/admin.kubeconfig)"
+}
+
+cmd_restart_apiserver() {
+	D=${1:?usage: kube.sh restart-apiserver DIR}
+	D=$(cd "$D" && pwd)
+	stop_pidfile "$D/kube-apiserver.pid" "${KUBE_STOP_TIMEOUT:-15}"
+	apiserver || return 1
+	log "kube-apiserver restarted at https://127.0.0.1:$(cat "$D/port")"
 }
 
 cmd_stop() {
@@ -217,6 +240,7 @@ build) cmd_build ;;
 build-components) cmd_build_components ;;
 start) cmd_start "${2:-}" ;;
 stop) cmd_stop "${2:-}" ;;
+restart-apiserver) cmd_restart_apiserver "${2:-}" ;;
 paths) echo "$KUBE_APISERVER" && echo "$ETCD" ;;
 *)
 	echo "usage: $0 build | start DIR | stop DIR | paths" >&2

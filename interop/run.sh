@@ -24,7 +24,9 @@
 #   INTEROP_PROXY_RUN      a -test.run pattern for them (default: every test)
 #   INTEROP_PROXY_COUNT    run them this many times over, to shake out timing faults (default 1)
 #   INTEROP_CLUSTER=0      skip the simulated cluster (cluster.sh and cluster/: the controller
-#                          manager, the scheduler and hollow nodes, directly and through a proxy)
+#                          manager, the scheduler, hollow nodes and CLUSTER_SIM_NODES simulated
+#                          ones (default 100), directly and through a proxy; CLUSTER_PODS pods,
+#                          default 60; kube-apiserver restarted and the proxy killed midway)
 #   INTEROP_SKIP_PYTHON=1  skip the proxy test with the Python client when python3 lacks kubernetes
 #   INTEROP_SKIP_NODE=1    skip the proxy test with the JavaScript client when node or npm is missing
 #                          (it runs `npm ci` in proxy/clients/node once; otherwise both fail)
@@ -178,13 +180,15 @@ if [[ ${INTEROP_CLUSTER:-1} != 0 ]]; then
 	t0=$SECONDS
 	"$HERE/kube.sh" build-components
 	(cd "$HERE" && go test -c -o "$WORK/cluster.test" ./cluster)
+	export CLUSTER_SIM_NODES=${CLUSTER_SIM_NODES:-100}
 	for mode in direct proxy; do
 		if "$HERE/cluster.sh" up "$WORK/cluster-$mode" "$mode"; then
 			(
 				cd "$HERE/cluster"
 				CLUSTER_KUBECONFIG=$("$HERE/cluster.sh" kubeconfig "$WORK/cluster-$mode") CLUSTER_MODE=$mode \
 					CLUSTER_UPSTREAM_KUBECONFIG=$WORK/cluster-$mode/kube/admin.kubeconfig \
-					CLUSTER_NODES=${CLUSTER_HOLLOW_NODES:-3} \
+					CLUSTER_NODES=$((${CLUSTER_HOLLOW_NODES:-3} + CLUSTER_SIM_NODES)) CLUSTER_DIR=$WORK/cluster-$mode \
+					CLUSTER_PODS=${CLUSTER_PODS:-60} \
 					go tool test2json -t -p "cluster-$mode" "$WORK/cluster.test" -test.v=test2json \
 					-test.count=1 -test.timeout=600s >"$WORK/cluster-$mode.json" 2>&1
 			) || true

@@ -3,7 +3,10 @@
 # kube-apiserver and through svc-gateway proxies, in one run: interop/cluster/'s workload on
 # each (pod startup as a watcher sees it, the Deployment's rollout, scale-down and delete),
 # and around it the CPU seconds and peak resident memory of kube-apiserver, etcd and the
-# proxies (from /proc), and the watches open on kube-apiserver (its own metrics).
+# proxies (from /proc), and the watches open on kube-apiserver (its own metrics). Then, with
+# simulated nodes, the faults of cluster/'s TestFaults: kube-apiserver restarted and (through
+# proxies) a proxy killed with SIGKILL, the simulated nodes' relists and 410s counted, and
+# every informer store compared with a direct list.
 #
 #   scripts/measure-cluster.sh                 # 3 hollow nodes, 2 kube-proxies, 30 pods
 #   NODES=10 KPROXIES=5 SIMS=500 PODS=500 PROXIES=2 scripts/measure-cluster.sh
@@ -52,10 +55,10 @@ for mode in ${MODES:-direct proxy}; do
 	done
 	(
 		cd interop/cluster
-		CLUSTER_KUBECONFIG=$d/agents/admin.kubeconfig CLUSTER_MODE=$mode CLUSTER_NODES=$((NODES + SIMS)) \
+		CLUSTER_KUBECONFIG=$d/agents/admin.kubeconfig CLUSTER_MODE=$mode CLUSTER_NODES=$((NODES + SIMS)) CLUSTER_DIR=$d \
 			CLUSTER_PODS=$PODS CLUSTER_UPSTREAM_KUBECONFIG=$d/kube/admin.kubeconfig \
 			"$OUT/cluster.test" -test.v -test.count=1 -test.timeout=900s
-	) | tee "$OUT/$mode.log" | grep -E "cluster:|upstream:|FAIL|ok|PASS" || true
+	) | tee "$OUT/$mode.log" | grep -E "cluster:|upstream|fault:|stores:|FAIL|ok|PASS" || true
 	kube=$(diff "$(cpu "$d/kube/kube-apiserver.pid")" "$before_kube")
 	etcd=$(diff "$(cpu "$d/kube/etcd.pid")" "$before_etcd")
 	proxy=0 proxy_rss=0

@@ -19,10 +19,14 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand"
+	"net/http"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -33,11 +37,13 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
+	typedappsv1 "k8s.io/client-go/kubernetes/typed/apps/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	watchtools "k8s.io/client-go/tools/watch"
@@ -161,6 +167,18 @@ type scrape struct {
 	cpu, rss, watches float64
 	// buckets[class][le] = cumulative count.
 	buckets map[string]map[float64]float64
+	// requests["VERB resource/subresource"] = apiserver_request_total summed over codes.
+	requests map[string]float64
+}
+
+// label is the value of name in a Prometheus series' labels.
+func label(series, name string) string {
+	_, rest, ok := strings.Cut(series, name+`="`)
+	if !ok {
+		return ""
+	}
+	v, _, _ := strings.Cut(rest, `"`)
+	return v
 }
 
 // class of a call, as the Kubernetes API call latency SLOs group them: mutating calls,
@@ -180,7 +198,7 @@ func class(labels string) string {
 
 func upstreamMetrics(ctx context.Context, t *testing.T) (scrape, bool) {
 	t.Helper()
-	s := scrape{buckets: map[string]map[float64]float64{}}
+	s := scrape{buckets: map[string]map[float64]float64{}, requests: map[string]float64{}}
 	path := os.Getenv("CLUSTER_UPSTREAM_KUBECONFIG")
 	if path == "" {
 		return s, false
@@ -211,6 +229,12 @@ func upstreamMetrics(ctx context.Context, t *testing.T) (scrape, bool) {
 			s.cpu = v
 		case name == "process_resident_memory_bytes":
 			s.rss = v
+		case strings.HasPrefix(name, "apiserver_request_total{"):
+			key := label(name, "verb") + " " + label(name, "resource")
+			if sub := label(name, "subresource"); sub != "" {
+				key += "/" + sub
+			}
+			s.requests[key] += v
 		case strings.HasPrefix(name, "apiserver_longrunning_requests{") && strings.Contains(name, `verb="WATCH"`):
 			s.watches += v
 		case strings.HasPrefix(name, "apiserver_request_sli_duration_seconds_bucket{"):
@@ -317,47 +341,12 @@ func TestWorkload(t *testing.T) {
 	starts := watchStartups(ctx, t, c, ns)
 
 	replicas := int32(pods)
-	dep := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: "web"},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: &replicas,
-			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
-			Strategy: appsv1.DeploymentStrategy{RollingUpdate: &appsv1.RollingUpdateDeployment{}},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "web"}},
-				Spec: corev1.PodSpec{
-					Containers: []corev1.Container{{
-						Name:  "c",
-						Image: "registry.k8s.io/pause:3.10",
-						VolumeMounts: []corev1.VolumeMount{
-							{Name: "config", MountPath: "/config"},
-							{Name: "secret", MountPath: "/secret"},
-						},
-					}},
-					Volumes: []corev1.Volume{
-						{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
-							LocalObjectReference: corev1.LocalObjectReference{Name: "config"}}}},
-						{Name: "secret", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "secret"}}},
-					},
-				},
-			},
-		},
-	}
+	dep := deployment(replicas)
 	deployments := c.AppsV1().Deployments(ns)
 	if _, err := deployments.Create(ctx, dep, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	rolledOut := func(want int32) func() (bool, error) {
-		return func() (bool, error) {
-			d, err := deployments.Get(ctx, "web", metav1.GetOptions{})
-			if err != nil {
-				return false, err
-			}
-			s := d.Status
-			return s.ObservedGeneration >= d.Generation && s.UpdatedReplicas == want &&
-				s.AvailableReplicas == want && s.Replicas == want, nil
-		}
-	}
+	rolledOut := func(want int32) func() (bool, error) { return available(ctx, deployments, want) }
 	start := until(ctx, t, 4*time.Minute, "the Deployment available", rolledOut(replicas))
 	until(ctx, t, time.Minute, "every pod seen Running by a watcher", func() (bool, error) {
 		return starts.count() >= pods, nil
@@ -427,12 +416,235 @@ func TestWorkload(t *testing.T) {
 			q, n := sliP99(before, after, cl)
 			t.Logf("upstream sli: mode=%s class=%s calls=%d p99<=%v", mode, cl, n, q)
 		}
+		// What kube-apiserver was asked, most first.
+		type count struct {
+			key string
+			n   float64
+		}
+		var counts []count
+		for k, v := range after.requests {
+			if d := v - before.requests[k]; d > 0 {
+				counts = append(counts, count{k, d})
+			}
+		}
+		sort.Slice(counts, func(i, j int) bool { return counts[i].n > counts[j].n })
+		for _, c := range counts[:min(len(counts), 15)] {
+			t.Logf("upstream requests: mode=%s %s %.0f", mode, c.key, c.n)
+		}
 	}
 	if p99 > 5*time.Second {
 		t.Errorf("pod startup p99 %v, over 5 s", p99)
 	}
 }
 
+// deployment is the workload's Deployment "web": pods that mount a ConfigMap "config" and a
+// Secret "secret".
+func deployment(replicas int32) *appsv1.Deployment {
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: &replicas,
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
+			Strategy: appsv1.DeploymentStrategy{RollingUpdate: &appsv1.RollingUpdateDeployment{}},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "web"}},
+				Spec: corev1.PodSpec{
+					Containers: []corev1.Container{{
+						Name:  "c",
+						Image: "registry.k8s.io/pause:3.10",
+						VolumeMounts: []corev1.VolumeMount{
+							{Name: "config", MountPath: "/config"},
+							{Name: "secret", MountPath: "/secret"},
+						},
+					}},
+					Volumes: []corev1.Volume{
+						{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
+							LocalObjectReference: corev1.LocalObjectReference{Name: "config"}}}},
+						{Name: "secret", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "secret"}}},
+					},
+				},
+			},
+		},
+	}
+}
+
+// available holds once the Deployment "web" has rolled out want replicas, all available.
+func available(ctx context.Context, deployments typedappsv1.DeploymentInterface, want int32) func() (bool, error) {
+	return func() (bool, error) {
+		d, err := deployments.Get(ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		s := d.Status
+		return s.ObservedGeneration >= d.Generation && s.UpdatedReplicas == want &&
+			s.AvailableReplicas == want && s.Replicas == want, nil
+	}
+}
+
 func renewed(l coordinationv1.Lease, within time.Duration) bool {
 	return l.Spec.RenewTime != nil && time.Since(l.Spec.RenewTime.Time) < within
+}
+
+// sims are the simulated nodes' processes (cmd/simnodes), each answering on the address
+// cluster.sh wrote to CLUSTER_DIR/simnodes-I.addr.
+func sims(t *testing.T) []string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(os.Getenv("CLUSTER_DIR"), "simnodes-*.addr"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var addrs []string
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrs = append(addrs, "http://"+strings.TrimSpace(string(b)))
+	}
+	return addrs
+}
+
+// simGet sums a JSON object of numbers over every simnodes process.
+func simGet(ctx context.Context, t *testing.T, path string) (map[string]int64, error) {
+	t.Helper()
+	sum := map[string]int64{}
+	for _, a := range sims(t) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, a+path, nil)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		var one map[string]any
+		err = json.NewDecoder(resp.Body).Decode(&one)
+		resp.Body.Close()
+		if err != nil {
+			return nil, fmt.Errorf("%s%s: %w", a, path, err)
+		}
+		for k, v := range one {
+			if f, ok := v.(float64); ok {
+				sum[k] += int64(f)
+			}
+		}
+	}
+	return sum, nil
+}
+
+// clusterScript runs interop/cluster.sh with args on CLUSTER_DIR.
+func clusterScript(t *testing.T, args ...string) {
+	t.Helper()
+	cmd := exec.Command("../cluster.sh", append([]string{args[0], os.Getenv("CLUSTER_DIR")}, args[1:]...)...)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("cluster.sh %v: %v", args, err)
+	}
+}
+
+// TestFaults runs a Deployment, then restarts kube-apiserver and (through proxies) kills the
+// first proxy with SIGKILL and starts it again, and counts what the simulated nodes' informers
+// went through for each: syncs from scratch past their first (relists), 410s, and the time
+// until every one of them holds a Service created after the fault. At the end every informer's
+// store is compared with a direct list of kube-apiserver.
+func TestFaults(t *testing.T) {
+	c := client(t)
+	if os.Getenv("CLUSTER_DIR") == "" || len(sims(t)) == 0 {
+		t.Skip("needs CLUSTER_DIR with simulated nodes (cluster.sh with CLUSTER_SIM_NODES)")
+	}
+	mode := os.Getenv("CLUSTER_MODE")
+	pods := envInt("CLUSTER_FAULT_PODS", envInt("CLUSTER_PODS", 10)/2)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	ns := fmt.Sprintf("faults-%d", rand.Intn(1_000_000))
+	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = c.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
+	}()
+	until(ctx, t, time.Minute, "the default ServiceAccount", func() (bool, error) {
+		_, err := c.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, nil
+	})
+	dep := deployment(int32(pods))
+	for _, o := range []func() error{
+		func() error {
+			_, err := c.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "config"}, Data: map[string]string{"a": "1"}}, metav1.CreateOptions{})
+			return err
+		},
+		func() error {
+			_, err := c.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "secret"}, StringData: map[string]string{"b": "2"}}, metav1.CreateOptions{})
+			return err
+		},
+		func() error {
+			_, err := c.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{})
+			return err
+		},
+	} {
+		if err := o(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	until(ctx, t, 4*time.Minute, "the Deployment available", available(ctx, c.AppsV1().Deployments(ns), int32(pods)))
+
+	// marker creates a Service (retried while the target comes back) and returns how long
+	// until every simulated node's Service informers hold it.
+	marker := func(name string) time.Duration {
+		start := time.Now()
+		until(ctx, t, 2*time.Minute, "creating Service "+name, func() (bool, error) {
+			_, err := c.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+				ObjectMeta: metav1.ObjectMeta{Name: name},
+				Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80}}},
+			}, metav1.CreateOptions{})
+			return err == nil || apierrors.IsAlreadyExists(err), err
+		})
+		until(ctx, t, 3*time.Minute, "every simulated node's informers holding Service "+name, func() (bool, error) {
+			s, err := simGet(ctx, t, "/seen?resource=services&namespace="+ns+"&name="+name)
+			if err != nil {
+				return false, err
+			}
+			return s["informers"] > 0 && s["have"] == s["informers"], nil
+		})
+		return time.Since(start)
+	}
+	marker("before")
+	fault := func(name string, do func()) {
+		before, err := simGet(ctx, t, "/counts")
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		do()
+		down := time.Since(start)
+		synced := marker("after-" + name)
+		// Stragglers that relist after the marker arrived are counted too.
+		time.Sleep(5 * time.Second)
+		after, err := simGet(ctx, t, "/counts")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("fault: mode=%s fault=%s nodes=%d informers=%d relists=%d gone=%d fault_s=%.1f synced_after_s=%.1f",
+			mode, name, after["nodes"], after["informers"], (after["syncs"]-before["syncs"])-(after["built"]-before["built"]),
+			after["gone"]-before["gone"], down.Seconds(), synced.Seconds())
+	}
+	fault("upstream-restart", func() { clusterScript(t, "restart-upstream") })
+	if mode == "proxy" {
+		fault("proxy-sigkill", func() { clusterScript(t, "kill-proxy", "0") })
+	}
+
+	// Every store as kube-apiserver has it, once the last writes have arrived.
+	var last map[string]int64
+	var lastErr error
+	_ = wait.PollUntilContextTimeout(ctx, 2*time.Second, time.Minute, true, func(context.Context) (bool, error) {
+		last, lastErr = simGet(ctx, t, "/compare")
+		return lastErr == nil && last["differ"] == 0, nil
+	})
+	if lastErr != nil {
+		t.Fatalf("comparing the stores: %v", lastErr)
+	}
+	t.Logf("stores: mode=%s informers=%d objects=%d differ=%d stores_differ=%d", mode, last["informers"], last["objects"], last["differ"], last["stores_differ"])
+	if last["differ"] != 0 {
+		t.Errorf("%d objects in %d simulated nodes' informer stores differ from kube-apiserver's", last["differ"], last["stores_differ"])
+	}
 }

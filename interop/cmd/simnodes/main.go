@@ -19,6 +19,10 @@
 //
 //     simnodes --server URL --ca CA.crt --client-ca CA.crt --client-ca-key CA.key --nodes 1000
 //
+// With --status-addr it answers the cluster tests: how often its informers synced from scratch
+// and were answered 410, which hold a given object, and how their stores compare with a
+// direct list (stats.go).
+//
 // It runs until SIGTERM or SIGINT, then deletes nothing (the nodes go NotReady as their leases
 // expire).
 package main
@@ -46,12 +50,15 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	nodev1 "k8s.io/api/node/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -66,6 +73,8 @@ func main() {
 	first := flag.Int("first", 0, "the first node's number (names are <prefix><n>)")
 	prefix := flag.String("prefix", "sim-node-", "the nodes' name prefix")
 	startRate := flag.Int("start-rate", 50, "nodes started per second")
+	statusAddr := flag.String("status-addr", "", "where to answer /counts, /seen and /compare (see stats.go)")
+	compareKubeconfig := flag.String("compare-kubeconfig", "", "kube-apiserver's own admin kubeconfig, for /compare")
 	flag.Parse()
 	if *server == "" || *caFile == "" || *clientCA == "" || *clientCAKey == "" {
 		flag.Usage()
@@ -82,6 +91,12 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	var running, podsRunning atomic.Int64
+	st := &stats{}
+	if *statusAddr != "" {
+		if err := st.serve(*statusAddr, *compareKubeconfig, &running); err != nil {
+			log.Fatal(err)
+		}
+	}
 	var wg sync.WaitGroup
 	tick := time.NewTicker(time.Second / time.Duration(max(*startRate, 1)))
 	defer tick.Stop()
@@ -114,7 +129,7 @@ func main() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			n := &node{name: name, podsRunning: &podsRunning}
+			n := &node{name: name, podsRunning: &podsRunning, stats: st}
 			if err := n.run(ctx, kubelet, proxy, &running); err != nil && ctx.Err() == nil {
 				log.Printf("%s: %v", name, err)
 			}
@@ -139,8 +154,13 @@ type node struct {
 	name        string
 	client      kubernetes.Interface
 	podsRunning *atomic.Int64
-	// The single-object informers of ConfigMaps and Secrets its pods mount, by kind/ns/name.
-	objects sync.Map
+	stats       *stats
+	// The single-object informers of ConfigMaps and Secrets its pods mount, by
+	// kind/ns/name, each stopped once no pod of the node mounts it (the kubelet's
+	// watch-based managers), and what each pod mounts.
+	mu      sync.Mutex
+	objects map[string]*mounted
+	mounts  map[types.UID][]string
 }
 
 func (n *node) run(ctx context.Context, kubelet, kubeProxy *rest.Config, running *atomic.Int64) error {
@@ -159,36 +179,28 @@ func (n *node) run(ctx context.Context, kubelet, kubeProxy *rest.Config, running
 	running.Add(1)
 	defer running.Add(-1)
 	// The kubelet's informers and the kube-proxy's, each as they select.
-	own := informers.NewSharedInformerFactoryWithOptions(c, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", n.name).String()
-	}))
-	self := informers.NewSharedInformerFactoryWithOptions(c, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", n.name).String()
-	}))
-	all := informers.NewSharedInformerFactory(c, 0)
-	// The kube-proxy's, under its own identity.
-	proxyAll := informers.NewSharedInformerFactory(p, 0)
-	proxySelf := informers.NewSharedInformerFactoryWithOptions(p, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", n.name).String()
-	}))
-	pods := own.Core().V1().Pods().Informer()
+	pods := n.informer(c.CoreV1().RESTClient(), c, "pods", "", "spec.nodeName", n.name, &corev1.Pod{})
 	if _, err := pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { n.podSeen(ctx, o) },
 		UpdateFunc: func(_, o any) { n.podSeen(ctx, o) },
+		DeleteFunc: n.podGone,
 	}); err != nil {
 		return err
 	}
-	self.Core().V1().Nodes().Informer()
-	all.Core().V1().Services().Informer()
-	all.Node().V1().RuntimeClasses().Informer()
-	all.Storage().V1().CSIDrivers().Informer()
-	proxyAll.Core().V1().Services().Informer()
-	proxyAll.Discovery().V1().EndpointSlices().Informer()
-	proxyAll.Networking().V1().ServiceCIDRs().Informer()
-	proxySelf.Core().V1().Nodes().Informer()
-	factories := []informers.SharedInformerFactory{own, self, all, proxyAll, proxySelf}
-	for _, f := range factories {
-		f.Start(ctx.Done())
+	started := []cache.SharedIndexInformer{
+		pods,
+		n.informer(c.CoreV1().RESTClient(), c, "nodes", "", "metadata.name", n.name, &corev1.Node{}),
+		n.informer(c.CoreV1().RESTClient(), c, "services", "", "", "", &corev1.Service{}),
+		n.informer(c.NodeV1().RESTClient(), c, "runtimeclasses", "", "", "", &nodev1.RuntimeClass{}),
+		n.informer(c.StorageV1().RESTClient(), c, "csidrivers", "", "", "", &storagev1.CSIDriver{}),
+		// The kube-proxy's, under its own identity.
+		n.informer(p.CoreV1().RESTClient(), p, "services", "", "", "", &corev1.Service{}),
+		n.informer(p.DiscoveryV1().RESTClient(), p, "endpointslices", "", "", "", &discoveryv1.EndpointSlice{}),
+		n.informer(p.NetworkingV1().RESTClient(), p, "servicecidrs", "", "", "", &networkingv1.ServiceCIDR{}),
+		n.informer(p.CoreV1().RESTClient(), p, "nodes", "", "metadata.name", n.name, &corev1.Node{}),
+	}
+	for _, inf := range started {
+		go inf.RunWithContext(ctx)
 	}
 	// The lease, renewed every 10 s.
 	renew := time.NewTicker(10 * time.Second)
@@ -196,9 +208,6 @@ func (n *node) run(ctx context.Context, kubelet, kubeProxy *rest.Config, running
 	for {
 		select {
 		case <-ctx.Done():
-			for _, f := range factories {
-				f.Shutdown()
-			}
 			return nil
 		case <-renew.C:
 			if err := n.renew(ctx); err != nil && ctx.Err() == nil {
@@ -288,16 +297,16 @@ func (n *node) podSeen(ctx context.Context, o any) {
 		for _, v := range pod.Spec.Volumes {
 			switch {
 			case v.ConfigMap != nil:
-				n.object(ctx, "configmaps", pod.Namespace, v.ConfigMap.Name)
+				n.object(ctx, pod.UID, "configmaps", pod.Namespace, v.ConfigMap.Name)
 			case v.Secret != nil:
-				n.object(ctx, "secrets", pod.Namespace, v.Secret.SecretName)
+				n.object(ctx, pod.UID, "secrets", pod.Namespace, v.Secret.SecretName)
 			case v.Projected != nil:
 				// The ServiceAccount token volume: kube-root-ca.crt, and a token requested
 				// for the pod.
 				for _, src := range v.Projected.Sources {
 					switch {
 					case src.ConfigMap != nil:
-						n.object(ctx, "configmaps", pod.Namespace, src.ConfigMap.Name)
+						n.object(ctx, pod.UID, "configmaps", pod.Namespace, src.ConfigMap.Name)
 					case src.ServiceAccountToken != nil:
 						n.token(ctx, pod, src.ServiceAccountToken)
 					}
@@ -353,32 +362,77 @@ func (n *node) token(ctx context.Context, pod *corev1.Pod, src *corev1.ServiceAc
 	}
 }
 
-// object starts (once) a single-object informer of a ConfigMap or Secret, and waits until it
-// has synced, as the kubelet's watch-based managers do before a volume is set up.
-func (n *node) object(ctx context.Context, resource, namespace, name string) {
+// mounted is one single-object informer and the pods that mount its object.
+type mounted struct {
+	synced chan struct{}
+	stop   context.CancelFunc
+	pods   map[types.UID]bool
+	w      *watched
+}
+
+// object starts (once) a single-object informer of a ConfigMap or Secret that pod mounts, and
+// waits until it has synced, as the kubelet's watch-based managers do before a volume is set
+// up.
+func (n *node) object(ctx context.Context, pod types.UID, resource, namespace, name string) {
 	key := resource + "/" + namespace + "/" + name
-	v, loaded := n.objects.LoadOrStore(key, make(chan struct{}))
-	synced := v.(chan struct{})
-	if loaded {
-		select {
-		case <-synced:
-		case <-ctx.Done():
+	n.mu.Lock()
+	if n.objects == nil {
+		n.objects, n.mounts = map[string]*mounted{}, map[types.UID][]string{}
+	}
+	m, ok := n.objects[key]
+	if !ok {
+		var informerCtx context.Context
+		informerCtx, cancel := context.WithCancel(ctx)
+		m = &mounted{synced: make(chan struct{}), stop: cancel, pods: map[types.UID]bool{}}
+		var obj runtime.Object = &corev1.Secret{}
+		if resource == "configmaps" {
+			obj = &corev1.ConfigMap{}
 		}
+		m.w = n.watch(n.client.CoreV1().RESTClient(), n.client, resource, namespace, "metadata.name", name, obj)
+		inf := m.w.informer
+		n.objects[key] = m
+		go inf.RunWithContext(informerCtx)
+		go func() {
+			cache.WaitForCacheSync(informerCtx.Done(), inf.HasSynced)
+			close(m.synced)
+		}()
+	}
+	if !m.pods[pod] {
+		m.pods[pod] = true
+		n.mounts[pod] = append(n.mounts[pod], key)
+	}
+	n.mu.Unlock()
+	select {
+	case <-m.synced:
+	case <-ctx.Done():
+	}
+}
+
+// podGone releases what a pod deleted from the node mounted: an informer no pod needs any
+// more stops, as the kubelet's does once the last pod using its object is gone.
+func (n *node) podGone(o any) {
+	if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
+		o = d.Obj
+	}
+	pod, ok := o.(*corev1.Pod)
+	if !ok {
 		return
 	}
-	f := informers.NewSharedInformerFactoryWithOptions(n.client, 0, informers.WithNamespace(namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
-		}))
-	var inf cache.SharedIndexInformer
-	if resource == "configmaps" {
-		inf = f.Core().V1().ConfigMaps().Informer()
-	} else {
-		inf = f.Core().V1().Secrets().Informer()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, key := range n.mounts[pod.UID] {
+		m := n.objects[key]
+		if m == nil {
+			continue
+		}
+		delete(m.pods, pod.UID)
+		if len(m.pods) == 0 {
+			m.stop()
+			n.stats.remove(m.w)
+			delete(n.objects, key)
+		}
 	}
-	f.Start(ctx.Done())
-	cache.WaitForCacheSync(ctx.Done(), inf.HasSynced)
-	close(synced)
+	delete(n.mounts, pod.UID)
 }
 
 // ca signs the nodes' client certificates.

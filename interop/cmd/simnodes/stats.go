@@ -1,0 +1,308 @@
+package main
+
+// What the simulated nodes' informers saw, for the cluster tests: how often each synced from
+// scratch (a list, or a watch that sends its initial events: a relist once it had synced
+// before), how many 410s its lists and watches were answered, and, on request, its store
+// compared with a list read directly from kube-apiserver.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// watched is one informer of one node: what it selects, and how often it synced from scratch.
+type watched struct {
+	resource, namespace string
+	field, value        string // a one-term field selector, or none
+	informer            cache.SharedIndexInformer
+	syncs               atomic.Int64
+}
+
+// stats are every node's informers together.
+type stats struct {
+	// Informers built (stopped ones included), syncs from scratch, 410s.
+	built, syncs, gone atomic.Int64
+	mu                 sync.Mutex
+	all                []*watched
+}
+
+// informer builds (not starts) an informer of resource under the client g belongs to, as the
+// client's generated informers build theirs (streamed initial events where the client
+// supports them), counting its syncs and 410s.
+func (n *node) informer(g cache.Getter, client kubernetes.Interface, resource, namespace, field, value string, obj runtime.Object) cache.SharedIndexInformer {
+	return n.watch(g, client, resource, namespace, field, value, obj).informer
+}
+
+// watch is informer, with its record.
+func (n *node) watch(g cache.Getter, client kubernetes.Interface, resource, namespace, field, value string, obj runtime.Object) *watched {
+	w := &watched{resource: resource, namespace: namespace, field: field, value: value}
+	selector := fields.Everything()
+	if field != "" {
+		selector = fields.OneTermEqualSelector(field, value)
+	}
+	inner := cache.NewListWatchFromClient(g, resource, namespace, selector)
+	st := n.stats
+	gone := func(err error) {
+		if apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+			st.gone.Add(1)
+		}
+	}
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			w.syncs.Add(1)
+			st.syncs.Add(1)
+			list, err := inner.ListWithContext(ctx, o)
+			gone(err)
+			return list, err
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			if o.SendInitialEvents != nil && *o.SendInitialEvents {
+				w.syncs.Add(1)
+				st.syncs.Add(1)
+			}
+			wi, err := inner.WatchWithContext(ctx, o)
+			if err != nil {
+				gone(err)
+				return nil, err
+			}
+			return watch.Filter(wi, func(e watch.Event) (watch.Event, bool) {
+				if e.Type == watch.Error {
+					gone(apierrors.FromObject(e.Object))
+				}
+				return e, true
+			}), nil
+		},
+	}
+	w.informer = cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, client), obj,
+		cache.SharedIndexInformerOptions{})
+	st.mu.Lock()
+	st.all = append(st.all, w)
+	st.mu.Unlock()
+	st.built.Add(1)
+	return w
+}
+
+// remove forgets a stopped informer: its store is no longer compared.
+func (st *stats) remove(w *watched) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for i, x := range st.all {
+		if x == w {
+			st.all = append(st.all[:i], st.all[i+1:]...)
+			return
+		}
+	}
+}
+
+func (st *stats) informers() []*watched {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return append([]*watched(nil), st.all...)
+}
+
+// serve answers on addr:
+//
+//	/counts   {"nodes","informers","built","syncs","relists","gone"}: informers running,
+//	          informers built (stopped ones too), and relists, the syncs past each one's first
+//	/seen?resource=R&namespace=N&name=X
+//	          {"informers","have"}: how many informers of R hold N/X
+//	/compare  {"informers","objects","differ","stores_differ","example"}: every informer's store
+//	          against a list read directly from kube-apiserver (--compare-kubeconfig), by name
+//	          and resourceVersion
+func (st *stats) serve(addr, compareKubeconfig string, running *atomic.Int64) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	reply := func(w http.ResponseWriter, v any) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(v)
+	}
+	mux.HandleFunc("/counts", func(w http.ResponseWriter, _ *http.Request) {
+		syncs, built := st.syncs.Load(), st.built.Load()
+		reply(w, map[string]int64{
+			"nodes": running.Load(), "informers": int64(len(st.informers())), "built": built,
+			"syncs": syncs, "relists": syncs - built, "gone": st.gone.Load(),
+		})
+	})
+	mux.HandleFunc("/seen", func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		key := q.Get("name")
+		if ns := q.Get("namespace"); ns != "" {
+			key = ns + "/" + key
+		}
+		var informers, have int
+		for _, x := range st.informers() {
+			if x.resource != q.Get("resource") {
+				continue
+			}
+			informers++
+			if _, ok, _ := x.informer.GetStore().GetByKey(key); ok {
+				have++
+			}
+		}
+		reply(w, map[string]int{"informers": informers, "have": have})
+	})
+	mux.HandleFunc("/compare", func(w http.ResponseWriter, r *http.Request) {
+		if compareKubeconfig == "" {
+			http.Error(w, "no --compare-kubeconfig", http.StatusBadRequest)
+			return
+		}
+		out, err := st.compare(r.Context(), compareKubeconfig)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		reply(w, out)
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && err != http.ErrServerClosed {
+			log.Printf("status server: %v", err)
+		}
+	}()
+	return nil
+}
+
+// group of each resource the nodes watch, for the direct lists.
+var groupVersion = map[string][2]string{
+	"pods": {"", "v1"}, "nodes": {"", "v1"}, "services": {"", "v1"}, "configmaps": {"", "v1"},
+	"secrets": {"", "v1"}, "runtimeclasses": {"node.k8s.io", "v1"}, "csidrivers": {"storage.k8s.io", "v1"},
+	"endpointslices": {"discovery.k8s.io", "v1"}, "servicecidrs": {"networking.k8s.io", "v1"},
+}
+
+type comparison struct {
+	Informers    int    `json:"informers"`
+	Objects      int    `json:"objects"`
+	Differ       int    `json:"differ"`
+	StoresDiffer int    `json:"stores_differ"`
+	Example      string `json:"example,omitempty"`
+}
+
+// compare reads each watched resource once, directly from kube-apiserver, and counts the
+// objects in which each store differs from what its selector picks out of that list: missing,
+// extra, or at another resourceVersion.
+func (st *stats) compare(ctx context.Context, kubeconfig string) (comparison, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return comparison{}, err
+	}
+	cfg.QPS, cfg.Burst = 50, 100
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return comparison{}, err
+	}
+	// direct[resource][namespace/name] = the object's resourceVersion and its pod's node.
+	type entry struct{ rv, node string }
+	direct := map[string]map[string]entry{}
+	all := st.informers()
+	for _, x := range all {
+		if direct[x.resource] != nil {
+			continue
+		}
+		gv := groupVersion[x.resource]
+		list, err := dyn.Resource(schema.GroupVersionResource{Group: gv[0], Version: gv[1], Resource: x.resource}).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return comparison{}, fmt.Errorf("listing %s: %w", x.resource, err)
+		}
+		m := map[string]entry{}
+		for _, o := range list.Items {
+			key := o.GetName()
+			if o.GetNamespace() != "" {
+				key = o.GetNamespace() + "/" + key
+			}
+			node, _, _ := unstructuredString(o.Object, "spec", "nodeName")
+			m[key] = entry{rv: o.GetResourceVersion(), node: node}
+		}
+		direct[x.resource] = m
+	}
+	var out comparison
+	for _, x := range all {
+		out.Informers++
+		want := map[string]string{}
+		for key, e := range direct[x.resource] {
+			ns, name, _ := cache.SplitMetaNamespaceKey(key)
+			if x.namespace != "" && ns != x.namespace {
+				continue
+			}
+			switch x.field {
+			case "metadata.name":
+				if name != x.value {
+					continue
+				}
+			case "spec.nodeName":
+				if e.node != x.value {
+					continue
+				}
+			}
+			want[key] = e.rv
+		}
+		have := map[string]string{}
+		for _, o := range x.informer.GetStore().List() {
+			m, err := meta.Accessor(o)
+			if err != nil {
+				continue
+			}
+			key, _ := cache.MetaNamespaceKeyFunc(o)
+			have[key] = m.GetResourceVersion()
+		}
+		differ := 0
+		var keys []string
+		for key, rv := range want {
+			if have[key] != rv {
+				differ++
+				keys = append(keys, key)
+			}
+		}
+		for key := range have {
+			if _, ok := want[key]; !ok {
+				differ++
+				keys = append(keys, key)
+			}
+		}
+		out.Objects += len(want)
+		out.Differ += differ
+		if differ > 0 {
+			out.StoresDiffer++
+			if out.Example == "" {
+				sort.Strings(keys)
+				out.Example = fmt.Sprintf("%s %s=%s in %q: %v", x.resource, x.field, x.value, x.namespace, keys[:min(len(keys), 3)])
+			}
+		}
+	}
+	return out, nil
+}
+
+func unstructuredString(obj map[string]any, path ...string) (string, bool, error) {
+	var cur any = obj
+	for _, p := range path {
+		m, ok := cur.(map[string]any)
+		if !ok {
+			return "", false, nil
+		}
+		cur = m[p]
+	}
+	s, ok := cur.(string)
+	return s, ok, nil
+}
