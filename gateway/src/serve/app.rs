@@ -84,7 +84,11 @@ impl ServerState {
         } = parts;
         let caches = Caches::new(&opts.watch_cache_config());
         let mut metrics = Metrics::new();
-        metrics.register_collector(caches.collector());
+        // A proxy never starts these caches (it has no store): its metrics list only the
+        // caches it runs, its mirror's.
+        if opts.upstream_kubeconfig.is_none() {
+            metrics.register_collector(caches.collector());
+        }
         let jwt = jwt::Runtime::register(metrics.registry_mut());
         let authentication_reloads = ReloadMetrics::register(
             metrics.registry_mut(),

@@ -366,6 +366,45 @@ async fn lists_and_watches_come_from_the_cache_and_survive_a_relist() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_list_only_the_caches_the_proxy_runs() {
+    let up = start_upstream().await;
+    up.change("a", Some("1"), false);
+    let proxy = Proxy::start(up.addr, |_| {}).await.unwrap();
+    let alice = proxy.user("alice", &[], false);
+    eventually(Duration::from_secs(20), "the cache is filled", || async {
+        alice.get("/readyz").await.0 == StatusCode::OK
+    })
+    .await;
+    let r = alice.request(Method::GET, "/metrics", "", &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let text = r.text();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("svc_proxy_cache_objects{")
+                && l.contains("resource=\"configmaps\"")),
+        "{text}"
+    );
+    // The standalone server's caches (namespaces, secrets, ...) never run in a proxy: no
+    // series of theirs, empty or not.
+    let uncached: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            [
+                "apiserver_watch_cache_",
+                "apiserver_storage_objects",
+                "apiserver_resource_objects",
+            ]
+            .iter()
+            .any(|p| l.starts_with(p))
+                && l.contains("resource=")
+                && !l.contains("resource=\"configmaps\"")
+        })
+        .collect();
+    assert!(uncached.is_empty(), "{uncached:#?}");
+    proxy.handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_upstream_decides_who_reads_the_cache() {
     let up = start_upstream().await;
     up.change("a", Some("1"), false);
