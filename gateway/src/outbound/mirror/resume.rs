@@ -62,10 +62,11 @@ impl ResumePoints {
         self.loaded.lock().remove(key)
     }
 
-    /// Records the revisions the caches have `now`, and writes the oldest sample no older
-    /// than `lag` (the oldest there is, while the proxy has run for less).
+    /// Records the revisions the caches have `now`, and writes, for each of them, its
+    /// revision in the oldest sample no older than `lag` that holds it (the oldest there is,
+    /// while the proxy has run for less, or since the resource was first cached).
     pub fn tick(&self, now: Instant, revisions: HashMap<Key, Revision>) {
-        let due = {
+        let due: HashMap<Key, Revision> = {
             let mut samples = self.samples.lock();
             samples.push_back((now, revisions));
             while samples
@@ -74,11 +75,20 @@ impl ResumePoints {
             {
                 samples.pop_front();
             }
-            match samples.front() {
-                Some((_, points)) if !points.is_empty() => points.clone(),
-                _ => return,
-            }
+            let Some((_, newest)) = samples.back() else {
+                return;
+            };
+            newest
+                .keys()
+                .filter_map(|key| {
+                    let oldest = samples.iter().find_map(|(_, s)| s.get(key))?;
+                    Some((key.clone(), *oldest))
+                })
+                .collect()
         };
+        if due.is_empty() {
+            return;
+        }
         if let Err(e) = self.write(&due) {
             tracing::warn!(path = %self.path.display(), error = %e, "writing resume points failed");
         }
@@ -143,17 +153,27 @@ mod tests {
                 again.take(&key("apps", "deployments")),
             )
         };
+        // Nothing cached yet at the first tick.
+        points.tick(at(0), HashMap::new());
+        assert!(!dir.path().join("resume-points").exists());
         points.tick(
-            at(0),
+            at(1),
             HashMap::from([(key("", "pods"), 10), (key("apps", "deployments"), 12)]),
         );
         // Younger than the lag: the oldest sample there is.
         assert_eq!(read(), (Some(10), Some(12)));
-        points.tick(at(30), HashMap::from([(key("", "pods"), 20)]));
+        points.tick(
+            at(30),
+            HashMap::from([(key("", "pods"), 20), (key("apps", "deployments"), 22)]),
+        );
         assert_eq!(read(), (Some(10), Some(12)));
-        points.tick(at(61), HashMap::from([(key("", "pods"), 30)]));
-        // The sample of 0 s is past the lag, and the one of 30 s not yet: still 0 s's.
+        points.tick(
+            at(62),
+            HashMap::from([(key("", "pods"), 30), (key("apps", "deployments"), 32)]),
+        );
+        // The sample of 1 s is past the lag, and the one of 30 s not yet: still 1 s's.
         assert_eq!(read(), (Some(10), Some(12)));
+        // A resource no longer cached is no longer written.
         points.tick(at(95), HashMap::from([(key("", "pods"), 40)]));
         assert_eq!(read(), (Some(20), None));
         let again = ResumePoints::open(dir.path(), lag);
