@@ -1,6 +1,6 @@
 //! The resource registry: every served kind, one line each in `kinds!` below. Routing,
 //! discovery, OpenAPI, caches, codecs, Table, apply and field selectors all read it; nothing
-//! else in the workspace keeps a per-kind table (a tidy test checks).
+//! else in the workspace keeps a table of these kinds (`core/tests/architecture.rs` checks).
 
 use crate::codec::ProtoKind;
 use crate::kinds::{

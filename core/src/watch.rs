@@ -6,16 +6,19 @@
 //!
 //! | file | Kubernetes | holds |
 //! |---|---|---|
-//! | [`cache`] | `watch_cache.go`, ingest half of `cacher.go` | [`WatchCache`]: state, apply, list |
+//! | [`cache`] | `watch_cache.go`, ingest half of `cacher.go` | [`WatchCache`]: state, apply, resync, prune |
+//! | `cache/read.rs` | `watch_cache.go` reads | snapshots of the state, lists, gets, initial events |
 //! | [`snapshots`] | `watch_cache.go` snapshots | [`Snapshot`], the list-snapshot ring |
 //! | [`history`] | `watch_cache.go` ring | [`WatchCacheEvent`], the history ring |
 //! | [`interval`] | `watch_cache_interval.go` | [`WatchCacheInterval`], an overrunnable cursor |
-//! | [`dispatch`] | fan-out half of `cacher.go` | the watcher index and dispatch |
+//! | [`dispatch`] | fan-out half of `cacher.go` | the watcher index (namespace, name, a pinned field) and dispatch |
 //! | [`watcher`] | `cache_watcher.go` | [`Watcher`]: filter, transitions, drain, bookmarks |
 //! | [`frames`] | `caching_object.go` | frames encoded once per event and format |
-//! | [`object`] | `storeElement` | [`CachedObject`], [`KindCodec`], [`Selector`] |
+//! | [`cached`] | `storeElement` | [`CachedObject`], [`KindCodec`], [`Selector`] |
+//! | [`waiters`] | `waitUntilFreshAndBlock` | [`RevisionWait`]: resolves once the cache reaches a revision |
+//! | [`settings`] | the cacher's configuration | [`WatchCacheConfig`]: every bound |
 //! | [`wakes`] | (none) | [`WakeGate`]: watcher wake-ups paced in slices under load |
-//! | [`unstructured`] | `unstructured.go` | the codec of kinds described at run time |
+//! | [`unstructured`] | `unstructured.go` | the codec of kinds described at run time (proxy mode) |
 //!
 //! # Fan-out: cursors with a per-watcher index, not pushed frames
 //!
@@ -33,8 +36,8 @@
 //! resolves those positions against the ring and takes the shared frames in one batch, up to
 //! a byte budget, for one coalesced write. When a watcher's index queue reaches its bound it
 //! is dropped and replaced by a cursor interval over the ring, which the watcher walks and
-//! filters itself; it ends with a 410 `ERROR` frame only when the ring moves past its
-//! position. Hence:
+//! filters itself (and then doubles its own queue, up to the bound: dispatch never grows one);
+//! it ends with a 410 `ERROR` frame only when the ring moves past its position. Hence:
 //! - ingest cost per event: O(log n) state update + O(matching watchers);
 //! - memory per watcher: a few hundred bytes idle, at most `watcher_queue_limit × 8` bytes
 //!   busy or stalled; the events themselves are bounded by the ring's age, bytes and count;
@@ -42,10 +45,12 @@
 //!
 //! # How the gateway drives it
 //!
-//! - **Ingest task** (one per type): `store.range(prefix)` then [`WatchCache::replace`]; then
-//!   `store.watch(prefix, revision)` and [`WatchCache::apply`] for each feed item (progress
-//!   items too); [`WatchCache::prune`] on a timer when the feed is idle; on a feed error,
-//!   relist and `replace` again.
+//! - **Ingest task** (one per type; in the gateway all of them on one thread):
+//!   `store.range(prefix)` then [`WatchCache::replace`]; then `store.watch(prefix, revision)`
+//!   and [`WatchCache::apply`] for each feed item (progress items too); [`WatchCache::prune`]
+//!   on a timer when the feed is idle; on a feed error, relist and `replace` again. Proxy mode's
+//!   caches are fed from an upstream list and watch instead, and a relist after a 410 goes
+//!   through [`WatchCache::resync`], which sends the differences as events.
 //! - **List**: for "Most Recent" reads, read the store's current revision and await
 //!   [`WatchCache::wait_for_revision`] (with a timeout: 504); then [`WatchCache::list`] at
 //!   `None` (current) or `Some(rev)` (Exact, continue tokens). Items carry their canonical
@@ -54,10 +59,13 @@
 //!   [`WakeGate::paced`] gate; the task awaits [`WakeGate::pace`] and calls
 //!   [`WakeGate::release`] (one slice of deferred watcher wake-ups) until it returns 0,
 //!   yielding to the runtime after each slice. [`WatchCache::new`] wakes every watcher at once.
-//! - **Watch task**: [`WatchCache::watch`] returns a [`Watcher`]; loop { `select!` on
-//!   [`Watcher::ready`], the bookmark timer ([`Watcher::next_bookmark_at`]) and the request
-//!   timeout (then write [`Watcher::final_bookmark`] and stop); [`Watcher::drain`] a batch;
-//!   write its frames with one vectored write; stop when `finished` }.
+//! - **Watch**: [`WatchCache::watch`] returns a [`Watcher`], which no task of its own serves:
+//!   whoever serves the connection polls it (an HTTP/1.1 response body, or an h2 connection's
+//!   task, which polls every watch of the connection and names itself their wake group with
+//!   [`Watcher::set_wake_group`]). Woken through [`Watcher::ready`], or by its server's timer
+//!   at [`Watcher::next_bookmark_at`], it [`Watcher::drain`]s a batch of shared frames, written
+//!   as one chunk; at the request's timeout its server writes [`Watcher::final_bookmark`] and
+//!   ends it; it stops when `finished`.
 
 pub mod cache;
 pub mod cached;

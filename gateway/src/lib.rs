@@ -1,15 +1,17 @@
 //! svc-gateway: the HTTP edge of the svc API server, built in layers. Each layer is a folder
-//! that uses only the layers before it (`core/tests/architecture.rs` checks this):
+//! that uses only the layers before it (`gateway/tests/layers.rs` checks this, and that no
+//! layer's modules depend on each other in a circle):
 //!
 //! 1. `base`: flags, feature gates, query strings, routes, lifecycle, deadlines;
 //! 2. `observe`: metrics and traces;
-//! 3. `outbound`: PKI, egress, the webhook client;
+//! 3. `outbound`: PKI, egress, the webhook client, proxy mode's upstream and caches;
 //! 4. `registry`: watch caches, admission, typed operations over the store;
 //! 5. `security`: authentication, authorization, audit;
-//! 6. `http`: negotiation, responses, limits, REST handlers, discovery, OpenAPI, health;
+//! 6. `http`: negotiation, responses, limits, REST handlers, discovery, OpenAPI, health,
+//!    proxy mode's cached reads and pass-through;
 //! 7. `serve`: server state, listeners, connections, the request pipeline, loopback;
 //! 8. `controllers`: the built-in controllers (namespaces, service accounts, CSRs);
-//! 9. `run`: starting and stopping a whole server.
+//! 9. `run`: starting and stopping a whole server, standalone or a proxy.
 //!
 //! The crate root defines nothing.
 //!

@@ -1,10 +1,17 @@
-//! One watch (Kubernetes' `cache_watcher.go`): its filter and the selector transition rules,
-//! the initial events, the drain that turns queued positions into shared frames, bookmarks,
-//! and the slow-consumer policy (a watcher the ring has moved past ends with a 410 `ERROR`).
+//! One watch (Kubernetes' `cache_watcher.go`): its filter (namespace, name, a field its
+//! selector pins, which choose its bucket in the dispatch index) and the selector transition
+//! rules, the initial events, the drain that turns queued positions into shared frames,
+//! bookmarks, and the slow-consumer policy: a watcher whose queue ran over walks the ring from
+//! its position itself, then doubles its queue (up to the bound) for next time, and one the
+//! ring has moved past ends with a 410 `ERROR`.
 //!
-//! The gateway owns a [`Watcher`] per stream and drives it: await [`Watcher::ready`] (or a
-//! bookmark or timeout timer), call [`Watcher::drain`] for a batch of frames up to a byte
-//! budget, write them in one vectored write, repeat until `finished`. The cache never
+//! No task of its own serves a [`Watcher`]: whoever serves its connection polls it, an
+//! HTTP/1.1 response body or an h2 connection's task, which polls all the connection's watches
+//! and names itself their wake group ([`Watcher::set_wake_group`]) so the wake gate counts
+//! them as one task. Woken through [`Watcher::ready`] (or by its server's timer at
+//! [`Watcher::next_bookmark_at`]), it hands a batch of frames up to a byte budget from
+//! [`Watcher::drain`], written as one chunk, until `finished`. A drain borrows the frames under
+//! the cache's state lock, cloning none of the `Arc`s every watcher shares. The cache never
 //! blocks on a watcher and never holds frames for it.
 
 use std::collections::VecDeque;
