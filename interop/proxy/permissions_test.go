@@ -796,6 +796,9 @@ func TestPermissionDifferential(t *testing.T) {
 	r := add(admin, "admin /readyz/upstream", permGet("/readyz/upstream"), 404)
 	r.wantProxy, r.why = 200, "documented difference: the proxy's own check of its upstream"
 	add(admin, "admin /livez/ping", permGet("/livez/ping"), 200)
+	// A field selector a kind does not have: metadata.namespace on a cluster-scoped kind.
+	add(admin, "admin nodes by metadata.namespace rv=0", permGet("/api/v1/nodes?fieldSelector=metadata.namespace%3Dx&"+rv0), 400)
+	add(admin, "admin namespaces by metadata.namespace watch rv=0", permGet("/api/v1/namespaces?watch=1&fieldSelector=metadata.namespace%3Dx&"+rv0), 400)
 
 	runPermRows(t, pc, rows, 80*time.Second)
 

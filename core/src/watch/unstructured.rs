@@ -108,14 +108,6 @@ pub fn selectable_fields(group: &str, kind: &str) -> Cow<'static, [SelectableFie
     })
 }
 
-/// Whether `field` may be used in a field selector on the kind.
-pub fn supports_field(group: &str, kind: &str, field: &str) -> bool {
-    matches!(field, "metadata.name" | "metadata.namespace")
-        || selectable_fields(group, kind)
-            .iter()
-            .any(|f| f.name == field)
-}
-
 /// The group of an `apiVersion` (`apps/v1` → `apps`, `v1` → the core group).
 fn group_of(api_version: &str) -> &str {
     api_version.split_once('/').map_or("", |(g, _)| g)
@@ -311,15 +303,19 @@ mod tests {
     }
 
     #[test]
-    fn supported_fields_follow_the_kind() {
-        assert!(supports_field("", "Pod", "spec.nodeName"));
-        assert!(supports_field("example.com", "Widget", "metadata.name"));
-        assert!(!supports_field("example.com", "Widget", "spec.nodeName"));
+    fn selectable_fields_follow_the_kind() {
+        let has = |group, kind, field| {
+            selectable_fields(group, kind)
+                .iter()
+                .any(|f| f.name == field)
+        };
+        assert!(has("", "Pod", "spec.nodeName"));
+        assert!(!has("example.com", "Widget", "spec.nodeName"));
         for (kind, field) in [("Secret", "type"), ("Namespace", "status.phase")] {
-            assert!(supports_field("", kind, field), "{kind} {field}");
+            assert!(has("", kind, field), "{kind} {field}");
         }
-        assert!(!supports_field("", "Secret", "status.phase"));
-        assert!(supports_field(
+        assert!(!has("", "Secret", "status.phase"));
+        assert!(has(
             "certificates.k8s.io",
             "CertificateSigningRequest",
             "spec.signerName"

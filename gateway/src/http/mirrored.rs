@@ -34,7 +34,6 @@ use svc_core::ApiError;
 use svc_core::selector::{FieldSelector, LabelSelector};
 use svc_core::table::IncludeObject;
 use svc_core::user::UserInfo;
-use svc_core::watch::unstructured::supports_field;
 use svc_core::watch::{FrameFormat, ListRequest, Selector, WatchRequest, WatchStart};
 
 use crate::base::query::{ListOptions, Query};
@@ -147,10 +146,9 @@ pub async fn serve(
     let protobuf = mirrored.cache.codec().protobuf.is_some();
     let format = cached_format(headers, api, opts.watch, protobuf)?;
     let labels = LabelSelector::parse(&opts.label_selector).ok()?;
-    let fields = FieldSelector::parse(&opts.field_selector, |f| {
-        supports_field(info.group, info.kind, f)
-    })
-    .ok()?;
+    // The kind's own fields, and `metadata.namespace` only where it is namespaced: a field
+    // selector the upstream refuses is passed through, for its own 400.
+    let fields = FieldSelector::parse(&opts.field_selector, |f| info.supports_field(f)).ok()?;
     let include = match format {
         Format::Table => return None,
         _ => IncludeObject::parse(query.get("includeObject")).ok()?,
