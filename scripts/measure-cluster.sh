@@ -57,8 +57,8 @@ for mode in ${MODES:-direct proxy}; do
 		cd interop/cluster
 		CLUSTER_KUBECONFIG=$d/agents/admin.kubeconfig CLUSTER_MODE=$mode CLUSTER_NODES=$((NODES + SIMS)) CLUSTER_DIR=$d \
 			CLUSTER_PODS=$PODS CLUSTER_UPSTREAM_KUBECONFIG=$d/kube/admin.kubeconfig \
-			"$OUT/cluster.test" -test.v -test.count=1 -test.timeout=900s
-	) | tee "$OUT/$mode.log" | grep -E "cluster:|upstream|fault:|stores:|FAIL|ok|PASS" || true
+			"$OUT/cluster.test" -test.v -test.count=1 -test.timeout=900s -test.run TestWorkload
+	) | tee "$OUT/$mode.log" | grep -E "cluster:|upstream|FAIL|ok|PASS" || true
 	kube=$(diff "$(cpu "$d/kube/kube-apiserver.pid")" "$before_kube")
 	etcd=$(diff "$(cpu "$d/kube/etcd.pid")" "$before_etcd")
 	proxy=0 proxy_rss=0
@@ -70,5 +70,11 @@ for mode in ${MODES:-direct proxy}; do
 	proxy=$(diff "$proxy" "$before_proxy")
 	echo "resources: mode=$mode kube_apiserver_cpu_s=$kube kube_apiserver_peak_rss_mib=$(hwm "$d/kube/kube-apiserver.pid") etcd_cpu_s=$etcd proxies_cpu_s=$proxy proxies_peak_rss_mib=$proxy_rss" |
 		tee -a "$OUT/$mode.log"
+	# The faults last: they restart kube-apiserver (a new process) and kill a proxy.
+	(
+		cd interop/cluster
+		CLUSTER_KUBECONFIG=$d/agents/admin.kubeconfig CLUSTER_MODE=$mode CLUSTER_DIR=$d CLUSTER_PODS=$PODS \
+			"$OUT/cluster.test" -test.v -test.count=1 -test.timeout=900s -test.run TestFaults
+	) | tee -a "$OUT/$mode.log" | grep -E "fault:|stores:|FAIL|ok|PASS" || true
 	interop/cluster.sh down "$d" >/dev/null 2>&1 || true
 done
