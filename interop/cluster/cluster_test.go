@@ -307,28 +307,7 @@ func TestWorkload(t *testing.T) {
 	})
 
 	before, measured := upstreamMetrics(ctx, t)
-	ns := fmt.Sprintf("wl-%d", rand.Intn(1_000_000))
-	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		_ = c.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
-	}()
-	// The namespace's default ServiceAccount comes from the controller manager.
-	until(ctx, t, time.Minute, "the default ServiceAccount", func() (bool, error) {
-		_, err := c.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
-		return err == nil, nil
-	})
-	if _, err := c.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: "config"}, Data: map[string]string{"a": "1"},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: "secret"}, StringData: map[string]string{"b": "2"},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	ns := workloadNamespace(ctx, t, c, "wl")
 	if _, err := c.CoreV1().Services(ns).Create(ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "web"},
 		Spec: corev1.ServiceSpec{
@@ -435,6 +414,35 @@ func TestWorkload(t *testing.T) {
 	if p99 > 5*time.Second {
 		t.Errorf("pod startup p99 %v, over 5 s", p99)
 	}
+}
+
+// workloadNamespace creates a namespace named after prefix (deleted when the test ends), waits
+// for its default ServiceAccount (the controller manager's), and creates the ConfigMap
+// "config" and the Secret "secret" the workload's pods mount.
+func workloadNamespace(ctx context.Context, t *testing.T, c kubernetes.Interface, prefix string) string {
+	t.Helper()
+	ns := fmt.Sprintf("%s-%d", prefix, rand.Intn(1_000_000))
+	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
+	})
+	until(ctx, t, time.Minute, "the default ServiceAccount", func() (bool, error) {
+		_, err := c.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, nil
+	})
+	if _, err := c.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: "config"}, Data: map[string]string{"a": "1"},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "secret"}, StringData: map[string]string{"b": "2"},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return ns
 }
 
 // deployment is the workload's Deployment "web": pods that mount a ConfigMap "config" and a
@@ -556,35 +564,9 @@ func TestFaults(t *testing.T) {
 	pods := envInt("CLUSTER_FAULT_PODS", envInt("CLUSTER_PODS", 10)/2)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	ns := fmt.Sprintf("faults-%d", rand.Intn(1_000_000))
-	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+	ns := workloadNamespace(ctx, t, c, "faults")
+	if _, err := c.AppsV1().Deployments(ns).Create(ctx, deployment(int32(pods)), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
-	}
-	defer func() {
-		_ = c.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
-	}()
-	until(ctx, t, time.Minute, "the default ServiceAccount", func() (bool, error) {
-		_, err := c.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
-		return err == nil, nil
-	})
-	dep := deployment(int32(pods))
-	for _, o := range []func() error{
-		func() error {
-			_, err := c.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "config"}, Data: map[string]string{"a": "1"}}, metav1.CreateOptions{})
-			return err
-		},
-		func() error {
-			_, err := c.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "secret"}, StringData: map[string]string{"b": "2"}}, metav1.CreateOptions{})
-			return err
-		},
-		func() error {
-			_, err := c.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{})
-			return err
-		},
-	} {
-		if err := o(); err != nil {
-			t.Fatal(err)
-		}
 	}
 	until(ctx, t, 4*time.Minute, "the Deployment available", available(ctx, c.AppsV1().Deployments(ns), int32(pods)))
 
