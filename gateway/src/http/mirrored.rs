@@ -13,7 +13,7 @@
 //! | watch from a version the cache holds history for, `sendInitialEvents` included | from the cache |
 //! | watch from a version past the cache that another cache has seen upstream (a consistent list's) | from the cache, skipping what comes up to the version |
 //! | watch from an older version (one held before this proxy started) | passed through, so clients resume instead of relisting; 410 when the pass-through is over its bound (`http/proxy/long_running.rs`), so they relist from the cache |
-//! | watch, resourceVersion unset, `sendInitialEvents=true` (client-go's informers) | from the cache, once proven as fresh as the upstream (`outbound/mirror/fresh.rs`); passed through when it cannot be |
+//! | watch, resourceVersion unset, `sendInitialEvents=true` (client-go's informers) | from the cache, once proven as fresh as the upstream (`outbound/mirror/fresh.rs`): for one object (its name as the field selector: a kubelet's ConfigMap and Secret informers), that object as upstream has it now; passed through when it cannot be |
 //! | watch, resourceVersion unset, no initial events | passed through (a consistent start) |
 //! | protobuf of a built-in kind (kubelets, controllers) | from the cache, written from the upstream's JSON (`svc_core::watch::unstructured::protobuf`) |
 //! | protobuf only of a custom resource (which the upstream refuses too), Tables, field selectors the cache cannot evaluate, bad parameters | passed through: the upstream answers |
@@ -192,8 +192,22 @@ pub async fn serve(
             retry_after_seconds: Some(1),
         }));
     }
-    if (consistent_start || consistent_list) && mirror.prove_fresh(&mirrored).await.is_err() {
-        return None;
+    // A start from the newest state of one object (a kubelet's ConfigMap and Secret
+    // informers) is proven for that object alone, at once; others for the whole cache.
+    if consistent_start || consistent_list {
+        // One object: a name, and a namespace exactly where the kind has them.
+        let one = consistent_start && target.namespace.is_empty() != info.namespaced();
+        let proven = match name.filter(|_| one) {
+            Some(name) => {
+                mirror
+                    .prove_object_fresh(&mirrored, target.namespace, name)
+                    .await
+            }
+            None => mirror.prove_fresh(&mirrored).await,
+        };
+        if proven.is_err() {
+            return None;
+        }
     }
     let wanted = rv_num.or(ours_token.as_ref().map(|t| t.rv));
     // A watch from a revision the upstream is known to have reached (another cache saw it)

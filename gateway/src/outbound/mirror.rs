@@ -152,6 +152,17 @@ impl Mirror {
         m.freshness.prove(&self.upstream, m.info, &m.cache).await
     }
 
+    /// Waits until `m`'s cache holds the object `namespace`/`name` as the upstream's newest
+    /// state has it (`mirror/fresh.rs` `prove_object`): the proof for a read of one object.
+    pub async fn prove_object_fresh(
+        &self,
+        m: &Mirrored,
+        namespace: &str,
+        name: &str,
+    ) -> Result<(), String> {
+        fresh::prove_object(&self.upstream, m.info, &m.cache, namespace, name).await
+    }
+
     /// The newest upstream revision any cache has reached: a revision the upstream surely
     /// has (each cache follows its own upstream watch, so one may be ahead of another).
     pub fn max_revision(&self) -> i64 {

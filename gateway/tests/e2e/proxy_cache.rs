@@ -44,6 +44,8 @@ struct State {
     watch_timeouts: Vec<u64>,
     /// The revision of every Exact list asked for.
     exact_lists: Vec<i64>,
+    /// The name of every one-object streaming list asked for.
+    object_proofs: Vec<String>,
 }
 
 struct Upstream {
@@ -140,7 +142,32 @@ async fn answer(up: Arc<Upstream>, req: Request<Incoming>) -> Response<Out> {
             StatusCode::OK,
             json!({"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "items": []}),
         ),
-        // Streaming lists are not offered: the proxy lists in pages.
+        // A streaming list of one object, from the newest state: the object, then the end
+        // of the initial events (the proxy's proof for a read of one object).
+        (Method::GET, "/api/v1/namespaces/ns/configmaps")
+            if query.contains_key("sendInitialEvents")
+                && query
+                    .get("fieldSelector")
+                    .is_some_and(|f| f.starts_with("metadata.name=")) =>
+        {
+            let mut s = up.state.lock();
+            let name = &query["fieldSelector"]["metadata.name=".len()..];
+            s.object_proofs.push(name.to_string());
+            let mut body = Vec::new();
+            if let Some(obj) = s.objects.get(name) {
+                body.extend_from_slice(&line("ADDED", obj));
+            }
+            let end = json!({"kind": "ConfigMap", "apiVersion": "v1",
+                             "metadata": {"resourceVersion": s.rv.to_string(),
+                                          "annotations": {"k8s.io/initial-events-end": "true"}}});
+            body.extend_from_slice(&line("BOOKMARK", &end));
+            Response::new(
+                http_body_util::Full::new(Bytes::from(body))
+                    .map_err(|never| match never {})
+                    .boxed_unsync(),
+            )
+        }
+        // Streaming lists of everything are not offered: the proxy lists in pages.
         (Method::GET, _) if query.contains_key("sendInitialEvents") => full(
             StatusCode::BAD_REQUEST,
             json!({"kind": "Status", "code": 400}),
@@ -629,4 +656,69 @@ async fn a_proxy_started_again_resumes_its_clients_from_its_cache() {
         "{status}"
     );
     handle.shutdown().await;
+}
+
+/// A start from the newest state of one object (a kubelet's ConfigMap informer:
+/// `sendInitialEvents=true`, no resourceVersion, the name as the field selector) is served from
+/// the cache once one small upstream read of that object shows the cache holds it as the
+/// upstream does; later changes come from the cache too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_from_the_newest_state_of_one_object_is_proven_for_it_alone() {
+    let up = start_upstream().await;
+    up.change("a", Some("1"), false);
+    up.change("b", Some("1"), false);
+    let proxy = Proxy::start(up.addr, |_| {}).await.unwrap();
+    let alice = proxy.user("alice", &[], false);
+    eventually(Duration::from_secs(20), "the cache is filled", || async {
+        alice.get("/readyz").await.0 == StatusCode::OK
+    })
+    .await;
+    eventually(
+        Duration::from_secs(10),
+        "the upstream watch opens",
+        || async { up.watches.load(Ordering::SeqCst) == 1 },
+    )
+    .await;
+    let mut watch = alice
+        .watch(
+            "/api/v1/namespaces/ns/configmaps?watch=1&sendInitialEvents=true\
+             &allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan\
+             &fieldSelector=metadata.name%3Da",
+        )
+        .await;
+    let ev = watch.next_within(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(summary(&ev), ("ADDED".into(), "a".into(), "1".into()));
+    let ev = watch.next_within(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(ev["type"], "BOOKMARK", "{ev}");
+    assert_eq!(
+        ev["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+        "true"
+    );
+    assert_eq!(
+        up.state.lock().object_proofs,
+        ["a"],
+        "a proof of that object alone"
+    );
+    assert_eq!(
+        up.watches.load(Ordering::SeqCst),
+        1,
+        "only the cache's own watch reached the upstream"
+    );
+    up.change("b", Some("2"), false);
+    up.change("a", Some("2"), false);
+    let ev = watch.next_within(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(summary(&ev), ("MODIFIED".into(), "a".into(), "4".into()));
+    // A new one (the informer's watch brings it, if the proof is first).
+    up.change("c", Some("1"), false);
+    let mut watch = alice
+        .watch(
+            "/api/v1/namespaces/ns/configmaps?watch=1&sendInitialEvents=true\
+             &allowWatchBookmarks=true&fieldSelector=metadata.name%3Dc",
+        )
+        .await;
+    let ev = watch.next_within(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(summary(&ev), ("ADDED".into(), "c".into(), "5".into()));
+    assert_eq!(up.state.lock().object_proofs, ["a", "c"]);
+    assert_eq!(up.watches.load(Ordering::SeqCst), 1);
+    proxy.handle.shutdown().await;
 }

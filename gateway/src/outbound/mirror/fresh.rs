@@ -20,6 +20,10 @@
 //! A burst of informers starting at once costs the upstream a few small requests, not a list
 //! each; two informers of one resource started together (a kubelet mounting a ConfigMap and
 //! the `kube-root-ca.crt` ConfigMap) wait for one bookmark, not one each.
+//!
+//! A read of one object (its name as the field selector: a kubelet's ConfigMap and Secret
+//! informers) is proven for that object alone ([`prove_object`]): one small upstream read of
+//! it, answered at once, and no wait for a bookmark.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,10 +35,13 @@ use svc_core::watch::WatchCache;
 use svc_storage::{FeedItem, Revision};
 use tokio::sync::oneshot;
 
-use super::informer::{Bookmark, Line, Taken, collection_path, flush, lines, take_line};
+use super::informer::{
+    Bookmark, Line, Taken, collection_path, flush, lines, namespaced_path, take_line,
+};
 use crate::base::deadline::Deadline as _;
 use crate::outbound::client;
 use crate::outbound::upstream::Upstream;
+use svc_core::watch::unstructured::ObjectHead;
 
 /// The longest a proof may take (its second step's watch lasts 3 s; the bookmark comes
 /// after one to two).
@@ -220,6 +227,101 @@ async fn open(upstream: &Upstream, url: &str) -> Result<hyper::body::Incoming, S
         return Err(format!("{url} answered {}", response.status()));
     }
     Ok(response.into_body())
+}
+
+/// How long a cache may take to hold an object as the upstream's proof of it has it (the
+/// informer's own watch brings the change; it is usually there already).
+pub const OBJECT_CATCH_UP: Duration = Duration::from_secs(1);
+
+/// Proof for a read of one object (a consistent start whose field selector names it: a
+/// kubelet's ConfigMap and Secret informers): the upstream's newest state of that object alone
+/// (a streaming list from the newest state with its name as the field selector, answered at
+/// once), and the cache holding it at the same resourceVersion (or both without it). The
+/// object is then the same in the cache as upstream at the upstream's newest revision, and
+/// whatever changes it later reaches the cache by its informer's watch: the read may start
+/// from the cache. Costs the upstream one small read, and the read no wait for a bookmark.
+pub async fn prove_object(
+    upstream: &Upstream,
+    info: &'static ResourceInfo,
+    cache: &WatchCache,
+    namespace: &str,
+    name: &str,
+) -> Result<(), String> {
+    let read = upstream_object(upstream, info, namespace, name);
+    let (upstream_rv, newest) = tokio::time::timeout(PROOF_TIMEOUT, read)
+        .await
+        .unwrap_or_else(|_| Err(format!("no proof within {PROOF_TIMEOUT:?}")))?;
+    let key = info.key(namespace, name);
+    let deadline = Instant::now().later(OBJECT_CATCH_UP);
+    loop {
+        let (held, _) = cache.get(&key).map_err(|e| e.to_string())?;
+        let held = held.map(|o| o.resource_version);
+        match (held, upstream_rv) {
+            (None, None) => return Ok(()),
+            (Some(c), Some(u)) if c >= u => return Ok(()),
+            _ => {}
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "the cache holds {key:?} at {held:?}, the upstream at {upstream_rv:?} \
+                 (revision {newest})",
+                key = String::from_utf8_lossy(&key)
+            ));
+        }
+        // The change is on its way by the informer's watch.
+        let next = cache.revision().saturating_add(1);
+        let _ =
+            tokio::time::timeout(Duration::from_millis(20), cache.wait_for_revision(next)).await;
+    }
+}
+
+/// The upstream's newest state of one object: its resourceVersion (None when there is no
+/// such object), and the revision of the read.
+async fn upstream_object(
+    upstream: &Upstream,
+    info: &'static ResourceInfo,
+    namespace: &str,
+    name: &str,
+) -> Result<(Option<Revision>, Revision), String> {
+    let path = if namespace.is_empty() {
+        collection_path(info)
+    } else {
+        namespaced_path(info, namespace)
+    };
+    let selector: String =
+        form_urlencoded::byte_serialize(format!("metadata.name={name}").as_bytes()).collect();
+    let url = format!(
+        "{path}?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan\
+         &allowWatchBookmarks=true&fieldSelector={selector}&timeoutSeconds=10"
+    );
+    let body = open(upstream, &url).await?;
+    let mut found = None;
+    let newest = lines(body, |line| {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return Ok(None);
+        }
+        let l: Line<'_> = serde_json::from_slice(line).map_err(|e| e.to_string())?;
+        match &*l.ty {
+            "ADDED" => {
+                let head: ObjectHead<'_> =
+                    serde_json::from_str(l.object.get()).map_err(|e| e.to_string())?;
+                let rv = head
+                    .metadata
+                    .resource_version
+                    .parse::<Revision>()
+                    .map_err(|_| format!("resourceVersion {:?}", head.metadata.resource_version))?;
+                found = Some(rv);
+                Ok(None)
+            }
+            "BOOKMARK" => Bookmark::initial_events_end(l.object.get().as_bytes()),
+            other => Err(format!("{other} before the initial events ended")),
+        }
+    })
+    .await?
+    .ok_or_else(|| {
+        "the streaming list ended without its initial-events-end bookmark".to_string()
+    })?;
+    Ok((found, newest))
 }
 
 /// The first step: the upstream's newest revision, once its cache has it.

@@ -90,6 +90,22 @@ pub fn collection_path(info: &ResourceInfo) -> String {
     }
 }
 
+/// The path of a namespace's part of a namespaced resource's collection.
+pub fn namespaced_path(info: &ResourceInfo, namespace: &str) -> String {
+    let namespace: String = form_urlencoded::byte_serialize(namespace.as_bytes()).collect();
+    if info.group.is_empty() {
+        format!(
+            "/api/{}/namespaces/{namespace}/{}",
+            info.version, info.plural
+        )
+    } else {
+        format!(
+            "/apis/{}/{}/namespaces/{namespace}/{}",
+            info.group, info.version, info.plural
+        )
+    }
+}
+
 /// Runs until `stop` is set: list, watch, resume, relist. With `resume_from` (the revision
 /// a previous run of this proxy kept, `mirror/resume.rs`), the first fill is the upstream's
 /// state at that revision (an Exact list) and the watch goes on from there, so that clients
