@@ -80,11 +80,13 @@ type startups struct {
 	mu      sync.Mutex
 	added   map[types.UID]time.Time
 	running map[types.UID]time.Duration
+	// Where each pod ran, for the slowest.
+	node map[types.UID]string
 }
 
 func watchStartups(ctx context.Context, t *testing.T, c kubernetes.Interface, ns string) *startups {
 	t.Helper()
-	s := &startups{added: map[types.UID]time.Time{}, running: map[types.UID]time.Duration{}}
+	s := &startups{added: map[types.UID]time.Time{}, running: map[types.UID]time.Duration{}, node: map[types.UID]string{}}
 	list, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -112,6 +114,7 @@ func watchStartups(ctx context.Context, t *testing.T, c kubernetes.Interface, ns
 			}
 			if _, done := s.running[pod.UID]; !done && pod.Status.Phase == corev1.PodRunning {
 				s.running[pod.UID] = now.Sub(s.added[pod.UID])
+				s.node[pod.UID] = pod.Spec.NodeName
 			}
 			s.mu.Unlock()
 		}
@@ -123,6 +126,22 @@ func (s *startups) count() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.running)
+}
+
+// slowest are the n slowest startups so far, with their nodes.
+func (s *startups) slowest(n int) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	uids := make([]types.UID, 0, len(s.running))
+	for uid := range s.running {
+		uids = append(uids, uid)
+	}
+	sort.Slice(uids, func(i, j int) bool { return s.running[uids[i]] > s.running[uids[j]] })
+	var out []string
+	for _, uid := range uids[:min(n, len(uids))] {
+		out = append(out, fmt.Sprintf("%s %v", s.node[uid], s.running[uid].Round(time.Millisecond)))
+	}
+	return out
 }
 
 // quantiles of the startups so far: p50, p99.
@@ -331,6 +350,7 @@ func TestWorkload(t *testing.T) {
 		return starts.count() >= pods, nil
 	})
 	p50, p99 := starts.quantiles()
+	t.Logf("cluster: mode=%s slowest startups: %s", mode, strings.Join(starts.slowest(8), ", "))
 
 	// Its Service's EndpointSlice lists every pod (the EndpointSlice controller).
 	until(ctx, t, time.Minute, "the EndpointSlice of every pod", func() (bool, error) {
