@@ -19,7 +19,7 @@
 //! | protobuf only of a custom resource (which the upstream refuses too), Tables, field selectors the cache cannot evaluate, bad parameters | passed through: the upstream answers |
 //!
 //! A cached read is authorized first with the upstream's SubjectAccessReview, selectors
-//! included (`security/access_review.rs`, answers cached 10 s), as the user the caller is, or
+//! included (`security/access_review.rs`, grants cached 10 s), as the user the caller is, or
 //! impersonates once the upstream allows it. While a cache has not been filled yet its reads
 //! answer 429 with `Retry-After`, as kube-apiserver does while its watch cache initializes;
 //! a version the cache has not reached within [`CATCH_UP`] is passed through.

@@ -1,8 +1,13 @@
 //! SubjectAccessReviews asked of the upstream in proxy mode (`authorization.k8s.io/v1`, sent
 //! under the proxy's own credential): may this caller do this? Used for a caller's own
-//! impersonation (`impersonation.rs`) and the proxy's own `/metrics`. Answers, allowed or
-//! not, are kept for [`TTL`] (10 s) in a bounded cache keyed by the whole review, so the
-//! upstream's RBAC decides and a change there takes effect within 10 s. A review that cannot
+//! impersonation (`impersonation.rs`), cached reads (`http/mirrored.rs`) and the proxy's own
+//! `/metrics`. Grants are kept for [`TTL`] (10 s) in a bounded cache keyed by the whole review, so the
+//! upstream's RBAC decides and a grant taken away takes effect within 10 s. A refusal is not
+//! kept: a grant may come within milliseconds (the Node authorizer grants a kubelet its pod's
+//! ConfigMaps and Secrets as soon as it learns of the pod's binding, which the kubelet may
+//! have seen through this proxy first), and a refusal kept would hold a retrying client back
+//! for the whole TTL, its backoff growing meanwhile; a refused caller costs the upstream one
+//! review a request, as its own authorizer costs it directly. A review that cannot
 //! be had (the upstream unreachable, or failing) is a 429 with `Retry-After: 1`, and is not
 //! cached.
 
@@ -102,9 +107,11 @@ impl AccessReviewer {
         let review: Review =
             serde_json::from_slice(&response.body).map_err(|e| unavailable(e.to_string()))?;
         let answer = (review.status.allowed, review.status.reason);
-        self.cache
-            .lock()
-            .put(key, (answer.0, answer.1.clone(), now));
+        if answer.0 {
+            self.cache
+                .lock()
+                .put(key, (answer.0, answer.1.clone(), now));
+        }
         Ok(answer)
     }
 }

@@ -46,6 +46,9 @@ struct State {
     exact_lists: Vec<i64>,
     /// The name of every one-object streaming list asked for.
     object_proofs: Vec<String>,
+    /// SubjectAccessReviews asked, and whether eve is granted (she is not, at first).
+    reviews: usize,
+    eve_granted: bool,
 }
 
 struct Upstream {
@@ -257,8 +260,10 @@ async fn answer(up: Arc<Upstream>, req: Request<Incoming>) -> Response<Out> {
         (Method::POST, "/apis/authorization.k8s.io/v1/subjectaccessreviews") => {
             let review: Value = serde_json::from_slice(&body).unwrap();
             let spec = &review["spec"];
-            up.state.lock().last_review = spec["resourceAttributes"].clone();
-            let allowed = spec["user"] != "eve";
+            let mut s = up.state.lock();
+            s.last_review = spec["resourceAttributes"].clone();
+            s.reviews += 1;
+            let allowed = spec["user"] != "eve" || s.eve_granted;
             full(
                 StatusCode::CREATED,
                 json!({"kind": "SubjectAccessReview", "status": {"allowed": allowed}}),
@@ -465,6 +470,21 @@ async fn the_upstream_decides_who_reads_the_cache() {
         1,
         "nothing reached the upstream's lists"
     );
+    // A refusal is not kept: granted upstream (as the Node authorizer grants a kubelet its
+    // pod's ConfigMap once it learns of the binding), eve reads at once.
+    let reviews = up.state.lock().reviews;
+    up.state.lock().eve_granted = true;
+    let (status, body) = eve
+        .get("/api/v1/namespaces/ns/configmaps?resourceVersion=0")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(up.state.lock().reviews, reviews + 1);
+    // A grant is kept.
+    let (status, _) = eve
+        .get("/api/v1/namespaces/ns/configmaps?resourceVersion=0")
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(up.state.lock().reviews, reviews + 1, "the grant was kept");
 }
 
 /// Proxy mode's watches (from the cache, and passed upstream) are response bodies that end on
