@@ -149,7 +149,9 @@ impl Mirror {
 
     /// Waits until `m`'s cache is proven as fresh as the upstream is now (`mirror/fresh.rs`).
     pub async fn prove_fresh(&self, m: &Mirrored) -> Result<(), String> {
-        m.freshness.prove(&self.upstream, m.info, &m.cache).await
+        let proven = m.freshness.prove(&self.upstream, m.info, &m.cache).await;
+        m.status.proven(&proven);
+        proven
     }
 
     /// Waits until `m`'s cache holds the object `namespace`/`name` as the upstream's newest
@@ -160,7 +162,9 @@ impl Mirror {
         namespace: &str,
         name: &str,
     ) -> Result<(), String> {
-        fresh::prove_object(&self.upstream, m.info, &m.cache, namespace, name).await
+        let proven = fresh::prove_object(&self.upstream, m.info, &m.cache, namespace, name).await;
+        m.status.proven(&proven);
+        proven
     }
 
     /// The newest upstream revision any cache has reached: a revision the upstream surely
@@ -319,7 +323,7 @@ impl Mirror {
         let mut rows: Vec<&Arc<Mirrored>> = resources.values().collect();
         rows.sort_by_key(|m| (m.info.group, m.info.plural));
         let mut out = String::new();
-        let metrics: [Series; 6] = [
+        let metrics: [Series; 8] = [
             (
                 "svc_proxy_cache_objects",
                 "gauge",
@@ -349,6 +353,18 @@ impl Mirror {
                 "gauge",
                 "Upstream watches open for a resource (0 or 1).",
                 |m| u8::from(m.status.watching.load(Ordering::Relaxed)).into(),
+            ),
+            (
+                "svc_proxy_freshness_proofs_total",
+                "counter",
+                "Proofs that a resource's cache is as fresh as the upstream, for reads from its newest state.",
+                |m| m.status.proofs.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "svc_proxy_freshness_proofs_failed_total",
+                "counter",
+                "Proofs of freshness that failed: their reads passed through to the upstream.",
+                |m| m.status.proofs_failed.load(Ordering::Relaxed) as f64,
             ),
             (
                 "svc_proxy_upstream_lists_total",

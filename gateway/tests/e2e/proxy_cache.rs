@@ -733,12 +733,20 @@ async fn a_start_from_the_newest_state_of_one_object_is_proven_for_it_alone() {
     let mut watch = alice
         .watch(
             "/api/v1/namespaces/ns/configmaps?watch=1&sendInitialEvents=true\
-             &allowWatchBookmarks=true&fieldSelector=metadata.name%3Dc",
+             &allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan\
+             &fieldSelector=metadata.name%3Dc",
         )
         .await;
     let ev = watch.next_within(Duration::from_secs(10)).await.unwrap();
     assert_eq!(summary(&ev), ("ADDED".into(), "c".into(), "5".into()));
     assert_eq!(up.state.lock().object_proofs, ["a", "c"]);
     assert_eq!(up.watches.load(Ordering::SeqCst), 1);
+    let metrics = alice.request(Method::GET, "/metrics", "", &[]).await.text();
+    for line in [
+        r#"svc_proxy_freshness_proofs_total{group="",version="v1",resource="configmaps"} 2"#,
+        r#"svc_proxy_freshness_proofs_failed_total{group="",version="v1",resource="configmaps"} 0"#,
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line}: {metrics}");
+    }
     proxy.handle.shutdown().await;
 }

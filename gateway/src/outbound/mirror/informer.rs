@@ -57,6 +57,10 @@ pub struct InformerStatus {
     pub lists: AtomicU64,
     /// Upstream watches opened.
     pub watches: AtomicU64,
+    /// Proofs of freshness given (`mirror/fresh.rs`), and those that failed (their reads
+    /// passed through).
+    pub proofs: AtomicU64,
+    pub proofs_failed: AtomicU64,
     /// A watch of this resource has carried a bookmark: the upstream bookmarks it, so
     /// silence on its watch is a sign of trouble.
     pub bookmarks: AtomicBool,
@@ -71,6 +75,14 @@ impl InformerStatus {
         let start = *self.started.get_or_init(Instant::now);
         let ms = i64::try_from(start.elapsed().as_millis()).unwrap_or(i64::MAX);
         self.last_contact_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Counts a proof of freshness and whether it failed.
+    pub fn proven(&self, outcome: &Result<(), String>) {
+        self.proofs.fetch_add(1, Ordering::Relaxed);
+        if outcome.is_err() {
+            self.proofs_failed.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Seconds since the upstream last said something about this resource.
