@@ -145,6 +145,11 @@ impl WatchStream {
                 }
             }
             if Pin::new(&mut watcher.ready()).poll(cx).is_pending() {
+                // Drained to nothing: wait for the watcher before draining again. Left
+                // unset, `poll_ready` answered Ready at once, and an h2 stream asked for
+                // room, was given it, drained nothing and gave it back, again and again: an
+                // idle proxy with a few kubelets spent 1.4 cores so.
+                self.idle = true;
                 return Poll::Pending;
             }
         }
@@ -330,4 +335,63 @@ pub fn watch_response(
         HeaderValue::from_static("no-cache, private"),
     );
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use std::task::Waker;
+    use std::time::Duration;
+
+    use svc_core::Resource as _;
+    use svc_core::kinds::ServiceAccount;
+    use svc_core::selector::{FieldSelector, LabelSelector};
+    use svc_core::watch::{
+        FrameFormat, KindCodec, Selector, WatchCache, WatchCacheConfig, WatchRequest, WatchStart,
+    };
+
+    use super::*;
+    use crate::observe::metrics::Metrics;
+
+    #[test]
+    fn a_stream_drained_to_nothing_waits_for_its_watcher() {
+        let cache = WatchCache::new(
+            KindCodec::with_protobuf::<ServiceAccount>(),
+            WatchCacheConfig::default(),
+        );
+        cache.replace(&[], 1, Instant::now());
+        let selector = Selector::new(
+            LabelSelector::parse("").unwrap(),
+            FieldSelector::parse("", |_| true).unwrap(),
+        );
+        let watcher = cache
+            .watch(
+                WatchRequest {
+                    namespace: None,
+                    selector,
+                    start: WatchStart::Now,
+                    bookmarks: true,
+                    format: FrameFormat::Json,
+                },
+                Instant::now(),
+            )
+            .unwrap();
+        let metrics = Metrics::new();
+        let info = ServiceAccount::INFO;
+        let mut stream = WatchStream::new(
+            Some(watcher),
+            None,
+            tokio::time::Instant::now() + Duration::from_secs(600),
+            metrics.watch_opened(info, true),
+            metrics.watch_events(info),
+        );
+        let mut cx = Context::from_waker(Waker::noop());
+        // A new stream has its first drain, which finds nothing.
+        assert!(stream.poll_ready(&mut cx).is_ready());
+        assert!(stream.poll_chunk(&mut cx).is_pending());
+        // Then it waits for the watcher: its server asks h2 for room only once there is
+        // something to send.
+        assert!(stream.poll_ready(&mut cx).is_pending());
+        assert!(stream.poll_chunk(&mut cx).is_pending());
+        assert!(stream.poll_ready(&mut cx).is_pending());
+    }
 }
