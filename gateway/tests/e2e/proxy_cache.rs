@@ -44,6 +44,9 @@ struct State {
     watch_timeouts: Vec<u64>,
     /// The revision of every Exact list asked for.
     exact_lists: Vec<i64>,
+    /// Watches (only) from before this revision are refused with 410 too: the watch cache's
+    /// history is shorter than etcd's.
+    watch_compacted: i64,
     /// The name of every one-object streaming list asked for.
     object_proofs: Vec<String>,
     /// SubjectAccessReviews asked, and whether eve is granted (she is not, at first).
@@ -188,7 +191,7 @@ async fn answer(up: Arc<Upstream>, req: Request<Incoming>) -> Response<Out> {
             if let Some(t) = query.get("timeoutSeconds").and_then(|t| t.parse().ok()) {
                 s.watch_timeouts.push(t);
             }
-            if from < s.compacted {
+            if from < s.compacted.max(s.watch_compacted) {
                 let gone = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
                                   "code": 410, "reason": "Expired",
                                   "message": format!("too old resource version: {from} ({})", s.compacted)});
@@ -749,4 +752,55 @@ async fn a_start_from_the_newest_state_of_one_object_is_proven_for_it_alone() {
         assert!(metrics.lines().any(|l| l == line), "{line}: {metrics}");
     }
     proxy.handle.shutdown().await;
+}
+
+/// A proxy resumed at a revision the upstream can still list but no longer watch from fills
+/// its cache from the newest state instead, ending the watchers it took meanwhile: the
+/// differences from the resumed state are not theirs (an object a client already holds would
+/// reach it as ADDED). A client then watching from its own version gets what happened after
+/// it, as it happened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_cache_whose_history_is_gone_starts_from_the_newest_state() {
+    let up = start_upstream().await;
+    up.change("a", Some("1"), false);
+    up.change("b", Some("1"), false);
+    let proxy = Proxy::start(up.addr, |o| {
+        o.watch_bookmark_interval = Duration::from_secs(1);
+    })
+    .await
+    .unwrap();
+    let alice = proxy.user("alice", &[], false);
+    let points = proxy.opts.data_dir.join("proxy").join("resume-points");
+    eventually(
+        Duration::from_secs(20),
+        "the resume points written",
+        || async {
+            std::fs::read_to_string(&points).is_ok_and(|t| t.lines().any(|l| l == "- configmaps 2"))
+        },
+    )
+    .await;
+    let mut opts = proxy.opts.clone();
+    opts.secure_port = proxy.handle.addr.port();
+    proxy.handle.shutdown().await;
+    // While it is down: c is created (a client elsewhere saw it, at 3) and changed; the
+    // upstream's watch history no longer reaches the resume point.
+    up.change("c", Some("1"), false);
+    up.change("c", Some("2"), false);
+    up.state.lock().watch_compacted = 3;
+    let handle = svc_gateway::run::start(opts).await.unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "filled from the newest state",
+        || async {
+            alice.get("/readyz").await.0 == StatusCode::OK && up.lists.load(Ordering::SeqCst) >= 3
+        },
+    )
+    .await;
+    assert_eq!(up.state.lock().exact_lists, [2], "resumed first");
+    let mut watch = alice
+        .watch("/api/v1/namespaces/ns/configmaps?watch=1&resourceVersion=3")
+        .await;
+    let ev = watch.next_within(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(summary(&ev), ("MODIFIED".into(), "c".into(), "4".into()));
+    handle.shutdown().await;
 }

@@ -138,6 +138,10 @@ pub async fn run(
     let mut from: Option<Revision> = None;
     let mut backoff = BACKOFF_MIN;
     let mut streaming = true;
+    // The cache holds a resumed state that no upstream watch has carried on from yet, and
+    // whether the next fill replaces the cache instead of resyncing it (below).
+    let mut resumed = false;
+    let mut replace = false;
     loop {
         if *stop.borrow() {
             return;
@@ -145,8 +149,14 @@ pub async fn run(
         let rev = match from {
             Some(rev) => rev,
             None => match first_fill(&upstream, info, &mut streaming, resume_from.take()).await {
-                Ok((kvs, rev)) => {
-                    let report = cache.resync(&kvs, rev, Instant::now());
+                Ok((kvs, rev, from_point)) => {
+                    resumed = from_point;
+                    let now = Instant::now();
+                    let report = if std::mem::take(&mut replace) {
+                        cache.replace(&kvs, rev, now)
+                    } else {
+                        cache.resync(&kvs, rev, now)
+                    };
                     for e in &report.errors {
                         tracing::warn!(resource = info.plural, error = %e, "upstream object left out");
                     }
@@ -177,6 +187,20 @@ pub async fn run(
         status.watching.store(false, Ordering::Relaxed);
         match end {
             End::Stopped => return,
+            // A resumed state whose history the upstream no longer holds: its watchers may
+            // stand anywhere after the resume point, where the differences a resync sends
+            // are not their differences (an object they hold would come as ADDED). They end
+            // with 410 and list again.
+            End::Expired if std::mem::take(&mut resumed) => {
+                tracing::info!(
+                    resource = info.plural,
+                    group = info.group,
+                    "the upstream no longer holds the resumed revision: filling from the newest state"
+                );
+                from = None;
+                replace = true;
+                backoff = BACKOFF_MIN;
+            }
             End::Expired => {
                 tracing::info!(
                     resource = info.plural,
@@ -187,10 +211,12 @@ pub async fn run(
                 backoff = BACKOFF_MIN;
             }
             End::Closed(last) => {
+                resumed = false;
                 from = Some(last);
                 backoff = BACKOFF_MIN;
             }
             End::Failed(last, e) => {
+                resumed &= last <= rev;
                 tracing::warn!(resource = info.plural, group = info.group, error = %e, "upstream watch failed");
                 from = Some(last);
                 if sleep_or_stop(&mut stop, jitter(backoff)).await {
@@ -252,23 +278,23 @@ fn key_value(info: &ResourceInfo, raw: Bytes) -> Result<KeyValue, String> {
     })
 }
 
-/// The state at `resume_from` where the upstream still holds it, else the newest.
+/// The state at `resume_from` where the upstream still holds it (and true), else the newest.
 async fn first_fill(
     upstream: &Upstream,
     info: &'static ResourceInfo,
     streaming: &mut bool,
     resume_from: Option<Revision>,
-) -> Result<(Vec<KeyValue>, Revision), String> {
+) -> Result<(Vec<KeyValue>, Revision, bool), String> {
     if let Some(at) = resume_from {
         match list(upstream, info, Some(at)).await {
-            Ok(read) => {
+            Ok((kvs, rev)) => {
                 tracing::info!(
                     resource = info.plural,
                     group = info.group,
                     revision = at,
                     "resuming from the revision kept by the last run"
                 );
-                return Ok(read);
+                return Ok((kvs, rev, true));
             }
             Err(e) => tracing::info!(
                 resource = info.plural,
@@ -279,7 +305,8 @@ async fn first_fill(
             ),
         }
     }
-    fill(upstream, info, streaming).await
+    let (kvs, rev) = fill(upstream, info, streaming).await?;
+    Ok((kvs, rev, false))
 }
 
 /// How long a streaming list may take to send the initial state.
