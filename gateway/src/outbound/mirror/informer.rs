@@ -286,7 +286,14 @@ async fn first_fill(
     resume_from: Option<Revision>,
 ) -> Result<(Vec<KeyValue>, Revision, bool), String> {
     if let Some(at) = resume_from {
-        match list(upstream, info, Some(at)).await {
+        let read = match list(upstream, info, Some(at)).await {
+            // Listed: the upstream must also still watch from there, or the cache would
+            // take watchers it cannot carry on for (checked before any joins).
+            Ok(read) if watchable_from(upstream, info, at).await => Ok(read),
+            Ok(_) => Err("the upstream no longer watches from it".to_string()),
+            Err(e) => Err(e),
+        };
+        match read {
             Ok((kvs, rev)) => {
                 tracing::info!(
                     resource = info.plural,
@@ -307,6 +314,46 @@ async fn first_fill(
     }
     let (kvs, rev) = fill(upstream, info, streaming).await?;
     Ok((kvs, rev, false))
+}
+
+/// How long the upstream is given to refuse a watch from a resume point (kube-apiserver
+/// refuses one from a version its history no longer holds at once, as its first event).
+const RESUME_PROBE: Duration = Duration::from_secs(1);
+
+/// Whether the upstream takes a watch from `at`: false when it refuses it (an `ERROR` first,
+/// or an error status) within [`RESUME_PROBE`]; true when it sends anything else or nothing.
+async fn watchable_from(upstream: &Upstream, info: &'static ResourceInfo, at: Revision) -> bool {
+    let url = format!(
+        "{}?watch=1&allowWatchBookmarks=true&resourceVersion={at}&timeoutSeconds=2",
+        collection_path(info)
+    );
+    let Ok(request) = http::Request::get(&url)
+        .header(http::header::ACCEPT, "application/json")
+        .body(client::buffered(Bytes::new()))
+    else {
+        return false;
+    };
+    let probe = async {
+        let response = upstream.send(request).await.map_err(|e| e.to_string())?;
+        if !response.status().is_success() {
+            return Ok(false);
+        }
+        let first = lines(response.into_body(), |line| {
+            if line.iter().all(u8::is_ascii_whitespace) {
+                return Ok(None);
+            }
+            let l: Line<'_> = serde_json::from_slice(line).map_err(|e| e.to_string())?;
+            Ok(Some(l.ty != "ERROR"))
+        })
+        .await?;
+        Ok::<bool, String>(first.unwrap_or(true))
+    };
+    match tokio::time::timeout(RESUME_PROBE, probe).await {
+        Ok(Ok(takes)) => takes,
+        Ok(Err(_)) => false,
+        // Nothing within the probe's time: a quiet resource's watch, taken.
+        Err(_) => true,
+    }
 }
 
 /// How long a streaming list may take to send the initial state.
