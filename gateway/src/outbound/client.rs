@@ -503,7 +503,6 @@ pub fn buffered(body: Bytes) -> RequestBody {
         .boxed_unsync()
 }
 
-/// An error with its sources, `a: b: c`, as Go prints wrapped errors.
 /// A failed request as a [`ClientError`]: [`ClientError::Connect`] when no connection could
 /// be made, so the request never left.
 fn request_failed(url: String, e: &hyper_util::client::legacy::Error) -> ClientError {
@@ -515,6 +514,7 @@ fn request_failed(url: String, e: &hyper_util::client::legacy::Error) -> ClientE
     }
 }
 
+/// An error with its sources, `a: b: c`, as Go prints wrapped errors.
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut message = e.to_string();
     let mut source = e.source();
