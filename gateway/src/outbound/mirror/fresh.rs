@@ -28,7 +28,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use parking_lot::Mutex;
 use svc_core::ResourceInfo;
 use svc_core::watch::WatchCache;
@@ -36,10 +35,10 @@ use svc_storage::{FeedItem, Revision};
 use tokio::sync::oneshot;
 
 use super::informer::{
-    Bookmark, Line, Taken, collection_path, flush, lines, namespaced_path, take_line,
+    Bookmark, Line, Taken, collection_path, flush, lines, namespaced_path, open, parse_rv,
+    take_line,
 };
 use crate::base::deadline::Deadline as _;
-use crate::outbound::client;
 use crate::outbound::upstream::Upstream;
 use svc_core::watch::unstructured::ObjectHead;
 
@@ -217,18 +216,6 @@ async fn push(
     }
 }
 
-async fn open(upstream: &Upstream, url: &str) -> Result<hyper::body::Incoming, String> {
-    let request = http::Request::get(url)
-        .header(http::header::ACCEPT, "application/json")
-        .body(client::buffered(Bytes::new()))
-        .map_err(|e| e.to_string())?;
-    let response = upstream.send(request).await.map_err(|e| e.to_string())?;
-    if !response.status().is_success() {
-        return Err(format!("{url} answered {}", response.status()));
-    }
-    Ok(response.into_body())
-}
-
 /// How long a cache may take to hold an object as the upstream's proof of it has it (the
 /// informer's own watch brings the change; it is usually there already).
 pub const OBJECT_CATCH_UP: Duration = Duration::from_secs(1);
@@ -305,12 +292,7 @@ async fn upstream_object(
             "ADDED" => {
                 let head: ObjectHead<'_> =
                     serde_json::from_str(l.object.get()).map_err(|e| e.to_string())?;
-                let rv = head
-                    .metadata
-                    .resource_version
-                    .parse::<Revision>()
-                    .map_err(|_| format!("resourceVersion {:?}", head.metadata.resource_version))?;
-                found = Some(rv);
+                found = Some(parse_rv(&head.metadata.resource_version)?);
                 Ok(None)
             }
             "BOOKMARK" => Bookmark::initial_events_end(l.object.get().as_bytes()),
@@ -324,29 +306,14 @@ async fn upstream_object(
     Ok((found, newest))
 }
 
-/// The first step: the upstream's newest revision, once its cache has it.
+/// The first step: the upstream's newest revision, once its cache has it (a streaming list
+/// of an object no one has).
 async fn upstream_newest(
     upstream: &Upstream,
     info: &'static ResourceInfo,
 ) -> Result<Revision, String> {
-    let path = collection_path(info);
-    let url = format!(
-        "{path}?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan\
-         &allowWatchBookmarks=true&fieldSelector=metadata.name%3D{NO_SUCH_NAME}&timeoutSeconds=10"
-    );
-    let body = open(upstream, &url).await?;
-    lines(body, |line| {
-        if line.iter().all(u8::is_ascii_whitespace) {
-            return Ok(None);
-        }
-        let l: Line<'_> = serde_json::from_slice(line).map_err(|e| e.to_string())?;
-        if l.ty != "BOOKMARK" {
-            return Err(format!("{} before the initial events ended", l.ty));
-        }
-        Bookmark::initial_events_end(l.object.get().as_bytes())
-    })
-    .await?
-    .ok_or_else(|| "the streaming list ended without its initial-events-end bookmark".into())
+    let (_, newest) = upstream_object(upstream, info, "", NO_SUCH_NAME).await?;
+    Ok(newest)
 }
 
 /// The second step: one short watch from the cache's revision, its events and bookmark

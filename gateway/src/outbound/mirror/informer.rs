@@ -187,26 +187,18 @@ pub async fn run(
         status.watching.store(false, Ordering::Relaxed);
         match end {
             End::Stopped => return,
-            // A resumed state whose history the upstream no longer holds: its watchers may
-            // stand anywhere after the resume point, where the differences a resync sends
-            // are not their differences (an object they hold would come as ADDED). They end
-            // with 410 and list again.
-            End::Expired if std::mem::take(&mut resumed) => {
-                tracing::info!(
-                    resource = info.plural,
-                    group = info.group,
-                    "the upstream no longer holds the resumed revision: filling from the newest state"
-                );
-                from = None;
-                replace = true;
-                backoff = BACKOFF_MIN;
-            }
+            // A resumed state whose history the upstream no longer holds is replaced, not
+            // resynced: its watchers may stand anywhere after the resume point, where the
+            // differences a resync sends are not their differences (an object they hold
+            // would come as ADDED). They end with 410 and list again.
             End::Expired => {
-                tracing::info!(
-                    resource = info.plural,
-                    group = info.group,
+                replace = std::mem::take(&mut resumed);
+                let why = if replace {
+                    "the upstream no longer holds the resumed revision: filling from the newest state"
+                } else {
                     "upstream history compacted: relisting"
-                );
+                };
+                tracing::info!(resource = info.plural, group = info.group, "{why}");
                 from = None;
                 backoff = BACKOFF_MIN;
             }
@@ -256,7 +248,7 @@ struct ListHead {
     continue_: String,
 }
 
-fn parse_rv(rv: &str) -> Result<Revision, String> {
+pub(super) fn parse_rv(rv: &str) -> Result<Revision, String> {
     rv.parse::<Revision>()
         .ok()
         .filter(|r| *r > 0)
@@ -321,24 +313,16 @@ async fn first_fill(
 const RESUME_PROBE: Duration = Duration::from_secs(1);
 
 /// Whether the upstream takes a watch from `at`: false when it refuses it (an `ERROR` first,
-/// or an error status) within [`RESUME_PROBE`]; true when it sends anything else or nothing.
+/// an error status, a failed request) within [`RESUME_PROBE`]; true when it sends anything
+/// else or nothing.
 async fn watchable_from(upstream: &Upstream, info: &'static ResourceInfo, at: Revision) -> bool {
     let url = format!(
         "{}?watch=1&allowWatchBookmarks=true&resourceVersion={at}&timeoutSeconds=2",
         collection_path(info)
     );
-    let Ok(request) = http::Request::get(&url)
-        .header(http::header::ACCEPT, "application/json")
-        .body(client::buffered(Bytes::new()))
-    else {
-        return false;
-    };
     let probe = async {
-        let response = upstream.send(request).await.map_err(|e| e.to_string())?;
-        if !response.status().is_success() {
-            return Ok(false);
-        }
-        let first = lines(response.into_body(), |line| {
+        let body = open(upstream, &url).await?;
+        let first = lines(body, |line| {
             if line.iter().all(u8::is_ascii_whitespace) {
                 return Ok(None);
             }
@@ -354,6 +338,20 @@ async fn watchable_from(upstream: &Upstream, info: &'static ResourceInfo, at: Re
         // Nothing within the probe's time: a quiet resource's watch, taken.
         Err(_) => true,
     }
+}
+
+/// Opens `url` (a watch, for its lines) as the proxy, in JSON: an error unless the upstream
+/// answers 2xx.
+pub(super) async fn open(upstream: &Upstream, url: &str) -> Result<hyper::body::Incoming, String> {
+    let request = http::Request::get(url)
+        .header(http::header::ACCEPT, "application/json")
+        .body(client::buffered(Bytes::new()))
+        .map_err(|e| e.to_string())?;
+    let response = upstream.send(request).await.map_err(|e| e.to_string())?;
+    if !response.status().is_success() {
+        return Err(format!("{url} answered {}", response.status()));
+    }
+    Ok(response.into_body())
 }
 
 /// How long a streaming list may take to send the initial state.
