@@ -286,6 +286,20 @@ impl Proxy {
     }
 
     /// A client with a certificate of the cluster's CA, trusting the proxy's serving CA.
+    /// Shuts the proxy down and hands back what starts it again (`svc_gateway::run::start`)
+    /// on its port, with its data directory, which lasts as long as the returned `TempDir`.
+    pub(crate) async fn stop(self) -> (Options, tempfile::TempDir) {
+        let Proxy {
+            handle,
+            mut opts,
+            _dir: dir,
+            ..
+        } = self;
+        opts.secure_port = handle.addr.port();
+        handle.shutdown().await;
+        (opts, dir)
+    }
+
     pub(crate) fn user(&self, name: &str, groups: &[&str], h2: bool) -> Client {
         let groups: Vec<String> = groups.iter().map(|g| g.to_string()).collect();
         let (cert, key) = self

@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
 use crate::proxy::{Out, Proxy, full, serve_scripted};
-use crate::support::client::{assert_goaway_and_listener_closed, eventually, summary};
+use crate::support::client::{Client, assert_goaway_and_listener_closed, eventually, summary};
 
 type Line = Result<Frame<Bytes>, Infallible>;
 
@@ -604,6 +604,33 @@ async fn a_quiet_resource_keeps_its_watch_until_it_is_seen_to_bookmark() {
     proxy.handle.shutdown().await;
 }
 
+/// A proxy in front of `up` holding ConfigMaps a and b (revisions 1 and 2), run until it has
+/// kept its resume point (revision 2, bookmarks every second), then shut down: a client of
+/// alice's, the options that start it again on its port, and its data directory.
+async fn stopped_after_keeping_a_resume_point(
+    up: &Upstream,
+) -> (Client, svc_gateway::base::flags::Options, tempfile::TempDir) {
+    up.change("a", Some("1"), false);
+    up.change("b", Some("1"), false);
+    let proxy = Proxy::start(up.addr, |o| {
+        o.watch_bookmark_interval = Duration::from_secs(1);
+    })
+    .await
+    .unwrap();
+    let alice = proxy.user("alice", &[], false);
+    let points = proxy.opts.data_dir.join("proxy").join("resume-points");
+    eventually(
+        Duration::from_secs(20),
+        "the resume points written",
+        || async {
+            std::fs::read_to_string(&points).is_ok_and(|t| t.lines().any(|l| l == "- configmaps 2"))
+        },
+    )
+    .await;
+    let (opts, dir) = proxy.stop().await;
+    (alice, opts, dir)
+}
+
 /// A proxy started again with its data directory fills its cache with the upstream's state at
 /// the revision it kept there (`proxy/resume-points`), one its clients had passed: their
 /// watches resume from its cache, with what happened while it was down, instead of passing
@@ -613,35 +640,13 @@ async fn a_quiet_resource_keeps_its_watch_until_it_is_seen_to_bookmark() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_started_again_resumes_its_clients_from_its_cache() {
     let up = start_upstream().await;
-    up.change("a", Some("1"), false);
-    up.change("b", Some("1"), false);
-    let proxy = Proxy::start(up.addr, |o| {
-        o.watch_bookmark_interval = Duration::from_secs(1);
-    })
-    .await
-    .unwrap();
-    let alice = proxy.user("alice", &[], false);
-    eventually(Duration::from_secs(20), "the cache is filled", || async {
-        alice.get("/readyz").await.0 == StatusCode::OK
-    })
-    .await;
-    let points = proxy.opts.data_dir.join("proxy").join("resume-points");
-    eventually(
-        Duration::from_secs(15),
-        "the resume points written",
-        || async {
-            std::fs::read_to_string(&points).is_ok_and(|t| t.lines().any(|l| l == "- configmaps 2"))
-        },
-    )
-    .await;
-    let mut opts = proxy.opts.clone();
-    opts.secure_port = proxy.handle.addr.port();
-    proxy.handle.shutdown().await;
+    let (alice, opts, _dir) = stopped_after_keeping_a_resume_point(&up).await;
     // While it is down.
     up.change("c", Some("1"), false);
     up.change("a", None, false);
     // Started again, passing nothing long-running upstream: what is not served from the
     // cache is refused.
+    let mut opts = opts;
     opts.upstream_long_running_per_user = 0;
     let handle = svc_gateway::run::start(opts).await.unwrap();
     eventually(
@@ -762,26 +767,7 @@ async fn a_start_from_the_newest_state_of_one_object_is_proven_for_it_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resumed_cache_whose_history_is_gone_starts_from_the_newest_state() {
     let up = start_upstream().await;
-    up.change("a", Some("1"), false);
-    up.change("b", Some("1"), false);
-    let proxy = Proxy::start(up.addr, |o| {
-        o.watch_bookmark_interval = Duration::from_secs(1);
-    })
-    .await
-    .unwrap();
-    let alice = proxy.user("alice", &[], false);
-    let points = proxy.opts.data_dir.join("proxy").join("resume-points");
-    eventually(
-        Duration::from_secs(20),
-        "the resume points written",
-        || async {
-            std::fs::read_to_string(&points).is_ok_and(|t| t.lines().any(|l| l == "- configmaps 2"))
-        },
-    )
-    .await;
-    let mut opts = proxy.opts.clone();
-    opts.secure_port = proxy.handle.addr.port();
-    proxy.handle.shutdown().await;
+    let (alice, opts, _dir) = stopped_after_keeping_a_resume_point(&up).await;
     // While it is down: c is created (a client elsewhere saw it, at 3) and changed; the
     // upstream's watch history no longer reaches the resume point.
     up.change("c", Some("1"), false);
