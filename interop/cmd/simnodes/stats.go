@@ -20,6 +20,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -232,7 +233,7 @@ func (st *stats) compare(ctx context.Context, kubeconfig string) (comparison, er
 			if o.GetNamespace() != "" {
 				key = o.GetNamespace() + "/" + key
 			}
-			node, _, _ := unstructuredString(o.Object, "spec", "nodeName")
+			node, _, _ := unstructured.NestedString(o.Object, "spec", "nodeName")
 			m[key] = entry{rv: o.GetResourceVersion(), node: node}
 		}
 		direct[x.resource] = m
@@ -292,17 +293,4 @@ func (st *stats) compare(ctx context.Context, kubeconfig string) (comparison, er
 		}
 	}
 	return out, nil
-}
-
-func unstructuredString(obj map[string]any, path ...string) (string, bool, error) {
-	var cur any = obj
-	for _, p := range path {
-		m, ok := cur.(map[string]any)
-		if !ok {
-			return "", false, nil
-		}
-		cur = m[p]
-	}
-	s, ok := cur.(string)
-	return s, ok, nil
 }
