@@ -1,15 +1,15 @@
 //! SubjectAccessReviews asked of the upstream in proxy mode (`authorization.k8s.io/v1`, sent
 //! under the proxy's own credential): may this caller do this? Used for a caller's own
 //! impersonation (`impersonation.rs`), cached reads (`http/mirrored.rs`) and the proxy's own
-//! `/metrics`. Grants are kept for [`TTL`] (10 s) in a bounded cache keyed by the whole review, so the
-//! upstream's RBAC decides and a grant taken away takes effect within 10 s. A refusal is not
-//! kept: a grant may come within milliseconds (the Node authorizer grants a kubelet its pod's
-//! ConfigMaps and Secrets as soon as it learns of the pod's binding, which the kubelet may
-//! have seen through this proxy first), and a refusal kept would hold a retrying client back
-//! for the whole TTL, its backoff growing meanwhile; a refused caller costs the upstream one
-//! review a request, as its own authorizer costs it directly. A review that cannot
-//! be had (the upstream unreachable, or failing) is a 429 with `Retry-After: 1`, and is not
-//! cached.
+//! `/metrics`. Grants are kept for [`TTL`] (10 s) in a bounded cache keyed by the whole
+//! review, so the upstream's RBAC decides and a grant taken away takes effect within 10 s.
+//! A refusal is not kept: a grant may come within milliseconds (the Node authorizer grants a
+//! kubelet its pod's ConfigMaps and Secrets as soon as it learns of the pod's binding, which
+//! the kubelet may have seen through this proxy first), and a refusal kept would hold a
+//! retrying client back for the whole TTL, its backoff growing meanwhile; a refused caller
+//! costs the upstream one review a request, as its own authorizer costs it directly. A review
+//! that cannot be had (the upstream unreachable, or failing) is a 429 with `Retry-After: 1`,
+//! and is not cached.
 
 use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
@@ -35,7 +35,8 @@ const PATH: &str = "/apis/authorization.k8s.io/v1/subjectaccessreviews";
 /// Asks the upstream, caching its answers.
 pub struct AccessReviewer {
     upstream: Upstream,
-    cache: Mutex<LruCache<String, (bool, String, Instant)>>,
+    /// Grants: their reason, and when they were given.
+    cache: Mutex<LruCache<String, (String, Instant)>>,
 }
 
 impl AccessReviewer {
@@ -74,8 +75,8 @@ impl AccessReviewer {
             .cache
             .lock()
             .get(&key)
-            .filter(|(_, _, at)| now < at.later(TTL))
-            .map(|(allowed, reason, _)| (*allowed, reason.clone()));
+            .filter(|(_, at)| now < at.later(TTL))
+            .map(|(reason, _)| (true, reason.clone()));
         if let Some(answer) = cached {
             return Ok(answer);
         }
@@ -108,9 +109,7 @@ impl AccessReviewer {
             serde_json::from_slice(&response.body).map_err(|e| unavailable(e.to_string()))?;
         let answer = (review.status.allowed, review.status.reason);
         if answer.0 {
-            self.cache
-                .lock()
-                .put(key, (answer.0, answer.1.clone(), now));
+            self.cache.lock().put(key, (answer.1.clone(), now));
         }
         Ok(answer)
     }
