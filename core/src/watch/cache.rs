@@ -423,8 +423,9 @@ impl WatchCache {
     /// was compacted away) without ending its watchers: the differences from the cached state
     /// become ordinary events. Objects added or changed come first, in the order of their own
     /// resourceVersions (kept above the cache's revision, so a watch resumes past them);
-    /// objects gone come last, at `revision`, as no read says when they went. An empty cache
-    /// is filled by [`WatchCache::replace`] instead.
+    /// objects gone come last, at `revision`, as no read says when they went. Then every
+    /// watcher that takes bookmarks gets one at `revision` at once. An empty cache is filled
+    /// by [`WatchCache::replace`] instead.
     pub fn resync(&self, kvs: &[KeyValue], revision: Revision, now: Instant) -> ApplyReport {
         if !self.is_ready() {
             return self.replace(kvs, revision, now);
@@ -491,6 +492,10 @@ impl WatchCache {
                 .snapshots
                 .maybe_take(revision, &inner.state, now, &shared.config, false);
             report.evicted = self.evict_locked(inner, &mut reg, now, &mut wake);
+            // Every watcher is told the new revision at once: one that only waits for its
+            // next periodic bookmark would, if its connection broke meanwhile, resume from
+            // before the resync, a revision the source may no longer serve.
+            reg.bookmark_all(&mut wake);
             shared.revision.store(revision, Ordering::Release);
             revision
         };

@@ -63,12 +63,18 @@ pub(crate) struct SlotState {
     /// Set when the ring moved past this watcher (or the cache was relisted): the oldest
     /// revision a watch may resume from, for the 410 message.
     pub(crate) expired: Option<Revision>,
+    /// A bookmark is owed now, not at the watcher's next interval: the cache was resynced,
+    /// and a client should hold the new revision before anything asks it to resume.
+    pub(crate) bookmark_now: bool,
 }
 
 impl SlotState {
     /// Whether a drain would produce something now.
     pub(crate) fn has_work(&self) -> bool {
-        !self.queue.is_empty() || self.catchup.is_some() || self.expired.is_some()
+        !self.queue.is_empty()
+            || self.catchup.is_some()
+            || self.expired.is_some()
+            || self.bookmark_now
     }
 
     fn expire(&mut self, oldest: Revision, wake: &mut Vec<Wakeup>) {
@@ -363,6 +369,17 @@ impl Registry {
         }
         for id in expired {
             self.remove_id(id);
+        }
+    }
+
+    /// Owes every watcher a bookmark now (`SlotState::bookmark_now`), and wakes it for it.
+    pub(crate) fn bookmark_all(&mut self, wake: &mut Vec<Wakeup>) {
+        for entry in self.entries.iter().flatten() {
+            let mut st = entry.slot.state.lock();
+            st.bookmark_now = true;
+            if let Some(w) = st.waker.take() {
+                wake.push((st.group, w));
+            }
         }
     }
 

@@ -386,6 +386,7 @@ impl Watcher {
         let mut picked: Vec<Picked> = Vec::new();
         let mut estimate = out.bytes;
         let mut overrun: Option<Revision> = None;
+        let mut forced = false;
         let caught_up_at;
         let format = self.format;
         let pick = |ev: &Arc<WatchCacheEvent>, ty: EventType| match FrameEncoder::encoded_frame(
@@ -455,6 +456,10 @@ impl Watcher {
                 st.queue = Default::default();
                 st.catchup = None;
             }
+            // A bookmark owed now is given once everything before it has been drained.
+            if overrun.is_none() && st.queue.is_empty() && st.catchup.is_none() {
+                forced = std::mem::take(&mut st.bookmark_now);
+            }
             caught_up_at = (!st.has_work()).then_some(inner.revision);
             out.more = st.has_work() && overrun.is_none();
         }
@@ -495,7 +500,7 @@ impl Watcher {
         }
         if let Some(revision) = caught_up_at {
             self.synced = self.synced.max(revision);
-            if self.next_bookmark.is_some_and(|t| now >= t) {
+            if self.next_bookmark.is_some_and(|t| forced || now >= t) {
                 self.next_bookmark = now.checked_add(self.cache.config().bookmark_interval);
                 match encoder.bookmark(self.synced, false, self.format) {
                     Ok(f) => out.push(f),

@@ -239,7 +239,10 @@ impl Mirror {
                 .read()
                 .iter()
                 .filter(|(_, m)| m.status.synced.load(Ordering::Acquire))
-                .map(|(key, m)| (key.clone(), m.cache.revision()))
+                .map(|(key, m)| {
+                    let floor = m.status.filled_at.load(Ordering::Acquire);
+                    (key.clone(), (m.cache.revision(), floor))
+                })
                 .collect();
             points.tick(std::time::Instant::now(), now);
         }

@@ -686,6 +686,79 @@ async fn a_proxy_started_again_resumes_its_clients_from_its_cache() {
     handle.shutdown().await;
 }
 
+/// A cache resynced (the upstream's history gone: a restarted kube-apiserver, a compaction)
+/// tells its watchers the new revision at once, with a bookmark, and keeps it as its resume
+/// point: the points sampled before are behind anything the upstream serves. A proxy killed
+/// soon after, long before the next periodic bookmark, still resumes its clients from its
+/// cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resync_is_the_resume_point_and_its_watchers_are_told_it() {
+    let up = start_upstream().await;
+    up.change("a", Some("1"), false);
+    up.change("b", Some("1"), false);
+    // Periodic bookmarks only every minute: the one seen below is the resync's.
+    let proxy = Proxy::start(up.addr, |o| {
+        o.watch_bookmark_interval = Duration::from_secs(60);
+    })
+    .await
+    .unwrap();
+    let alice = proxy.user("alice", &[], false);
+    eventually(Duration::from_secs(20), "the cache is filled", || async {
+        alice.get("/readyz").await.0 == StatusCode::OK
+    })
+    .await;
+    let mut watch = alice
+        .watch(
+            "/api/v1/namespaces/ns/configmaps?watch=1&resourceVersion=2&allowWatchBookmarks=true",
+        )
+        .await;
+    // Unseen changes, then the history is gone: the proxy lists again, at 4.
+    up.change("a", Some("2"), true);
+    up.change("c", Some("1"), true);
+    up.compact_and_drop_watches();
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let ev = watch.next_within(Duration::from_secs(20)).await.unwrap();
+        got.push(summary(&ev));
+    }
+    assert_eq!(
+        got,
+        [
+            ("MODIFIED".into(), "a".into(), "3".into()),
+            ("ADDED".into(), "c".into(), "4".into()),
+            ("BOOKMARK".into(), String::new(), "4".into()),
+        ]
+    );
+    let points = proxy.opts.data_dir.join("proxy").join("resume-points");
+    eventually(
+        Duration::from_secs(20),
+        "the resync kept as the resume point",
+        || async {
+            std::fs::read_to_string(&points).is_ok_and(|t| t.lines().any(|l| l == "- configmaps 4"))
+        },
+    )
+    .await;
+    let (mut opts, _dir) = proxy.stop().await;
+    up.change("d", Some("1"), false);
+    // Started again, passing nothing long-running upstream: the client's watch from the
+    // bookmark it was given is served from the cache, or refused.
+    opts.upstream_long_running_per_user = 0;
+    let handle = svc_gateway::run::start(opts).await.unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "the cache is filled again",
+        || async { alice.get("/readyz").await.0 == StatusCode::OK },
+    )
+    .await;
+    assert_eq!(up.state.lock().exact_lists, [4], "filled at the resync");
+    let mut watch = alice
+        .watch("/api/v1/namespaces/ns/configmaps?watch=1&resourceVersion=4")
+        .await;
+    let ev = watch.next_within(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(summary(&ev), ("ADDED".into(), "d".into(), "5".into()));
+    handle.shutdown().await;
+}
+
 /// A start from the newest state of one object (a kubelet's ConfigMap informer:
 /// `sendInitialEvents=true`, no resourceVersion, the name as the field selector) is served from
 /// the cache once one small upstream read of that object shows the cache holds it as the

@@ -619,6 +619,67 @@ fn a_resync_tells_watchers_the_differences_and_keeps_them() {
 }
 
 #[test]
+fn a_resync_bookmarks_every_watcher_that_takes_bookmarks_at_once() {
+    let clock = Clock::new();
+    let c = cache_with(config(), &clock);
+    apply(
+        &c,
+        vec![put("a", "quiet", &[], 2), put("a", "busy", &[], 3)],
+        clock.at(0.0),
+    );
+    // Two watchers of an object the resync leaves alone: one takes bookmarks.
+    let mut req = watch_req(
+        Some("a"),
+        sel("", "metadata.name=quiet"),
+        WatchStart::After(3),
+    );
+    req.bookmarks = true;
+    let mut marked = c.watch(req, clock.at(0.0)).unwrap();
+    let mut plain = c
+        .watch(
+            watch_req(
+                Some("a"),
+                sel("", "metadata.name=quiet"),
+                WatchStart::After(3),
+            ),
+            clock.at(0.0),
+        )
+        .unwrap();
+    let waker = Arc::new(CountingWaker::default());
+    let mut ready = marked.ready();
+    assert!(poll_once(&mut ready, &waker).is_pending());
+    assert!(marked.drain(1 << 20, clock.at(1.0)).frames.is_empty());
+
+    c.resync(
+        &[
+            sa_kv("a", "quiet", &[], 2),
+            sa_kv("a", "busy", &[("v", "2")], 7),
+        ],
+        20,
+        clock.at(1.0),
+    );
+    assert_eq!(waker.count(), 1, "woken for the bookmark");
+    assert!(matches!(poll_once(&mut ready, &waker), Poll::Ready(())));
+    // Long before its periodic one is due, it is told the new revision.
+    let d = marked.drain(1 << 20, clock.at(1.0));
+    assert_eq!(
+        decode_frames(&d.frames),
+        [("BOOKMARK".into(), String::new(), "20".into())]
+    );
+    assert!(!d.more);
+    assert_eq!(marked.synced_revision(), 20);
+    assert_eq!(
+        marked.next_bookmark_at(),
+        Some(clock.at(1.0) + config().bookmark_interval),
+        "the periodic bookmarks count from it"
+    );
+    // Once only, and never to a watcher that did not ask for bookmarks.
+    assert!(marked.drain(1 << 20, clock.at(2.0)).frames.is_empty());
+    let d = plain.drain(1 << 20, clock.at(1.0));
+    assert!(d.frames.is_empty() && !d.more);
+}
+
+#[test]
 fn a_watch_ahead_of_the_cache_skips_what_comes_up_to_its_revision() {
     let clock = Clock::new();
     let c = cache_with(config(), &clock);

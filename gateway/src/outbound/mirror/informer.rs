@@ -55,6 +55,10 @@ pub struct InformerStatus {
     pub watching: AtomicBool,
     /// Full lists read (the first one included).
     pub lists: AtomicU64,
+    /// The revision of the last full list the cache was filled or resynced with: the upstream
+    /// serves no watch from before it (that is why it was read), and every client of the
+    /// cache was told it at once (a resync bookmarks them all).
+    pub filled_at: AtomicI64,
     /// Upstream watches opened.
     pub watches: AtomicU64,
     /// Proofs of freshness given (`mirror/fresh.rs`), and those that failed (their reads
@@ -161,6 +165,7 @@ pub async fn run(
                         tracing::warn!(resource = info.plural, error = %e, "upstream object left out");
                     }
                     status.lists.fetch_add(1, Ordering::Relaxed);
+                    status.filled_at.store(rev, Ordering::Release);
                     status.synced.store(true, Ordering::Release);
                     status.contact();
                     if let Some(n) = &changed {

@@ -62,13 +62,24 @@ impl ResumePoints {
         self.loaded.lock().remove(key)
     }
 
-    /// Records the revisions the caches have `now`, and writes, for each of them, its
-    /// revision in the oldest sample no older than `lag` that holds it (the oldest there is,
-    /// while the proxy has run for less, or since the resource was first cached).
-    pub fn tick(&self, now: Instant, revisions: HashMap<Key, Revision>) {
+    /// Records the revisions the caches have `now` (each with its floor: the revision of
+    /// its last full list), and writes, for each of them, its revision in the oldest sample
+    /// no older than `lag` that holds it (the oldest there is, while the proxy has run for
+    /// less, or since the resource was first cached), or its floor where that is newer. A
+    /// point before the floor is of no use: the upstream answered 410 to a watch from there,
+    /// or its history began after (a restarted kube-apiserver's watch cache), and every
+    /// client of the cache was bookmarked at the floor when it was resynced.
+    pub fn tick(&self, now: Instant, revisions: HashMap<Key, (Revision, Revision)>) {
+        let floors: HashMap<&Key, Revision> = revisions.iter().map(|(k, (_, f))| (k, *f)).collect();
         let due: HashMap<Key, Revision> = {
             let mut samples = self.samples.lock();
-            samples.push_back((now, revisions));
+            samples.push_back((
+                now,
+                revisions
+                    .iter()
+                    .map(|(k, (r, _))| (k.clone(), *r))
+                    .collect(),
+            ));
             while samples
                 .get(1)
                 .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= self.lag)
@@ -82,7 +93,8 @@ impl ResumePoints {
                 .keys()
                 .filter_map(|key| {
                     let oldest = samples.iter().find_map(|(_, s)| s.get(key))?;
-                    Some((key.clone(), *oldest))
+                    let floor = floors.get(key).copied().unwrap_or(0);
+                    Some((key.clone(), (*oldest).max(floor)))
                 })
                 .collect()
         };
@@ -158,28 +170,56 @@ mod tests {
         assert!(!dir.path().join("resume-points").exists());
         points.tick(
             at(1),
-            HashMap::from([(key("", "pods"), 10), (key("apps", "deployments"), 12)]),
+            HashMap::from([
+                (key("", "pods"), (10, 0)),
+                (key("apps", "deployments"), (12, 0)),
+            ]),
         );
         // Younger than the lag: the oldest sample there is.
         assert_eq!(read(), (Some(10), Some(12)));
         points.tick(
             at(30),
-            HashMap::from([(key("", "pods"), 20), (key("apps", "deployments"), 22)]),
+            HashMap::from([
+                (key("", "pods"), (20, 0)),
+                (key("apps", "deployments"), (22, 0)),
+            ]),
         );
         assert_eq!(read(), (Some(10), Some(12)));
         points.tick(
             at(62),
-            HashMap::from([(key("", "pods"), 30), (key("apps", "deployments"), 32)]),
+            HashMap::from([
+                (key("", "pods"), (30, 0)),
+                (key("apps", "deployments"), (32, 0)),
+            ]),
         );
         // The sample of 1 s is past the lag, and the one of 30 s not yet: still 1 s's.
         assert_eq!(read(), (Some(10), Some(12)));
         // A resource no longer cached is no longer written.
-        points.tick(at(95), HashMap::from([(key("", "pods"), 40)]));
+        points.tick(at(95), HashMap::from([(key("", "pods"), (40, 0))]));
         assert_eq!(read(), (Some(20), None));
         let again = ResumePoints::open(dir.path(), lag);
         assert_eq!(again.take(&key("", "pods")), Some(20));
         assert_eq!(again.take(&key("", "pods")), None, "taken once");
         assert_eq!(again.take(&key("", "secrets")), None);
+    }
+
+    #[test]
+    fn a_point_is_never_older_than_the_last_full_list() {
+        let dir = tempfile::tempdir().unwrap();
+        let lag = Duration::from_secs(60);
+        let points = ResumePoints::open(dir.path(), lag);
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let read = || ResumePoints::open(dir.path(), lag).take(&key("", "pods"));
+        points.tick(at(0), HashMap::from([(key("", "pods"), (10, 5))]));
+        points.tick(at(30), HashMap::from([(key("", "pods"), (20, 5))]));
+        assert_eq!(read(), Some(10));
+        // Resynced at 40 (the upstream restarted): 10 is behind anything it serves.
+        points.tick(at(45), HashMap::from([(key("", "pods"), (41, 40))]));
+        assert_eq!(read(), Some(40));
+        // Once the lag has passed the resync, the samples lead again.
+        points.tick(at(110), HashMap::from([(key("", "pods"), (60, 40))]));
+        assert_eq!(read(), Some(41));
     }
 
     #[test]
