@@ -552,8 +552,15 @@ func simGet(ctx context.Context, t *testing.T, path string) (map[string]int64, e
 			return nil, fmt.Errorf("%s%s: %w", a, path, err)
 		}
 		for k, v := range one {
-			if f, ok := v.(float64); ok {
-				sum[k] += int64(f)
+			switch v := v.(type) {
+			case float64:
+				sum[k] += int64(v)
+			case map[string]any:
+				for k2, v2 := range v {
+					if f, ok := v2.(float64); ok {
+						sum[k+"."+k2] += int64(f)
+					}
+				}
 			}
 		}
 	}
@@ -616,6 +623,10 @@ func TestFaults(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		beforeBy, err := simGet(ctx, t, "/by")
+		if err != nil {
+			t.Fatal(err)
+		}
 		start := time.Now()
 		do()
 		down := time.Since(start)
@@ -629,6 +640,18 @@ func TestFaults(t *testing.T) {
 		t.Logf("fault: mode=%s fault=%s nodes=%d informers=%d relists=%d gone=%d fault_s=%.1f synced_after_s=%.1f",
 			mode, name, after["nodes"], after["informers"], (after["syncs"]-before["syncs"])-(after["built"]-before["built"]),
 			after["gone"]-before["gone"], down.Seconds(), synced.Seconds())
+		afterBy, err := simGet(ctx, t, "/by")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var by []string
+		for k, v := range afterBy {
+			if d := v - beforeBy[k]; d != 0 {
+				by = append(by, fmt.Sprintf("%s=%d", k, d))
+			}
+		}
+		sort.Strings(by)
+		t.Logf("fault: fault=%s by kind: %s", name, strings.Join(by, " "))
 	}
 	fault("upstream-restart", func() { clusterScript(t, "restart-upstream") })
 	if mode == "proxy" {

@@ -45,6 +45,27 @@ type stats struct {
 	built, syncs, gone atomic.Int64
 	mu                 sync.Mutex
 	all                []*watched
+	// Relists and 410s by what was watched ("configmaps", or "configmaps/one" for a
+	// one-object informer), under mu.
+	relistsBy, goneBy map[string]int64
+}
+
+// kind names what w watches, for the breakdowns.
+func (w *watched) kind() string {
+	if w.field == "metadata.name" {
+		return w.resource + "/one"
+	}
+	return w.resource
+}
+
+// count adds one to what's count for w's kind.
+func (st *stats) count(what *map[string]int64, w *watched) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if *what == nil {
+		*what = map[string]int64{}
+	}
+	(*what)[w.kind()]++
 }
 
 // informer builds (not starts) an informer of resource under the client g belongs to, as the
@@ -66,20 +87,25 @@ func (n *node) watch(g cache.Getter, client kubernetes.Interface, resource, name
 	gone := func(err error) {
 		if apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
 			st.gone.Add(1)
+			st.count(&st.goneBy, w)
 		}
+	}
+	synced := func() {
+		if w.syncs.Add(1) > 1 {
+			st.count(&st.relistsBy, w)
+		}
+		st.syncs.Add(1)
 	}
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			w.syncs.Add(1)
-			st.syncs.Add(1)
+			synced()
 			list, err := inner.ListWithContext(ctx, o)
 			gone(err)
 			return list, err
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			if o.SendInitialEvents != nil && *o.SendInitialEvents {
-				w.syncs.Add(1)
-				st.syncs.Add(1)
+				synced()
 			}
 			wi, err := inner.WatchWithContext(ctx, o)
 			if err != nil {
@@ -125,6 +151,8 @@ func (st *stats) informers() []*watched {
 //
 //	/counts   {"nodes","informers","built","syncs","relists","gone"}: informers running,
 //	          informers built (stopped ones too), and relists, the syncs past each one's first
+//	/by       {"relists": {kind: n}, "gone": {kind: n}}: relists and 410s by what was watched
+//	          ("configmaps", or "configmaps/one" for a one-object informer)
 //	/seen?resource=R&namespace=N&name=X
 //	          {"informers","have"}: how many informers of R hold N/X
 //	/compare  {"informers","objects","differ","stores_differ","example"}: every informer's store
@@ -146,6 +174,11 @@ func (st *stats) serve(addr, compareKubeconfig string, running *atomic.Int64) er
 			"nodes": running.Load(), "informers": int64(len(st.informers())), "built": built,
 			"syncs": syncs, "relists": syncs - built, "gone": st.gone.Load(),
 		})
+	})
+	mux.HandleFunc("/by", func(w http.ResponseWriter, _ *http.Request) {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		reply(w, map[string]map[string]int64{"relists": st.relistsBy, "gone": st.goneBy})
 	})
 	mux.HandleFunc("/seen", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
