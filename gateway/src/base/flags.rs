@@ -151,9 +151,17 @@ pub struct Options {
     pub max_queued_requests_per_user: usize,
 
     /// Users that may have requests waiting at once (per limit); a request of another user
-    /// then gets 429 (`queue-full`).
-    #[arg(long, default_value_t = 128)]
+    /// then gets 429 (`queue-full`). A large cluster has a user per node (`system:node:*`),
+    /// each with a request or two at a time: thousands of them may wait together, as in
+    /// Kubernetes' API Priority and Fairness, whose queues users share by hash.
+    #[arg(long, default_value_t = 4096)]
     pub max_queued_users: usize,
+
+    /// Requests that may wait at once, all users together (per limit); past it, 429
+    /// (`queue-full`). The default is what one of Kubernetes' priority levels holds (64
+    /// queues of 50).
+    #[arg(long, default_value_t = 3200)]
+    pub max_queued_requests: usize,
 
     /// Longest wait for a seat; then 429 (`time-out`). Freed seats go round-robin across the
     /// users waiting.

@@ -2,7 +2,8 @@
 //! `--max-requests-inflight` (read-only requests) and `--max-mutating-requests-inflight`
 //! (mutating ones): each is a pool of seats. A request that finds its pool full waits in its
 //! user's queue (at most `--max-queued-requests-per-user` requests per user, at most
-//! `--max-queued-users` users queued at once, each request at most `--max-queue-wait`); a
+//! `--max-queued-users` users and `--max-queued-requests` requests queued at once, each
+//! request at most `--max-queue-wait`); a
 //! freed seat goes to the next user in turn among those waiting (round-robin, one request
 //! each), so a user sending many requests at once gets its share of the seats, not all of
 //! them. Past a bound the request gets 429 with `Retry-After`: `queue-full`, or `time-out`
@@ -59,6 +60,8 @@ pub struct FairConfig {
     pub queue_length: usize,
     /// Users that may have requests waiting at once.
     pub max_queues: usize,
+    /// Requests that may wait at once, all users together.
+    pub max_queued: usize,
     /// Longest wait for a seat.
     pub max_wait: Duration,
 }
@@ -230,6 +233,7 @@ impl FairLimit {
                 Some(Rejection::ConcurrencyLimit)
             } else {
                 match st.queues.get(user) {
+                    _ if st.queued >= self.cfg.max_queued => Some(Rejection::QueueFull),
                     Some(q) if q.len() >= self.cfg.queue_length => Some(Rejection::QueueFull),
                     None if st.queues.len() >= self.cfg.max_queues => Some(Rejection::QueueFull),
                     _ => None,
@@ -398,6 +402,7 @@ mod tests {
                 seats,
                 queue_length,
                 max_queues,
+                max_queued: 1000,
                 max_wait: Duration::from_millis(wait_ms),
             },
             FlowMetrics::default(),
@@ -481,6 +486,47 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    #[tokio::test]
+    async fn many_users_wait_together_up_to_the_bound_on_requests() {
+        let l = Arc::new(FairLimit::new(
+            "mutating",
+            FairConfig {
+                seats: 1,
+                queue_length: 5,
+                max_queues: 4096,
+                max_queued: 300,
+                max_wait: Duration::from_secs(10),
+            },
+            FlowMetrics::default(),
+        ));
+        let held = l.acquire("admin").await.unwrap();
+        // Three hundred nodes, a request each: every one waits for its turn.
+        let mut waiting = Vec::new();
+        for i in 0..300 {
+            let l2 = l.clone();
+            waiting.push(tokio::spawn(async move {
+                l2.acquire(&format!("system:node:n{i}")).await.map(drop)
+            }));
+        }
+        while l.queued() < 300 {
+            tokio::task::yield_now().await;
+        }
+        // Past the bound on requests, a new user is refused, as is one more of a waiting one.
+        assert_eq!(
+            l.acquire("system:node:n300").await.err(),
+            Some(Rejection::QueueFull)
+        );
+        assert_eq!(
+            l.acquire("system:node:n0").await.err(),
+            Some(Rejection::QueueFull)
+        );
+        drop(held);
+        for w in waiting {
+            assert!(w.await.unwrap().is_ok());
+        }
+        assert_eq!((l.queued(), l.in_flight()), (0, 0));
     }
 
     #[tokio::test]

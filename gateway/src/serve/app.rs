@@ -116,6 +116,7 @@ impl ServerState {
             seats,
             queue_length: opts.max_queued_requests_per_user,
             max_queues: opts.max_queued_users,
+            max_queued: opts.max_queued_requests,
             max_wait: opts.max_queue_wait,
         };
         let readonly_inflight = FairLimit::new(
