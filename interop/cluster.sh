@@ -25,6 +25,8 @@
 #                            certificate; default 0); each answers the tests on the address
 #                            in DIR/simnodes-I.addr
 #   CLUSTER_READY_TIMEOUT    seconds to wait for the nodes (default 120)
+#   CLUSTER_COMPONENT_QPS    the controller manager's and scheduler's client QPS (burst twice
+#                            that; default theirs, 20 and 50), for workloads of thousands of pods
 #   SVC_GATEWAY_BIN          the gateway binary (see gateway.sh)
 #
 # Identities, as a cluster made by kubeadm has them: kubelets `system:node:<name>` in
@@ -126,6 +128,10 @@ cmd_up() {
 	mint "$d" admin admin system:masters
 	mint "$d" controller-manager system:kube-controller-manager
 	mint "$d" scheduler system:kube-scheduler
+	local qps=()
+	if [[ -n ${CLUSTER_COMPONENT_QPS:-} ]]; then
+		qps=(--kube-api-qps="$CLUSTER_COMPONENT_QPS" --kube-api-burst=$((CLUSTER_COMPONENT_QPS * 2)))
+	fi
 	spawn "$d" kube-controller-manager "$K8S_DIR/kube-controller-manager" \
 		--kubeconfig="$d/agents/controller-manager.kubeconfig" \
 		--use-service-account-credentials=true \
@@ -133,9 +139,9 @@ cmd_up() {
 		--root-ca-file="$d/kube/pki/ca.crt" \
 		--cluster-signing-cert-file="$d/kube/pki/ca.crt" --cluster-signing-key-file="$d/kube/pki/ca.key" \
 		--leader-elect=false --secure-port=0 --controllers='*' \
-		--allocate-node-cidrs=false --v=1
+		--allocate-node-cidrs=false --v=1 "${qps[@]}"
 	spawn "$d" kube-scheduler "$K8S_DIR/kube-scheduler" \
-		--kubeconfig="$d/agents/scheduler.kubeconfig" --leader-elect=false --secure-port=0 --v=1
+		--kubeconfig="$d/agents/scheduler.kubeconfig" --leader-elect=false --secure-port=0 --v=1 "${qps[@]}"
 	local i name
 	for ((i = 0; i < nodes; i++)); do
 		name=hollow-node-$i

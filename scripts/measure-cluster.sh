@@ -13,12 +13,15 @@
 #
 # Environment: NODES (hollow kubelets), KPROXIES (hollow kube-proxies), SIMS (simulated nodes,
 # interop/cmd/simnodes), PODS, PROXIES (proxy mode), MODES (default "direct proxy"),
+# CLUSTER_COMPONENT_QPS (the controller manager's and scheduler's, for thousands of pods),
 # OUT (default /tmp/svc-cluster), SVC_GATEWAY_BIN (default: a release build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
 NODES=${NODES:-3} KPROXIES=${KPROXIES:-2} SIMS=${SIMS:-0} PODS=${PODS:-$((NODES * 10))} PROXIES=${PROXIES:-1}
 OUT=${OUT:-/tmp/svc-cluster}
+# The tests' limits grow with the pods (cluster_test.go's scaled), and so does theirs.
+TIMEOUT=$((900 * ((PODS + 499) / 500)))s
 mkdir -p "$OUT"
 if [[ -z ${SVC_GATEWAY_BIN:-} ]]; then
 	cargo build --release -q -p svc-gateway
@@ -47,7 +50,7 @@ for mode in ${MODES:-direct proxy}; do
 	interop/cluster.sh down "$d" >/dev/null 2>&1 || true
 	rm -rf "$d"
 	CLUSTER_HOLLOW_NODES=$NODES CLUSTER_HOLLOW_PROXIES=$KPROXIES CLUSTER_PROXIES=$PROXIES CLUSTER_SIM_NODES=$SIMS \
-		CLUSTER_READY_TIMEOUT=300 interop/cluster.sh up "$d" "$mode"
+		CLUSTER_READY_TIMEOUT=${CLUSTER_READY_TIMEOUT:-300} interop/cluster.sh up "$d" "$mode"
 	before_kube=$(cpu "$d/kube/kube-apiserver.pid") before_etcd=$(cpu "$d/kube/etcd.pid")
 	before_proxy=0
 	for p in "$d"/proxy-*/gateway.pid; do
@@ -57,7 +60,7 @@ for mode in ${MODES:-direct proxy}; do
 		cd interop/cluster
 		CLUSTER_KUBECONFIG=$d/agents/admin.kubeconfig CLUSTER_MODE=$mode CLUSTER_NODES=$((NODES + SIMS)) CLUSTER_DIR=$d \
 			CLUSTER_PODS=$PODS CLUSTER_UPSTREAM_KUBECONFIG=$d/kube/admin.kubeconfig \
-			"$OUT/cluster.test" -test.v -test.count=1 -test.timeout=900s -test.run TestWorkload
+			"$OUT/cluster.test" -test.v -test.count=1 -test.timeout=$TIMEOUT -test.run TestWorkload
 	) | tee "$OUT/$mode.log" | grep -E "cluster:|upstream|FAIL|ok|PASS" || true
 	kube=$(diff "$(cpu "$d/kube/kube-apiserver.pid")" "$before_kube")
 	etcd=$(diff "$(cpu "$d/kube/etcd.pid")" "$before_etcd")
@@ -74,7 +77,7 @@ for mode in ${MODES:-direct proxy}; do
 	(
 		cd interop/cluster
 		CLUSTER_KUBECONFIG=$d/agents/admin.kubeconfig CLUSTER_MODE=$mode CLUSTER_DIR=$d CLUSTER_PODS=$PODS \
-			"$OUT/cluster.test" -test.v -test.count=1 -test.timeout=900s -test.run TestFaults
+			"$OUT/cluster.test" -test.v -test.count=1 -test.timeout=$TIMEOUT -test.run TestFaults
 	) | tee -a "$OUT/$mode.log" | grep -E "fault:|stores:|FAIL|ok|PASS" || true
 	interop/cluster.sh down "$d" >/dev/null 2>&1 || true
 done

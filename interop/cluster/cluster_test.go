@@ -300,12 +300,20 @@ func sliP99(before, after scrape, cl string) (time.Duration, int) {
 	return -1, int(total)
 }
 
+// scaled stretches a time limit written for up to 500 pods to a workload of pods.
+func scaled(pods int) func(time.Duration) time.Duration {
+	return func(d time.Duration) time.Duration {
+		return d * time.Duration(max(1, (pods+499)/500))
+	}
+}
+
 func TestWorkload(t *testing.T) {
 	c := client(t)
 	mode := os.Getenv("CLUSTER_MODE")
 	nodes := envInt("CLUSTER_NODES", 3)
 	pods := envInt("CLUSTER_PODS", 10*nodes)
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	limit := scaled(pods)
+	ctx, cancel := context.WithTimeout(context.Background(), limit(8*time.Minute))
 	defer cancel()
 
 	// Every hollow node Ready, each with a lease its kubelet renews.
@@ -345,15 +353,15 @@ func TestWorkload(t *testing.T) {
 		t.Fatal(err)
 	}
 	rolledOut := func(want int32) func() (bool, error) { return available(ctx, deployments, want) }
-	start := until(ctx, t, 4*time.Minute, "the Deployment available", rolledOut(replicas))
-	until(ctx, t, time.Minute, "every pod seen Running by a watcher", func() (bool, error) {
+	start := until(ctx, t, limit(4*time.Minute), "the Deployment available", rolledOut(replicas))
+	until(ctx, t, limit(time.Minute), "every pod seen Running by a watcher", func() (bool, error) {
 		return starts.count() >= pods, nil
 	})
 	p50, p99 := starts.quantiles()
 	t.Logf("cluster: mode=%s slowest startups: %s", mode, strings.Join(starts.slowest(8), ", "))
 
 	// Its Service's EndpointSlice lists every pod (the EndpointSlice controller).
-	until(ctx, t, time.Minute, "the EndpointSlice of every pod", func() (bool, error) {
+	until(ctx, t, limit(time.Minute), "the EndpointSlice of every pod", func() (bool, error) {
 		list, err := c.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=web"})
 		if err != nil {
 			return false, err
@@ -371,18 +379,18 @@ func TestWorkload(t *testing.T) {
 	if _, err := deployments.Patch(ctx, "web", types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	roll := until(ctx, t, 4*time.Minute, "the rolling update", rolledOut(replicas))
+	roll := until(ctx, t, limit(4*time.Minute), "the rolling update", rolledOut(replicas))
 
 	down := replicas / 3
 	if _, err := deployments.Patch(ctx, "web", types.MergePatchType, fmt.Appendf(nil, `{"spec":{"replicas":%d}}`, down), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	scale := until(ctx, t, 2*time.Minute, "the scale down", rolledOut(down))
+	scale := until(ctx, t, limit(2*time.Minute), "the scale down", rolledOut(down))
 
 	if err := deployments.Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	gone := until(ctx, t, 2*time.Minute, "every pod gone", func() (bool, error) {
+	gone := until(ctx, t, limit(2*time.Minute), "every pod gone", func() (bool, error) {
 		list, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err
@@ -589,13 +597,14 @@ func TestFaults(t *testing.T) {
 	}
 	mode := os.Getenv("CLUSTER_MODE")
 	pods := envInt("CLUSTER_FAULT_PODS", envInt("CLUSTER_PODS", 10)/2)
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	limit := scaled(pods)
+	ctx, cancel := context.WithTimeout(context.Background(), limit(8*time.Minute))
 	defer cancel()
 	ns := workloadNamespace(ctx, t, c, "faults")
 	if _, err := c.AppsV1().Deployments(ns).Create(ctx, deployment(int32(pods)), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	until(ctx, t, 4*time.Minute, "the Deployment available", available(ctx, c.AppsV1().Deployments(ns), int32(pods)))
+	until(ctx, t, limit(4*time.Minute), "the Deployment available", available(ctx, c.AppsV1().Deployments(ns), int32(pods)))
 
 	// marker creates a Service (retried while the target comes back) and returns how long
 	// until every simulated node's Service informers hold it.

@@ -173,8 +173,19 @@ func (n *node) run(ctx context.Context, kubelet, kubeProxy *rest.Config, running
 	if err != nil {
 		return err
 	}
-	if err := n.register(ctx); err != nil {
-		return fmt.Errorf("registering: %w", err)
+	// Registered as the kubelet registers: tried again, 100 ms doubling up to 7 s apart,
+	// until it is done (a 429 from a busy server is not the end of a node).
+	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 7*time.Second) {
+		err := n.register(ctx)
+		if err == nil {
+			break
+		}
+		log.Printf("%s: registering: %v", n.name, err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
 	}
 	running.Add(1)
 	defer running.Add(-1)
