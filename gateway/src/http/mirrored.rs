@@ -250,13 +250,12 @@ pub async fn serve(
     }
 }
 
-/// Whether a watch starts with the current state as events.
+/// Whether a watch starts with the current state as events: the registry's rule.
 fn initial_events(opts: &ListOptions) -> bool {
-    match (opts.resource_version.as_deref(), opts.send_initial_events) {
-        (_, Some(v)) => v,
-        (Some("0"), None) => true,
-        _ => false,
-    }
+    crate::registry::watch::initial_events(
+        opts.resource_version.as_deref(),
+        opts.send_initial_events,
+    )
 }
 
 /// What the cache answers in: JSON, protobuf for the built-in kinds (`protobuf`: the cache
@@ -451,8 +450,9 @@ fn watch(
                 WatchStart::Ahead(v)
             }
         }
-        // Proven fresh first (`serve`).
-        None if initial => WatchStart::InitialEvents {
+        // Proven fresh first (`serve`), and only with `sendInitialEvents=true`: without it a
+        // start from the newest state passes through before this (`serve`).
+        None if opts.send_initial_events == Some(true) => WatchStart::InitialEvents {
             end_bookmark: bookmarks,
         },
         None => return Err(Fallback::PassThrough),

@@ -25,6 +25,18 @@ pub struct WatchFrom<'a> {
     pub format: FrameFormat,
 }
 
+/// Whether a watch starts with the current state as events, as Kubernetes decides it:
+/// `sendInitialEvents` where given; otherwise for a watch from no version (the state now,
+/// "get state and start at most recent") or from "0" (any state), and not from a version.
+/// Both modes start watches by it (the proxy's cached watches in `http/mirrored.rs`).
+pub fn initial_events(resource_version: Option<&str>, send_initial_events: Option<bool>) -> bool {
+    match (resource_version, send_initial_events) {
+        (_, Some(v)) => v,
+        (None | Some("0"), None) => true,
+        (Some(_), None) => false,
+    }
+}
+
 /// Starts a watch of `T`. The outer error is the request's (a bad resourceVersion, a cache
 /// that did not catch up in time); the inner one is a start the history no longer holds
 /// (410), which Kubernetes sends as the stream's only frame rather than as the response.
@@ -34,11 +46,7 @@ pub async fn start<T: Kind>(
 ) -> Result<Result<Watcher, ApiError>, ApiError> {
     let cache = registry.caches.get(T::INFO);
     let rv = from.resource_version;
-    let initial = match (rv, from.send_initial_events) {
-        (_, Some(v)) => v,
-        (None | Some("0"), None) => true,
-        (Some(_), None) => false,
-    };
+    let initial = initial_events(rv, from.send_initial_events);
     // An explicit `sendInitialEvents=true` with bookmarks ends the initial events with the
     // `initial-events-end` bookmark; so does any initial listing from a given revision.
     let asked_end = from.bookmarks && from.send_initial_events == Some(true);

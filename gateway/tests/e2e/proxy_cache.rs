@@ -604,6 +604,52 @@ async fn a_quiet_resource_keeps_its_watch_until_it_is_seen_to_bookmark() {
     proxy.handle.shutdown().await;
 }
 
+/// A cache's history ages out while its resource is quiet, as a store-fed cache's does: the
+/// upstream sends nothing (Events are never bookmarked) that would make it. A watch from
+/// before what remains is older than the cache: with no place upstream, it is told 410.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_caches_history_ages_out_without_upstream_traffic() {
+    let up = start_upstream().await;
+    up.change("a", Some("1"), false);
+    let proxy = Proxy::start(up.addr, |o| {
+        o.watch_cache_history_window = Duration::from_secs(1);
+        o.upstream_long_running_per_user = 0;
+    })
+    .await
+    .unwrap();
+    let alice = proxy.user("alice", &[], false);
+    eventually(Duration::from_secs(20), "the cache is filled", || async {
+        alice.get("/readyz").await.0 == StatusCode::OK
+    })
+    .await;
+    up.change("b", Some("1"), false);
+    let (_, list) = alice
+        .get("/api/v1/namespaces/ns/configmaps?resourceVersion=2")
+        .await;
+    assert_eq!(names(&list), ["a=1", "b=1"]);
+    // Within the window, b's event is history the cache serves.
+    let mut watch = alice
+        .watch("/api/v1/namespaces/ns/configmaps?watch=1&resourceVersion=1")
+        .await;
+    let ev = watch.next_within(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(summary(&ev), ("ADDED".into(), "b".into(), "2".into()));
+    // Past it, with nothing from the upstream meanwhile, it is gone.
+    eventually(Duration::from_secs(10), "the history pruned", || async {
+        alice
+            .request(
+                Method::GET,
+                "/api/v1/namespaces/ns/configmaps?watch=1&resourceVersion=1&timeoutSeconds=1",
+                "",
+                &[],
+            )
+            .await
+            .status
+            == StatusCode::GONE
+    })
+    .await;
+    proxy.handle.shutdown().await;
+}
+
 /// A proxy in front of `up` holding ConfigMaps a and b (revisions 1 and 2), run until it has
 /// kept its resume point (revision 2, bookmarks every second), then shut down: a client of
 /// alice's, the options that start it again on its port, and its data directory.

@@ -313,6 +313,9 @@ async fn first_fill(
     Ok((kvs, rev, false))
 }
 
+/// How often a cache's history and snapshots are pruned while its watch is quiet.
+const PRUNE_EVERY: Duration = Duration::from_secs(1);
+
 /// How long the upstream is given to refuse a watch from a resume point (kube-apiserver
 /// refuses one from a version its history no longer holds at once, as its first event).
 const RESUME_PROBE: Duration = Duration::from_secs(1);
@@ -622,6 +625,11 @@ async fn stream(
     }
     let mut body = response.into_body();
     let mut buf = BytesMut::new();
+    // History and snapshots age out on a timer too, as the store-fed caches' do: a quiet
+    // resource (Events, which kube-apiserver never bookmarks) sends nothing that would.
+    let mut prune = tokio::time::interval(PRUNE_EVERY);
+    prune.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut heard = tokio::time::Instant::now();
     loop {
         // Silence is a sign of trouble only where the upstream bookmarks.
         let patience = if status.bookmarks.load(Ordering::Relaxed) {
@@ -630,9 +638,14 @@ async fn stream(
             Duration::from_secs(timeout).saturating_add(idle)
         };
         let frame = tokio::select! {
-            f = tokio::time::timeout(patience, body.frame()) => f,
+            f = tokio::time::timeout_at(heard + patience, body.frame()) => f,
+            _ = prune.tick() => {
+                cache.prune(Instant::now());
+                continue;
+            }
             _ = crate::base::lifecycle::until_set(stop) => return End::Stopped,
         };
+        heard = tokio::time::Instant::now();
         let data = match frame {
             Err(_) => return End::Closed(last),
             Ok(None) => return End::Closed(last),
