@@ -158,9 +158,9 @@ cmd_up() {
 		spawn "$d" "$name" "$K8S_DIR/kubemark" --morph=proxy --name="hollow-node-$((i % (nodes > 0 ? nodes : 1)))" \
 			--kubeconfig="$d/agents/$name.kubeconfig" --v=1
 	done
-	# Simulated nodes (cmd/simnodes), spread over the targets like the hollow ones.
-	local sims=${CLUSTER_SIM_NODES:-0} targets=1 per
-	[[ $mode == proxy ]] && targets=$proxies
+	# Simulated nodes (cmd/simnodes), spread over the targets like the hollow ones: one
+	# process per proxy, and as many directly (the same processes for both modes).
+	local sims=${CLUSTER_SIM_NODES:-0} targets=$proxies per
 	if ((sims > 0)); then
 		(cd "$HERE" && go build -o "$d/simnodes" ./cmd/simnodes)
 		per=$(((sims + targets - 1) / targets))

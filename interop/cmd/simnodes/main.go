@@ -291,11 +291,17 @@ func (n *node) podSeen(ctx context.Context, o any) {
 		// Its containers stopped at once: the kubelet's final delete.
 		go func() {
 			zero := int64(0)
-			err := n.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
-				GracePeriodSeconds: &zero,
-				Preconditions:      &metav1.Preconditions{UID: &pod.UID},
+			err := retried(ctx, func() error {
+				err := n.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+					GracePeriodSeconds: &zero,
+					Preconditions:      &metav1.Preconditions{UID: &pod.UID},
+				})
+				if apierrors.IsConflict(err) {
+					return nil // another pod of that name now
+				}
+				return err
 			})
-			if err != nil && ctx.Err() == nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			if err != nil && ctx.Err() == nil && !apierrors.IsNotFound(err) {
 				log.Printf("%s: deleting pod %s/%s: %v", n.name, pod.Namespace, pod.Name, err)
 			}
 		}()
@@ -331,13 +337,38 @@ func (n *node) podSeen(ctx context.Context, o any) {
 			`{"type":"ContainersReady","status":"True","lastTransitionTime":%[1]q},`+
 			`{"type":"PodScheduled","status":"True","lastTransitionTime":%[1]q}],`+
 			`"podIP":"10.64.0.1","hostIP":"10.0.0.1"}}`, now.UTC().Format(time.RFC3339))
-		_, err := n.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}, "status")
+		err := retried(ctx, func() error {
+			_, err := n.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}, "status")
+			return err
+		})
 		if err == nil {
 			n.podsRunning.Add(1)
 		} else if ctx.Err() == nil && !apierrors.IsNotFound(err) {
 			log.Printf("%s: pod %s/%s status: %v", n.name, pod.Namespace, pod.Name, err)
 		}
 	}()
+}
+
+// retried calls do until it succeeds, fails for good (the object is gone, or the answer is
+// not one to try again: a 4xx other than 429), or ctx ends, 1 s doubling up to 10 s apart:
+// the kubelet's status manager and pod workers try again on their next sync, every 10 s.
+func retried(ctx context.Context, do func() error) error {
+	for backoff := time.Second; ; backoff = min(2*backoff, 10*time.Second) {
+		err := do()
+		if err == nil || apierrors.IsNotFound(err) {
+			return err
+		}
+		if s, ok := err.(apierrors.APIStatus); ok {
+			if code := s.Status().Code; code >= 400 && code < 500 && code != 429 {
+				return err
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(backoff):
+		}
+	}
 }
 
 // token requests a pod's projected ServiceAccount token, bound to the pod, as the kubelet
