@@ -638,7 +638,7 @@ async fn stream(
             Duration::from_secs(timeout).saturating_add(idle)
         };
         let frame = tokio::select! {
-            f = tokio::time::timeout_at(heard + patience, body.frame()) => f,
+            f = tokio::time::timeout_at(heard.checked_add(patience).unwrap_or(heard), body.frame()) => f,
             _ = prune.tick() => {
                 cache.prune(Instant::now());
                 continue;
