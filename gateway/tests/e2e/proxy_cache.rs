@@ -677,6 +677,23 @@ async fn stopped_after_keeping_a_resume_point(
     (alice, opts, dir)
 }
 
+/// A proxy stopped by `Proxy::stop` started again from its options, passing no long-running
+/// request upstream (a watch the cache does not serve is refused), once its caches are filled.
+async fn started_without_pass_through(
+    mut opts: svc_gateway::base::flags::Options,
+    client: &Client,
+) -> svc_gateway::run::ServerHandle {
+    opts.upstream_long_running_per_user = 0;
+    let handle = svc_gateway::run::start(opts).await.unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "the cache is filled again",
+        || async { client.get("/readyz").await.0 == StatusCode::OK },
+    )
+    .await;
+    handle
+}
+
 /// A proxy started again with its data directory fills its cache with the upstream's state at
 /// the revision it kept there (`proxy/resume-points`), one its clients had passed: their
 /// watches resume from its cache, with what happened while it was down, instead of passing
@@ -692,15 +709,7 @@ async fn a_proxy_started_again_resumes_its_clients_from_its_cache() {
     up.change("a", None, false);
     // Started again, passing nothing long-running upstream: what is not served from the
     // cache is refused.
-    let mut opts = opts;
-    opts.upstream_long_running_per_user = 0;
-    let handle = svc_gateway::run::start(opts).await.unwrap();
-    eventually(
-        Duration::from_secs(20),
-        "the cache is filled again",
-        || async { alice.get("/readyz").await.0 == StatusCode::OK },
-    )
-    .await;
+    let handle = started_without_pass_through(opts, &alice).await;
     assert_eq!(up.state.lock().exact_lists, [2], "filled at the point kept");
     let mut watch = alice
         .watch("/api/v1/namespaces/ns/configmaps?watch=1&resourceVersion=2")
@@ -784,18 +793,11 @@ async fn a_resync_is_the_resume_point_and_its_watchers_are_told_it() {
         },
     )
     .await;
-    let (mut opts, _dir) = proxy.stop().await;
+    let (opts, _dir) = proxy.stop().await;
     up.change("d", Some("1"), false);
     // Started again, passing nothing long-running upstream: the client's watch from the
     // bookmark it was given is served from the cache, or refused.
-    opts.upstream_long_running_per_user = 0;
-    let handle = svc_gateway::run::start(opts).await.unwrap();
-    eventually(
-        Duration::from_secs(20),
-        "the cache is filled again",
-        || async { alice.get("/readyz").await.0 == StatusCode::OK },
-    )
-    .await;
+    let handle = started_without_pass_through(opts, &alice).await;
     assert_eq!(up.state.lock().exact_lists, [4], "filled at the resync");
     let mut watch = alice
         .watch("/api/v1/namespaces/ns/configmaps?watch=1&resourceVersion=4")
