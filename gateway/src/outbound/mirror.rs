@@ -149,7 +149,11 @@ impl Mirror {
 
     /// Waits until `m`'s cache is proven as fresh as the upstream is now (`mirror/fresh.rs`).
     pub async fn prove_fresh(&self, m: &Mirrored) -> Result<(), String> {
-        let proven = m.freshness.prove(&self.upstream, m.info, &m.cache).await;
+        let bookmarks = m.status.bookmarks.load(Ordering::Relaxed);
+        let proven = m
+            .freshness
+            .prove(&self.upstream, m.info, &m.cache, bookmarks)
+            .await;
         m.status.proven(&proven);
         proven
     }

@@ -89,11 +89,14 @@ impl Drop for Waiting {
 impl Freshness {
     /// Waits until the cache is proven at least as fresh as the upstream was when this was
     /// called; an error (the upstream cannot give the proof) sends the read upstream.
+    /// `bookmarks`: the upstream has been seen to bookmark this resource, so a short watch
+    /// that ended without a bookmark was late, not refused, and another is tried.
     pub async fn prove(
         &self,
         upstream: &Upstream,
         info: &'static ResourceInfo,
         cache: &WatchCache,
+        bookmarks: bool,
     ) -> Result<(), String> {
         let deadline = tokio::time::Instant::now().later(PROOF_TIMEOUT);
         let newest = tokio::time::timeout_at(deadline, self.newest(upstream, info))
@@ -106,7 +109,7 @@ impl Freshness {
         let failed = self.failed.notified();
         tokio::pin!(failed);
         failed.as_mut().enable();
-        let _waiting = self.push_to(newest, upstream, info, cache);
+        let _waiting = self.push_to(newest, upstream, info, cache, bookmarks);
         let reached = async {
             tokio::select! {
                 r = cache.wait_for_revision(newest) => r.map_err(|e| e.to_string()),
@@ -170,6 +173,7 @@ impl Freshness {
         upstream: &Upstream,
         info: &'static ResourceInfo,
         cache: &WatchCache,
+        bookmarks: bool,
     ) -> Waiting {
         let start = {
             let mut s = self.push.lock();
@@ -184,6 +188,7 @@ impl Freshness {
                 upstream.clone(),
                 info,
                 cache.clone(),
+                bookmarks,
             ));
         }
         Waiting(self.push.clone())
@@ -191,13 +196,17 @@ impl Freshness {
 }
 
 /// The pusher: short watches from the cache's revision until the cache has reached every
-/// revision asked for, or one fails (the reads waiting then time out and pass through).
+/// revision asked for, or one fails (the reads waiting then pass through). A short watch that
+/// ended without a bookmark fails the proof, unless the resource is known to bookmark
+/// (`bookmarks`) and the watch ran its course: kube-apiserver bookmarks a watch two seconds
+/// before its end, and a busy one may send it late, so another is tried while reads wait.
 async fn push(
     state: Arc<Mutex<Push>>,
     failed: Arc<tokio::sync::Notify>,
     upstream: Upstream,
     info: &'static ResourceInfo,
     cache: WatchCache,
+    bookmarks: bool,
 ) {
     loop {
         {
@@ -207,7 +216,19 @@ async fn push(
                 return;
             }
         }
-        if let Err(e) = catch_up(&upstream, info, &cache, &state).await {
+        let started = Instant::now();
+        let result = match catch_up(&upstream, info, &cache, &state).await {
+            Ok(CaughtUp::NoBookmark(e))
+                if bookmarks && started.elapsed() >= Duration::from_secs(1) =>
+            {
+                tracing::debug!(resource = info.plural, error = %e, "freshness: trying again");
+                Ok(())
+            }
+            Ok(CaughtUp::NoBookmark(e)) => Err(e),
+            Ok(CaughtUp::Reached) => Ok(()),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = result {
             tracing::debug!(resource = info.plural, error = %e, "freshness not proven");
             state.lock().running = false;
             failed.notify_waiters();
@@ -324,7 +345,7 @@ async fn catch_up(
     info: &'static ResourceInfo,
     cache: &WatchCache,
     state: &Mutex<Push>,
-) -> Result<(), String> {
+) -> Result<CaughtUp, String> {
     let path = collection_path(info);
     let from = cache.revision();
     let url = format!(
@@ -344,11 +365,19 @@ async fn catch_up(
         Ok((cache.revision() >= state.lock().target).then_some(()))
     })
     .await?;
-    match (reached, bookmarked) {
-        (Some(()), _) | (None, true) => Ok(()),
-        (None, false) => Err(format!(
+    Ok(match (reached, bookmarked) {
+        (Some(()), _) | (None, true) => CaughtUp::Reached,
+        (None, false) => CaughtUp::NoBookmark(format!(
             "the upstream's watch from {from} ended without a bookmark (at {})",
             cache.revision()
         )),
-    }
+    })
+}
+
+/// How a short watch of [`catch_up`] ended.
+enum CaughtUp {
+    /// At the revision asked for, or with a bookmark (the pusher looks again).
+    Reached,
+    /// With neither: why.
+    NoBookmark(String),
 }
