@@ -3,10 +3,9 @@
 //! (mutating ones): each is a pool of seats. A request that finds its pool full waits in its
 //! user's queue (at most `--max-queued-requests-per-user` requests per user, at most
 //! `--max-queued-users` users and `--max-queued-requests` requests queued at once, each
-//! request at most `--max-queue-wait`); a
-//! freed seat goes to the next user in turn among those waiting (round-robin, one request
-//! each), so a user sending many requests at once gets its share of the seats, not all of
-//! them. Past a bound the request gets 429 with `Retry-After`: `queue-full`, or `time-out`
+//! request at most `--max-queue-wait`); a freed seat goes to the next user in turn among
+//! those waiting (round-robin, one request each), so a user sending many requests at once
+//! gets its share of the seats, not all of them. Past a bound the request gets 429 with `Retry-After`: `queue-full`, or `time-out`
 //! when its wait ran out (Kubernetes' reasons). Watches are long-running and hold no seat:
 //! they are counted on their own against `--max-watches`. `system:masters` (the server's own
 //! controllers, administrators) is exempt from all of it, as Kubernetes' `exempt` priority

@@ -337,10 +337,7 @@ async fn lists_and_watches_come_from_the_cache_and_survive_a_relist() {
     up.change("b", Some("1"), false);
     let proxy = Proxy::start(up.addr, |_| {}).await.unwrap();
     let alice = proxy.user("alice", &["dev"], false);
-    eventually(Duration::from_secs(20), "the cache is filled", || async {
-        alice.get("/readyz").await.0 == StatusCode::OK
-    })
-    .await;
+    until_filled(&alice).await;
     assert_eq!(
         up.lists.load(Ordering::SeqCst),
         1,
@@ -430,10 +427,7 @@ async fn the_metrics_list_only_the_caches_the_proxy_runs() {
     up.change("a", Some("1"), false);
     let proxy = Proxy::start(up.addr, |_| {}).await.unwrap();
     let alice = proxy.user("alice", &[], false);
-    eventually(Duration::from_secs(20), "the cache is filled", || async {
-        alice.get("/readyz").await.0 == StatusCode::OK
-    })
-    .await;
+    until_filled(&alice).await;
     let r = alice.request(Method::GET, "/metrics", "", &[]).await;
     assert_eq!(r.status, StatusCode::OK);
     let text = r.text();
@@ -469,10 +463,7 @@ async fn the_upstream_decides_who_reads_the_cache() {
     up.change("a", Some("1"), false);
     let proxy = Proxy::start(up.addr, |_| {}).await.unwrap();
     let eve = proxy.user("eve", &[], true);
-    eventually(Duration::from_secs(20), "the cache is filled", || async {
-        proxy.user("alice", &[], false).get("/readyz").await.0 == StatusCode::OK
-    })
-    .await;
+    until_filled(&proxy.user("alice", &[], false)).await;
     let (status, body) = eve
         .get("/api/v1/namespaces/ns/configmaps?resourceVersion=0")
         .await;
@@ -525,10 +516,7 @@ async fn watches_end_at_shutdown_after_goaway_and_the_listener_closing() {
     up.change("b", Some("1"), false);
     let proxy = Proxy::start(up.addr, |_| {}).await.unwrap();
     let alice = proxy.user("alice", &["dev"], true);
-    eventually(Duration::from_secs(20), "the cache is filled", || async {
-        alice.get("/readyz").await.0 == StatusCode::OK
-    })
-    .await;
+    until_filled(&alice).await;
     let addr = proxy.handle.addr;
     let watches_before = up.watches.load(Ordering::SeqCst);
     let mut conns = Vec::new();
@@ -597,10 +585,7 @@ async fn a_quiet_resource_keeps_its_watch_until_it_is_seen_to_bookmark() {
     .await
     .unwrap();
     let alice = proxy.user("alice", &[], false);
-    eventually(Duration::from_secs(20), "the cache is filled", || async {
-        alice.get("/readyz").await.0 == StatusCode::OK
-    })
-    .await;
+    until_filled(&alice).await;
     eventually(
         Duration::from_secs(10),
         "the upstream watch opens",
@@ -642,10 +627,7 @@ async fn a_quiet_caches_history_ages_out_without_upstream_traffic() {
     .await
     .unwrap();
     let alice = proxy.user("alice", &[], false);
-    eventually(Duration::from_secs(20), "the cache is filled", || async {
-        alice.get("/readyz").await.0 == StatusCode::OK
-    })
-    .await;
+    until_filled(&alice).await;
     up.change("b", Some("1"), false);
     let (_, list) = alice
         .get("/api/v1/namespaces/ns/configmaps?resourceVersion=2")
@@ -685,10 +667,7 @@ async fn a_proof_whose_short_watch_brought_no_bookmark_tries_again() {
     up.state.lock().silent_short_watches = 1;
     let proxy = Proxy::start(up.addr, |_| {}).await.unwrap();
     let alice = proxy.user("alice", &[], false);
-    eventually(Duration::from_secs(20), "the cache is filled", || async {
-        alice.get("/readyz").await.0 == StatusCode::OK
-    })
-    .await;
+    until_filled(&alice).await;
     // The resource is seen to bookmark (the cache moves to 2 by the bookmark alone).
     up.change("b", Some("1"), true);
     up.bookmark();
@@ -761,6 +740,14 @@ async fn stopped_after_keeping_a_resume_point(
     (alice, opts, dir)
 }
 
+/// Waits until the proxy `client` talks to has filled its caches (`/readyz` answers 200).
+async fn until_filled(client: &Client) {
+    eventually(Duration::from_secs(20), "the cache is filled", || async {
+        client.get("/readyz").await.0 == StatusCode::OK
+    })
+    .await;
+}
+
 /// A proxy stopped by `Proxy::stop` started again from its options, passing no long-running
 /// request upstream (a watch the cache does not serve is refused), once its caches are filled.
 async fn started_without_pass_through(
@@ -769,12 +756,7 @@ async fn started_without_pass_through(
 ) -> svc_gateway::run::ServerHandle {
     opts.upstream_long_running_per_user = 0;
     let handle = svc_gateway::run::start(opts).await.unwrap();
-    eventually(
-        Duration::from_secs(20),
-        "the cache is filled again",
-        || async { client.get("/readyz").await.0 == StatusCode::OK },
-    )
-    .await;
+    until_filled(client).await;
     handle
 }
 
@@ -842,10 +824,7 @@ async fn a_resync_is_the_resume_point_and_its_watchers_are_told_it() {
     .await
     .unwrap();
     let alice = proxy.user("alice", &[], false);
-    eventually(Duration::from_secs(20), "the cache is filled", || async {
-        alice.get("/readyz").await.0 == StatusCode::OK
-    })
-    .await;
+    until_filled(&alice).await;
     let mut watch = alice
         .watch(
             "/api/v1/namespaces/ns/configmaps?watch=1&resourceVersion=2&allowWatchBookmarks=true",
@@ -902,10 +881,7 @@ async fn a_start_from_the_newest_state_of_one_object_is_proven_for_it_alone() {
     up.change("b", Some("1"), false);
     let proxy = Proxy::start(up.addr, |_| {}).await.unwrap();
     let alice = proxy.user("alice", &[], false);
-    eventually(Duration::from_secs(20), "the cache is filled", || async {
-        alice.get("/readyz").await.0 == StatusCode::OK
-    })
-    .await;
+    until_filled(&alice).await;
     eventually(
         Duration::from_secs(10),
         "the upstream watch opens",

@@ -217,22 +217,19 @@ async fn push(
             }
         }
         let started = Instant::now();
-        let result = match catch_up(&upstream, info, &cache, &state).await {
+        match catch_up(&upstream, info, &cache, &state).await {
+            Ok(CaughtUp::Reached) => {}
             Ok(CaughtUp::NoBookmark(e))
                 if bookmarks && started.elapsed() >= Duration::from_secs(1) =>
             {
                 tracing::debug!(resource = info.plural, error = %e, "freshness: trying again");
-                Ok(())
             }
-            Ok(CaughtUp::NoBookmark(e)) => Err(e),
-            Ok(CaughtUp::Reached) => Ok(()),
-            Err(e) => Err(e),
-        };
-        if let Err(e) = result {
-            tracing::debug!(resource = info.plural, error = %e, "freshness not proven");
-            state.lock().running = false;
-            failed.notify_waiters();
-            return;
+            Ok(CaughtUp::NoBookmark(e)) | Err(e) => {
+                tracing::debug!(resource = info.plural, error = %e, "freshness not proven");
+                state.lock().running = false;
+                failed.notify_waiters();
+                return;
+            }
         }
     }
 }

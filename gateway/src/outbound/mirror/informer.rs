@@ -637,8 +637,9 @@ async fn stream(
         } else {
             Duration::from_secs(timeout).saturating_add(idle)
         };
+        let deadline = heard.checked_add(patience).unwrap_or(heard);
         let frame = tokio::select! {
-            f = tokio::time::timeout_at(heard.checked_add(patience).unwrap_or(heard), body.frame()) => f,
+            f = tokio::time::timeout_at(deadline, body.frame()) => f,
             _ = prune.tick() => {
                 cache.prune(Instant::now());
                 continue;

@@ -70,7 +70,6 @@ impl ResumePoints {
     /// or its history began after (a restarted kube-apiserver's watch cache), and every
     /// client of the cache was bookmarked at the floor when it was resynced.
     pub fn tick(&self, now: Instant, revisions: HashMap<Key, (Revision, Revision)>) {
-        let floors: HashMap<&Key, Revision> = revisions.iter().map(|(k, (_, f))| (k, *f)).collect();
         let due: HashMap<Key, Revision> = {
             let mut samples = self.samples.lock();
             samples.push_back((
@@ -93,7 +92,7 @@ impl ResumePoints {
                 .keys()
                 .filter_map(|key| {
                     let oldest = samples.iter().find_map(|(_, s)| s.get(key))?;
-                    let floor = floors.get(key).copied().unwrap_or(0);
+                    let floor = revisions.get(key).map_or(0, |(_, f)| *f);
                     Some((key.clone(), (*oldest).max(floor)))
                 })
                 .collect()
