@@ -91,7 +91,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	var running, podsRunning atomic.Int64
-	st := &stats{}
+	st := &stats{relistsBy: map[string]int64{}, goneBy: map[string]int64{}}
 	if *statusAddr != "" {
 		if err := st.serve(*statusAddr, *compareKubeconfig, &running); err != nil {
 			log.Fatal(err)
@@ -175,17 +175,12 @@ func (n *node) run(ctx context.Context, kubelet, kubeProxy *rest.Config, running
 	}
 	// Registered as the kubelet registers: tried again, 100 ms doubling up to 7 s apart,
 	// until it is done (a 429 from a busy server is not the end of a node).
-	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 7*time.Second) {
-		err := n.register(ctx)
-		if err == nil {
-			break
-		}
+	always := func(err error) bool {
 		log.Printf("%s: registering: %v", n.name, err)
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(backoff):
-		}
+		return true
+	}
+	if err := retried(ctx, 100*time.Millisecond, 7*time.Second, always, func() error { return n.register(ctx) }); err != nil {
+		return err
 	}
 	running.Add(1)
 	defer running.Add(-1)
@@ -291,7 +286,7 @@ func (n *node) podSeen(ctx context.Context, o any) {
 		// Its containers stopped at once: the kubelet's final delete.
 		go func() {
 			zero := int64(0)
-			err := retried(ctx, func() error {
+			err := retried(ctx, time.Second, 10*time.Second, transient, func() error {
 				err := n.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
 					GracePeriodSeconds: &zero,
 					Preconditions:      &metav1.Preconditions{UID: &pod.UID},
@@ -337,7 +332,7 @@ func (n *node) podSeen(ctx context.Context, o any) {
 			`{"type":"ContainersReady","status":"True","lastTransitionTime":%[1]q},`+
 			`{"type":"PodScheduled","status":"True","lastTransitionTime":%[1]q}],`+
 			`"podIP":"10.64.0.1","hostIP":"10.0.0.1"}}`, now.UTC().Format(time.RFC3339))
-		err := retried(ctx, func() error {
+		err := retried(ctx, time.Second, 10*time.Second, transient, func() error {
 			_, err := n.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}, "status")
 			return err
 		})
@@ -349,19 +344,13 @@ func (n *node) podSeen(ctx context.Context, o any) {
 	}()
 }
 
-// retried calls do until it succeeds, fails for good (the object is gone, or the answer is
-// not one to try again: a 4xx other than 429), or ctx ends, 1 s doubling up to 10 s apart:
-// the kubelet's status manager and pod workers try again on their next sync, every 10 s.
-func retried(ctx context.Context, do func() error) error {
-	for backoff := time.Second; ; backoff = min(2*backoff, 10*time.Second) {
+// retried calls do until it succeeds, fails in a way again does not want tried again, or
+// ctx ends; first apart at first, then twice as long each time up to most.
+func retried(ctx context.Context, first, most time.Duration, again func(error) bool, do func() error) error {
+	for backoff := first; ; backoff = min(2*backoff, most) {
 		err := do()
-		if err == nil || apierrors.IsNotFound(err) {
+		if err == nil || !again(err) {
 			return err
-		}
-		if s, ok := err.(apierrors.APIStatus); ok {
-			if code := s.Status().Code; code >= 400 && code < 500 && code != 429 {
-				return err
-			}
 		}
 		select {
 		case <-ctx.Done():
@@ -369,6 +358,19 @@ func retried(ctx context.Context, do func() error) error {
 		case <-time.After(backoff):
 		}
 	}
+}
+
+// transient: an answer a kubelet's status manager and pod workers try again on their next
+// sync, every 10 s: anything but a gone object and a 4xx other than 429.
+func transient(err error) bool {
+	if apierrors.IsNotFound(err) {
+		return false
+	}
+	if s, ok := err.(apierrors.APIStatus); ok {
+		code := s.Status().Code
+		return code < 400 || code >= 500 || code == 429
+	}
+	return true
 }
 
 // token requests a pod's projected ServiceAccount token, bound to the pod, as the kubelet

@@ -46,7 +46,7 @@ type stats struct {
 	mu                 sync.Mutex
 	all                []*watched
 	// Relists and 410s by what was watched ("configmaps", or "configmaps/one" for a
-	// one-object informer), under mu.
+	// one-object informer), under mu; made with the stats.
 	relistsBy, goneBy map[string]int64
 }
 
@@ -59,13 +59,10 @@ func (w *watched) kind() string {
 }
 
 // count adds one to what's count for w's kind.
-func (st *stats) count(what *map[string]int64, w *watched) {
+func (st *stats) count(what map[string]int64, w *watched) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if *what == nil {
-		*what = map[string]int64{}
-	}
-	(*what)[w.kind()]++
+	what[w.kind()]++
 }
 
 // informer builds (not starts) an informer of resource under the client g belongs to, as the
@@ -87,12 +84,12 @@ func (n *node) watch(g cache.Getter, client kubernetes.Interface, resource, name
 	gone := func(err error) {
 		if apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
 			st.gone.Add(1)
-			st.count(&st.goneBy, w)
+			st.count(st.goneBy, w)
 		}
 	}
 	synced := func() {
 		if w.syncs.Add(1) > 1 {
-			st.count(&st.relistsBy, w)
+			st.count(st.relistsBy, w)
 		}
 		st.syncs.Add(1)
 	}
