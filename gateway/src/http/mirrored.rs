@@ -6,14 +6,14 @@
 //! |---|---|
 //! | list, `resourceVersion=0` or `NotOlderThan` | from the cache, once it has reached the version |
 //! | list, `Exact` (or a version with `limit`) | from the cache's snapshots; passed through when they no longer reach back |
-//! | list, resourceVersion unset (a consistent read) | passed through, as proving the cache fresh takes up to a second; but past [`crate::outbound::mirror::STORM_LISTS`] a second (a relist storm), from the cache once proven fresh, one proof for them all |
+//! | list, resourceVersion unset (a consistent read) | passed through, as proving the cache fresh takes up to a second; but past [`crate::outbound::mirror::STORM_LISTS`] a second (a relist storm), from the cache once proven fresh, one proof for them all (429 when the upstream is too busy to give it) |
 //! | list, continue token of this proxy | from the snapshot it names (410 when gone) |
 //! | list, the upstream's continue token | passed through |
 //! | watch, `resourceVersion=0` | from the cache, initial events first |
 //! | watch from a version the cache holds history for, `sendInitialEvents` included | from the cache |
 //! | watch from a version past the cache that another cache has seen upstream (a consistent list's) | from the cache, skipping what comes up to the version |
 //! | watch from an older version (one held before this proxy started) | passed through, so clients resume instead of relisting; 410 when the pass-through is over its bound (`http/proxy/long_running.rs`), so they relist from the cache |
-//! | watch, resourceVersion unset, `sendInitialEvents=true` (client-go's informers) | from the cache, once proven as fresh as the upstream (`outbound/mirror/fresh.rs`): for one object (its name as the field selector: a kubelet's ConfigMap and Secret informers), that object as upstream has it now; passed through when it cannot be |
+//! | watch, resourceVersion unset, `sendInitialEvents=true` (client-go's informers) | from the cache, once proven as fresh as the upstream (`outbound/mirror/fresh.rs`): for one object (its name as the field selector: a kubelet's ConfigMap and Secret informers), that object as upstream has it now; passed through when the upstream cannot prove it, 429 with `Retry-After` when it is too busy to within [`crate::outbound::mirror::fresh::PROOF_TIMEOUT`] |
 //! | watch, resourceVersion unset, no initial events | passed through (a consistent start) |
 //! | protobuf of a built-in kind (kubelets, controllers) | from the cache, written from the upstream's JSON (`svc_core::watch::unstructured::protobuf`) |
 //! | protobuf only of a custom resource (which the upstream refuses too), Tables, field selectors the cache cannot evaluate, bad parameters | passed through: the upstream answers |
@@ -41,6 +41,7 @@ use crate::http::api::Api;
 use crate::http::negotiate::{self, Format};
 use crate::http::proxy::Proxy;
 use crate::http::respond::{self, Body};
+use crate::outbound::mirror::fresh::{RETRY_AFTER_SECONDS, Unproven};
 use crate::outbound::mirror::{Mirror, Mirrored};
 use crate::registry::list::{decode_token, expired_continue, page_meta, reads_exactly};
 use crate::security::impersonation;
@@ -205,8 +206,20 @@ pub async fn serve(
             }
             None => mirror.prove_fresh(&mirrored).await,
         };
-        if proven.is_err() {
-            return None;
+        match proven {
+            Ok(()) => {}
+            // The upstream cannot prove it: it answers the read itself.
+            Err(Unproven::Refused(_)) => return None,
+            // The upstream is behind: sending it the read too would only add to its load.
+            Err(e @ Unproven::Busy(_)) => {
+                return Some(respond::error(&ApiError::TooManyRequests {
+                    message: format!(
+                        "the proxy could not prove its cache of {} fresh: {e}; please try again later",
+                        info.plural
+                    ),
+                    retry_after_seconds: Some(RETRY_AFTER_SECONDS),
+                }));
+            }
         }
     }
     let wanted = rv_num.or(ours_token.as_ref().map(|t| t.rv));

@@ -24,6 +24,7 @@ use tokio::sync::{Notify, watch};
 
 use crate::outbound::upstream::{CALL_TIMEOUT, Upstream};
 use discovery::{Discovered, ResourceFilter};
+use fresh::Unproven;
 use informer::InformerStatus;
 
 /// How often upstream discovery is read again.
@@ -148,13 +149,13 @@ impl Mirror {
     }
 
     /// Waits until `m`'s cache is proven as fresh as the upstream is now (`mirror/fresh.rs`).
-    pub async fn prove_fresh(&self, m: &Mirrored) -> Result<(), String> {
+    pub async fn prove_fresh(&self, m: &Mirrored) -> Result<(), Unproven> {
         let bookmarks = m.status.bookmarks.load(Ordering::Relaxed);
         let proven = m
             .freshness
             .prove(&self.upstream, m.info, &m.cache, bookmarks)
             .await;
-        m.status.proven(&proven);
+        count_proof(&m.status, &proven);
         proven
     }
 
@@ -165,9 +166,9 @@ impl Mirror {
         m: &Mirrored,
         namespace: &str,
         name: &str,
-    ) -> Result<(), String> {
+    ) -> Result<(), Unproven> {
         let proven = fresh::prove_object(&self.upstream, m.info, &m.cache, namespace, name).await;
-        m.status.proven(&proven);
+        count_proof(&m.status, &proven);
         proven
     }
 
@@ -330,7 +331,7 @@ impl Mirror {
         let mut rows: Vec<&Arc<Mirrored>> = resources.values().collect();
         rows.sort_by_key(|m| (m.info.group, m.info.plural));
         let mut out = String::new();
-        let metrics: [Series; 8] = [
+        let metrics: [Series; 9] = [
             (
                 "svc_proxy_cache_objects",
                 "gauge",
@@ -370,8 +371,14 @@ impl Mirror {
             (
                 "svc_proxy_freshness_proofs_failed_total",
                 "counter",
-                "Proofs of freshness that failed: their reads passed through to the upstream.",
+                "Proofs of freshness the upstream could not give: their reads passed through to it.",
                 |m| m.status.proofs_failed.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "svc_proxy_freshness_proofs_busy_total",
+                "counter",
+                "Proofs of freshness the upstream was too busy to give in time: their reads were answered 429 to try again.",
+                |m| m.status.proofs_busy.load(Ordering::Relaxed) as f64,
             ),
             (
                 "svc_proxy_upstream_lists_total",
@@ -396,6 +403,17 @@ impl Mirror {
         }
         out
     }
+}
+
+/// Counts a proof of freshness and how it ended.
+fn count_proof(status: &InformerStatus, outcome: &Result<(), Unproven>) {
+    status.proofs.fetch_add(1, Ordering::Relaxed);
+    let failed = match outcome {
+        Ok(()) => return,
+        Err(Unproven::Refused(_)) => &status.proofs_failed,
+        Err(Unproven::Busy(_)) => &status.proofs_busy,
+    };
+    failed.fetch_add(1, Ordering::Relaxed);
 }
 
 fn name_of(info: &ResourceInfo) -> String {

@@ -23,7 +23,9 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
 use crate::proxy::{Out, Proxy, full, serve_scripted};
-use crate::support::client::{Client, assert_goaway_and_listener_closed, eventually, summary};
+use crate::support::client::{
+    Client, Resp, assert_goaway_and_listener_closed, eventually, summary,
+};
 
 type Line = Result<Frame<Bytes>, Infallible>;
 
@@ -57,6 +59,13 @@ struct State {
     /// many. Past them (when set), a short watch is bookmarked at once.
     silent_short_watches: usize,
     short_watches: usize,
+    /// The first step of a proof of a whole collection (a streaming list of a name no
+    /// object has): the next ones answered only after these delays, in order, and then
+    /// this many more answered with kube-apiserver's error for a cache not fresh in time.
+    probe_delays: std::collections::VecDeque<Duration>,
+    busy_probes: usize,
+    /// Streaming lists of everything asked for (refused with 400): reads passed through.
+    streaming_lists: usize,
 }
 
 struct Upstream {
@@ -164,6 +173,23 @@ async fn answer(up: Arc<Upstream>, req: Request<Incoming>) -> Response<Out> {
             let mut s = up.state.lock();
             let name = &query["fieldSelector"]["metadata.name=".len()..];
             s.object_proofs.push(name.to_string());
+            let probe = name == "SVC-PROXY-FRESHNESS-PROBE";
+            if probe && s.probe_delays.is_empty() && s.busy_probes > 0 {
+                s.busy_probes -= 1;
+                let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                    "code": 504, "reason": "Timeout",
+                                    "message": "Too large resource version"});
+                return Response::new(
+                    http_body_util::Full::new(line("ERROR", &status))
+                        .map_err(|never| match never {})
+                        .boxed_unsync(),
+                );
+            }
+            let delay = if probe {
+                s.probe_delays.pop_front()
+            } else {
+                None
+            };
             let mut body = Vec::new();
             if let Some(obj) = s.objects.get(name) {
                 body.extend_from_slice(&line("ADDED", obj));
@@ -172,6 +198,15 @@ async fn answer(up: Arc<Upstream>, req: Request<Incoming>) -> Response<Out> {
                              "metadata": {"resourceVersion": s.rv.to_string(),
                                           "annotations": {"k8s.io/initial-events-end": "true"}}});
             body.extend_from_slice(&line("BOOKMARK", &end));
+            if let Some(delay) = delay {
+                // Read now, answered late: a busy upstream whose cache catches up slowly.
+                let (mut tx, rx) = futures::channel::mpsc::channel::<Line>(1);
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    let _ = tx.try_send(Ok(Frame::data(Bytes::from(body))));
+                });
+                return Response::new(StreamBody::new(rx).boxed_unsync());
+            }
             Response::new(
                 http_body_util::Full::new(Bytes::from(body))
                     .map_err(|never| match never {})
@@ -179,10 +214,13 @@ async fn answer(up: Arc<Upstream>, req: Request<Incoming>) -> Response<Out> {
             )
         }
         // Streaming lists of everything are not offered: the proxy lists in pages.
-        (Method::GET, _) if query.contains_key("sendInitialEvents") => full(
-            StatusCode::BAD_REQUEST,
-            json!({"kind": "Status", "code": 400}),
-        ),
+        (Method::GET, _) if query.contains_key("sendInitialEvents") => {
+            up.state.lock().streaming_lists += 1;
+            full(
+                StatusCode::BAD_REQUEST,
+                json!({"kind": "Status", "code": 400}),
+            )
+        }
         (Method::GET, "/api/v1/configmaps" | "/api/v1/namespaces/ns/configmaps")
             if query.get("watch").is_some_and(|w| w == "1" || w == "true") =>
         {
@@ -710,6 +748,145 @@ async fn a_proof_whose_short_watch_brought_no_bookmark_tries_again() {
         2,
         "one silent, then one bookmarked"
     );
+    proxy.handle.shutdown().await;
+}
+
+/// The start of a watch from the newest state of a whole collection, with a change the
+/// cache has not seen, sent once `up` has been asked to prove it: the events it begins with
+/// (up to its initial-events-end bookmark), or the status it was refused with.
+async fn start_from_the_newest_state(
+    client: &Client,
+) -> Result<Vec<(String, String, String)>, Resp> {
+    let path = "/api/v1/namespaces/ns/configmaps?watch=1&sendInitialEvents=true\
+                &resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true";
+    let mut conn = client.connect().await.expect("connect");
+    let resp = conn
+        .send(Client::build(Method::GET, path, Bytes::new(), &[]))
+        .await
+        .expect("watch");
+    if resp.status() != StatusCode::OK {
+        let (parts, body) = resp.into_parts();
+        return Err(Resp {
+            status: parts.status,
+            headers: parts.headers,
+            body: body.collect().await.expect("body").to_bytes(),
+        });
+    }
+    let mut watch = crate::support::client::WatchStream::from_body(resp.into_body());
+    let mut got = Vec::new();
+    loop {
+        let ev = watch.next_within(Duration::from_secs(10)).await.unwrap();
+        if ev["type"] == "BOOKMARK" {
+            return Ok(got);
+        }
+        got.push(summary(&ev));
+    }
+}
+
+/// A first step of a proof that the upstream does not answer is abandoned, and its read told
+/// to try again (429); the reads after it get steps of their own and are proven, served
+/// from the cache. None of them passes through to the upstream that is behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_step_the_upstream_never_answers_leaves_the_next_read_a_proof() {
+    let up = start_upstream().await;
+    up.change("a", Some("1"), false);
+    up.state
+        .lock()
+        .probe_delays
+        .push_back(Duration::from_secs(60));
+    let proxy = Proxy::start(up.addr, |_| {}).await.unwrap();
+    let alice = proxy.user("alice", &[], true);
+    until_filled(&alice).await;
+    // The informer's own fill asked for one (and then listed in pages).
+    let filled = up.state.lock().streaming_lists;
+    let started = std::time::Instant::now();
+    let refused = start_from_the_newest_state(&alice)
+        .await
+        .expect_err("served without a proof");
+    assert_eq!(
+        refused.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        refused.text()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(25),
+        "refused after {:?}",
+        started.elapsed()
+    );
+    let started = std::time::Instant::now();
+    let got = start_from_the_newest_state(&alice)
+        .await
+        .unwrap_or_else(|r| panic!("{} {}", r.status, r.text()));
+    assert_eq!(got, vec![("ADDED".into(), "a".into(), "1".into())]);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "proven after {:?}",
+        started.elapsed()
+    );
+    {
+        let s = up.state.lock();
+        assert_eq!(s.streaming_lists, filled, "a read passed through");
+        let probes = s
+            .object_proofs
+            .iter()
+            .filter(|n| *n == "SVC-PROXY-FRESHNESS-PROBE")
+            .count();
+        assert_eq!(probes, 2, "one first step for each read");
+    }
+    proxy.handle.shutdown().await;
+}
+
+/// A proof the upstream is too busy to give (kube-apiserver's cache not fresh in time answers
+/// the first step with an error) answers the read 429 with `Retry-After`, as kube-apiserver
+/// does when it is overloaded: the read is not passed through to the upstream that is behind.
+/// Once the upstream keeps up, the read tried again is served from the cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proof_the_upstream_is_too_busy_for_answers_429_and_passes_nothing_through() {
+    let up = start_upstream().await;
+    up.change("a", Some("1"), false);
+    up.state.lock().busy_probes = 1;
+    let proxy = Proxy::start(up.addr, |_| {}).await.unwrap();
+    let alice = proxy.user("alice", &[], false);
+    until_filled(&alice).await;
+    // The informer's own fill asked for one (and then listed in pages).
+    let filled = up.state.lock().streaming_lists;
+    let refused = start_from_the_newest_state(&alice)
+        .await
+        .expect_err("served while the upstream could not prove it");
+    assert_eq!(
+        refused.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        refused.text()
+    );
+    assert_eq!(refused.headers["retry-after"], "1");
+    let status = refused.json();
+    assert_eq!(status["reason"], "TooManyRequests", "{status}");
+    assert_eq!(status["details"]["retryAfterSeconds"], 1, "{status}");
+    assert_eq!(
+        up.state.lock().streaming_lists,
+        filled,
+        "the read passed through"
+    );
+    let got = start_from_the_newest_state(&alice)
+        .await
+        .unwrap_or_else(|r| panic!("{} {}", r.status, r.text()));
+    assert_eq!(got, vec![("ADDED".into(), "a".into(), "1".into())]);
+    assert_eq!(
+        up.state.lock().streaming_lists,
+        filled,
+        "the read passed through"
+    );
+    let metrics = alice.request(Method::GET, "/metrics", "", &[]).await.text();
+    let busy = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("svc_proxy_freshness_proofs_busy_total{")
+                && l.contains("resource=\"configmaps\"")
+        })
+        .unwrap_or_else(|| panic!("no busy proofs counted:\n{metrics}"));
+    assert!(busy.ends_with(" 1"), "{busy}");
     proxy.handle.shutdown().await;
 }
 

@@ -24,6 +24,15 @@
 //! A read of one object (its name as the field selector: a kubelet's ConfigMap and Secret
 //! informers) is proven for that object alone ([`prove_object`]): one small upstream read of
 //! it, answered at once, and no wait for a bookmark.
+//!
+//! A proof that is not given says why ([`Unproven`]). An upstream that cannot give it (it
+//! refuses the first step, or sends no bookmarks for the resource) has the read passed
+//! through. An upstream too slow or too busy to give it in time has the read answered 429
+//! with a `Retry-After`, as kube-apiserver's own priority and fairness does: client-go
+//! retries after it, and its reflector backs off. Passing those reads through would send a
+//! streaming list each to the upstream that is already behind, all at once: the proxy
+//! would turn its slowness into a collapse. The first steps run apart from the reads that
+//! wait on them, so one read giving up never leaves the others without a step.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,33 +44,60 @@ use svc_storage::{FeedItem, Revision};
 use tokio::sync::oneshot;
 
 use super::informer::{
-    Bookmark, Line, Taken, collection_path, flush, lines, namespaced_path, open, parse_rv,
-    take_line,
+    Bookmark, Line, Taken, collection_path, flush, lines, namespaced_path, parse_rv, take_line,
 };
 use crate::base::deadline::Deadline as _;
 use crate::outbound::upstream::Upstream;
 use svc_core::watch::unstructured::ObjectHead;
 
-/// The longest a proof may take (its second step's watch lasts 3 s; the bookmark comes
-/// after one to two).
-pub const PROOF_TIMEOUT: Duration = Duration::from_secs(6);
+/// The longest a read waits for its proof: room for a first step begun before it arrived
+/// to end and one of its own to be answered by an upstream slow to catch up (kube-apiserver
+/// under load takes seconds), and for the short watches of the second step. A client
+/// starting directly would wait as long; one told to try again would wait longer.
+pub const PROOF_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the upstream may take to answer a first step (`timeoutSeconds` of its
+/// streaming list; a step is abandoned here a little later).
+const PROBE_SECONDS: u64 = 12;
+/// How long a read told the upstream is busy waits before trying again.
+pub const RETRY_AFTER_SECONDS: i32 = 1;
 /// The second step's watch: kube-apiserver bookmarks a watch two seconds before its end (and
 /// not at all when that is already past as the watch starts).
 const SHORT_WATCH_SECONDS: u32 = 3;
 /// A name no object has (names are DNS subdomains, which have no upper case).
 const NO_SUCH_NAME: &str = "SVC-PROXY-FRESHNESS-PROBE";
 
-type Waiter = oneshot::Sender<Result<Revision, String>>;
+/// Why a proof was not given, which decides what becomes of the read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unproven {
+    /// The upstream did not answer in time, or answered that it is overloaded (429, 503,
+    /// 504, or no answer at all): the read is told to try again later.
+    Busy(String),
+    /// The upstream cannot give this proof (it refuses the first step, or sends no bookmarks
+    /// for the resource): the read passes through.
+    Refused(String),
+}
+
+impl std::fmt::Display for Unproven {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Busy(e) => write!(f, "the upstream is busy: {e}"),
+            Self::Refused(e) => write!(f, "the upstream cannot prove it: {e}"),
+        }
+    }
+}
+
+type Waiter = oneshot::Sender<Result<Revision, Unproven>>;
 
 /// The proofs of one resource: the reads waiting for a first step, and the revision the
 /// second step's pusher is to bring the cache to.
 #[derive(Default)]
 pub struct Freshness {
-    /// Reads waiting for the upstream's newest revision, and whether a first step runs.
-    newest: Mutex<(Vec<Waiter>, bool)>,
+    /// Reads waiting for the upstream's newest revision, and whether a task runs first
+    /// steps for them.
+    newest: Arc<Mutex<(Vec<Waiter>, bool)>>,
     /// The pusher's state.
     push: Arc<Mutex<Push>>,
-    /// Notified when the pusher gives up, so that the reads waiting pass through at once.
+    /// Notified when the pusher gives up, so that the reads waiting stop at once.
     failed: Arc<tokio::sync::Notify>,
 }
 
@@ -74,6 +110,8 @@ struct Push {
     waiting: usize,
     /// Whether a pusher runs.
     running: bool,
+    /// Why the last pusher gave up, for the reads it leaves.
+    gave_up: Option<Unproven>,
 }
 
 /// A read's place among the pusher's waiters, given back when it stops waiting.
@@ -88,7 +126,7 @@ impl Drop for Waiting {
 
 impl Freshness {
     /// Waits until the cache is proven at least as fresh as the upstream was when this was
-    /// called; an error (the upstream cannot give the proof) sends the read upstream.
+    /// called, or says why it cannot be ([`Unproven`]).
     /// `bookmarks`: the upstream has been seen to bookmark this resource, so a short watch
     /// that ended without a bookmark was late, not refused, and another is tried.
     pub async fn prove(
@@ -97,11 +135,15 @@ impl Freshness {
         info: &'static ResourceInfo,
         cache: &WatchCache,
         bookmarks: bool,
-    ) -> Result<(), String> {
+    ) -> Result<(), Unproven> {
         let deadline = tokio::time::Instant::now().later(PROOF_TIMEOUT);
         let newest = tokio::time::timeout_at(deadline, self.newest(upstream, info))
             .await
-            .unwrap_or_else(|_| Err(format!("no proof within {PROOF_TIMEOUT:?}")))?;
+            .unwrap_or_else(|_| {
+                Err(Unproven::Busy(format!(
+                    "no revision from the upstream within {PROOF_TIMEOUT:?}"
+                )))
+            })?;
         if cache.revision() >= newest {
             return Ok(());
         }
@@ -112,57 +154,47 @@ impl Freshness {
         let _waiting = self.push_to(newest, upstream, info, cache, bookmarks);
         let reached = async {
             tokio::select! {
-                r = cache.wait_for_revision(newest) => r.map_err(|e| e.to_string()),
-                _ = failed => Err("the upstream's watch brought no bookmark".to_string()),
+                r = cache.wait_for_revision(newest) => {
+                    r.map_err(|e| Unproven::Refused(e.to_string()))
+                }
+                _ = failed => Err(self.push.lock().gave_up.clone().unwrap_or_else(|| {
+                    Unproven::Refused("the upstream's watch brought no bookmark".into())
+                })),
             }
         };
         match tokio::time::timeout_at(deadline, reached).await {
             Ok(r) => r,
             Err(_) => {
-                let e = format!(
+                let e = Unproven::Busy(format!(
                     "the cache reached {} and not {newest} within {PROOF_TIMEOUT:?}",
                     cache.revision()
-                );
+                ));
                 tracing::debug!(resource = info.plural, error = %e, "freshness not proven");
                 Err(e)
             }
         }
     }
 
-    /// The upstream's newest revision, from a first step begun after this was called.
+    /// The upstream's newest revision, from a first step begun after this was called. The
+    /// steps run in a task of their own while reads wait, one at a time: a read that stops
+    /// waiting stops no step.
     async fn newest(
         &self,
         upstream: &Upstream,
         info: &'static ResourceInfo,
-    ) -> Result<Revision, String> {
+    ) -> Result<Revision, Unproven> {
         let (tx, rx) = oneshot::channel();
-        let lead = {
+        let start = {
             let mut s = self.newest.lock();
+            s.0.retain(|w| !w.is_closed());
             s.0.push(tx);
             !std::mem::replace(&mut s.1, true)
         };
-        if lead {
-            // This read asks, round after round, while reads keep arriving.
-            loop {
-                let waiting = {
-                    let mut s = self.newest.lock();
-                    if s.0.is_empty() {
-                        s.1 = false;
-                        break;
-                    }
-                    std::mem::take(&mut s.0)
-                };
-                let r = upstream_newest(upstream, info).await;
-                if let Err(e) = &r {
-                    tracing::debug!(resource = info.plural, error = %e, "upstream revision not read");
-                }
-                for w in waiting {
-                    let _ = w.send(r.clone());
-                }
-            }
+        if start {
+            tokio::spawn(first_steps(self.newest.clone(), upstream.clone(), info));
         }
         rx.await
-            .unwrap_or_else(|_| Err("the proof was abandoned".into()))
+            .unwrap_or_else(|_| Err(Unproven::Busy("the proof was abandoned".into())))
     }
 
     /// Has the pusher bring the cache to `target` at least, starting it when none runs; the
@@ -179,6 +211,9 @@ impl Freshness {
             let mut s = self.push.lock();
             s.target = s.target.max(target);
             s.waiting = s.waiting.saturating_add(1);
+            if !s.running {
+                s.gave_up = None;
+            }
             !std::mem::replace(&mut s.running, true)
         };
         if start {
@@ -192,6 +227,40 @@ impl Freshness {
             ));
         }
         Waiting(self.push.clone())
+    }
+}
+
+/// First steps, round after round, while reads wait for one: each round answers the reads
+/// that were waiting when it began.
+async fn first_steps(
+    state: Arc<Mutex<(Vec<Waiter>, bool)>>,
+    upstream: Upstream,
+    info: &'static ResourceInfo,
+) {
+    loop {
+        let waiting = {
+            let mut s = state.lock();
+            s.0.retain(|w| !w.is_closed());
+            if s.0.is_empty() {
+                s.1 = false;
+                return;
+            }
+            std::mem::take(&mut s.0)
+        };
+        let bound = Duration::from_secs(PROBE_SECONDS + 2);
+        let r = tokio::time::timeout(bound, upstream_newest(&upstream, info))
+            .await
+            .unwrap_or_else(|_| {
+                Err(Unproven::Busy(format!(
+                    "no revision from the upstream within {bound:?}"
+                )))
+            });
+        if let Err(e) = &r {
+            tracing::debug!(resource = info.plural, error = %e, "upstream revision not read");
+        }
+        for w in waiting {
+            let _ = w.send(r.clone());
+        }
     }
 }
 
@@ -217,20 +286,25 @@ async fn push(
             }
         }
         let started = Instant::now();
-        match catch_up(&upstream, info, &cache, &state).await {
-            Ok(CaughtUp::Reached) => {}
+        let e = match catch_up(&upstream, info, &cache, &state).await {
+            Ok(CaughtUp::Reached) => continue,
             Ok(CaughtUp::NoBookmark(e))
                 if bookmarks && started.elapsed() >= Duration::from_secs(1) =>
             {
                 tracing::debug!(resource = info.plural, error = %e, "freshness: trying again");
+                continue;
             }
-            Ok(CaughtUp::NoBookmark(e)) | Err(e) => {
-                tracing::debug!(resource = info.plural, error = %e, "freshness not proven");
-                state.lock().running = false;
-                failed.notify_waiters();
-                return;
-            }
+            Ok(CaughtUp::NoBookmark(e)) => Unproven::Refused(e),
+            Err(e) => e,
+        };
+        tracing::debug!(resource = info.plural, error = %e, "freshness not proven");
+        {
+            let mut s = state.lock();
+            s.running = false;
+            s.gave_up = Some(e);
         }
+        failed.notify_waiters();
+        return;
     }
 }
 
@@ -251,15 +325,21 @@ pub async fn prove_object(
     cache: &WatchCache,
     namespace: &str,
     name: &str,
-) -> Result<(), String> {
-    let read = upstream_object(upstream, info, namespace, name);
+) -> Result<(), Unproven> {
+    let read = upstream_object(upstream, info, namespace, name, PROBE_SECONDS);
     let (upstream_rv, newest) = tokio::time::timeout(PROOF_TIMEOUT, read)
         .await
-        .unwrap_or_else(|_| Err(format!("no proof within {PROOF_TIMEOUT:?}")))?;
+        .unwrap_or_else(|_| {
+            Err(Unproven::Busy(format!(
+                "no answer from the upstream within {PROOF_TIMEOUT:?}"
+            )))
+        })?;
     let key = info.key(namespace, name);
     let deadline = Instant::now().later(OBJECT_CATCH_UP);
     loop {
-        let (held, _) = cache.get(&key).map_err(|e| e.to_string())?;
+        let (held, _) = cache
+            .get(&key)
+            .map_err(|e| Unproven::Refused(e.to_string()))?;
         let held = held.map(|o| o.resource_version);
         match (held, upstream_rv) {
             (None, None) => return Ok(()),
@@ -267,11 +347,11 @@ pub async fn prove_object(
             _ => {}
         }
         if Instant::now() >= deadline {
-            return Err(format!(
+            return Err(Unproven::Busy(format!(
                 "the cache holds {key:?} at {held:?}, the upstream at {upstream_rv:?} \
                  (revision {newest})",
                 key = String::from_utf8_lossy(&key)
-            ));
+            )));
         }
         // The change is on its way by the informer's watch.
         let next = cache.revision().saturating_add(1);
@@ -287,7 +367,8 @@ async fn upstream_object(
     info: &'static ResourceInfo,
     namespace: &str,
     name: &str,
-) -> Result<(Option<Revision>, Revision), String> {
+    seconds: u64,
+) -> Result<(Option<Revision>, Revision), Unproven> {
     let path = if namespace.is_empty() {
         collection_path(info)
     } else {
@@ -297,16 +378,21 @@ async fn upstream_object(
         form_urlencoded::byte_serialize(format!("metadata.name={name}").as_bytes()).collect();
     let url = format!(
         "{path}?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan\
-         &allowWatchBookmarks=true&fieldSelector={selector}&timeoutSeconds=10"
+         &allowWatchBookmarks=true&fieldSelector={selector}&timeoutSeconds={seconds}"
     );
-    let body = open(upstream, &url).await?;
+    let body = probe(upstream, &url).await?;
     let mut found = None;
+    // What the upstream sent that it should not have: it cannot give the proof. An error
+    // event (kube-apiserver's own cache not fresh in time) or a broken stream is the
+    // upstream being busy.
+    let mut refused = false;
     let newest = lines(body, |line| {
         if line.iter().all(u8::is_ascii_whitespace) {
             return Ok(None);
         }
+        refused = true;
         let l: Line<'_> = serde_json::from_slice(line).map_err(|e| e.to_string())?;
-        match &*l.ty {
+        let r = match &*l.ty {
             "ADDED" => {
                 let head: ObjectHead<'_> =
                     serde_json::from_str(l.object.get()).map_err(|e| e.to_string())?;
@@ -314,14 +400,54 @@ async fn upstream_object(
                 Ok(None)
             }
             "BOOKMARK" => Bookmark::initial_events_end(l.object.get().as_bytes()),
+            "ERROR" => {
+                refused = false;
+                Err(format!("the upstream's error: {}", l.object.get()))
+            }
             other => Err(format!("{other} before the initial events ended")),
+        };
+        if r.is_ok() {
+            refused = false;
         }
+        r
     })
-    .await?
+    .await
+    .map_err(|e| {
+        if refused {
+            Unproven::Refused(e)
+        } else {
+            Unproven::Busy(e)
+        }
+    })?
     .ok_or_else(|| {
-        "the streaming list ended without its initial-events-end bookmark".to_string()
+        // An upstream that ignores `sendInitialEvents` ends it so.
+        Unproven::Refused("the streaming list ended without its initial-events-end bookmark".into())
     })?;
     Ok((found, newest))
+}
+
+/// Opens a proof's upstream read: an answer that says the upstream is overloaded (429, 503,
+/// 504), or none at all, is [`Unproven::Busy`]; another refusal is [`Unproven::Refused`].
+async fn probe(upstream: &Upstream, url: &str) -> Result<hyper::body::Incoming, Unproven> {
+    let request = http::Request::get(url)
+        .header(http::header::ACCEPT, "application/json")
+        .body(crate::outbound::client::buffered(bytes::Bytes::new()))
+        .map_err(|e| Unproven::Refused(e.to_string()))?;
+    let response = upstream
+        .send(request)
+        .await
+        .map_err(|e| Unproven::Busy(e.to_string()))?;
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response.into_body());
+    }
+    let e = format!("{url} answered {status}");
+    Err(match status {
+        http::StatusCode::TOO_MANY_REQUESTS
+        | http::StatusCode::SERVICE_UNAVAILABLE
+        | http::StatusCode::GATEWAY_TIMEOUT => Unproven::Busy(e),
+        _ => Unproven::Refused(e),
+    })
 }
 
 /// The first step: the upstream's newest revision, once its cache has it (a streaming list
@@ -329,8 +455,8 @@ async fn upstream_object(
 async fn upstream_newest(
     upstream: &Upstream,
     info: &'static ResourceInfo,
-) -> Result<Revision, String> {
-    let (_, newest) = upstream_object(upstream, info, "", NO_SUCH_NAME).await?;
+) -> Result<Revision, Unproven> {
+    let (_, newest) = upstream_object(upstream, info, "", NO_SUCH_NAME, PROBE_SECONDS).await?;
     Ok(newest)
 }
 
@@ -342,14 +468,14 @@ async fn catch_up(
     info: &'static ResourceInfo,
     cache: &WatchCache,
     state: &Mutex<Push>,
-) -> Result<CaughtUp, String> {
+) -> Result<CaughtUp, Unproven> {
     let path = collection_path(info);
     let from = cache.revision();
     let url = format!(
         "{path}?watch=1&allowWatchBookmarks=true&resourceVersion={from}\
          &timeoutSeconds={SHORT_WATCH_SECONDS}"
     );
-    let body = open(upstream, &url).await?;
+    let body = probe(upstream, &url).await?;
     let mut bookmarked = false;
     let reached = lines(body, |line| {
         let mut events = Vec::new();
@@ -361,7 +487,8 @@ async fn catch_up(
         }
         Ok((cache.revision() >= state.lock().target).then_some(()))
     })
-    .await?;
+    .await
+    .map_err(Unproven::Busy)?;
     Ok(match (reached, bookmarked) {
         (Some(()), _) | (None, true) => CaughtUp::Reached,
         (None, false) => CaughtUp::NoBookmark(format!(

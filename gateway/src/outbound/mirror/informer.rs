@@ -61,10 +61,12 @@ pub struct InformerStatus {
     pub filled_at: AtomicI64,
     /// Upstream watches opened.
     pub watches: AtomicU64,
-    /// Proofs of freshness given (`mirror/fresh.rs`), and those that failed (their reads
-    /// passed through).
+    /// Proofs of freshness asked for (`mirror/fresh.rs`); those the upstream could not give
+    /// (their reads passed through), and those it was too busy to give in time (their reads
+    /// were told to try again).
     pub proofs: AtomicU64,
     pub proofs_failed: AtomicU64,
+    pub proofs_busy: AtomicU64,
     /// A watch of this resource has carried a bookmark: the upstream bookmarks it, so
     /// silence on its watch is a sign of trouble.
     pub bookmarks: AtomicBool,
@@ -79,14 +81,6 @@ impl InformerStatus {
         let start = *self.started.get_or_init(Instant::now);
         let ms = i64::try_from(start.elapsed().as_millis()).unwrap_or(i64::MAX);
         self.last_contact_ms.store(ms, Ordering::Relaxed);
-    }
-
-    /// Counts a proof of freshness and whether it failed.
-    pub fn proven(&self, outcome: &Result<(), String>) {
-        self.proofs.fetch_add(1, Ordering::Relaxed);
-        if outcome.is_err() {
-            self.proofs_failed.fetch_add(1, Ordering::Relaxed);
-        }
     }
 
     /// Seconds since the upstream last said something about this resource.

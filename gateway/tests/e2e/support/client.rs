@@ -144,6 +144,7 @@ pub struct Client {
     pub h2: bool,
 }
 
+#[derive(Debug)]
 pub struct Resp {
     pub status: StatusCode,
     pub headers: HeaderMap,
