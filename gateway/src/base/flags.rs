@@ -101,6 +101,19 @@ pub struct Options {
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
     pub upstream_long_running_max: u32,
 
+    /// Proxy mode: the most short requests one user may have passed upstream at once (writes,
+    /// and reads the caches do not answer), each held until the upstream's answer has been
+    /// sent on; past it a request is answered 429. They take no seat of
+    /// `--max-requests-inflight` or `--max-mutating-requests-inflight`, which bound what the
+    /// proxy serves itself: the upstream's own limits and priorities judge them.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..))]
+    pub upstream_requests_per_user: u32,
+
+    /// Proxy mode: the most short requests passed upstream at once, all users together;
+    /// past it a request is answered 429.
+    #[arg(long, default_value_t = 4_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub upstream_requests_max: u32,
+
     /// Address to serve HTTPS on.
     #[arg(long, default_value = "0.0.0.0")]
     pub bind_address: IpAddr,

@@ -12,7 +12,7 @@
 //! | watch, `resourceVersion=0` | from the cache, initial events first |
 //! | watch from a version the cache holds history for, `sendInitialEvents` included | from the cache |
 //! | watch from a version past the cache that another cache has seen upstream (a consistent list's) | from the cache, skipping what comes up to the version |
-//! | watch from an older version (one held before this proxy started) | passed through, so clients resume instead of relisting; 410 when the pass-through is over its bound (`http/proxy/long_running.rs`), so they relist from the cache |
+//! | watch from an older version (one held before this proxy started) | passed through, so clients resume instead of relisting; 410 when the pass-through is over its bound (`http/proxy/bounds.rs`), so they relist from the cache |
 //! | watch, resourceVersion unset, `sendInitialEvents=true` (client-go's informers) | from the cache, once proven as fresh as the upstream (`outbound/mirror/fresh.rs`): for one object (its name as the field selector: a kubelet's ConfigMap and Secret informers), that object as upstream has it now; passed through when the upstream cannot prove it, 429 with `Retry-After` when it is too busy to within [`crate::outbound::mirror::fresh::PROOF_TIMEOUT`] |
 //! | watch, resourceVersion unset, no initial events | passed through (a consistent start) |
 //! | protobuf of a built-in kind (kubelets, controllers) | from the cache, written from the upstream's JSON (`svc_core::watch::unstructured::protobuf`) |

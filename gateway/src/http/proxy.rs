@@ -32,13 +32,13 @@ use svc_core::user::UserInfo;
 use crate::http::respond::{self, Body};
 use crate::outbound::client::{ClientError, RequestBody};
 
-pub mod long_running;
+pub mod bounds;
 
 use crate::outbound::upstream::Upstream;
 use crate::security::access_review::AccessReviewer;
 use crate::security::impersonation;
 use crate::security::token_review::TokenReviewer;
-use long_running::{LongRunning, Place};
+use bounds::{Bound, LONG_RUNNING, Place, SHORT};
 
 /// What proxy mode serves with: the upstream, and the two things that ask it about callers
 /// (who they are, what they may do).
@@ -52,8 +52,16 @@ pub struct Proxy {
     pub caller_tokens: bool,
     /// The headers a front proxy names its caller in.
     pub request_headers: crate::security::authn::RequestHeaderNames,
-    /// The bound on long-running requests passed upstream.
-    pub long_running: Arc<LongRunning>,
+    /// The bounds on long-running and on short requests passed upstream.
+    pub long_running: Arc<Bound>,
+    pub short: Arc<Bound>,
+}
+
+/// A request's place under the bounds of what is passed upstream, and whether it goes over
+/// an upstream connection of its own (long-running, or asking to switch protocols).
+pub struct Passage {
+    place: Place,
+    alone: bool,
 }
 
 impl Proxy {
@@ -65,7 +73,8 @@ impl Proxy {
             mirror: None,
             caller_tokens: false,
             request_headers: Default::default(),
-            long_running: LongRunning::new(100, 10_000),
+            long_running: Bound::new(&LONG_RUNNING, 100, 10_000),
+            short: Bound::new(&SHORT, 500, 4_000),
         }
     }
 
@@ -95,9 +104,9 @@ impl Proxy {
     /// and returns the upstream's answer; `head_timeout` bounds the wait for its head. With
     /// `token` (the caller authenticated with it, and `--upstream-caller-tokens` is set) the
     /// request carries the caller's token instead, and its own `Impersonate-*` headers are
-    /// the upstream's to judge. With `place` (a long-running request, or one that asks to
-    /// switch protocols: [`Proxy::admit_alone`]) it goes over an upstream connection of its
-    /// own, and the place is held until its answer's stream, or the joined connections, end.
+    /// the upstream's to judge. `passage` ([`Proxy::admit_upstream`]) is held until the
+    /// answer's stream, or the joined connections, end; a long-running request, or one that
+    /// asks to switch protocols, goes over an upstream connection of its own.
     pub async fn forward(
         &self,
         req: Request<RequestBody>,
@@ -105,10 +114,10 @@ impl Proxy {
         peer: Option<SocketAddr>,
         head_timeout: Option<Duration>,
         token: Option<HeaderValue>,
-        place: Option<Place>,
+        passage: Passage,
     ) -> Response<Body> {
         match self
-            .try_forward(req, caller, peer, head_timeout, token, place)
+            .try_forward(req, caller, peer, head_timeout, token, passage)
             .await
         {
             Ok(resp) => resp,
@@ -116,19 +125,23 @@ impl Proxy {
         }
     }
 
-    /// A place for a request that goes upstream over a connection of its own (long-running,
-    /// or asking to switch protocols), counted against `caller`'s limit; `None` for any
-    /// other request; 429 past a limit.
-    pub fn admit_alone(
+    /// A place for a request to go upstream, counted against `caller`'s limit and the total
+    /// of its kind: long-running (or asking to switch protocols, then over an upstream
+    /// connection of its own) or short; 429 past either limit.
+    pub fn admit_upstream(
         &self,
         uri: &http::Uri,
         headers: &HeaderMap,
         caller: &UserInfo,
-    ) -> Result<Option<Place>, ApiError> {
-        if !long_running(uri) && upgrade_asked(headers).is_none() {
-            return Ok(None);
-        }
-        self.long_running.admit(&caller.username).map(Some)
+    ) -> Result<Passage, ApiError> {
+        let alone = long_running(uri) || upgrade_asked(headers).is_some();
+        let bound = if alone {
+            &self.long_running
+        } else {
+            &self.short
+        };
+        let place = bound.admit(&caller.username)?;
+        Ok(Passage { place, alone })
     }
 
     async fn try_forward(
@@ -138,8 +151,9 @@ impl Proxy {
         peer: Option<SocketAddr>,
         head_timeout: Option<Duration>,
         token: Option<HeaderValue>,
-        place: Option<Place>,
+        passage: Passage,
     ) -> Result<Response<Body>, ApiError> {
+        let Passage { place, alone } = passage;
         // The caller's own impersonation, as the upstream would see it with the caller's
         // token: passed on as asked.
         let own_impersonation: Vec<(HeaderName, HeaderValue)> = match token {
@@ -184,7 +198,6 @@ impl Proxy {
         let upstream_req = Request::from_parts(parts, body);
         // Long-running requests and upgrades never share the connection of short requests
         // and the proxy's own calls: each takes an HTTP/1.1 connection of its own.
-        let alone = upgrade.is_some() || place.is_some();
         let sent = async {
             match (token, alone) {
                 (Some(t), alone) => self.upstream.send_as(upstream_req, t, alone).await,
@@ -216,11 +229,7 @@ impl Proxy {
         let (mut parts, body) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers);
         let body = body.map_err(std::io::Error::other).boxed();
-        let body = match place {
-            Some(place) => respond::holding(body, place),
-            None => body,
-        };
-        Ok(Response::from_parts(parts, body))
+        Ok(Response::from_parts(parts, respond::holding(body, place)))
     }
 }
 
@@ -243,7 +252,7 @@ pub fn upgrade_asked(headers: &HeaderMap) -> Option<HeaderValue> {
 fn join_upgraded(
     client: hyper::upgrade::OnUpgrade,
     upstream: &mut Response<hyper::body::Incoming>,
-    place: Option<Place>,
+    place: Place,
 ) -> Response<Body> {
     let upstream_upgrade = hyper::upgrade::on(&mut *upstream);
     let mut out = Response::new(respond::full(bytes::Bytes::new()));

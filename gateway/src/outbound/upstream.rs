@@ -3,7 +3,7 @@
 //! pooled client of `client.rs` (h2 where the upstream offers it by ALPN, HTTP/1.1 else; the
 //! pool's limits are hyper's). Short requests and the proxy's own calls share one h2
 //! connection; long-running requests and upgrades each take an HTTP/1.1 connection of their
-//! own ([`Upstream::send_alone`]), bounded by `http/proxy/long_running.rs`. Requests passed
+//! own ([`Upstream::send_alone`]), bounded by `http/proxy/bounds.rs`. Requests passed
 //! through stream both ways and carry no timeout here (watches must not have one; the caller
 //! bounds the others); the proxy's own calls (TokenReview, SubjectAccessReview, readiness) are
 //! bounded in time and size.

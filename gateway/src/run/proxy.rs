@@ -101,10 +101,19 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
     let mut proxy = Proxy::new(upstream.clone());
     proxy.mirror = Some(mirror.clone());
     proxy.caller_tokens = opts.upstream_caller_tokens;
-    proxy.long_running = crate::http::proxy::long_running::LongRunning::new(
-        opts.upstream_long_running_per_user as usize,
-        opts.upstream_long_running_max as usize,
-    );
+    {
+        use crate::http::proxy::bounds::{Bound, LONG_RUNNING, SHORT};
+        proxy.long_running = Bound::new(
+            &LONG_RUNNING,
+            opts.upstream_long_running_per_user as usize,
+            opts.upstream_long_running_max as usize,
+        );
+        proxy.short = Bound::new(
+            &SHORT,
+            opts.upstream_requests_per_user as usize,
+            opts.upstream_requests_max as usize,
+        );
+    }
     proxy.request_headers = crate::security::authn::RequestHeaderNames {
         username: opts.requestheader_username_headers.clone(),
         group: opts.requestheader_group_headers.clone(),

@@ -1,8 +1,9 @@
 //! The pipeline of proxy mode (`--upstream-kubeconfig`): authenticate (client certificate of
 //! `--client-ca-file`, or a token the upstream's TokenReview accepts), answer the proxy's own
 //! `/healthz`, `/livez` and `/readyz` (to anyone; a single check such as `/readyz/upstream`,
-//! and its own `/metrics`, to whom the upstream lets read that path), take a place under the in-flight limits, and pass everything else upstream
-//! (`http/proxy.rs`). Authorization is the upstream's: it sees the caller through
+//! and its own `/metrics`, to whom the upstream lets read that path), serve what the caches
+//! answer under the in-flight limits, and pass everything else upstream under the bounds of
+//! `http/proxy/bounds.rs` (`http/proxy.rs`). Authorization is the upstream's: it sees the caller through
 //! impersonation. A watch passed through ends when the server ends its watches at shutdown.
 
 use std::future::Future;
@@ -128,51 +129,59 @@ async fn serve(
         }
         _ => {}
     }
-    let Admitted { watch, _seat } = match admit(app, &user, verb, 1).await {
-        Ok(a) => a,
-        Err(why) => {
-            return respond::error(&svc_core::ApiError::TooManyRequests {
-                message: format!(
-                    "Too many requests, please try again later ({}).",
-                    why.reason()
-                ),
-                retry_after_seconds: Some(1),
-            });
-        }
-    };
+    // What the proxy serves itself (a watch's place, and the seats of the read-only pool
+    // for what its caches may answer) is admitted under its in-flight limits. What it passes
+    // upstream takes no seat: the upstream has its own limits and priorities
+    // (`http/proxy/bounds.rs`).
+    let cacheable = read && proxy.mirror.is_some();
+    let mut watch = None;
     let mut older = None;
-    if read
-        && let Some(mirror) = &proxy.mirror
-        && let Some(resp) = mirrored::serve(
-            &app.api,
-            proxy,
-            mirror,
-            &user,
-            &path,
-            query,
-            req.headers(),
-            &mut older,
-        )
-        .await
-    {
-        return match watch {
-            // A cached watch holds its place until its stream ends.
-            Some(place) => resp.map(|body| respond::holding(body, place)),
-            None => resp,
+    if verb == Verb::Watch || cacheable {
+        let Admitted { watch: slot, _seat } = match admit(app, &user, verb, 1).await {
+            Ok(a) => a,
+            Err(why) => {
+                return respond::error(&svc_core::ApiError::TooManyRequests {
+                    message: format!(
+                        "Too many requests, please try again later ({}).",
+                        why.reason()
+                    ),
+                    retry_after_seconds: Some(1),
+                });
+            }
         };
+        watch = slot;
+        if let Some(mirror) = proxy.mirror.as_ref().filter(|_| read)
+            && let Some(resp) = mirrored::serve(
+                &app.api,
+                proxy,
+                mirror,
+                &user,
+                &path,
+                query,
+                req.headers(),
+                &mut older,
+            )
+            .await
+        {
+            return match watch {
+                // A cached watch holds its place until its stream ends.
+                Some(place) => resp.map(|body| respond::holding(body, place)),
+                None => resp,
+            };
+        }
     }
-    // A long-running request or an upgrade takes an upstream connection of its own, within
-    // the caller's bound (429 past it).
+    // Passed through, within the caller's bound and the total (429 past either); a
+    // long-running request or an upgrade takes an upstream connection of its own.
     // A watch from a version older than the cache, refused a place, is told its version is
     // too old: its client lists again, from the cache, rather than retry the refusal.
-    let place = match proxy.admit_alone(req.uri(), req.headers(), &user) {
-        Ok(place) => place,
+    let passage = match proxy.admit_upstream(req.uri(), req.headers(), &user) {
+        Ok(p) => p,
         Err(e) => return respond::error(older.as_ref().unwrap_or(&e)),
     };
     let head_timeout = (!long_running).then_some(app.api.opts.request_timeout);
     let req = req.map(RequestBody::into_outbound);
     let resp = proxy
-        .forward(req, &user, peer, head_timeout, token, place)
+        .forward(req, &user, peer, head_timeout, token, passage)
         .await;
     if !long_running {
         return resp;
@@ -216,7 +225,7 @@ impl hyper::body::Body for UntilStopped {
     }
 }
 
-/// The server's metrics with the caches' and the long-running bound's series added before the
+/// The server's metrics with the caches' and the upstream bounds' series added before the
 /// OpenMetrics end marker.
 fn with_mirror_metrics(mut text: String, proxy: &Proxy) -> String {
     let mut extra = proxy
@@ -225,6 +234,7 @@ fn with_mirror_metrics(mut text: String, proxy: &Proxy) -> String {
         .map(|m| m.encode_metrics())
         .unwrap_or_default();
     extra.push_str(&proxy.long_running.encode_metrics());
+    extra.push_str(&proxy.short.encode_metrics());
     match text.rfind("# EOF") {
         Some(at) => text.insert_str(at, &extra),
         None => text.push_str(&extra),

@@ -1007,6 +1007,86 @@ async fn long_running_requests_are_bounded_per_user_and_in_all() {
     proxy.handle.shutdown().await;
 }
 
+/// A write passed upstream (a short request, `POST /stream`, whose answer the upstream holds
+/// open) on a connection of `client`'s, its answer's head and first line read.
+async fn held_write(client: &Client) -> (Conn, Response<Incoming>) {
+    let mut conn = client.connect().await.unwrap();
+    let resp = conn
+        .send(Client::build(Method::POST, "/stream", "{}", &[]))
+        .await
+        .unwrap();
+    (conn, resp)
+}
+
+/// Short requests passed upstream take no seat of the proxy's own in-flight pools (the
+/// upstream's limits and priorities judge them): with one mutating seat, a user has two
+/// writes upstream at once. They are bounded on their own, per user and in all, with 429s
+/// that name the flag, and their places come back when their answers end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_requests_passed_upstream_take_no_seat_and_are_bounded_on_their_own() {
+    let up = start_upstream().await;
+    let proxy = Proxy::start(up.addr, |o| {
+        o.max_mutating_requests_inflight = 1;
+        o.upstream_requests_per_user = 2;
+        o.upstream_requests_max = 3;
+    })
+    .await
+    .unwrap();
+    let alice = proxy.user("alice", &[], true);
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let (conn, resp) = tokio::time::timeout(Duration::from_secs(10), held_write(&alice))
+            .await
+            .expect("a write waited for a seat of the proxy's");
+        assert_eq!(resp.status(), StatusCode::OK);
+        let mut body = resp.into_body();
+        body.frame().await.unwrap().unwrap();
+        held.push((conn, body));
+    }
+    // Past alice's own bound: 429, while other users go on.
+    let (_conn, resp) = held_write(&alice).await;
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(resp.headers()["retry-after"], "1");
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let status: Value = serde_json::from_slice(&body).unwrap();
+    let message = status["message"].as_str().unwrap();
+    assert!(message.contains("--upstream-requests-per-user"), "{status}");
+    let carol = proxy.user("carol", &[], false);
+    let (carol_conn, resp) = held_write(&carol).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut carol_body = resp.into_body();
+    carol_body.frame().await.unwrap().unwrap();
+    // Past the bound of all users together.
+    let dave = proxy.user("dave", &[], false);
+    let (_conn, resp) = held_write(&dave).await;
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+    let boss = proxy.user(BOSS, &[], false);
+    let metrics = boss.request(Method::GET, "/metrics", "", &[]).await.text();
+    for line in [
+        "svc_proxy_upstream_short_requests 3",
+        "svc_proxy_upstream_short_refused_total{scope=\"user\"} 1",
+        "svc_proxy_upstream_short_refused_total{scope=\"total\"} 1",
+        "svc_proxy_upstream_short_limit{scope=\"total\"} 3",
+        "svc_proxy_upstream_long_running_requests 0",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line}: {metrics}");
+    }
+    // The places come back when the answers end.
+    up.release.notify_waiters();
+    for (_conn, mut body) in held.drain(..) {
+        while body.frame().await.is_some() {}
+    }
+    while carol_body.frame().await.is_some() {}
+    drop(carol_conn);
+    eventually(Duration::from_secs(5), "the places come back", || async {
+        let text = boss.request(Method::GET, "/metrics", "", &[]).await.text();
+        text.lines()
+            .any(|l| l == "svc_proxy_upstream_short_requests 0")
+    })
+    .await;
+    proxy.handle.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_certificate_of_another_ca_is_no_credential_and_no_dropped_connection() {
     let up = start_upstream().await;

@@ -1,11 +1,19 @@
-//! The bound on long-running requests passed upstream in proxy mode (watches the caches do
-//! not answer, logs with follow, exec, attach, port-forward, proxy): at most
-//! `--upstream-long-running-per-user` for one user and `--upstream-long-running-max` in all,
-//! each held from the upstream's answer until its stream ends; past either a request is
-//! answered 429 with `Retry-After`, as kube-apiserver's own limits answer. Each such request
-//! goes upstream over a connection of its own (`outbound/upstream.rs`), so with the bound a
-//! caller can hold neither the upstream connection that short requests, access reviews and
-//! TokenReviews share, nor an unbounded number of upstream connections.
+//! The bounds on requests passed upstream in proxy mode, one per user and one in all; past
+//! either a request is answered 429 with `Retry-After`, as kube-apiserver's own limits
+//! answer. Two are kept ([`LONG_RUNNING`], [`SHORT`]):
+//!
+//! - long-running requests (watches the caches do not answer, logs with follow, exec, attach,
+//!   port-forward, proxy), each held from the upstream's answer until its stream ends. Each
+//!   goes upstream over a connection of its own (`outbound/upstream.rs`), so with the bound
+//!   a caller can hold neither the upstream connection that short requests, access reviews
+//!   and TokenReviews share, nor an unbounded number of upstream connections;
+//! - short requests (writes, and reads the caches do not answer), each held until the
+//!   upstream's answer has been sent on. They take no seat of the proxy's own in-flight
+//!   pools, which are for what the proxy serves itself: the upstream has its own limits and
+//!   its priority levels (a kubelet's lease renewal before a controller's write), which a
+//!   second queue in front of it would undo, turning its slowness into the proxy's 429s.
+//!   This bound is there for the proxy's memory and the upstream connection's streams, not
+//!   to share out the upstream.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -15,9 +23,37 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 use svc_core::ApiError;
 
+/// What a bound is called: in its 429s, its flags and its metrics.
+#[derive(Debug)]
+pub struct Names {
+    /// "long-running requests".
+    what: &'static str,
+    per_user_flag: &'static str,
+    max_flag: &'static str,
+    /// The metrics' prefix.
+    metric: &'static str,
+}
+
+/// Long-running requests passed upstream.
+pub const LONG_RUNNING: Names = Names {
+    what: "long-running requests",
+    per_user_flag: "--upstream-long-running-per-user",
+    max_flag: "--upstream-long-running-max",
+    metric: "svc_proxy_upstream_long_running",
+};
+
+/// Short requests passed upstream.
+pub const SHORT: Names = Names {
+    what: "short requests",
+    per_user_flag: "--upstream-requests-per-user",
+    max_flag: "--upstream-requests-max",
+    metric: "svc_proxy_upstream_short",
+};
+
 /// The counts and their limits. Cheap to share.
 #[derive(Debug)]
-pub struct LongRunning {
+pub struct Bound {
+    names: &'static Names,
     per_user: usize,
     max: usize,
     held: Mutex<Held>,
@@ -31,10 +67,10 @@ struct Held {
     total: usize,
 }
 
-/// One long-running request's place; given back when dropped.
+/// One request's place; given back when dropped.
 #[derive(Debug)]
 pub struct Place {
-    owner: Arc<LongRunning>,
+    owner: Arc<Bound>,
     user: String,
 }
 
@@ -51,9 +87,10 @@ impl Drop for Place {
     }
 }
 
-impl LongRunning {
-    pub fn new(per_user: usize, max: usize) -> Arc<Self> {
-        Arc::new(LongRunning {
+impl Bound {
+    pub fn new(names: &'static Names, per_user: usize, max: usize) -> Arc<Self> {
+        Arc::new(Bound {
+            names,
             per_user,
             max,
             held: Mutex::new(Held::default()),
@@ -62,21 +99,27 @@ impl LongRunning {
         })
     }
 
-    /// A place for one more of `user`'s long-running requests, or 429 naming the limit.
+    /// A place for one more of `user`'s requests, or 429 naming the limit.
     pub fn admit(self: &Arc<Self>, user: &str) -> Result<Place, ApiError> {
+        let Names {
+            what,
+            per_user_flag,
+            max_flag,
+            ..
+        } = self.names;
         let mut held = self.held.lock();
         let mine = held.by_user.get(user).copied().unwrap_or(0);
         let refused = if mine >= self.per_user {
             self.refused_user.fetch_add(1, Ordering::Relaxed);
             Some(format!(
-                "User {user:?} has {mine} long-running requests passed to the upstream API \
-                 server, the most one user may have (--upstream-long-running-per-user)"
+                "User {user:?} has {mine} {what} passed to the upstream API server, the most \
+                 one user may have ({per_user_flag})"
             ))
         } else if held.total >= self.max {
             self.refused_max.fetch_add(1, Ordering::Relaxed);
             Some(format!(
-                "{} long-running requests are passed to the upstream API server, the most \
-                 there may be (--upstream-long-running-max)",
+                "{} {what} are passed to the upstream API server, the most there may be \
+                 ({max_flag})",
                 held.total
             ))
         } else {
@@ -84,7 +127,7 @@ impl LongRunning {
         };
         if let Some(why) = refused {
             drop(held);
-            tracing::info!(user, reason = %why, "long-running request refused");
+            tracing::info!(user, reason = %why, "request refused");
             return Err(ApiError::TooManyRequests {
                 message: format!("Too many requests, please try again later ({why})."),
                 retry_after_seconds: Some(1),
@@ -111,16 +154,17 @@ impl LongRunning {
             let held = self.held.lock();
             (held.total, held.by_user.len())
         };
+        let Names { what, metric, .. } = self.names;
         let mut out = String::new();
         let gauges = [
             (
-                "svc_proxy_upstream_long_running_requests",
-                "Long-running requests passed to the upstream now, each on a connection of its own.",
+                format!("{metric}_requests"),
+                format!("The {what} passed to the upstream now."),
                 total,
             ),
             (
-                "svc_proxy_upstream_long_running_users",
-                "Users with at least one long-running request passed to the upstream now.",
+                format!("{metric}_users"),
+                format!("Users with at least one of the {what} passed to the upstream now."),
                 users,
             ),
         ];
@@ -129,19 +173,18 @@ impl LongRunning {
             let _ = writeln!(out, "# TYPE {name} gauge");
             let _ = writeln!(out, "{name} {value}");
         }
-        let name = "svc_proxy_upstream_long_running_limit";
+        let name = format!("{metric}_limit");
         let _ = writeln!(
             out,
-            "# HELP {name} The most long-running requests passed to the upstream, per user and \
-             in all."
+            "# HELP {name} The most {what} passed to the upstream, per user and in all."
         );
         let _ = writeln!(out, "# TYPE {name} gauge");
         let _ = writeln!(out, "{name}{{scope=\"user\"}} {}", self.per_user);
         let _ = writeln!(out, "{name}{{scope=\"total\"}} {}", self.max);
-        let name = "svc_proxy_upstream_long_running_refused";
+        let name = format!("{metric}_refused");
         let _ = writeln!(
             out,
-            "# HELP {name} Long-running requests answered 429 at a limit, by the limit reached."
+            "# HELP {name} The {what} for the upstream answered 429 at a limit, by the limit reached."
         );
         let _ = writeln!(out, "# TYPE {name} counter");
         let _ = writeln!(
@@ -164,7 +207,7 @@ mod tests {
 
     #[test]
     fn places_are_bounded_per_user_and_in_all_and_come_back() {
-        let limits = LongRunning::new(2, 3);
+        let limits = Bound::new(&LONG_RUNNING, 2, 3);
         let a1 = limits.admit("a").unwrap();
         let _a2 = limits.admit("a").unwrap();
         let e = limits.admit("a").unwrap_err();
@@ -183,5 +226,28 @@ mod tests {
         assert!(
             text.contains("svc_proxy_upstream_long_running_refused_total{scope=\"total\"} 1\n")
         );
+    }
+
+    #[test]
+    fn the_short_bound_names_its_own_flags_and_metrics() {
+        let limits = Bound::new(&SHORT, 1, 5);
+        let _a = limits.admit("a").unwrap();
+        let e = limits.admit("a").unwrap_err();
+        assert_eq!(e.code(), 429);
+        assert!(e.to_string().contains("1 short requests"), "{e}");
+        assert!(
+            e.to_string().contains("--upstream-requests-per-user"),
+            "{e}"
+        );
+        let text = limits.encode_metrics();
+        assert!(
+            text.contains("svc_proxy_upstream_short_requests 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("svc_proxy_upstream_short_limit{scope=\"total\"} 5\n"),
+            "{text}"
+        );
+        assert!(!text.contains("long_running"), "{text}");
     }
 }
