@@ -101,6 +101,15 @@ pub struct Options {
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
     pub upstream_long_running_max: u32,
 
+    /// Proxy mode: the h2 connections to the upstream that short requests passed through
+    /// are spread over. kube-apiserver allows 100 streams on a connection
+    /// (`--http2-max-streams-per-connection`); past them a request waits in the proxy,
+    /// unseen by the upstream's limits and priority levels. The default, 8, gives 800, more
+    /// than kube-apiserver's default limits let run (600). The proxy's own calls
+    /// (TokenReviews, SubjectAccessReviews) have a connection of their own beside them.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub upstream_connections: u32,
+
     /// Proxy mode: the most short requests one user may have passed upstream at once (writes,
     /// and reads the caches do not answer), each held until the upstream's answer has been
     /// sent on; past it a request is answered 429. They take no seat of

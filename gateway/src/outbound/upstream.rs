@@ -9,6 +9,8 @@
 //! bounded in time and size.
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -22,17 +24,54 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// The upstream API server. Cheap to clone; clones share connections.
 #[derive(Clone, Debug)]
 pub struct Upstream {
+    /// The proxy's own calls (TokenReviews, SubjectAccessReviews, readiness), and the
+    /// connections of their own that long-running requests take.
     client: WebhookClient,
+    /// The short requests sent on ([`Upstream::send`]), spread over connections of their
+    /// own, so that they never queue the proxy's own calls behind them.
+    spread: Arc<Spread>,
+}
+
+/// Clients with an h2 connection each, taken in turn.
+#[derive(Debug)]
+struct Spread {
+    clients: Vec<WebhookClient>,
+    next: AtomicUsize,
 }
 
 impl Upstream {
     /// The current context of the kubeconfig at `path`: its cluster's server and CA, its
     /// user's client certificate, token, token file or exec plugin. Dials through the
-    /// `controlplane` egress selection.
-    pub fn from_kubeconfig_file(path: &Path, egress: &Egress) -> Result<Self, ClientError> {
+    /// `controlplane` egress selection. Short requests are spread over `connections` h2
+    /// connections (at least one): kube-apiserver allows 100 streams on each
+    /// (`--http2-max-streams-per-connection`), and a request past them waits in the
+    /// connection for a stream, unseen by the upstream's own limits and priorities.
+    pub fn from_kubeconfig_file(
+        path: &Path,
+        egress: &Egress,
+        connections: usize,
+    ) -> Result<Self, ClientError> {
+        let clients = (0..connections.max(1))
+            .map(|_| WebhookClient::from_kubeconfig_file(path, egress))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Upstream {
             client: WebhookClient::from_kubeconfig_file(path, egress)?,
+            spread: Arc::new(Spread {
+                clients,
+                next: AtomicUsize::new(0),
+            }),
         })
+    }
+
+    /// The next client of the spread.
+    fn spread(&self) -> &WebhookClient {
+        let s = &*self.spread;
+        let i = s
+            .next
+            .fetch_add(1, Ordering::Relaxed)
+            .checked_rem(s.clients.len())
+            .unwrap_or(0);
+        s.clients.get(i).unwrap_or(&self.client)
     }
 
     /// The server URL, for messages.
@@ -41,12 +80,13 @@ impl Upstream {
     }
 
     /// Sends a request (its path and query appended to the server URL) under the proxy's
-    /// credential; the caller's `Authorization` is replaced. No timeout.
+    /// credential, over the next connection of the spread; the caller's `Authorization` is
+    /// replaced. No timeout.
     pub async fn send(
         &self,
         request: http::Request<RequestBody>,
     ) -> Result<http::Response<hyper::body::Incoming>, ClientError> {
-        self.client.request(request).await
+        self.spread().request(request).await
     }
 
     /// Sends a request on an HTTP/1.1 connection of its own, never the h2 connection that
@@ -68,9 +108,8 @@ impl Upstream {
         authorization: http::HeaderValue,
         upgrade: bool,
     ) -> Result<http::Response<hyper::body::Incoming>, ClientError> {
-        self.client
-            .request_with(request, authorization, upgrade)
-            .await
+        let client = if upgrade { &self.client } else { self.spread() };
+        client.request_with(request, authorization, upgrade).await
     }
 
     /// POSTs a JSON document to `path` and reads the answer (at most
@@ -142,7 +181,7 @@ impl Upstream {
     ) -> Result<client::Response, ClientError> {
         let url = self.url();
         let exchange = async {
-            let response = self.send(request).await?;
+            let response = self.client.request(request).await?;
             client::read_response(&url, response).await
         };
         match tokio::time::timeout(CALL_TIMEOUT, exchange).await {

@@ -35,11 +35,12 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
         anyhow::bail!("proxy mode needs --upstream-kubeconfig");
     };
     let egress = Egress::from_options(&opts)?;
-    let upstream = Upstream::from_kubeconfig_file(&kubeconfig, &egress)
-        .map_err(|e| anyhow::anyhow!("--upstream-kubeconfig: {e}"))?;
+    let upstream =
+        Upstream::from_kubeconfig_file(&kubeconfig, &egress, opts.upstream_connections as usize)
+            .map_err(|e| anyhow::anyhow!("--upstream-kubeconfig: {e}"))?;
     // The caches' lists, watches and proofs of freshness over a connection of their own, so
     // that their watches take none of the streams short requests need.
-    let caches_upstream = Upstream::from_kubeconfig_file(&kubeconfig, &egress)
+    let caches_upstream = Upstream::from_kubeconfig_file(&kubeconfig, &egress, 1)
         .map_err(|e| anyhow::anyhow!("--upstream-kubeconfig: {e}"))?;
     let client_ca = match &opts.client_ca_file {
         None => {

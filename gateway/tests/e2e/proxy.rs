@@ -37,7 +37,13 @@ struct Upstream {
     release: Notify,
     /// `/stream` answers whose reader went away before the second line.
     abandoned: AtomicUsize,
+    /// The connection (the proxy's address) each TokenReview came on.
+    review_peers: parking_lot::Mutex<Vec<SocketAddr>>,
 }
+
+/// The address of the connection a request came on, put in its extensions.
+#[derive(Clone, Copy)]
+pub(crate) struct Peer(pub SocketAddr);
 
 /// The token the upstream accepts, and the user it stands for.
 pub(crate) const GOOD_TOKEN: &str = "good-token";
@@ -63,6 +69,7 @@ async fn answer(up: Arc<Upstream>, mut req: Request<Incoming>) -> Response<Out> 
     let (parts, body) = req.into_parts();
     let body = body.collect().await.unwrap().to_bytes();
     let path = parts.uri.path().to_string();
+    let peer = parts.extensions.get::<Peer>().map(|p| p.0.to_string());
     match (parts.method.clone(), path.as_str()) {
         (_, "/echo") => {
             let mut headers: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -75,12 +82,15 @@ async fn answer(up: Arc<Upstream>, mut req: Request<Incoming>) -> Response<Out> 
             full(
                 StatusCode::OK,
                 json!({"method": parts.method.as_str(), "query": parts.uri.query(),
-                       "headers": headers, "body_len": body.len()}),
+                       "headers": headers, "body_len": body.len(), "peer": peer}),
             )
         }
         (_, "/readyz") => full(StatusCode::OK, json!("ok")),
         (Method::POST, "/apis/authentication.k8s.io/v1/tokenreviews") => {
             up.token_reviews.fetch_add(1, Ordering::SeqCst);
+            if let Some(p) = parts.extensions.get::<Peer>() {
+                up.review_peers.lock().push(p.0);
+            }
             let review: Value = serde_json::from_slice(&body).unwrap();
             let status = if review["spec"]["token"] == GOOD_TOKEN {
                 json!({"authenticated": true, "user": {
@@ -197,6 +207,7 @@ async fn start_upstream() -> Arc<Upstream> {
         token_reviews: AtomicUsize::new(0),
         release: Notify::new(),
         abandoned: AtomicUsize::new(0),
+        review_peers: parking_lot::Mutex::new(Vec::new()),
     });
     serve_scripted(listener, up.clone(), answer);
     up
@@ -212,12 +223,13 @@ where
 {
     tokio::spawn(async move {
         loop {
-            let Ok((tcp, _)) = listener.accept().await else {
+            let Ok((tcp, peer)) = listener.accept().await else {
                 return;
             };
             let state = state.clone();
             tokio::spawn(async move {
-                let svc = service_fn(move |req| {
+                let svc = service_fn(move |mut req: Request<Incoming>| {
+                    req.extensions_mut().insert(Peer(peer));
                     let state = state.clone();
                     async move { Ok::<_, Infallible>(answer(state, req).await) }
                 });
@@ -1004,6 +1016,44 @@ async fn long_running_requests_are_bounded_per_user_and_in_all() {
     .await;
     let (_conn, resp) = open_stream(&alice).await;
     assert_eq!(resp.status(), StatusCode::OK);
+    proxy.handle.shutdown().await;
+}
+
+/// Short requests passed upstream are spread over `--upstream-connections` connections in
+/// turn (kube-apiserver allows 100 streams on one), and the proxy's own calls to the upstream
+/// (here a TokenReview) come on a connection apart from them, never queued behind them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_requests_are_spread_over_connections_apart_from_the_proxys_own_calls() {
+    let up = start_upstream().await;
+    let proxy = Proxy::start(up.addr, |o| o.upstream_connections = 3)
+        .await
+        .unwrap();
+    let c = proxy.client(None, false);
+    let bearer = format!("Bearer {GOOD_TOKEN}");
+    let mut peers = BTreeMap::<String, usize>::new();
+    for _ in 0..6 {
+        let r = c
+            .request(
+                Method::GET,
+                "/echo",
+                "",
+                &[("authorization", bearer.as_str())],
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        let peer = r.json()["peer"].as_str().unwrap().to_string();
+        *peers.entry(peer).or_default() += 1;
+    }
+    assert_eq!(peers.len(), 3, "{peers:?}");
+    assert!(peers.values().all(|n| *n == 2), "{peers:?}");
+    let reviews = up.review_peers.lock().clone();
+    assert!(!reviews.is_empty());
+    for r in reviews {
+        assert!(
+            !peers.contains_key(&r.to_string()),
+            "a TokenReview came on {r}, a connection of the pass-through: {peers:?}"
+        );
+    }
     proxy.handle.shutdown().await;
 }
 
