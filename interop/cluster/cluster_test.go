@@ -80,13 +80,17 @@ type startups struct {
 	mu      sync.Mutex
 	added   map[types.UID]time.Time
 	running map[types.UID]time.Duration
+	// From first seen to first seen bound to a node (the scheduler's part), for the pods
+	// seen running.
+	bound map[types.UID]time.Duration
 	// Where each pod ran, for the slowest.
 	node map[types.UID]string
 }
 
 func watchStartups(ctx context.Context, t *testing.T, c kubernetes.Interface, ns string) *startups {
 	t.Helper()
-	s := &startups{added: map[types.UID]time.Time{}, running: map[types.UID]time.Duration{}, node: map[types.UID]string{}}
+	s := &startups{added: map[types.UID]time.Time{}, running: map[types.UID]time.Duration{},
+		bound: map[types.UID]time.Duration{}, node: map[types.UID]string{}}
 	list, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -111,6 +115,9 @@ func watchStartups(ctx context.Context, t *testing.T, c kubernetes.Interface, ns
 			s.mu.Lock()
 			if _, seen := s.added[pod.UID]; !seen {
 				s.added[pod.UID] = now
+			}
+			if _, seen := s.bound[pod.UID]; !seen && pod.Spec.NodeName != "" {
+				s.bound[pod.UID] = now.Sub(s.added[pod.UID])
 			}
 			if _, done := s.running[pod.UID]; !done && pod.Status.Phase == corev1.PodRunning {
 				s.running[pod.UID] = now.Sub(s.added[pod.UID])
@@ -148,8 +155,28 @@ func (s *startups) slowest(n int) []string {
 func (s *startups) quantiles() (time.Duration, time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return quantiles(s.running)
+}
+
+// parts are the p50 and p99 of the two parts of the startups so far: until the pod was seen
+// bound to a node (the scheduler's), and from then until it was seen running (the node's).
+func (s *startups) parts() (bound, run [2]time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	after := map[types.UID]time.Duration{}
+	for uid, r := range s.running {
+		if b, ok := s.bound[uid]; ok {
+			after[uid] = r - b
+		}
+	}
+	b50, b99 := quantiles(s.bound)
+	r50, r99 := quantiles(after)
+	return [2]time.Duration{b50, b99}, [2]time.Duration{r50, r99}
+}
+
+func quantiles(m map[types.UID]time.Duration) (time.Duration, time.Duration) {
 	var d []time.Duration
-	for _, v := range s.running {
+	for _, v := range m {
 		d = append(d, v)
 	}
 	if len(d) == 0 {
@@ -359,6 +386,9 @@ func TestWorkload(t *testing.T) {
 	})
 	p50, p99 := starts.quantiles()
 	t.Logf("cluster: mode=%s slowest startups: %s", mode, strings.Join(starts.slowest(8), ", "))
+	bound, ran := starts.parts()
+	t.Logf("cluster: mode=%s startup parts: to_bound_p50=%v to_bound_p99=%v bound_to_running_p50=%v bound_to_running_p99=%v",
+		mode, bound[0].Round(time.Millisecond), bound[1].Round(time.Millisecond), ran[0].Round(time.Millisecond), ran[1].Round(time.Millisecond))
 
 	// Its Service's EndpointSlice lists every pod (the EndpointSlice controller).
 	until(ctx, t, limit(time.Minute), "the EndpointSlice of every pod", func() (bool, error) {

@@ -6,6 +6,9 @@
 // make, as the hollow kubelets and kube-proxies of the same cluster were seen making them:
 //
 //   - registers its Node (Ready, 110 pods) and renews its Lease in kube-node-lease every 10 s;
+//     posts its Node's status again when its Node says other than Ready (the node lifecycle
+//     controller marked it Unknown after its lease lapsed) or 5 minutes after the last report,
+//     as the kubelet does;
 //
 //   - informers of its pods (fieldSelector spec.nodeName), its own Node (metadata.name),
 //     Services, RuntimeClasses and CSIDrivers (the kubelet's), and EndpointSlices and
@@ -193,9 +196,10 @@ func (n *node) run(ctx context.Context, kubelet, kubeProxy *rest.Config, running
 	}); err != nil {
 		return err
 	}
+	own := n.informer(c.CoreV1().RESTClient(), c, "nodes", "", "metadata.name", n.name, &corev1.Node{})
 	started := []cache.SharedIndexInformer{
 		pods,
-		n.informer(c.CoreV1().RESTClient(), c, "nodes", "", "metadata.name", n.name, &corev1.Node{}),
+		own,
 		n.informer(c.CoreV1().RESTClient(), c, "services", "", "", "", &corev1.Service{}),
 		n.informer(c.NodeV1().RESTClient(), c, "runtimeclasses", "", "", "", &nodev1.RuntimeClass{}),
 		n.informer(c.StorageV1().RESTClient(), c, "csidrivers", "", "", "", &storagev1.CSIDriver{}),
@@ -208,9 +212,13 @@ func (n *node) run(ctx context.Context, kubelet, kubeProxy *rest.Config, running
 	for _, inf := range started {
 		go inf.RunWithContext(ctx)
 	}
-	// The lease, renewed every 10 s.
+	// The lease, renewed every 10 s; and the node's status looked at as often, posted when
+	// its Node says other than Ready (the node lifecycle controller marks it Unknown when
+	// the lease lapsed) or 5 minutes after the last report: the kubelet's
+	// nodeStatusUpdateFrequency and nodeStatusReportFrequency.
 	renew := time.NewTicker(10 * time.Second)
 	defer renew.Stop()
+	reported := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
@@ -219,37 +227,77 @@ func (n *node) run(ctx context.Context, kubelet, kubeProxy *rest.Config, running
 			if err := n.renew(ctx); err != nil && ctx.Err() == nil {
 				log.Printf("%s: renewing its lease: %v", n.name, err)
 			}
+			if !n.statusDue(own.GetStore(), reported) {
+				continue
+			}
+			if err := n.postStatus(ctx); err != nil {
+				if ctx.Err() == nil {
+					log.Printf("%s: posting its status: %v", n.name, err)
+				}
+				continue
+			}
+			reported = time.Now()
 		}
 	}
 }
 
-func (n *node) register(ctx context.Context) error {
-	now := metav1.Now()
+// statusDue: whether the node's status is to be posted now: its Node, as its informer has it,
+// is not Ready, or the last report was 5 minutes ago.
+func (n *node) statusDue(nodes cache.Store, reported time.Time) bool {
+	if time.Since(reported) >= 5*time.Minute {
+		return true
+	}
+	obj, ok, err := nodes.GetByKey(n.name)
+	if err != nil || !ok {
+		return false
+	}
+	node, ok := obj.(*corev1.Node)
+	if !ok {
+		return false
+	}
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status != corev1.ConditionTrue
+		}
+	}
+	return true
+}
+
+// nodeStatus is what the node reports of itself, Ready, heartbeat at now.
+func nodeStatus(now metav1.Time) corev1.NodeStatus {
 	pods := resource.MustParse("110")
+	return corev1.NodeStatus{
+		Capacity:    corev1.ResourceList{corev1.ResourcePods: pods, corev1.ResourceCPU: resource.MustParse("4"), corev1.ResourceMemory: resource.MustParse("16Gi")},
+		Allocatable: corev1.ResourceList{corev1.ResourcePods: pods, corev1.ResourceCPU: resource.MustParse("4"), corev1.ResourceMemory: resource.MustParse("16Gi")},
+		Conditions: []corev1.NodeCondition{{
+			Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
+			Message: "simulated", LastHeartbeatTime: now, LastTransitionTime: now,
+		}},
+		NodeInfo: corev1.NodeSystemInfo{KubeletVersion: "v1.37.2", OperatingSystem: "linux", Architecture: "amd64"},
+	}
+}
+
+// postStatus patches the node's status, as the kubelet patches it (a status subresource the
+// create drops; controllers write the Node's taints meanwhile, which a node may not touch).
+func (n *node) postStatus(ctx context.Context) error {
+	status, err := json.Marshal(map[string]any{"status": nodeStatus(metav1.Now())})
+	if err != nil {
+		return err
+	}
+	_, err = n.client.CoreV1().Nodes().Patch(ctx, n.name, types.StrategicMergePatchType, status, metav1.PatchOptions{}, "status")
+	return err
+}
+
+func (n *node) register(ctx context.Context) error {
 	obj := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: n.name, Labels: map[string]string{
 			"kubernetes.io/hostname": n.name, "kubernetes.io/os": "linux", "type": "simulated",
 		}},
-		Status: corev1.NodeStatus{
-			Capacity:    corev1.ResourceList{corev1.ResourcePods: pods, corev1.ResourceCPU: resource.MustParse("4"), corev1.ResourceMemory: resource.MustParse("16Gi")},
-			Allocatable: corev1.ResourceList{corev1.ResourcePods: pods, corev1.ResourceCPU: resource.MustParse("4"), corev1.ResourceMemory: resource.MustParse("16Gi")},
-			Conditions: []corev1.NodeCondition{{
-				Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
-				Message: "simulated", LastHeartbeatTime: now, LastTransitionTime: now,
-			}},
-			NodeInfo: corev1.NodeSystemInfo{KubeletVersion: "v1.37.2", OperatingSystem: "linux", Architecture: "amd64"},
-		},
 	}
 	if _, err := n.client.CoreV1().Nodes().Create(ctx, obj, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
-	// Status is a subresource: the create dropped it. Patched, as the kubelet patches it
-	// (controllers write the new Node's taints meanwhile, which a node may not touch).
-	status, err := json.Marshal(map[string]any{"status": obj.Status})
-	if err != nil {
-		return err
-	}
-	if _, err := n.client.CoreV1().Nodes().Patch(ctx, n.name, types.StrategicMergePatchType, status, metav1.PatchOptions{}, "status"); err != nil {
+	if err := n.postStatus(ctx); err != nil {
 		return err
 	}
 	return n.renew(ctx)
