@@ -102,12 +102,16 @@ pub struct Options {
     pub upstream_long_running_max: u32,
 
     /// Proxy mode: the h2 connections to the upstream that short requests passed through
-    /// are spread over. kube-apiserver allows 100 streams on a connection
-    /// (`--http2-max-streams-per-connection`); past them a request waits in the proxy,
-    /// unseen by the upstream's limits and priority levels. The default, 8, gives 800, more
-    /// than kube-apiserver's default limits let run (600). The proxy's own calls
-    /// (TokenReviews, SubjectAccessReviews) have a connection of their own beside them.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
+    /// are spread over, in turn. kube-apiserver allows 100 streams on a connection
+    /// (`--http2-max-streams-per-connection`); past them a request waits in the proxy for a
+    /// stream. One connection is the default: at 3,000 nodes on two cores, 8 let so many
+    /// requests into kube-apiserver at once that it answered 429 to 2,224 lease renewals
+    /// and 2,997 of the nodes were Ready after 8 minutes, where with one it answered none and
+    /// all were Ready in 4 (BENCHMARKS, "A simulated cluster"). Raise it for an upstream
+    /// with cores to spare.
+    /// The proxy's own calls (TokenReviews, SubjectAccessReviews) have a connection of their
+    /// own beside them.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub upstream_connections: u32,
 
     /// Proxy mode: the most short requests one user may have passed upstream at once (writes,
