@@ -952,6 +952,94 @@ async fn impersonation_headers_are_read_as_kube_apiserver_reads_them() {
     proxy.handle.shutdown().await;
 }
 
+/// Which bound on what is passed upstream a test fills.
+#[derive(Clone, Copy)]
+enum Passed {
+    /// `/stream?watch=true`, held open by the upstream.
+    LongRunning,
+    /// `POST /stream`, whose answer the upstream holds open.
+    Short,
+}
+
+impl Passed {
+    async fn open(self, client: &Client) -> (Conn, Response<Incoming>) {
+        match self {
+            Passed::LongRunning => open_stream(client).await,
+            Passed::Short => held_write(client).await,
+        }
+    }
+    fn flag(self) -> &'static str {
+        match self {
+            Passed::LongRunning => "--upstream-long-running-per-user",
+            Passed::Short => "--upstream-requests-per-user",
+        }
+    }
+    fn metric(self) -> &'static str {
+        match self {
+            Passed::LongRunning => "svc_proxy_upstream_long_running",
+            Passed::Short => "svc_proxy_upstream_short",
+        }
+    }
+}
+
+/// Fills a bound of 2 per user and 3 in all: alice's two requests and carol's one are held
+/// open upstream (each answered 200, its first line read); alice's third and dave's first
+/// are answered 429 naming the flag, and the metrics count them. Alice's and carol's are
+/// given back, and the proxy's admin client.
+async fn fill_a_bound(
+    proxy: &Proxy,
+    kind: Passed,
+) -> (Vec<(Conn, Incoming)>, (Conn, Incoming), Client) {
+    let alice = proxy.user("alice", &[], true);
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let (conn, resp) = tokio::time::timeout(Duration::from_secs(10), kind.open(&alice))
+            .await
+            .expect("a request waited for a seat of the proxy's");
+        assert_eq!(resp.status(), StatusCode::OK);
+        let mut body = resp.into_body();
+        body.frame().await.unwrap().unwrap();
+        held.push((conn, body));
+    }
+    // Past alice's own bound: 429, while other users go on (and her short requests, past
+    // the long-running bound).
+    let (_conn, resp) = kind.open(&alice).await;
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(resp.headers()["retry-after"], "1");
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let status: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(status["reason"], "TooManyRequests", "{status}");
+    assert!(
+        status["message"].as_str().unwrap().contains(kind.flag()),
+        "{status}"
+    );
+    if let Passed::LongRunning = kind {
+        assert_eq!(alice.get("/echo").await.0, StatusCode::OK);
+    }
+    let carol = proxy.user("carol", &[], false);
+    let (carol_conn, resp) = kind.open(&carol).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut carol_body = resp.into_body();
+    carol_body.frame().await.unwrap().unwrap();
+    // Past the bound of all users together.
+    let dave = proxy.user("dave", &[], false);
+    let (_conn, resp) = kind.open(&dave).await;
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+    let boss = proxy.user(BOSS, &[], false);
+    let metrics = boss.request(Method::GET, "/metrics", "", &[]).await.text();
+    let m = kind.metric();
+    for line in [
+        format!("{m}_requests 3"),
+        format!("{m}_refused_total{{scope=\"user\"}} 1"),
+        format!("{m}_refused_total{{scope=\"total\"}} 1"),
+        format!("{m}_limit{{scope=\"user\"}} 2"),
+        format!("{m}_limit{{scope=\"total\"}} 3"),
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line}: {metrics}");
+    }
+    (held, (carol_conn, carol_body), boss)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_running_requests_are_bounded_per_user_and_in_all() {
     let up = start_upstream().await;
@@ -961,49 +1049,9 @@ async fn long_running_requests_are_bounded_per_user_and_in_all() {
     })
     .await
     .unwrap();
+    let (mut held, (carol_conn, carol_body), boss) =
+        fill_a_bound(&proxy, Passed::LongRunning).await;
     let alice = proxy.user("alice", &[], true);
-    let mut held = Vec::new();
-    for _ in 0..2 {
-        let (conn, resp) = open_stream(&alice).await;
-        assert_eq!(resp.status(), StatusCode::OK);
-        let mut body = resp.into_body();
-        body.frame().await.unwrap().unwrap();
-        held.push((conn, body));
-    }
-    // Past alice's own bound: 429, while her short requests and other users go on.
-    let (_conn, resp) = open_stream(&alice).await;
-    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(resp.headers()["retry-after"], "1");
-    let body = resp.into_body().collect().await.unwrap().to_bytes();
-    let status: Value = serde_json::from_slice(&body).unwrap();
-    assert_eq!(status["reason"], "TooManyRequests", "{status}");
-    assert!(
-        status["message"]
-            .as_str()
-            .unwrap()
-            .contains("--upstream-long-running-per-user"),
-        "{status}"
-    );
-    assert_eq!(alice.get("/echo").await.0, StatusCode::OK);
-    let carol = proxy.user("carol", &[], false);
-    let (carol_conn, resp) = open_stream(&carol).await;
-    assert_eq!(resp.status(), StatusCode::OK);
-    let mut carol_body = resp.into_body();
-    carol_body.frame().await.unwrap().unwrap();
-    // Past the bound of all users together.
-    let dave = proxy.user("dave", &[], false);
-    let (_conn, resp) = open_stream(&dave).await;
-    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
-    let boss = proxy.user(BOSS, &[], false);
-    let metrics = boss.request(Method::GET, "/metrics", "", &[]).await.text();
-    for line in [
-        "svc_proxy_upstream_long_running_requests 3",
-        "svc_proxy_upstream_long_running_refused_total{scope=\"user\"} 1",
-        "svc_proxy_upstream_long_running_refused_total{scope=\"total\"} 1",
-        "svc_proxy_upstream_long_running_limit{scope=\"user\"} 2",
-    ] {
-        assert!(metrics.lines().any(|l| l == line), "{line}: {metrics}");
-    }
     // A place comes back when its stream ends.
     drop(held.pop());
     drop(carol_body);
@@ -1082,45 +1130,15 @@ async fn short_requests_passed_upstream_take_no_seat_and_are_bounded_on_their_ow
     })
     .await
     .unwrap();
-    let alice = proxy.user("alice", &[], true);
-    let mut held = Vec::new();
-    for _ in 0..2 {
-        let (conn, resp) = tokio::time::timeout(Duration::from_secs(10), held_write(&alice))
-            .await
-            .expect("a write waited for a seat of the proxy's");
-        assert_eq!(resp.status(), StatusCode::OK);
-        let mut body = resp.into_body();
-        body.frame().await.unwrap().unwrap();
-        held.push((conn, body));
-    }
-    // Past alice's own bound: 429, while other users go on.
-    let (_conn, resp) = held_write(&alice).await;
-    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(resp.headers()["retry-after"], "1");
-    let body = resp.into_body().collect().await.unwrap().to_bytes();
-    let status: Value = serde_json::from_slice(&body).unwrap();
-    let message = status["message"].as_str().unwrap();
-    assert!(message.contains("--upstream-requests-per-user"), "{status}");
-    let carol = proxy.user("carol", &[], false);
-    let (carol_conn, resp) = held_write(&carol).await;
-    assert_eq!(resp.status(), StatusCode::OK);
-    let mut carol_body = resp.into_body();
-    carol_body.frame().await.unwrap().unwrap();
-    // Past the bound of all users together.
-    let dave = proxy.user("dave", &[], false);
-    let (_conn, resp) = held_write(&dave).await;
-    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
-    let boss = proxy.user(BOSS, &[], false);
+    // Alice's two writes run at once with one mutating seat.
+    let (mut held, (carol_conn, mut carol_body), boss) = fill_a_bound(&proxy, Passed::Short).await;
     let metrics = boss.request(Method::GET, "/metrics", "", &[]).await.text();
-    for line in [
-        "svc_proxy_upstream_short_requests 3",
-        "svc_proxy_upstream_short_refused_total{scope=\"user\"} 1",
-        "svc_proxy_upstream_short_refused_total{scope=\"total\"} 1",
-        "svc_proxy_upstream_short_limit{scope=\"total\"} 3",
-        "svc_proxy_upstream_long_running_requests 0",
-    ] {
-        assert!(metrics.lines().any(|l| l == line), "{line}: {metrics}");
-    }
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "svc_proxy_upstream_long_running_requests 0"),
+        "{metrics}"
+    );
     // The places come back when the answers end.
     up.release.notify_waiters();
     for (_conn, mut body) in held.drain(..) {
