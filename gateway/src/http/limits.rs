@@ -5,11 +5,11 @@
 //! `--max-queued-users` users and `--max-queued-requests` requests queued at once, each
 //! request at most `--max-queue-wait`); a freed seat goes to the next user in turn among
 //! those waiting (round-robin, one request each), so a user sending many requests at once
-//! gets its share of the seats, not all of them. Past a bound the request gets 429 with `Retry-After`: `queue-full`, or `time-out`
-//! when its wait ran out (Kubernetes' reasons). Watches are long-running and hold no seat:
-//! they are counted on their own against `--max-watches`. `system:masters` (the server's own
-//! controllers, administrators) is exempt from all of it, as Kubernetes' `exempt` priority
-//! level is.
+//! gets its share of the seats, not all of them. Past a bound the request gets 429 with
+//! `Retry-After`: `queue-full`, or `time-out` when its wait ran out (Kubernetes' reasons).
+//! Watches are long-running and hold no seat: they are counted on their own against
+//! `--max-watches`. `system:masters` (the server's own controllers, administrators) is exempt
+//! from all of it, as Kubernetes' `exempt` priority level is.
 //!
 //! A list is charged by its width, as Kubernetes' list work estimator does: one seat per
 //! `LIST_OBJECTS_PER_SEAT` objects it will go through (the watch cache's count of the kind,

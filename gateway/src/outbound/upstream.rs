@@ -1,9 +1,10 @@
 //! The upstream of proxy mode (`--upstream-kubeconfig`): an unmodified kube-apiserver, reached
 //! with the kubeconfig's server, CA and credential (the proxy's own identity) through the
 //! pooled client of `client.rs` (h2 where the upstream offers it by ALPN, HTTP/1.1 else; the
-//! pool's limits are hyper's). Short requests and the proxy's own calls share one h2
-//! connection; long-running requests and upgrades each take an HTTP/1.1 connection of their
-//! own ([`Upstream::send_alone`]), bounded by `http/proxy/bounds.rs`. Requests passed
+//! pool's limits are hyper's). Short requests are spread over `--upstream-connections` h2
+//! connections ([`Upstream::send`]), and the proxy's own calls have one apart from them;
+//! long-running requests and upgrades each take an HTTP/1.1 connection of their own
+//! ([`Upstream::send_alone`]), bounded by `http/proxy/bounds.rs`. Requests passed
 //! through stream both ways and carry no timeout here (watches must not have one; the caller
 //! bounds the others); the proxy's own calls (TokenReview, SubjectAccessReview, readiness) are
 //! bounded in time and size.

@@ -3,8 +3,9 @@
 //! `/healthz`, `/livez` and `/readyz` (to anyone; a single check such as `/readyz/upstream`,
 //! and its own `/metrics`, to whom the upstream lets read that path), serve what the caches
 //! answer under the in-flight limits, and pass everything else upstream under the bounds of
-//! `http/proxy/bounds.rs` (`http/proxy.rs`). Authorization is the upstream's: it sees the caller through
-//! impersonation. A watch passed through ends when the server ends its watches at shutdown.
+//! `http/proxy/bounds.rs` (`http/proxy.rs`). Authorization is the upstream's: it sees the
+//! caller through impersonation. A watch passed through ends when the server ends its
+//! watches at shutdown.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -133,10 +134,10 @@ async fn serve(
     // for what its caches may answer) is admitted under its in-flight limits. What it passes
     // upstream takes no seat: the upstream has its own limits and priorities
     // (`http/proxy/bounds.rs`).
-    let cacheable = read && proxy.mirror.is_some();
+    let cached = proxy.mirror.as_ref().filter(|_| read);
     let mut watch = None;
     let mut older = None;
-    if verb == Verb::Watch || cacheable {
+    if verb == Verb::Watch || cached.is_some() {
         let Admitted { watch: slot, _seat } = match admit(app, &user, verb, 1).await {
             Ok(a) => a,
             Err(why) => {
@@ -150,7 +151,7 @@ async fn serve(
             }
         };
         watch = slot;
-        if let Some(mirror) = proxy.mirror.as_ref().filter(|_| read)
+        if let Some(mirror) = cached
             && let Some(resp) = mirrored::serve(
                 &app.api,
                 proxy,

@@ -44,7 +44,7 @@ use svc_storage::{FeedItem, Revision};
 use tokio::sync::oneshot;
 
 use super::informer::{
-    Bookmark, Line, Taken, collection_path, flush, lines, namespaced_path, parse_rv, take_line,
+    Bookmark, Line, Taken, collection_path, flush, get, lines, namespaced_path, parse_rv, take_line,
 };
 use crate::base::deadline::Deadline as _;
 use crate::outbound::upstream::Upstream;
@@ -382,43 +382,17 @@ async fn upstream_object(
     );
     let body = probe(upstream, &url).await?;
     let mut found = None;
-    // What the upstream sent that it should not have: it cannot give the proof. An error
-    // event (kube-apiserver's own cache not fresh in time) or a broken stream is the
-    // upstream being busy.
-    let mut refused = false;
+    // Why a line ended the read; a broken stream (none) is the upstream being busy.
+    let mut why = None;
     let newest = lines(body, |line| {
-        if line.iter().all(u8::is_ascii_whitespace) {
-            return Ok(None);
-        }
-        refused = true;
-        let l: Line<'_> = serde_json::from_slice(line).map_err(|e| e.to_string())?;
-        let r = match &*l.ty {
-            "ADDED" => {
-                let head: ObjectHead<'_> =
-                    serde_json::from_str(l.object.get()).map_err(|e| e.to_string())?;
-                found = Some(parse_rv(&head.metadata.resource_version)?);
-                Ok(None)
-            }
-            "BOOKMARK" => Bookmark::initial_events_end(l.object.get().as_bytes()),
-            "ERROR" => {
-                refused = false;
-                Err(format!("the upstream's error: {}", l.object.get()))
-            }
-            other => Err(format!("{other} before the initial events ended")),
-        };
-        if r.is_ok() {
-            refused = false;
-        }
-        r
+        initial_event(line, &mut found).map_err(|e| {
+            let message = e.to_string();
+            why = Some(e);
+            message
+        })
     })
     .await
-    .map_err(|e| {
-        if refused {
-            Unproven::Refused(e)
-        } else {
-            Unproven::Busy(e)
-        }
-    })?
+    .map_err(|e| why.take().unwrap_or(Unproven::Busy(e)))?
     .ok_or_else(|| {
         // An upstream that ignores `sendInitialEvents` ends it so.
         Unproven::Refused("the streaming list ended without its initial-events-end bookmark".into())
@@ -426,15 +400,39 @@ async fn upstream_object(
     Ok((found, newest))
 }
 
+/// One line of a streaming list of one object: the object's resourceVersion kept in
+/// `found`, or the revision of the bookmark that ends the initial events. An error event
+/// (kube-apiserver's own cache not fresh in time) is the upstream being busy; anything else
+/// it should not have sent, that it cannot give the proof.
+fn initial_event(line: &[u8], found: &mut Option<Revision>) -> Result<Option<Revision>, Unproven> {
+    if line.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    let l: Line<'_> = serde_json::from_slice(line).map_err(|e| Unproven::Refused(e.to_string()))?;
+    match &*l.ty {
+        "ADDED" => {
+            let head: ObjectHead<'_> = serde_json::from_str(l.object.get())
+                .map_err(|e| Unproven::Refused(e.to_string()))?;
+            *found = Some(parse_rv(&head.metadata.resource_version).map_err(Unproven::Refused)?);
+            Ok(None)
+        }
+        "BOOKMARK" => {
+            Bookmark::initial_events_end(l.object.get().as_bytes()).map_err(Unproven::Refused)
+        }
+        "ERROR" => Err(Unproven::Busy(format!(
+            "the upstream's error: {}",
+            l.object.get()
+        ))),
+        other => Err(Unproven::Refused(format!(
+            "{other} before the initial events ended"
+        ))),
+    }
+}
+
 /// Opens a proof's upstream read: an answer that says the upstream is overloaded (429, 503,
 /// 504), or none at all, is [`Unproven::Busy`]; another refusal is [`Unproven::Refused`].
 async fn probe(upstream: &Upstream, url: &str) -> Result<hyper::body::Incoming, Unproven> {
-    let request = http::Request::get(url)
-        .header(http::header::ACCEPT, "application/json")
-        .body(crate::outbound::client::buffered(bytes::Bytes::new()))
-        .map_err(|e| Unproven::Refused(e.to_string()))?;
-    let response = upstream
-        .send(request)
+    let response = get(upstream, url)
         .await
         .map_err(|e| Unproven::Busy(e.to_string()))?;
     let status = response.status();

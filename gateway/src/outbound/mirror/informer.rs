@@ -345,15 +345,23 @@ async fn watchable_from(upstream: &Upstream, info: &'static ResourceInfo, at: Re
 /// Opens `url` (a watch, for its lines) as the proxy, in JSON: an error unless the upstream
 /// answers 2xx.
 pub(super) async fn open(upstream: &Upstream, url: &str) -> Result<hyper::body::Incoming, String> {
-    let request = http::Request::get(url)
-        .header(http::header::ACCEPT, "application/json")
-        .body(client::buffered(Bytes::new()))
-        .map_err(|e| e.to_string())?;
-    let response = upstream.send(request).await.map_err(|e| e.to_string())?;
+    let response = get(upstream, url).await.map_err(|e| e.to_string())?;
     if !response.status().is_success() {
         return Err(format!("{url} answered {}", response.status()));
     }
     Ok(response.into_body())
+}
+
+/// GETs `url` as the proxy, in JSON: the upstream's answer whatever its status.
+pub(super) async fn get(
+    upstream: &Upstream,
+    url: &str,
+) -> Result<http::Response<hyper::body::Incoming>, client::ClientError> {
+    let request = http::Request::get(url)
+        .header(http::header::ACCEPT, "application/json")
+        .body(client::buffered(Bytes::new()))
+        .map_err(|e| client::ClientError::Config(e.to_string()))?;
+    upstream.send(request).await
 }
 
 /// How long a streaming list may take to send the initial state.
