@@ -347,6 +347,21 @@ async fn open_stream(client: &Client) -> (Conn, Response<Incoming>) {
     (conn, resp)
 }
 
+/// `/echo` through the proxy with the token the upstream accepts: what reached the upstream.
+async fn echo_with_good_token(c: &Client) -> Value {
+    let bearer = format!("Bearer {GOOD_TOKEN}");
+    let r = c
+        .request(
+            Method::GET,
+            "/echo",
+            "",
+            &[("authorization", bearer.as_str())],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    r.json()
+}
+
 fn header<'a>(echo: &'a Value, name: &str) -> Vec<&'a str> {
     echo["headers"][name]
         .as_array()
@@ -513,18 +528,8 @@ async fn tokens_are_reviewed_upstream_and_the_answers_kept() {
     let up = start_upstream().await;
     let proxy = Proxy::start(up.addr, |_| {}).await.unwrap();
     let c = proxy.client(None, false);
-    let bearer = format!("Bearer {GOOD_TOKEN}");
     for _ in 0..3 {
-        let r = c
-            .request(
-                Method::GET,
-                "/echo",
-                "",
-                &[("authorization", bearer.as_str())],
-            )
-            .await;
-        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
-        let echo = r.json();
+        let echo = echo_with_good_token(&c).await;
         assert_eq!(
             header(&echo, "impersonate-user"),
             ["system:serviceaccount:ns:robot"]
@@ -1077,19 +1082,10 @@ async fn short_requests_are_spread_over_connections_apart_from_the_proxys_own_ca
         .await
         .unwrap();
     let c = proxy.client(None, false);
-    let bearer = format!("Bearer {GOOD_TOKEN}");
     let mut peers = BTreeMap::<String, usize>::new();
     for _ in 0..6 {
-        let r = c
-            .request(
-                Method::GET,
-                "/echo",
-                "",
-                &[("authorization", bearer.as_str())],
-            )
-            .await;
-        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
-        let peer = r.json()["peer"].as_str().unwrap().to_string();
+        let echo = echo_with_good_token(&c).await;
+        let peer = echo["peer"].as_str().unwrap().to_string();
         *peers.entry(peer).or_default() += 1;
     }
     assert_eq!(peers.len(), 3, "{peers:?}");
@@ -1175,18 +1171,8 @@ async fn a_certificate_of_another_ca_is_no_credential_and_no_dropped_connection(
         let r = mallory.request(Method::GET, "/echo", "", &[]).await;
         assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{}", r.text());
         assert_eq!(r.json()["kind"], "Status");
-        let bearer = format!("Bearer {GOOD_TOKEN}");
-        let r = mallory
-            .request(
-                Method::GET,
-                "/echo",
-                "",
-                &[("authorization", bearer.as_str())],
-            )
-            .await;
-        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
         assert_eq!(
-            header(&r.json(), "impersonate-user"),
+            header(&echo_with_good_token(&mallory).await, "impersonate-user"),
             ["system:serviceaccount:ns:robot"]
         );
     }

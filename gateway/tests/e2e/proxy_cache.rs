@@ -725,20 +725,9 @@ async fn a_proof_whose_short_watch_brought_no_bookmark_tries_again() {
     }
     // The upstream offers no streaming list of everything (a 400): served from the cache or
     // failed.
-    let mut watch = alice
-        .watch(
-            "/api/v1/namespaces/ns/configmaps?watch=1&sendInitialEvents=true\
-             &resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true",
-        )
-        .await;
-    let mut got = Vec::new();
-    loop {
-        let ev = watch.next_within(Duration::from_secs(10)).await.unwrap();
-        if ev["type"] == "BOOKMARK" {
-            break;
-        }
-        got.push(summary(&ev));
-    }
+    let got = start_from_the_newest_state(&alice)
+        .await
+        .unwrap_or_else(|r| panic!("{} {}", r.status, r.text()));
     assert!(
         got.contains(&("ADDED".into(), "c".into(), "3".into())),
         "{got:?}"
