@@ -2,7 +2,8 @@
 // (interop/cluster.sh: kube-controller-manager, kube-scheduler, hollow kubelets and hollow
 // kube-proxies from kubemark, each with its own identity), pointed at kube-apiserver directly or
 // at svc-gateway proxies in front of it, and times what the components do: a Deployment whose
-// pods mount a ConfigMap and a Secret started, rolled, scaled down and deleted.
+// pods mount a ConfigMap and a Secret started, rolled, scaled down and deleted, and beside
+// it pods created one by one at a steady rate, for the pod startup SLO.
 //
 // The environment interop/run.sh (or a user) sets:
 //
@@ -10,6 +11,9 @@
 //	CLUSTER_MODE         direct or proxy, for the report
 //	CLUSTER_NODES        how many hollow nodes are Ready (default 3)
 //	CLUSTER_PODS         the Deployment's replicas (default 10 per node)
+//	CLUSTER_LATENCY_PODS pods created one by one while the Deployment runs, for the pod
+//	                     startup SLO (default a tenth of CLUSTER_PODS, 10 to 100)
+//	CLUSTER_LATENCY_QPS  how many of them a second (default 5)
 //	CLUSTER_UPSTREAM_KUBECONFIG  the admin's kubeconfig for kube-apiserver itself: its
 //	                     /metrics are read before and after the workload (CPU seconds,
 //	                     resident memory, watches open)
@@ -74,8 +78,9 @@ func client(t *testing.T) kubernetes.Interface {
 	return c
 }
 
-// startups records, for each pod of a namespace, when a watcher saw it first and when it saw
-// it Running: the pod startup latency as clusterloader2 measures it.
+// startups records, for each pod of a namespace that a label selector picks, when a watcher
+// saw it first and when it saw it Running: the pod startup latency as clusterloader2 measures
+// it.
 type startups struct {
 	mu      sync.Mutex
 	added   map[types.UID]time.Time
@@ -87,17 +92,18 @@ type startups struct {
 	node map[types.UID]string
 }
 
-func watchStartups(ctx context.Context, t *testing.T, c kubernetes.Interface, ns string) *startups {
+func watchStartups(ctx context.Context, t *testing.T, c kubernetes.Interface, ns, selector string) *startups {
 	t.Helper()
 	s := &startups{added: map[types.UID]time.Time{}, running: map[types.UID]time.Duration{},
 		bound: map[types.UID]time.Duration{}, node: map[types.UID]string{}}
-	list, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	list, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Resumed from the last version seen whenever the server ends the watch.
 	w, err := watchtools.NewRetryWatcherWithContext(ctx, list.ResourceVersion, &cache.ListWatch{
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = selector
 			return c.CoreV1().Pods(ns).Watch(ctx, o)
 		},
 	})
@@ -371,7 +377,7 @@ func TestWorkload(t *testing.T) {
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	starts := watchStartups(ctx, t, c, ns)
+	starts := watchStartups(ctx, t, c, ns, "app=web")
 
 	replicas := int32(pods)
 	dep := deployment(replicas)
@@ -402,6 +408,17 @@ func TestWorkload(t *testing.T) {
 		}
 		return n == pods, nil
 	})
+
+	// The pod startup SLO, measured as clusterloader2's density test does: apart from the
+	// burst above, whose startups are the scheduler's throughput (its QPS over thousands of
+	// pods), pods created one by one at a steady rate while the Deployment runs.
+	latency := latencyPods(ctx, t, c, ns, envInt("CLUSTER_LATENCY_PODS", min(100, max(10, pods/10))),
+		envInt("CLUSTER_LATENCY_QPS", 5), limit(2*time.Minute))
+	l50, l99 := latency.quantiles()
+	lb, lr := latency.parts()
+	t.Logf("cluster: mode=%s latency_pods=%d startup_p50=%v startup_p99=%v to_bound_p99=%v bound_to_running_p99=%v slowest: %s",
+		mode, latency.count(), l50.Round(time.Millisecond), l99.Round(time.Millisecond), lb[1].Round(time.Millisecond),
+		lr[1].Round(time.Millisecond), strings.Join(latency.slowest(4), ", "))
 
 	// A rolling update: the controller manager waits for its informers to see its own writes,
 	// so a slow watch shows here.
@@ -472,6 +489,38 @@ func TestWorkload(t *testing.T) {
 	if p99 > 5*time.Second {
 		t.Errorf("pod startup p99 %v, over 5 s", p99)
 	}
+	if l99 > 5*time.Second {
+		t.Errorf("latency pods' startup p99 %v, over 5 s", l99)
+	}
+}
+
+// latencyPods creates n pods named lat-I (labelled app=lat, so neither the Deployment nor
+// its Service picks them) at qps a second, each mounting the namespace's ConfigMap and
+// Secret as the Deployment's do, waits until a watcher has seen every one Running, deletes
+// them, and returns their startups.
+func latencyPods(ctx context.Context, t *testing.T, c kubernetes.Interface, ns string, n, qps int, limit time.Duration) *startups {
+	t.Helper()
+	starts := watchStartups(ctx, t, c, ns, "app=lat")
+	pod := deployment(1).Spec.Template
+	pod.Labels = map[string]string{"app": "lat"}
+	tick := time.NewTicker(time.Second / time.Duration(qps))
+	defer tick.Stop()
+	for i := range n {
+		<-tick.C
+		p := &corev1.Pod{ObjectMeta: pod.ObjectMeta, Spec: pod.Spec}
+		p.Name = fmt.Sprintf("lat-%d", i)
+		if _, err := c.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	until(ctx, t, limit, "every latency pod seen Running by a watcher", func() (bool, error) {
+		return starts.count() >= n, nil
+	})
+	if err := c.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{},
+		metav1.ListOptions{LabelSelector: "app=lat"}); err != nil {
+		t.Fatal(err)
+	}
+	return starts
 }
 
 // workloadNamespace creates a namespace named after prefix (deleted when the test ends), waits
