@@ -4,10 +4,10 @@
 //! connections.
 
 pub mod api;
+pub mod cached;
 pub mod discovery;
 pub mod health;
 pub mod limits;
-pub mod mirrored;
 pub mod negotiate;
 pub mod openapi;
 pub mod openapi_v2;

@@ -4,6 +4,7 @@
 
 pub mod admission;
 pub mod caches;
+pub mod delegate;
 pub mod errors;
 pub mod list;
 pub mod read;

@@ -70,7 +70,7 @@ pub async fn serve(
 pub async fn serve_proxied(
     app: &Api,
     upstream: &Upstream,
-    mirror: Option<&crate::outbound::mirror::Mirror>,
+    caches: Option<&crate::registry::caches::upstream::UpstreamCaches>,
     endpoint: &str,
     check: Option<&str>,
     query: &Query,
@@ -79,7 +79,7 @@ pub async fn serve_proxied(
         vec![("ping".into(), Ok(())), ("log".into(), Ok(()))];
     if endpoint == "readyz" {
         checks.push(("upstream".into(), upstream.ready().await));
-        if let Some(m) = mirror {
+        if let Some(m) = caches {
             checks.push(("proxy-caches-synced".into(), m.synced()));
         }
         let shutting_down = app.shutting_down.load(Ordering::Acquire);

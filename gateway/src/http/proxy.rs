@@ -46,8 +46,8 @@ pub struct Proxy {
     pub upstream: Upstream,
     pub tokens: TokenReviewer,
     pub reviews: AccessReviewer,
-    /// The caches lists and watches are served from (`http/mirrored.rs`).
-    pub mirror: Option<std::sync::Arc<crate::outbound::mirror::Mirror>>,
+    /// The caches lists and watches are served from (`http/cached.rs`).
+    pub caches: Option<std::sync::Arc<crate::registry::caches::upstream::UpstreamCaches>>,
     /// `--upstream-caller-tokens`: a caller's bearer token is its credential upstream.
     pub caller_tokens: bool,
     /// The headers a front proxy names its caller in.
@@ -70,7 +70,7 @@ impl Proxy {
             tokens: TokenReviewer::new(upstream.clone()),
             reviews: AccessReviewer::new(upstream.clone()),
             upstream,
-            mirror: None,
+            caches: None,
             caller_tokens: false,
             request_headers: Default::default(),
             long_running: Bound::new(&LONG_RUNNING, 100, 10_000),

@@ -9,6 +9,9 @@
 //! bounds the others); the proxy's own calls (TokenReview, SubjectAccessReview, readiness) are
 //! bounded in time and size.
 
+pub mod discovery;
+pub mod watch;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,26 +1,29 @@
-//! One watch cache per served type, each filled by an ingest task from the store's change
-//! feed; every list and watch is served from these.
+//! The watch caches and what fills them. Standalone mode holds one cache per served type
+//! ([`Caches`]), each filled from the store's change feed ([`StoreSource`]); proxy mode holds
+//! one per resource the upstream offers (`upstream.rs`), each filled from the upstream's
+//! list+watch. Both run the one fill loop of `reflector.rs`, and every list and watch is
+//! served from these.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt;
 use prometheus_client::collector::Collector;
 use svc_core::ResourceInfo;
 use svc_core::registry::{self, Kind, KindVisitor};
 use svc_core::watch::{KindCodec, WakeGate, WatchCache, WatchCacheConfig};
-use svc_storage::Store;
+use svc_storage::{FeedItem, FeedStream, KeyRange, Revision, Store, StoreError};
 use tokio::sync::watch;
 
 use crate::base::threads::Threads;
 
 pub mod freshness;
+pub mod reflector;
+pub mod upstream;
 
-/// How often an idle cache drops history and snapshots that aged out.
-const PRUNE_INTERVAL: Duration = Duration::from_secs(1);
-/// Back-off before relisting after the feed failed.
-const RELIST_BACKOFF: Duration = Duration::from_millis(500);
+use reflector::{Feed, FillStatus, Gap, Listed, Source};
+
 /// Watch tasks woken at once by the caches' wake gate; the rest of a fan-out round is woken
 /// a slice at a time by the pacer task, so a write's handler or an ingest task woken
 /// meanwhile waits behind at most this many watch tasks (BENCHMARKS.md, "HTTP/1.1 fan-out
@@ -100,7 +103,18 @@ impl Caches {
         let here = tokio::runtime::Handle::current();
         let on = thread.map_or(&here, Threads::handle);
         for cache in &self.caches {
-            on.spawn(ingest(store.clone(), cache.clone(), stop.clone()));
+            let source = StoreSource {
+                store: store.clone(),
+                range: cache.key_range(None),
+            };
+            let status = Arc::new(FillStatus::default());
+            on.spawn(reflector::run(
+                source,
+                cache.clone(),
+                status,
+                None,
+                stop.clone(),
+            ));
         }
         tokio::spawn(pace(self.gate.clone(), stop.clone()));
         let caches: Vec<WatchCache> = self.caches.clone();
@@ -132,58 +146,43 @@ pub async fn pace(gate: Arc<WakeGate>, mut stop: watch::Receiver<bool>) {
     }
 }
 
-/// Fills one cache: list, then follow the feed from the list's revision; on any feed error
-/// (compacted history, store trouble) list again, which also ends lagging watchers cleanly.
-async fn ingest(store: Arc<dyn Store>, cache: WatchCache, mut stop: watch::Receiver<bool>) {
-    let kind = cache.codec().info.plural;
-    let range = cache.key_range(None);
-    loop {
-        let listed = tokio::select! {
-            r = store.range(range.clone(), None, 0) => r,
-            _ = crate::base::lifecycle::until_set(&mut stop) => return,
-        };
-        let listed = match listed {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::warn!(kind, error = %e, "watch cache: listing failed; retrying");
-                tokio::time::sleep(RELIST_BACKOFF).await;
-                continue;
-            }
-        };
-        let report = cache.replace(&listed.kvs, listed.revision, Instant::now());
-        if report.error_count > 0 {
-            tracing::error!(kind, errors = report.error_count, first = ?report.errors.first(), "watch cache: undecodable objects left out");
+/// One type's part of the store: its key range, listed and watched.
+pub struct StoreSource {
+    store: Arc<dyn Store>,
+    range: KeyRange,
+}
+
+impl Source for StoreSource {
+    type Feed = FeedStream;
+    /// A store that failed is retried soon: its watchers wait on it.
+    const BACKOFF: (Duration, Duration) = (Duration::from_millis(250), Duration::from_secs(2));
+
+    async fn list(&mut self) -> Result<Listed, String> {
+        let listed = self
+            .store
+            .range(self.range.clone(), None, 0)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(Listed {
+            kvs: listed.kvs,
+            revision: listed.revision,
+            resumed: false,
+        })
+    }
+
+    async fn follow(&mut self, from: Revision) -> Result<FeedStream, Gap> {
+        Ok(self.store.watch(self.range.clone(), from))
+    }
+}
+
+impl Feed for FeedStream {
+    async fn next(&mut self) -> Result<FeedItem, Gap> {
+        match StreamExt::next(self).await {
+            Some(Ok(item)) => Ok(item),
+            Some(Err(StoreError::Compacted { .. })) => Err(Gap::Expired),
+            Some(Err(StoreError::Closed)) | None => Err(Gap::Shut),
+            Some(Err(e)) => Err(Gap::Failed(e.to_string())),
         }
-        tracing::debug!(
-            kind,
-            revision = listed.revision,
-            objects = listed.kvs.len(),
-            "watch cache synced"
-        );
-        let mut feed = store.watch(range.clone(), listed.revision);
-        let mut prune = tokio::time::interval(PRUNE_INTERVAL);
-        loop {
-            tokio::select! {
-                item = feed.next() => match item {
-                    Some(Ok(item)) => {
-                        let report = cache.apply(item, Instant::now());
-                        if report.error_count > 0 {
-                            tracing::error!(kind, errors = report.error_count, first = ?report.errors.first(), "watch cache: undecodable objects left out");
-                        }
-                    }
-                    Some(Err(e)) => {
-                        tracing::warn!(kind, error = %e, "watch cache: feed failed; relisting");
-                        break;
-                    }
-                    None => return,
-                },
-                _ = prune.tick() => {
-                    cache.prune(Instant::now());
-                }
-                _ = crate::base::lifecycle::until_set(&mut stop) => return,
-            }
-        }
-        tokio::time::sleep(RELIST_BACKOFF).await;
     }
 }
 
@@ -191,6 +190,7 @@ async fn ingest(store: Arc<dyn Store>, cache: WatchCache, mut stop: watch::Recei
 mod tests {
     use super::*;
     use bytes::Bytes;
+    use std::time::Instant;
     use svc_storage::embedded::{EmbeddedConfig, EmbeddedStore};
 
     /// The ingest tasks run on their thread of their own: the caches follow the store while
@@ -230,5 +230,49 @@ mod tests {
             );
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// The store as a source: everything, then the changes after a revision; a feed from
+    /// before the store's compaction is a gap (the fill loop lists again and resyncs), and a
+    /// closed store ends the loop.
+    #[tokio::test]
+    async fn the_store_as_a_source_lists_follows_and_reports_its_gaps() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path(), EmbeddedConfig::default()).unwrap();
+        let key = |n: &str| Bytes::from(format!("/registry/serviceaccounts/default/{n}"));
+        let sa = |n: &str| {
+            Bytes::from(format!(
+                r#"{{"apiVersion":"v1","kind":"ServiceAccount","metadata":{{"name":"{n}","namespace":"default"}}}}"#
+            ))
+        };
+        let a = store.create(key("a"), sa("a")).await.unwrap();
+        let mut source = StoreSource {
+            store: store.clone(),
+            range: KeyRange::prefix(Bytes::from_static(b"/registry/serviceaccounts/")),
+        };
+        let listed = source.list().await.unwrap();
+        assert_eq!((listed.kvs.len(), listed.revision), (1, a.mod_revision));
+        assert!(!listed.resumed);
+        let b = store.create(key("b"), sa("b")).await.unwrap();
+        let mut feed = source.follow(listed.revision).await.unwrap();
+        match tokio::time::timeout(Duration::from_secs(5), Feed::next(&mut feed))
+            .await
+            .unwrap()
+        {
+            Ok(FeedItem::Events(events)) => {
+                assert_eq!(events.len(), 1);
+                assert_eq!(events[0].kv.mod_revision, b.mod_revision);
+            }
+            other => panic!("the write after the list, not {other:?}"),
+        }
+        // History before b compacted away: a feed from before it is a gap.
+        store.compact(b.mod_revision).await.unwrap();
+        let mut old = source.follow(a.mod_revision - 1).await.unwrap();
+        assert!(matches!(
+            tokio::time::timeout(Duration::from_secs(5), Feed::next(&mut old))
+                .await
+                .unwrap(),
+            Err(Gap::Expired)
+        ));
     }
 }

@@ -28,13 +28,39 @@ pub struct WatchFrom<'a> {
 /// Whether a watch starts with the current state as events, as Kubernetes decides it:
 /// `sendInitialEvents` where given; otherwise for a watch from no version (the state now,
 /// "get state and start at most recent") or from "0" (any state), and not from a version.
-/// Both modes start watches by it (the proxy's cached watches in `http/mirrored.rs`).
 pub fn initial_events(resource_version: Option<&str>, send_initial_events: Option<bool>) -> bool {
     match (resource_version, send_initial_events) {
         (_, Some(v)) => v,
         (None | Some("0"), None) => true,
         (Some(_), None) => false,
     }
+}
+
+/// Where a watch starts, in both modes, once its cache is where the rules want it: caught up
+/// with its source for an unset version, at any recent point for "0", at or past `v` for a
+/// version `v` (or, `ahead`, behind `v` where the caller knows the source has passed it:
+/// proxy mode, whose caches each follow their own upstream watch). An explicit
+/// `sendInitialEvents=true` with bookmarks ends the initial events with the
+/// `initial-events-end` bookmark; so does any initial listing from a given revision.
+pub fn watch_start(
+    resource_version: Option<&str>,
+    send_initial_events: Option<bool>,
+    bookmarks: bool,
+    ahead: bool,
+) -> Result<WatchStart, ApiError> {
+    let initial = initial_events(resource_version, send_initial_events);
+    let asked_end = bookmarks && send_initial_events == Some(true);
+    Ok(match resource_version {
+        None | Some("0") if initial => WatchStart::InitialEvents {
+            end_bookmark: asked_end,
+        },
+        None | Some("0") => WatchStart::Now,
+        Some(_) if initial => WatchStart::InitialEvents {
+            end_bookmark: bookmarks,
+        },
+        Some(v) if ahead => WatchStart::Ahead(parse_resource_version(v)?),
+        Some(v) => WatchStart::After(parse_resource_version(v)?),
+    })
 }
 
 /// Starts a watch of `T`. The outer error is the request's (a bad resourceVersion, a cache
@@ -46,37 +72,12 @@ pub async fn start<T: Kind>(
 ) -> Result<Result<Watcher, ApiError>, ApiError> {
     let cache = registry.caches.get(T::INFO);
     let rv = from.resource_version;
-    let initial = initial_events(rv, from.send_initial_events);
-    // An explicit `sendInitialEvents=true` with bookmarks ends the initial events with the
-    // `initial-events-end` bookmark; so does any initial listing from a given revision.
-    let asked_end = from.bookmarks && from.send_initial_events == Some(true);
-    let start = match rv {
-        None => {
-            wait_for_consistent(registry.store.as_ref(), cache).await?;
-            if initial {
-                WatchStart::InitialEvents {
-                    end_bookmark: asked_end,
-                }
-            } else {
-                WatchStart::Now
-            }
-        }
-        Some("0") if initial => WatchStart::InitialEvents {
-            end_bookmark: asked_end,
-        },
-        Some("0") => WatchStart::Now,
-        Some(v) => {
-            let v = parse_resource_version(v)?;
-            wait_for_cache(cache, v).await?;
-            if initial {
-                WatchStart::InitialEvents {
-                    end_bookmark: from.bookmarks,
-                }
-            } else {
-                WatchStart::After(v)
-            }
-        }
-    };
+    match rv {
+        None => wait_for_consistent(registry.store.as_ref(), cache).await?,
+        Some("0") => {}
+        Some(v) => wait_for_cache(cache, parse_resource_version(v)?).await?,
+    }
+    let start = watch_start(rv, from.send_initial_events, from.bookmarks, false)?;
     let req = WatchRequest {
         namespace: from.namespace,
         selector: from.selector,

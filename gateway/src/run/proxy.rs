@@ -17,11 +17,11 @@ use tokio_rustls::TlsAcceptor;
 use crate::base::flags::Options;
 use crate::http::proxy::Proxy;
 use crate::outbound::egress::Egress;
-use crate::outbound::mirror::Mirror;
-use crate::outbound::mirror::discovery::ResourceFilter;
-use crate::outbound::mirror::resume::ResumePoints;
 use crate::outbound::pki::{self, PkiOptions};
 use crate::outbound::upstream::Upstream;
+use crate::outbound::upstream::discovery::ResourceFilter;
+use crate::registry::caches::upstream::UpstreamCaches;
+use crate::registry::caches::upstream::resume::ResumePoints;
 use crate::run::{ServerHandle, Signals};
 use crate::serve::app::{Parts, ServerState};
 use crate::serve::server::{Tls, accept_loop};
@@ -82,7 +82,7 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
         egress,
     };
     let filter = ResourceFilter::parse(&opts.cache_resources).map_err(anyhow::Error::msg)?;
-    let mirror = Arc::new(Mirror::new(
+    let caches = Arc::new(UpstreamCaches::new(
         caches_upstream,
         filter,
         opts.watch_cache_config(),
@@ -100,7 +100,7 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
     ));
     let mut state = ServerState::new(opts.clone(), Arc::new(NoStore), parts)?;
     let mut proxy = Proxy::new(upstream.clone());
-    proxy.mirror = Some(mirror.clone());
+    proxy.caches = Some(caches.clone());
     proxy.caller_tokens = opts.upstream_caller_tokens;
     {
         use crate::http::proxy::bounds::{Bound, LONG_RUNNING, SHORT};
@@ -131,11 +131,11 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
             signals.accept_loop(),
         )),
         tokio::spawn(crate::registry::caches::pace(
-            mirror.gate().clone(),
+            caches.gate().clone(),
             signals.watches(),
         )),
-        tokio::spawn(mirror.clone().keep_resume_points(signals.watches())),
-        tokio::spawn(mirror.run(signals.watches())),
+        tokio::spawn(caches.clone().keep_resume_points(signals.watches())),
+        tokio::spawn(caches.run(signals.watches())),
     ];
     tracing::info!(%addr, upstream = %upstream.url(), "serving as a proxy");
     Ok(ServerHandle {

@@ -1,6 +1,6 @@
 //! SubjectAccessReviews asked of the upstream in proxy mode (`authorization.k8s.io/v1`, sent
 //! under the proxy's own credential): may this caller do this? Used for a caller's own
-//! impersonation (`impersonation.rs`), cached reads (`http/mirrored.rs`) and the proxy's own
+//! impersonation (`impersonation.rs`), cached reads (`http/cached.rs`) and the proxy's own
 //! `/metrics`. Grants are kept for [`TTL`] (10 s) in a bounded cache keyed by the whole
 //! review, so the upstream's RBAC decides and a grant taken away takes effect within 10 s.
 //! A refusal is not kept: a grant may come within milliseconds (the Node authorizer grants a

@@ -21,8 +21,8 @@ use hyper::body::Frame;
 use crate::base::query::Query;
 use crate::base::router::{self, Route};
 use crate::base::verb::Verb;
+use crate::http::cached;
 use crate::http::health;
-use crate::http::mirrored;
 use crate::http::proxy::{self, Proxy};
 use crate::http::respond::{self, Body};
 use crate::observe::metrics;
@@ -110,7 +110,7 @@ async fn serve(
             return health::serve_proxied(
                 &app.api,
                 &proxy.upstream,
-                proxy.mirror.as_deref(),
+                proxy.caches.as_deref(),
                 endpoint,
                 check.as_deref(),
                 query,
@@ -123,7 +123,7 @@ async fn serve(
                 Ok(()) => respond::bytes_response(
                     StatusCode::OK,
                     metrics::CONTENT_TYPE,
-                    with_mirror_metrics(app.api.metrics.encode(), proxy),
+                    with_proxy_metrics(app.api.metrics.encode(), proxy),
                 ),
                 Err(e) => respond::error(&e),
             };
@@ -134,7 +134,7 @@ async fn serve(
     // for what its caches may answer) is admitted under its in-flight limits. What it passes
     // upstream takes no seat: the upstream has its own limits and priorities
     // (`http/proxy/bounds.rs`).
-    let cached = proxy.mirror.as_ref().filter(|_| read);
+    let cached = proxy.caches.as_ref().filter(|_| read);
     let mut watch = None;
     let mut older = None;
     if verb == Verb::Watch || cached.is_some() {
@@ -151,11 +151,11 @@ async fn serve(
             }
         };
         watch = slot;
-        if let Some(mirror) = cached
-            && let Some(resp) = mirrored::serve(
+        if let Some(caches) = cached
+            && let Some(resp) = cached::serve(
                 &app.api,
                 proxy,
-                mirror,
+                caches,
                 &user,
                 &path,
                 query,
@@ -228,9 +228,9 @@ impl hyper::body::Body for UntilStopped {
 
 /// The server's metrics with the caches' and the upstream bounds' series added before the
 /// OpenMetrics end marker.
-fn with_mirror_metrics(mut text: String, proxy: &Proxy) -> String {
+fn with_proxy_metrics(mut text: String, proxy: &Proxy) -> String {
     let mut extra = proxy
-        .mirror
+        .caches
         .as_ref()
         .map(|m| m.encode_metrics())
         .unwrap_or_default();

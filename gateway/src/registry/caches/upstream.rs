@@ -1,15 +1,15 @@
 //! Proxy mode's caches of the upstream (`--upstream-kubeconfig`): the resources upstream
-//! discovery offers (`mirror/discovery.rs`), chosen by `--cache-resources`, each held in a
-//! watch cache filled by its own upstream list+watch (`mirror/informer.rs`). Discovery is read
+//! discovery offers (`outbound/upstream/discovery.rs`), chosen by `--cache-resources`, each
+//! held in a watch cache filled by the fill loop of `reflector.rs` from its own upstream
+//! list+watch (`upstream/source.rs`). Discovery is read
 //! again every [`REDISCOVER`], and at once when a CustomResourceDefinition changes, so a CRD
 //! created, changed or deleted upstream is picked up at run time: a resource that appears
 //! gets its informer, one that goes away is dropped with its watchers, and every other
 //! resource's cache and watchers go on untouched.
 
-pub mod discovery;
 pub mod fresh;
-pub mod informer;
 pub mod resume;
+pub mod source;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -22,10 +22,11 @@ use svc_core::ResourceInfo;
 use svc_core::watch::{WakeGate, WatchCache, WatchCacheConfig, unstructured};
 use tokio::sync::{Notify, watch};
 
+use crate::outbound::upstream::discovery::{self, Discovered, ResourceFilter};
 use crate::outbound::upstream::{CALL_TIMEOUT, Upstream};
-use discovery::{Discovered, ResourceFilter};
-use fresh::Unproven;
-use informer::InformerStatus;
+use crate::registry::caches::reflector::{self, FillStatus};
+use fresh::{ProofCounts, Unproven};
+use source::UpstreamSource;
 
 /// How often upstream discovery is read again.
 pub const REDISCOVER: Duration = Duration::from_secs(30);
@@ -35,10 +36,12 @@ const WAKE_SLICE: usize = 64;
 const MAX_DISCOVERY_BYTES: usize = 64 << 20;
 
 /// One cached resource.
-pub struct Mirrored {
+pub struct UpstreamCache {
     pub info: &'static ResourceInfo,
     pub cache: WatchCache,
-    pub status: Arc<InformerStatus>,
+    pub status: Arc<FillStatus>,
+    /// Proofs of freshness asked for, and how they ended.
+    pub proofs: ProofCounts,
     /// Reads waiting for proof that the cache is as fresh as the upstream.
     pub freshness: fresh::Freshness,
     /// Consistent lists arriving, to tell a storm from a caller's occasional list.
@@ -46,7 +49,24 @@ pub struct Mirrored {
     stop: watch::Sender<bool>,
 }
 
-impl Drop for Mirrored {
+impl UpstreamCache {
+    /// The cache of `info`, and the stop signal of its fill loop, set when it is dropped.
+    pub fn new(info: &'static ResourceInfo, cache: WatchCache) -> (Self, watch::Receiver<bool>) {
+        let (stop, rx) = watch::channel(false);
+        let cached = UpstreamCache {
+            info,
+            cache,
+            status: Arc::new(FillStatus::default()),
+            proofs: ProofCounts::default(),
+            freshness: fresh::Freshness::default(),
+            storm: Storm::default(),
+            stop,
+        };
+        (cached, rx)
+    }
+}
+
+impl Drop for UpstreamCache {
     /// A resource no longer cached: its informer stops, and its watchers end with 410 (their
     /// next watch passes through, and the upstream answers it).
     fn drop(&mut self) {
@@ -87,27 +107,27 @@ type Series = (
     &'static str,
     &'static str,
     &'static str,
-    fn(&Mirrored) -> f64,
+    fn(&UpstreamCache) -> f64,
 );
 
 /// Every cached resource, by (group, resource).
-pub struct Mirror {
+pub struct UpstreamCaches {
     upstream: Upstream,
     filter: ResourceFilter,
     config: WatchCacheConfig,
     /// `--upstream-watch-idle-timeout`.
     idle: Duration,
     gate: Arc<WakeGate>,
-    resources: RwLock<HashMap<(String, String), Arc<Mirrored>>>,
+    resources: RwLock<HashMap<(String, String), Arc<UpstreamCache>>>,
     /// Set once discovery has been tried (read or failed).
     discovered: std::sync::atomic::AtomicBool,
     /// Woken by the CRD informer: read discovery now.
     rediscover: Arc<Notify>,
-    /// Where the caches were, kept for the next run (`mirror/resume.rs`).
+    /// Where the caches were, kept for the next run (`upstream/resume.rs`).
     resume: Option<resume::ResumePoints>,
 }
 
-impl Mirror {
+impl UpstreamCaches {
     /// `resume`: the points a previous run kept, and where to keep this run's (none: every
     /// cache starts from the newest state).
     pub fn new(
@@ -117,7 +137,7 @@ impl Mirror {
         idle: Duration,
         resume: Option<resume::ResumePoints>,
     ) -> Self {
-        Mirror {
+        UpstreamCaches {
             resume,
             upstream,
             filter,
@@ -134,13 +154,13 @@ impl Mirror {
         }
     }
 
-    /// The wake gate of every mirrored cache, for the pacer task.
+    /// The wake gate of every cache of the upstream, for the pacer task.
     pub fn gate(&self) -> &Arc<WakeGate> {
         &self.gate
     }
 
     /// The cached resource at (group, version, resource), if it is cached in that version.
-    pub fn get(&self, group: &str, version: &str, resource: &str) -> Option<Arc<Mirrored>> {
+    pub fn get(&self, group: &str, version: &str, resource: &str) -> Option<Arc<UpstreamCache>> {
         self.resources
             .read()
             .get(&(group.to_string(), resource.to_string()))
@@ -148,27 +168,27 @@ impl Mirror {
             .cloned()
     }
 
-    /// Waits until `m`'s cache is proven as fresh as the upstream is now (`mirror/fresh.rs`).
-    pub async fn prove_fresh(&self, m: &Mirrored) -> Result<(), Unproven> {
+    /// Waits until `m`'s cache is proven as fresh as the upstream is now (`upstream/fresh.rs`).
+    pub async fn prove_fresh(&self, m: &UpstreamCache) -> Result<(), Unproven> {
         let bookmarks = m.status.bookmarks.load(Ordering::Relaxed);
         let proven = m
             .freshness
             .prove(&self.upstream, m.info, &m.cache, bookmarks)
             .await;
-        count_proof(&m.status, &proven);
+        m.proofs.count(&proven);
         proven
     }
 
     /// Waits until `m`'s cache holds the object `namespace`/`name` as the upstream's newest
-    /// state has it (`mirror/fresh.rs` `prove_object`): the proof for a read of one object.
+    /// state has it (`upstream/fresh.rs` `prove_object`): the proof for a read of one object.
     pub async fn prove_object_fresh(
         &self,
-        m: &Mirrored,
+        m: &UpstreamCache,
         namespace: &str,
         name: &str,
     ) -> Result<(), Unproven> {
         let proven = fresh::prove_object(&self.upstream, m.info, &m.cache, namespace, name).await;
-        count_proof(&m.status, &proven);
+        m.proofs.count(&proven);
         proven
     }
 
@@ -226,7 +246,7 @@ impl Mirror {
         }
     }
 
-    /// Keeps the caches' resume points (`mirror/resume.rs`) every [`resume::EVERY`] until
+    /// Keeps the caches' resume points (`upstream/resume.rs`) every [`resume::EVERY`] until
     /// `stop` is set; nothing without them.
     pub async fn keep_resume_points(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         let Some(points) = &self.resume else {
@@ -295,40 +315,34 @@ impl Mirror {
                 self.config.clone(),
                 self.gate.clone(),
             );
-            let status = Arc::new(InformerStatus::default());
-            let (tx, rx) = watch::channel(false);
+            let (cached, rx) = UpstreamCache::new(info, cache);
             let is_crd =
                 info.group == "apiextensions.k8s.io" && info.plural == "customresourcedefinitions";
-            let task = informer::run(
-                self.upstream.clone(),
+            let source = UpstreamSource {
+                upstream: self.upstream.clone(),
                 info,
-                cache.clone(),
-                status.clone(),
-                merge_stop(rx, stop.clone()),
+                status: cached.status.clone(),
+                idle: self.idle,
+                resume_from: self.resume.as_ref().and_then(|r| r.take(&key)),
+                streaming: true,
+            };
+            let task = reflector::run(
+                source,
+                cached.cache.clone(),
+                cached.status.clone(),
                 is_crd.then(|| self.rediscover.clone()),
-                self.idle,
-                self.resume.as_ref().and_then(|r| r.take(&key)),
+                merge_stop(rx, stop.clone()),
             );
             tokio::spawn(task);
             tracing::info!(resource = %name_of(info), version = info.version, "caching");
-            resources.insert(
-                key,
-                Arc::new(Mirrored {
-                    info,
-                    cache,
-                    status,
-                    freshness: fresh::Freshness::default(),
-                    storm: Storm::default(),
-                    stop: tx,
-                }),
-            );
+            resources.insert(key, Arc::new(cached));
         }
     }
 
     /// The mirror's metrics in the Prometheus text format, one series per cached resource.
     pub fn encode_metrics(&self) -> String {
         let resources = self.resources.read();
-        let mut rows: Vec<&Arc<Mirrored>> = resources.values().collect();
+        let mut rows: Vec<&Arc<UpstreamCache>> = resources.values().collect();
         rows.sort_by_key(|m| (m.info.group, m.info.plural));
         let mut out = String::new();
         let metrics: [Series; 9] = [
@@ -366,19 +380,19 @@ impl Mirror {
                 "svc_proxy_freshness_proofs_total",
                 "counter",
                 "Proofs that a resource's cache is as fresh as the upstream, for reads from its newest state.",
-                |m| m.status.proofs.load(Ordering::Relaxed) as f64,
+                |m| m.proofs.asked.load(Ordering::Relaxed) as f64,
             ),
             (
                 "svc_proxy_freshness_proofs_failed_total",
                 "counter",
                 "Proofs of freshness the upstream could not give: their reads passed through to it.",
-                |m| m.status.proofs_failed.load(Ordering::Relaxed) as f64,
+                |m| m.proofs.refused.load(Ordering::Relaxed) as f64,
             ),
             (
                 "svc_proxy_freshness_proofs_busy_total",
                 "counter",
                 "Proofs of freshness the upstream was too busy to give in time: their reads were answered 429 to try again.",
-                |m| m.status.proofs_busy.load(Ordering::Relaxed) as f64,
+                |m| m.proofs.busy.load(Ordering::Relaxed) as f64,
             ),
             (
                 "svc_proxy_upstream_lists_total",
@@ -403,17 +417,6 @@ impl Mirror {
         }
         out
     }
-}
-
-/// Counts a proof of freshness and how it ended.
-fn count_proof(status: &InformerStatus, outcome: &Result<(), Unproven>) {
-    status.proofs.fetch_add(1, Ordering::Relaxed);
-    let failed = match outcome {
-        Ok(()) => return,
-        Err(Unproven::Refused(_)) => &status.proofs_failed,
-        Err(Unproven::Busy(_)) => &status.proofs_busy,
-    };
-    failed.fetch_add(1, Ordering::Relaxed);
 }
 
 fn name_of(info: &ResourceInfo) -> String {

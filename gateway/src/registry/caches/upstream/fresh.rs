@@ -35,6 +35,7 @@
 //! wait on them, so one read giving up never leaves the others without a step.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -43,11 +44,12 @@ use svc_core::watch::WatchCache;
 use svc_storage::{FeedItem, Revision};
 use tokio::sync::oneshot;
 
-use super::informer::{
-    Bookmark, Line, Taken, collection_path, flush, get, lines, namespaced_path, parse_rv, take_line,
-};
 use crate::base::deadline::Deadline as _;
 use crate::outbound::upstream::Upstream;
+use crate::outbound::upstream::watch::{
+    Bookmark, Line, NotOpened, Taken, WatchBody, collection_path, lines, namespaced_path, open,
+    parse_rv, take_line,
+};
 use svc_core::watch::unstructured::ObjectHead;
 
 /// The longest a read waits for its proof: room for a first step begun before it arrived
@@ -83,6 +85,39 @@ impl std::fmt::Display for Unproven {
             Self::Busy(e) => write!(f, "the upstream is busy: {e}"),
             Self::Refused(e) => write!(f, "the upstream cannot prove it: {e}"),
         }
+    }
+}
+
+/// Proofs of freshness asked for, those the upstream could not give (their reads passed
+/// through), and those it was too busy to give in time (their reads were told to try again).
+#[derive(Debug, Default)]
+pub struct ProofCounts {
+    pub asked: AtomicU64,
+    pub refused: AtomicU64,
+    pub busy: AtomicU64,
+}
+
+impl ProofCounts {
+    /// Counts a proof and how it ended.
+    pub fn count(&self, outcome: &Result<(), Unproven>) {
+        self.asked.fetch_add(1, Ordering::Relaxed);
+        let failed = match outcome {
+            Ok(()) => return,
+            Err(Unproven::Refused(_)) => &self.refused,
+            Err(Unproven::Busy(_)) => &self.busy,
+        };
+        failed.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Applies the events read so far to the cache, as the fill loop does.
+fn flush(cache: &WatchCache, events: &mut Vec<svc_storage::Event>, info: &ResourceInfo) {
+    if events.is_empty() {
+        return;
+    }
+    let report = cache.apply(FeedItem::Events(std::mem::take(events)), Instant::now());
+    for e in &report.errors {
+        tracing::warn!(resource = info.plural, error = %e, "upstream object left out");
     }
 }
 
@@ -431,25 +466,13 @@ fn initial_event(line: &[u8], found: &mut Option<Revision>) -> Result<Option<Rev
 
 /// Opens a proof's upstream read: an answer that says the upstream is overloaded (429, 503,
 /// 504), or none at all, is [`Unproven::Busy`]; another refusal is [`Unproven::Refused`].
-async fn probe(upstream: &Upstream, url: &str) -> Result<hyper::body::Incoming, Unproven> {
-    let response = get(upstream, url)
-        .await
-        .map_err(|e| Unproven::Busy(e.to_string()))?;
-    let status = response.status();
-    if status.is_success() {
-        return Ok(response.into_body());
-    }
-    let e = format!("{url} answered {status}");
-    Err(match status {
-        http::StatusCode::TOO_MANY_REQUESTS
-        | http::StatusCode::SERVICE_UNAVAILABLE
-        | http::StatusCode::GATEWAY_TIMEOUT => Unproven::Busy(e),
-        _ => Unproven::Refused(e),
+async fn probe(upstream: &Upstream, url: &str) -> Result<WatchBody, Unproven> {
+    open(upstream, url).await.map_err(|e| match e {
+        NotOpened::Busy(e) => Unproven::Busy(e),
+        NotOpened::Refused(e) => Unproven::Refused(e),
     })
 }
 
-/// The first step: the upstream's newest revision, once its cache has it (a streaming list
-/// of an object no one has).
 async fn upstream_newest(
     upstream: &Upstream,
     info: &'static ResourceInfo,

@@ -241,6 +241,22 @@ pub fn kind_of(d: &Discovered) -> &'static ResourceInfo {
     info
 }
 
+/// A core-group (`v1`) resource that can be listed and watched, as discovery would describe
+/// it, made a run-time kind: for tests of what caches such kinds.
+#[cfg(test)]
+pub fn core_kind(resource: &str, kind: &str, namespaced: bool) -> &'static ResourceInfo {
+    kind_of(&Discovered {
+        group: String::new(),
+        version: "v1".into(),
+        resource: resource.into(),
+        kind: kind.into(),
+        singular: kind.to_lowercase(),
+        namespaced,
+        verbs: vec!["list".into(), "watch".into()],
+        short_names: vec![],
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

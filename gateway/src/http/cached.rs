@@ -1,22 +1,10 @@
-//! Lists and watches served from proxy mode's caches (`outbound/mirror.rs`), and the rules
-//! that decide which ones may be: a GET of a cached resource's collection whose answer the
-//! cache can give exactly as the upstream would.
-//!
-//! | request | served |
-//! |---|---|
-//! | list, `resourceVersion=0` or `NotOlderThan` | from the cache, once it has reached the version |
-//! | list, `Exact` (or a version with `limit`) | from the cache's snapshots; passed through when they no longer reach back |
-//! | list, resourceVersion unset (a consistent read) | passed through, as proving the cache fresh takes up to a second; but past [`crate::outbound::mirror::STORM_LISTS`] a second (a relist storm), from the cache once proven fresh, one proof for them all (429 when the upstream is too busy to give it) |
-//! | list, continue token of this proxy | from the snapshot it names (410 when gone) |
-//! | list, the upstream's continue token | passed through |
-//! | watch, `resourceVersion=0` | from the cache, initial events first |
-//! | watch from a version the cache holds history for, `sendInitialEvents` included | from the cache |
-//! | watch from a version past the cache that another cache has seen upstream (a consistent list's) | from the cache, skipping what comes up to the version |
-//! | watch from an older version (one held before this proxy started) | passed through, so clients resume instead of relisting; 410 when the pass-through is over its bound (`http/proxy/bounds.rs`), so they relist from the cache |
-//! | watch, resourceVersion unset, `sendInitialEvents=true` (client-go's informers) | from the cache, once proven as fresh as the upstream (`outbound/mirror/fresh.rs`): for one object (its name as the field selector: a kubelet's ConfigMap and Secret informers), that object as upstream has it now; passed through when the upstream cannot prove it, 429 with `Retry-After` when it is too busy to within [`crate::outbound::mirror::fresh::PROOF_TIMEOUT`] |
-//! | watch, resourceVersion unset, no initial events | passed through (a consistent start) |
-//! | protobuf of a built-in kind (kubelets, controllers) | from the cache, written from the upstream's JSON (`svc_core::watch::unstructured::protobuf`) |
-//! | protobuf only of a custom resource (which the upstream refuses too), Tables, field selectors the cache cannot evaluate, bad parameters | passed through: the upstream answers |
+//! Lists and watches of proxy mode's caches (`registry/caches/upstream.rs`), over HTTP: the
+//! collection read from the path, the media types the cache can write, the caller's access
+//! asked of the upstream, and then the plan of the registry's decision (`registry/delegate.rs`:
+//! whether the cache answers, after which proof and from which revision) carried out. `None`
+//! passes the request through to the upstream: protobuf only of a custom resource (which the
+//! upstream refuses too), Tables, field selectors the cache cannot evaluate, bad parameters,
+//! and whatever the decision gives the upstream.
 //!
 //! A cached read is authorized first with the upstream's SubjectAccessReview, selectors
 //! included (`security/access_review.rs`, grants cached 10 s), as the user the caller is, or
@@ -41,8 +29,9 @@ use crate::http::api::Api;
 use crate::http::negotiate::{self, Format};
 use crate::http::proxy::Proxy;
 use crate::http::respond::{self, Body};
-use crate::outbound::mirror::fresh::{RETRY_AFTER_SECONDS, Unproven};
-use crate::outbound::mirror::{Mirror, Mirrored};
+use crate::registry::caches::upstream::fresh::{RETRY_AFTER_SECONDS, Unproven};
+use crate::registry::caches::upstream::{UpstreamCache, UpstreamCaches};
+use crate::registry::delegate::{Delegation, Proof, Read, decide};
 use crate::registry::list::{decode_token, expired_continue, page_meta, reads_exactly};
 use crate::security::impersonation;
 
@@ -87,7 +76,7 @@ fn collection(path: &str) -> Option<Collection<'_>> {
 pub async fn serve(
     api: &Arc<Api>,
     proxy: &Proxy,
-    mirror: &Mirror,
+    caches: &UpstreamCaches,
     caller: &UserInfo,
     path: &str,
     query: &Query,
@@ -98,8 +87,8 @@ pub async fn serve(
     // namespace `perm-a`, for the authorization check as for the cache).
     let decoded = crate::base::router::percent_decode(path)?;
     let target = collection(&decoded)?;
-    let mirrored = mirror.get(target.group, target.version, target.resource)?;
-    let info = mirrored.info;
+    let cached = caches.get(target.group, target.version, target.resource)?;
+    let info = cached.info;
     if !target.namespace.is_empty() && !info.namespaced() {
         return None;
     }
@@ -115,36 +104,7 @@ pub async fn serve(
         },
         None => None,
     };
-    let rv = opts.resource_version.as_deref();
-    let rv_num = match rv {
-        None | Some("0") => None,
-        Some(v) => Some(v.parse::<i64>().ok().filter(|n| *n > 0)?),
-    };
-    // Which requests the cache may answer (the table above).
-    // A streaming list from the newest state (client-go's informers start so) waits for
-    // proof that the cache is as fresh as the upstream; other consistent reads pass through.
-    let consistent_start = opts.watch && rv.is_none() && opts.send_initial_events == Some(true);
-    // A consistent list passes through, unless many arrive at once (informers relisting
-    // together, a relist storm): then they share one proof of freshness and the cache
-    // answers them, sparing the upstream.
-    let consistent_list = !opts.watch && rv.is_none() && ours_token.is_none();
-    if consistent_list && !mirrored.storm.arrived() {
-        return None;
-    }
-    if opts.watch {
-        if rv.is_none() && !consistent_start {
-            return None;
-        }
-        let oldest = mirrored.cache.oldest_revision();
-        if let Some(n) = rv_num.filter(|n| *n < oldest) {
-            *older = Some(ApiError::Expired(format!(
-                "too old resource version: {n} ({})",
-                oldest.saturating_sub(1)
-            )));
-            return None;
-        }
-    }
-    let protobuf = mirrored.cache.codec().protobuf.is_some();
+    let protobuf = cached.cache.codec().protobuf.is_some();
     let format = cached_format(headers, api, opts.watch, protobuf)?;
     let labels = LabelSelector::parse(&opts.label_selector).ok()?;
     // The kind's own fields, and `metadata.namespace` only where it is namespaced: a field
@@ -153,6 +113,22 @@ pub async fn serve(
     let include = match format {
         Format::Table => return None,
         _ => IncludeObject::parse(query.get("includeObject")).ok()?,
+    };
+
+    let name = pinned_name(&fields).map(str::to_string);
+    let read = Read {
+        opts: &opts,
+        token: ours_token.as_ref(),
+        namespace: target.namespace,
+        pinned: name.as_deref(),
+    };
+    let plan = match decide(&read, &cached, caches.max_revision()) {
+        Delegation::Upstream => return None,
+        Delegation::UpstreamOrGone(gone) => {
+            *older = Some(gone);
+            return None;
+        }
+        Delegation::Cache(plan) => plan,
     };
 
     // Whom it is for, and whether the upstream lets them.
@@ -170,13 +146,12 @@ pub async fn serve(
         return Some(respond::error(&e));
     }
     let verb = if opts.watch { "watch" } else { "list" };
-    let name = pinned_name(&fields);
     if let Err(e) = authorize(
         proxy,
         &acting,
-        &mirrored,
+        &cached,
         target.namespace,
-        name,
+        name.as_deref(),
         verb,
         &opts,
     )
@@ -184,7 +159,7 @@ pub async fn serve(
     {
         return Some(respond::error(&e));
     }
-    if !mirrored.status.synced.load(Ordering::Acquire) {
+    if !cached.status.synced.load(Ordering::Acquire) {
         return Some(respond::error(&ApiError::TooManyRequests {
             message: format!(
                 "the proxy's cache of {} is being filled, please try again later",
@@ -193,57 +168,52 @@ pub async fn serve(
             retry_after_seconds: Some(1),
         }));
     }
-    // A start from the newest state of one object (a kubelet's ConfigMap and Secret
-    // informers) is proven for that object alone, at once; others for the whole cache.
-    if consistent_start || consistent_list {
-        // One object: a name, and a namespace exactly where the kind has them.
-        let one = consistent_start && target.namespace.is_empty() != info.namespaced();
-        let proven = match name.filter(|_| one) {
-            Some(name) => {
-                mirror
-                    .prove_object_fresh(&mirrored, target.namespace, name)
-                    .await
-            }
-            None => mirror.prove_fresh(&mirrored).await,
-        };
-        match proven {
-            Ok(()) => {}
-            // The upstream cannot prove it: it answers the read itself.
-            Err(Unproven::Refused(_)) => return None,
-            // The upstream is behind: sending it the read too would only add to its load.
-            Err(e @ Unproven::Busy(_)) => {
-                return Some(respond::error(&ApiError::TooManyRequests {
-                    message: format!(
-                        "the proxy could not prove its cache of {} fresh: {e}; please try again later",
-                        info.plural
-                    ),
-                    retry_after_seconds: Some(RETRY_AFTER_SECONDS),
-                }));
-            }
+    let proven = match plan.proof {
+        None => Ok(()),
+        Some(Proof::Object(name)) => {
+            caches
+                .prove_object_fresh(&cached, target.namespace, name)
+                .await
+        }
+        Some(Proof::Whole) => caches.prove_fresh(&cached).await,
+    };
+    match proven {
+        Ok(()) => {}
+        // The upstream cannot prove it: it answers the read itself.
+        Err(Unproven::Refused(_)) => return None,
+        // The upstream is behind: sending it the read too would only add to its load.
+        Err(e @ Unproven::Busy(_)) => {
+            return Some(respond::error(&ApiError::TooManyRequests {
+                message: format!(
+                    "the proxy could not prove its cache of {} fresh: {e}; please try again later",
+                    info.plural
+                ),
+                retry_after_seconds: Some(RETRY_AFTER_SECONDS),
+            }));
         }
     }
-    let wanted = rv_num.or(ours_token.as_ref().map(|t| t.rv));
-    // A watch from a revision the upstream is known to have reached (another cache saw it)
-    // starts at once, ahead of this cache if need be: it wants only what comes after, and
-    // this cache's upstream watch delivers that in order. Initial events and lists need
-    // the cache itself at the revision.
-    let ahead =
-        opts.watch && !initial_events(&opts) && wanted.is_some_and(|n| n <= mirror.max_revision());
-    if let Some(n) = wanted
-        && !ahead
-        && mirrored.cache.revision() < n
-        && tokio::time::timeout(CATCH_UP, mirrored.cache.wait_for_revision(n))
+    if let Some(n) = plan.reach
+        && cached.cache.revision() < n
+        && tokio::time::timeout(CATCH_UP, cached.cache.wait_for_revision(n))
             .await
             .is_err()
     {
         return None;
     }
     let selector = Selector::new(labels, fields);
-    let answer = if opts.watch {
-        watch(api, &mirrored, target.namespace, &opts, selector, format)
+    let answer = if let Some(start) = plan.start {
+        watch(
+            api,
+            &cached,
+            target.namespace,
+            &opts,
+            start,
+            selector,
+            format,
+        )
     } else {
         list(
-            &mirrored,
+            &cached,
             target.namespace,
             &opts,
             ours_token,
@@ -261,14 +231,6 @@ pub async fn serve(
         Err(Fallback::PassThrough) => None,
         Err(Fallback::Error(e)) => Some(respond::error_in(&e, format)),
     }
-}
-
-/// Whether a watch starts with the current state as events: the registry's rule.
-fn initial_events(opts: &ListOptions) -> bool {
-    crate::registry::watch::initial_events(
-        opts.resource_version.as_deref(),
-        opts.send_initial_events,
-    )
 }
 
 /// What the cache answers in: JSON, protobuf for the built-in kinds (`protobuf`: the cache
@@ -301,13 +263,13 @@ fn cached_format(headers: &HeaderMap, api: &Api, watch: bool, protobuf: bool) ->
 async fn authorize(
     proxy: &Proxy,
     user: &UserInfo,
-    mirrored: &Mirrored,
+    cached: &UpstreamCache,
     namespace: &str,
     name: Option<&str>,
     verb: &str,
     opts: &ListOptions,
 ) -> Result<(), ApiError> {
-    let info = mirrored.info;
+    let info = cached.info;
     let selector = |raw: &str| {
         (!raw.is_empty()).then(|| SelectorAttributes {
             raw_selector: raw.to_string(),
@@ -371,7 +333,7 @@ impl From<ApiError> for Fallback {
 
 #[allow(clippy::too_many_arguments)]
 fn list(
-    mirrored: &Mirrored,
+    cached: &UpstreamCache,
     namespace: &str,
     opts: &ListOptions,
     token: Option<crate::registry::list::ContinueToken>,
@@ -380,8 +342,8 @@ fn list(
     pretty: bool,
     include: IncludeObject,
 ) -> Result<Response<Body>, Fallback> {
-    let info = mirrored.info;
-    let cache = &mirrored.cache;
+    let info = cached.info;
+    let cache = &cached.cache;
     let prefix = info.prefix(Some(namespace));
     let limit = opts.limit.and_then(|l| usize::try_from(l).ok());
     let (at, start_after, issued) = match &token {
@@ -431,13 +393,14 @@ fn list(
 
 fn watch(
     api: &Api,
-    mirrored: &Mirrored,
+    cached: &UpstreamCache,
     namespace: &str,
     opts: &ListOptions,
+    start: WatchStart,
     selector: Selector,
     format: Format,
 ) -> Result<Response<Body>, Fallback> {
-    let info = mirrored.info;
+    let info = cached.info;
     let frames = match format {
         Format::Json => FrameFormat::Json,
         Format::Protobuf(_) => FrameFormat::Protobuf,
@@ -445,39 +408,14 @@ fn watch(
         Format::PartialMetadata { group, list: false } => FrameFormat::PartialMetadata(group),
         _ => return Err(Fallback::PassThrough),
     };
-    let rv = opts.resource_version.as_deref();
-    let initial = initial_events(opts);
-    let bookmarks = opts.allow_watch_bookmarks;
-    let start = match rv {
-        Some("0") if initial => WatchStart::InitialEvents {
-            end_bookmark: bookmarks && opts.send_initial_events == Some(true),
-        },
-        Some("0") => WatchStart::Now,
-        Some(v) => {
-            let v = v.parse::<i64>().unwrap_or_default();
-            if initial {
-                WatchStart::InitialEvents {
-                    end_bookmark: bookmarks,
-                }
-            } else {
-                WatchStart::Ahead(v)
-            }
-        }
-        // Proven fresh first (`serve`), and only with `sendInitialEvents=true`: without it a
-        // start from the newest state passes through before this (`serve`).
-        None if opts.send_initial_events == Some(true) => WatchStart::InitialEvents {
-            end_bookmark: bookmarks,
-        },
-        None => return Err(Fallback::PassThrough),
-    };
     let req = WatchRequest {
         namespace: (!namespace.is_empty()).then(|| namespace.to_string()),
         selector,
         start,
-        bookmarks,
+        bookmarks: opts.allow_watch_bookmarks,
         format: frames,
     };
-    let (watcher, first) = match mirrored.cache.watch(req, Instant::now()) {
+    let (watcher, first) = match cached.cache.watch(req, Instant::now()) {
         Ok(w) => (Some(w), None::<bytes::Bytes>),
         // The history moved on meanwhile: the upstream may still hold it.
         Err(ApiError::Expired(_) | ApiError::Gone(_)) => return Err(Fallback::PassThrough),
