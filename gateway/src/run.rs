@@ -203,6 +203,7 @@ pub async fn start_with_store(
         tracing,
         admission,
         egress: Egress::from_options(&opts)?,
+        collectors: Vec::new(),
     };
     let app = Arc::new(ServerState::new(opts.clone(), store, parts)?);
     let reload_task = start_authentication_config(&app, signals.watches())?;

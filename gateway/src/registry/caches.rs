@@ -24,11 +24,11 @@ pub mod upstream;
 
 use reflector::{Feed, FillStatus, Gap, Listed, Source};
 
-/// Watch tasks woken at once by the caches' wake gate; the rest of a fan-out round is woken
+/// Watch tasks woken at once by a wake gate of either mode's caches; the rest of a fan-out round is woken
 /// a slice at a time by the pacer task, so a write's handler or an ingest task woken
 /// meanwhile waits behind at most this many watch tasks (BENCHMARKS.md, "HTTP/1.1 fan-out
 /// cost and write isolation").
-const WAKE_SLICE: usize = 64;
+pub(crate) const WAKE_SLICE: usize = 64;
 
 /// The codec of every stored kind, from the registry.
 fn codecs() -> Vec<KindCodec> {

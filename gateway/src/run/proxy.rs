@@ -74,13 +74,6 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
     .map_err(|e| anyhow::anyhow!("service-account tokens: {e}"))?;
     let admission =
         crate::registry::admission::Chain::from_options(&opts).map_err(anyhow::Error::msg)?;
-    let parts = Parts {
-        stop_watches: signals.watches(),
-        tokens,
-        tracing: None,
-        admission,
-        egress,
-    };
     let filter = ResourceFilter::parse(&opts.cache_resources).map_err(anyhow::Error::msg)?;
     let caches = Arc::new(UpstreamCaches::new(
         caches_upstream,
@@ -98,7 +91,6 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
             ),
         )),
     ));
-    let mut state = ServerState::new(opts.clone(), Arc::new(NoStore), parts)?;
     let mut proxy = Proxy::new(upstream.clone());
     proxy.caches = Some(caches.clone());
     proxy.caller_tokens = opts.upstream_caller_tokens;
@@ -115,6 +107,19 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
             opts.upstream_requests_max as usize,
         );
     }
+    let parts = Parts {
+        stop_watches: signals.watches(),
+        tokens,
+        tracing: None,
+        admission,
+        egress,
+        collectors: vec![
+            caches.collector(),
+            proxy.long_running.collector(),
+            proxy.short.collector(),
+        ],
+    };
+    let mut state = ServerState::new(opts.clone(), Arc::new(NoStore), parts)?;
     proxy.request_headers = crate::security::authn::RequestHeaderNames {
         username: opts.requestheader_username_headers.clone(),
         group: opts.requestheader_group_headers.clone(),

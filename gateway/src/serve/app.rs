@@ -69,6 +69,9 @@ pub struct Parts {
     pub admission: admission::Chain,
     /// `--egress-selector-config-file`, read.
     pub egress: Egress,
+    /// Metrics of the mode's own parts (a proxy's caches and upstream bounds), read at each
+    /// scrape through the one registry.
+    pub collectors: Vec<Box<dyn prometheus_client::collector::Collector>>,
 }
 
 impl ServerState {
@@ -81,6 +84,7 @@ impl ServerState {
             tracing,
             admission,
             egress,
+            collectors,
         } = parts;
         let caches = Caches::new(&opts.watch_cache_config());
         let mut metrics = Metrics::new();
@@ -88,6 +92,9 @@ impl ServerState {
         // caches it runs, its mirror's.
         if opts.upstream_kubeconfig.is_none() {
             metrics.register_collector(caches.collector());
+        }
+        for c in collectors {
+            metrics.register_collector(c);
         }
         let jwt = jwt::Runtime::register(metrics.registry_mut());
         let authentication_reloads = ReloadMetrics::register(

@@ -123,7 +123,7 @@ async fn serve(
                 Ok(()) => respond::bytes_response(
                     StatusCode::OK,
                     metrics::CONTENT_TYPE,
-                    with_proxy_metrics(app.api.metrics.encode(), proxy),
+                    app.api.metrics.encode(),
                 ),
                 Err(e) => respond::error(&e),
             };
@@ -224,21 +224,4 @@ impl hyper::body::Body for UntilStopped {
         }
         Pin::new(&mut self.body).poll_frame(cx)
     }
-}
-
-/// The server's metrics with the caches' and the upstream bounds' series added before the
-/// OpenMetrics end marker.
-fn with_proxy_metrics(mut text: String, proxy: &Proxy) -> String {
-    let mut extra = proxy
-        .caches
-        .as_ref()
-        .map(|m| m.encode_metrics())
-        .unwrap_or_default();
-    extra.push_str(&proxy.long_running.encode_metrics());
-    extra.push_str(&proxy.short.encode_metrics());
-    match text.rfind("# EOF") {
-        Some(at) => text.insert_str(at, &extra),
-        None => text.push_str(&extra),
-    }
-    text
 }

@@ -16,11 +16,15 @@
 //!   to share out the upstream.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
 use svc_core::ApiError;
 
 /// What a bound is called: in its 429s, its flags and its metrics.
@@ -147,63 +151,81 @@ impl Bound {
         let held = self.held.lock();
         (held.total, held.by_user.get(user).copied().unwrap_or(0))
     }
+}
 
-    /// The metrics in the OpenMetrics text format.
-    pub fn encode_metrics(&self) -> String {
+/// A bound's metrics, read at each scrape: `<metric>_requests` and `<metric>_users` now,
+/// `<metric>_limit` by scope, `<metric>_refused_total` by the limit reached.
+#[derive(Debug)]
+struct BoundCollector(Arc<Bound>);
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ScopeLabels {
+    scope: &'static str,
+}
+
+impl Collector for BoundCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let b = &self.0;
         let (total, users) = {
-            let held = self.held.lock();
+            let held = b.held.lock();
             (held.total, held.by_user.len())
         };
-        let Names { what, metric, .. } = self.names;
-        let mut out = String::new();
+        let Names { what, metric, .. } = b.names;
+        let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
         let gauges = [
             (
-                format!("{metric}_requests"),
+                "requests",
                 format!("The {what} passed to the upstream now."),
                 total,
             ),
             (
-                format!("{metric}_users"),
+                "users",
                 format!("Users with at least one of the {what} passed to the upstream now."),
                 users,
             ),
         ];
-        for (name, help, value) in gauges {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} gauge");
-            let _ = writeln!(out, "{name} {value}");
+        for (suffix, help, value) in gauges {
+            let name = format!("{metric}_{suffix}");
+            let family = encoder.encode_descriptor(&name, &help, None, MetricType::Gauge)?;
+            ConstGauge::new(count(value)).encode(family)?;
         }
         let name = format!("{metric}_limit");
-        let _ = writeln!(
-            out,
-            "# HELP {name} The most {what} passed to the upstream, per user and in all."
-        );
-        let _ = writeln!(out, "# TYPE {name} gauge");
-        let _ = writeln!(out, "{name}{{scope=\"user\"}} {}", self.per_user);
-        let _ = writeln!(out, "{name}{{scope=\"total\"}} {}", self.max);
+        let help = format!("The most {what} passed to the upstream, per user and in all.");
+        let mut family = encoder.encode_descriptor(&name, &help, None, MetricType::Gauge)?;
+        for (scope, value) in [("user", b.per_user), ("total", b.max)] {
+            ConstGauge::new(count(value)).encode(family.encode_family(&ScopeLabels { scope })?)?;
+        }
         let name = format!("{metric}_refused");
-        let _ = writeln!(
-            out,
-            "# HELP {name} The {what} for the upstream answered 429 at a limit, by the limit reached."
-        );
-        let _ = writeln!(out, "# TYPE {name} counter");
-        let _ = writeln!(
-            out,
-            "{name}_total{{scope=\"user\"}} {}",
-            self.refused_user.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "{name}_total{{scope=\"total\"}} {}",
-            self.refused_max.load(Ordering::Relaxed)
-        );
-        out
+        let help =
+            format!("The {what} for the upstream answered 429 at a limit, by the limit reached.");
+        let mut family = encoder.encode_descriptor(&name, &help, None, MetricType::Counter)?;
+        for (scope, value) in [("user", &b.refused_user), ("total", &b.refused_max)] {
+            ConstCounter::new(value.load(Ordering::Relaxed))
+                .encode(family.encode_family(&ScopeLabels { scope })?)?;
+        }
+        Ok(())
+    }
+}
+
+impl Bound {
+    /// The bound's metrics, for the server's registry.
+    pub fn collector(self: &Arc<Self>) -> Box<dyn Collector> {
+        Box::new(BoundCollector(Arc::clone(self)))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The bound's metrics as a registry holding only them encodes them.
+    fn scrape(b: &Arc<Bound>) -> String {
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register_collector(b.collector());
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+        out
+    }
 
     #[test]
     fn places_are_bounded_per_user_and_in_all_and_come_back() {
@@ -220,7 +242,7 @@ mod tests {
         drop(a1);
         assert_eq!(limits.held("a"), (2, 1));
         let _c1 = limits.admit("c").unwrap();
-        let text = limits.encode_metrics();
+        let text = scrape(&limits);
         assert!(text.contains("svc_proxy_upstream_long_running_requests 3\n"));
         assert!(text.contains("svc_proxy_upstream_long_running_refused_total{scope=\"user\"} 1\n"));
         assert!(
@@ -239,7 +261,7 @@ mod tests {
             e.to_string().contains("--upstream-requests-per-user"),
             "{e}"
         );
-        let text = limits.encode_metrics();
+        let text = scrape(&limits);
         assert!(
             text.contains("svc_proxy_upstream_short_requests 1\n"),
             "{text}"

@@ -12,12 +12,16 @@ pub mod resume;
 pub mod source;
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use parking_lot::RwLock;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
 use svc_core::ResourceInfo;
 use svc_core::watch::{WakeGate, WatchCache, WatchCacheConfig, unstructured};
 use tokio::sync::{Notify, watch};
@@ -30,8 +34,6 @@ use source::UpstreamSource;
 
 /// How often upstream discovery is read again.
 pub const REDISCOVER: Duration = Duration::from_secs(30);
-/// Watch tasks woken at once by the mirror's wake gate (as standalone mode's caches).
-const WAKE_SLICE: usize = 64;
 /// The largest discovery document read.
 const MAX_DISCOVERY_BYTES: usize = 64 << 20;
 
@@ -102,14 +104,6 @@ impl Storm {
     }
 }
 
-/// One metric of the mirror: name, type, help, and its value for a resource.
-type Series = (
-    &'static str,
-    &'static str,
-    &'static str,
-    fn(&UpstreamCache) -> f64,
-);
-
 /// Every cached resource, by (group, resource).
 pub struct UpstreamCaches {
     upstream: Upstream,
@@ -147,7 +141,7 @@ impl UpstreamCaches {
                 list_snapshots: true,
                 ..config
             },
-            gate: WakeGate::paced(WAKE_SLICE),
+            gate: WakeGate::paced(super::WAKE_SLICE),
             resources: RwLock::new(HashMap::new()),
             discovered: std::sync::atomic::AtomicBool::new(false),
             rediscover: Arc::new(Notify::new()),
@@ -339,84 +333,125 @@ impl UpstreamCaches {
         }
     }
 
-    /// The mirror's metrics in the Prometheus text format, one series per cached resource.
-    pub fn encode_metrics(&self) -> String {
-        let resources = self.resources.read();
-        let mut rows: Vec<&Arc<UpstreamCache>> = resources.values().collect();
-        rows.sort_by_key(|m| (m.info.group, m.info.plural));
-        let mut out = String::new();
-        let metrics: [Series; 9] = [
-            (
-                "svc_proxy_cache_objects",
-                "gauge",
-                "Objects held in the proxy's cache of a resource.",
-                |m| m.cache.stats().objects as f64,
-            ),
-            (
-                "svc_proxy_cache_watchers",
-                "gauge",
-                "Watchers served from the proxy's cache of a resource.",
-                |m| m.cache.stats().watchers as f64,
-            ),
-            (
-                "svc_proxy_cache_lag_seconds",
-                "gauge",
-                "Seconds since the upstream last sent an event, bookmark or list of a resource.",
-                |m| m.status.silence(),
-            ),
-            (
-                "svc_proxy_cache_resource_version",
-                "gauge",
-                "The upstream resourceVersion the proxy's cache of a resource has reached.",
-                |m| m.cache.revision() as f64,
-            ),
-            (
-                "svc_proxy_upstream_watches",
-                "gauge",
-                "Upstream watches open for a resource (0 or 1).",
-                |m| u8::from(m.status.watching.load(Ordering::Relaxed)).into(),
-            ),
-            (
-                "svc_proxy_freshness_proofs_total",
-                "counter",
-                "Proofs that a resource's cache is as fresh as the upstream, for reads from its newest state.",
-                |m| m.proofs.asked.load(Ordering::Relaxed) as f64,
-            ),
-            (
-                "svc_proxy_freshness_proofs_failed_total",
-                "counter",
-                "Proofs of freshness the upstream could not give: their reads passed through to it.",
-                |m| m.proofs.refused.load(Ordering::Relaxed) as f64,
-            ),
-            (
-                "svc_proxy_freshness_proofs_busy_total",
-                "counter",
-                "Proofs of freshness the upstream was too busy to give in time: their reads were answered 429 to try again.",
-                |m| m.proofs.busy.load(Ordering::Relaxed) as f64,
-            ),
-            (
-                "svc_proxy_upstream_lists_total",
-                "counter",
-                "Full upstream lists read for a resource (the first fill and each relist).",
-                |m| m.status.lists.load(Ordering::Relaxed) as f64,
-            ),
-        ];
-        for (name, ty, help, value) in metrics {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} {ty}");
+    /// The caches' metrics, read at each scrape, one series per cached resource.
+    pub fn collector(self: &Arc<Self>) -> Box<dyn Collector> {
+        Box::new(UpstreamCollector(Arc::clone(self)))
+    }
+}
+
+/// The labels of a cached resource's series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResourceLabels {
+    group: &'static str,
+    version: &'static str,
+    resource: &'static str,
+}
+
+/// One family of the caches' metrics: name (without `_total`), type, help, and its value
+/// for a resource.
+type Series = (
+    &'static str,
+    MetricType,
+    &'static str,
+    fn(&UpstreamCache) -> f64,
+);
+
+const SERIES: [Series; 9] = [
+    (
+        "svc_proxy_cache_objects",
+        MetricType::Gauge,
+        "Objects held in the proxy's cache of a resource.",
+        |m| m.cache.stats().objects as f64,
+    ),
+    (
+        "svc_proxy_cache_watchers",
+        MetricType::Gauge,
+        "Watchers served from the proxy's cache of a resource.",
+        |m| m.cache.stats().watchers as f64,
+    ),
+    (
+        "svc_proxy_cache_lag_seconds",
+        MetricType::Gauge,
+        "Seconds since the upstream last sent an event, bookmark or list of a resource.",
+        |m| m.status.silence(),
+    ),
+    (
+        "svc_proxy_cache_resource_version",
+        MetricType::Gauge,
+        "The upstream resourceVersion the proxy's cache of a resource has reached.",
+        |m| m.cache.revision() as f64,
+    ),
+    (
+        "svc_proxy_upstream_watches",
+        MetricType::Gauge,
+        "Upstream watches open for a resource (0 or 1).",
+        |m| u8::from(m.status.watching.load(Ordering::Relaxed)).into(),
+    ),
+    (
+        "svc_proxy_freshness_proofs",
+        MetricType::Counter,
+        "Proofs that a resource's cache is as fresh as the upstream, for reads from its newest state.",
+        |m| m.proofs.asked.load(Ordering::Relaxed) as f64,
+    ),
+    (
+        "svc_proxy_freshness_proofs_failed",
+        MetricType::Counter,
+        "Proofs of freshness the upstream could not give: their reads passed through to it.",
+        |m| m.proofs.refused.load(Ordering::Relaxed) as f64,
+    ),
+    (
+        "svc_proxy_freshness_proofs_busy",
+        MetricType::Counter,
+        "Proofs of freshness the upstream was too busy to give in time: their reads were answered 429 to try again.",
+        |m| m.proofs.busy.load(Ordering::Relaxed) as f64,
+    ),
+    (
+        "svc_proxy_upstream_lists",
+        MetricType::Counter,
+        "Full upstream lists read for a resource (the first fill and each relist).",
+        |m| m.status.lists.load(Ordering::Relaxed) as f64,
+    ),
+];
+
+struct UpstreamCollector(Arc<UpstreamCaches>);
+
+impl std::fmt::Debug for UpstreamCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("UpstreamCollector")
+    }
+}
+
+impl Collector for UpstreamCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let rows: Vec<Arc<UpstreamCache>> = {
+            let resources = self.0.resources.read();
+            let mut rows: Vec<Arc<UpstreamCache>> = resources.values().cloned().collect();
+            rows.sort_by_key(|m| (m.info.group, m.info.plural));
+            rows
+        };
+        for (name, ty, help, value) in SERIES {
+            let mut family = encoder.encode_descriptor(name, help, None, ty)?;
             for m in &rows {
-                let _ = writeln!(
-                    out,
-                    "{name}{{group=\"{}\",version=\"{}\",resource=\"{}\"}} {}",
-                    m.info.group,
-                    m.info.version,
-                    m.info.plural,
-                    value(m)
-                );
+                let labels = ResourceLabels {
+                    group: m.info.group,
+                    version: m.info.version,
+                    resource: m.info.plural,
+                };
+                let sample = family.encode_family(&labels)?;
+                match ty {
+                    MetricType::Counter => ConstCounter::new(whole(value(m))).encode(sample)?,
+                    _ => ConstGauge::new(value(m)).encode(sample)?,
+                }
             }
         }
-        out
+        Ok(())
     }
+}
+
+/// A counter's value, read as f64 with the gauges, as the whole number it is.
+fn whole(v: f64) -> u64 {
+    // Counts of events: far below 2^53, never negative.
+    v.max(0.0).round() as u64
 }
 
 fn name_of(info: &ResourceInfo) -> String {
