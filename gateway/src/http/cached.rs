@@ -10,11 +10,9 @@
 //! included (`security/access_review.rs`, grants cached 10 s), as the user the caller is, or
 //! impersonates once the upstream allows it. While a cache has not been filled yet its reads
 //! answer 429 with `Retry-After`, as kube-apiserver does while its watch cache initializes;
-//! a version the cache has not reached within [`CATCH_UP`] is passed through.
+//! a version the cache has not reached within [`delegate::CATCH_UP`] is passed through.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
 
 use http::{HeaderMap, Response, header};
 use svc_config::subject_access_review::{ResourceAttributes, SelectorAttributes};
@@ -22,22 +20,17 @@ use svc_core::ApiError;
 use svc_core::selector::{FieldSelector, LabelSelector};
 use svc_core::table::IncludeObject;
 use svc_core::user::UserInfo;
-use svc_core::watch::{FrameFormat, ListRequest, Selector, WatchRequest, WatchStart};
+use svc_core::watch::{FrameFormat, Selector, WatchRequest, WatchStart};
 
 use crate::base::query::{ListOptions, Query};
 use crate::http::api::Api;
 use crate::http::negotiate::{self, Format};
 use crate::http::proxy::Proxy;
 use crate::http::respond::{self, Body};
-use crate::registry::caches::upstream::fresh::{RETRY_AFTER_SECONDS, Unproven};
 use crate::registry::caches::upstream::{UpstreamCache, UpstreamCaches};
-use crate::registry::delegate::{Delegation, Proof, Read, decide};
-use crate::registry::list::{decode_token, expired_continue, page_meta, reads_exactly};
+use crate::registry::delegate::{self, Delegation, NotCached, Read, decide};
+use crate::registry::list::decode_token;
 use crate::security::impersonation;
-
-/// How long a cached read waits for its cache to reach the version it names before it is
-/// passed through instead.
-pub const CATCH_UP: Duration = Duration::from_millis(100);
 
 /// A collection request: /api/v1[/namespaces/NS]/RES or /apis/G/V[/namespaces/NS]/RES.
 struct Collection<'a> {
@@ -159,50 +152,14 @@ pub async fn serve(
     {
         return Some(respond::error(&e));
     }
-    if !cached.status.synced.load(Ordering::Acquire) {
-        return Some(respond::error(&ApiError::TooManyRequests {
-            message: format!(
-                "the proxy's cache of {} is being filled, please try again later",
-                info.plural
-            ),
-            retry_after_seconds: Some(1),
-        }));
-    }
-    let proven = match plan.proof {
-        None => Ok(()),
-        Some(Proof::Object(name)) => {
-            caches
-                .prove_object_fresh(&cached, target.namespace, name)
-                .await
-        }
-        Some(Proof::Whole) => caches.prove_fresh(&cached).await,
-    };
-    match proven {
+    match delegate::ready(caches, &cached, &plan, target.namespace).await {
         Ok(()) => {}
-        // The upstream cannot prove it: it answers the read itself.
-        Err(Unproven::Refused(_)) => return None,
-        // The upstream is behind: sending it the read too would only add to its load.
-        Err(e @ Unproven::Busy(_)) => {
-            return Some(respond::error(&ApiError::TooManyRequests {
-                message: format!(
-                    "the proxy could not prove its cache of {} fresh: {e}; please try again later",
-                    info.plural
-                ),
-                retry_after_seconds: Some(RETRY_AFTER_SECONDS),
-            }));
-        }
-    }
-    if let Some(n) = plan.reach
-        && cached.cache.revision() < n
-        && tokio::time::timeout(CATCH_UP, cached.cache.wait_for_revision(n))
-            .await
-            .is_err()
-    {
-        return None;
+        Err(NotCached::Upstream) => return None,
+        Err(NotCached::Error(e)) => return Some(respond::error(&e)),
     }
     let selector = Selector::new(labels, fields);
-    let answer = if let Some(start) = plan.start {
-        watch(
+    let answer = match plan.start {
+        Some(start) => watch(
             api,
             &cached,
             target.namespace,
@@ -210,26 +167,32 @@ pub async fn serve(
             start,
             selector,
             format,
-        )
-    } else {
-        list(
+        ),
+        None => delegate::list(
             &cached,
             target.namespace,
             &opts,
-            ours_token,
-            selector,
-            format,
-            query.pretty(),
-            include,
+            ours_token.as_ref(),
+            &selector,
         )
+        .and_then(|(items, meta)| {
+            Ok(respond::list(
+                &cached.cache,
+                &meta,
+                &items,
+                format,
+                query.pretty(),
+                include,
+            )?)
+        }),
     };
     match answer {
         Ok(resp) => {
             api.metrics.mirror_read(info, verb);
             Some(resp)
         }
-        Err(Fallback::PassThrough) => None,
-        Err(Fallback::Error(e)) => Some(respond::error_in(&e, format)),
+        Err(NotCached::Upstream) => None,
+        Err(NotCached::Error(e)) => Some(respond::error_in(&e, format)),
     }
 }
 
@@ -317,80 +280,6 @@ fn pinned_name(fields: &FieldSelector) -> Option<&str> {
         .filter(|n| !n.is_empty() && *n != "." && *n != ".." && !n.contains(['/', '%']))
 }
 
-/// Why a cached read did not answer.
-enum Fallback {
-    /// The cache cannot answer as the upstream would (an Exact version older than its
-    /// snapshots): the upstream answers.
-    PassThrough,
-    Error(ApiError),
-}
-
-impl From<ApiError> for Fallback {
-    fn from(e: ApiError) -> Self {
-        Fallback::Error(e)
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn list(
-    cached: &UpstreamCache,
-    namespace: &str,
-    opts: &ListOptions,
-    token: Option<crate::registry::list::ContinueToken>,
-    selector: Selector,
-    format: Format,
-    pretty: bool,
-    include: IncludeObject,
-) -> Result<Response<Body>, Fallback> {
-    let info = cached.info;
-    let cache = &cached.cache;
-    let prefix = info.prefix(Some(namespace));
-    let limit = opts.limit.and_then(|l| usize::try_from(l).ok());
-    let (at, start_after, issued) = match &token {
-        Some(t) => {
-            let mut start = prefix.clone();
-            start.extend_from_slice(t.start.as_bytes());
-            (Some(t.rv), Some(start), t.t)
-        }
-        None => {
-            let exact = match opts.resource_version.as_deref() {
-                None | Some("0") => None,
-                Some(v) => reads_exactly(opts, limit).then(|| v.parse::<i64>().unwrap_or_default()),
-            };
-            (exact, None, crate::registry::list::unix_now())
-        }
-    };
-    let req = ListRequest {
-        namespace: (!namespace.is_empty()).then_some(namespace),
-        at,
-        start_after: start_after.as_deref(),
-        limit,
-        selector: &selector,
-    };
-    let page = match cache.list(&req) {
-        Ok(p) => p,
-        Err(ApiError::Expired(_)) if token.is_some() => return Err(expired_continue().into()),
-        Err(ApiError::Expired(_)) => return Err(Fallback::PassThrough),
-        Err(e) => return Err(e.into()),
-    };
-    let meta = page_meta(
-        page.revision,
-        page.continue_after.as_deref(),
-        page.remaining,
-        &prefix,
-        &selector,
-        issued,
-    );
-    Ok(respond::list(
-        cache,
-        &meta,
-        &page.items,
-        format,
-        pretty,
-        include,
-    )?)
-}
-
 fn watch(
     api: &Api,
     cached: &UpstreamCache,
@@ -399,14 +288,14 @@ fn watch(
     start: WatchStart,
     selector: Selector,
     format: Format,
-) -> Result<Response<Body>, Fallback> {
+) -> Result<Response<Body>, NotCached> {
     let info = cached.info;
     let frames = match format {
         Format::Json => FrameFormat::Json,
         Format::Protobuf(_) => FrameFormat::Protobuf,
         Format::Cbor => FrameFormat::CborSeq,
         Format::PartialMetadata { group, list: false } => FrameFormat::PartialMetadata(group),
-        _ => return Err(Fallback::PassThrough),
+        _ => return Err(NotCached::Upstream),
     };
     let req = WatchRequest {
         namespace: (!namespace.is_empty()).then(|| namespace.to_string()),
@@ -415,18 +304,13 @@ fn watch(
         bookmarks: opts.allow_watch_bookmarks,
         format: frames,
     };
-    let (watcher, first) = match cached.cache.watch(req, Instant::now()) {
-        Ok(w) => (Some(w), None::<bytes::Bytes>),
-        // The history moved on meanwhile: the upstream may still hold it.
-        Err(ApiError::Expired(_) | ApiError::Gone(_)) => return Err(Fallback::PassThrough),
-        Err(e) => return Err(e.into()),
-    };
+    let watcher = delegate::watch(cached, req)?;
     Ok(crate::http::stream::watch_response(
         api,
         info,
         !namespace.is_empty(),
-        watcher,
-        first,
+        Some(watcher),
+        None,
         opts.timeout_seconds,
         format,
     ))

@@ -18,17 +18,28 @@
 //! | watch, resourceVersion unset, no initial events | the upstream (a consistent start) |
 //! | a resourceVersion that is not a positive integer, an expired token of the upstream's, bad parameters | the upstream: it answers with its own words |
 //!
-//! What is about HTTP (the media types the cache can write, Tables) is `http/cached.rs`'s,
-//! which carries the plan out.
+//! [`ready`] carries a plan's steps out, and [`watch`] and [`list`] read the cache as it says:
+//! `http/cached.rs` calls them as the REST handlers call `registry/watch.rs` and
+//! `registry/list.rs`, and keeps what is about HTTP (the media types the cache can write,
+//! Tables, the response).
 
-use svc_core::ApiError;
-use svc_core::watch::WatchStart;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use svc_core::watch::{CachedObject, ListRequest, Selector, WatchRequest, WatchStart, Watcher};
+use svc_core::{ApiError, ListMeta};
 use svc_storage::Revision;
 
 use crate::base::query::ListOptions;
-use crate::registry::caches::upstream::UpstreamCache;
-use crate::registry::list::ContinueToken;
+use crate::registry::caches::upstream::fresh::{RETRY_AFTER_SECONDS, Unproven};
+use crate::registry::caches::upstream::{UpstreamCache, UpstreamCaches};
+use crate::registry::list::{ContinueToken, expired_continue, page_meta, reads_exactly, unix_now};
 use crate::registry::watch::{initial_events, watch_start};
+
+/// How long a cached read waits for its cache to reach the version it names before it is
+/// passed through instead.
+pub const CATCH_UP: Duration = Duration::from_millis(100);
 
 /// A list or watch of a cached collection, as the decision reads it.
 pub struct Read<'a> {
@@ -145,6 +156,132 @@ pub fn decide<'a>(
         reach: wanted.filter(|_| !ahead),
         start,
     })
+}
+
+/// Why the cache does not answer after all.
+#[derive(Debug)]
+pub enum NotCached {
+    /// The upstream answers: it cannot prove the cache fresh, the cache did not reach the
+    /// version in time, or its history or snapshots moved on meanwhile.
+    Upstream,
+    /// This error answers (a cache still filling, an upstream too busy to prove it fresh,
+    /// a bad request).
+    Error(ApiError),
+}
+
+impl From<ApiError> for NotCached {
+    fn from(e: ApiError) -> Self {
+        NotCached::Error(e)
+    }
+}
+
+/// Carries out the steps of `plan` before the cache answers a read in `namespace`: a cache
+/// not filled yet answers 429 with `Retry-After`, as kube-apiserver does while its watch
+/// cache initializes; then the proof of freshness, if any (an upstream too busy to give it
+/// answers 429, one that cannot passes the read through); then the revision to reach.
+pub async fn ready(
+    caches: &UpstreamCaches,
+    cached: &UpstreamCache,
+    plan: &Plan<'_>,
+    namespace: &str,
+) -> Result<(), NotCached> {
+    let plural = cached.info.plural;
+    if !cached.status.synced.load(Ordering::Acquire) {
+        return Err(NotCached::Error(ApiError::TooManyRequests {
+            message: format!(
+                "the proxy's cache of {plural} is being filled, please try again later"
+            ),
+            retry_after_seconds: Some(1),
+        }));
+    }
+    let proven = match plan.proof {
+        None => Ok(()),
+        Some(Proof::Object(name)) => caches.prove_object_fresh(cached, namespace, name).await,
+        Some(Proof::Whole) => caches.prove_fresh(cached).await,
+    };
+    match proven {
+        Ok(()) => {}
+        // The upstream cannot prove it: it answers the read itself.
+        Err(Unproven::Refused(_)) => return Err(NotCached::Upstream),
+        // The upstream is behind: sending it the read too would only add to its load.
+        Err(e @ Unproven::Busy(_)) => {
+            return Err(NotCached::Error(ApiError::TooManyRequests {
+                message: format!(
+                    "the proxy could not prove its cache of {plural} fresh: {e}; please try again later"
+                ),
+                retry_after_seconds: Some(RETRY_AFTER_SECONDS),
+            }));
+        }
+    }
+    if let Some(n) = plan.reach
+        && cached.cache.revision() < n
+        && tokio::time::timeout(CATCH_UP, cached.cache.wait_for_revision(n))
+            .await
+            .is_err()
+    {
+        return Err(NotCached::Upstream);
+    }
+    Ok(())
+}
+
+/// Registers a watcher of the cache from the plan's start.
+pub fn watch(cached: &UpstreamCache, req: WatchRequest) -> Result<Watcher, NotCached> {
+    match cached.cache.watch(req, Instant::now()) {
+        Ok(w) => Ok(w),
+        // The history moved on meanwhile: the upstream may still hold it.
+        Err(ApiError::Expired(_) | ApiError::Gone(_)) => Err(NotCached::Upstream),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A page of the cache's list in `namespace` (empty for all), by the resourceVersion rules
+/// and `token` (this proxy's continue token): its objects and its list metadata.
+pub fn list(
+    cached: &UpstreamCache,
+    namespace: &str,
+    opts: &ListOptions,
+    token: Option<&ContinueToken>,
+    selector: &Selector,
+) -> Result<(Vec<Arc<CachedObject>>, ListMeta), NotCached> {
+    let prefix = cached.info.prefix(Some(namespace));
+    let limit = opts.limit.and_then(|l| usize::try_from(l).ok());
+    let (at, start_after, issued) = match token {
+        Some(t) => {
+            let mut start = prefix.clone();
+            start.extend_from_slice(t.start.as_bytes());
+            (Some(t.rv), Some(start), t.t)
+        }
+        None => {
+            let exact = match opts.resource_version.as_deref() {
+                None | Some("0") => None,
+                Some(v) => reads_exactly(opts, limit).then(|| v.parse::<i64>().unwrap_or_default()),
+            };
+            (exact, None, unix_now())
+        }
+    };
+    let req = ListRequest {
+        namespace: (!namespace.is_empty()).then_some(namespace),
+        at,
+        start_after: start_after.as_deref(),
+        limit,
+        selector,
+    };
+    let page = match cached.cache.list(&req) {
+        Ok(p) => p,
+        Err(ApiError::Expired(_)) if token.is_some() => return Err(expired_continue().into()),
+        // The snapshots no longer reach back to an Exact version: the upstream answers.
+        Err(ApiError::Expired(_)) => return Err(NotCached::Upstream),
+        Err(e) => return Err(e.into()),
+    };
+    let meta = page_meta(
+        page.revision,
+        page.continue_after.as_deref(),
+        page.remaining,
+        &prefix,
+        selector,
+        issued,
+    );
+    Ok((page.items, meta))
 }
 
 #[cfg(test)]
