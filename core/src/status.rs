@@ -364,6 +364,15 @@ impl ApiError {
         ApiError::BadRequest(msg.into())
     }
 
+    /// 429 for a request refused at a limit, in kube-apiserver's words with the reason
+    /// (`queue-full`, a flag's bound), to be tried again after a second.
+    pub fn too_many_requests(reason: &str) -> Self {
+        ApiError::TooManyRequests {
+            message: format!("Too many requests, please try again later ({reason})."),
+            retry_after_seconds: Some(1),
+        }
+    }
+
     pub fn unprocessable(msg: impl Into<String>) -> Self {
         ApiError::Unprocessable(msg.into())
     }

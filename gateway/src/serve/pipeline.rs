@@ -357,13 +357,7 @@ async fn serve(
                 };
                 r.annotate(audit::RATE_LIMIT_ANNOTATION, limit);
             }
-            return respond::error(&ApiError::TooManyRequests {
-                message: format!(
-                    "Too many requests, please try again later ({}).",
-                    why.reason()
-                ),
-                retry_after_seconds: Some(1),
-            });
+            return respond::error(&ApiError::too_many_requests(why.reason()));
         }
     };
     if let Some(place) = watch {

@@ -141,13 +141,7 @@ async fn serve(
         let Admitted { watch: slot, _seat } = match admit(app, &user, verb, 1).await {
             Ok(a) => a,
             Err(why) => {
-                return respond::error(&svc_core::ApiError::TooManyRequests {
-                    message: format!(
-                        "Too many requests, please try again later ({}).",
-                        why.reason()
-                    ),
-                    retry_after_seconds: Some(1),
-                });
+                return respond::error(&svc_core::ApiError::too_many_requests(why.reason()));
             }
         };
         watch = slot;

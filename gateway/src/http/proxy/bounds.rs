@@ -132,10 +132,7 @@ impl Bound {
         if let Some(why) = refused {
             drop(held);
             tracing::info!(user, reason = %why, "request refused");
-            return Err(ApiError::TooManyRequests {
-                message: format!("Too many requests, please try again later ({why})."),
-                retry_after_seconds: Some(1),
-            });
+            return Err(ApiError::too_many_requests(&why));
         }
         held.total = held.total.saturating_add(1);
         let mine = held.by_user.entry(user.to_string()).or_insert(0);

@@ -300,4 +300,6 @@ async fn sleep_or_stop(stop: &mut watch::Receiver<bool>, d: Duration) -> bool {
 }
 
 #[cfg(test)]
+mod sources;
+#[cfg(test)]
 mod tests;
