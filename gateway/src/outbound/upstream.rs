@@ -10,6 +10,8 @@
 //! bounded in time and size.
 
 pub mod discovery;
+#[cfg(test)]
+pub mod scripted;
 pub mod watch;
 
 use std::path::Path;

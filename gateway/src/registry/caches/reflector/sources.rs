@@ -1,7 +1,8 @@
 //! The same fill-loop tests run against both real sources, as kube-apiserver runs its cacher
 //! through etcd3's storage tests: the store's feed (an embedded store), and the upstream's
 //! list+watch (`UpstreamSource` against a scripted upstream over HTTP). Each source is driven
-//! through a [`Harness`] that changes what it serves.
+//! through a [`Harness`] that changes what it serves; the scripted upstream is
+//! `outbound/upstream/scripted.rs`.
 // Test code: a panic on a broken expectation is the point.
 #![allow(
     clippy::unwrap_used,
@@ -12,24 +13,21 @@
 )]
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt as _, Full, StreamBody, combinators::BoxBody};
-use hyper::body::Frame;
 use parking_lot::Mutex;
 use svc_core::watch::{
     FrameFormat, Selector, WatchCache, WatchCacheConfig, WatchRequest, WatchStart,
 };
-use svc_storage::{Revision, Store as _};
 use svc_storage::embedded::{EmbeddedConfig, EmbeddedStore};
-use tokio::sync::{mpsc, watch};
+use svc_storage::{Revision, Store as _};
+use tokio::sync::watch;
 
 use super::{FillStatus, Source, run};
-use crate::outbound::upstream::Upstream;
 use crate::outbound::upstream::discovery::core_kind;
+use crate::outbound::upstream::scripted::Scripted;
 use crate::registry::caches::upstream::source::UpstreamSource;
 use crate::registry::caches::{StoreSource, codecs};
 
@@ -113,166 +111,6 @@ impl Harness for Store {
     async fn delete(&self, name: &str) -> Revision {
         self.revisions.lock().remove(name);
         self.store.delete(sa_key(name), None).await.unwrap().1
-    }
-}
-
-// ---- A scripted upstream: pods in namespace `ns`, over plain HTTP.
-
-#[derive(Default)]
-struct Served {
-    revision: Revision,
-    objects: BTreeMap<String, Revision>,
-    /// Every event, as its watch line, with its revision.
-    history: Vec<(Revision, Bytes)>,
-    /// Watches from before this revision are answered 410.
-    oldest: Revision,
-    watchers: Vec<mpsc::UnboundedSender<Bytes>>,
-    /// Requests seen, as `list`, `watch@R`, `streaming`.
-    requests: Vec<String>,
-    /// Changes are not sent to the open watches.
-    deaf: bool,
-}
-
-struct Scripted {
-    served: Arc<Mutex<Served>>,
-    upstream: Upstream,
-    _dir: tempfile::TempDir,
-}
-
-fn pod(name: &str, rev: Revision) -> String {
-    format!(
-        r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"{name}","namespace":"ns","resourceVersion":"{rev}"}}}}"#
-    )
-}
-
-fn line(ty: &str, object: &str) -> Bytes {
-    Bytes::from(format!("{{\"type\":\"{ty}\",\"object\":{object}}}\n"))
-}
-
-type Body = BoxBody<Bytes, Infallible>;
-
-fn whole(status: u16, body: String) -> http::Response<Body> {
-    http::Response::builder()
-        .status(status)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body)).boxed())
-        .unwrap()
-}
-
-fn answer(served: &Mutex<Served>, uri: &http::Uri) -> http::Response<Body> {
-    let query: BTreeMap<String, String> =
-        form_urlencoded::parse(uri.query().unwrap_or_default().as_bytes())
-            .into_owned()
-            .collect();
-    let mut s = served.lock();
-    if query.get("sendInitialEvents").map(String::as_str) == Some("true") {
-        // No streaming lists here: the source lists in pages.
-        s.requests.push("streaming".into());
-        return whole(400, r#"{"kind":"Status","code":400}"#.into());
-    }
-    if query.get("watch").map(String::as_str) == Some("1") {
-        let from: Revision = query["resourceVersion"].parse().unwrap();
-        s.requests.push(format!("watch@{from}"));
-        if from < s.oldest {
-            return whole(
-                410,
-                r#"{"kind":"Status","code":410,"reason":"Expired"}"#.into(),
-            );
-        }
-        let (tx, rx) = mpsc::unbounded_channel();
-        for (_, l) in s.history.iter().filter(|(rev, _)| *rev > from) {
-            let _ = tx.send(l.clone());
-        }
-        s.watchers.push(tx);
-        let frames = futures::stream::unfold(rx, |mut rx| async move {
-            let l = rx.recv().await?;
-            Some((Ok::<_, Infallible>(Frame::data(l)), rx))
-        });
-        return http::Response::builder()
-            .status(200)
-            .header("content-type", "application/json")
-            .body(StreamBody::new(frames).boxed())
-            .unwrap();
-    }
-    s.requests.push("list".into());
-    let items: Vec<String> = s.objects.iter().map(|(n, rev)| pod(n, *rev)).collect();
-    whole(
-        200,
-        format!(
-            r#"{{"kind":"PodList","apiVersion":"v1","metadata":{{"resourceVersion":"{}"}},"items":[{}]}}"#,
-            s.revision,
-            items.join(",")
-        ),
-    )
-}
-
-impl Scripted {
-    async fn new() -> Self {
-        let served = Arc::new(Mutex::new(Served::default()));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let state = served.clone();
-        tokio::spawn(async move {
-            while let Ok((tcp, _)) = listener.accept().await {
-                let state = state.clone();
-                tokio::spawn(async move {
-                    let svc = hyper::service::service_fn(move |req: http::Request<_>| {
-                        std::future::ready(Ok::<_, Infallible>(answer(&state, req.uri())))
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
-                        .await;
-                });
-            }
-        });
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("kubeconfig");
-        std::fs::write(
-            &path,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:{port}\n\
-                 users:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\n\
-                 current-context: x\n"
-            ),
-        )
-        .unwrap();
-        let upstream =
-            Upstream::from_kubeconfig_file(&path, &crate::outbound::egress::Egress::direct(), 1)
-                .unwrap();
-        Scripted {
-            served,
-            upstream,
-            _dir: dir,
-        }
-    }
-
-    fn change(&self, name: &str, ty: &str) -> Revision {
-        let mut s = self.served.lock();
-        s.revision += 1;
-        let rev = s.revision;
-        if ty == "DELETED" {
-            s.objects.remove(name);
-        } else {
-            s.objects.insert(name.to_string(), rev);
-        }
-        let l = line(ty, &pod(name, rev));
-        s.history.push((rev, l.clone()));
-        if !s.deaf {
-            s.watchers.retain(|w| w.send(l.clone()).is_ok());
-        }
-        rev
-    }
-
-    /// The upstream's history before now is gone, and its open watches end: the next
-    /// watch from an older revision is a 410.
-    fn compact(&self) {
-        let mut s = self.served.lock();
-        s.oldest = s.revision;
-        s.watchers.clear();
-    }
-
-    fn requests(&self) -> Vec<String> {
-        self.served.lock().requests.clone()
     }
 }
 
