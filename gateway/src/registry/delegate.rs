@@ -34,7 +34,9 @@ use svc_storage::Revision;
 use crate::base::query::ListOptions;
 use crate::registry::caches::upstream::fresh::{RETRY_AFTER_SECONDS, Unproven};
 use crate::registry::caches::upstream::{UpstreamCache, UpstreamCaches};
-use crate::registry::list::{ContinueToken, expired_continue, page_meta, reads_exactly, unix_now};
+use crate::registry::list::{
+    ContinueToken, ReadPoint, expired_continue, page_meta, reads_exactly, unix_now,
+};
 use crate::registry::watch::{initial_events, watch_start};
 
 /// How long a cached read waits for its cache to reach the version it names before it is
@@ -245,19 +247,20 @@ pub fn list(
 ) -> Result<(Vec<Arc<CachedObject>>, ListMeta), NotCached> {
     let prefix = cached.info.prefix(Some(namespace));
     let limit = opts.limit.and_then(|l| usize::try_from(l).ok());
-    let (at, start_after, issued) = match token {
-        Some(t) => {
-            let mut start = prefix.clone();
-            start.extend_from_slice(t.start.as_bytes());
-            (Some(t.rv), Some(start), t.t)
-        }
-        None => {
-            let exact = match opts.resource_version.as_deref() {
+    let ReadPoint {
+        at,
+        start_after,
+        issued,
+    } = match token {
+        Some(t) => ReadPoint::after_token(t, &prefix),
+        None => ReadPoint {
+            at: match opts.resource_version.as_deref() {
                 None | Some("0") => None,
                 Some(v) => reads_exactly(opts, limit).then(|| v.parse::<i64>().unwrap_or_default()),
-            };
-            (exact, None, unix_now())
-        }
+            },
+            start_after: None,
+            issued: unix_now(),
+        },
     };
     let req = ListRequest {
         namespace: (!namespace.is_empty()).then_some(namespace),

@@ -278,10 +278,24 @@ pub fn page_meta(
 
 /// Where a list reads: at a revision (None: the cache's current state), after a key (a
 /// continue token's), and when its first page was served (a token's lifetime runs from it).
-struct ReadPoint {
-    at: Option<i64>,
-    start_after: Option<Vec<u8>>,
-    issued: i64,
+pub struct ReadPoint {
+    pub at: Option<i64>,
+    pub start_after: Option<Vec<u8>>,
+    pub issued: i64,
+}
+
+impl ReadPoint {
+    /// A continue token's next page, in both modes: at the token's revision, after its last
+    /// key under the collection's `prefix`, issued when its first page was.
+    pub fn after_token(t: &ContinueToken, prefix: &[u8]) -> Self {
+        let mut start = prefix.to_vec();
+        start.extend_from_slice(t.start.as_bytes());
+        ReadPoint {
+            at: Some(t.rv),
+            start_after: Some(start),
+            issued: t.t,
+        }
+    }
 }
 
 /// The read point of a list by its continue token or resourceVersion rules, once the cache
@@ -293,8 +307,7 @@ async fn read_point(
     opts: &ListOptions,
     limit: Option<usize>,
 ) -> Result<ReadPoint, ApiError> {
-    let mut issued = unix_now();
-    let (at, start_after) = if let Some(token) = &opts.continue_token {
+    if let Some(token) = &opts.continue_token {
         let t = decode_token(token, registry.continue_token_ttl)?;
         if t.rv > cache.revision() {
             // Past this cache: another gateway's token while this cache catches up (wait), or
@@ -311,29 +324,25 @@ async fn read_point(
             }
             wait_for_cache(cache, t.rv).await?;
         }
-        issued = t.t;
-        let mut start = prefix.to_vec();
-        start.extend_from_slice(t.start.as_bytes());
-        (Some(t.rv), Some(start))
-    } else {
-        match opts.resource_version.as_deref() {
-            None => {
-                wait_for_consistent(registry.store.as_ref(), cache).await?;
-                (None, None)
-            }
-            Some("0") => (None, None),
-            Some(rv) => {
-                let rv = parse_resource_version(rv)?;
-                let exact = reads_exactly(opts, limit);
-                wait_for_cache(cache, rv).await?;
-                (exact.then_some(rv), None)
-            }
+        return Ok(ReadPoint::after_token(&t, prefix));
+    }
+    let at = match opts.resource_version.as_deref() {
+        None => {
+            wait_for_consistent(registry.store.as_ref(), cache).await?;
+            None
+        }
+        Some("0") => None,
+        Some(rv) => {
+            let rv = parse_resource_version(rv)?;
+            let exact = reads_exactly(opts, limit);
+            wait_for_cache(cache, rv).await?;
+            exact.then_some(rv)
         }
     };
     Ok(ReadPoint {
         at,
-        start_after,
-        issued,
+        start_after: None,
+        issued: unix_now(),
     })
 }
 
