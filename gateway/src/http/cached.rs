@@ -188,7 +188,7 @@ pub async fn serve(
     };
     match answer {
         Ok(resp) => {
-            api.metrics.mirror_read(info, verb);
+            api.metrics.proxy_cache_read(info, verb);
             Some(resp)
         }
         Err(NotCached::Upstream) => None,

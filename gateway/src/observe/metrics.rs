@@ -98,7 +98,7 @@ pub struct KindLabels {
 
 /// A cached read of proxy mode: which resource, which verb.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct MirrorReadLabels {
+pub struct CacheReadLabels {
     group: &'static str,
     version: &'static str,
     resource: &'static str,
@@ -210,7 +210,7 @@ pub struct Metrics {
     watch_events: Family<ResourceLabels, StripedCounter>,
     watch_event_sizes: Family<ResourceLabels, SizeHistogram>,
     /// Lists and watches proxy mode served from its caches.
-    mirror_reads: Family<MirrorReadLabels, Counter>,
+    proxy_cache_reads: Family<CacheReadLabels, Counter>,
     /// Storage call latency and counts, recorded by [`store::InstrumentedStore`].
     pub store: store::StoreMetrics,
     /// Authorization decisions, webhook calls and configuration reloads.
@@ -351,11 +351,11 @@ impl Metrics {
             "Watch event size distribution in bytes",
             watch_event_sizes.clone(),
         );
-        let mirror_reads = Family::<MirrorReadLabels, Counter>::default();
+        let proxy_cache_reads = Family::<CacheReadLabels, Counter>::default();
         registry.register(
             "svc_proxy_cache_reads",
             "Lists and watches a proxy served from its cache of the upstream",
-            mirror_reads.clone(),
+            proxy_cache_reads.clone(),
         );
         let store = store::StoreMetrics::register(&mut registry);
         let authz = authz::AuthzMetrics::register(&mut registry);
@@ -377,7 +377,7 @@ impl Metrics {
             registered_watchers,
             watch_events,
             watch_event_sizes,
-            mirror_reads,
+            proxy_cache_reads,
             store,
             authz,
             validation_mismatches,
@@ -460,9 +460,9 @@ impl Metrics {
 
     /// The event count and sizes of watches of `info`'s type.
     /// Counts a list or watch proxy mode served from its cache.
-    pub fn mirror_read(&self, info: &'static ResourceInfo, verb: &'static str) {
-        self.mirror_reads
-            .get_or_create(&MirrorReadLabels {
+    pub fn proxy_cache_read(&self, info: &'static ResourceInfo, verb: &'static str) {
+        self.proxy_cache_reads
+            .get_or_create(&CacheReadLabels {
                 group: info.group,
                 version: info.version,
                 resource: info.plural,

@@ -89,7 +89,7 @@ impl ServerState {
         let caches = Caches::new(&opts.watch_cache_config());
         let mut metrics = Metrics::new();
         // A proxy never starts these caches (it has no store): its metrics list only the
-        // caches it runs, its mirror's.
+        // caches it runs, those of `registry/caches/upstream.rs`.
         if opts.upstream_kubeconfig.is_none() {
             metrics.register_collector(caches.collector());
         }
