@@ -94,7 +94,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	var running, podsRunning atomic.Int64
-	st := &stats{relistsBy: map[string]int64{}, goneBy: map[string]int64{}}
+	st := &stats{relistsBy: map[string]int64{}, goneBy: map[string]int64{}, reasons: map[string]int64{}}
 	if *statusAddr != "" {
 		if err := st.serve(*statusAddr, *compareKubeconfig, &running); err != nil {
 			log.Fatal(err)

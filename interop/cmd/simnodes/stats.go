@@ -12,6 +12,7 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"regexp"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -46,9 +47,24 @@ type stats struct {
 	mu                 sync.Mutex
 	all                []*watched
 	// Relists and 410s by what was watched ("configmaps", or "configmaps/one" for a
-	// one-object informer), under mu; made with the stats.
-	relistsBy, goneBy map[string]int64
+	// one-object informer), and the errors a reflector gave up a list or watch on (the
+	// relists that follow one), by kind and error; under mu, made with the stats.
+	relistsBy, goneBy, reasons map[string]int64
 }
+
+// reason counts err, the error w's reflector stopped listing and watching on, by w's kind
+// and the error's text with its numbers and addresses left out.
+func (st *stats) reason(w *watched, err error) {
+	text := digits.ReplaceAllString(err.Error(), "N")
+	if len(text) > 120 {
+		text = text[:120]
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.reasons[w.kind()+": "+text]++
+}
+
+var digits = regexp.MustCompile(`[0-9]+`)
 
 // kind names what w watches, for the breakdowns.
 func (w *watched) kind() string {
@@ -119,6 +135,10 @@ func (n *node) watch(g cache.Getter, client kubernetes.Interface, resource, name
 	}
 	w.informer = cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, client), obj,
 		cache.SharedIndexInformerOptions{})
+	_ = w.informer.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+		st.reason(w, err)
+		cache.DefaultWatchErrorHandler(ctx, r, err)
+	})
 	if resource != "pods" {
 		// Read and decoded in full, as a node does; kept as what the stores are compared by.
 		_ = w.informer.SetTransform(keepMeta)
@@ -166,8 +186,9 @@ func (st *stats) informers() []*watched {
 //
 //	/counts   {"nodes","informers","built","syncs","relists","gone"}: informers running,
 //	          informers built (stopped ones too), and relists, the syncs past each one's first
-//	/by       {"relists": {kind: n}, "gone": {kind: n}}: relists and 410s by what was watched
-//	          ("configmaps", or "configmaps/one" for a one-object informer)
+//	/by       {"relists": {kind: n}, "gone": {kind: n}, "reasons": {"kind: error": n}}: relists
+//	          and 410s by what was watched ("configmaps", or "configmaps/one" for a one-object
+//	          informer), and the errors reflectors stopped on before listing again
 //	/seen?resource=R&namespace=N&name=X
 //	          {"informers","have"}: how many informers of R hold N/X
 //	/compare  {"informers","objects","differ","stores_differ","example"}: every informer's store
@@ -193,7 +214,7 @@ func (st *stats) serve(addr, compareKubeconfig string, running *atomic.Int64) er
 	mux.HandleFunc("/by", func(w http.ResponseWriter, _ *http.Request) {
 		st.mu.Lock()
 		defer st.mu.Unlock()
-		reply(w, map[string]map[string]int64{"relists": st.relistsBy, "gone": st.goneBy})
+		reply(w, map[string]map[string]int64{"relists": st.relistsBy, "gone": st.goneBy, "reasons": st.reasons})
 	})
 	mux.HandleFunc("/seen", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
