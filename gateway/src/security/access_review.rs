@@ -9,7 +9,11 @@
 //! retrying client back for the whole TTL, its backoff growing meanwhile; a refused caller
 //! costs the upstream one review a request, as its own authorizer costs it directly. A review
 //! that cannot be had (the upstream unreachable, or failing) is a 429 with `Retry-After: 1`,
-//! and is not cached.
+//! and is not cached; so is a denial while the upstream is not ready (its `/readyz`, read at
+//! most once a second): a kube-apiserver starting again denies before its RBAC caches are
+//! filled. The same review asked by many callers at once (every node's
+//! kube-proxy starting its informers as `system:kube-proxy`) is sent once, its answer shared
+//! (`base/flights.rs`).
 
 use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
@@ -24,6 +28,7 @@ use svc_core::ApiError;
 use svc_core::user::UserInfo;
 
 use crate::base::deadline::Deadline as _;
+use crate::base::flights::Flights;
 use crate::outbound::upstream::Upstream;
 
 /// How long an answer of the upstream is kept.
@@ -31,12 +36,19 @@ pub const TTL: Duration = Duration::from_secs(10);
 /// Most answers kept; the least recently used makes room.
 pub const CAPACITY: usize = 8192;
 const PATH: &str = "/apis/authorization.k8s.io/v1/subjectaccessreviews";
+/// How long the upstream's readiness, read after a denial, is taken as it was.
+const READY_TTL: Duration = Duration::from_secs(1);
 
 /// Asks the upstream, caching its answers.
 pub struct AccessReviewer {
     upstream: Upstream,
     /// Grants: their reason, and when they were given.
     cache: Mutex<LruCache<String, (String, Instant)>>,
+    /// Reviews under way, each asked of the upstream once for all who wait on it.
+    flights: Flights<String, Result<(bool, String), String>>,
+    /// The upstream's readiness as last read, and when.
+    ready: Mutex<Option<(Instant, bool)>>,
+    ready_flights: Flights<(), bool>,
 }
 
 impl AccessReviewer {
@@ -45,6 +57,9 @@ impl AccessReviewer {
         AccessReviewer {
             upstream,
             cache: Mutex::new(LruCache::new(capacity)),
+            flights: Flights::default(),
+            ready: Mutex::new(None),
+            ready_flights: Flights::default(),
         }
     }
 
@@ -89,28 +104,55 @@ impl AccessReviewer {
             ),
             retry_after_seconds: Some(1),
         };
+        // The same review asked by many at once is sent once.
+        let asked = self.flights.run(key.clone(), || self.ask(key.clone()));
+        let answer = asked.await.map_err(unavailable)?;
+        if answer.0 {
+            self.cache.lock().put(key, (answer.1.clone(), now));
+        } else if !self.upstream_ready().await {
+            // A kube-apiserver starting again answers reviews before its authorizers have
+            // filled their caches, and denies what its RBAC will allow a moment later: a 403
+            // passed on would have every client-go informer starting a watch then list
+            // everything again, where a 429 has it retry the watch.
+            return Err(unavailable(
+                "it is not ready, and a denial of a server not ready is not taken".into(),
+            ));
+        }
+        Ok(answer)
+    }
+
+    /// Whether the upstream answers `/readyz` with 200, read at most once per [`READY_TTL`].
+    async fn upstream_ready(&self) -> bool {
+        let now = Instant::now();
+        if let Some((at, ready)) = *self.ready.lock()
+            && now < at.later(READY_TTL)
+        {
+            return ready;
+        }
+        let ready = self
+            .ready_flights
+            .run((), || async { self.upstream.ready().await.is_ok() })
+            .await;
+        *self.ready.lock() = Some((Instant::now(), ready));
+        ready
+    }
+
+    /// Sends the review `key` (its JSON) to the upstream: its answer, or why there is none.
+    async fn ask(&self, key: String) -> Result<(bool, String), String> {
         let response = self
             .upstream
-            .post_json(PATH, Bytes::from(key.clone()))
+            .post_json(PATH, Bytes::from(key))
             .await
-            .map_err(|e| unavailable(e.to_string()))?;
+            .map_err(|e| e.to_string())?;
         if !response.status.is_success() {
-            return Err(unavailable(format!(
-                "{PATH} answered {}",
-                response.status.as_u16()
-            )));
+            return Err(format!("{PATH} answered {}", response.status.as_u16()));
         }
         #[derive(serde::Deserialize)]
         struct Review {
             #[serde(default)]
             status: SubjectAccessReviewStatus,
         }
-        let review: Review =
-            serde_json::from_slice(&response.body).map_err(|e| unavailable(e.to_string()))?;
-        let answer = (review.status.allowed, review.status.reason);
-        if answer.0 {
-            self.cache.lock().put(key, (answer.1.clone(), now));
-        }
-        Ok(answer)
+        let review: Review = serde_json::from_slice(&response.body).map_err(|e| e.to_string())?;
+        Ok((review.status.allowed, review.status.reason))
     }
 }

@@ -54,6 +54,9 @@ struct State {
     /// SubjectAccessReviews asked, and whether eve is granted (she is not, at first).
     reviews: usize,
     eve_granted: bool,
+    /// Starting again: `/readyz` fails and every review is denied, as a kube-apiserver's
+    /// before its RBAC caches are filled.
+    not_ready: bool,
     /// Short watches (`timeoutSeconds` of 5 or less, a proof's second step) answered with
     /// nothing until they end, as a busy kube-apiserver may bookmark too late: the first this
     /// many. Past them (when set), a short watch is bookmarked at once.
@@ -149,6 +152,10 @@ async fn answer(up: Arc<Upstream>, req: Request<Incoming>) -> Response<Out> {
         .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
         .unwrap_or_default();
     match (parts.method.clone(), parts.uri.path()) {
+        (_, "/readyz") if up.state.lock().not_ready => full(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            json!("[-]poststarthook/rbac/bootstrap-roles failed"),
+        ),
         (_, "/readyz") => full(StatusCode::OK, json!("ok")),
         (Method::GET, "/api") => full(
             StatusCode::OK,
@@ -328,7 +335,7 @@ async fn answer(up: Arc<Upstream>, req: Request<Incoming>) -> Response<Out> {
             let mut s = up.state.lock();
             s.last_review = spec["resourceAttributes"].clone();
             s.reviews += 1;
-            let allowed = spec["user"] != "eve" || s.eve_granted;
+            let allowed = !s.not_ready && (spec["user"] != "eve" || s.eve_granted);
             full(
                 StatusCode::CREATED,
                 json!({"kind": "SubjectAccessReview", "status": {"allowed": allowed}}),
@@ -541,6 +548,63 @@ async fn the_upstream_decides_who_reads_the_cache() {
         .await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(up.state.lock().reviews, reviews + 1, "the grant was kept");
+}
+
+/// An upstream starting again denies every review before its RBAC caches are filled: the
+/// proxy takes no denial of an upstream that is not ready (429, so that a client-go
+/// informer retries its watch rather than listing everything again, as it does after a 403),
+/// and passes on a ready upstream's denial as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denial_of_an_upstream_not_ready_is_a_429_to_retry() {
+    let up = start_upstream().await;
+    up.change("a", Some("1"), false);
+    let proxy = Proxy::start(up.addr, |_| {}).await.unwrap();
+    let alice = proxy.user("alice", &[], false);
+    until_filled(&alice).await;
+    up.state.lock().not_ready = true;
+    let r = alice
+        .request(
+            Method::GET,
+            "/api/v1/namespaces/ns/configmaps?watch=1&resourceVersion=0",
+            "",
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{}", r.text());
+    assert!(r.text().contains("not ready"), "{}", r.text());
+    up.state.lock().not_ready = false;
+    // Ready again: alice is granted, and eve's denial is passed on.
+    let alice_read = || {
+        alice.request(
+            Method::GET,
+            "/api/v1/namespaces/ns/configmaps?resourceVersion=0",
+            "",
+            &[],
+        )
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = alice_read().await;
+        if r.status == StatusCode::OK {
+            break;
+        }
+        assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{}", r.text());
+        assert!(std::time::Instant::now() < deadline, "never granted again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A denial is passed on once the upstream is read ready again (within a second).
+    let eve = proxy.user("eve", &[], true);
+    loop {
+        let (status, body) = eve
+            .get("/api/v1/namespaces/ns/configmaps?resourceVersion=0")
+            .await;
+        if status == StatusCode::FORBIDDEN {
+            break;
+        }
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+        assert!(std::time::Instant::now() < deadline, "eve never refused");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Proxy mode's watches (from the cache, and passed upstream) are response bodies that end on
