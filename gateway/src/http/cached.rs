@@ -115,7 +115,7 @@ pub async fn serve(
         namespace: target.namespace,
         pinned: name.as_deref(),
     };
-    let plan = match decide(&read, &cached, caches.max_revision()) {
+    let plan = match decide(&read, &cached, || caches.max_revision()) {
         Delegation::Upstream => return None,
         Delegation::UpstreamOrGone(gone) => {
             *older = Some(gone);

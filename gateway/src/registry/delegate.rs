@@ -88,12 +88,12 @@ pub enum Proof<'a> {
     Whole,
 }
 
-/// Decides who answers `read` of `cached`; `upstream_reached` is the newest revision any
-/// of the proxy's caches has seen upstream.
+/// Decides who answers `read` of `cached`; `upstream_reached` gives the newest revision any
+/// of the proxy's caches has seen upstream, read only for a watch from a version.
 pub fn decide<'a>(
     read: &Read<'a>,
     cached: &UpstreamCache,
-    upstream_reached: Revision,
+    upstream_reached: impl FnOnce() -> Revision,
 ) -> Delegation<'a> {
     let opts = read.opts;
     let rv = opts.resource_version.as_deref();
@@ -139,7 +139,7 @@ pub fn decide<'a>(
     // the cache itself at the revision.
     let ahead = opts.watch
         && !initial_events(rv, opts.send_initial_events)
-        && wanted.is_some_and(|n| n <= upstream_reached);
+        && wanted.is_some_and(|n| n <= upstream_reached());
     let start = if opts.watch {
         match watch_start(
             rv,

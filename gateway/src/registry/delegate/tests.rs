@@ -47,7 +47,7 @@ fn decided(cached: &UpstreamCache, query: &str, namespace: &str, reached: Revisi
         namespace,
         pinned: query.contains("metadata.name%3Da").then_some("a"),
     };
-    match decide(&read, cached, reached) {
+    match decide(&read, cached, || reached) {
         Delegation::Upstream => "upstream".into(),
         Delegation::UpstreamOrGone(e) => format!("upstream or {e}"),
         Delegation::Cache(p) => format!(
@@ -185,7 +185,7 @@ fn a_continue_token_of_this_proxy_reads_its_revision() {
         pinned: None,
     };
     assert_eq!(
-        decide(&read, &c, 10),
+        decide(&read, &c, || 10),
         Delegation::Cache(Plan {
             proof: None,
             reach: Some(9),
