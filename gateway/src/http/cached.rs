@@ -20,7 +20,7 @@ use svc_core::ApiError;
 use svc_core::selector::{FieldSelector, LabelSelector};
 use svc_core::table::IncludeObject;
 use svc_core::user::UserInfo;
-use svc_core::watch::{FrameFormat, Selector, WatchRequest, WatchStart};
+use svc_core::watch::{Selector, WatchRequest, WatchStart};
 
 use crate::base::query::{ListOptions, Query};
 use crate::http::api::Api;
@@ -290,13 +290,8 @@ fn watch(
     format: Format,
 ) -> Result<Response<Body>, NotCached> {
     let info = cached.info;
-    let frames = match format {
-        Format::Json => FrameFormat::Json,
-        Format::Protobuf(_) => FrameFormat::Protobuf,
-        Format::Cbor => FrameFormat::CborSeq,
-        Format::PartialMetadata { group, list: false } => FrameFormat::PartialMetadata(group),
-        _ => return Err(NotCached::Upstream),
-    };
+    // A format with no watch frames is the upstream's to answer.
+    let frames = format.watch_frames().map_err(|_| NotCached::Upstream)?;
     let req = WatchRequest {
         namespace: (!namespace.is_empty()).then(|| namespace.to_string()),
         selector,

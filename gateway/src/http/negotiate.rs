@@ -3,6 +3,7 @@
 
 use http::HeaderMap;
 use svc_core::ApiError;
+use svc_core::watch::FrameFormat;
 
 use crate::base::features::{Feature, FeatureGates};
 use svc_core::codec::{MEDIA_TYPE_KUBERNETES_PROTOBUF, MEDIA_TYPE_PROTOBUF};
@@ -31,6 +32,26 @@ pub enum Format {
 }
 
 impl Format {
+    /// The frames a watch is written in for this format, in both modes; 406 for the formats a
+    /// watch stream has none of (a metadata list, YAML, Tables).
+    pub fn watch_frames(&self) -> Result<FrameFormat, ApiError> {
+        match *self {
+            Format::Json => Ok(FrameFormat::Json),
+            Format::Protobuf(_) => Ok(FrameFormat::Protobuf),
+            Format::Cbor => Ok(FrameFormat::CborSeq),
+            Format::PartialMetadata { group, list: false } => {
+                Ok(FrameFormat::PartialMetadata(group))
+            }
+            Format::PartialMetadata { list: true, .. } => Err(ApiError::NotAcceptable(
+                "you requested PartialObjectMetadataList, but a watch event's object is not a list"
+                    .into(),
+            )),
+            Format::Yaml | Format::Table => Err(ApiError::NotAcceptable(
+                "watch streams are served as JSON, protobuf or CBOR sequences".into(),
+            )),
+        }
+    }
+
     pub fn content_type(self) -> &'static str {
         match self {
             Format::Json | Format::Table | Format::PartialMetadata { .. } => "application/json",

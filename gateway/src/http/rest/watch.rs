@@ -5,12 +5,11 @@ use std::sync::Arc;
 
 use http::Response;
 use svc_core::ApiError;
-use svc_core::watch::{FrameFormat, Selector};
+use svc_core::watch::Selector;
 
 use super::call::{RestRequest, Selectors};
 use crate::base::query::ListOptions;
 use crate::http::api::Api;
-use crate::http::negotiate::Format;
 use crate::http::respond::{self, Body};
 use crate::registry;
 use crate::registry::watch::WatchFrom;
@@ -23,23 +22,7 @@ pub async fn watch<T: Kind>(
     sel: Selectors,
 ) -> Result<Response<Body>, ApiError> {
     let format = call.format;
-    let frames = match format {
-        Format::Json => FrameFormat::Json,
-        Format::Protobuf(_) => FrameFormat::Protobuf,
-        Format::Cbor => FrameFormat::CborSeq,
-        Format::PartialMetadata { group, list: false } => FrameFormat::PartialMetadata(group),
-        Format::PartialMetadata { list: true, .. } => {
-            return Err(ApiError::NotAcceptable(
-                "you requested PartialObjectMetadataList, but a watch event's object is not a list"
-                    .into(),
-            ));
-        }
-        Format::Yaml | Format::Table => {
-            return Err(ApiError::NotAcceptable(
-                "watch streams are served as JSON, protobuf or CBOR sequences".into(),
-            ));
-        }
-    };
+    let frames = format.watch_frames()?;
     let start = WatchFrom {
         namespace: (!call.route.namespace.is_empty()).then(|| call.route.namespace.clone()),
         selector: Selector::new(sel.labels, sel.fields),
