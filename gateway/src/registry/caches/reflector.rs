@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rand::Rng as _;
-use svc_core::watch::WatchCache;
+use svc_core::watch::{ApplyReport, WatchCache};
 use svc_storage::{FeedItem, KeyValue, Revision};
 use tokio::sync::{Notify, watch};
 
@@ -160,9 +160,7 @@ pub async fn run<S: Source>(
                         } else {
                             cache.resync(&l.kvs, l.revision, now)
                         };
-                        for e in report.errors.iter().take(3) {
-                            tracing::warn!(resource = info.plural, group = info.group, errors = report.error_count, error = %e, "objects left out of the cache");
-                        }
+                        left_out(&cache, &report);
                         status.lists.fetch_add(1, Ordering::Relaxed);
                         status.filled_at.store(l.revision, Ordering::Release);
                         status.synced.store(true, Ordering::Release);
@@ -267,14 +265,25 @@ async fn follow<S: Source>(
                 false
             }
         };
-        let report = cache.apply(item, Instant::now());
-        for e in report.errors.iter().take(3) {
-            let info = cache.codec().info;
-            tracing::warn!(resource = info.plural, group = info.group, errors = report.error_count, error = %e, "objects left out of the cache");
-        }
+        apply(cache, item);
         if events && let Some(n) = changed {
             n.notify_one();
         }
+    }
+}
+
+/// Applies a feed item to `cache` now, logging the objects it could not take: the fill loop's
+/// and a proof of freshness's (`upstream/fresh.rs`) way of bringing a cache forward.
+pub fn apply(cache: &WatchCache, item: FeedItem) {
+    let report = cache.apply(item, Instant::now());
+    left_out(cache, &report);
+}
+
+/// Logs the first objects a fill or an item left out of `cache`, with their count.
+fn left_out(cache: &WatchCache, report: &ApplyReport) {
+    let info = cache.codec().info;
+    for e in report.errors.iter().take(3) {
+        tracing::warn!(resource = info.plural, group = info.group, errors = report.error_count, error = %e, "objects left out of the cache");
     }
 }
 

@@ -50,6 +50,7 @@ use crate::outbound::upstream::watch::{
     Bookmark, Line, NotOpened, Taken, WatchBody, collection_path, lines, namespaced_path, open,
     parse_rv, take_line,
 };
+use crate::registry::caches::reflector;
 use svc_core::watch::unstructured::ObjectHead;
 
 /// The longest a read waits for its proof: room for a first step begun before it arrived
@@ -107,17 +108,6 @@ impl ProofCounts {
             Err(Unproven::Busy(_)) => &self.busy,
         };
         failed.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// Applies the events read so far to the cache, as the fill loop does.
-fn flush(cache: &WatchCache, events: &mut Vec<svc_storage::Event>, info: &ResourceInfo) {
-    if events.is_empty() {
-        return;
-    }
-    let report = cache.apply(FeedItem::Events(std::mem::take(events)), Instant::now());
-    for e in &report.errors {
-        tracing::warn!(resource = info.plural, error = %e, "upstream object left out");
     }
 }
 
@@ -501,10 +491,12 @@ async fn catch_up(
     let reached = lines(body, |line| {
         let mut events = Vec::new();
         let taken = take_line(info, line, &mut events).map_err(|e| e.to_string())?;
-        flush(cache, &mut events, info);
+        if !events.is_empty() {
+            reflector::apply(cache, FeedItem::Events(events));
+        }
         if let Taken::Bookmark(rev) = taken {
             bookmarked = true;
-            cache.apply(FeedItem::Progress(rev), Instant::now());
+            reflector::apply(cache, FeedItem::Progress(rev));
         }
         Ok((cache.revision() >= state.lock().target).then_some(()))
     })
