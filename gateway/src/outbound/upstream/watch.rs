@@ -158,10 +158,7 @@ pub async fn streaming_list(
         collection_path(info),
         STREAMING_LIST_TIMEOUT.as_secs()
     );
-    let request = http::Request::get(&url)
-        .header(http::header::ACCEPT, "application/json")
-        .body(client::buffered(Bytes::new()))
-        .map_err(|e| e.to_string())?;
+    let request = json_get(&url)?;
     let response = tokio::time::timeout(CALL_TIMEOUT, upstream.send(request))
         .await
         .map_err(|_| format!("{url}: no answer within {CALL_TIMEOUT:?}"))?
@@ -280,12 +277,17 @@ pub enum NotOpened {
     Refused(String),
 }
 
-/// Opens `url` (a watch, for its lines) as the proxy, in JSON.
-pub async fn open(upstream: &Upstream, url: &str) -> Result<WatchBody, NotOpened> {
-    let request = http::Request::get(url)
+/// A GET of `url` (its path and query) asking for JSON; sent under the proxy's credential.
+fn json_get(url: &str) -> Result<http::Request<client::RequestBody>, String> {
+    http::Request::get(url)
         .header(http::header::ACCEPT, "application/json")
         .body(client::buffered(Bytes::new()))
-        .map_err(|e| NotOpened::Refused(e.to_string()))?;
+        .map_err(|e| e.to_string())
+}
+
+/// Opens `url` (a watch, for its lines) as the proxy, in JSON.
+pub async fn open(upstream: &Upstream, url: &str) -> Result<WatchBody, NotOpened> {
+    let request = json_get(url).map_err(NotOpened::Refused)?;
     let response = upstream
         .send(request)
         .await
@@ -316,10 +318,7 @@ pub async fn watch(
         "{}?watch=1&allowWatchBookmarks=true&resourceVersion={from}&timeoutSeconds={timeout_seconds}",
         collection_path(info)
     );
-    let request = http::Request::get(&url)
-        .header(http::header::ACCEPT, "application/json")
-        .body(client::buffered(Bytes::new()))
-        .map_err(|e| LineEnd::Failed(e.to_string()))?;
+    let request = json_get(&url).map_err(LineEnd::Failed)?;
     let response = match tokio::time::timeout(CALL_TIMEOUT, upstream.send(request)).await {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => return Err(LineEnd::Failed(e.to_string())),
