@@ -347,69 +347,58 @@ struct ResourceLabels {
     resource: &'static str,
 }
 
-/// One family of the caches' metrics: name (without `_total`), type, help, and its value
-/// for a resource.
-type Series = (
-    &'static str,
-    MetricType,
-    &'static str,
-    fn(&UpstreamCache) -> f64,
-);
+/// One family of the caches' metrics: name (a counter's without `_total`), help, and its
+/// value for a resource.
+type Series<T> = (&'static str, &'static str, fn(&UpstreamCache) -> T);
 
-const SERIES: [Series; 9] = [
+const GAUGES: [Series<f64>; 5] = [
     (
         "svc_proxy_cache_objects",
-        MetricType::Gauge,
         "Objects held in the proxy's cache of a resource.",
         |m| m.cache.stats().objects as f64,
     ),
     (
         "svc_proxy_cache_watchers",
-        MetricType::Gauge,
         "Watchers served from the proxy's cache of a resource.",
         |m| m.cache.stats().watchers as f64,
     ),
     (
         "svc_proxy_cache_lag_seconds",
-        MetricType::Gauge,
         "Seconds since the upstream last sent an event, bookmark or list of a resource.",
         |m| m.status.silence(),
     ),
     (
         "svc_proxy_cache_resource_version",
-        MetricType::Gauge,
         "The upstream resourceVersion the proxy's cache of a resource has reached.",
         |m| m.cache.revision() as f64,
     ),
     (
         "svc_proxy_upstream_watches",
-        MetricType::Gauge,
         "Upstream watches open for a resource (0 or 1).",
         |m| u8::from(m.status.watching.load(Ordering::Relaxed)).into(),
     ),
+];
+
+const COUNTERS: [Series<u64>; 4] = [
     (
         "svc_proxy_freshness_proofs",
-        MetricType::Counter,
         "Proofs that a resource's cache is as fresh as the upstream, for reads from its newest state.",
-        |m| m.proofs.asked.load(Ordering::Relaxed) as f64,
+        |m| m.proofs.asked.load(Ordering::Relaxed),
     ),
     (
         "svc_proxy_freshness_proofs_failed",
-        MetricType::Counter,
         "Proofs of freshness the upstream could not give: their reads passed through to it.",
-        |m| m.proofs.refused.load(Ordering::Relaxed) as f64,
+        |m| m.proofs.refused.load(Ordering::Relaxed),
     ),
     (
         "svc_proxy_freshness_proofs_busy",
-        MetricType::Counter,
         "Proofs of freshness the upstream was too busy to give in time: their reads were answered 429 to try again.",
-        |m| m.proofs.busy.load(Ordering::Relaxed) as f64,
+        |m| m.proofs.busy.load(Ordering::Relaxed),
     ),
     (
         "svc_proxy_upstream_lists",
-        MetricType::Counter,
         "Full upstream lists read for a resource (the first fill and each relist).",
-        |m| m.status.lists.load(Ordering::Relaxed) as f64,
+        |m| m.status.lists.load(Ordering::Relaxed),
     ),
 ];
 
@@ -429,29 +418,25 @@ impl Collector for UpstreamCollector {
             rows.sort_by_key(|m| (m.info.group, m.info.plural));
             rows
         };
-        for (name, ty, help, value) in SERIES {
-            let mut family = encoder.encode_descriptor(name, help, None, ty)?;
+        let labels = |m: &UpstreamCache| ResourceLabels {
+            group: m.info.group,
+            version: m.info.version,
+            resource: m.info.plural,
+        };
+        for (name, help, value) in GAUGES {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             for m in &rows {
-                let labels = ResourceLabels {
-                    group: m.info.group,
-                    version: m.info.version,
-                    resource: m.info.plural,
-                };
-                let sample = family.encode_family(&labels)?;
-                match ty {
-                    MetricType::Counter => ConstCounter::new(whole(value(m))).encode(sample)?,
-                    _ => ConstGauge::new(value(m)).encode(sample)?,
-                }
+                ConstGauge::new(value(m)).encode(family.encode_family(&labels(m))?)?;
+            }
+        }
+        for (name, help, value) in COUNTERS {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for m in &rows {
+                ConstCounter::new(value(m)).encode(family.encode_family(&labels(m))?)?;
             }
         }
         Ok(())
     }
-}
-
-/// A counter's value, read as f64 with the gauges, as the whole number it is.
-fn whole(v: f64) -> u64 {
-    // Counts of events: far below 2^53, never negative.
-    v.max(0.0).round() as u64
 }
 
 fn name_of(info: &ResourceInfo) -> String {
