@@ -14,17 +14,16 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use svc_core::watch::{
-    FrameFormat, Selector, WatchCache, WatchCacheConfig, WatchRequest, WatchStart,
-};
+use svc_core::watch::{WatchCache, WatchCacheConfig};
 use svc_storage::embedded::{EmbeddedConfig, EmbeddedStore};
 use svc_storage::{Revision, Store as _};
 use tokio::sync::watch;
 
+use super::tests::{drained, until, watcher};
 use super::{FillStatus, Source, run};
 use crate::outbound::upstream::discovery::core_kind;
 use crate::outbound::upstream::scripted::Scripted;
@@ -147,30 +146,6 @@ impl Harness for Scripted {
 
 // ---- The tests, the same for both.
 
-async fn until(what: &str, cond: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "never: {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// The `TYPE name` of each JSON frame a watcher has now.
-fn drained(w: &mut svc_core::watch::Watcher) -> Vec<String> {
-    let d = w.drain(1 << 20, Instant::now());
-    d.frames
-        .iter()
-        .map(|f| {
-            let v: serde_json::Value = serde_json::from_slice(f).unwrap();
-            format!(
-                "{} {}",
-                v["type"].as_str().unwrap_or_default(),
-                v["object"]["metadata"]["name"].as_str().unwrap_or_default()
-            )
-        })
-        .collect()
-}
-
 /// Listed, then followed: what was there is in the cache at the list's revision, and what
 /// changes after reaches a watcher in order, deletes included, at the source's revisions.
 async fn fills_and_follows<H: Harness>(h: H) {
@@ -182,23 +157,16 @@ async fn fills_and_follows<H: Harness>(h: H) {
     let task = tokio::spawn(run(h.source(), cache.clone(), status.clone(), None, rx));
     until("the first fill", || cache.revision() >= listed_at).await;
     assert_eq!(cache.stats().objects, 2);
-    let mut w = cache
-        .watch(
-            WatchRequest {
-                namespace: None,
-                selector: Selector::default(),
-                start: WatchStart::After(listed_at),
-                bookmarks: false,
-                format: FrameFormat::Json,
-            },
-            Instant::now(),
-        )
-        .unwrap();
+    let mut w = watcher(&cache, listed_at);
     h.put("c").await;
     h.put("b").await;
     let last = h.delete("a").await;
     until("the changes followed", || cache.revision() >= last).await;
-    assert_eq!(drained(&mut w), ["ADDED c", "MODIFIED b", "DELETED a"]);
+    // The store's revisions are its own: the events by type and name.
+    let (got, over) = drained(&mut w);
+    let got: Vec<&str> = got.iter().filter_map(|e| e.split('@').next()).collect();
+    assert_eq!(got, ["ADDED c", "MODIFIED b", "DELETED a"]);
+    assert!(!over);
     assert_eq!(cache.stats().objects, 2);
     assert_eq!(status.lists.load(std::sync::atomic::Ordering::Relaxed), 1);
     let _ = stop.send(true);
@@ -231,18 +199,7 @@ async fn the_upstream_after_a_gap_is_listed_again_and_resynced() {
     let status = Arc::new(FillStatus::default());
     let task = tokio::spawn(run(h.source(), cache.clone(), status.clone(), None, rx));
     until("the first fill", || cache.revision() >= 1).await;
-    let mut w = cache
-        .watch(
-            WatchRequest {
-                namespace: None,
-                selector: Selector::default(),
-                start: WatchStart::After(1),
-                bookmarks: false,
-                format: FrameFormat::Json,
-            },
-            Instant::now(),
-        )
-        .unwrap();
+    let mut w = watcher(&cache, 1);
     // Changes no open watch carries, then the history before them gone.
     h.served.lock().deaf = true;
     h.put("b").await;
@@ -253,8 +210,9 @@ async fn the_upstream_after_a_gap_is_listed_again_and_resynced() {
     })
     .await;
     until("the resync", || cache.revision() >= 3).await;
-    assert_eq!(drained(&mut w), ["ADDED b", "DELETED a"]);
-    assert!(!w.is_finished(), "the watcher goes on");
+    let (got, over) = drained(&mut w);
+    assert_eq!(got, ["ADDED b@2", "DELETED a@3"]);
+    assert!(!over, "the watcher goes on");
     assert!(
         h.requests().iter().any(|r| r == "watch@1"),
         "{:?}",

@@ -133,7 +133,7 @@ fn start(source: Scripted) -> Running {
     }
 }
 
-async fn until(what: &str, cond: impl Fn() -> bool) {
+pub(super) async fn until(what: &str, cond: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(5);
     while !cond() {
         assert!(Instant::now() < deadline, "never: {what}");
@@ -141,7 +141,7 @@ async fn until(what: &str, cond: impl Fn() -> bool) {
     }
 }
 
-fn watcher(cache: &WatchCache, after: Revision) -> Watcher {
+pub(super) fn watcher(cache: &WatchCache, after: Revision) -> Watcher {
     cache
         .watch(
             WatchRequest {
@@ -157,7 +157,7 @@ fn watcher(cache: &WatchCache, after: Revision) -> Watcher {
 }
 
 /// The `TYPE name@rv` of each JSON frame drained, and whether the watcher is over.
-fn drained(w: &mut Watcher) -> (Vec<String>, bool) {
+pub(super) fn drained(w: &mut Watcher) -> (Vec<String>, bool) {
     let d = w.drain(1 << 20, Instant::now());
     let got = d
         .frames
