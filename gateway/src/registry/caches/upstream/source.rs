@@ -23,7 +23,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use rand::Rng as _;
 use svc_core::ResourceInfo;
-use svc_storage::{FeedItem, Revision};
+use svc_storage::{Event, FeedItem, Revision};
 
 use crate::outbound::upstream::Upstream;
 use crate::outbound::upstream::watch::{
@@ -170,32 +170,31 @@ impl UpstreamFeed {
         let mut events = Vec::new();
         while let Some(nl) = self.buf.iter().position(|b| *b == b'\n') {
             let line = self.buf.split_to(nl.saturating_add(1)).freeze();
-            match protocol::take_line(self.info, &line, &mut events) {
-                Ok(Taken::Event(_) | Taken::Nothing) => {}
-                Ok(Taken::Bookmark(rev)) => {
-                    if !events.is_empty() {
-                        self.ready
-                            .push_back(Ok(FeedItem::Events(std::mem::take(&mut events))));
-                    }
-                    self.ready.push_back(Ok(FeedItem::Progress(rev)));
-                }
-                Err(end) => {
-                    if !events.is_empty() {
-                        self.ready
-                            .push_back(Ok(FeedItem::Events(std::mem::take(&mut events))));
-                    }
-                    self.ready.push_back(Err(gap(end)));
-                    return;
-                }
+            let next = match protocol::take_line(self.info, &line, &mut events) {
+                Ok(Taken::Event(_) | Taken::Nothing) => continue,
+                Ok(Taken::Bookmark(rev)) => Ok(FeedItem::Progress(rev)),
+                Err(end) => Err(gap(end)),
+            };
+            let ends = next.is_err();
+            self.push_events(&mut events);
+            self.ready.push_back(next);
+            if ends {
+                return;
             }
         }
-        if !events.is_empty() {
-            self.ready.push_back(Ok(FeedItem::Events(events)));
-        }
+        self.push_events(&mut events);
         if self.buf.len() > MAX_LINE {
             self.ready.push_back(Err(Gap::Failed(format!(
                 "a watch event over {MAX_LINE} bytes"
             ))));
+        }
+    }
+
+    /// The events read since the last item, as one item, if any.
+    fn push_events(&mut self, events: &mut Vec<Event>) {
+        if !events.is_empty() {
+            self.ready
+                .push_back(Ok(FeedItem::Events(std::mem::take(events))));
         }
     }
 }
