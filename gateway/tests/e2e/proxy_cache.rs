@@ -573,38 +573,33 @@ async fn a_denial_of_an_upstream_not_ready_is_a_429_to_retry() {
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{}", r.text());
     assert!(r.text().contains("not ready"), "{}", r.text());
     up.state.lock().not_ready = false;
-    // Ready again: alice is granted, and eve's denial is passed on.
-    let alice_read = || {
-        alice.request(
-            Method::GET,
-            "/api/v1/namespaces/ns/configmaps?resourceVersion=0",
-            "",
-            &[],
-        )
-    };
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let r = alice_read().await;
-        if r.status == StatusCode::OK {
-            break;
-        }
-        assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{}", r.text());
-        assert!(std::time::Instant::now() < deadline, "never granted again");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    // A denial is passed on once the upstream is read ready again (within a second).
+    // Ready again: alice is granted, and eve's denial is passed on once the upstream is read
+    // ready again (within a second); all within 5 s.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let path = "/api/v1/namespaces/ns/configmaps?resourceVersion=0";
+    until_answered(&alice, path, StatusCode::OK, deadline).await;
     let eve = proxy.user("eve", &[], true);
-    loop {
-        let (status, body) = eve
-            .get("/api/v1/namespaces/ns/configmaps?resourceVersion=0")
-            .await;
-        if status == StatusCode::FORBIDDEN {
-            break;
-        }
-        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
-        assert!(std::time::Instant::now() < deadline, "eve never refused");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until_answered(&eve, path, StatusCode::FORBIDDEN, deadline).await;
+}
+
+/// Reads `path` as `client` until it answers `want`, by `deadline`; every answer before it a
+/// 429 to retry.
+async fn until_answered(
+    client: &Client,
+    path: &str,
+    want: StatusCode,
+    deadline: tokio::time::Instant,
+) {
+    let limit = deadline.saturating_duration_since(tokio::time::Instant::now());
+    eventually(limit, &format!("{path} answered {want}"), || async {
+        let (status, body) = client.get(path).await;
+        assert!(
+            status == want || status == StatusCode::TOO_MANY_REQUESTS,
+            "{status}: {body}"
+        );
+        status == want
+    })
+    .await;
 }
 
 /// Proxy mode's watches (from the cache, and passed upstream) are response bodies that end on
