@@ -666,6 +666,14 @@ fn pool(
             .timer(TokioTimer::new())
             .http2_keep_alive_interval(H2_PING_INTERVAL)
             .http2_keep_alive_timeout(H2_PING_TIMEOUT)
+            // A request given up on (a review past its timeout, a caller gone) is reset, and
+            // the server's answer may still be on its way: h2 forgets a reset stream after a
+            // second, then resets again on each late frame, and counts those resets over the
+            // connection's whole life. At its default limit (1,024, meant to stop a hostile
+            // peer) it ends the connection with every stream on it; a busy upstream reaches
+            // that within minutes, and each of the proxy's connections to it carries
+            // hundreds of requests. The servers dialled here are the operator's own.
+            .http2_max_local_error_reset_streams(None)
             .build(connector),
     )
 }
@@ -804,3 +812,6 @@ impl Write for Conn {
         Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
+
+#[cfg(test)]
+mod tests;
