@@ -5,7 +5,8 @@
 // judge a kubelet, and its own connection. Each makes the requests a kubelet and a kube-proxy
 // make, as the hollow kubelets and kube-proxies of the same cluster were seen making them:
 //
-//   - registers its Node (Ready, 110 pods) and renews its Lease in kube-node-lease every 10 s;
+//   - registers its Node (Ready, 110 pods) and renews its Lease in kube-node-lease every 10 s
+//     (a PUT of the lease it last wrote, a GET only after that fails, as the kubelet does);
 //     posts its Node's status again when its Node says other than Ready (the node lifecycle
 //     controller marked it Unknown after its lease lapsed) or 5 minutes after the last report,
 //     as the kubelet does;
@@ -158,6 +159,8 @@ type node struct {
 	client      kubernetes.Interface
 	podsRunning *atomic.Int64
 	stats       *stats
+	// The lease as last written (read and written by run's goroutine alone).
+	lease *coordinationv1.Lease
 	// The single-object informers of ConfigMaps and Secrets its pods mount, by
 	// kind/ns/name, each stopped once no pod of the node mounts it (the kubelet's
 	// watch-based managers), and what each pod mounts.
@@ -306,20 +309,36 @@ func (n *node) register(ctx context.Context) error {
 func (n *node) renew(ctx context.Context) error {
 	leases := n.client.CoordinationV1().Leases("kube-node-lease")
 	now := metav1.NewMicroTime(time.Now())
+	// As the kubelet's lease controller: the lease it last wrote, updated with no GET first;
+	// a GET (and a create where there is none) only when that update fails.
+	if n.lease != nil {
+		l := n.lease.DeepCopy()
+		l.Spec.RenewTime = &now
+		if updated, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err == nil {
+			n.lease = updated
+			return nil
+		}
+	}
 	l, err := leases.Get(ctx, n.name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		holder, seconds := n.name, int32(40)
-		_, err = leases.Create(ctx, &coordinationv1.Lease{
+		created, err := leases.Create(ctx, &coordinationv1.Lease{
 			ObjectMeta: metav1.ObjectMeta{Name: n.name},
 			Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &seconds, RenewTime: &now},
 		}, metav1.CreateOptions{})
+		if err == nil {
+			n.lease = created
+		}
 		return err
 	}
 	if err != nil {
 		return err
 	}
 	l.Spec.RenewTime = &now
-	_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
+	updated, err := leases.Update(ctx, l, metav1.UpdateOptions{})
+	if err == nil {
+		n.lease = updated
+	}
 	return err
 }
 
