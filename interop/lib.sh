@@ -27,10 +27,31 @@ http_get() {
 	) 2>/dev/null || true
 }
 
-# free_port: a free TCP port on 127.0.0.1 (bind to 0, read it back, release it).
+# free_port: a free TCP port for a server to listen on, below the kernel's range of ephemeral
+# ports (ip_local_port_range), so that no outgoing connection takes it between this check and
+# the server's bind: a cluster of thousands of nodes opens tens of thousands of connections,
+# and a hollow kubelet given a port from that range found it taken.
 free_port() {
-	python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null ||
-		(cd "$INTEROP_DIR/build/freeport" && go run .)
+	python3 -c '
+import random, socket
+try:
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+except OSError:
+    low = 32768
+for _ in range(1000):
+    port = random.randrange(10000, max(low, 10001))
+    s = socket.socket()
+    try:
+        s.bind(("0.0.0.0", port))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    print(port)
+    break
+else:
+    raise SystemExit("no free port below the ephemeral range")
+' 2>/dev/null || (cd "$INTEROP_DIR/build/freeport" && go run .)
 }
 
 # stop_pidfile FILE [TIMEOUT]: TERM the process, KILL it after TIMEOUT seconds, remove FILE.

@@ -1,16 +1,35 @@
-// Command freeport prints a free TCP port on 127.0.0.1 (a fallback for kube.sh where python3 is missing).
+// Command freeport prints a free TCP port for a server to listen on, below the kernel's range
+// of ephemeral ports (a fallback for lib.sh's free_port where python3 is missing).
 package main
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
+	"strconv"
+	"strings"
 )
 
 func main() {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(err)
+	low := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			if n, err := strconv.Atoi(f[0]); err == nil && n > 10001 {
+				low = n
+			}
+		}
 	}
-	defer l.Close()
-	fmt.Println(l.Addr().(*net.TCPAddr).Port)
+	for range 1000 {
+		port := 10000 + rand.IntN(low-10000)
+		l, err := net.Listen("tcp", fmt.Sprintf("0.0.0.0:%d", port))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		fmt.Println(port)
+		return
+	}
+	fmt.Fprintln(os.Stderr, "no free port below the ephemeral range")
+	os.Exit(1)
 }
