@@ -4,13 +4,11 @@
 //! `security::audit`'s; this is the part that knows HTTP responses.
 
 use std::collections::BTreeMap;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::Response;
 use http_body_util::BodyExt;
-use hyper::body::{Body as _, Frame, SizeHint};
+use hyper::body::Body as _;
 use svc_config::audit::{RawJson, ResponseStatus, Stage};
 use svc_core::ResourceInfo;
 use svc_core::codec;
@@ -18,7 +16,8 @@ use svc_core::registry::{self, Kind, KindVisitor};
 
 use crate::http::negotiate::{Format, body_format};
 use crate::http::respond::{self, Body};
-use crate::security::audit::{CompleteOnDrop, Record};
+use crate::security::audit::Record;
+use crate::serve::held::Held;
 
 /// A request that failed authentication: one `ResponseStarted` event with its 401.
 pub async fn failed_authentication(record: Record, resp: Response<Body>) -> Response<Body> {
@@ -50,7 +49,7 @@ pub async fn finish(record: Record, resp: Response<Body>) -> Response<Body> {
             .emit(Stage::ResponseStarted, Some(status.clone()), None)
             .await;
         let end = record.complete_on_drop(status);
-        return resp.map(|inner| AuditedStream { inner, _end: end }.boxed());
+        return resp.map(|inner| Held::new(inner, end).boxed());
     }
     let want = record.wants_response_object();
     let (resp, status, response) = inspect(&record, resp, want).await;
@@ -167,32 +166,6 @@ impl KindVisitor for ProtobufToJson<'_> {
     fn visit<T: Kind>(self) -> Option<Vec<u8>> {
         let obj: T = codec::decode_protobuf(self.0).ok()?;
         serde_json::to_vec(&obj).ok()
-    }
-}
-
-/// A watch stream's body: when it ends (or the client goes away), `ResponseComplete`.
-struct AuditedStream {
-    inner: Body,
-    _end: CompleteOnDrop,
-}
-
-impl hyper::body::Body for AuditedStream {
-    type Data = Bytes;
-    type Error = std::io::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 

@@ -11,13 +11,10 @@
 //! response is. Once no request has been in flight for the idle timeout, the connection is
 //! closed gracefully (HTTP/1.1: closed between requests; h2: GOAWAY).
 
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use hyper::body::{Body, Frame, SizeHint};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 /// File descriptors kept back from the connection cap derived from the open-file limit: the
@@ -137,38 +134,6 @@ impl Activity {
                 return;
             }
         }
-    }
-}
-
-/// A response body that keeps its request counted as in flight until it is dropped.
-pub struct CountedBody<B> {
-    inner: B,
-    _busy: Busy,
-}
-
-impl<B> CountedBody<B> {
-    pub fn new(inner: B, busy: Busy) -> Self {
-        CountedBody { inner, _busy: busy }
-    }
-}
-
-impl<B: Body + Unpin> Body for CountedBody<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 

@@ -7,16 +7,11 @@
 //! caller through impersonation. A watch passed through ends when the server ends its
 //! watches at shutdown.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Instant;
 
-use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt as _;
-use hyper::body::Frame;
 
 use crate::base::query::Query;
 use crate::base::router::{self, Route};
@@ -28,6 +23,7 @@ use crate::http::respond::{self, Body};
 use crate::observe::metrics;
 use crate::security::authn;
 use crate::serve::app::ServerState;
+use crate::serve::held::{Held, Stop};
 use crate::serve::request::{Caller, RequestBody};
 use crate::serve::seats::{Admitted, admit};
 
@@ -183,39 +179,8 @@ async fn serve(
     }
     // The watch's place is held until its stream ends, and the stream ends at shutdown.
     let mut stop = app.api.registry.stop_watches.clone();
-    let stopped: Stopped = Box::pin(async move {
+    let stopped: Stop = Box::pin(async move {
         crate::base::lifecycle::until_set(&mut stop).await;
     });
-    resp.map(|body| {
-        UntilStopped {
-            body,
-            stopped,
-            _place: watch,
-        }
-        .boxed()
-    })
-}
-
-type Stopped = Pin<Box<dyn Future<Output = ()> + Send + Sync>>;
-
-/// A streamed answer that ends when the server stops its watches.
-struct UntilStopped {
-    body: Body,
-    stopped: Stopped,
-    _place: Option<crate::http::limits::Slot>,
-}
-
-impl hyper::body::Body for UntilStopped {
-    type Data = Bytes;
-    type Error = std::io::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
-        if self.stopped.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(None);
-        }
-        Pin::new(&mut self.body).poll_frame(cx)
-    }
+    resp.map(|body| Held::until(body, watch, stopped).boxed())
 }

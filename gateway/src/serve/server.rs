@@ -19,9 +19,10 @@ use crate::base::flags::Options;
 use crate::outbound::pki;
 use crate::security::authn::ConnIdentity;
 use crate::serve::app::ServerState;
-use crate::serve::conn_limits::{self, Activity, CLOSE_GRACE, ConnectionLimit, CountedBody};
+use crate::serve::conn_limits::{self, Activity, CLOSE_GRACE, ConnectionLimit};
 use crate::serve::h1conn::{self, Prefixed};
 use crate::serve::h2conn;
+use crate::serve::held::Held;
 use crate::serve::pipeline::{self, Caller, RequestBody};
 
 /// Most header fields in one HTTP/1.1 request (hyper refuses more with 431). Go counts only
@@ -327,7 +328,7 @@ async fn serve_h1<I>(
             Box::pin(async move {
                 let req = req.map(RequestBody::Stream);
                 let resp = pipeline::handle(app, Caller::Connection(ident), req).await;
-                Ok::<_, std::convert::Infallible>(resp.map(|b| CountedBody::new(b, busy)))
+                Ok::<_, std::convert::Infallible>(resp.map(|b| Held::new(b, busy)))
             })
         }
     });

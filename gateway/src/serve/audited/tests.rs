@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
+use hyper::body::Frame;
 use svc_config::audit::{Event, Policy};
 use svc_core::user::UserInfo;
 
