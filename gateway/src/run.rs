@@ -1,7 +1,9 @@
-//! Starting and stopping a whole server: open the store, create or load the PKI, build the
-//! server state, bind the listeners, load the reloadable configuration files and start the
-//! built-in controllers; or, with `--upstream-kubeconfig`, a proxy (`run/proxy.rs`). The
-//! last floor: it may use every layer before it.
+//! Starting and stopping a whole server, on one path for both modes with the mode as its
+//! parameter ([`Source`]): open the store (or, with `--upstream-kubeconfig`, read the
+//! upstream's kubeconfig and the client CAs, `run/proxy.rs`), bind the listeners, create or
+//! load the PKI, build the server state, start the mode's own tasks (standalone: the
+//! reloadable configuration files and the built-in controllers; proxy: its caches), then
+//! accept. The last floor: it may use every layer before it.
 
 pub mod proxy;
 
@@ -131,17 +133,40 @@ impl ServerHandle {
     }
 }
 
-/// Opens the store (embedded, or etcd with `--storage-backend=etcd`), creates or loads the
-/// PKI, binds the listeners and starts serving.
+/// Starts a server in the mode its flags name: over its store (embedded, or etcd with
+/// `--storage-backend=etcd`), or in front of the upstream of `--upstream-kubeconfig`.
 pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
-    if opts.upstream_kubeconfig.is_some() {
-        return proxy::start(opts).await;
-    }
     opts.check_mode().map_err(anyhow::Error::msg)?;
+    let source = if opts.upstream_kubeconfig.is_some() {
+        Source::Upstream(proxy::Upstreams::from_options(&opts)?)
+    } else {
+        Source::Store(open_store(&opts).await?)
+    };
+    start_with(opts, source).await
+}
+
+/// Starts a server over `store`.
+pub async fn start_with_store(
+    opts: Options,
+    store: Arc<dyn Store>,
+) -> anyhow::Result<ServerHandle> {
+    start_with(opts, Source::Store(store)).await
+}
+
+/// What a server serves from: the mode, as the one parameter of its start.
+enum Source {
+    /// Standalone: its own store.
+    Store(Arc<dyn Store>),
+    /// Proxy mode: the upstream API server, with the client CAs its callers are verified by.
+    Upstream(proxy::Upstreams),
+}
+
+/// Opens the store of the flags: etcd, or the embedded store in the data directory.
+async fn open_store(opts: &Options) -> anyhow::Result<Arc<dyn Store>> {
     if opts.storage_backend == crate::base::flags::StorageBackend::Etcd {
         // Connections are lazy: an unreachable etcd shows in /readyz and 503s, not here.
         let mut etcd = opts.etcd_config();
-        let dialer = Egress::from_options(&opts)?.dialer(Selection::Etcd);
+        let dialer = Egress::from_options(opts)?.dialer(Selection::Etcd);
         if !dialer.is_direct() {
             tracing::info!(route = %dialer.describe(), "etcd connections use the egress selector");
             etcd.dialer = Some(svc_storage::etcd::EtcdDialer(Arc::new(
@@ -157,7 +182,7 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
         let store = svc_storage::etcd::EtcdStore::connect(etcd)
             .await
             .with_context(|| format!("connecting to etcd at {:?}", opts.etcd_servers))?;
-        return start_with_store(opts, store).await;
+        return Ok(store);
     }
     let store_dir = opts.store_dir();
     // Readable by the owner only: the store holds every Secret in clear.
@@ -169,13 +194,13 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
     let store =
         svc_storage::embedded::EmbeddedStore::open(&store_dir, opts.embedded_store_config())
             .with_context(|| format!("opening the store in {}", store_dir.display()))?;
-    start_with_store(opts, store).await
+    Ok(store)
 }
 
-pub async fn start_with_store(
-    opts: Options,
-    store: Arc<dyn Store>,
-) -> anyhow::Result<ServerHandle> {
+/// The one start path: the admission configuration checked, the listeners bound, the PKI of
+/// the data directory, the server state, the mode's own tasks (standalone: configuration
+/// reloads and the built-in controllers; proxy: its caches), then the accept loops.
+async fn start_with(opts: Options, source: Source) -> anyhow::Result<ServerHandle> {
     // A bad admission configuration stops the start before anything listens.
     let admission =
         crate::registry::admission::Chain::from_options(&opts).map_err(anyhow::Error::msg)?;
@@ -183,8 +208,18 @@ pub async fn start_with_store(
         .await
         .with_context(|| format!("binding {}:{}", opts.bind_address, opts.secure_port))?;
     let addr = listener.local_addr()?;
-    let kubeconfig = opts.data_dir.join("admin.kubeconfig");
-    let (pki, tls) = prepare_pki(&opts, addr, &kubeconfig).await?;
+    // A proxy writes no admin kubeconfig: its callers hold the upstream's credentials.
+    let (pki, tls, admin_kubeconfig) = match &source {
+        Source::Store(_) => {
+            let kubeconfig = opts.data_dir.join("admin.kubeconfig");
+            let (pki, tls) = prepare_pki(&opts, addr, &kubeconfig).await?;
+            (pki, tls, kubeconfig)
+        }
+        Source::Upstream(upstreams) => {
+            let (pki, tls) = proxy::prepare_pki(&opts, addr, upstreams).await?;
+            (pki, tls, std::path::PathBuf::new())
+        }
+    };
 
     let signals = Signals::new();
     let tokens = crate::security::tokens::Tokens::new(
@@ -205,23 +240,33 @@ pub async fn start_with_store(
         egress: Egress::from_options(&opts)?,
         collectors: Vec::new(),
     };
-    let app = Arc::new(ServerState::new(opts.clone(), store, parts)?);
-    let reload_task = start_authentication_config(&app, signals.watches())?;
-    let authorization_reload = crate::security::authorization_config::start(
-        &app.api.security,
-        &opts,
-        &app.api.metrics.authz,
-        app.api.registry.stop_watches.clone(),
-        crate::security::authorization_config::connect_with(app.egress.clone()),
-    )
-    .map_err(|e| anyhow::anyhow!("--authorization-config: {e}"))?;
-
-    let mut tasks = vec![tokio::spawn(accept_loop(
+    let (app, mut tasks) = match source {
+        Source::Store(store) => {
+            let app = Arc::new(ServerState::new(opts.clone(), store, parts)?);
+            let mut tasks = Vec::new();
+            tasks.extend(start_authentication_config(&app, signals.watches())?);
+            tasks.extend(
+                crate::security::authorization_config::start(
+                    &app.api.security,
+                    &opts,
+                    &app.api.metrics.authz,
+                    signals.watches(),
+                    crate::security::authorization_config::connect_with(app.egress.clone()),
+                )
+                .map_err(|e| anyhow::anyhow!("--authorization-config: {e}"))?,
+            );
+            bootstrap::start(&app);
+            csr::start(&app, &pki);
+            (app, tasks)
+        }
+        Source::Upstream(upstreams) => proxy::state(&opts, upstreams, parts, &signals)?,
+    };
+    tasks.push(tokio::spawn(accept_loop(
         listener,
         Some(tls),
         app.clone(),
         signals.accept_loop(),
-    ))];
+    )));
     let mut insecure_addr = None;
     if opts.insecure_port != 0 {
         let l = TcpListener::bind(("127.0.0.1", opts.insecure_port)).await?;
@@ -233,16 +278,22 @@ pub async fn start_with_store(
             signals.accept_loop(),
         )));
     }
-    tasks.extend(reload_task);
-    tasks.extend(authorization_reload);
-    bootstrap::start(&app);
-    csr::start(&app, &pki);
-    tracing::info!(%addr, ?insecure_addr, kubeconfig = %kubeconfig.display(), "serving");
+    match &app.proxy {
+        Some(proxy) => {
+            tracing::info!(%addr, upstream = %proxy.upstream.url(), "serving as a proxy")
+        }
+        None => tracing::info!(
+            %addr,
+            ?insecure_addr,
+            kubeconfig = %admin_kubeconfig.display(),
+            "serving"
+        ),
+    }
     Ok(ServerHandle {
         addr,
         insecure_addr,
         app,
-        admin_kubeconfig: kubeconfig,
+        admin_kubeconfig,
         pki,
         signals,
         tasks,

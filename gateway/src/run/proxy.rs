@@ -1,7 +1,8 @@
-//! Starting a server in proxy mode (`--upstream-kubeconfig`): the upstream client from the
-//! kubeconfig, the serving certificate and its CA from the data directory (as in standalone
-//! mode), client certificates verified against `--client-ca-file`, and no local store, no
-//! controllers, no admin kubeconfig (callers hold the upstream's credentials).
+//! What proxy mode (`--upstream-kubeconfig`) brings to the one start path of `run.rs`: the
+//! upstream clients from the kubeconfig, client certificates verified against
+//! `--client-ca-file` (the serving certificate and its CA come from the data directory, as in
+//! standalone mode), the caches and their tasks; no local store, no controllers, no admin
+//! kubeconfig (callers hold the upstream's credentials).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use anyhow::Context as _;
 use async_trait::async_trait;
 use bytes::Bytes;
 use svc_storage::{FeedStream, KeyRange, KeyValue, RangeResult, Revision, Store, StoreError};
-use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 
 use crate::base::flags::Options;
@@ -22,58 +23,84 @@ use crate::outbound::upstream::Upstream;
 use crate::outbound::upstream::discovery::ResourceFilter;
 use crate::registry::caches::upstream::UpstreamCaches;
 use crate::registry::caches::upstream::resume::ResumePoints;
-use crate::run::{ServerHandle, Signals};
+use crate::run::Signals;
 use crate::serve::app::{Parts, ServerState};
-use crate::serve::server::{Tls, accept_loop};
+use crate::serve::server::Tls;
 
-/// Starts the proxy: checks the flags, reads the upstream kubeconfig and the client CA, binds
-/// the listener and serves. The upstream is not dialled here: an unreachable one shows in
-/// `/readyz` and as 503s.
-pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
-    opts.check_mode().map_err(anyhow::Error::msg)?;
-    let Some(kubeconfig) = opts.upstream_kubeconfig.clone() else {
-        anyhow::bail!("proxy mode needs --upstream-kubeconfig");
-    };
-    let egress = Egress::from_options(&opts)?;
-    let upstream =
-        Upstream::from_kubeconfig_file(&kubeconfig, &egress, opts.upstream_connections as usize)
-            .map_err(|e| anyhow::anyhow!("--upstream-kubeconfig: {e}"))?;
-    // The caches' lists, watches and proofs of freshness over a connection of their own, so
-    // that their watches take none of the streams short requests need.
-    let caches_upstream = Upstream::from_kubeconfig_file(&kubeconfig, &egress, 1)
+/// What a proxy is built from besides its flags: the upstream (short requests and the
+/// proxy's own calls), a second client of it for the caches, and the CAs its callers'
+/// certificates are verified against. Read before anything listens; the upstream is not
+/// dialled here: an unreachable one shows in `/readyz` and as 503s.
+pub struct Upstreams {
+    upstream: Upstream,
+    /// The caches' lists, watches and proofs of freshness, over a connection of their own,
+    /// so that their watches take none of the streams short requests need.
+    caches: Upstream,
+    /// `--client-ca-file`.
+    client_ca: Option<Vec<u8>>,
+    /// `--requestheader-client-ca-file` and `--requestheader-allowed-names`.
+    front_proxy: Option<(Vec<u8>, Vec<String>)>,
+    egress: Egress,
+}
+
+impl Upstreams {
+    pub fn from_options(opts: &Options) -> anyhow::Result<Self> {
+        let Some(kubeconfig) = opts.upstream_kubeconfig.clone() else {
+            anyhow::bail!("proxy mode needs --upstream-kubeconfig");
+        };
+        let egress = Egress::from_options(opts)?;
+        let upstream = Upstream::from_kubeconfig_file(
+            &kubeconfig,
+            &egress,
+            opts.upstream_connections as usize,
+        )
         .map_err(|e| anyhow::anyhow!("--upstream-kubeconfig: {e}"))?;
-    let client_ca = match &opts.client_ca_file {
-        None => {
-            tracing::warn!("no --client-ca-file: only bearer tokens authenticate callers");
-            None
-        }
-        Some(path) => Some(
-            std::fs::read(path)
-                .with_context(|| format!("reading --client-ca-file {}", path.display()))?,
-        ),
-    };
-    let listener = TcpListener::bind((opts.bind_address, opts.secure_port))
-        .await
-        .with_context(|| format!("binding {}:{}", opts.bind_address, opts.secure_port))?;
-    let addr = listener.local_addr()?;
-    let front_proxy_ca = match &opts.requestheader_client_ca_file {
-        None => None,
-        Some(path) => Some(std::fs::read(path).with_context(|| {
-            format!("reading --requestheader-client-ca-file {}", path.display())
-        })?),
-    };
-    let front_proxy = front_proxy_ca.map(|pem| (pem, opts.requestheader_allowed_names.clone()));
-    let (pki, tls) = prepare_pki(&opts, addr, client_ca, front_proxy).await?;
+        let caches = Upstream::from_kubeconfig_file(&kubeconfig, &egress, 1)
+            .map_err(|e| anyhow::anyhow!("--upstream-kubeconfig: {e}"))?;
+        let client_ca = match &opts.client_ca_file {
+            None => {
+                tracing::warn!("no --client-ca-file: only bearer tokens authenticate callers");
+                None
+            }
+            Some(path) => Some(
+                std::fs::read(path)
+                    .with_context(|| format!("reading --client-ca-file {}", path.display()))?,
+            ),
+        };
+        let front_proxy = match &opts.requestheader_client_ca_file {
+            None => None,
+            Some(path) => Some((
+                std::fs::read(path).with_context(|| {
+                    format!("reading --requestheader-client-ca-file {}", path.display())
+                })?,
+                opts.requestheader_allowed_names.clone(),
+            )),
+        };
+        Ok(Upstreams {
+            upstream,
+            caches,
+            client_ca,
+            front_proxy,
+            egress,
+        })
+    }
+}
 
-    let signals = Signals::new();
-    let tokens = crate::security::tokens::Tokens::new(
-        &opts,
-        pki.sa_signing_key_pem(),
-        pki.sa_public_key_pem(),
-    )
-    .map_err(|e| anyhow::anyhow!("service-account tokens: {e}"))?;
-    let admission =
-        crate::registry::admission::Chain::from_options(&opts).map_err(anyhow::Error::msg)?;
+/// The proxy's server state and its caches' tasks: the caches of `--cache-resources` over
+/// their own upstream client, with resume points in the data directory, and the pipeline's
+/// proxy with its bounds.
+pub(crate) fn state(
+    opts: &Options,
+    upstreams: Upstreams,
+    mut parts: Parts,
+    signals: &Signals,
+) -> anyhow::Result<(Arc<ServerState>, Vec<JoinHandle<()>>)> {
+    let Upstreams {
+        upstream,
+        caches: caches_upstream,
+        egress,
+        ..
+    } = upstreams;
     let filter = ResourceFilter::parse(&opts.cache_resources).map_err(anyhow::Error::msg)?;
     let caches = Arc::new(UpstreamCaches::new(
         caches_upstream,
@@ -91,7 +118,7 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
             ),
         )),
     ));
-    let mut proxy = Proxy::new(upstream.clone());
+    let mut proxy = Proxy::new(upstream);
     proxy.caches = Some(caches.clone());
     proxy.caller_tokens = opts.upstream_caller_tokens;
     {
@@ -107,34 +134,21 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
             opts.upstream_requests_max as usize,
         );
     }
-    let parts = Parts {
-        stop_watches: signals.watches(),
-        tokens,
-        tracing: None,
-        admission,
-        egress,
-        collectors: vec![
-            caches.collector(),
-            proxy.long_running.collector(),
-            proxy.short.collector(),
-        ],
-    };
-    let mut state = ServerState::new(opts.clone(), Arc::new(NoStore), parts)?;
     proxy.request_headers = crate::security::authn::RequestHeaderNames {
         username: opts.requestheader_username_headers.clone(),
         group: opts.requestheader_group_headers.clone(),
         extra_prefix: opts.requestheader_extra_headers_prefix.clone(),
         uid: opts.requestheader_uid_headers.clone(),
     };
+    parts.egress = egress;
+    parts.collectors = vec![
+        caches.collector(),
+        proxy.long_running.collector(),
+        proxy.short.collector(),
+    ];
+    let mut state = ServerState::new(opts.clone(), Arc::new(NoStore), parts)?;
     state.proxy = Some(Arc::new(proxy));
-    let app = Arc::new(state);
     let tasks = vec![
-        tokio::spawn(accept_loop(
-            listener,
-            Some(tls),
-            app.clone(),
-            signals.accept_loop(),
-        )),
         tokio::spawn(crate::registry::caches::pace(
             caches.gate().clone(),
             signals.watches(),
@@ -142,24 +156,15 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
         tokio::spawn(caches.clone().keep_resume_points(signals.watches())),
         tokio::spawn(caches.run(signals.watches())),
     ];
-    tracing::info!(%addr, upstream = %upstream.url(), "serving as a proxy");
-    Ok(ServerHandle {
-        addr,
-        insecure_addr: None,
-        app,
-        admin_kubeconfig: std::path::PathBuf::new(),
-        pki,
-        signals,
-        tasks,
-    })
+    Ok((Arc::new(state), tasks))
 }
 
-/// The data directory's PKI without an admin kubeconfig, and the proxy's TLS acceptor.
-async fn prepare_pki(
+/// The data directory's PKI without an admin kubeconfig, and the proxy's TLS acceptor, which
+/// verifies callers' certificates against the client CAs.
+pub async fn prepare_pki(
     opts: &Options,
     addr: SocketAddr,
-    client_ca: Option<Vec<u8>>,
-    front_proxy: Option<(Vec<u8>, Vec<String>)>,
+    upstreams: &Upstreams,
 ) -> anyhow::Result<(Arc<pki::Pki>, Tls)> {
     let pki_opts = PkiOptions {
         tls_sans: opts.tls_sans.clone(),
@@ -171,11 +176,12 @@ async fn prepare_pki(
     let pki = tokio::task::spawn_blocking(move || pki::ensure_pki(&cert_dir, &pki_opts))
         .await?
         .context("preparing certificates")?;
-    let front_proxy = front_proxy
+    let front_proxy = upstreams
+        .front_proxy
         .as_ref()
         .map(|(pem, names)| (pem.as_slice(), names.clone()));
     let (config, client_certs) = pki
-        .proxy_server_config(client_ca.as_deref(), front_proxy)
+        .proxy_server_config(upstreams.client_ca.as_deref(), front_proxy)
         .context("building the TLS configuration (is --client-ca-file a PEM bundle of CAs?)")?;
     let tls = Tls {
         acceptor: TlsAcceptor::from(config),
