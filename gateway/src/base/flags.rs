@@ -265,8 +265,12 @@ pub struct Options {
     #[arg(long, default_value = "90s", value_parser = parse_duration)]
     pub http_idle_timeout: Duration,
 
-    /// How long a client may take to complete the TLS handshake.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    /// How long a client may take to complete the TLS handshake, counted from the accept.
+    /// kube-apiserver's is 32 s (its `ReadHeaderTimeout`, which Go's server also applies to
+    /// the handshake): thousands of agents reconnecting at once to a server that has just
+    /// started wait for its handshakes, and one ended after 10 s, its client already past its
+    /// own part, fails its first request with a broken pipe, and client-go lists again.
+    #[arg(long, default_value = "32s", value_parser = parse_duration)]
     pub tls_handshake_timeout: Duration,
 
     /// Largest request head (HTTP/1.1 request line and headers; h2 header list), as Go's

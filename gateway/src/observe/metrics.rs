@@ -216,8 +216,33 @@ pub struct Metrics {
     /// Authorization decisions, webhook calls and configuration reloads.
     pub authz: authz::AuthzMetrics,
     validation_mismatches: Counter,
+    /// `svc_tls_handshakes_total`, by how each ended ([`Handshake`]).
+    tls_handshakes: [Counter; 3],
     /// `apiserver_audit_*`.
     pub audit: AuditMetrics,
+}
+
+/// How a TLS handshake ended.
+#[derive(Clone, Copy, Debug)]
+pub enum Handshake {
+    Done = 0,
+    Failed = 1,
+    TimedOut = 2,
+}
+
+impl Handshake {
+    fn label(self) -> &'static str {
+        match self {
+            Handshake::Done => "done",
+            Handshake::Failed => "failed",
+            Handshake::TimedOut => "timed_out",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HandshakeLabels {
+    result: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -366,8 +391,18 @@ impl Metrics {
              validation results",
             validation_mismatches.clone(),
         );
+        let handshakes = Family::<HandshakeLabels, Counter>::default();
+        let tls_handshakes = [Handshake::Done, Handshake::Failed, Handshake::TimedOut]
+            .map(|h| handshakes.get_or_create_owned(&HandshakeLabels { result: h.label() }));
+        registry.register(
+            "svc_tls_handshakes",
+            "TLS handshakes of accepted connections, by result: done, failed (bad TLS, or a \
+             client that could not prove its key) or timed_out (--tls-handshake-timeout)",
+            handshakes,
+        );
         let audit = AuditMetrics::register(&mut registry);
         Metrics {
+            tls_handshakes,
             audit,
             registry,
             requests,
@@ -480,6 +515,13 @@ impl Metrics {
         WatchEvents {
             count: self.watch_events.get_or_create_owned(&labels),
             sizes: self.watch_event_sizes.get_or_create_owned(&labels),
+        }
+    }
+
+    /// One TLS handshake ended so.
+    pub fn tls_handshake(&self, result: Handshake) {
+        if let Some(c) = self.tls_handshakes.get(result as usize) {
+            c.inc();
         }
     }
 

@@ -16,6 +16,7 @@ use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 use crate::base::flags::Options;
+use crate::observe::metrics::Handshake;
 use crate::outbound::pki;
 use crate::security::authn::ConnIdentity;
 use crate::serve::app::ServerState;
@@ -178,8 +179,12 @@ async fn serve_connection(
     let mut stop_handshake = stop.clone();
     let stream = tokio::select! {
         r = handshake => match r {
-            Ok(Ok(s)) => s,
+            Ok(Ok(s)) => {
+                app.api.metrics.tls_handshake(Handshake::Done);
+                s
+            }
             Ok(Err(e)) => {
+                app.api.metrics.tls_handshake(Handshake::Failed);
                 // Any client certificate gets through the handshake (its chain is judged
                 // below), so what fails here is the TLS itself, or a client that cannot
                 // prove it holds its certificate's key.
@@ -187,6 +192,7 @@ async fn serve_connection(
                 return;
             }
             Err(_) => {
+                app.api.metrics.tls_handshake(Handshake::TimedOut);
                 tracing::debug!(%peer, "TLS handshake timed out");
                 return;
             }

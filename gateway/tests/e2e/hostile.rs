@@ -237,6 +237,23 @@ async fn a_silent_tls_handshake_is_cut_off() {
         .unwrap();
     assert!(closed_within(&mut tcp, BOUND).await);
     assert_still_serving(&srv).await;
+    // Each is counted by how it ended.
+    let metrics = srv
+        .admin()
+        .request(Method::GET, "/metrics", "", &[])
+        .await
+        .text();
+    let count = |result: &str| {
+        let name = format!("svc_tls_handshakes_total{{result=\"{result}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name.as_str()))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {name} in /metrics"))
+    };
+    assert_eq!(count("timed_out"), 2.0);
+    assert!(count("done") >= 1.0, "the admin's own connection");
+    assert_eq!(count("failed"), 0.0);
 }
 
 #[tokio::test]
