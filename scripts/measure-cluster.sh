@@ -79,5 +79,12 @@ for mode in ${MODES:-direct proxy}; do
 		CLUSTER_KUBECONFIG=$d/agents/admin.kubeconfig CLUSTER_MODE=$mode CLUSTER_DIR=$d CLUSTER_PODS=$PODS \
 			"$OUT/cluster.test" -test.v -test.count=1 -test.timeout=$TIMEOUT -test.run TestFaults
 	) | tee -a "$OUT/$mode.log" | grep -E "fault:|stores:|FAIL|ok|PASS" || true
+	# How each proxy's TLS handshakes ended (the killed one's since its restart).
+	for p in "$d"/proxy-*; do
+		[[ -f $p/url ]] || continue
+		curl -s --max-time 20 --cacert "$p/ca.crt" --cert "$d/agents/admin.crt" --key "$d/agents/admin.key" \
+			"$(cat "$p/url")/metrics" | grep '^svc_tls_handshakes_total' |
+			sed "s|^|handshakes: $(basename "$p") |" | tee -a "$OUT/$mode.log" || true
+	done
 	interop/cluster.sh down "$d" >/dev/null 2>&1 || true
 done
