@@ -757,6 +757,14 @@ func TestFaults(t *testing.T) {
 		t.Fatalf("comparing the stores: %v", lastErr)
 	}
 	t.Logf("stores: mode=%s informers=%d objects=%d differ=%d stores_differ=%d", mode, last["informers"], last["objects"], last["differ"], last["stores_differ"])
+	var how []string
+	for k, v := range last {
+		if strings.HasPrefix(k, "by.") {
+			how = append(how, fmt.Sprintf("%s=%d", strings.TrimPrefix(k, "by."), v))
+		}
+	}
+	sort.Strings(how)
+	t.Logf("stores: mode=%s differ by resource and how: %s", mode, strings.Join(how, " "))
 	if last["differ"] != 0 {
 		t.Errorf("%d objects in %d simulated nodes' informer stores differ from kube-apiserver's", last["differ"], last["stores_differ"])
 	}

@@ -191,9 +191,10 @@ func (st *stats) informers() []*watched {
 //	          informer), and the errors reflectors stopped on before listing again
 //	/seen?resource=R&namespace=N&name=X
 //	          {"informers","have"}: how many informers of R hold N/X
-//	/compare  {"informers","objects","differ","stores_differ","example"}: every informer's store
-//	          against a list read directly from kube-apiserver (--compare-kubeconfig), by name
-//	          and resourceVersion
+//	/compare  {"informers","objects","differ","stores_differ","example","by"}: every informer's
+//	          store against a list read directly from kube-apiserver (--compare-kubeconfig), by
+//	          name and resourceVersion; "by" counts the objects that differ by resource and how
+//	          (missing, extra, other-version)
 func (st *stats) serve(addr, compareKubeconfig string, running *atomic.Int64) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -268,6 +269,9 @@ type comparison struct {
 	Differ       int    `json:"differ"`
 	StoresDiffer int    `json:"stores_differ"`
 	Example      string `json:"example,omitempty"`
+	// The objects that differ, by resource and by how: missing, extra, or older or newer
+	// (another resourceVersion) in the store.
+	By map[string]int `json:"by,omitempty"`
 }
 
 // compare reads each watched resource once, directly from kube-apiserver, and counts the
@@ -339,14 +343,28 @@ func (st *stats) compare(ctx context.Context, kubeconfig string) (comparison, er
 		}
 		differ := 0
 		var keys []string
-		for key, rv := range want {
-			if have[key] != rv {
-				differ++
-				keys = append(keys, key)
+		count := func(how string) {
+			if out.By == nil {
+				out.By = map[string]int{}
 			}
+			out.By[x.resource+"/"+how]++
+		}
+		for key, rv := range want {
+			got, ok := have[key]
+			switch {
+			case !ok:
+				count("missing")
+			case got == rv:
+				continue
+			default:
+				count("other-version")
+			}
+			differ++
+			keys = append(keys, key)
 		}
 		for key := range have {
 			if _, ok := want[key]; !ok {
+				count("extra")
 				differ++
 				keys = append(keys, key)
 			}
