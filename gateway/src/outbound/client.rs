@@ -18,6 +18,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -80,7 +81,38 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// (the proxy's pass-through, `upstream.rs`).
 pub type RequestBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
 
-type Pool = hyper_util::client::legacy::Client<Connector, RequestBody>;
+type Legacy = hyper_util::client::legacy::Client<Connector, RequestBody>;
+
+/// The connections of one kind to the server (ALPN offering h2, or HTTP/1.1 alone).
+///
+/// hyper dials a connection for every request that finds none idle while the protocol is
+/// not known in advance: a burst of requests at a moment with no connection (at the start,
+/// or after one ended) opens one connection each, hundreds of TLS handshakes at once, where
+/// one h2 connection would carry them all (a proxy's upstream was seen holding 218 such
+/// connections it had not yet spoken h2 on while its reviews timed out). So once a
+/// connection of this pool has negotiated h2, requests go through a client that speaks h2
+/// alone, in which hyper dials one connection at a time and the others wait to share it.
+#[derive(Clone)]
+struct Pool {
+    /// Either protocol, as ALPN decides: until a connection has said h2.
+    any: Legacy,
+    /// h2 alone, once one has (none for HTTP/1.1-only pools and plain HTTP).
+    h2: Option<Legacy>,
+    /// Set when a connection negotiated h2, cleared when one did not.
+    h2_seen: Arc<AtomicBool>,
+}
+
+impl Pool {
+    fn request(
+        &self,
+        request: http::Request<RequestBody>,
+    ) -> hyper_util::client::legacy::ResponseFuture {
+        match &self.h2 {
+            Some(h2) if self.h2_seen.load(Ordering::Relaxed) => h2.request(request),
+            _ => self.any.request(request),
+        }
+    }
+}
 
 /// A client of one webhook URL. Cheap to clone; clones share connections and credentials.
 #[derive(Clone)]
@@ -652,15 +684,18 @@ fn pool(
     } else {
         None
     };
+    let h2_seen = Arc::new(AtomicBool::new(false));
     let connector = Connector {
         dialer,
         tls: tls.map(Arc::new),
+        h2_seen: h2_seen.clone(),
     };
-    Ok(
+    let client = |h2_only: bool| {
         hyper_util::client::legacy::Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .pool_max_idle_per_host(POOL_MAX_IDLE)
+            .http2_only(h2_only)
             // A connection that carries only quiet streams (a watch of Events, which
             // kube-apiserver never bookmarks) is known dead by its PINGs, not its silence.
             .timer(TokioTimer::new())
@@ -674,8 +709,13 @@ fn pool(
             // that within minutes, and each of the proxy's connections to it carries
             // hundreds of requests. The servers dialled here are the operator's own.
             .http2_max_local_error_reset_streams(None)
-            .build(connector),
-    )
+            .build(connector.clone())
+    };
+    Ok(Pool {
+        h2: (!http1_only && connector.tls.is_some()).then(|| client(true)),
+        any: client(false),
+        h2_seen,
+    })
 }
 
 /// `insecure-skip-tls-verify: true`: any certificate is accepted, signatures still checked.
@@ -733,6 +773,8 @@ impl rustls::client::danger::ServerCertVerifier for NoVerify {
 struct Connector {
     dialer: Dialer,
     tls: Option<Arc<(TlsConnector, ServerName<'static>)>>,
+    /// The pool's: whether its last connection negotiated h2.
+    h2_seen: Arc<AtomicBool>,
 }
 
 impl tower_service::Service<http::Uri> for Connector {
@@ -765,6 +807,7 @@ impl tower_service::Service<http::Uri> for Connector {
             let (connector, name) = &**tls;
             let stream = connector.connect(name.clone(), stream).await?;
             let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+            this.h2_seen.store(h2, Ordering::Relaxed);
             Ok(Conn {
                 io: TokioIo::new(Box::new(stream) as Stream),
                 h2,

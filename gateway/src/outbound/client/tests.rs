@@ -36,6 +36,31 @@ fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     f
 }
 
+/// A TLS acceptor offering h2 alone, with a certificate for `localhost`, and that
+/// certificate's PEM for the client to trust.
+fn tls_server() -> (tokio_rustls::TlsAcceptor, String) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let mut config =
+        rustls::ServerConfig::builder_with_provider(crate::outbound::egress::provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.der().clone()],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+            )
+            .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    (
+        tokio_rustls::TlsAcceptor::from(Arc::new(config)),
+        cert.pem(),
+    )
+}
+
 /// What the server saw.
 #[derive(Default)]
 struct Seen {
@@ -44,8 +69,8 @@ struct Seen {
     goaways: parking_lot::Mutex<Vec<String>>,
 }
 
-/// A TLS h2 server that answers the first request, then nothing until `GIVEN_UP` streams have been reset by the
-/// client, then, once h2 has forgotten them (it keeps a reset stream for a second), answers
+/// A TLS h2 server that answers every request on its first connection, and on the others
+/// nothing until `GIVEN_UP` streams have been reset by the client, then, once h2 has forgotten them (it keeps a reset stream for a second), answers
 /// every one of them (as an upstream that was slow does, its answers crossing the resets),
 /// and from then on answers each request at once.
 async fn late_server(
@@ -58,7 +83,7 @@ async fn late_server(
         let Ok((tcp, _)) = listener.accept().await else {
             return;
         };
-        seen.connections.fetch_add(1, Ordering::SeqCst);
+        let first = seen.connections.fetch_add(1, Ordering::SeqCst) == 0;
         let (acceptor, seen, answered) = (acceptor.clone(), seen.clone(), answered.clone());
         tokio::spawn(async move {
             let Ok(mut io) = acceptor.accept(tcp).await else {
@@ -97,7 +122,7 @@ async fn late_server(
                         Vec::new()
                     }
                     // The first request, sent alone, opens the connection the others share.
-                    HEADERS if late_sent || stream == 1 => {
+                    HEADERS if late_sent || first => {
                         frame(HEADERS, END_STREAM | END_HEADERS, stream, &[STATUS_200])
                     }
                     RST_STREAM if !late_sent => {
@@ -134,23 +159,7 @@ async fn late_server(
 /// stream on it, after 1,024 such answers over its life.
 #[tokio::test]
 async fn late_answers_to_given_up_requests_keep_the_connection() {
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
-        .unwrap()
-        .self_signed(&key)
-        .unwrap();
-    let mut config =
-        rustls::ServerConfig::builder_with_provider(crate::outbound::egress::provider())
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(
-                vec![cert.der().clone()],
-                rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-            )
-            .unwrap();
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let (acceptor, pem) = tls_server();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let seen = Arc::new(Seen::default());
@@ -164,7 +173,7 @@ async fn late_answers_to_given_up_requests_keep_the_connection() {
 
     let client = WebhookClient::from_url(
         &format!("https://localhost:{port}"),
-        Some(cert.pem().as_bytes()),
+        Some(pem.as_bytes()),
         &Egress::direct(),
     )
     .unwrap();
@@ -205,10 +214,80 @@ async fn late_answers_to_given_up_requests_keep_the_connection() {
         goaways.is_empty(),
         "the client ended the connection: {goaways:?}"
     );
+    // The first request's, made before the server was known to speak h2, and the one every
+    // request shared since.
     assert_eq!(
         seen.connections.load(Ordering::SeqCst),
-        1,
+        2,
         "the request after the late answers went on a new connection"
+    );
+    server.abort();
+}
+
+/// A TLS h2 server (the `h2` crate's) that counts its connections and ends the first one after
+/// its first request, as a server restarting or closing an idle connection does.
+async fn counting_server(
+    listener: TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    connections: Arc<AtomicUsize>,
+) {
+    while let Ok((tcp, _)) = listener.accept().await {
+        let n = connections.fetch_add(1, Ordering::SeqCst);
+        let acceptor = acceptor.clone();
+        tokio::spawn(async move {
+            let Ok(io) = acceptor.accept(tcp).await else {
+                return;
+            };
+            let Ok(mut conn) = h2::server::handshake(io).await else {
+                return;
+            };
+            while let Some(Ok((_, mut respond))) = conn.accept().await {
+                let _ = respond.send_response(http::Response::new(()), true);
+                if n == 0 {
+                    conn.graceful_shutdown();
+                }
+            }
+        });
+    }
+}
+
+/// A burst of requests at a moment with no connection open shares one new h2 connection once
+/// the server is known to speak h2, instead of dialling one connection per request.
+#[tokio::test]
+async fn a_burst_after_a_connection_ended_shares_one_new_connection() {
+    let (acceptor, pem) = tls_server();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let server = tokio::spawn(counting_server(listener, acceptor, connections.clone()));
+    let client = WebhookClient::from_url(
+        &format!("https://localhost:{port}"),
+        Some(pem.as_bytes()),
+        &Egress::direct(),
+    )
+    .unwrap();
+    let get = || {
+        http::Request::get("/")
+            .body(buffered(bytes::Bytes::new()))
+            .unwrap()
+    };
+    let first = client.request(get()).await.unwrap();
+    assert_eq!(first.status(), http::StatusCode::OK);
+    // The server's GOAWAY read: the pool holds no open connection now.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let burst = (0..100).map(|_| {
+        let client = client.clone();
+        let request = get();
+        async move { client.request(request).await.map(|r| r.status()) }
+    });
+    for answer in futures::future::join_all(burst).await {
+        assert_eq!(answer.expect("answered"), http::StatusCode::OK);
+    }
+    let n = connections.load(Ordering::SeqCst);
+    assert!(
+        n <= 3,
+        "{n} connections for 1 request and a burst of 100 after it"
     );
     server.abort();
 }
