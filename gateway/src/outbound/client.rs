@@ -81,38 +81,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// (the proxy's pass-through, `upstream.rs`).
 pub type RequestBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
 
-type Legacy = hyper_util::client::legacy::Client<Connector, RequestBody>;
-
-/// The connections of one kind to the server (ALPN offering h2, or HTTP/1.1 alone).
-///
-/// hyper dials a connection for every request that finds none idle while the protocol is
-/// not known in advance: a burst of requests at a moment with no connection (at the start,
-/// or after one ended) opens one connection each, hundreds of TLS handshakes at once, where
-/// one h2 connection would carry them all (a proxy's upstream was seen holding 218 such
-/// connections it had not yet spoken h2 on while its reviews timed out). So once a
-/// connection of this pool has negotiated h2, requests go through a client that speaks h2
-/// alone, in which hyper dials one connection at a time and the others wait to share it.
-#[derive(Clone)]
-struct Pool {
-    /// Either protocol, as ALPN decides: until a connection has said h2.
-    any: Legacy,
-    /// h2 alone, once one has (none for HTTP/1.1-only pools and plain HTTP).
-    h2: Option<Legacy>,
-    /// Set when a connection negotiated h2, cleared when one did not.
-    h2_seen: Arc<AtomicBool>,
-}
-
-impl Pool {
-    fn request(
-        &self,
-        request: http::Request<RequestBody>,
-    ) -> hyper_util::client::legacy::ResponseFuture {
-        match &self.h2 {
-            Some(h2) if self.h2_seen.load(Ordering::Relaxed) => h2.request(request),
-            _ => self.any.request(request),
-        }
-    }
-}
+type Pool = hyper_util::client::legacy::Client<Connector, RequestBody>;
 
 /// A client of one webhook URL. Cheap to clone; clones share connections and credentials.
 #[derive(Clone)]
@@ -684,18 +653,16 @@ fn pool(
     } else {
         None
     };
-    let h2_seen = Arc::new(AtomicBool::new(false));
     let connector = Connector {
         dialer,
         tls: tls.map(Arc::new),
-        h2_seen: h2_seen.clone(),
+        dials: (!http1_only).then(Arc::default),
     };
-    let client = |h2_only: bool| {
+    Ok(
         hyper_util::client::legacy::Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .pool_max_idle_per_host(POOL_MAX_IDLE)
-            .http2_only(h2_only)
             // A connection that carries only quiet streams (a watch of Events, which
             // kube-apiserver never bookmarks) is known dead by its PINGs, not its silence.
             .timer(TokioTimer::new())
@@ -709,13 +676,8 @@ fn pool(
             // that within minutes, and each of the proxy's connections to it carries
             // hundreds of requests. The servers dialled here are the operator's own.
             .http2_max_local_error_reset_streams(None)
-            .build(connector.clone())
-    };
-    Ok(Pool {
-        h2: (!http1_only && connector.tls.is_some()).then(|| client(true)),
-        any: client(false),
-        h2_seen,
-    })
+            .build(connector),
+    )
 }
 
 /// `insecure-skip-tls-verify: true`: any certificate is accepted, signatures still checked.
@@ -773,8 +735,32 @@ impl rustls::client::danger::ServerCertVerifier for NoVerify {
 struct Connector {
     dialer: Dialer,
     tls: Option<Arc<(TlsConnector, ServerName<'static>)>>,
-    /// The pool's: whether its last connection negotiated h2.
-    h2_seen: Arc<AtomicBool>,
+    /// The pool's dials, taken one at a time while its server may speak h2 (None for pools
+    /// of HTTP/1.1 alone, which need a connection per request).
+    dials: Option<Arc<Dials>>,
+}
+
+/// How long a dial that lost its reason to exist (an h2 connection was made while it waited)
+/// waits before it fails: its request has taken that connection from the pool by then, and
+/// this dial, moved to the background by hyper, ends unseen.
+const SHARED_WAIT: Duration = Duration::from_secs(5);
+
+/// The dials of one pool. hyper dials a connection for every request that finds none idle
+/// when the protocol is not fixed in advance (ALPN decides it): a burst at a moment with no
+/// connection (at the start, or after one ended) would open one TLS connection per request,
+/// where one h2 connection carries them all (a proxy's upstream was seen holding 218 such
+/// connections it had not yet spoken h2 on, while its reviews timed out). So while the
+/// server speaks h2, or is not known yet, one dial goes at a time; a request that waited
+/// for the gate while another dial made an h2 connection takes that connection from the
+/// pool (hyper hands a new h2 connection to every request waiting for one), and its own dial
+/// is not made.
+#[derive(Default)]
+struct Dials {
+    gate: tokio::sync::Mutex<()>,
+    /// h2 connections made so far.
+    h2_made: std::sync::atomic::AtomicU64,
+    /// The last connection negotiated HTTP/1.1: dials go at once, as many as asked.
+    http1: AtomicBool,
 }
 
 impl tower_service::Service<http::Uri> for Connector {
@@ -789,6 +775,25 @@ impl tower_service::Service<http::Uri> for Connector {
     fn call(&mut self, uri: http::Uri) -> Self::Future {
         let this = self.clone();
         Box::pin(async move {
+            let dials = this
+                .dials
+                .as_ref()
+                .filter(|d| !d.http1.load(Ordering::Relaxed));
+            let _gate = match dials {
+                None => None,
+                Some(d) => {
+                    let made = d.h2_made.load(Ordering::Acquire);
+                    let gate = d.gate.lock().await;
+                    if d.h2_made.load(Ordering::Acquire) != made {
+                        drop(gate);
+                        tokio::time::sleep(SHARED_WAIT).await;
+                        return Err(io::Error::other(
+                            "not dialled: an h2 connection was made meanwhile",
+                        ));
+                    }
+                    Some(gate)
+                }
+            };
             let host = uri
                 .host()
                 .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no host"))?
@@ -799,6 +804,10 @@ impl tower_service::Service<http::Uri> for Connector {
             let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
             let stream = this.dialer.dial(&host, port).await?;
             let Some(tls) = &this.tls else {
+                // Plain HTTP: HTTP/1.1 (no ALPN to offer h2 by).
+                if let Some(d) = &this.dials {
+                    d.http1.store(true, Ordering::Relaxed);
+                }
                 return Ok(Conn {
                     io: TokioIo::new(stream),
                     h2: false,
@@ -807,7 +816,12 @@ impl tower_service::Service<http::Uri> for Connector {
             let (connector, name) = &**tls;
             let stream = connector.connect(name.clone(), stream).await?;
             let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
-            this.h2_seen.store(h2, Ordering::Relaxed);
+            if let Some(d) = &this.dials {
+                d.http1.store(!h2, Ordering::Relaxed);
+                if h2 {
+                    d.h2_made.fetch_add(1, Ordering::Release);
+                }
+            }
             Ok(Conn {
                 io: TokioIo::new(Box::new(stream) as Stream),
                 h2,

@@ -164,6 +164,30 @@ impl Upstream {
             .unwrap_or_else(|_| Err(format!("{url}{path}: no answer within {timeout:?}")))
     }
 
+    /// Opens the connection of the proxy's own calls and those of the spread with a `GET
+    /// /readyz` each (answers ignored), so that the first burst of callers shares them: a pool
+    /// dials one connection for many requests only once it knows its server speaks h2
+    /// (`client.rs`). An upstream not reachable yet costs nothing here.
+    pub async fn warm(&self) {
+        let readyz = |client: &WebhookClient| {
+            let client = client.clone();
+            async move {
+                let Ok(request) =
+                    http::Request::get("/readyz").body(client::buffered(Bytes::new()))
+                else {
+                    return;
+                };
+                let exchange = async {
+                    let response = client.request(request).await?;
+                    client::read_response(&client.url(), response).await
+                };
+                let _ = tokio::time::timeout(CALL_TIMEOUT, exchange).await;
+            }
+        };
+        let all = std::iter::once(&self.client).chain(&self.spread.clients);
+        futures::future::join_all(all.map(readyz)).await;
+    }
+
     /// Whether the upstream answers `GET /readyz` with 200 within [`CALL_TIMEOUT`].
     pub async fn ready(&self) -> Result<(), String> {
         let request = http::Request::get("/readyz")

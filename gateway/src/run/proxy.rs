@@ -118,6 +118,10 @@ pub(crate) fn state(
             ),
         )),
     ));
+    let warm = tokio::spawn({
+        let upstream = upstream.clone();
+        async move { upstream.warm().await }
+    });
     let mut proxy = Proxy::new(upstream);
     proxy.caches = Some(caches.clone());
     proxy.caller_tokens = opts.upstream_caller_tokens;
@@ -149,6 +153,7 @@ pub(crate) fn state(
     let mut state = ServerState::new(opts.clone(), Arc::new(NoStore), parts)?;
     state.proxy = Some(Arc::new(proxy));
     let tasks = vec![
+        warm,
         tokio::spawn(crate::registry::caches::pace(
             caches.gate().clone(),
             signals.watches(),

@@ -69,8 +69,8 @@ struct Seen {
     goaways: parking_lot::Mutex<Vec<String>>,
 }
 
-/// A TLS h2 server that answers every request on its first connection, and on the others
-/// nothing until `GIVEN_UP` streams have been reset by the client, then, once h2 has forgotten them (it keeps a reset stream for a second), answers
+/// A TLS h2 server that answers the first request, then nothing until `GIVEN_UP` streams
+/// have been reset by the client, then, once h2 has forgotten them (it keeps a reset stream for a second), answers
 /// every one of them (as an upstream that was slow does, its answers crossing the resets),
 /// and from then on answers each request at once.
 async fn late_server(
@@ -83,7 +83,7 @@ async fn late_server(
         let Ok((tcp, _)) = listener.accept().await else {
             return;
         };
-        let first = seen.connections.fetch_add(1, Ordering::SeqCst) == 0;
+        seen.connections.fetch_add(1, Ordering::SeqCst);
         let (acceptor, seen, answered) = (acceptor.clone(), seen.clone(), answered.clone());
         tokio::spawn(async move {
             let Ok(mut io) = acceptor.accept(tcp).await else {
@@ -122,7 +122,7 @@ async fn late_server(
                         Vec::new()
                     }
                     // The first request, sent alone, opens the connection the others share.
-                    HEADERS if late_sent || first => {
+                    HEADERS if late_sent || stream == 1 => {
                         frame(HEADERS, END_STREAM | END_HEADERS, stream, &[STATUS_200])
                     }
                     RST_STREAM if !late_sent => {
@@ -214,22 +214,22 @@ async fn late_answers_to_given_up_requests_keep_the_connection() {
         goaways.is_empty(),
         "the client ended the connection: {goaways:?}"
     );
-    // The first request's, made before the server was known to speak h2, and the one every
-    // request shared since.
     assert_eq!(
         seen.connections.load(Ordering::SeqCst),
-        2,
+        1,
         "the request after the late answers went on a new connection"
     );
     server.abort();
 }
 
-/// A TLS h2 server (the `h2` crate's) that counts its connections and ends the first one after
-/// its first request, as a server restarting or closing an idle connection does.
+/// A TLS h2 server (the `h2` crate's) that counts its connections and, with `end_first`, ends
+/// the first one after its first request, as a server restarting or closing an idle
+/// connection does.
 async fn counting_server(
     listener: TcpListener,
     acceptor: tokio_rustls::TlsAcceptor,
     connections: Arc<AtomicUsize>,
+    end_first: bool,
 ) {
     while let Ok((tcp, _)) = listener.accept().await {
         let n = connections.fetch_add(1, Ordering::SeqCst);
@@ -243,7 +243,7 @@ async fn counting_server(
             };
             while let Some(Ok((_, mut respond))) = conn.accept().await {
                 let _ = respond.send_response(http::Response::new(()), true);
-                if n == 0 {
+                if end_first && n == 0 {
                     conn.graceful_shutdown();
                 }
             }
@@ -251,15 +251,20 @@ async fn counting_server(
     }
 }
 
-/// A burst of requests at a moment with no connection open shares one new h2 connection once
-/// the server is known to speak h2, instead of dialling one connection per request.
+/// A burst of requests at a moment with no connection open shares one new h2 connection,
+/// instead of dialling one connection per request.
 #[tokio::test]
 async fn a_burst_after_a_connection_ended_shares_one_new_connection() {
     let (acceptor, pem) = tls_server();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let connections = Arc::new(AtomicUsize::new(0));
-    let server = tokio::spawn(counting_server(listener, acceptor, connections.clone()));
+    let server = tokio::spawn(counting_server(
+        listener,
+        acceptor,
+        connections.clone(),
+        true,
+    ));
     let client = WebhookClient::from_url(
         &format!("https://localhost:{port}"),
         Some(pem.as_bytes()),
@@ -288,6 +293,43 @@ async fn a_burst_after_a_connection_ended_shares_one_new_connection() {
     assert!(
         n <= 3,
         "{n} connections for 1 request and a burst of 100 after it"
+    );
+    server.abort();
+}
+
+/// The first burst of a new client, before any connection is open, shares one connection too.
+#[tokio::test]
+async fn a_first_burst_shares_one_connection() {
+    let (acceptor, pem) = tls_server();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let server = tokio::spawn(counting_server(
+        listener,
+        acceptor,
+        connections.clone(),
+        false,
+    ));
+    let client = WebhookClient::from_url(
+        &format!("https://localhost:{port}"),
+        Some(pem.as_bytes()),
+        &Egress::direct(),
+    )
+    .unwrap();
+    let burst = (0..100).map(|_| {
+        let client = client.clone();
+        let request = http::Request::get("/")
+            .body(buffered(bytes::Bytes::new()))
+            .unwrap();
+        async move { client.request(request).await.map(|r| r.status()) }
+    });
+    for answer in futures::future::join_all(burst).await {
+        assert_eq!(answer.expect("answered"), http::StatusCode::OK);
+    }
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        1,
+        "one connection for the burst"
     );
     server.abort();
 }
