@@ -1,5 +1,6 @@
 //! A Tokio runtime on threads of its own, beside the request runtime: the caches' ingest
-//! thread (`registry::caches`) and the list threads (`serve::bulk`). Dropping one stops its
+//! thread (`registry::caches`), the list threads (`serve::bulk`) and the thread of a proxy's
+//! own calls to its upstream (`outbound::upstream`). Dropping one stops its
 //! threads without waiting for them, so the last holder of the server's state may drop it
 //! from anywhere, one of its own threads included.
 
@@ -47,6 +48,12 @@ impl Threads {
         F::Output: Send + 'static,
     {
         self.handle.spawn(fut)
+    }
+}
+
+impl std::fmt::Debug for Threads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Threads").finish_non_exhaustive()
     }
 }
 

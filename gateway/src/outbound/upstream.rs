@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use crate::base::threads::Threads;
 use crate::outbound::client::{self, ClientError, RequestBody, WebhookClient};
 use crate::outbound::egress::Egress;
 
@@ -36,6 +37,12 @@ pub struct Upstream {
     /// The short requests sent on ([`Upstream::send`]), spread over connections of their
     /// own, so that they never queue the proxy's own calls behind them.
     spread: Arc<Spread>,
+    /// The thread the proxy's own calls and their connection run on, apart from the request
+    /// runtime: a review's body is sent by a task of its own once h2 gives it room, and on a
+    /// request runtime queued with thousands of agents' requests (a cluster's nodes starting
+    /// at once) that task waited seconds, while kube-apiserver held the review open waiting
+    /// for its body, and the review timed out.
+    calls: Arc<Threads>,
 }
 
 /// Clients with an h2 connection each, taken in turn.
@@ -60,7 +67,11 @@ impl Upstream {
         let clients = (0..connections.max(1))
             .map(|_| WebhookClient::from_kubeconfig_file(path, egress))
             .collect::<Result<Vec<_>, _>>()?;
+        let calls = Threads::new("svc-upstream-calls", 1, || {}).map_err(|e| {
+            ClientError::Config(format!("starting the upstream calls' thread: {e}"))
+        })?;
         Ok(Upstream {
+            calls: Arc::new(calls),
             client: WebhookClient::from_kubeconfig_file(path, egress)?,
             spread: Arc::new(Spread {
                 clients,
@@ -184,8 +195,9 @@ impl Upstream {
                 let _ = tokio::time::timeout(CALL_TIMEOUT, exchange).await;
             }
         };
-        let all = std::iter::once(&self.client).chain(&self.spread.clients);
-        futures::future::join_all(all.map(readyz)).await;
+        let own = self.calls.spawn(readyz(&self.client));
+        futures::future::join_all(self.spread.clients.iter().map(readyz)).await;
+        let _ = own.await;
     }
 
     /// Whether the upstream answers `GET /readyz` with 200 within [`CALL_TIMEOUT`].
@@ -210,16 +222,26 @@ impl Upstream {
         request: http::Request<RequestBody>,
     ) -> Result<client::Response, ClientError> {
         let url = self.url();
-        let exchange = async {
-            let response = self.client.request(request).await?;
-            client::read_response(&url, response).await
+        let client = self.client.clone();
+        let exchange = async move {
+            let url = client.url();
+            let exchange = async {
+                let response = client.request(request).await?;
+                client::read_response(&url, response).await
+            };
+            match tokio::time::timeout(CALL_TIMEOUT, exchange).await {
+                Ok(r) => r,
+                Err(_) => Err(ClientError::Timeout {
+                    url,
+                    timeout: CALL_TIMEOUT,
+                }),
+            }
         };
-        match tokio::time::timeout(CALL_TIMEOUT, exchange).await {
-            Ok(r) => r,
-            Err(_) => Err(ClientError::Timeout {
-                url: url.clone(),
-                timeout: CALL_TIMEOUT,
-            }),
-        }
+        self.calls.spawn(exchange).await.unwrap_or_else(|e| {
+            Err(ClientError::Request {
+                url,
+                message: format!("the upstream calls' thread: {e}"),
+            })
+        })
     }
 }
