@@ -237,7 +237,10 @@ async fn start_with(opts: Options, source: Source) -> anyhow::Result<ServerHandl
         tokens,
         tracing,
         admission,
-        egress: Egress::from_options(&opts)?,
+        egress: match &source {
+            Source::Upstream(upstreams) => upstreams.egress().clone(),
+            Source::Store(_) => Egress::from_options(&opts)?,
+        },
         collectors: Vec::new(),
     };
     let (app, mut tasks) = match source {

@@ -18,7 +18,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -758,7 +758,7 @@ const SHARED_WAIT: Duration = Duration::from_secs(5);
 struct Dials {
     gate: tokio::sync::Mutex<()>,
     /// h2 connections made so far.
-    h2_made: std::sync::atomic::AtomicU64,
+    h2_made: AtomicU64,
     /// The last connection negotiated HTTP/1.1: dials go at once, as many as asked.
     http1: AtomicBool,
 }

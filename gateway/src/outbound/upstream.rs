@@ -15,8 +15,8 @@ pub mod scripted;
 pub mod watch;
 
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -41,8 +41,9 @@ pub struct Upstream {
     /// runtime: a review's body is sent by a task of its own once h2 gives it room, and on a
     /// request runtime queued with thousands of agents' requests (a cluster's nodes starting
     /// at once) that task waited seconds, while kube-apiserver held the review open waiting
-    /// for its body, and the review timed out.
-    calls: Arc<Threads>,
+    /// for its body, and the review timed out. Started by the first call (a proxy's caches
+    /// have an `Upstream` of their own that makes none).
+    calls: Arc<OnceLock<Result<Threads, String>>>,
 }
 
 /// Clients with an h2 connection each, taken in turn.
@@ -67,11 +68,8 @@ impl Upstream {
         let clients = (0..connections.max(1))
             .map(|_| WebhookClient::from_kubeconfig_file(path, egress))
             .collect::<Result<Vec<_>, _>>()?;
-        let calls = Threads::new("svc-upstream-calls", 1, || {}).map_err(|e| {
-            ClientError::Config(format!("starting the upstream calls' thread: {e}"))
-        })?;
         Ok(Upstream {
-            calls: Arc::new(calls),
+            calls: Arc::default(),
             client: WebhookClient::from_kubeconfig_file(path, egress)?,
             spread: Arc::new(Spread {
                 clients,
@@ -180,24 +178,13 @@ impl Upstream {
     /// dials one connection for many requests only once it knows its server speaks h2
     /// (`client.rs`). An upstream not reachable yet costs nothing here.
     pub async fn warm(&self) {
-        let readyz = |client: &WebhookClient| {
-            let client = client.clone();
-            async move {
-                let Ok(request) =
-                    http::Request::get("/readyz").body(client::buffered(Bytes::new()))
-                else {
-                    return;
-                };
-                let exchange = async {
-                    let response = client.request(request).await?;
-                    client::read_response(&client.url(), response).await
-                };
-                let _ = tokio::time::timeout(CALL_TIMEOUT, exchange).await;
-            }
-        };
-        let own = self.calls.spawn(readyz(&self.client));
-        futures::future::join_all(self.spread.clients.iter().map(readyz)).await;
-        let _ = own.await;
+        let spread = self.spread.clients.iter().filter_map(|c| {
+            let request = http::Request::get("/readyz")
+                .body(client::buffered(Bytes::new()))
+                .ok()?;
+            Some(exchange(c.clone(), request))
+        });
+        let _ = futures::join!(self.ready(), futures::future::join_all(spread));
     }
 
     /// Whether the upstream answers `GET /readyz` with 200 within [`CALL_TIMEOUT`].
@@ -217,31 +204,43 @@ impl Upstream {
         }
     }
 
+    /// One of the proxy's own calls, on their thread.
     async fn call(
         &self,
         request: http::Request<RequestBody>,
     ) -> Result<client::Response, ClientError> {
-        let url = self.url();
-        let client = self.client.clone();
-        let exchange = async move {
-            let url = client.url();
-            let exchange = async {
-                let response = client.request(request).await?;
-                client::read_response(&url, response).await
-            };
-            match tokio::time::timeout(CALL_TIMEOUT, exchange).await {
-                Ok(r) => r,
-                Err(_) => Err(ClientError::Timeout {
-                    url,
-                    timeout: CALL_TIMEOUT,
-                }),
-            }
+        let thread_failed = |e: String| ClientError::Request {
+            url: self.url(),
+            message: format!("the upstream calls' thread: {e}"),
         };
-        self.calls.spawn(exchange).await.unwrap_or_else(|e| {
-            Err(ClientError::Request {
-                url,
-                message: format!("the upstream calls' thread: {e}"),
-            })
-        })
+        let calls = self
+            .calls
+            .get_or_init(|| Threads::new("svc-upstream-calls", 1, || {}).map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| thread_failed(e.clone()))?;
+        calls
+            .spawn(exchange(self.client.clone(), request))
+            .await
+            .unwrap_or_else(|e| Err(thread_failed(e.to_string())))
+    }
+}
+
+/// `request` sent by `client`, its answer read whole (at most [`client::MAX_RESPONSE_BODY`]),
+/// all within [`CALL_TIMEOUT`].
+async fn exchange(
+    client: WebhookClient,
+    request: http::Request<RequestBody>,
+) -> Result<client::Response, ClientError> {
+    let url = client.url();
+    let exchange = async {
+        let response = client.request(request).await?;
+        client::read_response(&url, response).await
+    };
+    match tokio::time::timeout(CALL_TIMEOUT, exchange).await {
+        Ok(r) => r,
+        Err(_) => Err(ClientError::Timeout {
+            url,
+            timeout: CALL_TIMEOUT,
+        }),
     }
 }

@@ -40,10 +40,16 @@ pub struct Upstreams {
     client_ca: Option<Vec<u8>>,
     /// `--requestheader-client-ca-file` and `--requestheader-allowed-names`.
     front_proxy: Option<(Vec<u8>, Vec<String>)>,
+    /// `--egress-selector-config-file`, read once for the upstream and the server's webhooks.
     egress: Egress,
 }
 
 impl Upstreams {
+    /// The egress selection the upstream is dialled through.
+    pub fn egress(&self) -> &Egress {
+        &self.egress
+    }
+
     pub fn from_options(opts: &Options) -> anyhow::Result<Self> {
         let Some(kubeconfig) = opts.upstream_kubeconfig.clone() else {
             anyhow::bail!("proxy mode needs --upstream-kubeconfig");
@@ -98,7 +104,6 @@ pub(crate) fn state(
     let Upstreams {
         upstream,
         caches: caches_upstream,
-        egress,
         ..
     } = upstreams;
     let filter = ResourceFilter::parse(&opts.cache_resources).map_err(anyhow::Error::msg)?;
@@ -118,7 +123,8 @@ pub(crate) fn state(
             ),
         )),
     ));
-    let warm = tokio::spawn({
+    // Not among the tasks shutdown waits for: it ends on its own within a call's timeout.
+    tokio::spawn({
         let upstream = upstream.clone();
         async move { upstream.warm().await }
     });
@@ -144,7 +150,6 @@ pub(crate) fn state(
         extra_prefix: opts.requestheader_extra_headers_prefix.clone(),
         uid: opts.requestheader_uid_headers.clone(),
     };
-    parts.egress = egress;
     parts.collectors = vec![
         caches.collector(),
         proxy.long_running.collector(),
@@ -153,7 +158,6 @@ pub(crate) fn state(
     let mut state = ServerState::new(opts.clone(), Arc::new(NoStore), parts)?;
     state.proxy = Some(Arc::new(proxy));
     let tasks = vec![
-        warm,
         tokio::spawn(crate::registry::caches::pace(
             caches.gate().clone(),
             signals.watches(),
