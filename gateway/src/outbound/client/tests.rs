@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
+use tokio::task::JoinHandle;
 
 use super::{WebhookClient, buffered};
 use crate::outbound::egress::Egress;
@@ -59,6 +60,23 @@ fn tls_server() -> (tokio_rustls::TlsAcceptor, String) {
         tokio_rustls::TlsAcceptor::from(Arc::new(config)),
         cert.pem(),
     )
+}
+
+/// A client of `https://localhost:{port}` that trusts `pem`.
+fn client_of(port: u16, pem: &str) -> WebhookClient {
+    WebhookClient::from_url(
+        &format!("https://localhost:{port}"),
+        Some(pem.as_bytes()),
+        &Egress::direct(),
+    )
+    .unwrap()
+}
+
+/// `GET path` with no body.
+fn get(path: &str) -> http::Request<super::RequestBody> {
+    http::Request::get(path)
+        .body(buffered(bytes::Bytes::new()))
+        .unwrap()
 }
 
 /// What the server saw.
@@ -171,23 +189,13 @@ async fn late_answers_to_given_up_requests_keep_the_connection() {
         answered.clone(),
     ));
 
-    let client = WebhookClient::from_url(
-        &format!("https://localhost:{port}"),
-        Some(pem.as_bytes()),
-        &Egress::direct(),
-    )
-    .unwrap();
-    let get = |path: String| {
-        http::Request::get(path)
-            .body(buffered(bytes::Bytes::new()))
-            .unwrap()
-    };
-    let first = client.request(get("/first".into())).await.unwrap();
+    let client = client_of(port, &pem);
+    let first = client.request(get("/first")).await.unwrap();
     assert_eq!(first.status(), http::StatusCode::OK);
     // Each request is given up on (its future dropped: h2 resets the stream).
     let given_up = (0..GIVEN_UP).map(|i| {
         let client = client.clone();
-        let request = get(format!("/slow/{i}"));
+        let request = get(&format!("/slow/{i}"));
         async move {
             let answer =
                 tokio::time::timeout(Duration::from_millis(300), client.request(request)).await;
@@ -204,7 +212,7 @@ async fn late_answers_to_given_up_requests_keep_the_connection() {
     // The late answers read by the client before the next request goes out.
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let answer = tokio::time::timeout(Duration::from_secs(5), client.request(get("/after".into())))
+    let answer = tokio::time::timeout(Duration::from_secs(5), client.request(get("/after")))
         .await
         .expect("answered in time")
         .expect("answered");
@@ -251,10 +259,9 @@ async fn counting_server(
     }
 }
 
-/// A burst of requests at a moment with no connection open shares one new h2 connection,
-/// instead of dialling one connection per request.
-#[tokio::test]
-async fn a_burst_after_a_connection_ended_shares_one_new_connection() {
+/// A counting server on a port of its own (see [`counting_server`]), a client of it, and the
+/// server's count of connections.
+async fn counted(end_first: bool) -> (WebhookClient, Arc<AtomicUsize>, JoinHandle<()>) {
     let (acceptor, pem) = tls_server();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -263,32 +270,33 @@ async fn a_burst_after_a_connection_ended_shares_one_new_connection() {
         listener,
         acceptor,
         connections.clone(),
-        true,
+        end_first,
     ));
-    let client = WebhookClient::from_url(
-        &format!("https://localhost:{port}"),
-        Some(pem.as_bytes()),
-        &Egress::direct(),
-    )
-    .unwrap();
-    let get = || {
-        http::Request::get("/")
-            .body(buffered(bytes::Bytes::new()))
-            .unwrap()
-    };
-    let first = client.request(get()).await.unwrap();
+    (client_of(port, &pem), connections, server)
+}
+
+/// `n` requests at once, each answered 200.
+async fn burst(client: &WebhookClient, n: usize) {
+    let all = (0..n).map(|_| {
+        let client = client.clone();
+        async move { client.request(get("/")).await.map(|r| r.status()) }
+    });
+    for answer in futures::future::join_all(all).await {
+        assert_eq!(answer.expect("answered"), http::StatusCode::OK);
+    }
+}
+
+/// A burst of requests at a moment with no connection open shares one new h2 connection,
+/// instead of dialling one connection per request.
+#[tokio::test]
+async fn a_burst_after_a_connection_ended_shares_one_new_connection() {
+    let (client, connections, server) = counted(true).await;
+    let first = client.request(get("/")).await.unwrap();
     assert_eq!(first.status(), http::StatusCode::OK);
     // The server's GOAWAY read: the pool holds no open connection now.
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    let burst = (0..100).map(|_| {
-        let client = client.clone();
-        let request = get();
-        async move { client.request(request).await.map(|r| r.status()) }
-    });
-    for answer in futures::future::join_all(burst).await {
-        assert_eq!(answer.expect("answered"), http::StatusCode::OK);
-    }
+    burst(&client, 100).await;
     let n = connections.load(Ordering::SeqCst);
     assert!(
         n <= 3,
@@ -300,32 +308,8 @@ async fn a_burst_after_a_connection_ended_shares_one_new_connection() {
 /// The first burst of a new client, before any connection is open, shares one connection too.
 #[tokio::test]
 async fn a_first_burst_shares_one_connection() {
-    let (acceptor, pem) = tls_server();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let connections = Arc::new(AtomicUsize::new(0));
-    let server = tokio::spawn(counting_server(
-        listener,
-        acceptor,
-        connections.clone(),
-        false,
-    ));
-    let client = WebhookClient::from_url(
-        &format!("https://localhost:{port}"),
-        Some(pem.as_bytes()),
-        &Egress::direct(),
-    )
-    .unwrap();
-    let burst = (0..100).map(|_| {
-        let client = client.clone();
-        let request = http::Request::get("/")
-            .body(buffered(bytes::Bytes::new()))
-            .unwrap();
-        async move { client.request(request).await.map(|r| r.status()) }
-    });
-    for answer in futures::future::join_all(burst).await {
-        assert_eq!(answer.expect("answered"), http::StatusCode::OK);
-    }
+    let (client, connections, server) = counted(false).await;
+    burst(&client, 100).await;
     assert_eq!(
         connections.load(Ordering::SeqCst),
         1,
