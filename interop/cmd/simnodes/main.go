@@ -309,15 +309,18 @@ func (n *node) register(ctx context.Context) error {
 func (n *node) renew(ctx context.Context) error {
 	leases := n.client.CoordinationV1().Leases("kube-node-lease")
 	now := metav1.NewMicroTime(time.Now())
+	put := func(l *coordinationv1.Lease) error {
+		l.Spec.RenewTime = &now
+		updated, err := leases.Update(ctx, l, metav1.UpdateOptions{})
+		if err == nil {
+			n.lease = updated
+		}
+		return err
+	}
 	// As the kubelet's lease controller: the lease it last wrote, updated with no GET first;
 	// a GET (and a create where there is none) only when that update fails.
-	if n.lease != nil {
-		l := n.lease.DeepCopy()
-		l.Spec.RenewTime = &now
-		if updated, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err == nil {
-			n.lease = updated
-			return nil
-		}
+	if n.lease != nil && put(n.lease.DeepCopy()) == nil {
+		return nil
 	}
 	l, err := leases.Get(ctx, n.name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
@@ -334,12 +337,7 @@ func (n *node) renew(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	l.Spec.RenewTime = &now
-	updated, err := leases.Update(ctx, l, metav1.UpdateOptions{})
-	if err == nil {
-		n.lease = updated
-	}
-	return err
+	return put(l)
 }
 
 // podSeen starts a pod bound to this node: the informers of the ConfigMaps and Secrets it
