@@ -23,9 +23,10 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::base::flags::Options;
 use crate::controllers::{bootstrap, csr};
+use crate::http::api::Standalone;
 use crate::outbound::egress::Egress;
 use crate::outbound::pki::{self, PkiOptions};
-use crate::serve::app::{Parts, ServerState};
+use crate::serve::app::{Mode, Parts, ServerState, StoreParts};
 use crate::serve::server::{Stops, Tls, accept_loop};
 
 /// A running server.
@@ -123,7 +124,11 @@ impl ServerHandle {
         for t in self.tasks {
             let _ = t.await;
         }
-        if let Some(audit) = &self.app.api.security.audit {
+        if let Some(audit) = self
+            .app
+            .standalone()
+            .and_then(|own| own.security.audit.as_ref())
+        {
             audit.shutdown().await;
         }
         if let Some(tracer) = &self.app.api.tracer {
@@ -140,7 +145,7 @@ pub async fn start(opts: Options) -> anyhow::Result<ServerHandle> {
     let source = if opts.upstream_kubeconfig.is_some() {
         Source::Upstream(proxy::Upstreams::from_options(&opts)?)
     } else {
-        Source::Store(open_store(&opts).await?)
+        Source::store(&opts, open_store(&opts).await?)?
     };
     start_with(opts, source).await
 }
@@ -150,15 +155,30 @@ pub async fn start_with_store(
     opts: Options,
     store: Arc<dyn Store>,
 ) -> anyhow::Result<ServerHandle> {
-    start_with(opts, Source::Store(store)).await
+    let source = Source::store(&opts, store)?;
+    start_with(opts, source).await
 }
 
 /// What a server serves from: the mode, as the one parameter of its start.
 enum Source {
-    /// Standalone: its own store.
-    Store(Arc<dyn Store>),
+    /// Standalone: its own store, and the admission plugins of the flags (a proxy has none:
+    /// the upstream admits).
+    Store {
+        store: Arc<dyn Store>,
+        admission: crate::registry::admission::Chain,
+    },
     /// Proxy mode: the upstream API server, with the client CAs its callers are verified by.
     Upstream(proxy::Upstreams),
+}
+
+impl Source {
+    /// Standalone mode over `store`. A bad admission configuration stops the start here,
+    /// before anything listens.
+    fn store(opts: &Options, store: Arc<dyn Store>) -> anyhow::Result<Self> {
+        let admission =
+            crate::registry::admission::Chain::from_options(opts).map_err(anyhow::Error::msg)?;
+        Ok(Source::Store { store, admission })
+    }
 }
 
 /// Opens the store of the flags: etcd, or the embedded store in the data directory.
@@ -201,16 +221,13 @@ async fn open_store(opts: &Options) -> anyhow::Result<Arc<dyn Store>> {
 /// the data directory, the server state, the mode's own tasks (standalone: configuration
 /// reloads and the built-in controllers; proxy: its caches), then the accept loops.
 async fn start_with(opts: Options, source: Source) -> anyhow::Result<ServerHandle> {
-    // A bad admission configuration stops the start before anything listens.
-    let admission =
-        crate::registry::admission::Chain::from_options(&opts).map_err(anyhow::Error::msg)?;
     let listener = TcpListener::bind((opts.bind_address, opts.secure_port))
         .await
         .with_context(|| format!("binding {}:{}", opts.bind_address, opts.secure_port))?;
     let addr = listener.local_addr()?;
     // A proxy writes no admin kubeconfig: its callers hold the upstream's credentials.
     let (pki, tls, admin_kubeconfig) = match &source {
-        Source::Store(_) => {
+        Source::Store { .. } => {
             let kubeconfig = opts.data_dir.join("admin.kubeconfig");
             let (pki, tls) = prepare_pki(&opts, addr, &kubeconfig).await?;
             (pki, tls, kubeconfig)
@@ -222,35 +239,39 @@ async fn start_with(opts: Options, source: Source) -> anyhow::Result<ServerHandl
     };
 
     let signals = Signals::new();
-    let tokens = crate::security::tokens::Tokens::new(
-        &opts,
-        pki.sa_signing_key_pem(),
-        pki.sa_public_key_pem(),
-    )
-    .map_err(|e| anyhow::anyhow!("service-account tokens: {e}"))?;
     let tracing = match &opts.tracing_config_file {
         None => None,
         Some(path) => Some(crate::observe::trace::file::read(path).map_err(anyhow::Error::msg)?),
     };
     let parts = Parts {
         stop_watches: signals.watches(),
-        tokens,
         tracing,
-        admission,
         egress: match &source {
             Source::Upstream(upstreams) => upstreams.egress().clone(),
-            Source::Store(_) => Egress::from_options(&opts)?,
+            Source::Store { .. } => Egress::from_options(&opts)?,
         },
         collectors: Vec::new(),
     };
     let (app, mut tasks) = match source {
-        Source::Store(store) => {
-            let app = Arc::new(ServerState::new(opts.clone(), store, parts)?);
+        Source::Store { store, admission } => {
+            let tokens = crate::security::tokens::Tokens::new(
+                &opts,
+                pki.sa_signing_key_pem(),
+                pki.sa_public_key_pem(),
+            )
+            .map_err(|e| anyhow::anyhow!("service-account tokens: {e}"))?;
+            let own = StoreParts {
+                store,
+                tokens,
+                admission,
+            };
+            let (app, own) = ServerState::over_store(opts.clone(), parts, own)?;
+            let app = Arc::new(app);
             let mut tasks = Vec::new();
-            tasks.extend(start_authentication_config(&app, signals.watches())?);
+            tasks.extend(start_authentication_config(&own, signals.watches())?);
             tasks.extend(
                 crate::security::authorization_config::start(
-                    &app.api.security,
+                    &own.security,
                     &opts,
                     &app.api.metrics.authz,
                     signals.watches(),
@@ -258,8 +279,8 @@ async fn start_with(opts: Options, source: Source) -> anyhow::Result<ServerHandl
                 )
                 .map_err(|e| anyhow::anyhow!("--authorization-config: {e}"))?,
             );
-            bootstrap::start(&app);
-            csr::start(&app, &pki);
+            bootstrap::start(&app, &own.registry);
+            csr::start(&app, &own.registry, &own.security, &pki);
             (app, tasks)
         }
         Source::Upstream(upstreams) => proxy::state(&opts, upstreams, parts, &signals)?,
@@ -281,11 +302,11 @@ async fn start_with(opts: Options, source: Source) -> anyhow::Result<ServerHandl
             signals.accept_loop(),
         )));
     }
-    match &app.proxy {
-        Some(proxy) => {
+    match &app.mode {
+        Mode::Upstream(proxy) => {
             tracing::info!(%addr, upstream = %proxy.upstream.url(), "serving as a proxy")
         }
-        None => tracing::info!(
+        Mode::Store(_) => tracing::info!(
             %addr,
             ?insecure_addr,
             kubeconfig = %admin_kubeconfig.display(),
@@ -343,35 +364,35 @@ async fn prepare_pki(
 /// Loads `--authentication-config` (a bad file stops the start with all its errors) and
 /// re-reads it when it changes.
 fn start_authentication_config(
-    app: &Arc<ServerState>,
+    own: &Arc<Standalone>,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<Option<JoinHandle<()>>> {
-    let Some(path) = app.api.opts.authentication_config.clone() else {
+    let Some(path) = own.api.opts.authentication_config.clone() else {
         return Ok(None);
     };
-    let load = |app: &ServerState, bytes: &[u8]| {
+    let load = |own: &Standalone, bytes: &[u8]| {
         let ctx = crate::security::jwt::LoadContext {
-            service_account_issuers: std::slice::from_ref(&app.api.opts.service_account_issuer),
-            anonymous_flag_set: app.api.opts.anonymous_auth.is_some(),
+            service_account_issuers: std::slice::from_ref(&own.api.opts.service_account_issuer),
+            anonymous_flag_set: own.api.opts.anonymous_auth.is_some(),
         };
-        crate::security::jwt::Authentication::load(bytes, &ctx, &app.api.security.jwt)
+        crate::security::jwt::Authentication::load(bytes, &ctx, &own.security.jwt)
     };
     let bytes = crate::base::reload::read_file(&path)
         .map_err(|e| anyhow::anyhow!("--authentication-config: {e}"))?;
-    let loaded = load(app, &bytes)
+    let loaded = load(own, &bytes)
         .map_err(|e| anyhow::anyhow!("--authentication-config {}: {e}", path.display()))?;
-    app.api.security.set_authentication(loaded);
-    let weak = Arc::downgrade(app);
+    own.security.set_authentication(loaded);
+    let weak = Arc::downgrade(own);
     Ok(Some(crate::base::reload::spawn(
         "authentication",
         path,
-        app.api.opts.config_reload_interval,
-        app.api.security.authentication_reloads.clone(),
+        own.api.opts.config_reload_interval,
+        own.security.authentication_reloads.clone(),
         stop,
         move |bytes| {
-            let app = weak.upgrade().ok_or("the server is gone")?;
-            let loaded = load(&app, bytes).map_err(|e| e.to_string())?;
-            app.api.security.set_authentication(loaded);
+            let own = weak.upgrade().ok_or("the server is gone")?;
+            let loaded = load(&own, bytes).map_err(|e| e.to_string())?;
+            own.security.set_authentication(loaded);
             Ok(())
         },
     )))

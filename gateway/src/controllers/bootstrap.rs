@@ -15,6 +15,7 @@ use svc_core::{ApiError, Resource, ResourceInfo, registry};
 use svc_storage::{KeyRange, StoreError};
 
 use crate::registry::errors;
+use crate::registry::state::Registry;
 use crate::serve::app::ServerState;
 use crate::serve::loopback::Loopback;
 
@@ -26,19 +27,17 @@ pub const SYSTEM_NAMESPACES: &[&str] =
 /// How often the namespace controller re-checks terminating namespaces without a nudge.
 const NAMESPACE_RESYNC: Duration = Duration::from_secs(5);
 
-pub fn start(app: &Arc<ServerState>) {
+pub fn start(app: &Arc<ServerState>, registry: &Arc<Registry>) {
     let synced = app.api.hooks.register("start-watch-caches");
-    app.api.registry.caches.start(
-        app.api.registry.store.clone(),
-        app.api.registry.stop_watches.clone(),
-        synced,
-    );
+    registry
+        .caches
+        .start(registry.store.clone(), app.api.stop_watches.clone(), synced);
 
     let done = app.api.hooks.register("start-system-namespaces-controller");
-    let a = app.clone();
+    let o = registry.clone();
     tokio::spawn(async move {
         loop {
-            match ensure_system_namespaces(&a).await {
+            match ensure_system_namespaces(&o).await {
                 Ok(()) => {
                     done.store(true, Ordering::Release);
                     break;
@@ -50,33 +49,29 @@ pub fn start(app: &Arc<ServerState>) {
             }
         }
     });
-    let a = app.clone();
+    let (a, o) = (app.clone(), registry.clone());
     let started = app.api.hooks.register("start-service-account-controller");
     tokio::spawn(async move {
         started.store(true, Ordering::Release);
-        service_account_controller(a).await;
+        service_account_controller(a, o).await;
     });
-    let a = app.clone();
+    let (a, o) = (app.clone(), registry.clone());
     let started = app.api.hooks.register("start-namespace-controller");
     tokio::spawn(async move {
         started.store(true, Ordering::Release);
-        namespace_controller(a).await;
+        namespace_controller(a, o).await;
     });
 }
 
-async fn ensure_system_namespaces(app: &ServerState) -> Result<(), ApiError> {
+async fn ensure_system_namespaces(registry: &Registry) -> Result<(), ApiError> {
     for name in SYSTEM_NAMESPACES {
         let mut ns = Namespace::default();
         ns.set_type_meta();
         ns.metadata.name = (*name).to_string();
-        object::prepare_create(
-            &mut ns,
-            &svc_core::ambient::System,
-            &app.api.registry.validator,
-        )?;
+        object::prepare_create(&mut ns, &svc_core::ambient::System, &registry.validator)?;
         let key = Bytes::from(Namespace::INFO.key("", name));
         let value = Bytes::from(object::encode_for_store(&ns)?);
-        match app.api.registry.store.create(key, value).await {
+        match registry.store.create(key, value).await {
             Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
             Err(e) => return Err(errors::store_error(e)),
         }
@@ -102,7 +97,7 @@ fn collection_path(info: &ResourceInfo, ns: &str) -> String {
 /// One round of deletions in `ns` (a `deletecollection` of every stored namespaced kind),
 /// and what is left after it: objects that finalizers still hold.
 async fn delete_namespace_contents(
-    app: &ServerState,
+    registry: &Registry,
     client: &Loopback,
     ns: &str,
 ) -> Result<usize, ApiError> {
@@ -113,9 +108,7 @@ async fn delete_namespace_contents(
     {
         let reply = client.delete(&collection_path(info, ns)).await?;
         reply.into_result::<serde_json::Value>()?;
-        let remaining = app
-            .api
-            .registry
+        let remaining = registry
             .store
             .range(KeyRange::prefix(info.prefix(Some(ns))), None, 0)
             .await
@@ -131,19 +124,19 @@ const SERVICE_ACCOUNT_PASS_SPACING: Duration = Duration::from_millis(200);
 
 /// Every active namespace has a `default` ServiceAccount, recreated if deleted, as
 /// Kubernetes' service-account controller keeps it. Writes go through the pipeline.
-async fn service_account_controller(app: Arc<ServerState>) {
+async fn service_account_controller(app: Arc<ServerState>, registry: Arc<Registry>) {
     let client = Loopback::controller(
         &app,
         "system:svc-controller-manager:serviceaccount-controller",
     );
-    let mut stop = app.api.registry.stop_watches.clone();
-    let namespaces = app.api.registry.caches.get(Namespace::INFO);
-    let accounts = app.api.registry.caches.get(ServiceAccount::INFO);
+    let mut stop = app.api.stop_watches.clone();
+    let namespaces = registry.caches.get(Namespace::INFO);
+    let accounts = registry.caches.get(ServiceAccount::INFO);
     loop {
         let seen = namespaces.revision().min(accounts.revision());
         if namespaces.is_ready()
             && accounts.is_ready()
-            && let Err(e) = ensure_default_accounts(&app, &client).await
+            && let Err(e) = ensure_default_accounts(&registry, &client).await
         {
             tracing::warn!(error = %e, "service-account controller");
         }
@@ -160,9 +153,9 @@ async fn service_account_controller(app: Arc<ServerState>) {
     }
 }
 
-async fn ensure_default_accounts(app: &ServerState, client: &Loopback) -> Result<(), ApiError> {
-    let accounts = app.api.registry.caches.get(ServiceAccount::INFO);
-    let snapshot = app.api.registry.caches.get(Namespace::INFO).snapshot()?;
+async fn ensure_default_accounts(registry: &Registry, client: &Loopback) -> Result<(), ApiError> {
+    let accounts = registry.caches.get(ServiceAccount::INFO);
+    let snapshot = registry.caches.get(Namespace::INFO).snapshot()?;
     let all = snapshot.list(
         &KeyRange::prefix(Namespace::INFO.prefix(None)),
         None,
@@ -208,15 +201,15 @@ async fn ensure_default_accounts(app: &ServerState, client: &Loopback) -> Result
     Ok(())
 }
 
-async fn namespace_controller(app: Arc<ServerState>) {
-    let mut stop = app.api.registry.stop_watches.clone();
+async fn namespace_controller(app: Arc<ServerState>, registry: Arc<Registry>) {
+    let mut stop = app.api.stop_watches.clone();
     let client = Loopback::controller(&app, NAMESPACE_CONTROLLER);
     loop {
-        if let Err(e) = sweep_terminating(&app, &client).await {
+        if let Err(e) = sweep_terminating(&registry, &client).await {
             tracing::warn!(error = %e, "namespace controller");
         }
         tokio::select! {
-            _ = app.api.registry.namespace_changed.notified() => {}
+            _ = registry.namespace_changed.notified() => {}
             _ = tokio::time::sleep(NAMESPACE_RESYNC) => {}
             _ = crate::base::lifecycle::until_set(&mut stop) => return,
         }
@@ -225,10 +218,8 @@ async fn namespace_controller(app: Arc<ServerState>) {
 
 /// Empties each terminating namespace; once nothing is left, drops the `kubernetes`
 /// finalizer, which deletes the namespace if no other finalizer holds it.
-async fn sweep_terminating(app: &ServerState, client: &Loopback) -> Result<(), ApiError> {
-    let all = app
-        .api
-        .registry
+async fn sweep_terminating(registry: &Registry, client: &Loopback) -> Result<(), ApiError> {
+    let all = registry
         .store
         .range(KeyRange::prefix(Namespace::INFO.prefix(None)), None, 0)
         .await
@@ -239,23 +230,21 @@ async fn sweep_terminating(app: &ServerState, client: &Loopback) -> Result<(), A
             continue;
         }
         let name = ns.metadata.name.clone();
-        let left = delete_namespace_contents(app, client, &name).await?;
+        let left = delete_namespace_contents(registry, client, &name).await?;
         if left > 0 {
             continue;
         }
         let mut done = ns.clone();
         done.spec.finalizers.retain(|f| f != FINALIZER_KUBERNETES);
         let result = if done.metadata.finalizers.is_empty() && done.spec.finalizers.is_empty() {
-            app.api
-                .registry
+            registry
                 .store
                 .delete(kv.key.clone(), Some(kv.mod_revision))
                 .await
                 .map(|_| ())
         } else {
             let value = Bytes::from(object::encode_for_store(&done)?);
-            app.api
-                .registry
+            registry
                 .store
                 .update(kv.key.clone(), value, kv.mod_revision)
                 .await

@@ -25,6 +25,8 @@ use svc_storage::Revision;
 
 use crate::base::lifecycle::until_set;
 use crate::outbound::pki::Pki;
+use crate::registry::state::Registry;
+use crate::security::state::Security;
 use crate::serve::app::ServerState;
 
 /// How often every request is looked at even when none changed.
@@ -36,9 +38,18 @@ const RETRY: Duration = Duration::from_secs(1);
 const DRAIN_BYTES: usize = 1 << 20;
 
 /// Starts the CSR approving and signing controllers.
-pub fn start(app: &Arc<ServerState>, pki: &Arc<Pki>) {
-    spawn(app, approver::Approver::new(app));
-    spawn(app, signer::Signer::new(app, pki.clone()));
+pub fn start(
+    app: &Arc<ServerState>,
+    registry: &Registry,
+    security: &Arc<Security>,
+    pki: &Arc<Pki>,
+) {
+    spawn(
+        app,
+        registry,
+        approver::Approver::new(app, security.clone()),
+    );
+    spawn(app, registry, signer::Signer::new(app, pki.clone()));
 }
 
 /// What one pass of a controller did with one request.
@@ -59,24 +70,22 @@ pub(crate) trait CsrController: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Synced, ApiError>> + Send;
 }
 
-fn spawn<C: CsrController>(app: &Arc<ServerState>, controller: C) {
+fn spawn<C: CsrController>(app: &Arc<ServerState>, registry: &Registry, controller: C) {
     let started = app.api.hooks.register(&format!("start-{}", C::NAME));
-    let app = app.clone();
+    let cache = registry.caches.get(CertificateSigningRequest::INFO).clone();
+    let stop = app.api.stop_watches.clone();
     tokio::spawn(async move {
         started.store(true, Ordering::Release);
-        run(app, controller).await;
+        run(cache, stop, controller).await;
     });
 }
 
 /// Runs passes over every request: on start, whenever one changes, and every `RESYNC`.
-async fn run<C: CsrController>(app: Arc<ServerState>, controller: C) {
-    let cache = app
-        .api
-        .registry
-        .caches
-        .get(CertificateSigningRequest::INFO)
-        .clone();
-    let mut stop = app.api.registry.stop_watches.clone();
+async fn run<C: CsrController>(
+    cache: WatchCache,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    controller: C,
+) {
     let mut handled: HashMap<String, Revision> = HashMap::new();
     loop {
         // The watch is registered before a pass reads the state, so no change falls

@@ -88,7 +88,7 @@ pub async fn serve(
     let opts = ListOptions::from_query(query).ok()?;
     crate::registry::list::validate(&opts).ok()?;
     let ours_token = match &opts.continue_token {
-        Some(t) => match decode_token(t, api.registry.continue_token_ttl) {
+        Some(t) => match decode_token(t, api.opts.continue_token_ttl) {
             Ok(t) => Some(t),
             // This proxy's token, too old: the upstream could not read it at all.
             Err(e @ ApiError::Expired(_)) => return Some(respond::error(&e)),

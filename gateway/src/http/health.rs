@@ -5,13 +5,13 @@
 use std::sync::atomic::Ordering;
 
 use crate::base::query::Query;
-use crate::http::api::Api;
+use crate::http::api::{Api, Standalone};
 use crate::http::respond::{self, Body};
 use crate::outbound::upstream::Upstream;
 use http::StatusCode;
 
 /// Runs every check that belongs to `endpoint`, in a fixed order.
-async fn run_checks(app: &Api, endpoint: &str) -> Vec<(String, Result<(), String>)> {
+async fn run_checks(app: &Standalone, endpoint: &str) -> Vec<(String, Result<(), String>)> {
     let mut out: Vec<(String, Result<(), String>)> = vec![
         ("ping".into(), Ok(())),
         ("log".into(), Ok(())),
@@ -30,7 +30,7 @@ async fn run_checks(app: &Api, endpoint: &str) -> Vec<(String, Result<(), String
         ));
         out.push(("autoregister-completion".into(), Ok(())));
     }
-    for (name, done) in app.hooks.list() {
+    for (name, done) in app.api.hooks.list() {
         out.push((
             name,
             if done {
@@ -41,7 +41,7 @@ async fn run_checks(app: &Api, endpoint: &str) -> Vec<(String, Result<(), String
         ));
     }
     if endpoint == "readyz" {
-        let shutting_down = app.shutting_down.load(Ordering::Acquire);
+        let shutting_down = app.api.shutting_down.load(Ordering::Acquire);
         out.push((
             "shutdown".into(),
             if shutting_down {
@@ -55,13 +55,13 @@ async fn run_checks(app: &Api, endpoint: &str) -> Vec<(String, Result<(), String
 }
 
 pub async fn serve(
-    app: &Api,
+    app: &Standalone,
     endpoint: &str,
     check: Option<&str>,
     query: &Query,
 ) -> http::Response<Body> {
     let checks = run_checks(app, endpoint).await;
-    report(app, endpoint, check, query, checks)
+    report(&app.api, endpoint, check, query, checks)
 }
 
 /// The checks of a proxy: alive while it runs; ready while the upstream is and it is not

@@ -30,7 +30,7 @@ use crate::base::features::Feature;
 use crate::base::query::{ListOptions, Query};
 use crate::base::router::ResourceRoute;
 use crate::base::verb::Verb;
-use crate::http::api::Api;
+use crate::http::api::Standalone;
 use crate::http::negotiate;
 use crate::http::respond::{self, Body};
 use svc_core::registry::{Kind, KindVisitor};
@@ -40,7 +40,7 @@ use svc_core::registry::{Kind, KindVisitor};
 /// their types. The answer, and every error after content negotiation, is in the negotiated
 /// format (a protobuf client gets its `Status` in protobuf, as from kube-apiserver).
 pub async fn serve(
-    app: &Arc<Api>,
+    app: &Arc<Standalone>,
     req: Request<Bytes>,
     route: ResourceRoute,
     query: Query,
@@ -49,10 +49,11 @@ pub async fn serve(
 ) -> Response<Body> {
     let (parts, body) = req.into_parts();
     let watch = query.bool("watch").unwrap_or(false);
-    let format = match negotiate::response_format(&parts.headers, &app.opts.feature_gates, watch) {
-        Ok(format) => format,
-        Err(e) => return respond::error(&e),
-    };
+    let format =
+        match negotiate::response_format(&parts.headers, &app.api.opts.feature_gates, watch) {
+            Ok(format) => format,
+            Err(e) => return respond::error(&e),
+        };
     let call = RestRequest {
         parts,
         body,
@@ -77,7 +78,7 @@ type Handled<'a> = Pin<Box<dyn Future<Output = Result<Response<Body>, ApiError>>
 
 /// The registry visitor that picks `serve_typed::<T>` for the kind of a route.
 struct Serve<'a> {
-    app: &'a Arc<Api>,
+    app: &'a Arc<Standalone>,
     call: RestRequest,
 }
 
@@ -89,7 +90,7 @@ impl<'a> KindVisitor for Serve<'a> {
 }
 
 async fn serve_typed<T: Kind>(
-    app: &Arc<Api>,
+    app: &Arc<Standalone>,
     call: RestRequest,
 ) -> Result<Response<Body>, ApiError> {
     let info = T::INFO;
@@ -132,7 +133,7 @@ fn method_not_allowed(m: &Method) -> ApiError {
 /// A request to `<object>/<sub>`: reads and writes of the part of the object the
 /// subresource owns (`status`, `approval`), or an action it performs (`token`).
 async fn serve_subresource<T: Kind>(
-    app: &Arc<Api>,
+    app: &Arc<Standalone>,
     call: RestRequest,
     sub: &str,
 ) -> Result<Response<Body>, ApiError> {
@@ -158,7 +159,7 @@ async fn serve_subresource<T: Kind>(
 }
 
 async fn get<T: Kind>(
-    app: &Arc<Api>,
+    app: &Arc<Standalone>,
     call: &RestRequest,
     name: &str,
 ) -> Result<Response<Body>, ApiError> {
@@ -177,14 +178,14 @@ async fn get<T: Kind>(
 }
 
 async fn list_or_watch<T: Kind>(
-    app: &Arc<Api>,
+    app: &Arc<Standalone>,
     call: RestRequest,
 ) -> Result<Response<Body>, ApiError> {
     let opts = ListOptions::from_query(&call.query)?;
     crate::registry::list::validate(&opts)?;
     if opts.watch
         && opts.send_initial_events.is_some()
-        && !app.opts.feature_gates.enabled(Feature::WatchList)
+        && !app.api.opts.feature_gates.enabled(Feature::WatchList)
     {
         // 422 Invalid `ListOptions`, as kube-apiserver refuses it.
         return Err(ApiError::Invalid {
@@ -203,6 +204,7 @@ async fn list_or_watch<T: Kind>(
     let selectors = Selectors::parse::<T>(&opts)?;
     // Only read when the request is traced.
     let rv = app
+        .api
         .tracer
         .as_ref()
         .and_then(|_| opts.resource_version.clone());
@@ -217,7 +219,7 @@ async fn list_or_watch<T: Kind>(
         // The span covers setting the watch up (catching up, the initial events' snapshot),
         // not the stream: its events are written outside the request's context.
         return crate::observe::trace::in_span(
-            app.tracer.as_ref(),
+            app.api.tracer.as_ref(),
             "watch setup",
             attributes,
             watch::watch::<T>(app, call, opts, selectors),
@@ -226,7 +228,7 @@ async fn list_or_watch<T: Kind>(
         .await;
     }
     crate::observe::trace::in_span(
-        app.tracer.as_ref(),
+        app.api.tracer.as_ref(),
         "list",
         attributes,
         list::list::<T>(app, &call, &opts, selectors),

@@ -316,7 +316,7 @@ pub fn watch_response(
         open,
         api.metrics.watch_events(info),
     );
-    let mut resp = stream.into_response(api.registry.stop_watches.clone());
+    let mut resp = stream.into_response(api.stop_watches.clone());
     *resp.status_mut() = StatusCode::OK;
     let content_type = match format {
         Format::Json | Format::Yaml | Format::Table | Format::PartialMetadata { .. } => {

@@ -319,8 +319,23 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Standalone mode's metrics: the requests', the watches', the store's, authorization's,
+    /// validation's, audit's and the TLS handshakes'.
     pub fn new() -> Self {
+        Self::build(false)
+    }
+
+    /// Proxy mode's: those of requests, watches (with the reads its caches served) and TLS
+    /// handshakes. A proxy has no store, authorizer, validation or audit: their families are
+    /// kept out of its registry, so its `/metrics` lists only what it runs.
+    pub fn for_proxy() -> Self {
+        Self::build(true)
+    }
+
+    fn build(proxy: bool) -> Self {
         let mut registry = Registry::default();
+        // Where the families of the other mode go: nowhere that is scraped.
+        let mut unlisted = Registry::default();
         // Counters get their `_total` suffix from the encoder.
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register(
@@ -376,16 +391,22 @@ impl Metrics {
             "Watch event size distribution in bytes",
             watch_event_sizes.clone(),
         );
+        let (proxy_only, standalone_only) = if proxy {
+            (&mut registry, &mut unlisted)
+        } else {
+            (&mut unlisted, &mut registry)
+        };
         let proxy_cache_reads = Family::<CacheReadLabels, Counter>::default();
-        registry.register(
+        proxy_only.register(
             "svc_proxy_cache_reads",
             "Lists and watches a proxy served from its cache of the upstream",
             proxy_cache_reads.clone(),
         );
-        let store = store::StoreMetrics::register(&mut registry);
-        let authz = authz::AuthzMetrics::register(&mut registry);
+        let store = store::StoreMetrics::register(standalone_only);
+        let authz = authz::AuthzMetrics::register(standalone_only);
+        let audit = AuditMetrics::register(standalone_only);
         let validation_mismatches = Counter::default();
-        registry.register(
+        standalone_only.register(
             "declarative_validation_mismatch",
             "Number of times declarative validation results differed from handwritten \
              validation results",
@@ -400,7 +421,6 @@ impl Metrics {
              client that could not prove its key) or timed_out (--tls-handshake-timeout)",
             handshakes,
         );
-        let audit = AuditMetrics::register(&mut registry);
         Metrics {
             tls_handshakes,
             audit,

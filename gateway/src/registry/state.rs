@@ -1,13 +1,13 @@
 //! What every typed operation reads and writes through: the store (wrapped in its metrics),
-//! the watch caches, object validation, the admission chain, and the signals the namespace
-//! controller and long-running reads listen to.
+//! the watch caches, object validation, the admission chain, and the signal the namespace
+//! controller listens to.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use svc_core::validation::declarative::Validator;
 use svc_storage::Store;
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 
 use crate::registry::admission;
 use crate::registry::caches::Caches;
@@ -24,8 +24,6 @@ pub struct Registry {
     pub admission: admission::Chain,
     /// Nudges the namespace controller when a namespace starts terminating.
     pub namespace_changed: Notify,
-    /// Flips to true when long-running requests (watches) must end.
-    pub stop_watches: watch::Receiver<bool>,
     /// `--event-ttl`: how long a write keeps an object of a kind that expires.
     pub event_ttl: Duration,
     /// How long a list's continue token stays good (410 after).

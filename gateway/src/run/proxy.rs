@@ -6,12 +6,8 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context as _;
-use async_trait::async_trait;
-use bytes::Bytes;
-use svc_storage::{FeedStream, KeyRange, KeyValue, RangeResult, Revision, Store, StoreError};
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 
@@ -155,8 +151,7 @@ pub(crate) fn state(
         proxy.long_running.collector(),
         proxy.short.collector(),
     ];
-    let mut state = ServerState::new(opts.clone(), Arc::new(NoStore), parts)?;
-    state.proxy = Some(Arc::new(proxy));
+    let state = ServerState::over_upstream(opts.clone(), parts, proxy)?;
     let tasks = vec![
         tokio::spawn(crate::registry::caches::pace(
             caches.gate().clone(),
@@ -197,88 +192,4 @@ pub async fn prepare_pki(
         client_certs,
     };
     Ok((Arc::new(pki), tls))
-}
-
-/// The store of a proxy: there is none. The server state is built around a store, but in
-/// proxy mode the pipeline passes every request upstream before anything could reach the
-/// registry, so every call here fails as unavailable.
-struct NoStore;
-
-fn none() -> StoreError {
-    StoreError::Unavailable("proxy mode has no local store".into())
-}
-
-#[async_trait]
-impl Store for NoStore {
-    async fn create(&self, _: Bytes, _: Bytes) -> Result<KeyValue, StoreError> {
-        Err(none())
-    }
-
-    async fn update(&self, _: Bytes, _: Bytes, _: Revision) -> Result<KeyValue, StoreError> {
-        Err(none())
-    }
-
-    async fn create_with_ttl(
-        &self,
-        _: Bytes,
-        _: Bytes,
-        _: Duration,
-    ) -> Result<KeyValue, StoreError> {
-        Err(none())
-    }
-
-    async fn update_with_ttl(
-        &self,
-        _: Bytes,
-        _: Bytes,
-        _: Revision,
-        _: Duration,
-    ) -> Result<KeyValue, StoreError> {
-        Err(none())
-    }
-
-    async fn delete(
-        &self,
-        _: Bytes,
-        _: Option<Revision>,
-    ) -> Result<(KeyValue, Revision), StoreError> {
-        Err(none())
-    }
-
-    async fn get(
-        &self,
-        _: Bytes,
-        _: Option<Revision>,
-    ) -> Result<(Option<KeyValue>, Revision), StoreError> {
-        Err(none())
-    }
-
-    async fn range(
-        &self,
-        _: KeyRange,
-        _: Option<Revision>,
-        _: usize,
-    ) -> Result<RangeResult, StoreError> {
-        Err(none())
-    }
-
-    async fn current_revision(&self) -> Result<Revision, StoreError> {
-        Err(none())
-    }
-
-    async fn compacted_revision(&self) -> Result<Revision, StoreError> {
-        Err(none())
-    }
-
-    async fn compact(&self, _: Revision) -> Result<(), StoreError> {
-        Err(none())
-    }
-
-    fn watch(&self, _: KeyRange, _: Revision) -> FeedStream {
-        Box::pin(futures::stream::once(async { Err(none()) }))
-    }
-
-    async fn health(&self) -> Result<(), StoreError> {
-        Err(none())
-    }
 }

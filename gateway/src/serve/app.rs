@@ -1,5 +1,6 @@
-//! The state of a running server: what the handlers serve with (`Api`), and what only the
-//! serving side needs: the in-flight limits and the egress dialers.
+//! The state of a running server: what the handlers of both modes serve with (`Api`), the
+//! mode (standalone over its store, or a proxy of an upstream), and what only the serving side
+//! needs: the in-flight limits and the egress dialers.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -7,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use prometheus_client::metrics::gauge::Gauge;
-use svc_core::validation::declarative::{Mismatch, Mode, Validator};
+use svc_core::validation::declarative::{self, Mismatch, Validator};
 use svc_storage::Store;
 use tokio::sync::{Notify, watch};
 
@@ -15,7 +16,7 @@ use crate::base::features::Feature;
 use crate::base::flags::Options;
 use crate::base::lifecycle::{Farewells, PostStartHooks};
 use crate::base::reload::ReloadMetrics;
-use crate::http::api::Api;
+use crate::http::api::{Api, Standalone};
 use crate::http::limits::{FairConfig, FairLimit, FlowMetrics, InflightLimit};
 use crate::http::proxy::Proxy;
 use crate::observe::metrics::Metrics;
@@ -33,8 +34,10 @@ use crate::security::{audit, jwt};
 use crate::serve::bulk::Bulk;
 
 pub struct ServerState {
-    /// Everything the handlers serve with.
+    /// What the handlers of both modes serve with.
     pub api: Arc<Api>,
+    /// What the server serves from.
+    pub mode: Mode,
     /// `--max-requests-inflight` and `--max-mutating-requests-inflight`.
     /// Each a pool of seats with fair queuing by user (`limits.rs`).
     pub readonly_inflight: FairLimit,
@@ -45,9 +48,6 @@ pub struct ServerState {
     pub flow_metrics: FlowMetrics,
     /// How webhook clients (`controlplane`) dial out: `--egress-selector-config-file`.
     pub egress: Egress,
-    /// Proxy mode (`--upstream-kubeconfig`): every request but the health probes goes to the
-    /// upstream, and the registry is never reached. `None` in standalone mode.
-    pub proxy: Option<Arc<Proxy>>,
     /// What h2 connections' watches hold outside the watch caches' rings
     /// (`svc_http2_watch_held_bytes`; bounded per connection by `h2ledger::WATCH_BUDGET`).
     pub h2_watch_held: Gauge,
@@ -59,14 +59,32 @@ pub struct ServerState {
     pub farewells: Arc<Farewells>,
 }
 
-/// What a server is made of besides its options and store.
+/// The two modes, and what each has that the other does not.
+pub enum Mode {
+    /// Standalone: the registry over its own store, and security (authentication,
+    /// authorization, audit). Every request goes through `pipeline.rs`.
+    Store(Arc<Standalone>),
+    /// Proxy mode (`--upstream-kubeconfig`): the upstream, its caches and bounds. Every
+    /// request goes through `proxied.rs`; there is no registry, store, admission or
+    /// authorizer (the upstream authorizes).
+    Upstream(Arc<Proxy>),
+}
+
+impl ServerState {
+    /// Standalone mode's parts, or `None` in proxy mode.
+    pub fn standalone(&self) -> Option<&Arc<Standalone>> {
+        match &self.mode {
+            Mode::Store(own) => Some(own),
+            Mode::Upstream(_) => None,
+        }
+    }
+}
+
+/// What a server of either mode is made of besides its options.
 pub struct Parts {
     pub stop_watches: watch::Receiver<bool>,
-    pub tokens: Tokens,
     /// `--tracing-config-file`, read.
     pub tracing: Option<trace::TracingConfiguration>,
-    /// The admission plugins of the flags; the webhooks are added here.
-    pub admission: admission::Chain,
     /// `--egress-selector-config-file`, read.
     pub egress: Egress,
     /// Metrics of the mode's own parts (a proxy's caches and upstream bounds), read at each
@@ -74,28 +92,31 @@ pub struct Parts {
     pub collectors: Vec<Box<dyn prometheus_client::collector::Collector>>,
 }
 
+/// What standalone mode is made of besides the [`Parts`].
+pub struct StoreParts {
+    pub store: Arc<dyn Store>,
+    pub tokens: Tokens,
+    /// The admission plugins of the flags; the webhooks are added here.
+    pub admission: admission::Chain,
+}
+
 impl ServerState {
-    /// Every storage call goes through `store` wrapped in its timing metrics (and spans, with
-    /// `tracing`). Needs a Tokio runtime when `tracing` is set.
-    pub fn new(opts: Options, store: Arc<dyn Store>, parts: Parts) -> anyhow::Result<Self> {
-        let Parts {
-            stop_watches,
+    /// Standalone mode. Every storage call goes through `store` wrapped in its timing metrics
+    /// (and spans, with `tracing`). Needs a Tokio runtime when `tracing` is set.
+    pub fn over_store(
+        opts: Options,
+        parts: Parts,
+        own: StoreParts,
+    ) -> anyhow::Result<(Self, Arc<Standalone>)> {
+        let StoreParts {
+            store,
             tokens,
-            tracing,
             admission,
-            egress,
-            collectors,
-        } = parts;
-        let caches = Caches::new(&opts.watch_cache_config());
+        } = own;
         let mut metrics = Metrics::new();
-        // A proxy never starts these caches (it has no store): its metrics list only the
-        // caches it runs, those of `registry/caches/upstream.rs`.
-        if opts.upstream_kubeconfig.is_none() {
-            metrics.register_collector(caches.collector());
-        }
-        for c in collectors {
-            metrics.register_collector(c);
-        }
+        let tracer = tracer(&parts, &mut metrics)?;
+        let caches = Caches::new(&opts.watch_cache_config());
+        metrics.register_collector(caches.collector());
         let jwt = jwt::Runtime::register(metrics.registry_mut());
         let authentication_reloads = ReloadMetrics::register(
             metrics.registry_mut(),
@@ -105,16 +126,68 @@ impl ServerState {
             metrics.registry_mut(),
             "apiserver_authorization_config_controller",
         );
-        let tracer = tracing
-            .as_ref()
-            .map(|config| tracer(config, &mut metrics))
-            .transpose()?;
         let store = InstrumentedStore::wrap(store, metrics.store.clone(), tracer.clone());
         let validator = validator(&opts, &metrics);
         let webhook_metrics = WebhookMetrics::register(&mut metrics);
-        let webhooks = Webhooks::new(&caches, egress.clone(), webhook_metrics);
+        let webhooks = Webhooks::new(&caches, parts.egress.clone(), webhook_metrics);
         let admission = admission.with_webhooks(Arc::new(webhooks));
-        let audit = auditor(&opts, &metrics, &egress)?;
+        let audit = auditor(&opts, &metrics, &parts.egress)?;
+        let registry = Registry {
+            store,
+            caches,
+            validator,
+            admission,
+            namespace_changed: Notify::new(),
+            event_ttl: opts.event_ttl,
+            continue_token_ttl: opts.continue_token_ttl,
+            lists_from_snapshots: opts.feature_gates.enabled(Feature::ListFromCacheSnapshot),
+        };
+        let security = Arc::new(Security::new(
+            tokens,
+            jwt,
+            audit,
+            authentication_reloads,
+            authorization_reloads,
+        ));
+        let state = Self::assemble(opts, parts, metrics, tracer, |api| {
+            Mode::Store(Arc::new(Standalone {
+                api: api.clone(),
+                registry: Arc::new(registry),
+                security,
+            }))
+        })?;
+        let own = state.standalone().cloned();
+        Ok((state, own.context("a standalone server state")?))
+    }
+
+    /// Proxy mode: `proxy` and the parts, and nothing of standalone mode's (its metrics
+    /// list only what a proxy runs).
+    pub fn over_upstream(opts: Options, parts: Parts, proxy: Proxy) -> anyhow::Result<Self> {
+        let mut metrics = Metrics::for_proxy();
+        let tracer = tracer(&parts, &mut metrics)?;
+        Self::assemble(opts, parts, metrics, tracer, |_| {
+            Mode::Upstream(Arc::new(proxy))
+        })
+    }
+
+    /// What both modes build the same way: the in-flight limits, the h2 connections'
+    /// metrics, the list threads and the [`Api`]; the mode is made with the `Api`.
+    fn assemble(
+        opts: Options,
+        parts: Parts,
+        mut metrics: Metrics,
+        tracer: Option<Tracer>,
+        mode: impl FnOnce(&Arc<Api>) -> Mode,
+    ) -> anyhow::Result<Self> {
+        let Parts {
+            stop_watches,
+            egress,
+            collectors,
+            tracing: _,
+        } = parts;
+        for c in collectors {
+            metrics.register_collector(c);
+        }
         let flow_metrics = FlowMetrics::default();
         for (name, help, family) in flow_metrics.families() {
             metrics.register(name, help, family);
@@ -158,43 +231,24 @@ impl ServerState {
                 Some(Bulk::new(threads, steps).context("starting the list threads")?)
             }
         };
-        let registry = Registry {
-            store,
-            caches,
-            validator,
-            admission,
-            namespace_changed: Notify::new(),
-            stop_watches,
-            event_ttl: opts.event_ttl,
-            continue_token_ttl: opts.continue_token_ttl,
-            lists_from_snapshots: opts.feature_gates.enabled(Feature::ListFromCacheSnapshot),
-        };
-        let security = Arc::new(Security::new(
-            tokens,
-            jwt,
-            audit,
-            authentication_reloads,
-            authorization_reloads,
-        ));
-        let api = Api {
+        let api = Arc::new(Api {
             opts,
-            registry,
-            security,
             metrics,
             tracer,
             hooks: PostStartHooks::default(),
             started: Instant::now(),
             shutting_down: AtomicBool::new(false),
             closing: AtomicBool::new(false),
-        };
+            stop_watches,
+        });
         Ok(ServerState {
-            api: Arc::new(api),
+            mode: mode(&api),
+            api,
             readonly_inflight,
             mutating_inflight,
             watches,
             flow_metrics,
             egress,
-            proxy: None,
             h2_watch_held,
             h2_writes,
             bulk,
@@ -203,8 +257,12 @@ impl ServerState {
     }
 }
 
-/// The tracer of `--tracing-config-file`, its dropped spans counted in `metrics`.
-fn tracer(config: &trace::TracingConfiguration, metrics: &mut Metrics) -> anyhow::Result<Tracer> {
+/// The tracer of `--tracing-config-file` (none without one), its dropped spans counted in
+/// `metrics`.
+fn tracer(parts: &Parts, metrics: &mut Metrics) -> anyhow::Result<Option<Tracer>> {
+    let Some(config) = &parts.tracing else {
+        return Ok(None);
+    };
     let dropped = trace::DroppedSpans::default();
     metrics.register(
         "apiserver_tracing_dropped_spans",
@@ -212,7 +270,9 @@ fn tracer(config: &trace::TracingConfiguration, metrics: &mut Metrics) -> anyhow
          export_failed",
         dropped.clone(),
     );
-    Tracer::start(config, dropped).context("starting traces")
+    Tracer::start(config, dropped)
+        .map(Some)
+        .context("starting traces")
 }
 
 /// The auditor of `--audit-policy-file` with its backends (None without a policy).
@@ -246,10 +306,10 @@ fn validator(opts: &Options, metrics: &Metrics) -> Validator {
                      hand-written validation only"
                 );
             }
-            Mode::HandwrittenOnly
+            declarative::Mode::HandwrittenOnly
         }
-        (true, false) => Mode::Compare,
-        (true, true) => Mode::Takeover,
+        (true, false) => declarative::Mode::Compare,
+        (true, true) => declarative::Mode::Takeover,
     };
     let mismatches = metrics.validation_mismatches();
     let mut validator = Validator::new(mode, move |m: &Mismatch| {

@@ -388,7 +388,7 @@ pub async fn serve<I>(
     });
     let mut driver = Driver {
         conn,
-        stop_watches: signal(&app.api.registry.stop_watches),
+        stop_watches: signal(&app.api.stop_watches),
         shared,
         activity,
         stop_accepting,

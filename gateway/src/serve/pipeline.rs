@@ -18,11 +18,12 @@ use crate::base::features::Feature;
 use crate::base::query::Query;
 use crate::base::router::{self, Route};
 use crate::base::verb::Verb;
+use crate::http::api::Standalone;
 use crate::http::respond::{self, Body};
 use crate::http::rest::serve as serve_resource;
 use crate::security::authn;
 use crate::security::authz::Attributes;
-use crate::serve::app::ServerState;
+use crate::serve::app::{Mode, ServerState};
 use crate::serve::audited;
 use crate::serve::proxied;
 pub use crate::serve::request::{Caller, H2Body, RequestBody};
@@ -64,9 +65,10 @@ pub async fn handle(
             retry_after_seconds: Some(1),
         });
     }
-    if let Some(proxy) = &app.proxy {
-        return proxied::handle(&app, proxy, caller, req).await;
-    }
+    let own = match &app.mode {
+        Mode::Upstream(proxy) => return proxied::handle(&app, proxy, caller, req).await,
+        Mode::Store(own) => own,
+    };
     let start = Instant::now();
     // The one branch tracing costs when it is off.
     let traced_since = app.api.tracer.as_ref().map(|_| SystemTime::now());
@@ -79,7 +81,7 @@ pub async fn handle(
     let info = metrics::RequestInfo::new(verb, req.method(), &route, &query, req.headers());
     let inflight = app.api.metrics.start(&info);
 
-    let user = authenticate(&app, &caller, &req, &path).await;
+    let user = authenticate(&app, own, &caller, &req, &path).await;
     let trace_cx = match (&app.api.tracer, traced_since) {
         (Some(tracer), Some(since)) => Some(request_span(tracer, &req, &route, &user, since)),
         _ => None,
@@ -88,7 +90,7 @@ pub async fn handle(
         match user {
             Err(e) => {
                 let resp = respond::error(&e);
-                match &app.api.security.audit {
+                match &own.security.audit {
                     None => (resp, None),
                     Some(auditor) => {
                         let begun = auditor.begin(&req, peer(&caller), &route, verb.as_str(), None);
@@ -102,22 +104,23 @@ pub async fn handle(
             }
             Ok(user) => {
                 // The one branch audit costs when it is off.
-                let Some(auditor) = &app.api.security.audit else {
+                let Some(auditor) = &own.security.audit else {
                     return (
-                        serve(&app, req, route, query, verb, &path, user, None).await,
+                        serve(&app, own, req, route, query, verb, &path, user, None).await,
                         None,
                     );
                 };
                 let begun = auditor.begin(&req, peer(&caller), &route, verb.as_str(), Some(&user));
                 let resp = match begun.record {
-                    None => serve(&app, req, route, query, verb, &path, user, None).await,
+                    None => serve(&app, own, req, route, query, verb, &path, user, None).await,
                     Some(r) => {
                         req.extensions_mut().insert(r.annotations());
                         match r.received().await {
                             // blocking-strict: a request that cannot be audited is not served.
                             Err(e) => respond::error(&e),
                             Ok(()) => {
-                                serve_audited(&app, req, route, query, verb, &path, user, r).await
+                                serve_audited(&app, own, req, route, query, verb, &path, user, r)
+                                    .await
                             }
                         }
                     }
@@ -166,10 +169,10 @@ fn peer(caller: &Caller) -> Option<std::net::SocketAddr> {
 /// The seats a request holds: a list of a stored kind as many as `limits::list_width` says
 /// for the watch cache's count of the kind (Kubernetes counts the whole resource too), and
 /// the `limit` if one is given; every other request one.
-fn list_width(app: &ServerState, route: &Route, verb: Verb, query: &Query) -> usize {
+fn list_width(own: &Standalone, route: &Route, verb: Verb, query: &Query) -> usize {
     match route {
         Route::Resource(r) if verb == Verb::List && r.info.stored && r.subresource.is_none() => {
-            let stored = app.api.registry.caches.get(r.info).stats().objects;
+            let stored = own.registry.caches.get(r.info).stats().objects;
             limits::list_width(stored, query.get("limit").and_then(|l| l.parse().ok()))
         }
         _ => 1,
@@ -178,6 +181,7 @@ fn list_width(app: &ServerState, route: &Route, verb: Verb, query: &Query) -> us
 
 async fn authenticate(
     app: &ServerState,
+    own: &Standalone,
     caller: &Caller,
     req: &Request<RequestBody>,
     path: &str,
@@ -185,8 +189,8 @@ async fn authenticate(
     match caller {
         Caller::Connection(ident) => {
             authn::authenticate(
-                &app.api.security,
-                &app.api.registry,
+                &own.security,
+                &own.registry,
                 app.api.opts.anonymous_auth,
                 ident,
                 req.method(),
@@ -266,6 +270,7 @@ fn request_span(
 #[allow(clippy::too_many_arguments)]
 async fn serve_audited(
     app: &Arc<ServerState>,
+    own: &Arc<Standalone>,
     req: Request<RequestBody>,
     route: Route,
     query: Query,
@@ -277,6 +282,7 @@ async fn serve_audited(
     use futures::FutureExt as _;
     let served = std::panic::AssertUnwindSafe(serve(
         app,
+        own,
         req,
         route,
         query,
@@ -305,6 +311,7 @@ async fn serve_audited(
 #[allow(clippy::too_many_arguments)]
 async fn serve(
     app: &Arc<ServerState>,
+    own: &Arc<Standalone>,
     req: Request<RequestBody>,
     route: Route,
     query: Query,
@@ -321,7 +328,7 @@ async fn serve(
             path,
         },
     };
-    let chain = app.api.security.authorizer();
+    let chain = own.security.authorizer();
     let decision = trace::in_span(
         app.api.tracer.as_ref(),
         "authorization",
@@ -343,7 +350,7 @@ async fn serve(
     }
     // Held until the request is done: a seat of its pool, or a watch's place until its
     // stream ends.
-    let width = list_width(app, &route, verb, &query);
+    let width = list_width(own, &route, verb, &query);
     let Admitted { watch, _seat } = match admit(app, &user, verb, width).await {
         Ok(admitted) => admitted,
         Err(why) => {
@@ -361,16 +368,16 @@ async fn serve(
         }
     };
     if let Some(place) = watch {
-        return dispatch(app, req, route, query, verb, user, record)
+        return dispatch(app, own, req, route, query, verb, user, record)
             .await
             .map(|body| respond::holding(body, place));
     }
     if verb == Verb::Watch {
-        return dispatch(app, req, route, query, verb, user, record).await;
+        return dispatch(app, own, req, route, query, verb, user, record).await;
     }
     match tokio::time::timeout(
         app.api.opts.request_timeout,
-        dispatch(app, req, route, query, verb, user, record),
+        dispatch(app, own, req, route, query, verb, user, record),
     )
     .await
     {
@@ -382,8 +389,10 @@ async fn serve(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn dispatch(
     app: &Arc<ServerState>,
+    own: &Arc<Standalone>,
     req: Request<RequestBody>,
     route: Route,
     query: Query,
@@ -412,22 +421,14 @@ async fn dispatch(
             } else {
                 Bytes::new()
             };
-            serve_resource(
-                &app.api,
-                Request::from_parts(parts, body),
-                r,
-                query,
-                verb,
-                user,
-            )
-            .await
+            serve_resource(own, Request::from_parts(parts, body), r, query, verb, user).await
         }
         _ if !is_get => respond::error(&ApiError::MethodNotAllowed(format!(
             "the server does not allow this method on the requested resource: {}",
             req.method()
         ))),
         Route::Health { endpoint, check } => {
-            health::serve(&app.api, endpoint, check.as_deref(), &query).await
+            health::serve(own, endpoint, check.as_deref(), &query).await
         }
         Route::Metrics => respond::bytes_response(
             StatusCode::OK,

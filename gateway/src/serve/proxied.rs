@@ -178,7 +178,7 @@ async fn serve(
         return resp;
     }
     // The watch's place is held until its stream ends, and the stream ends at shutdown.
-    let mut stop = app.api.registry.stop_watches.clone();
+    let mut stop = app.api.stop_watches.clone();
     let stopped: Stop = Box::pin(async move {
         crate::base::lifecycle::until_set(&mut stop).await;
     });

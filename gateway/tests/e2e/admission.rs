@@ -94,7 +94,7 @@ async fn event_rate_limit_refuses_the_create_past_the_burst_per_namespace() {
     })
     .await;
     assert_eq!(
-        server.handle().app.api.registry.admission.names(),
+        server.own().registry.admission.names(),
         [
             "EventRateLimit",
             "MutatingAdmissionWebhook",

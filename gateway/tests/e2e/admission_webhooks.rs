@@ -578,9 +578,7 @@ async fn a_dry_run_never_reaches_a_webhook_with_side_effects() {
     let key = ValidatingWebhookConfiguration::INFO.key("", "effects");
     let value = svc_core::object::encode_for_store(&obj).unwrap();
     server
-        .handle()
-        .app
-        .api
+        .own()
         .registry
         .store
         .create(Bytes::from(key), Bytes::from(value))

@@ -60,11 +60,10 @@ async fn each_operation_needs_its_own_verbs() {
     let admin = srv.admin();
     create_namespace(&admin, "az").await;
     let jane = srv.user("jane", &[]);
-    let app = &srv.handle().app;
     let sa = "/api/v1/namespaces/az/serviceaccounts";
 
     // Only patch: apply to an existing object works, apply that would create is refused.
-    app.api.security.set_authorizers(vec![Box::new(Grants {
+    srv.own().security.set_authorizers(vec![Box::new(Grants {
         user: "jane",
         allowed: &["serviceaccounts:patch", "serviceaccounts:get"],
     })]);
@@ -101,7 +100,7 @@ async fn each_operation_needs_its_own_verbs() {
          \"serviceaccounts\" in API group \"\" in the namespace \"az\""
     );
     // With create too, the same apply creates.
-    app.api.security.set_authorizers(vec![Box::new(Grants {
+    srv.own().security.set_authorizers(vec![Box::new(Grants {
         user: "jane",
         allowed: &["serviceaccounts:patch", "serviceaccounts:create"],
     })]);
@@ -121,7 +120,7 @@ async fn each_operation_needs_its_own_verbs() {
 
     // Force deletion needs delete and unsafe-delete-ignore-read-errors.
     let force = format!("{sa}/fresh?ignoreStoreReadErrorWithClusterBreakingPotential=true");
-    app.api.security.set_authorizers(vec![Box::new(Grants {
+    srv.own().security.set_authorizers(vec![Box::new(Grants {
         user: "jane",
         allowed: &["serviceaccounts:delete"],
     })]);
@@ -134,7 +133,7 @@ async fn each_operation_needs_its_own_verbs() {
             .contains("cannot unsafe-delete-ignore-read-errors resource \"serviceaccounts\""),
         "{st}"
     );
-    app.api.security.set_authorizers(vec![Box::new(Grants {
+    srv.own().security.set_authorizers(vec![Box::new(Grants {
         user: "jane",
         allowed: &[
             "serviceaccounts:delete",
@@ -157,7 +156,7 @@ async fn each_operation_needs_its_own_verbs() {
             .contains("cannot create resource \"serviceaccounts/token\""),
         "{st}"
     );
-    app.api.security.set_authorizers(vec![Box::new(Grants {
+    srv.own().security.set_authorizers(vec![Box::new(Grants {
         user: "jane",
         allowed: &["serviceaccounts/token:create"],
     })]);
@@ -176,14 +175,10 @@ async fn requests_past_the_inflight_limits_get_429_with_retry_after() {
     .await;
     let admin = srv.admin();
     create_namespace(&admin, "busy").await;
-    srv.handle()
-        .app
-        .api
-        .security
-        .set_authorizers(vec![Box::new(Grants {
-            user: "bob",
-            allowed: &["serviceaccounts:get", "serviceaccounts:create"],
-        })]);
+    srv.own().security.set_authorizers(vec![Box::new(Grants {
+        user: "bob",
+        allowed: &["serviceaccounts:get", "serviceaccounts:create"],
+    })]);
     let bob = srv.user("bob", &[]);
     let sa = "/api/v1/namespaces/busy/serviceaccounts";
     // A read for a revision far in the future waits (3 s) before its 504: it holds the one

@@ -46,7 +46,7 @@ async fn a_flooding_user_gets_its_share_and_another_user_still_gets_through() {
     let admin = srv.admin();
     create_namespace(&admin, "fair").await;
     let app = srv.handle().app.clone();
-    app.api
+    srv.own()
         .security
         .set_authorizers(vec![Box::new(AllowUsers(&["flood", "patient"]))]);
     let (flood, patient) = (srv.user("flood", &[]), srv.user("patient", &[]));
@@ -144,7 +144,7 @@ async fn a_request_waits_at_most_the_queue_wait() {
     let admin = srv.admin();
     create_namespace(&admin, "wait").await;
     let app = srv.handle().app.clone();
-    app.api
+    srv.own()
         .security
         .set_authorizers(vec![Box::new(AllowUsers(&["holder", "waiter"]))]);
     let holder = srv.user("holder", &[]);
@@ -190,7 +190,7 @@ async fn watches_past_the_watch_limit_get_429_and_places_are_given_back() {
     let admin = srv.admin();
     create_namespace(&admin, "w").await;
     let app = srv.handle().app.clone();
-    app.api
+    srv.own()
         .security
         .set_authorizers(vec![Box::new(AllowUsers(&["watcher"]))]);
     let watcher = srv.user("watcher", &[]);

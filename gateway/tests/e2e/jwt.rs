@@ -82,9 +82,7 @@ async fn start(file: &Path, text: &str) -> (TestServer, Recorder) {
     })
     .await;
     let rec = Recorder::default();
-    srv.handle()
-        .app
-        .api
+    srv.own()
         .security
         .set_authorizers(vec![Box::new(rec.clone())]);
     (srv, rec)

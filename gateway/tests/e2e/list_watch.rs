@@ -437,7 +437,7 @@ async fn list_from_cache_snapshot_gate_decides_where_past_revisions_are_read() {
             .unwrap();
 
         // Write until the store has compacted both revisions away.
-        let store = srv.handle().app.api.registry.store.clone();
+        let store = srv.own().registry.store.clone();
         let key = bytes::Bytes::from_static(b"/registry/serviceaccounts/lw/a");
         let mut compacted = false;
         for i in 0..200 {
@@ -481,9 +481,7 @@ async fn list_from_cache_snapshot_gate_decides_where_past_revisions_are_read() {
             assert_eq!(next["reason"], "Expired");
             // The cache kept no snapshots at all.
             let stats = srv
-                .handle()
-                .app
-                .api
+                .own()
                 .registry
                 .caches
                 .get(<svc_core::kinds::ServiceAccount as svc_core::Resource>::INFO)

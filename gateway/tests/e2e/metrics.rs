@@ -361,6 +361,12 @@ async fn metrics_have_kube_apiserver_names_and_labels() {
         "default, kube-system, kube-public, kube-node-lease and m"
     );
     assert_eq!(f.kind("etcd_request_duration_seconds"), "histogram");
+    // Proxy mode's own family is a proxy's only.
+    assert!(
+        !f.0.contains_key("svc_proxy_cache_reads"),
+        "{:?}",
+        f.0.keys()
+    );
     let create = [
         ("operation", "create"),
         ("group", ""),

@@ -499,6 +499,28 @@ async fn the_metrics_list_only_the_caches_the_proxy_runs() {
         })
         .collect();
     assert!(uncached.is_empty(), "{uncached:#?}");
+    // Nor any family of what only a standalone server has: a store, authorizers, admission
+    // webhooks, validation, audit, token authenticators and their reloads.
+    let standalone: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            [
+                "etcd_request",
+                "apiserver_authorization_",
+                "apiserver_admission_",
+                "declarative_validation_",
+                "apiserver_audit_",
+                "apiserver_authentication_",
+            ]
+            .iter()
+            .any(|p| {
+                l.trim_start_matches("# HELP ")
+                    .trim_start_matches("# TYPE ")
+                    .starts_with(p)
+            })
+        })
+        .collect();
+    assert!(standalone.is_empty(), "{standalone:#?}");
     proxy.handle.shutdown().await;
 }
 

@@ -305,9 +305,7 @@ async fn finalizers_hold_deletion_and_namespaces_empty_before_going() {
 
 async fn plant_corrupt(srv: &TestServer, name: &str) {
     let key = format!("/registry/serviceaccounts/w/{name}");
-    srv.handle()
-        .app
-        .api
+    srv.own()
         .registry
         .store
         .create(Bytes::from(key), Bytes::from_static(b"\xff not an object"))

@@ -19,6 +19,7 @@ use super::signer::check_signer_rules;
 use super::{CsrController, Synced, lost_race, subresource_path};
 use crate::outbound::pki::inspect_request;
 use crate::security::authz::{Attributes, Chain, ResourceAccess};
+use crate::security::state::Security;
 use crate::serve::app::ServerState;
 use crate::serve::loopback::Loopback;
 use svc_core::user::UserInfo;
@@ -30,14 +31,15 @@ const GROUP_NODES: &str = "system:nodes";
 const GROUP_BOOTSTRAPPERS: &str = "system:bootstrappers";
 
 pub(crate) struct Approver {
-    app: Arc<ServerState>,
+    /// Whose authorizers judge a requester.
+    security: Arc<Security>,
     client: Loopback,
 }
 
 impl Approver {
-    pub(crate) fn new(app: &Arc<ServerState>) -> Self {
+    pub(crate) fn new(app: &Arc<ServerState>, security: Arc<Security>) -> Self {
         Approver {
-            app: app.clone(),
+            security,
             client: Loopback::controller(app, USER),
         }
     }
@@ -123,7 +125,7 @@ impl CsrController for Approver {
         {
             return Ok(Synced::Nothing);
         }
-        let Some(message) = approval(&self.app.api.security.authorizer(), csr).await else {
+        let Some(message) = approval(&self.security.authorizer(), csr).await else {
             return Ok(Synced::Nothing);
         };
         let mut next = csr.clone();

@@ -13,13 +13,13 @@ use svc_core::status::Subject;
 
 use super::call::RestRequest;
 use super::token;
-use crate::http::api::Api;
+use crate::http::api::Standalone;
 use crate::http::respond::Body;
 use svc_core::registry::Kind;
 
 /// `POST <object>/<sub>`: the action `sub` performs on the object `name`.
 pub(super) async fn create<T: Kind>(
-    app: &Arc<Api>,
+    app: &Arc<Standalone>,
     call: &RestRequest,
     sub: &str,
     name: &str,
@@ -36,7 +36,7 @@ pub(super) async fn create<T: Kind>(
 
 /// `POST <collection>` of a kind that is not stored: the answer to the request it carries.
 pub(super) async fn review<T: Kind>(
-    app: &Arc<Api>,
+    app: &Arc<Standalone>,
     call: &RestRequest,
 ) -> Result<Response<Body>, ApiError> {
     if (T::INFO.group, T::INFO.plural) == (auth::GROUP, "tokenreviews") {

@@ -10,7 +10,7 @@ use svc_core::strict as decode;
 use svc_core::{ApiError, object};
 
 use super::call::RestRequest;
-use crate::http::api::Api;
+use crate::http::api::Standalone;
 use crate::http::negotiate::{self, Format};
 
 /// Which `apiVersion` a body may name (an empty one always passes: the path says the type).
@@ -33,11 +33,11 @@ pub struct Decoded<T> {
 
 /// Decodes the request body as a `T`.
 pub fn decode_object<T: Kind>(
-    app: &Api,
+    app: &Standalone,
     call: &RestRequest,
     versions: Versions,
 ) -> Result<Decoded<T>, ApiError> {
-    let format = negotiate::request_format(&call.parts.headers, &app.opts.feature_gates)?;
+    let format = negotiate::request_format(&call.parts.headers, &app.api.opts.feature_gates)?;
     let validation = call.field_validation()?;
     if call.body.is_empty() {
         return Err(ApiError::bad_request("the request body is empty"));

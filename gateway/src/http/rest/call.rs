@@ -13,7 +13,7 @@ use svc_core::{ApiError, Resource};
 use crate::base::query::{ListOptions, Query};
 use crate::base::router::ResourceRoute;
 use crate::base::verb::Verb;
-use crate::http::api::Api;
+use crate::http::api::Standalone;
 use crate::http::negotiate::Format;
 use crate::registry::admission::{self};
 use crate::registry::write::WriteRequest;
@@ -24,7 +24,7 @@ use svc_core::user::UserInfo;
 /// needs `create` besides `patch`, force deletion needs `unsafe-delete-ignore-read-errors`
 /// besides `delete`, as Kubernetes asks.
 pub(super) async fn authorize_also(
-    app: &Api,
+    app: &Standalone,
     call: &RestRequest,
     verb: &str,
 ) -> Result<(), ApiError> {

@@ -11,12 +11,12 @@ use svc_core::watch::Selector;
 
 use super::call::{RestRequest, Selectors};
 use crate::base::query::ListOptions;
-use crate::http::api::Api;
+use crate::http::api::Standalone;
 use crate::http::respond::{self, Body};
 use crate::registry;
 
 pub(super) async fn list<T: Kind>(
-    app: &Arc<Api>,
+    app: &Arc<Standalone>,
     call: &RestRequest,
     opts: &ListOptions,
     sel: Selectors,

@@ -19,7 +19,7 @@ use svc_core::{codec, object};
 use super::call::{RestRequest, authorize_also, field_manager, path_namespace};
 use super::write::written_response;
 use crate::base::features::Feature;
-use crate::http::api::Api;
+use crate::http::api::Standalone;
 use crate::http::negotiate;
 use crate::http::respond::Body;
 use crate::registry;
@@ -103,7 +103,7 @@ struct PatchOptions {
     manager: String,
 }
 
-fn patch_options(app: &Api, call: &RestRequest) -> Result<PatchOptions, ApiError> {
+fn patch_options(app: &Standalone, call: &RestRequest) -> Result<PatchOptions, ApiError> {
     let content_type = call
         .parts
         .headers
@@ -123,6 +123,7 @@ fn patch_options(app: &Api, call: &RestRequest) -> Result<PatchOptions, ApiError
     // CBOR apply configurations are served only behind the gate that serves CBOR at all.
     if cbor
         && !app
+            .api
             .opts
             .feature_gates
             .enabled(Feature::CBORServingAndStorage)
@@ -149,7 +150,7 @@ fn patch_options(app: &Api, call: &RestRequest) -> Result<PatchOptions, ApiError
 }
 
 pub async fn patch<T: Kind>(
-    app: &Arc<Api>,
+    app: &Arc<Standalone>,
     call: &RestRequest,
     name: &str,
 ) -> Result<Response<Body>, ApiError> {
@@ -258,7 +259,7 @@ struct ApplyCreate<'a> {
 /// to an empty object of the kind, created through the registry with the managed fields the
 /// apply computed. `AlreadyExists` when another writer created it first.
 async fn apply_create<T: Kind>(
-    app: &Arc<Api>,
+    app: &Arc<Standalone>,
     call: &RestRequest,
     req: &WriteRequest<'_>,
     create: ApplyCreate<'_>,

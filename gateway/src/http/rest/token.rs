@@ -16,7 +16,7 @@ use svc_core::{ApiError, ObjectMeta, Resource};
 
 use super::body::{self, Versions};
 use super::call::{RestRequest, path_namespace, response_warnings};
-use crate::http::api::Api;
+use crate::http::api::Standalone;
 use crate::http::negotiate::Format;
 use crate::http::respond::{self, Body};
 use crate::registry::admission::{Operation, Outcome};
@@ -26,7 +26,10 @@ use crate::security::tokens::BoundSecret;
 use svc_core::registry::Kind;
 
 /// A request body of `T`, with the `apiVersion` it named (either of the group's names).
-fn decode<T: Kind>(app: &Api, call: &RestRequest) -> Result<(T, String, Vec<String>), ApiError> {
+fn decode<T: Kind>(
+    app: &Standalone,
+    call: &RestRequest,
+) -> Result<(T, String, Vec<String>), ApiError> {
     let decoded = body::decode_object::<T>(app, call, Versions::Accepted(is_authentication_v1))?;
     Ok((decoded.object, decoded.api_version, decoded.warnings))
 }
@@ -75,7 +78,7 @@ fn invalid<T: Resource>(obj: &T, errs: svc_core::validation::ErrorList) -> ApiEr
 
 /// `POST serviceaccounts/<name>/token`.
 pub(super) async fn create_token(
-    app: &Arc<Api>,
+    app: &Arc<Standalone>,
     call: &RestRequest,
     name: &str,
 ) -> Result<Response<Body>, ApiError> {
@@ -156,7 +159,7 @@ pub(super) async fn create_token(
 /// `POST tokenreviews`: a bad or foreign token is an answer (`authenticated: false` with
 /// the reason), not an HTTP error.
 pub(super) async fn review_token(
-    app: &Arc<Api>,
+    app: &Arc<Standalone>,
     call: &RestRequest,
 ) -> Result<Response<Body>, ApiError> {
     let (mut review, api_version, warnings) = decode::<TokenReview>(app, call)?;

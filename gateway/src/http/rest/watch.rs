@@ -9,14 +9,14 @@ use svc_core::watch::Selector;
 
 use super::call::{RestRequest, Selectors};
 use crate::base::query::ListOptions;
-use crate::http::api::Api;
+use crate::http::api::Standalone;
 use crate::http::respond::{self, Body};
 use crate::registry;
 use crate::registry::watch::WatchFrom;
 use svc_core::registry::Kind;
 
 pub async fn watch<T: Kind>(
-    app: &Arc<Api>,
+    app: &Arc<Standalone>,
     call: RestRequest,
     opts: ListOptions,
     sel: Selectors,
@@ -38,7 +38,7 @@ pub async fn watch<T: Kind>(
     };
 
     Ok(crate::http::stream::watch_response(
-        app,
+        &app.api,
         T::INFO,
         !call.route.namespace.is_empty(),
         watcher,

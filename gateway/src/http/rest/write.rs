@@ -12,21 +12,24 @@ use svc_core::{ApiError, Status};
 use super::body::{self, Versions};
 use super::call::{RestRequest, authorize_also, field_manager, path_namespace, response_warnings};
 use crate::base::features::Feature;
-use crate::http::api::Api;
+use crate::http::api::Standalone;
 use crate::http::negotiate::{self, Format};
 use crate::http::respond::{self, Body};
 use crate::registry;
 use crate::registry::write::{Deletion, Fields, Written};
 
 /// The object in the request body, with field validation's warnings.
-fn decode_body<T: Kind>(app: &Api, call: &RestRequest) -> Result<(T, Vec<String>), ApiError> {
+fn decode_body<T: Kind>(
+    app: &Standalone,
+    call: &RestRequest,
+) -> Result<(T, Vec<String>), ApiError> {
     let decoded = body::decode_object::<T>(app, call, Versions::Own)?;
     Ok((decoded.object, decoded.warnings))
 }
 
 /// POST: a new object from the body, created through the registry; 201 with it.
 pub async fn create<T: Kind>(
-    app: &Arc<Api>,
+    app: &Arc<Standalone>,
     call: &RestRequest,
 ) -> Result<Response<Body>, ApiError> {
     let dry_run = call.dry_run()?;
@@ -63,7 +66,7 @@ pub(super) fn written_response<T: Kind>(
 
 /// PUT: the body replaces the stored object (creating it where the kind allows that).
 pub async fn update<T: Kind>(
-    app: &Arc<Api>,
+    app: &Arc<Standalone>,
     call: &RestRequest,
     name: &str,
 ) -> Result<Response<Body>, ApiError> {
@@ -154,7 +157,7 @@ fn invalid_delete(field: &str, message: &str) -> ApiError {
 }
 
 pub async fn delete<T: Kind>(
-    app: &Arc<Api>,
+    app: &Arc<Standalone>,
     call: &RestRequest,
     name: &str,
 ) -> Result<Response<Body>, ApiError> {
@@ -217,11 +220,16 @@ pub async fn delete<T: Kind>(
 /// `ignoreStoreReadErrorWithClusterBreakingPotential=true`: honoured only with the
 /// `AllowUnsafeMalformedObjectDeletion` gate (otherwise the option does nothing, as an alpha
 /// field behind a disabled gate), and never together with dry-run.
-fn unsafe_delete_requested(app: &Api, call: &RestRequest, dry_run: bool) -> Result<bool, ApiError> {
+fn unsafe_delete_requested(
+    app: &Standalone,
+    call: &RestRequest,
+    dry_run: bool,
+) -> Result<bool, ApiError> {
     if !call
         .query
         .bool("ignoreStoreReadErrorWithClusterBreakingPotential")?
         || !app
+            .api
             .opts
             .feature_gates
             .enabled(Feature::AllowUnsafeMalformedObjectDeletion)
@@ -238,7 +246,7 @@ fn unsafe_delete_requested(app: &Api, call: &RestRequest, dry_run: bool) -> Resu
 }
 
 pub async fn delete_collection<T: Kind>(
-    app: &Arc<Api>,
+    app: &Arc<Standalone>,
     call: &RestRequest,
 ) -> Result<Response<Body>, ApiError> {
     let (opts, dry_run) = delete_options(call)?;

@@ -43,6 +43,11 @@ impl TestServer {
         self.handle.as_ref().unwrap()
     }
 
+    /// What the standalone server serves with beside the `Api`: its registry and security.
+    pub fn own(&self) -> &svc_gateway::http::api::Standalone {
+        self.handle().app.standalone().unwrap()
+    }
+
     /// A client with the admin certificate (group system:masters).
     pub fn admin(&self) -> Client {
         let (cert, key) = self.handle().pki.admin_credentials();
