@@ -12,6 +12,8 @@
 pub mod discovery;
 #[cfg(test)]
 pub mod scripted;
+#[cfg(test)]
+mod tests;
 pub mod watch;
 
 use std::path::Path;
@@ -27,6 +29,17 @@ use crate::outbound::egress::Egress;
 
 /// How long the proxy's own calls (reviews, readiness) may take.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Reviews (TokenReviews, SubjectAccessReviews) sent at once on the own calls' connection, at
+/// most: below the 100 streams kube-apiserver allows a connection, so that a review past them
+/// waits here, in order and for a bounded time, instead of in the connection for a stream,
+/// and the readiness check always finds one free. After a proxy restarts, every agent's
+/// first read needs a review (15,000 at 3,000 nodes); queued in the connection, they took
+/// longer than their timeout, were given up and asked again, and `/readyz` waited behind
+/// them for minutes.
+pub const REVIEWS_IN_FLIGHT: usize = 90;
+/// How long a review waits for one of those turns; then its caller gets a 429 and asks
+/// again a second later.
+pub const REVIEW_TURN_WAIT: Duration = Duration::from_secs(5);
 
 /// The upstream API server. Cheap to clone; clones share connections.
 #[derive(Clone, Debug)]
@@ -44,6 +57,8 @@ pub struct Upstream {
     /// for its body, and the review timed out. Started by the first call (a proxy's caches
     /// have an `Upstream` of their own that makes none).
     calls: Arc<OnceLock<Result<Threads, String>>>,
+    /// The turns of reviews ([`REVIEWS_IN_FLIGHT`]), taken in order of asking.
+    reviews: Arc<tokio::sync::Semaphore>,
 }
 
 /// Clients with an h2 connection each, taken in turn.
@@ -70,6 +85,7 @@ impl Upstream {
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Upstream {
             calls: Arc::default(),
+            reviews: Arc::new(tokio::sync::Semaphore::new(REVIEWS_IN_FLIGHT)),
             client: WebhookClient::from_kubeconfig_file(path, egress)?,
             spread: Arc::new(Spread {
                 clients,
@@ -127,19 +143,33 @@ impl Upstream {
         client.request_with(request, authorization, upgrade).await
     }
 
-    /// POSTs a JSON document to `path` and reads the answer (at most
-    /// [`client::MAX_RESPONSE_BODY`]), all within [`CALL_TIMEOUT`].
-    pub async fn post_json(
-        &self,
-        path: &str,
-        body: Bytes,
-    ) -> Result<client::Response, ClientError> {
+    /// POSTs a review (a JSON document) to `path` once one of [`REVIEWS_IN_FLIGHT`] turns is
+    /// free (within [`REVIEW_TURN_WAIT`]), and reads the answer (at most
+    /// [`client::MAX_RESPONSE_BODY`]) within [`CALL_TIMEOUT`]. The turn is held until the
+    /// exchange ends, even if the caller stops waiting for it.
+    pub async fn review(&self, path: &str, body: Bytes) -> Result<client::Response, ClientError> {
         let request = http::Request::post(path)
             .header(http::header::CONTENT_TYPE, "application/json")
             .header(http::header::ACCEPT, "application/json")
             .body(client::buffered(body))
             .map_err(|e| ClientError::Config(e.to_string()))?;
-        self.call(request).await
+        let turn = match tokio::time::timeout(
+            REVIEW_TURN_WAIT,
+            self.reviews.clone().acquire_owned(),
+        )
+        .await
+        {
+            Ok(Ok(turn)) => turn,
+            _ => {
+                return Err(ClientError::Request {
+                    url: self.url(),
+                    message: format!(
+                        "{REVIEWS_IN_FLIGHT} reviews were under way for {REVIEW_TURN_WAIT:?}"
+                    ),
+                });
+            }
+        };
+        self.call(request, Some(turn)).await
     }
 
     /// GETs `path` (its query included) with `accept`, under the proxy's credential, and reads
@@ -192,7 +222,7 @@ impl Upstream {
         let request = http::Request::get("/readyz")
             .body(client::buffered(Bytes::new()))
             .map_err(|e| e.to_string())?;
-        let response = self.call(request).await.map_err(|e| e.to_string())?;
+        let response = self.call(request, None).await.map_err(|e| e.to_string())?;
         if response.status == http::StatusCode::OK {
             Ok(())
         } else {
@@ -204,10 +234,11 @@ impl Upstream {
         }
     }
 
-    /// One of the proxy's own calls, on their thread.
+    /// One of the proxy's own calls, on their thread, holding `turn` until it ends.
     async fn call(
         &self,
         request: http::Request<RequestBody>,
+        turn: Option<tokio::sync::OwnedSemaphorePermit>,
     ) -> Result<client::Response, ClientError> {
         let thread_failed = |e: String| ClientError::Request {
             url: self.url(),
@@ -218,8 +249,13 @@ impl Upstream {
             .get_or_init(|| Threads::new("svc-upstream-calls", 1, || {}).map_err(|e| e.to_string()))
             .as_ref()
             .map_err(|e| thread_failed(e.clone()))?;
+        let client = self.client.clone();
         calls
-            .spawn(exchange(self.client.clone(), request))
+            .spawn(async move {
+                let answer = exchange(client, request).await;
+                drop(turn);
+                answer
+            })
             .await
             .unwrap_or_else(|e| Err(thread_failed(e.to_string())))
     }

@@ -108,7 +108,7 @@ impl TokenReviewer {
         let body = serde_json::to_vec(&body).map_err(|e| ReviewError::Failed(e.to_string()))?;
         let response = self
             .upstream
-            .post_json(PATH, Bytes::from(body))
+            .review(PATH, Bytes::from(body))
             .await
             .map_err(|e| ReviewError::Failed(e.to_string()))?;
         if !response.status.is_success() {

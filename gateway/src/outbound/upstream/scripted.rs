@@ -116,6 +116,26 @@ fn answer(served: &Mutex<Served>, uri: &http::Uri) -> http::Response<Body> {
     )
 }
 
+/// An `Upstream` of `http://127.0.0.1:{port}` with a token, and the directory of its
+/// kubeconfig (removed when dropped).
+pub fn plain_upstream(port: u16) -> (Upstream, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:{port}\n\
+             users:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\n\
+             current-context: x\n"
+        ),
+    )
+    .unwrap();
+    let upstream =
+        Upstream::from_kubeconfig_file(&path, &crate::outbound::egress::Egress::direct(), 1)
+            .unwrap();
+    (upstream, dir)
+}
+
 impl Scripted {
     pub async fn new() -> Self {
         let served = Arc::new(Mutex::new(Served::default()));
@@ -135,20 +155,7 @@ impl Scripted {
                 });
             }
         });
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("kubeconfig");
-        std::fs::write(
-            &path,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:{port}\n\
-                 users:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\n\
-                 current-context: x\n"
-            ),
-        )
-        .unwrap();
-        let upstream =
-            Upstream::from_kubeconfig_file(&path, &crate::outbound::egress::Egress::direct(), 1)
-                .unwrap();
+        let (upstream, dir) = plain_upstream(port);
         Scripted {
             served,
             upstream,
