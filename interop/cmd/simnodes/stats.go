@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"regexp"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -193,8 +194,9 @@ func (st *stats) informers() []*watched {
 //	          {"informers","have"}: how many informers of R hold N/X
 //	/compare  {"informers","objects","differ","stores_differ","example","by"}: every informer's
 //	          store against a list read directly from kube-apiserver (--compare-kubeconfig), by
-//	          name and resourceVersion; "by" counts the objects that differ by resource and how
-//	          (missing, extra, other-version)
+//	          name and resourceVersion, read 5 s after the list (a newer version in a store is
+//	          a write after the list, not a difference); "by" counts the objects that differ
+//	          by resource and how (missing, extra, other-version: older than the list's)
 func (st *stats) serve(addr, compareKubeconfig string, running *atomic.Int64) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -277,6 +279,21 @@ type comparison struct {
 // compare reads each watched resource once, directly from kube-apiserver, and counts the
 // objects in which each store differs from what its selector picks out of that list: missing,
 // extra, or at another resourceVersion.
+// compareGrace is how long after its list /compare reads the stores: the time a write the
+// list holds has to reach every informer.
+const compareGrace = 5 * time.Second
+
+// older reports whether resourceVersion a comes before b. kube-apiserver's are etcd
+// revisions; versions that are not numbers are older when they differ.
+func older(a, b string) bool {
+	x, errA := strconv.ParseUint(a, 10, 64)
+	y, errB := strconv.ParseUint(b, 10, 64)
+	if errA != nil || errB != nil {
+		return a != b
+	}
+	return x < y
+}
+
 func (st *stats) compare(ctx context.Context, kubeconfig string) (comparison, error) {
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
@@ -310,6 +327,14 @@ func (st *stats) compare(ctx context.Context, kubeconfig string) (comparison, er
 			m[key] = entry{rv: o.GetResourceVersion(), node: node}
 		}
 		direct[x.resource] = m
+	}
+	// Agents keep writing (node status, leases) while the stores are compared: a store is
+	// behind only if, a delivery's grace after the list, it still holds a version older than
+	// the list's. A newer one is a write after the list, already delivered.
+	select {
+	case <-ctx.Done():
+		return comparison{}, ctx.Err()
+	case <-time.After(compareGrace):
 	}
 	var out comparison
 	for _, x := range all {
@@ -354,7 +379,7 @@ func (st *stats) compare(ctx context.Context, kubeconfig string) (comparison, er
 			switch {
 			case !ok:
 				count("missing")
-			case got == rv:
+			case !older(got, rv):
 				continue
 			default:
 				count("other-version")
