@@ -97,7 +97,7 @@ pub async fn serve(
         },
         None => None,
     };
-    let protobuf = cached.cache.codec().protobuf.is_some();
+    let protobuf = cached.writes_protobuf();
     let format = cached_format(headers, api, opts.watch, protobuf)?;
     let labels = LabelSelector::parse(&opts.label_selector).ok()?;
     // The kind's own fields, and `metadata.namespace` only where it is namespaced: a field

@@ -66,6 +66,12 @@ impl UpstreamCache {
         };
         (cached, rx)
     }
+
+    /// Whether the cache writes its objects in protobuf too (the built-in kinds; a custom
+    /// resource's only in JSON).
+    pub fn writes_protobuf(&self) -> bool {
+        self.cache.codec().protobuf.is_some()
+    }
 }
 
 impl Drop for UpstreamCache {
