@@ -1,6 +1,7 @@
-//! The watch cache: one per resource type, fed by the store's change feed, serving every list
-//! and watch from memory. Sans-IO: the gateway owns the tasks and the sockets; this module
-//! owns the data structures and says who is ready for what.
+//! The watch cache: one per resource type, fed by a change feed (the store's, or in proxy mode
+//! the upstream's watch), serving every list and watch from memory. Sans-IO: the gateway owns
+//! the fill loop, the tasks and the sockets; this module owns the data structures and says who
+//! is ready for what.
 //!
 //! The split mirrors the Kubernetes cacher:
 //!

@@ -4,8 +4,10 @@
 //!
 //! 1. `base`: flags, feature gates, query strings, routes, lifecycle, deadlines;
 //! 2. `observe`: metrics and traces;
-//! 3. `outbound`: PKI, egress, the webhook client, proxy mode's upstream and caches;
-//! 4. `registry`: watch caches, admission, typed operations over the store;
+//! 3. `outbound`: PKI, egress, the webhook client, proxy mode's upstream protocol (no cache);
+//! 4. `registry`: the watch caches of both modes and their one fill loop, the decision to
+//!    serve a proxy's read from its cache or pass it upstream, admission, typed operations
+//!    over the store;
 //! 5. `security`: authentication, authorization, audit;
 //! 6. `http`: negotiation, responses, limits, REST handlers, discovery, OpenAPI, health,
 //!    proxy mode's cached reads and pass-through;
