@@ -913,7 +913,8 @@ async fn fairness_case(h2: bool) {
     let server = svc_gateway::run::start(opts).await.unwrap();
     server
         .app
-        .api
+        .standalone()
+        .expect("a standalone server")
         .security
         .set_authorizers(vec![Box::new(AllowUsers(&["lt-hammer", "lt-writer"]))]);
     let hammer = user_kubeconfig(&server, "lt-hammer", dir.path());
