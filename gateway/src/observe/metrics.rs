@@ -217,7 +217,7 @@ pub struct Metrics {
     pub authz: authz::AuthzMetrics,
     validation_mismatches: Counter,
     /// `svc_tls_handshakes_total`, by how each ended ([`Handshake`]).
-    tls_handshakes: [Counter; 3],
+    tls_handshakes: [Counter; 4],
     /// `apiserver_audit_*`.
     pub audit: AuditMetrics,
 }
@@ -228,6 +228,8 @@ pub enum Handshake {
     Done = 0,
     Failed = 1,
     TimedOut = 2,
+    /// Done by resuming a session (a ticket the client offered back).
+    Resumed = 3,
 }
 
 impl Handshake {
@@ -236,6 +238,7 @@ impl Handshake {
             Handshake::Done => "done",
             Handshake::Failed => "failed",
             Handshake::TimedOut => "timed_out",
+            Handshake::Resumed => "resumed",
         }
     }
 }
@@ -413,12 +416,18 @@ impl Metrics {
             validation_mismatches.clone(),
         );
         let handshakes = Family::<HandshakeLabels, Counter>::default();
-        let tls_handshakes = [Handshake::Done, Handshake::Failed, Handshake::TimedOut]
-            .map(|h| handshakes.get_or_create_owned(&HandshakeLabels { result: h.label() }));
+        let tls_handshakes = [
+            Handshake::Done,
+            Handshake::Failed,
+            Handshake::TimedOut,
+            Handshake::Resumed,
+        ]
+        .map(|h| handshakes.get_or_create_owned(&HandshakeLabels { result: h.label() }));
         registry.register(
             "svc_tls_handshakes",
-            "TLS handshakes of accepted connections, by result: done, failed (bad TLS, or a \
-             client that could not prove its key) or timed_out (--tls-handshake-timeout)",
+            "TLS handshakes of accepted connections, by result: done (in full), resumed (a \
+             session ticket offered back), failed (bad TLS, or a client that could not prove \
+             its key) or timed_out (--tls-handshake-timeout)",
             handshakes,
         );
         Metrics {

@@ -180,7 +180,11 @@ async fn serve_connection(
     let stream = tokio::select! {
         r = handshake => match r {
             Ok(Ok(s)) => {
-                app.api.metrics.tls_handshake(Handshake::Done);
+                let kind = s.get_ref().1.handshake_kind();
+                app.api.metrics.tls_handshake(match kind {
+                    Some(rustls::HandshakeKind::Resumed) => Handshake::Resumed,
+                    _ => Handshake::Done,
+                });
                 s
             }
             Ok(Err(e)) => {

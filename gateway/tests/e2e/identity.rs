@@ -274,3 +274,65 @@ async fn every_namespace_keeps_a_default_account_and_discovery_lists_identity() 
     let (s, _) = admin.get(REVIEWS).await;
     assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED);
 }
+
+/// One request over a new TLS connection of `c`'s configuration (its session cache shared):
+/// how the handshake went, and the answer's status and JSON.
+async fn over_new_connection(c: &Client, path: &str) -> (rustls::HandshakeKind, StatusCode, Value) {
+    use http_body_util::BodyExt as _;
+    let tcp = tokio::net::TcpStream::connect(c.addr).await.unwrap();
+    let tls = tokio_rustls::TlsConnector::from(c.tls.clone())
+        .connect(
+            rustls::pki_types::ServerName::try_from("localhost").unwrap(),
+            tcp,
+        )
+        .await
+        .unwrap();
+    let kind = tls.get_ref().1.handshake_kind().unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let resp = send
+        .send_request(Client::build(Method::GET, path, "", &[]))
+        .await
+        .unwrap();
+    let status = resp.status();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (kind, status, serde_json::from_slice(&body).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_tls_session_is_still_its_client_certificates_user() {
+    let srv = TestServer::start().await;
+    let carol = srv.user("carol", &[]);
+    let path = "/api/v1/namespaces/default/secrets";
+    // The first connection is a full handshake; the server's ticket comes with the answer.
+    let (kind, status, body) = over_new_connection(&carol, path).await;
+    assert_eq!(kind, rustls::HandshakeKind::Full);
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    let refused = "secrets is forbidden: User \"carol\" cannot list resource \"secrets\" in API group \"\" in the namespace \"default\"";
+    assert_eq!(body["message"], refused);
+    // Other clients' first connections meanwhile, more than a server would keep sessions of
+    // in memory (rustls' cache holds 256, and each full handshake is given two tickets):
+    // carol's ticket still holds.
+    for _ in 0..200 {
+        assert_eq!(srv.anonymous().get("/livez").await.0, StatusCode::OK);
+    }
+    // The next resumes with it, and is still carol, authorized as carol.
+    let (kind, status, body) = over_new_connection(&carol, path).await;
+    assert_eq!(kind, rustls::HandshakeKind::Resumed);
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(body["message"], refused);
+    // Another client, with no session of its own yet, starts in full.
+    let admin = srv.admin();
+    let (kind, status, _) = over_new_connection(&admin, path).await;
+    assert_eq!(kind, rustls::HandshakeKind::Full);
+    assert_eq!(status, StatusCode::OK);
+    let metrics = admin.request(Method::GET, "/metrics", "", &[]).await.text();
+    let resumed = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("svc_tls_handshakes_total{result=\"resumed\"} "))
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no resumed handshakes in /metrics"));
+    assert!(resumed >= 1.0, "{resumed}");
+}

@@ -77,6 +77,14 @@ impl Pki {
             .with_single_cert(vec![self.serving_cert_der.clone()], key)
             .map_err(tls)?;
         config.alpn_protocols = SERVER_ALPN.iter().map(|p| p.to_vec()).collect();
+        // Session tickets, as Go's server (kube-apiserver's) sends them: a client that offers
+        // one back resumes without the signature and the certificate exchange of a full
+        // handshake. Without them rustls resumes only the last 256 sessions it keeps in
+        // memory, which a cluster's thousands of clients push out long before they reconnect.
+        // The ticket keys live in memory only, rotated every 6 h (each replica its own); a
+        // resumed session keeps the client certificate it was opened with, whose chain is
+        // verified again after the handshake as every one is.
+        config.ticketer = rustls::crypto::ring::Ticketer::new().map_err(tls)?;
         Ok(Arc::new(config))
     }
 
