@@ -46,7 +46,7 @@ done
 kill -INT "$STAT" 2>/dev/null
 wait "$STAT"
 curl -s "http://127.0.0.1:$PORT/metrics" |
-    grep -E '^(svc_http2_writes_total|apiserver_watch_events_total)' > "$OUT/gateway-metrics.txt"
+    grep -E '^(svc_http2_writes_total|svc_http2_short_writes_total|apiserver_watch_events_total)' > "$OUT/gateway-metrics.txt"
 if [ -n "$RAW" ]; then
     perf stat -e "$EV" -p "$RAW" -o "$OUT/raw.stat" &
     STAT=$!

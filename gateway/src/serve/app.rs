@@ -53,6 +53,8 @@ pub struct ServerState {
     pub h2_watch_held: Gauge,
     /// Writes h2 connections passed to their transport (`svc_http2_writes_total`).
     pub h2_writes: StripedCounter,
+    /// Those the transport took only part of (`svc_http2_short_writes_total`).
+    pub h2_short_writes: StripedCounter,
     /// `--list-niceness`: the threads lists run on (`bulk.rs`); `None` at 0.
     pub bulk: Option<Bulk>,
     /// The h2 connections yet to send their GOAWAY once shutdown asks them to close.
@@ -224,6 +226,13 @@ impl ServerState {
              frames one round of the connection's task gathered, for every stream it served",
             h2_writes.clone(),
         );
+        let h2_short_writes = StripedCounter::default();
+        metrics.register(
+            "svc_http2_short_writes",
+            "Writes of h2 connections their transport took only part of (its buffer full: the \
+             client reads slower than the connection writes); the rest goes in later writes",
+            h2_short_writes.clone(),
+        );
         let bulk = match opts.list_niceness {
             0 => None,
             steps => {
@@ -251,6 +260,7 @@ impl ServerState {
             egress,
             h2_watch_held,
             h2_writes,
+            h2_short_writes,
             bulk,
             farewells: Arc::default(),
         })

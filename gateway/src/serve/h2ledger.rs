@@ -119,6 +119,9 @@ pub struct Ledger {
     gauge: Gauge,
     /// Every connection's writes to its transport (`svc_http2_writes_total`).
     writes: StripedCounter,
+    /// Those the transport took only part of (`svc_http2_short_writes_total`): its buffer was
+    /// full, the reader behind.
+    short: StripedCounter,
 }
 
 impl Ledger {
@@ -127,7 +130,14 @@ impl Ledger {
             state: Arc::default(),
             gauge,
             writes,
+            short: StripedCounter::default(),
         }
+    }
+
+    /// Counts the writes the transport took only part of in `short`.
+    pub fn counting_short_writes(mut self, short: StripedCounter) -> Self {
+        self.short = short;
+        self
     }
 
     /// True when the budget is spent: the caller must not drain, and is woken when it may.
@@ -405,7 +415,12 @@ impl<I: AsyncWrite + Unpin> LedgerIo<I> {
                 Poll::Ready(Ok(0)) => {
                     return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()));
                 }
-                Poll::Ready(Ok(n)) => n,
+                Poll::Ready(Ok(n)) => {
+                    if n < rest.len() {
+                        self.ledger.short.inc_by(1);
+                    }
+                    n
+                }
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Pending => return Poll::Pending,
             };
@@ -438,6 +453,9 @@ impl<I: AsyncWrite + Unpin> LedgerIo<I> {
                 self.ledger.writes.inc_by(1);
             }
             if let Poll::Ready(Ok(n)) = r {
+                if n < total {
+                    self.ledger.short.inc_by(1);
+                }
                 self.wrote(bufs, n);
             }
             return r;
@@ -686,6 +704,33 @@ mod tests {
         assert_eq!(writes.get(), 1);
         // Nothing waits any more: the gathering buffer is freed.
         assert_eq!(io.out.capacity(), 0);
+    }
+
+    #[test]
+    fn writes_the_socket_takes_in_part_are_counted() {
+        let (ledger, writes) = ledger_with_watches();
+        let short = StripedCounter::default();
+        let ledger = ledger.counting_short_writes(short.clone());
+        let round = Round::default();
+        let socket = Socket {
+            room: 1000,
+            ..Socket::default()
+        };
+        let mut io = LedgerIo::new(socket, ledger, round.clone());
+        let mut cx = Context::from_waker(Waker::noop());
+        round.open();
+        write_frames(&mut io, &mut cx);
+        round.close();
+        // 1,000 bytes of the round's write go, the rest waits for room.
+        assert!(Pin::new(&mut io).poll_flush(&mut cx).is_pending());
+        assert_eq!((writes.get(), short.get()), (1, 1));
+        io.io.room = usize::MAX;
+        assert!(matches!(
+            Pin::new(&mut io).poll_flush(&mut cx),
+            Poll::Ready(Ok(()))
+        ));
+        assert_eq!(io.io.data, wire());
+        assert_eq!((writes.get(), short.get()), (2, 1), "the rest taken whole");
     }
 
     #[test]
