@@ -279,14 +279,7 @@ async fn every_namespace_keeps_a_default_account_and_discovery_lists_identity() 
 /// how the handshake went, and the answer's status and JSON.
 async fn over_new_connection(c: &Client, path: &str) -> (rustls::HandshakeKind, StatusCode, Value) {
     use http_body_util::BodyExt as _;
-    let tcp = tokio::net::TcpStream::connect(c.addr).await.unwrap();
-    let tls = tokio_rustls::TlsConnector::from(c.tls.clone())
-        .connect(
-            rustls::pki_types::ServerName::try_from("localhost").unwrap(),
-            tcp,
-        )
-        .await
-        .unwrap();
+    let tls = c.tls_stream().await.unwrap();
     let kind = tls.get_ref().1.handshake_kind().unwrap();
     let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
         .await

@@ -678,12 +678,7 @@ async fn exec_switches_protocols_through_the_proxy() {
     let proxy = Proxy::start(up.addr, |_| {}).await.unwrap();
     let alice = proxy.user("alice", &[], false);
     for protocol in ["websocket", "SPDY/3.1"] {
-        let tcp = tokio::net::TcpStream::connect(alice.addr).await.unwrap();
-        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-        let mut tls = tokio_rustls::TlsConnector::from(alice.tls.clone())
-            .connect(name, tcp)
-            .await
-            .unwrap();
+        let mut tls = alice.tls_stream().await.unwrap();
         let head = format!(
             "GET /api/v1/namespaces/ns/pods/p/exec?command=sh&stdin=true HTTP/1.1\r\n\
              Host: localhost\r\nConnection: Upgrade\r\nUpgrade: {protocol}\r\n\

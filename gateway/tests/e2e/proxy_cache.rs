@@ -641,14 +641,7 @@ async fn watches_end_at_shutdown_after_goaway_and_the_listener_closing() {
     let mut conns = Vec::new();
     // From the cache's version, and from before the cache (passed upstream).
     for rv in ["2", "1"] {
-        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let tls = tokio_rustls::TlsConnector::from(alice.tls.clone())
-            .connect(
-                rustls::pki_types::ServerName::try_from("localhost").unwrap(),
-                tcp,
-            )
-            .await
-            .unwrap();
+        let tls = alice.tls_stream().await.unwrap();
         let (send, conn) = h2::client::handshake(tls).await.unwrap();
         tokio::spawn(async move {
             let _ = conn.await;

@@ -191,11 +191,17 @@ impl Conn {
 }
 
 impl Client {
-    pub async fn connect(&self) -> std::io::Result<Conn> {
+    /// A new TLS connection of this client's (its configuration, and so its session cache,
+    /// shared with its other connections), before any protocol is spoken on it.
+    pub async fn tls_stream(&self) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
         let tcp = TcpStream::connect(self.addr).await?;
-        let tls = TlsConnector::from(self.tls.clone())
+        TlsConnector::from(self.tls.clone())
             .connect(ServerName::try_from("localhost").unwrap(), tcp)
-            .await?;
+            .await
+    }
+
+    pub async fn connect(&self) -> std::io::Result<Conn> {
+        let tls = self.tls_stream().await?;
         let io = TokioIo::new(tls);
         if self.h2 {
             let (send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
