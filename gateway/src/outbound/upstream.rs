@@ -33,7 +33,7 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// most: below the 100 streams kube-apiserver allows a connection, so that a review past them
 /// waits here, in order and for a bounded time, instead of in the connection for a stream,
 /// and the readiness check always finds one free. After a proxy restarts, every agent's
-/// first read needs a review (15,000 at 3,000 nodes); queued in the connection, they took
+/// first read needs a review (about 15,000 at 3,000 nodes); queued in the connection, they took
 /// longer than their timeout, were given up and asked again, and `/readyz` waited behind
 /// them for minutes.
 pub const REVIEWS_IN_FLIGHT: usize = 90;

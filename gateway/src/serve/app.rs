@@ -151,15 +151,14 @@ impl ServerState {
             authentication_reloads,
             authorization_reloads,
         ));
-        let state = Self::assemble(opts, parts, metrics, tracer, |api| {
-            Mode::Store(Arc::new(Standalone {
+        Self::assemble(opts, parts, metrics, tracer, |api| {
+            let own = Arc::new(Standalone {
                 api: api.clone(),
                 registry: Arc::new(registry),
                 security,
-            }))
-        })?;
-        let own = state.standalone().cloned();
-        Ok((state, own.context("a standalone server state")?))
+            });
+            (Mode::Store(own.clone()), own)
+        })
     }
 
     /// Proxy mode: `proxy` and the parts, and nothing of standalone mode's (its metrics
@@ -167,20 +166,22 @@ impl ServerState {
     pub fn over_upstream(opts: Options, parts: Parts, proxy: Proxy) -> anyhow::Result<Self> {
         let mut metrics = Metrics::for_proxy();
         let tracer = tracer(&parts, &mut metrics)?;
-        Self::assemble(opts, parts, metrics, tracer, |_| {
-            Mode::Upstream(Arc::new(proxy))
-        })
+        let (state, ()) = Self::assemble(opts, parts, metrics, tracer, |_| {
+            (Mode::Upstream(Arc::new(proxy)), ())
+        })?;
+        Ok(state)
     }
 
     /// What both modes build the same way: the in-flight limits, the h2 connections'
-    /// metrics, the list threads and the [`Api`]; the mode is made with the `Api`.
-    fn assemble(
+    /// metrics, the list threads and the [`Api`]; the mode is made with the `Api`, and
+    /// whatever else `mode` makes with it is handed back beside the state.
+    fn assemble<T>(
         opts: Options,
         parts: Parts,
         mut metrics: Metrics,
         tracer: Option<Tracer>,
-        mode: impl FnOnce(&Arc<Api>) -> Mode,
-    ) -> anyhow::Result<Self> {
+        mode: impl FnOnce(&Arc<Api>) -> (Mode, T),
+    ) -> anyhow::Result<(Self, T)> {
         let Parts {
             stop_watches,
             egress,
@@ -250,8 +251,9 @@ impl ServerState {
             closing: AtomicBool::new(false),
             stop_watches,
         });
-        Ok(ServerState {
-            mode: mode(&api),
+        let (mode, made) = mode(&api);
+        let state = ServerState {
+            mode,
             api,
             readonly_inflight,
             mutating_inflight,
@@ -263,7 +265,8 @@ impl ServerState {
             h2_short_writes,
             bulk,
             farewells: Arc::default(),
-        })
+        };
+        Ok((state, made))
     }
 }
 
