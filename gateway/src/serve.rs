@@ -10,6 +10,7 @@ pub mod conn_limits;
 pub mod h1conn;
 pub mod h2conn;
 pub mod h2ledger;
+pub mod h2wire;
 pub mod held;
 pub mod loopback;
 pub mod pipeline;

@@ -41,7 +41,8 @@ pub struct WatchStream {
     sent: WatchEvents,
 }
 
-fn coalesce(frames: Vec<Bytes>, bytes: usize) -> Bytes {
+/// One chunk of a batch's frames: the shared bytes themselves when there is one, else a copy.
+pub fn coalesce(frames: Vec<Bytes>, bytes: usize) -> Bytes {
     if frames.len() == 1 {
         // One frame: hand out the shared bytes themselves, no copy.
         return frames.into_iter().next().unwrap_or_default();
@@ -100,10 +101,25 @@ impl WatchStream {
         cx: &mut Context<'_>,
         max_bytes: usize,
     ) -> Poll<Option<Bytes>> {
+        self.poll_batch_within(cx, max_bytes).map(|b| {
+            b.map(|frames| {
+                let bytes = frames.iter().fold(0usize, |n, f| n.saturating_add(f.len()));
+                coalesce(frames, bytes)
+            })
+        })
+    }
+
+    /// As [`Self::poll_chunk_within`], the frames as the cache shares them (not copied into
+    /// one chunk): for a server that frames them itself.
+    pub fn poll_batch_within(
+        &mut self,
+        cx: &mut Context<'_>,
+        max_bytes: usize,
+    ) -> Poll<Option<Vec<Bytes>>> {
         if let Some(f) = self.first.take() {
             self.done = self.watcher.is_none();
             self.sent.record(std::slice::from_ref(&f));
-            return Poll::Ready(Some(f));
+            return Poll::Ready(Some(vec![f]));
         }
         if self.done {
             return Poll::Ready(None);
@@ -115,7 +131,7 @@ impl WatchStream {
             if tokio::time::Instant::now() >= self.deadline {
                 // A last bookmark tells the client how far it got, so it can resume.
                 self.done = true;
-                return Poll::Ready(watcher.final_bookmark());
+                return Poll::Ready(watcher.final_bookmark().map(|b| vec![b]));
             }
             // A bookmark that fell due while idle still needs the drain that adds it.
             let bookmark_due = self.idle
@@ -135,7 +151,7 @@ impl WatchStream {
                     // Nothing else was ready: next time wait first instead of draining again
                     // for nothing (one drain per wake-up, not two).
                     self.idle = !d.more;
-                    return Poll::Ready(Some(coalesce(d.frames, d.bytes)));
+                    return Poll::Ready(Some(d.frames));
                 }
                 if self.done {
                     return Poll::Ready(None);

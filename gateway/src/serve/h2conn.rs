@@ -1,16 +1,20 @@
 //! h2 connections, served with the `h2` crate: each request runs the pipeline in a task of its
 //! own, but once a watch's response head is out its stream is driven by the connection's task.
+//! Response payloads do not pass through h2: they are framed on the connection's [`Wire`]
+//! (`h2wire.rs`), which keeps the send side's flow control from the client's own frames.
 //!
 //! The connection task keeps its watches in one `FuturesUnordered` (only woken members are
-//! polled) and, per wake-up, moves every ready watcher's frames (shared `Bytes`, no copies)
-//! into its h2 stream as far as that stream's flow-control window allows, then lets the
-//! connection write them all: one write per connection, not one per stream. What the
-//! connection's watches hold outside the cache's ring (drained batches, and what h2 has not
-//! written yet) is bounded per connection by the [`Ledger`]'s budget: past it they stop
-//! draining, so a client that does not read keeps its events in the ring, shared, and its
-//! watchers fall behind there and end with their `ERROR` (410) as over HTTP/1.1. Timers are
-//! per connection too: one sleep aimed at the earliest bookmark or deadline of its watches,
-//! one shutdown signal.
+//! polled) and, per wake-up, frames every ready watcher's events (copied once from the
+//! cache's shared frames) on the wire as far as the stream's and the connection's windows
+//! allow, then lets the connection write them all: one write per connection, not one per
+//! stream. A watch wakes for its watcher, its timer, its window or its end, never for h2's
+//! bookkeeping, so one pass of the set covers every stream an event woke. What the
+//! connection's watches hold outside the cache's ring (framed bytes the socket has not
+//! taken, and the part of an event larger than its window's room) is bounded per
+//! connection by the [`Ledger`]'s budget: past it they stop draining, so a client that does
+//! not read keeps its events in the ring, shared, and its watchers fall behind there and end
+//! with their `ERROR` (410) as over HTTP/1.1. Timers are per connection too: one sleep aimed
+//! at the earliest bookmark or deadline of its watches, one shutdown signal.
 //!
 //! The limits hyper's builder set are kept: concurrent streams, header list size, rapid-reset
 //! bounds, a keepalive ping every 30 s while requests are in flight, the idle timeout (counted
@@ -42,6 +46,7 @@ use crate::serve::app::ServerState;
 use crate::serve::bulk::is_list;
 use crate::serve::conn_limits::{Activity, Busy, CLOSE_GRACE};
 use crate::serve::h2ledger::{Ledger, LedgerIo, Round};
+use crate::serve::h2wire::{Room, WRITE_BUDGET, Wire};
 use crate::serve::pipeline::{self, Caller, H2Body, RequestBody};
 
 /// Rapid reset (CVE-2023-44487): streams a client may open and reset before the server has
@@ -126,10 +131,12 @@ struct Guards {
     _busy: Busy,
 }
 
-/// One watch stream on the connection: polled by the connection task only.
+/// One watch stream on the connection: polled by the connection task only. Its frames go
+/// to the connection's [`Wire`], not through h2: h2 only ends or resets the stream.
 struct WatchTask {
     stream: WatchStream,
     send: SendStream<Bytes>,
+    wire: Wire,
     /// The part of the last chunk the stream's window has not let out yet.
     pending: Bytes,
     /// The wake-up filed in [`Timers`] for this watch.
@@ -140,9 +147,10 @@ struct WatchTask {
     id: u32,
     /// Where this watch's waker waits for the budget (`Ledger::spent`).
     parked: Option<u64>,
-    /// Window room h2 gave this stream and it has not used yet (h2 is asked only when it
-    /// is not enough: each call takes the connection's lock).
-    room: usize,
+    /// Set by the wire when the stream ends (the client reset it) or its flow control
+    /// broke; the wire knows this watch's waker once `known`.
+    over: Arc<std::sync::atomic::AtomicBool>,
+    known: bool,
     _guards: Guards,
 }
 
@@ -158,13 +166,8 @@ impl WatchTask {
         let _ = self.send.send_data(Bytes::new(), true);
     }
 
-    /// Nothing to send: gives back the window room asked for (other streams may use it) and
-    /// waits for the watcher, its next bookmark or its deadline.
+    /// Waits for the watcher, its next bookmark or its deadline.
     fn idle(&mut self, cx: &Context<'_>) {
-        if self.room > 0 {
-            self.room = 0;
-            self.send.reserve_capacity(0);
-        }
         let at = self.stream.wake_at();
         self.arm(at, cx);
     }
@@ -175,6 +178,12 @@ impl WatchTask {
             self.timers.lock().add(at, cx.waker().clone());
         }
     }
+
+    /// Frames `parts` (within `room`) on the wire and counts them in the ledger.
+    fn frame(&mut self, parts: &[Bytes], room: usize) {
+        let n = self.wire.frame(self.id, parts, room, false);
+        self.ledger.sent(self.id, n);
+    }
 }
 
 impl Future for WatchTask {
@@ -182,17 +191,27 @@ impl Future for WatchTask {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = &mut *self;
-        if this.send.poll_reset(cx).is_ready() {
-            // The client reset the stream (or the connection is gone).
+        if !this.known {
+            // Once: the wire wakes this waker when the client resets the stream.
+            this.wire.watch_end(cx, this.id, &this.over);
+            this.known = true;
+        }
+        if this.over.load(std::sync::atomic::Ordering::Acquire) {
+            // Gone, or reset for its flow control: asking for room tells which.
+            if let Poll::Ready(Room::Reset(reason)) = this.wire.poll_room(cx, this.id, 0, None) {
+                this.send.send_reset(reason);
+            }
             return Poll::Ready(());
         }
         loop {
             if !this.pending.is_empty() {
-                this.room = 0;
-                this.send.reserve_capacity(this.pending.len());
-                let cap = match poll_room(&mut this.send, cx) {
-                    Poll::Ready(Some(n)) => n,
-                    Poll::Ready(None) => return Poll::Ready(()),
+                let room = match this.wire.poll_room(cx, this.id, this.pending.len(), None) {
+                    Poll::Ready(Room::Bytes(n)) => n,
+                    Poll::Ready(Room::Gone) => return Poll::Ready(()),
+                    Poll::Ready(Room::Reset(reason)) => {
+                        this.send.send_reset(reason);
+                        return Poll::Ready(());
+                    }
                     Poll::Pending => {
                         // A client that does not read holds a chunk only until the
                         // deadline: then the stream is reset.
@@ -205,16 +224,15 @@ impl Future for WatchTask {
                         return Poll::Pending;
                     }
                 };
-                let part = this.pending.split_to(cap.min(this.pending.len()));
+                let part = this.pending.split_to(room.min(this.pending.len()));
                 let n = part.len();
-                if this.send.send_data(part, false).is_err() {
-                    return Poll::Ready(());
-                }
+                this.wire.frame(this.id, &[part], room, false);
                 this.ledger.handed(this.id, n);
                 continue;
             }
             let deadline = this.stream.deadline();
-            let room = if Instant::now() < deadline {
+            let past = Instant::now() >= deadline;
+            if !past {
                 if this.ledger.spent(cx, &mut this.parked) {
                     // The connection holds its budget: the events wait in the ring.
                     this.arm(deadline, cx);
@@ -224,44 +242,53 @@ impl Future for WatchTask {
                     this.idle(cx);
                     return Poll::Pending;
                 }
-                // Something to send: room in the stream's window is asked for only now, and
-                // nothing is drained until there is some, so a stream whose client leaves
-                // its window shut keeps its events in the ring, not in a batch of its own.
-                if this.room == 0 {
-                    this.send.reserve_capacity(MAX_BATCH_BYTES);
-                    match poll_room(&mut this.send, cx) {
-                        Poll::Ready(Some(n)) => this.room = n,
-                        Poll::Ready(None) => return Poll::Ready(()),
-                        Poll::Pending => {
-                            this.arm(deadline, cx);
-                            return Poll::Pending;
-                        }
-                    }
+            }
+            // Something to send: room in the stream's window is asked for only now, and
+            // nothing is drained until there is some, so a stream whose client leaves its
+            // window shut keeps its events in the ring, not in a batch of its own. Past the
+            // deadline only the last bookmark is left to send.
+            let want = MAX_BATCH_BYTES;
+            let room = match this.wire.poll_room(cx, this.id, want, None) {
+                Poll::Ready(Room::Bytes(n)) => n,
+                Poll::Ready(Room::Gone) => return Poll::Ready(()),
+                Poll::Ready(Room::Reset(reason)) => {
+                    this.send.send_reset(reason);
+                    return Poll::Ready(());
                 }
-                this.room
-            } else {
-                // Past the deadline only the last bookmark is left to send.
-                MAX_BATCH_BYTES
-            };
-            match this.stream.poll_chunk_within(cx, room) {
-                Poll::Ready(Some(chunk)) if chunk.len() <= this.room => {
-                    // Within the room h2 gave: handed over at once.
-                    let n = chunk.len();
-                    if this.send.send_data(chunk, false).is_err() {
-                        return Poll::Ready(());
-                    }
-                    this.room = this.room.saturating_sub(n);
-                    this.ledger.sent(this.id, n);
-                }
-                Poll::Ready(Some(chunk)) => {
-                    this.ledger.hold(chunk.len());
-                    this.pending = chunk;
-                }
-                Poll::Ready(None) => {
+                Poll::Pending if past => {
+                    // No room for the last bookmark: the stream ends without it.
                     let _ = this.send.send_data(Bytes::new(), true);
                     return Poll::Ready(());
                 }
                 Poll::Pending => {
+                    this.arm(deadline, cx);
+                    return Poll::Pending;
+                }
+            };
+            match this.stream.poll_batch_within(cx, room) {
+                Poll::Ready(Some(batch)) => {
+                    let bytes = batch.iter().fold(0usize, |n, b| n.saturating_add(b.len()));
+                    if bytes <= room {
+                        this.frame(&batch, room);
+                    } else {
+                        // One event larger than the room: what fits now, the rest when
+                        // the window opens.
+                        let mut chunk = crate::http::stream::coalesce(batch, bytes);
+                        this.ledger.hold(chunk.len());
+                        let part = chunk.split_to(room);
+                        let n = part.len();
+                        this.wire.frame(this.id, &[part], room, false);
+                        this.ledger.handed(this.id, n);
+                        this.pending = chunk;
+                    }
+                }
+                Poll::Ready(None) => {
+                    this.wire.give_back(this.id, room);
+                    let _ = this.send.send_data(Bytes::new(), true);
+                    return Poll::Ready(());
+                }
+                Poll::Pending => {
+                    this.wire.give_back(this.id, room);
                     this.idle(cx);
                     return Poll::Pending;
                 }
@@ -280,6 +307,7 @@ struct ConnState {
     timers: Arc<Mutex<Timers>>,
     watches: mpsc::Sender<WatchTask>,
     ledger: Ledger,
+    wire: Wire,
 }
 
 /// Connection ids for wake groups; from 1, as 0 is no group. Wrapping after 2^64 would
@@ -353,7 +381,8 @@ pub async fn serve<I>(
     let ledger = Ledger::new(app.h2_watch_held.clone(), app.h2_writes.clone())
         .counting_short_writes(app.h2_short_writes.clone());
     let round = Round::default();
-    let io = LedgerIo::new(io, ledger.clone(), round.clone());
+    let wire = Wire::default();
+    let io = LedgerIo::new(io, ledger.clone(), round.clone(), wire.clone());
     let stop_accepting = signal(&stop);
     let mut idle_fut = idle(&activity, limits.idle_timeout);
     let handshake = builder(&limits).handshake::<_, Bytes>(io);
@@ -386,6 +415,7 @@ pub async fn serve<I>(
         timers: Arc::new(Mutex::new(Timers::default())),
         watches: watch_tx,
         ledger,
+        wire,
     });
     let mut driver = Driver {
         conn,
@@ -488,6 +518,11 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), h2::Error>> {
         if self.poll_signals(cx) {
             return Poll::Ready(Ok(()));
+        }
+        if let Some(reason) = self.shared.wire.take_error() {
+            // The client broke the connection's flow control (the wire reads its
+            // WINDOW_UPDATEs, h2 does not).
+            self.conn.abrupt_shutdown(reason);
         }
         self.round.open();
         self.poll_watches(cx);
@@ -626,7 +661,7 @@ fn spawn_request(shared: &Arc<ConnState>, req: Request<RecvStream>, respond: Sen
         match stream {
             Some(stream) => hand_over(&shared, respond, resp, stream, busy).await,
             None => {
-                write_response(respond, resp, head_only).await;
+                write_response(respond, resp, head_only, &shared.wire).await;
                 drop(busy);
             }
         }
@@ -678,12 +713,14 @@ async fn hand_over(
         id: send.stream_id().as_u32(),
         stream,
         send,
+        wire: shared.wire.clone(),
         pending: Bytes::new(),
         armed: None,
         timers: shared.timers.clone(),
         ledger: shared.ledger.clone(),
         parked: None,
-        room: 0,
+        over: Arc::default(),
+        known: false,
         _guards: Guards {
             _body: body,
             _busy: busy,
@@ -693,27 +730,15 @@ async fn hand_over(
     let _ = shared.watches.send(task).await;
 }
 
-/// Room in the stream's flow-control window: what h2 has given it, else a wait until it gives
-/// some (`None`: the stream or the connection is gone). The caller asks for room first
-/// (`reserve_capacity`).
-fn poll_room(send: &mut SendStream<Bytes>, cx: &mut Context<'_>) -> Poll<Option<usize>> {
-    loop {
-        let room = send.capacity();
-        if room > 0 {
-            return Poll::Ready(Some(room));
-        }
-        match send.poll_capacity(cx) {
-            // Given room may already be gone: look again (h2 reports each increase once).
-            Poll::Ready(Some(Ok(_))) => {}
-            Poll::Ready(Some(Err(_)) | None) => return Poll::Ready(None),
-            Poll::Pending => return Poll::Pending,
-        }
-    }
-}
-
-/// Writes a response body within the stream's flow-control window: never more than the client
-/// lets out is handed to h2.
-async fn write_response(mut respond: SendResponse<Bytes>, resp: Response<Body>, head_only: bool) {
+/// Writes a response body on the connection's [`Wire`], within the stream's and the
+/// connection's flow-control windows and the wire's budget: never more than the client lets
+/// out is framed, and a slow reader holds up its writer, not the connection's memory.
+async fn write_response(
+    mut respond: SendResponse<Bytes>,
+    resp: Response<Body>,
+    head_only: bool,
+    wire: &Wire,
+) {
     use hyper::body::Body as _;
     let (parts, mut body) = resp.into_parts();
     let len = body.size_hint().exact();
@@ -724,18 +749,26 @@ async fn write_response(mut respond: SendResponse<Bytes>, resp: Response<Body>, 
     if end {
         return;
     }
+    let id = send.stream_id().as_u32();
+    let over = Arc::new(std::sync::atomic::AtomicBool::new(false));
     loop {
         // A client that resets the stream (or drops the connection) ends the body at once,
         // not at its next frame: a watch passed through to proxy mode's upstream would
         // otherwise stay open there until the upstream next sends something.
         let next = std::future::poll_fn(|cx| {
-            if send.poll_reset(cx).is_ready() {
+            wire.watch_end(cx, id, &over);
+            if over.load(std::sync::atomic::Ordering::Acquire) || send.poll_reset(cx).is_ready() {
                 return Poll::Ready(None);
             }
             std::pin::Pin::new(&mut body).poll_frame(cx).map(Some)
         })
         .await;
         let Some(next) = next else {
+            // Reset by the client, or for its flow control (then said so).
+            let room = std::future::poll_fn(|cx| Poll::Ready(wire.poll_room(cx, id, 0, None)));
+            if let Poll::Ready(Room::Reset(reason)) = room.await {
+                send.send_reset(reason);
+            }
             return;
         };
         let Some(frame) = next else {
@@ -749,21 +782,19 @@ async fn write_response(mut respond: SendResponse<Bytes>, resp: Response<Body>, 
             continue;
         };
         while !data.is_empty() {
-            send.reserve_capacity(data.len());
-            let cap = std::future::poll_fn(|cx| {
-                if send.capacity() == 0 && send.poll_reset(cx).is_ready() {
-                    return Poll::Ready(None);
+            let room =
+                std::future::poll_fn(|cx| wire.poll_room(cx, id, data.len(), Some(WRITE_BUDGET)))
+                    .await;
+            let room = match room {
+                Room::Bytes(n) => n,
+                Room::Gone => return,
+                Room::Reset(reason) => {
+                    send.send_reset(reason);
+                    return;
                 }
-                poll_room(&mut send, cx)
-            })
-            .await;
-            let Some(cap) = cap else {
-                return;
             };
-            let part = data.split_to(cap.min(data.len()));
-            if send.send_data(part, false).is_err() {
-                return;
-            }
+            let part = data.split_to(room.min(data.len()));
+            wire.frame(id, &[part], room, true);
         }
     }
     let _ = send.send_data(Bytes::new(), true);

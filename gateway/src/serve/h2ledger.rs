@@ -33,6 +33,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::observe::metrics::striped::StripedCounter;
+use crate::serve::h2wire::{Inbound, Outbound, Wire};
 
 /// Bytes an h2 connection's watches may have waiting in h2 for the socket before they stop
 /// draining. The kernel's socket buffer (megabytes, on a fast link) fills first, so this only
@@ -285,12 +286,16 @@ struct FrameReader {
 impl FrameReader {
     /// Reads `bytes`, which went to the socket, and credits their DATA frames to `ledger`.
     /// The ledger's lock is taken once for the whole write.
-    fn credit(&mut self, bytes: &[u8], ledger: &Ledger) {
+    fn credit(&mut self, bytes: &[u8], ledger: &Ledger, wire: &Wire) {
         let mut s = ledger.state.state.lock();
+        let mut data = 0usize;
         self.read(bytes, &mut |stream, len| {
+            data = data.saturating_add(len);
             ledger.written(&mut s, stream, len)
         });
         ledger.report(&mut s, GAUGE_SLACK);
+        drop(s);
+        wire.written(data);
     }
 
     /// Reads `bytes`, the next bytes on the wire; calls `data(stream, len)` for each DATA
@@ -371,10 +376,22 @@ pub struct LedgerIo<I> {
     /// so an idle connection holds none.
     out: Vec<u8>,
     at: usize,
+    /// The connection's framed response bodies, spliced in between h2's frames.
+    wire: Wire,
+    /// The frames h2 writes, followed to find the places between them.
+    outbound: Outbound,
+    /// The client's frames, read before h2 sees them; what h2 is to see waits in `rd` from
+    /// `rd_at` on.
+    inbound: Inbound,
+    rd: Vec<u8>,
+    rd_at: usize,
 }
 
+/// What one read from the client's socket takes at most.
+const READ_CHUNK: usize = 16 * 1024;
+
 impl<I> LedgerIo<I> {
-    pub fn new(io: I, ledger: Ledger, round: Round) -> Self {
+    pub fn new(io: I, ledger: Ledger, round: Round, wire: Wire) -> Self {
         LedgerIo {
             io,
             ledger,
@@ -382,6 +399,24 @@ impl<I> LedgerIo<I> {
             round,
             out: Vec::new(),
             at: 0,
+            inbound: Inbound::new(wire.clone()),
+            wire,
+            outbound: Outbound::default(),
+            rd: Vec::new(),
+            rd_at: 0,
+        }
+    }
+
+    /// Between two of h2's frames, what writers framed joins the output.
+    fn splice(&mut self, cx: &Context<'_>) {
+        if self.outbound.at_boundary() {
+            if self.at > 0 && self.at == self.out.len() {
+                self.out.clear();
+                self.at = 0;
+            }
+            self.wire.splice(&mut self.out, cx.waker());
+        } else {
+            self.wire.note_driver(cx.waker());
         }
     }
 
@@ -397,7 +432,7 @@ impl<I> LedgerIo<I> {
             }
             let part = b.get(..n.min(b.len())).unwrap_or_default();
             n = n.saturating_sub(part.len());
-            self.frames.credit(part, &self.ledger);
+            self.frames.credit(part, &self.ledger, &self.wire);
         }
     }
 }
@@ -425,7 +460,7 @@ impl<I: AsyncWrite + Unpin> LedgerIo<I> {
                 Poll::Pending => return Poll::Pending,
             };
             self.frames
-                .credit(rest.get(..n).unwrap_or_default(), &self.ledger);
+                .credit(rest.get(..n).unwrap_or_default(), &self.ledger, &self.wire);
             self.at = self.at.saturating_add(n);
         }
         self.out = Vec::new();
@@ -438,7 +473,15 @@ impl<I: AsyncWrite + Unpin> LedgerIo<I> {
         cx: &mut Context<'_>,
         bufs: &[IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        let total = bufs.iter().fold(0usize, |n, b| n.saturating_add(b.len()));
+        self.splice(cx);
+        // Inside a frame, h2's bytes are taken only to its end: what writers framed goes in
+        // there, before anything h2 wrote after it (an END_STREAM after a stream's last
+        // bytes).
+        let limit = self.outbound.to_frame_end();
+        let total = bufs
+            .iter()
+            .fold(0usize, |n, b| n.saturating_add(b.len()))
+            .min(limit);
         if self.waiting() > 0 && self.waiting().saturating_add(total) > GATHER {
             match self.poll_drain(cx) {
                 Poll::Ready(Ok(())) => {}
@@ -446,7 +489,7 @@ impl<I: AsyncWrite + Unpin> LedgerIo<I> {
                 Poll::Pending => return Poll::Pending,
             }
         }
-        if self.waiting() == 0 && total >= GATHER {
+        if self.waiting() == 0 && total >= GATHER && limit == usize::MAX {
             // Large enough on its own: straight to the socket, no copy.
             let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
             if r.is_ready() {
@@ -457,16 +500,33 @@ impl<I: AsyncWrite + Unpin> LedgerIo<I> {
                     self.ledger.short.inc_by(1);
                 }
                 self.wrote(bufs, n);
+                self.follow(bufs, n);
             }
             return r;
         }
         if self.out.is_empty() {
             self.out.reserve(GATHER.min(total.max(4096)));
         }
+        let mut left = total;
         for b in bufs {
-            self.out.extend_from_slice(b);
+            let part = b.get(..left.min(b.len())).unwrap_or_default();
+            self.out.extend_from_slice(part);
+            left = left.saturating_sub(part.len());
         }
+        self.follow(bufs, total);
         Poll::Ready(Ok(total))
+    }
+
+    /// Follows the frames in the first `n` bytes of `bufs`, which h2 wrote.
+    fn follow(&mut self, bufs: &[IoSlice<'_>], mut n: usize) {
+        for b in bufs {
+            if n == 0 {
+                break;
+            }
+            let part = b.get(..n.min(b.len())).unwrap_or_default();
+            n = n.saturating_sub(part.len());
+            self.outbound.feed(part, &self.wire);
+        }
     }
 }
 
@@ -476,7 +536,31 @@ impl<I: AsyncRead + Unpin> AsyncRead for LedgerIo<I> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        let this = &mut *self;
+        loop {
+            if this.rd_at < this.rd.len() {
+                let ready = this.rd.get(this.rd_at..).unwrap_or_default();
+                let n = ready.len().min(buf.remaining());
+                buf.put_slice(ready.get(..n).unwrap_or_default());
+                this.rd_at = this.rd_at.saturating_add(n);
+                if this.rd_at >= this.rd.len() {
+                    this.rd = Vec::new();
+                    this.rd_at = 0;
+                }
+                return Poll::Ready(Ok(()));
+            }
+            let mut chunk = [0u8; READ_CHUNK];
+            let mut read = ReadBuf::new(&mut chunk);
+            match Pin::new(&mut this.io).poll_read(cx, &mut read) {
+                Poll::Ready(Ok(())) => {}
+                other => return other,
+            }
+            if read.filled().is_empty() {
+                // The end: a frame the client left unfinished is h2's to notice.
+                return Poll::Ready(Ok(()));
+            }
+            this.inbound.feed(read.filled(), &mut this.rd);
+        }
     }
 }
 
@@ -502,6 +586,7 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for LedgerIo<I> {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.splice(cx);
         if self.round.is_open() && self.waiting() < GATHER {
             // Mid-round: the round's end passes it on.
             return Poll::Ready(Ok(()));
@@ -513,6 +598,7 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for LedgerIo<I> {
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.splice(cx);
         match self.poll_drain(cx) {
             Poll::Ready(Ok(())) => Pin::new(&mut self.io).poll_shutdown(cx),
             other => other,
@@ -682,7 +768,12 @@ mod tests {
     fn a_round_s_frames_reach_the_socket_in_one_write_when_it_ends() {
         let (ledger, writes) = ledger_with_watches();
         let round = Round::default();
-        let mut io = LedgerIo::new(Socket::open(), ledger.clone(), round.clone());
+        let mut io = LedgerIo::new(
+            Socket::open(),
+            ledger.clone(),
+            round.clone(),
+            Wire::default(),
+        );
         let mut cx = Context::from_waker(Waker::noop());
         round.open();
         write_frames(&mut io, &mut cx);
@@ -716,7 +807,7 @@ mod tests {
             room: 1000,
             ..Socket::default()
         };
-        let mut io = LedgerIo::new(socket, ledger, round.clone());
+        let mut io = LedgerIo::new(socket, ledger, round.clone(), Wire::default());
         let mut cx = Context::from_waker(Waker::noop());
         round.open();
         write_frames(&mut io, &mut cx);
@@ -736,7 +827,7 @@ mod tests {
     #[test]
     fn outside_a_round_every_flush_passes_through() {
         let (ledger, _) = ledger_with_watches();
-        let mut io = LedgerIo::new(Socket::open(), ledger, Round::default());
+        let mut io = LedgerIo::new(Socket::open(), ledger, Round::default(), Wire::default());
         let mut cx = Context::from_waker(Waker::noop());
         write_frames(&mut io, &mut cx);
         assert_eq!(io.io.writes, 7, "one write per flushed frame");
@@ -747,10 +838,11 @@ mod tests {
     fn a_round_passes_on_what_it_gathered_once_it_reaches_the_limit() {
         let (ledger, _) = ledger_with_watches();
         let round = Round::default();
-        let mut io = LedgerIo::new(Socket::open(), ledger, round.clone());
+        let mut io = LedgerIo::new(Socket::open(), ledger, round.clone(), Wire::default());
         let mut cx = Context::from_waker(Waker::noop());
         round.open();
-        let chunk = vec![0u8; 1000];
+        // Whole frames, as h2 writes them (the wire splices between frames).
+        let chunk = frame(DATA, 9, &[0; 1000 - HEADER_LEN]);
         let mut total = 0;
         while total <= GATHER + 1000 {
             assert!(matches!(
@@ -768,7 +860,7 @@ mod tests {
         // A write as large as the limit goes straight through once nothing waits.
         round.close();
         assert!(Pin::new(&mut io).poll_flush(&mut cx).is_ready());
-        let big = vec![1u8; GATHER];
+        let big = frame(DATA, 11, &vec![1u8; GATHER - HEADER_LEN]);
         assert!(matches!(
             Pin::new(&mut io).poll_write(&mut cx, &big),
             Poll::Ready(Ok(n)) if n == GATHER
@@ -781,7 +873,12 @@ mod tests {
     fn a_full_socket_keeps_what_was_gathered_and_holds_h2_back() {
         let (ledger, _) = ledger_with_watches();
         let round = Round::default();
-        let mut io = LedgerIo::new(Socket::default(), ledger.clone(), round.clone());
+        let mut io = LedgerIo::new(
+            Socket::default(),
+            ledger.clone(),
+            round.clone(),
+            Wire::default(),
+        );
         let mut cx = Context::from_waker(Waker::noop());
         round.open();
         write_frames(&mut io, &mut cx);
@@ -835,8 +932,8 @@ mod tests {
         // Writes credit the frames; the gauge follows within the slack.
         let mut r = FrameReader::default();
         for _ in 0..150 {
-            r.credit(&[0, 0, 200, DATA, 0, 0, 0, 0, 3], &ledger);
-            r.credit(&[b'x'; 200], &ledger);
+            r.credit(&[0, 0, 200, DATA, 0, 0, 0, 0, 3], &ledger, &Wire::default());
+            r.credit(&[b'x'; 200], &ledger, &Wire::default());
             sent -= 200;
             let off = (gauge.get() - sent as i64).unsigned_abs() as usize;
             assert!(off <= GAUGE_SLACK, "{off}");

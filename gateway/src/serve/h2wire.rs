@@ -1,0 +1,771 @@
+//! An h2 connection's response bodies, framed by the server itself.
+//!
+//! The `h2` crate reads the client's frames (HPACK, request bodies and their flow control,
+//! SETTINGS, PING, RST_STREAM, GOAWAY, the stream limits) and writes every frame but DATA
+//! with a payload: response HEADERS, the empty DATA frame that ends a stream, resets,
+//! SETTINGS acknowledgements, pings and GOAWAY. Response payloads never pass through it. A
+//! writer (a watch on the connection's task, or a response body on its request's task) asks
+//! the [`Wire`] for room on its stream, and frames its bytes straight into one buffer the
+//! connection shares: a DATA header and a copy of the payload, as a raw socket server would
+//! write them. A round of the connection's task so writes one change for every watch of the
+//! connection, without a per-stream queue, lock or wake-up in h2.
+//!
+//! The send side's flow control is therefore kept here, from the client's own frames:
+//! [`Inbound`] reads what the client sends before h2 does, takes every WINDOW_UPDATE (the
+//! connection's and those of the streams it knows; h2 sees none, so its own send windows
+//! never grow and it never has room to send a payload of its own) and follows
+//! SETTINGS_INITIAL_WINDOW_SIZE. A WINDOW_UPDATE h2 must judge (an increment of 0, a stream
+//! that is not open) is passed on for it to answer with the error the protocol requires; a
+//! window pushed past 2^31-1 is answered here, with FLOW_CONTROL_ERROR.
+//!
+//! [`Outbound`] follows the frames h2 writes, so that framed payloads go into the output
+//! only between two of h2's frames (never inside a header block), only after the HEADERS of
+//! their stream, and always before h2's END_STREAM or RST_STREAM for it: a writer's bytes
+//! framed before it asks h2 to end the stream are spliced in before h2's next frame.
+//!
+//! Frames are at most 16,384 bytes: the smallest SETTINGS_MAX_FRAME_SIZE, which every client
+//! accepts.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, Waker};
+
+use bytes::Bytes;
+use h2::Reason;
+use parking_lot::Mutex;
+
+/// The largest DATA payload framed: the floor of SETTINGS_MAX_FRAME_SIZE.
+pub const MAX_FRAME: usize = 16 * 1024;
+
+/// What plain response bodies may have framed and not yet written on one connection before
+/// their writers wait: with the watches' budget (`h2ledger::WATCH_BUDGET`), what bounds the
+/// connection's output buffer.
+pub const WRITE_BUDGET: usize = 512 * 1024;
+
+/// An h2 frame header: 24-bit length, type, flags, 31-bit stream id.
+pub const HEADER_LEN: usize = 9;
+/// The largest flow-control window (RFC 9113 6.9.1).
+const MAX_WINDOW: i64 = (1 << 31) - 1;
+/// Every window's size until SETTINGS or WINDOW_UPDATE change it.
+const DEFAULT_WINDOW: i64 = 65_535;
+/// SETTINGS payloads larger than this are not read (h2 refuses frames this large anyway).
+const MAX_SETTINGS: usize = 16 * 1024;
+/// The client's connection preface.
+const PREFACE_LEN: usize = 24;
+
+const DATA: u8 = 0;
+const HEADERS: u8 = 1;
+const RST_STREAM: u8 = 3;
+const SETTINGS: u8 = 4;
+const WINDOW_UPDATE: u8 = 8;
+const CONTINUATION: u8 = 9;
+const END_STREAM: u8 = 0x1;
+const ACK: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+const SETTINGS_INITIAL_WINDOW_SIZE: u16 = 4;
+
+/// Hashes h2 stream ids (odd, increasing, chosen by the client) with one multiplication.
+#[derive(Clone, Copy, Default)]
+struct StreamIds;
+
+impl std::hash::BuildHasher for StreamIds {
+    type Hasher = StreamIdHasher;
+
+    fn build_hasher(&self) -> StreamIdHasher {
+        StreamIdHasher(0)
+    }
+}
+
+struct StreamIdHasher(u64);
+
+impl std::hash::Hasher for StreamIdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u32(&mut self, id: u32) {
+        self.0 = u64::from(id).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// What a writer waits for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    /// Its HEADERS, or its stream's window.
+    Stream,
+    /// The connection's window.
+    Conn,
+    /// The connection's unwritten bytes to fall under the budget.
+    Budget,
+}
+
+/// One stream the client opened, as its writer sees it.
+#[derive(Default)]
+struct Stream {
+    /// Send credit: the client's initial window, its WINDOW_UPDATEs, less what was framed.
+    window: i64,
+    /// h2 wrote the response's HEADERS: DATA may follow.
+    head_out: bool,
+    /// The writer's waker: woken when it may have room, or the stream ended.
+    waker: Option<Waker>,
+    /// What the writer waits for, if anything.
+    wait: Option<Wait>,
+    /// The client's WINDOW_UPDATEs took the window past the maximum: the writer resets the
+    /// stream with this.
+    error: Option<Reason>,
+    /// Set when the stream ends or its flow control breaks: an idle writer reads it on every
+    /// poll without the lock ([`Wire::watch_end`]).
+    over: Option<Arc<AtomicBool>>,
+}
+
+struct State {
+    /// The connection's send credit, less what was framed.
+    conn: i64,
+    /// The client's SETTINGS_INITIAL_WINDOW_SIZE.
+    initial: i64,
+    streams: HashMap<u32, Stream, StreamIds>,
+    /// The highest stream id the client opened.
+    last_opened: u32,
+    /// DATA frames framed and not yet spliced into h2's output.
+    framed: Vec<u8>,
+    /// Payload bytes framed and not yet written to the socket.
+    unwritten: usize,
+    /// Writers waiting for the connection's credit, and for [`WRITE_BUDGET`].
+    conn_waiting: usize,
+    budget_waiting: usize,
+    /// The connection task's waker: woken when another task framed bytes.
+    driver: Option<Waker>,
+    /// A connection error found in the client's frames, for the connection task to answer.
+    error: Option<Reason>,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State {
+            conn: DEFAULT_WINDOW,
+            initial: DEFAULT_WINDOW,
+            streams: HashMap::default(),
+            last_opened: 0,
+            framed: Vec::new(),
+            unwritten: 0,
+            conn_waiting: 0,
+            budget_waiting: 0,
+            driver: None,
+            error: None,
+        }
+    }
+}
+
+impl State {
+    /// The writer of `stream` waits for `wait`, with `waker`.
+    fn park(&mut self, id: u32, wait: Wait, waker: &Waker) {
+        let Some(stream) = self.streams.get_mut(&id) else {
+            return;
+        };
+        if !stream.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            stream.waker = Some(waker.clone());
+        }
+        let was = stream.wait.replace(wait);
+        self.count(was, false);
+        self.count(Some(wait), true);
+    }
+
+    fn count(&mut self, wait: Option<Wait>, up: bool) {
+        let n = match wait {
+            Some(Wait::Conn) => &mut self.conn_waiting,
+            Some(Wait::Budget) => &mut self.budget_waiting,
+            Some(Wait::Stream) | None => return,
+        };
+        *n = if up {
+            n.saturating_add(1)
+        } else {
+            n.saturating_sub(1)
+        };
+    }
+
+    /// Wakes the writer of `id`, whatever it waits for (or, idle, whether its stream ended).
+    fn wake(&mut self, id: u32) {
+        let Some(stream) = self.streams.get_mut(&id) else {
+            return;
+        };
+        let was = stream.wait.take();
+        if let Some(w) = &stream.waker {
+            w.wake_by_ref();
+        }
+        self.count(was, false);
+    }
+
+    /// Wakes every writer waiting for `wait`.
+    fn wake_all(&mut self, wait: Wait) {
+        let mut woken = 0usize;
+        for stream in self.streams.values_mut() {
+            if stream.wait == Some(wait) {
+                stream.wait = None;
+                woken = woken.saturating_add(1);
+                if let Some(w) = &stream.waker {
+                    w.wake_by_ref();
+                }
+            }
+        }
+        for _ in 0..woken {
+            self.count(Some(wait), false);
+        }
+    }
+
+    /// The stream ended (END_STREAM or RST_STREAM either way): its writer learns it is gone.
+    fn remove(&mut self, id: u32) {
+        if let Some(stream) = self.streams.remove(&id) {
+            self.count(stream.wait, false);
+            if let Some(over) = &stream.over {
+                over.store(true, Ordering::Release);
+            }
+            if let Some(w) = stream.waker {
+                w.wake();
+            }
+        }
+    }
+}
+
+/// The framed output and send-side flow control of one h2 connection.
+#[derive(Clone, Default)]
+pub struct Wire(Arc<Mutex<State>>);
+
+/// What a writer may do on its stream.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Room {
+    /// This many bytes are reserved for it: frame at most these, the rest is given back.
+    Bytes(usize),
+    /// The stream ended (reset by the client, or the connection is going).
+    Gone,
+    /// The client broke the stream's flow control: reset it with this.
+    Reset(Reason),
+}
+
+impl Wire {
+    /// Room for up to `want` bytes on stream `id`, reserved from its window and the
+    /// connection's. Pending registers the waker, woken when there may be room (or the stream
+    /// ended). `budget` makes the writer also wait while that many bytes are framed and not
+    /// yet written (plain responses; watches keep to their own budget).
+    pub fn poll_room(
+        &self,
+        cx: &Context<'_>,
+        id: u32,
+        want: usize,
+        budget: Option<usize>,
+    ) -> Poll<Room> {
+        let mut s = self.0.lock();
+        let s = &mut *s;
+        let Some(stream) = s.streams.get_mut(&id) else {
+            return Poll::Ready(Room::Gone);
+        };
+        if let Some(reason) = stream.error {
+            s.remove(id);
+            return Poll::Ready(Room::Reset(reason));
+        }
+        let wait = if !stream.head_out || stream.window <= 0 {
+            Some(Wait::Stream)
+        } else if budget.is_some_and(|b| s.unwritten >= b) {
+            Some(Wait::Budget)
+        } else if s.conn <= 0 {
+            Some(Wait::Conn)
+        } else {
+            None
+        };
+        if let Some(wait) = wait {
+            s.park(id, wait, cx.waker());
+            return Poll::Pending;
+        }
+        let Some(stream) = s.streams.get_mut(&id) else {
+            return Poll::Ready(Room::Gone);
+        };
+        let n = i64::try_from(want)
+            .unwrap_or(i64::MAX)
+            .min(stream.window)
+            .min(s.conn);
+        stream.window = stream.window.saturating_sub(n);
+        s.conn = s.conn.saturating_sub(n);
+        Poll::Ready(Room::Bytes(usize::try_from(n).unwrap_or(0)))
+    }
+
+    /// Frames `parts` (together at most the `reserved` room) as DATA on stream `id`, and
+    /// gives back the room not used. `wake` wakes the connection's task to write them (a
+    /// writer on another task than the connection's).
+    pub fn frame(&self, id: u32, parts: &[Bytes], reserved: usize, wake: bool) -> usize {
+        let total = parts.iter().fold(0usize, |n, p| n.saturating_add(p.len()));
+        let mut s = self.0.lock();
+        let s = &mut *s;
+        give_back(s, id, reserved.saturating_sub(total));
+        if total == 0 {
+            return 0;
+        }
+        frame_into(&mut s.framed, id, parts, total);
+        s.unwritten = s.unwritten.saturating_add(total);
+        if wake && let Some(d) = &s.driver {
+            d.wake_by_ref();
+        }
+        total
+    }
+
+    /// Gives back room reserved and not used.
+    pub fn give_back(&self, id: u32, n: usize) {
+        if n > 0 {
+            give_back(&mut self.0.lock(), id, n);
+        }
+    }
+
+    /// Registers `cx`'s waker to learn that stream `id` ended or that its flow control was
+    /// broken while its writer is idle, not waiting for room: `over` is set then (and at
+    /// once if the stream is already gone).
+    pub fn watch_end(&self, cx: &Context<'_>, id: u32, over: &Arc<AtomicBool>) {
+        let mut s = self.0.lock();
+        match s.streams.get_mut(&id) {
+            Some(stream) if stream.error.is_none() => {
+                if !stream
+                    .waker
+                    .as_ref()
+                    .is_some_and(|w| w.will_wake(cx.waker()))
+                {
+                    stream.waker = Some(cx.waker().clone());
+                }
+                stream.over = Some(over.clone());
+            }
+            _ => over.store(true, Ordering::Release),
+        }
+    }
+
+    /// The connection error found in the client's frames, once.
+    pub fn take_error(&self) -> Option<Reason> {
+        self.0.lock().error.take()
+    }
+
+    /// Payload bytes of DATA frames went to the socket.
+    pub fn written(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let mut s = self.0.lock();
+        s.unwritten = s.unwritten.saturating_sub(n);
+        if s.budget_waiting > 0 && s.unwritten <= WRITE_BUDGET / 2 {
+            s.wake_all(Wait::Budget);
+        }
+    }
+
+    /// Moves what was framed to the end of `out` (h2's output is between two frames), and
+    /// keeps the connection task's waker.
+    pub fn splice(&self, out: &mut Vec<u8>, driver: &Waker) {
+        let mut s = self.0.lock();
+        if !s.driver.as_ref().is_some_and(|d| d.will_wake(driver)) {
+            s.driver = Some(driver.clone());
+        }
+        if s.framed.is_empty() {
+            return;
+        }
+        if out.is_empty() {
+            std::mem::swap(out, &mut s.framed);
+        } else {
+            out.extend_from_slice(&s.framed);
+            s.framed.clear();
+        }
+    }
+
+    /// Keeps the connection task's waker without splicing (h2 is inside a frame).
+    pub fn note_driver(&self, driver: &Waker) {
+        let mut s = self.0.lock();
+        if !s.driver.as_ref().is_some_and(|d| d.will_wake(driver)) {
+            s.driver = Some(driver.clone());
+        }
+    }
+
+    #[cfg(test)]
+    fn windows(&self, id: u32) -> (i64, Option<i64>) {
+        let s = self.0.lock();
+        (s.conn, s.streams.get(&id).map(|st| st.window))
+    }
+}
+
+fn give_back(s: &mut State, id: u32, n: usize) {
+    if n == 0 {
+        return;
+    }
+    let n = i64::try_from(n).unwrap_or(i64::MAX);
+    s.conn = s.conn.saturating_add(n);
+    if let Some(stream) = s.streams.get_mut(&id) {
+        stream.window = stream.window.saturating_add(n);
+    }
+    if s.conn > 0 && s.conn_waiting > 0 {
+        s.wake_all(Wait::Conn);
+    }
+}
+
+/// Appends `parts` (`total` bytes) to `out` as DATA frames of stream `id`, each at most
+/// [`MAX_FRAME`].
+fn frame_into(out: &mut Vec<u8>, id: u32, parts: &[Bytes], total: usize) {
+    let frames = total.div_ceil(MAX_FRAME);
+    out.reserve(total.saturating_add(frames.saturating_mul(HEADER_LEN)));
+    let mut left = total;
+    let mut in_frame = 0usize;
+    for part in parts {
+        let mut rest: &[u8] = part;
+        while !rest.is_empty() {
+            if in_frame == 0 {
+                let len = left.min(MAX_FRAME);
+                out.extend_from_slice(&data_header(id, len));
+                in_frame = len;
+            }
+            let take = in_frame.min(rest.len());
+            let (now, later) = rest.split_at(take);
+            out.extend_from_slice(now);
+            rest = later;
+            in_frame = in_frame.saturating_sub(take);
+            left = left.saturating_sub(take);
+        }
+    }
+}
+
+fn data_header(id: u32, len: usize) -> [u8; HEADER_LEN] {
+    let l = u32::try_from(len).unwrap_or(0).to_be_bytes();
+    let s = (id & 0x7fff_ffff).to_be_bytes();
+    [l[1], l[2], l[3], DATA, 0, s[0], s[1], s[2], s[3]]
+}
+
+/// A frame header's fields.
+#[derive(Clone, Copy)]
+struct Head {
+    len: usize,
+    kind: u8,
+    flags: u8,
+    stream: u32,
+}
+
+fn parse(h: &[u8; HEADER_LEN]) -> Head {
+    let [l0, l1, l2, kind, flags, s0, s1, s2, s3] = *h;
+    Head {
+        len: usize::from(l0) << 16 | usize::from(l1) << 8 | usize::from(l2),
+        kind,
+        flags,
+        stream: u32::from_be_bytes([s0 & 0x7f, s1, s2, s3]),
+    }
+}
+
+/// Where [`Inbound`] is in the client's byte stream.
+enum In {
+    /// Reading a frame header.
+    Header,
+    /// Passing a payload on.
+    Pass(usize),
+    /// Passing a SETTINGS payload on, and reading it.
+    Settings { left: usize, read: Vec<u8> },
+    /// Holding a WINDOW_UPDATE until its increment is in.
+    Update { have: usize },
+}
+
+/// Reads the client's frames before h2 does, takes the WINDOW_UPDATEs that are the wire's,
+/// and follows the streams the client opens and resets and its initial window.
+pub struct Inbound {
+    wire: Wire,
+    preface: usize,
+    head: [u8; HEADER_LEN],
+    have: usize,
+    at: In,
+    update: [u8; 4],
+}
+
+impl Inbound {
+    pub fn new(wire: Wire) -> Self {
+        Inbound {
+            wire,
+            preface: PREFACE_LEN,
+            head: [0; HEADER_LEN],
+            have: 0,
+            at: In::Header,
+            update: [0; 4],
+        }
+    }
+
+    /// Reads `input`, the next bytes from the client, and appends what h2 is to see to
+    /// `out`.
+    pub fn feed(&mut self, mut input: &[u8], out: &mut Vec<u8>) {
+        while !input.is_empty() {
+            if self.preface > 0 {
+                let take = self.preface.min(input.len());
+                let (now, rest) = input.split_at(take);
+                out.extend_from_slice(now);
+                self.preface = self.preface.saturating_sub(take);
+                input = rest;
+                continue;
+            }
+            match &mut self.at {
+                In::Header => {
+                    let take = HEADER_LEN.saturating_sub(self.have).min(input.len());
+                    let (now, rest) = input.split_at(take);
+                    if let Some(dst) = self.head.get_mut(self.have..self.have.saturating_add(take))
+                    {
+                        dst.copy_from_slice(now);
+                    }
+                    self.have = self.have.saturating_add(take);
+                    input = rest;
+                    if self.have == HEADER_LEN {
+                        self.have = 0;
+                        self.header(out);
+                    }
+                }
+                In::Pass(left) => {
+                    let take = (*left).min(input.len());
+                    let (now, rest) = input.split_at(take);
+                    out.extend_from_slice(now);
+                    *left = left.saturating_sub(take);
+                    input = rest;
+                    if *left == 0 {
+                        self.at = In::Header;
+                    }
+                }
+                In::Settings { left, read } => {
+                    let take = (*left).min(input.len());
+                    let (now, rest) = input.split_at(take);
+                    out.extend_from_slice(now);
+                    read.extend_from_slice(now);
+                    *left = left.saturating_sub(take);
+                    input = rest;
+                    if *left == 0 {
+                        let read = std::mem::take(read);
+                        self.at = In::Header;
+                        self.settings(&read);
+                    }
+                }
+                In::Update { have } => {
+                    let take = 4usize.saturating_sub(*have).min(input.len());
+                    let (now, rest) = input.split_at(take);
+                    if let Some(dst) = self.update.get_mut(*have..have.saturating_add(take)) {
+                        dst.copy_from_slice(now);
+                    }
+                    *have = have.saturating_add(take);
+                    input = rest;
+                    if *have == 4 {
+                        self.at = In::Header;
+                        if !self.window_update() {
+                            out.extend_from_slice(&self.head);
+                            out.extend_from_slice(&self.update);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A frame header is in: decides what to do with the frame.
+    fn header(&mut self, out: &mut Vec<u8>) {
+        let h = parse(&self.head);
+        if h.kind == WINDOW_UPDATE && h.len == 4 {
+            self.at = In::Update { have: 0 };
+            return;
+        }
+        out.extend_from_slice(&self.head);
+        match h.kind {
+            HEADERS if h.stream % 2 == 1 => {
+                let mut s = self.wire.0.lock();
+                if h.stream > s.last_opened {
+                    s.last_opened = h.stream;
+                    let window = s.initial;
+                    s.streams.insert(
+                        h.stream,
+                        Stream {
+                            window,
+                            ..Stream::default()
+                        },
+                    );
+                }
+            }
+            RST_STREAM => self.wire.0.lock().remove(h.stream),
+            _ => {}
+        }
+        self.at = match h.kind {
+            _ if h.len == 0 => In::Header,
+            SETTINGS
+                if h.flags & ACK == 0
+                    && h.stream == 0
+                    && h.len.is_multiple_of(6)
+                    && h.len <= MAX_SETTINGS =>
+            {
+                In::Settings {
+                    left: h.len,
+                    read: Vec::with_capacity(h.len),
+                }
+            }
+            _ => In::Pass(h.len),
+        };
+    }
+
+    /// A WINDOW_UPDATE is in: true when the wire took it, false when h2 must see it.
+    fn window_update(&mut self) -> bool {
+        let h = parse(&self.head);
+        let [a, b, c, d] = self.update;
+        let inc = i64::from(u32::from_be_bytes([a & 0x7f, b, c, d]));
+        if inc == 0 {
+            // A protocol error, h2's to answer (a stream's or the connection's).
+            return false;
+        }
+        let mut s = self.wire.0.lock();
+        let s = &mut *s;
+        if h.stream == 0 {
+            s.conn = s.conn.saturating_add(inc);
+            if s.conn > MAX_WINDOW {
+                s.error = Some(Reason::FLOW_CONTROL_ERROR);
+                if let Some(d) = &s.driver {
+                    d.wake_by_ref();
+                }
+            }
+            if s.conn > 0 && s.conn_waiting > 0 {
+                s.wake_all(Wait::Conn);
+            }
+            return true;
+        }
+        let Some(stream) = s.streams.get_mut(&h.stream) else {
+            // Not a stream the wire knows: idle (h2 answers the protocol error) or closed
+            // (h2 ignores it).
+            return false;
+        };
+        stream.window = stream.window.saturating_add(inc);
+        if stream.window > MAX_WINDOW {
+            stream.error = Some(Reason::FLOW_CONTROL_ERROR);
+            if let Some(over) = &stream.over {
+                over.store(true, Ordering::Release);
+            }
+        }
+        if stream.error.is_some() || (stream.window > 0 && stream.wait == Some(Wait::Stream)) {
+            s.wake(h.stream);
+        }
+        true
+    }
+
+    /// A SETTINGS frame passed: a new initial window changes every open stream's.
+    fn settings(&mut self, payload: &[u8]) {
+        let mut s = self.wire.0.lock();
+        for entry in payload.chunks_exact(6) {
+            let [i0, i1, v0, v1, v2, v3] = [0, 1, 2, 3, 4, 5].map(|i| entry.get(i).copied());
+            let (Some(i0), Some(i1), Some(v0), Some(v1), Some(v2), Some(v3)) =
+                (i0, i1, v0, v1, v2, v3)
+            else {
+                continue;
+            };
+            if u16::from_be_bytes([i0, i1]) != SETTINGS_INITIAL_WINDOW_SIZE {
+                continue;
+            }
+            let value = i64::from(u32::from_be_bytes([v0, v1, v2, v3]));
+            if value > MAX_WINDOW {
+                // h2 answers it (FLOW_CONTROL_ERROR).
+                continue;
+            }
+            let delta = value.saturating_sub(s.initial);
+            s.initial = value;
+            let mut overflow = false;
+            for stream in s.streams.values_mut() {
+                stream.window = stream.window.saturating_add(delta);
+                overflow |= stream.window > MAX_WINDOW;
+            }
+            if delta > 0 {
+                s.wake_all(Wait::Stream);
+            }
+            if overflow {
+                s.error = Some(Reason::FLOW_CONTROL_ERROR);
+                if let Some(d) = &s.driver {
+                    d.wake_by_ref();
+                }
+            }
+        }
+    }
+}
+
+/// Follows the frames h2 writes: where they begin and end, which responses' HEADERS went
+/// out, which streams ended.
+#[derive(Default)]
+pub struct Outbound {
+    head: [u8; HEADER_LEN],
+    have: usize,
+    /// Payload bytes of the current frame still to come.
+    left: usize,
+    /// Inside a header block (HEADERS without END_HEADERS, until its last CONTINUATION):
+    /// its stream, and whether it ends the stream.
+    block: Option<(u32, bool)>,
+}
+
+impl Outbound {
+    /// True between two frames, outside a header block: framed DATA may go in here.
+    pub fn at_boundary(&self) -> bool {
+        self.have == 0 && self.left == 0 && self.block.is_none()
+    }
+
+    /// How many bytes h2 may still write before the end of the frame it is in (unbounded
+    /// between frames).
+    pub fn to_frame_end(&self) -> usize {
+        if self.have > 0 {
+            HEADER_LEN.saturating_sub(self.have)
+        } else if self.left > 0 {
+            self.left
+        } else {
+            usize::MAX
+        }
+    }
+
+    /// Reads `bytes`, the next bytes h2 wrote.
+    pub fn feed(&mut self, mut bytes: &[u8], wire: &Wire) {
+        while !bytes.is_empty() {
+            if self.left > 0 {
+                let skip = self.left.min(bytes.len());
+                self.left = self.left.saturating_sub(skip);
+                bytes = bytes.get(skip..).unwrap_or_default();
+                continue;
+            }
+            let take = HEADER_LEN.saturating_sub(self.have).min(bytes.len());
+            let (now, rest) = bytes.split_at(take);
+            if let Some(dst) = self.head.get_mut(self.have..self.have.saturating_add(take)) {
+                dst.copy_from_slice(now);
+            }
+            self.have = self.have.saturating_add(take);
+            bytes = rest;
+            if self.have == HEADER_LEN {
+                self.have = 0;
+                let h = parse(&self.head);
+                self.left = h.len;
+                self.frame(h, wire);
+            }
+        }
+    }
+
+    fn frame(&mut self, h: Head, wire: &Wire) {
+        let ends = h.flags & END_STREAM != 0;
+        match h.kind {
+            HEADERS if h.flags & END_HEADERS != 0 => head_out(wire, h.stream, ends),
+            HEADERS => self.block = Some((h.stream, ends)),
+            CONTINUATION if h.flags & END_HEADERS != 0 => {
+                if let Some((stream, ends)) = self.block.take() {
+                    head_out(wire, stream, ends);
+                }
+            }
+            DATA if ends => wire.0.lock().remove(h.stream),
+            RST_STREAM => wire.0.lock().remove(h.stream),
+            _ => {}
+        }
+    }
+}
+
+fn head_out(wire: &Wire, id: u32, ends: bool) {
+    let mut s = wire.0.lock();
+    if ends {
+        s.remove(id);
+    } else if let Some(stream) = s.streams.get_mut(&id) {
+        stream.head_out = true;
+        if stream.wait == Some(Wait::Stream) {
+            s.wake(id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
