@@ -10,7 +10,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use http::Response;
@@ -66,13 +65,14 @@ impl WatchStream {
     }
 
     pub fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
-        self.poll_chunk_within(cx, MAX_BATCH_BYTES)
+        self.poll_chunk_within(cx, MAX_BATCH_BYTES, tokio::time::Instant::now())
     }
 
     /// Whether [`Self::poll_chunk`] has something to give (frames, a bookmark, the end), without
     /// draining: a server asks for room to send only then. Pending registers the waker as
     /// `poll_chunk` would; a Ready may still find nothing (the chunk's poll then waits).
-    pub fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    /// `now` is the caller's clock reading for this poll (one per wake-up, not one per check).
+    pub fn poll_ready(&mut self, cx: &mut Context<'_>, now: tokio::time::Instant) -> Poll<()> {
         if self.first.is_some() || self.done || !self.idle {
             return Poll::Ready(());
         }
@@ -83,12 +83,11 @@ impl WatchStream {
             self.idle = false;
             return Poll::Ready(());
         }
-        // Nothing from the cache: only the clock can have something due (read only now,
-        // as most wake-ups bring events).
-        if tokio::time::Instant::now() >= self.deadline
+        // Nothing from the cache: only the clock can have something due.
+        if now >= self.deadline
             || watcher
                 .next_bookmark_at()
-                .is_some_and(|b| b <= Instant::now())
+                .is_some_and(|b| b <= now.into_std())
         {
             return Poll::Ready(());
         }
@@ -100,8 +99,9 @@ impl WatchStream {
         &mut self,
         cx: &mut Context<'_>,
         max_bytes: usize,
+        now: tokio::time::Instant,
     ) -> Poll<Option<Bytes>> {
-        self.poll_batch_within(cx, max_bytes).map(|b| {
+        self.poll_batch_within(cx, max_bytes, now).map(|b| {
             b.map(|frames| {
                 let bytes = frames.iter().fold(0usize, |n, f| n.saturating_add(f.len()));
                 coalesce(frames, bytes)
@@ -115,6 +115,7 @@ impl WatchStream {
         &mut self,
         cx: &mut Context<'_>,
         max_bytes: usize,
+        now: tokio::time::Instant,
     ) -> Poll<Option<Vec<Bytes>>> {
         if let Some(f) = self.first.take() {
             self.done = self.watcher.is_none();
@@ -127,22 +128,21 @@ impl WatchStream {
         let Some(watcher) = self.watcher.as_mut() else {
             return Poll::Ready(None);
         };
+        let std_now = now.into_std();
         loop {
-            if tokio::time::Instant::now() >= self.deadline {
+            if now >= self.deadline {
                 // A last bookmark tells the client how far it got, so it can resume.
                 self.done = true;
                 return Poll::Ready(watcher.final_bookmark().map(|b| vec![b]));
             }
             // A bookmark that fell due while idle still needs the drain that adds it.
-            let bookmark_due = self.idle
-                && watcher
-                    .next_bookmark_at()
-                    .is_some_and(|b| b <= Instant::now());
+            let bookmark_due =
+                self.idle && watcher.next_bookmark_at().is_some_and(|b| b <= std_now);
             if self.idle && !bookmark_due {
                 self.idle = false;
             } else {
                 self.idle = false;
-                let d = watcher.drain(max_bytes.min(MAX_BATCH_BYTES), Instant::now());
+                let d = watcher.drain(max_bytes.min(MAX_BATCH_BYTES), std_now);
                 if d.finished {
                     self.done = true;
                 }
@@ -356,7 +356,7 @@ pub fn watch_response(
 #[cfg(test)]
 mod tests {
     use std::task::Waker;
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
     use svc_core::Resource as _;
     use svc_core::kinds::ServiceAccount;
@@ -402,12 +402,24 @@ mod tests {
         );
         let mut cx = Context::from_waker(Waker::noop());
         // A new stream has its first drain, which finds nothing.
-        assert!(stream.poll_ready(&mut cx).is_ready());
+        assert!(
+            stream
+                .poll_ready(&mut cx, tokio::time::Instant::now())
+                .is_ready()
+        );
         assert!(stream.poll_chunk(&mut cx).is_pending());
         // Then it waits for the watcher: its server asks h2 for room only once there is
         // something to send.
-        assert!(stream.poll_ready(&mut cx).is_pending());
+        assert!(
+            stream
+                .poll_ready(&mut cx, tokio::time::Instant::now())
+                .is_pending()
+        );
         assert!(stream.poll_chunk(&mut cx).is_pending());
-        assert!(stream.poll_ready(&mut cx).is_pending());
+        assert!(
+            stream
+                .poll_ready(&mut cx, tokio::time::Instant::now())
+                .is_pending()
+        );
     }
 }

@@ -196,6 +196,8 @@ impl Future for WatchTask {
             this.wire.watch_end(cx, this.id, &this.over);
             this.known = true;
         }
+        // One clock reading for the whole poll.
+        let now = Instant::now();
         if this.over.load(std::sync::atomic::Ordering::Acquire) {
             // Gone, or reset for its flow control: asking for room tells which.
             if let Poll::Ready(Room::Reset(reason)) = this.wire.poll_room(cx, this.id, 0, None) {
@@ -216,7 +218,7 @@ impl Future for WatchTask {
                         // A client that does not read holds a chunk only until the
                         // deadline: then the stream is reset.
                         let deadline = this.stream.deadline();
-                        if Instant::now() >= deadline {
+                        if now >= deadline {
                             this.send.send_reset(Reason::CANCEL);
                             return Poll::Ready(());
                         }
@@ -231,14 +233,14 @@ impl Future for WatchTask {
                 continue;
             }
             let deadline = this.stream.deadline();
-            let past = Instant::now() >= deadline;
+            let past = now >= deadline;
             if !past {
                 if this.ledger.spent(cx, &mut this.parked) {
                     // The connection holds its budget: the events wait in the ring.
                     this.arm(deadline, cx);
                     return Poll::Pending;
                 }
-                if this.stream.poll_ready(cx).is_pending() {
+                if this.stream.poll_ready(cx, now).is_pending() {
                     this.idle(cx);
                     return Poll::Pending;
                 }
@@ -265,7 +267,7 @@ impl Future for WatchTask {
                     return Poll::Pending;
                 }
             };
-            match this.stream.poll_batch_within(cx, room) {
+            match this.stream.poll_batch_within(cx, room, now) {
                 Poll::Ready(Some(batch)) => {
                     let bytes = batch.iter().fold(0usize, |n, b| n.saturating_add(b.len()));
                     if bytes <= room {
