@@ -29,6 +29,7 @@ mod fairness;
 mod fanout;
 mod faults;
 mod fuzz_api;
+mod h2_conformance;
 mod h2_watch;
 mod health;
 mod hostile;
