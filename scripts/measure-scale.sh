@@ -10,7 +10,9 @@
 # usage: cargo build --release -p svc-gateway -p svc-loadtest
 #        scripts/measure-scale.sh [SERVER_CPUS GENERATOR_CPUS]   # taskset -c lists, e.g. 0-7 8-15
 #        # OUT=/tmp/svc-scale DUR=10s PORT=18080 ONLY="10k-100 50k-20"; DIV=10 divides every
-#        # load's watchers and connections by 10 (a smoke run on a small machine)
+#        # load's watchers and connections by 10 (a smoke run on a small machine); FRAMES=1
+#        # adds a gateway-h2-frames row: the same watches read by the load generator's
+#        # frame-level h2 client (--h2-frames, one reader per connection) instead of hyper's
 # Without CPU lists nothing is pinned.
 set -u
 S=$(cd "$(dirname "$0")" && pwd)
@@ -19,6 +21,7 @@ OUT=${OUT:-/tmp/svc-scale}
 DUR=${DUR:-10s}
 ONLY=${ONLY:-}
 DIV=${DIV:-1}
+FRAMES=${FRAMES:-0}
 PORT=${PORT:-18080}
 SRV_CPUS=${1:-}
 GEN_CPUS=${2:-}
@@ -78,6 +81,8 @@ run() {
         echo "  drain: 15s"
         echo "targets:"
         echo "  - {name: gateway-h2, server: \"$URL\", h2_connections: $conns}"
+        [ "$FRAMES" = 1 ] &&
+            echo "  - {name: gateway-h2-frames, server: \"$URL\", h2_connections: $conns, h2_frames: true}"
         echo "  - {name: raw-mux, raw: true, raw_connections: $conns$RAW_CPUS}"
     } > "$W/$name.yaml"
     echo "== $name: $watchers watchers over $conns connections x $rate writes/s (10 writers)"

@@ -87,6 +87,10 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
     // expected to see every acknowledged write.
     let (mut streams, format, opener, stalled_opener): (Vec<Receiving>, Format, Option<Opener>, _) =
         match &tgt {
+            Tgt::Server(ep) if p.h2_frames => {
+                let (s, format) = frames_setup(ep, &run_id, p, watchers).await?;
+                (s, format, None, Some(ep.clone()))
+            }
             Tgt::Server(ep) => {
                 let (opener, format) = k8s_setup(ep, &run_id, p).await?;
                 let s = open_all(watchers, p.h2_connections, ep, opener.clone()).await?;
@@ -608,6 +612,41 @@ async fn writer_conn<'a>(
     conn.as_mut()
 }
 
+/// As [`k8s_setup`], with the watchers opened at once by the frame-level h2 client
+/// (`--h2-frames`): one receiving stream per connection.
+async fn frames_setup(
+    ep: &Endpoint,
+    ns: &str,
+    p: &Params,
+    watchers: usize,
+) -> Result<(Vec<Receiving>, Format)> {
+    let Some(conns) = p.h2_connections else {
+        bail!("--h2-frames needs --h2-connections");
+    };
+    let mut c = ep.connect(false).await?;
+    ensure_namespace(&mut c, ns).await?;
+    let rv = crate::setup::list_rv(&mut c, ns).await?;
+    let (format, accept) = if p.media == "protobuf" {
+        (
+            Format::K8sProto,
+            "application/vnd.kubernetes.protobuf;stream=watch",
+        )
+    } else {
+        (Format::K8sJson, "application/json")
+    };
+    let path = format!("/api/v1/namespaces/{ns}/serviceaccounts?watch=1&resourceVersion={rv}");
+    let opened = crate::h2frames::open(ep, watchers, conns, accept, |_| path.clone()).await?;
+    // Each connection carries a contiguous range of watchers, numbered on from the last.
+    let mut base = 0;
+    let mut out = Vec::with_capacity(opened.len());
+    for (s, n) in opened {
+        let s: WStream = Box::pin(s.map(move |(i, item)| (base + i, item)));
+        out.push((s, n));
+        base += n;
+    }
+    Ok((out, format))
+}
+
 /// Creates the run's namespace, reads the collection's resourceVersion, and returns the
 /// watcher opener (which also serves reconnects, resuming from the last revision seen).
 async fn k8s_setup(ep: &Endpoint, ns: &str, p: &Params) -> Result<(Opener, Format)> {
@@ -692,9 +731,16 @@ impl Pace {
         Some(start + Duration::from_secs_f64((i as f64 + self.phase) / r))
     }
 
-    async fn wait(&self, start: Instant, i: u64) {
+    /// Waits until write `i` is due, or until `stop` is set: a writer waiting out its
+    /// interval must not hold the end of the run (at 1 write/s per writer that added up to a
+    /// second to the write phase, and took 8 % off the write rate the gateway's rows
+    /// reported).
+    async fn wait(&self, start: Instant, i: u64, stop: &mut watch::Receiver<bool>) {
         if let Some(at) = self.due(start, i) {
-            tokio::time::sleep_until(at.into()).await;
+            tokio::select! {
+                () = tokio::time::sleep_until(at.into()) => {}
+                _ = stop.wait_for(|s| *s) => {}
+            }
         }
     }
 }
@@ -709,14 +755,14 @@ async fn k8s_writer(
     size: usize,
     writes: Writes,
     live: Arc<Live>,
-    stop: watch::Receiver<bool>,
+    mut stop: watch::Receiver<bool>,
 ) {
     let mut conn: Option<Conn> = None;
     let start = Instant::now();
     let coll = format!("/api/v1/namespaces/{ns}/serviceaccounts");
     let mut i: u64 = 0;
     while !*stop.borrow() {
-        rate.wait(start, i).await;
+        rate.wait(start, i, &mut stop).await;
         if *stop.borrow() {
             break;
         }
@@ -786,13 +832,13 @@ async fn etcd_writer(
     size: usize,
     churn: bool,
     live: Arc<Live>,
-    stop: watch::Receiver<bool>,
+    mut stop: watch::Receiver<bool>,
 ) {
     use crate::etcd::Write;
     let start = Instant::now();
     let mut i: u64 = 0;
     while !*stop.borrow() {
-        rate.wait(start, i).await;
+        rate.wait(start, i, &mut stop).await;
         if *stop.borrow() {
             break;
         }

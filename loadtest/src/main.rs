@@ -23,6 +23,7 @@ mod exec;
 mod fairness;
 mod fanout;
 mod get;
+mod h2frames;
 mod hold;
 mod list;
 mod raw;
@@ -168,6 +169,11 @@ pub struct Params {
     /// one connection per watcher).
     #[arg(long)]
     pub h2_connections: Option<usize>,
+    /// With --h2-connections: watch with the frame-level h2 client (one reader per
+    /// connection, as Go's client reads; `h2frames.rs`) instead of hyper's (a task per
+    /// stream). Its watchers do not reconnect.
+    #[arg(long)]
+    pub h2_frames: bool,
     /// Watch media type: json or protobuf.
     #[arg(long, default_value = "json", value_parser = ["json", "protobuf"])]
     pub media: String,

@@ -340,6 +340,21 @@ async fn every_scenario_against_every_target() {
     check_schema(r, "fanout", "kubernetes");
     check_fanout(r, 50);
 
+    // The same over the frame-level h2 client (one reader per connection), JSON.
+    let mut a = args(&[
+        "fanout",
+        "--kubeconfig",
+        &kubeconfig,
+        "--h2-connections",
+        "3",
+        "--h2-frames",
+    ]);
+    a.extend(args(&["--max", "--writers", "2"]));
+    a.extend(args(&small));
+    let r = &loadtest(a, out("fanout-h2-frames")).await[0];
+    check_schema(r, "fanout", "kubernetes");
+    check_fanout(r, 50);
+
     // The raw baseline: dense sequence numbers make gaps exact.
     let mut a = args(&["fanout", "--raw", "--max"]);
     a.extend(args(&small));
