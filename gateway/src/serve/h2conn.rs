@@ -810,7 +810,7 @@ mod tests {
     fn timers_wake_what_is_due_and_keep_the_rest() {
         let mut t = Timers::default();
         let now = Instant::now();
-        let (woken, waker) = crate::serve::h2ledger::counting_waker();
+        let (woken, waker) = crate::serve::h2wire::counting_waker();
         t.add(now + Duration::from_secs(5), waker.clone());
         t.add(now, waker.clone());
         t.add(now, waker);
@@ -825,8 +825,8 @@ mod tests {
         use std::sync::atomic::Ordering::SeqCst;
         let (tx, rx) = watch::channel(false);
         let mut flag = signal(&rx);
-        let (a_woken, a) = crate::serve::h2ledger::counting_waker();
-        let (b_woken, b) = crate::serve::h2ledger::counting_waker();
+        let (a_woken, a) = crate::serve::h2wire::counting_waker();
+        let (b_woken, b) = crate::serve::h2wire::counting_waker();
         assert!(flag.poll_set(&mut Context::from_waker(&a)).is_pending());
         assert!(flag.poll_set(&mut Context::from_waker(&a)).is_pending());
         // Polled with another waker: that one is registered, not skipped.

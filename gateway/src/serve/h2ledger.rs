@@ -606,23 +606,11 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for LedgerIo<I> {
     }
 }
 
-/// A waker that counts its wake-ups, for the serve layer's unit tests.
-#[cfg(test)]
-pub(crate) fn counting_waker() -> (Arc<AtomicUsize>, Waker) {
-    struct Count(Arc<AtomicUsize>);
-    impl std::task::Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-    let woken = Arc::new(AtomicUsize::new(0));
-    (woken.clone(), Waker::from(Arc::new(Count(woken))))
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::arithmetic_side_effects)]
     use super::*;
+    use crate::serve::h2wire::counting_waker;
 
     fn frame(kind: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
         let len = payload.len();

@@ -767,5 +767,18 @@ fn head_out(wire: &Wire, id: u32, ends: bool) {
     }
 }
 
+/// A waker that counts its wake-ups, for the serve layer's unit tests.
+#[cfg(test)]
+pub(crate) fn counting_waker() -> (Arc<std::sync::atomic::AtomicUsize>, Waker) {
+    struct Count(Arc<std::sync::atomic::AtomicUsize>);
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let woken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    (woken.clone(), Waker::from(Arc::new(Count(woken))))
+}
+
 #[cfg(test)]
 mod tests;

@@ -2,7 +2,6 @@
 #![allow(clippy::arithmetic_side_effects, clippy::indexing_slicing)]
 
 use super::*;
-use crate::serve::h2ledger::counting_waker;
 use std::sync::atomic::Ordering::SeqCst;
 
 fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
