@@ -17,10 +17,10 @@
 //! - `per_frame`: 94.8 µs a round (1.05 M frames/s), 100.0 socket writes a round;
 //! - `gathered`: 7.69 µs a round (13.0 M frames/s), 1.0 socket write a round: 12.3× less.
 //!
-//! 2026-11-29, same machine, one run (noisier than the first):
-//! - `per_frame` 143.7 µs, `gathered` 25.9 µs, `framed_on_the_wire` 15.7 µs a round (6.35 M
-//!   frames/s, 0.16 µs a frame for the room, the framing, the splice and the socket's share),
-//!   1.0 socket write a round.
+//! 2026-11-29, same machine, one run:
+//! - `per_frame` 133.5 µs, `gathered` 12.6 µs, `framed_on_the_wire` 11.5 µs a round (8.7 M
+//!   frames/s, 0.115 µs a frame for the room, the framing, the splice and the socket's
+//!   share), 1.0 socket write a round.
 //!
 //! A Unix socket costs less per write than the loopback TCP the gateway serves on, so the
 //! gap at a real connection is wider, not narrower.
@@ -41,7 +41,7 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use prometheus_client::metrics::gauge::Gauge;
 use svc_gateway::observe::metrics::striped::StripedCounter;
 use svc_gateway::serve::h2ledger::{Ledger, LedgerIo, Round};
-use svc_gateway::serve::h2wire::{Inbound, Outbound, Room, Wire};
+use svc_gateway::serve::h2wire::{Inbound, Limit, Outbound, Room, Wire};
 use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 
@@ -203,10 +203,11 @@ fn framed(c: &mut Criterion) {
                     topup(&mut inbound);
                 }
                 round.open();
+                wire.open_round();
                 for i in 0..FRAMES as u32 {
                     let id = 2 * i + 1;
                     let std::task::Poll::Ready(Room::Bytes(n)) =
-                        wire.poll_room(&cx, id, PAYLOAD, None)
+                        wire.poll_room(&cx, id, PAYLOAD, Limit::Round)
                     else {
                         panic!("no room on stream {id}");
                     };

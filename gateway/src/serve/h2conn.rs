@@ -46,7 +46,7 @@ use crate::serve::app::ServerState;
 use crate::serve::bulk::is_list;
 use crate::serve::conn_limits::{Activity, Busy, CLOSE_GRACE};
 use crate::serve::h2ledger::{Ledger, LedgerIo, Round};
-use crate::serve::h2wire::{Room, WRITE_BUDGET, Wire};
+use crate::serve::h2wire::{Limit, Room, WRITE_BUDGET, Wire};
 use crate::serve::pipeline::{self, Caller, H2Body, RequestBody};
 
 /// Rapid reset (CVE-2023-44487): streams a client may open and reset before the server has
@@ -200,15 +200,22 @@ impl Future for WatchTask {
         let now = Instant::now();
         if this.over.load(std::sync::atomic::Ordering::Acquire) {
             // Gone, or reset for its flow control: asking for room tells which.
-            if let Poll::Ready(Room::Reset(reason)) = this.wire.poll_room(cx, this.id, 0, None) {
+            if let Poll::Ready(Room::Reset(reason)) =
+                this.wire
+                    .poll_room(cx, this.id, 0, Limit::Unwritten(usize::MAX))
+            {
                 this.send.send_reset(reason);
             }
             return Poll::Ready(());
         }
         loop {
             if !this.pending.is_empty() {
-                let room = match this.wire.poll_room(cx, this.id, this.pending.len(), None) {
+                let room = match this
+                    .wire
+                    .poll_room(cx, this.id, this.pending.len(), Limit::Round)
+                {
                     Poll::Ready(Room::Bytes(n)) => n,
+                    Poll::Ready(Room::Yield) => return yield_round(cx),
                     Poll::Ready(Room::Gone) => return Poll::Ready(()),
                     Poll::Ready(Room::Reset(reason)) => {
                         this.send.send_reset(reason);
@@ -250,8 +257,9 @@ impl Future for WatchTask {
             // window shut keeps its events in the ring, not in a batch of its own. Past the
             // deadline only the last bookmark is left to send.
             let want = MAX_BATCH_BYTES;
-            let room = match this.wire.poll_room(cx, this.id, want, None) {
+            let room = match this.wire.poll_room(cx, this.id, want, Limit::Round) {
                 Poll::Ready(Room::Bytes(n)) => n,
+                Poll::Ready(Room::Yield) => return yield_round(cx),
                 Poll::Ready(Room::Gone) => return Poll::Ready(()),
                 Poll::Ready(Room::Reset(reason)) => {
                     this.send.send_reset(reason);
@@ -297,6 +305,13 @@ impl Future for WatchTask {
             }
         }
     }
+}
+
+/// A watch whose round is full: it comes back once the connection task wrote the round
+/// (it wakes itself; the connection's set of watches then ends its pass).
+fn yield_round(cx: &Context<'_>) -> Poll<()> {
+    cx.waker().wake_by_ref();
+    Poll::Pending
 }
 
 /// What every request task of a connection shares.
@@ -527,6 +542,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             self.conn.abrupt_shutdown(reason);
         }
         self.round.open();
+        self.shared.wire.open_round();
         self.poll_watches(cx);
         if self.keepalive.poll(cx, self.activity.in_flight()).is_err() {
             return Poll::Ready(Ok(()));
@@ -767,7 +783,9 @@ async fn write_response(
         .await;
         let Some(next) = next else {
             // Reset by the client, or for its flow control (then said so).
-            let room = std::future::poll_fn(|cx| Poll::Ready(wire.poll_room(cx, id, 0, None)));
+            let room = std::future::poll_fn(|cx| {
+                Poll::Ready(wire.poll_room(cx, id, 0, Limit::Unwritten(usize::MAX)))
+            });
             if let Poll::Ready(Room::Reset(reason)) = room.await {
                 send.send_reset(reason);
             }
@@ -784,11 +802,14 @@ async fn write_response(
             continue;
         };
         while !data.is_empty() {
-            let room =
-                std::future::poll_fn(|cx| wire.poll_room(cx, id, data.len(), Some(WRITE_BUDGET)))
-                    .await;
+            let room = std::future::poll_fn(|cx| {
+                wire.poll_room(cx, id, data.len(), Limit::Unwritten(WRITE_BUDGET))
+            })
+            .await;
             let room = match room {
                 Room::Bytes(n) => n,
+                // Only a watch's round yields.
+                Room::Yield => continue,
                 Room::Gone => return,
                 Room::Reset(reason) => {
                     send.send_reset(reason);

@@ -43,6 +43,13 @@ pub const MAX_FRAME: usize = 16 * 1024;
 /// connection's output buffer.
 pub const WRITE_BUDGET: usize = 512 * 1024;
 
+/// What the connection task's watches frame in one round before they let it write: about one
+/// socket write (`h2ledger::GATHER`). Past it a watch yields (the round ends, its bytes go to
+/// the socket, and the task comes back after the runtime's other tasks, writes among them),
+/// so a connection with many busy streams neither writes in small pieces nor holds a worker
+/// for all of them at once.
+pub const ROUND_BYTES: usize = 64 * 1024;
+
 /// An h2 frame header: 24-bit length, type, flags, 31-bit stream id.
 pub const HEADER_LEN: usize = 9;
 /// The largest flow-control window (RFC 9113 6.9.1).
@@ -137,6 +144,8 @@ struct State {
     framed: Vec<u8>,
     /// Payload bytes framed and not yet written to the socket.
     unwritten: usize,
+    /// Bytes framed since the connection task's round opened ([`Wire::open_round`]).
+    round: usize,
     /// Writers waiting for the connection's credit, and for [`WRITE_BUDGET`].
     conn_waiting: usize,
     budget_waiting: usize,
@@ -155,6 +164,7 @@ impl Default for State {
             last_opened: 0,
             framed: Vec::new(),
             unwritten: 0,
+            round: 0,
             conn_waiting: 0,
             budget_waiting: 0,
             driver: None,
@@ -237,9 +247,22 @@ impl State {
 #[derive(Clone, Default)]
 pub struct Wire(Arc<Mutex<State>>);
 
+/// What else bounds a writer's room.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Limit {
+    /// A watch on the connection's task: it yields once the round framed [`ROUND_BYTES`].
+    Round,
+    /// A response body on its own task: it waits while this many bytes are framed and not
+    /// yet written.
+    Unwritten(usize),
+}
+
 /// What a writer may do on its stream.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Room {
+    /// The round is full: come back after the connection wrote it (wake yourself, return
+    /// Pending).
+    Yield,
     /// This many bytes are reserved for it: frame at most these, the rest is given back.
     Bytes(usize),
     /// The stream ended (reset by the client, or the connection is going).
@@ -251,15 +274,8 @@ pub enum Room {
 impl Wire {
     /// Room for up to `want` bytes on stream `id`, reserved from its window and the
     /// connection's. Pending registers the waker, woken when there may be room (or the stream
-    /// ended). `budget` makes the writer also wait while that many bytes are framed and not
-    /// yet written (plain responses; watches keep to their own budget).
-    pub fn poll_room(
-        &self,
-        cx: &Context<'_>,
-        id: u32,
-        want: usize,
-        budget: Option<usize>,
-    ) -> Poll<Room> {
+    /// ended). `limit` says what else bounds it ([`Limit`]).
+    pub fn poll_room(&self, cx: &Context<'_>, id: u32, want: usize, limit: Limit) -> Poll<Room> {
         let mut s = self.0.lock();
         let s = &mut *s;
         let Some(stream) = s.streams.get_mut(&id) else {
@@ -271,7 +287,7 @@ impl Wire {
         }
         let wait = if !stream.head_out || stream.window <= 0 {
             Some(Wait::Stream)
-        } else if budget.is_some_and(|b| s.unwritten >= b) {
+        } else if matches!(limit, Limit::Unwritten(b) if s.unwritten >= b) {
             Some(Wait::Budget)
         } else if s.conn <= 0 {
             Some(Wait::Conn)
@@ -281,6 +297,9 @@ impl Wire {
         if let Some(wait) = wait {
             s.park(id, wait, cx.waker());
             return Poll::Pending;
+        }
+        if limit == Limit::Round && s.round >= ROUND_BYTES {
+            return Poll::Ready(Room::Yield);
         }
         let Some(stream) = s.streams.get_mut(&id) else {
             return Poll::Ready(Room::Gone);
@@ -307,10 +326,19 @@ impl Wire {
         }
         frame_into(&mut s.framed, id, parts, total);
         s.unwritten = s.unwritten.saturating_add(total);
+        s.round = s.round.saturating_add(total);
         if wake && let Some(d) = &s.driver {
             d.wake_by_ref();
         }
         total
+    }
+
+    /// The connection task opens a round: its watches may frame [`ROUND_BYTES`] in it. (A
+    /// round counts what was framed in it, not what waits to be spliced, so watches that
+    /// yielded do not spin while h2 holds a frame the socket took only part of: the next
+    /// round lets them frame again, as far as the connection's budget.)
+    pub fn open_round(&self) {
+        self.0.lock().round = 0;
     }
 
     /// Gives back room reserved and not used.

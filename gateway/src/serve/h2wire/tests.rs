@@ -88,12 +88,12 @@ fn a_new_initial_window_moves_every_open_stream_s() {
     let (_, waker) = counting_waker();
     let cx = Context::from_waker(&waker);
     assert_eq!(
-        wire.poll_room(&cx, 1, 80, None),
+        wire.poll_room(&cx, 1, 80, Limit::Round),
         Poll::Ready(Room::Bytes(80))
     );
     inbound.feed(&settings_initial(0), &mut out);
     assert_eq!(wire.windows(1).1, Some(-80));
-    assert!(wire.poll_room(&cx, 1, 10, None).is_pending());
+    assert!(wire.poll_room(&cx, 1, 10, Limit::Round).is_pending());
 }
 
 #[test]
@@ -103,16 +103,16 @@ fn room_waits_for_the_head_then_for_the_smaller_window() {
     let (woken, waker) = counting_waker();
     let cx = Context::from_waker(&waker);
     assert!(
-        wire.poll_room(&cx, 1, 10, None).is_pending(),
+        wire.poll_room(&cx, 1, 10, Limit::Round).is_pending(),
         "no DATA before the response's HEADERS"
     );
     head_written(&wire, 1);
     assert_eq!(woken.load(SeqCst), 1, "the HEADERS wake the writer");
     assert_eq!(
-        wire.poll_room(&cx, 1, 100_000, None),
+        wire.poll_room(&cx, 1, 100_000, Limit::Round),
         Poll::Ready(Room::Bytes(65_535))
     );
-    assert!(wire.poll_room(&cx, 1, 1, None).is_pending());
+    assert!(wire.poll_room(&cx, 1, 1, Limit::Round).is_pending());
     // Room reserved and not used is given back, to the stream and the connection.
     let n = wire.frame(1, &[Bytes::from_static(&[7; 35])], 65_535, false);
     assert_eq!(n, 35);
@@ -132,12 +132,12 @@ fn a_spent_connection_window_waits_for_the_client_s_update() {
     head_written(&wire, 3);
     let (woken, waker) = counting_waker();
     let cx = Context::from_waker(&waker);
-    let Poll::Ready(Room::Bytes(n)) = wire.poll_room(&cx, 1, 1 << 20, None) else {
+    let Poll::Ready(Room::Bytes(n)) = wire.poll_room(&cx, 1, 1 << 20, Limit::Round) else {
         panic!("room");
     };
     assert_eq!(n, 65_535, "the connection's window bounds every stream");
     wire.frame(1, &[Bytes::from(vec![0; n])], n, false);
-    assert!(wire.poll_room(&cx, 3, 10, None).is_pending());
+    assert!(wire.poll_room(&cx, 3, 10, Limit::Round).is_pending());
     assert_eq!(woken.load(SeqCst), 0);
     inbound.feed(&window_update(0, 1000), &mut out);
     assert_eq!(
@@ -146,7 +146,7 @@ fn a_spent_connection_window_waits_for_the_client_s_update() {
         "the connection's update wakes the waiting writer"
     );
     assert_eq!(
-        wire.poll_room(&cx, 3, 5000, None),
+        wire.poll_room(&cx, 3, 5000, Limit::Round),
         Poll::Ready(Room::Bytes(1000))
     );
 }
@@ -162,7 +162,7 @@ fn windows_past_the_maximum_are_flow_control_errors() {
     let (_, waker) = counting_waker();
     let cx = Context::from_waker(&waker);
     assert_eq!(
-        wire.poll_room(&cx, 1, 1, None),
+        wire.poll_room(&cx, 1, 1, Limit::Round),
         Poll::Ready(Room::Reset(Reason::FLOW_CONTROL_ERROR)),
         "the stream is reset"
     );
@@ -187,7 +187,10 @@ fn a_stream_the_client_resets_is_gone_for_its_writer() {
     inbound.feed(&frame(RST_STREAM, 0, 1, &8u32.to_be_bytes()), &mut out);
     assert_eq!(woken.load(SeqCst), 1, "the idle writer learns of the reset");
     assert!(over.load(SeqCst));
-    assert_eq!(wire.poll_room(&cx, 1, 1, None), Poll::Ready(Room::Gone));
+    assert_eq!(
+        wire.poll_room(&cx, 1, 1, Limit::Round),
+        Poll::Ready(Room::Gone)
+    );
     let late = Arc::new(AtomicBool::new(false));
     wire.watch_end(&cx, 1, &late);
     assert!(late.load(SeqCst), "a stream already gone is over at once");
@@ -237,11 +240,14 @@ fn framed_bytes_go_in_between_h2_s_frames_and_never_inside_a_header_block() {
     let (_, waker) = counting_waker();
     let cx = Context::from_waker(&waker);
     assert!(matches!(
-        wire.poll_room(&cx, 1, 10, None),
+        wire.poll_room(&cx, 1, 10, Limit::Round),
         Poll::Ready(Room::Bytes(10))
     ));
     outbound.feed(&frame(DATA, END_STREAM, 1, &[]), &wire);
-    assert_eq!(wire.poll_room(&cx, 1, 10, None), Poll::Ready(Room::Gone));
+    assert_eq!(
+        wire.poll_room(&cx, 1, 10, Limit::Round),
+        Poll::Ready(Room::Gone)
+    );
 }
 
 #[test]
@@ -251,7 +257,7 @@ fn splicing_moves_what_was_framed_behind_what_h2_wrote() {
     head_written(&wire, 1);
     let (_, waker) = counting_waker();
     let cx = Context::from_waker(&waker);
-    let Poll::Ready(Room::Bytes(n)) = wire.poll_room(&cx, 1, 3, None) else {
+    let Poll::Ready(Room::Bytes(n)) = wire.poll_room(&cx, 1, 3, Limit::Round) else {
         panic!("room");
     };
     wire.frame(1, &[Bytes::from_static(b"abc")], n, false);
@@ -263,4 +269,42 @@ fn splicing_moves_what_was_framed_behind_what_h2_wrote() {
     let mut again = Vec::new();
     wire.splice(&mut again, &waker);
     assert!(again.is_empty(), "spliced once");
+}
+
+#[test]
+fn a_watch_yields_once_its_round_framed_a_write_s_worth() {
+    let wire = Wire::default();
+    let mut inbound = Inbound::new(wire.clone());
+    let mut out = Vec::new();
+    inbound.feed(PREFACE, &mut out);
+    inbound.feed(&settings_initial(1 << 20), &mut out);
+    inbound.feed(&window_update(0, 1 << 24), &mut out);
+    inbound.feed(&frame(HEADERS, END_HEADERS, 1, &[0x82]), &mut out);
+    head_written(&wire, 1);
+    let (_, waker) = counting_waker();
+    let cx = Context::from_waker(&waker);
+    wire.open_round();
+    let Poll::Ready(Room::Bytes(n)) = wire.poll_room(&cx, 1, ROUND_BYTES, Limit::Round) else {
+        panic!("room");
+    };
+    wire.frame(1, &[Bytes::from(vec![0; n])], n, false);
+    assert_eq!(
+        wire.poll_room(&cx, 1, 10, Limit::Round),
+        Poll::Ready(Room::Yield),
+        "the round is full"
+    );
+    assert!(
+        matches!(
+            wire.poll_room(&cx, 1, 10, Limit::Unwritten(usize::MAX)),
+            Poll::Ready(Room::Bytes(10))
+        ),
+        "a response body does not count rounds"
+    );
+    wire.give_back(1, 10);
+    // Nothing was spliced (h2 inside a frame): the next round still lets the watch frame.
+    wire.open_round();
+    assert!(matches!(
+        wire.poll_room(&cx, 1, 10, Limit::Round),
+        Poll::Ready(Room::Bytes(10))
+    ));
 }
