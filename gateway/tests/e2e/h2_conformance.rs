@@ -1134,3 +1134,87 @@ async fn window_updates_past_2_31_are_flow_control_errors() {
     let code = goaway_and_close(&mut h2, "a connection window past 2^31-1").await;
     assert_eq!(code, FLOW_CONTROL_ERROR, "GOAWAY's code");
 }
+
+/// curl over h2 (nghttp2's client), with the admin certificate: a watch gets every event
+/// and ends with its `timeoutSeconds`, and a list larger than curl's first windows arrives
+/// whole, both on h2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_watches_and_lists_over_h2() {
+    let srv = TestServer::start().await;
+    let admin = srv.admin();
+    create_namespace(&admin, "curl").await;
+    for i in 0..40 {
+        create_sa(&admin, "curl", &format!("big-{i}"), 3000).await;
+    }
+    let rv = list_rv(&admin, "curl").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = srv.handle().pki.admin_credentials();
+    let (cert_path, key_path) = (dir.path().join("admin.crt"), dir.path().join("admin.key"));
+    std::fs::write(&cert_path, cert).unwrap();
+    std::fs::write(&key_path, key).unwrap();
+    let base = format!("https://127.0.0.1:{}", srv.handle().addr.port());
+    let curl = move |path: String| {
+        let out = std::process::Command::new("curl")
+            .args([
+                "--http2",
+                "-sSk",
+                "-N",
+                "--max-time",
+                "20",
+                "-w",
+                "\n%{http_version}",
+            ])
+            .arg("--cert")
+            .arg(&cert_path)
+            .arg("--key")
+            .arg(&key_path)
+            .arg(format!("{base}{path}"))
+            .output()
+            .expect("curl");
+        assert!(
+            out.status.success(),
+            "curl {path}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let watch = {
+        let curl = curl.clone();
+        let path = format!("{}&timeoutSeconds=3", watch_path("curl", &rv));
+        tokio::task::spawn_blocking(move || curl(path))
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for i in 0..5 {
+        create_sa(&admin, "curl", &format!("w-{i}"), 500).await;
+    }
+    let out = watch.await.unwrap();
+    let (body, version) = out.rsplit_once('\n').unwrap();
+    assert_eq!(version, "2", "the watch went over h2");
+    let names: Vec<String> = body
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["type"] == "ADDED")
+        .map(|e| {
+            e["object"]["metadata"]["name"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        names,
+        ["w-0", "w-1", "w-2", "w-3", "w-4"],
+        "every event, in order"
+    );
+    let out =
+        tokio::task::spawn_blocking(move || curl("/api/v1/namespaces/curl/serviceaccounts".into()))
+            .await
+            .unwrap();
+    let (body, version) = out.rsplit_once('\n').unwrap();
+    assert_eq!(version, "2", "the list went over h2");
+    assert!(body.len() > 100_000, "{} bytes", body.len());
+    let list: Value = serde_json::from_str(body).unwrap();
+    let items = list["items"].as_array().unwrap();
+    assert!(items.len() >= 45, "{} items", items.len());
+}
