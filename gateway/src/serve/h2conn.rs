@@ -8,7 +8,9 @@
 //! cache's shared frames) on the wire as far as the stream's and the connection's windows
 //! allow, then lets the connection write them all: one write per connection, not one per
 //! stream. A watch wakes for its watcher, its timer, its window or its end, never for h2's
-//! bookkeeping, so one pass of the set covers every stream an event woke. What the
+//! bookkeeping, so one pass of the set covers every stream an event woke, up to 64 KiB
+//! framed (`h2wire::ROUND_BYTES`): then the watches yield, the round is written, and the
+//! runtime's other tasks (writes among them) run before the rest. What the
 //! connection's watches hold outside the cache's ring (framed bytes the socket has not
 //! taken, and the part of an event larger than its window's room) is bounded per
 //! connection by the [`Ledger`]'s budget: past it they stop draining, so a client that does
