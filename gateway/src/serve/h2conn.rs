@@ -186,6 +186,26 @@ impl WatchTask {
         let n = self.wire.frame(self.id, parts, room, false);
         self.ledger.sent(self.id, n);
     }
+
+    /// Frames `part` (within `room`) of a chunk the ledger already holds.
+    fn frame_held(&mut self, part: Bytes, room: usize) {
+        let n = self.wire.frame(self.id, &[part], room, false);
+        self.ledger.handed(self.id, n);
+    }
+
+    /// The room the wire gave, or how the poll ends without any: the round is full (come
+    /// back after it is written), the stream is gone, or it is reset for its flow control.
+    fn room(&mut self, room: Room, cx: &Context<'_>) -> Result<usize, Poll<()>> {
+        match room {
+            Room::Bytes(n) => Ok(n),
+            Room::Yield => Err(yield_round(cx)),
+            Room::Gone => Err(Poll::Ready(())),
+            Room::Reset(reason) => {
+                self.send.send_reset(reason);
+                Err(Poll::Ready(()))
+            }
+        }
+    }
 }
 
 impl Future for WatchTask {
@@ -201,11 +221,8 @@ impl Future for WatchTask {
         // One clock reading for the whole poll.
         let now = Instant::now();
         if this.over.load(std::sync::atomic::Ordering::Acquire) {
-            // Gone, or reset for its flow control: asking for room tells which.
-            if let Poll::Ready(Room::Reset(reason)) =
-                this.wire
-                    .poll_room(cx, this.id, 0, Limit::Unwritten(usize::MAX))
-            {
+            // Gone, or reset for its flow control.
+            if let Some(reason) = this.wire.broken(this.id) {
                 this.send.send_reset(reason);
             }
             return Poll::Ready(());
@@ -216,13 +233,10 @@ impl Future for WatchTask {
                     .wire
                     .poll_room(cx, this.id, this.pending.len(), Limit::Round)
                 {
-                    Poll::Ready(Room::Bytes(n)) => n,
-                    Poll::Ready(Room::Yield) => return yield_round(cx),
-                    Poll::Ready(Room::Gone) => return Poll::Ready(()),
-                    Poll::Ready(Room::Reset(reason)) => {
-                        this.send.send_reset(reason);
-                        return Poll::Ready(());
-                    }
+                    Poll::Ready(room) => match this.room(room, cx) {
+                        Ok(n) => n,
+                        Err(end) => return end,
+                    },
                     Poll::Pending => {
                         // A client that does not read holds a chunk only until the
                         // deadline: then the stream is reset.
@@ -236,9 +250,7 @@ impl Future for WatchTask {
                     }
                 };
                 let part = this.pending.split_to(room.min(this.pending.len()));
-                let n = part.len();
-                this.wire.frame(this.id, &[part], room, false);
-                this.ledger.handed(this.id, n);
+                this.frame_held(part, room);
                 continue;
             }
             let deadline = this.stream.deadline();
@@ -260,13 +272,10 @@ impl Future for WatchTask {
             // deadline only the last bookmark is left to send.
             let want = MAX_BATCH_BYTES;
             let room = match this.wire.poll_room(cx, this.id, want, Limit::Round) {
-                Poll::Ready(Room::Bytes(n)) => n,
-                Poll::Ready(Room::Yield) => return yield_round(cx),
-                Poll::Ready(Room::Gone) => return Poll::Ready(()),
-                Poll::Ready(Room::Reset(reason)) => {
-                    this.send.send_reset(reason);
-                    return Poll::Ready(());
-                }
+                Poll::Ready(room) => match this.room(room, cx) {
+                    Ok(n) => n,
+                    Err(end) => return end,
+                },
                 Poll::Pending if past => {
                     // No room for the last bookmark: the stream ends without it.
                     let _ = this.send.send_data(Bytes::new(), true);
@@ -288,9 +297,7 @@ impl Future for WatchTask {
                         let mut chunk = crate::http::stream::coalesce(batch, bytes);
                         this.ledger.hold(chunk.len());
                         let part = chunk.split_to(room);
-                        let n = part.len();
-                        this.wire.frame(this.id, &[part], room, false);
-                        this.ledger.handed(this.id, n);
+                        this.frame_held(part, room);
                         this.pending = chunk;
                     }
                 }
@@ -785,10 +792,7 @@ async fn write_response(
         .await;
         let Some(next) = next else {
             // Reset by the client, or for its flow control (then said so).
-            let room = std::future::poll_fn(|cx| {
-                Poll::Ready(wire.poll_room(cx, id, 0, Limit::Unwritten(usize::MAX)))
-            });
-            if let Poll::Ready(Room::Reset(reason)) = room.await {
+            if let Some(reason) = wire.broken(id) {
                 send.send_reset(reason);
             }
             return;

@@ -33,7 +33,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::observe::metrics::striped::StripedCounter;
-use crate::serve::h2wire::{Inbound, Outbound, Wire};
+use crate::serve::h2wire::{DATA, FrameHeads, Inbound, Outbound, StreamIds, Wire};
 
 /// Bytes an h2 connection's watches may have waiting in h2 for the socket before they stop
 /// draining. The kernel's socket buffer (megabytes, on a fast link) fills first, so this only
@@ -44,45 +44,6 @@ pub const WATCH_BUDGET: usize = 256 * 1024;
 
 /// How far the gauge may lag behind what a connection holds (see `State::reported`).
 const GAUGE_SLACK: usize = 64 * 1024;
-
-/// DATA, in an h2 frame header's type octet.
-const DATA: u8 = 0;
-/// An h2 frame header: 24-bit length, type, flags, 31-bit stream id.
-const HEADER_LEN: usize = 9;
-
-/// Hashes h2 stream ids (odd, increasing, chosen by the client) with one multiplication:
-/// the map is looked up twice per frame, and SipHash's resistance to chosen keys buys
-/// nothing for a map that only the connection's own streams, at most its stream limit, fill.
-#[derive(Clone, Copy, Default)]
-struct StreamIds;
-
-impl std::hash::BuildHasher for StreamIds {
-    type Hasher = StreamIdHasher;
-
-    fn build_hasher(&self) -> StreamIdHasher {
-        StreamIdHasher(0)
-    }
-}
-
-struct StreamIdHasher(u64);
-
-impl std::hash::Hasher for StreamIdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-
-    fn write_u32(&mut self, id: u32) {
-        // Fibonacci hashing: hashbrown takes its buckets from the top bits and its tags
-        // from the top seven, which the multiplication fills from every bit of the id.
-        self.0 = u64::from(id).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
 
 #[derive(Default)]
 struct Shared {
@@ -275,13 +236,7 @@ fn gauge_value(n: usize) -> i64 {
 /// Follows the frames h2 writes, across writes that split them anywhere, and credits each
 /// DATA frame's payload to its stream.
 #[derive(Default)]
-struct FrameReader {
-    header: [u8; HEADER_LEN],
-    /// Header bytes read so far.
-    have: usize,
-    /// Payload bytes of the current frame still to pass.
-    payload_left: usize,
-}
+struct FrameReader(FrameHeads);
 
 impl FrameReader {
     /// Reads `bytes`, which went to the socket, and credits their DATA frames to `ledger`.
@@ -300,35 +255,12 @@ impl FrameReader {
 
     /// Reads `bytes`, the next bytes on the wire; calls `data(stream, len)` for each DATA
     /// frame whose header completes.
-    fn read(&mut self, mut bytes: &[u8], data: &mut impl FnMut(u32, usize)) {
-        while !bytes.is_empty() {
-            if self.payload_left > 0 {
-                let skip = self.payload_left.min(bytes.len());
-                self.payload_left = self.payload_left.saturating_sub(skip);
-                bytes = bytes.get(skip..).unwrap_or_default();
-                continue;
+    fn read(&mut self, bytes: &[u8], data: &mut impl FnMut(u32, usize)) {
+        self.0.feed(bytes, |h| {
+            if h.kind == DATA && h.len > 0 {
+                data(h.stream, h.len);
             }
-            let take = HEADER_LEN.saturating_sub(self.have).min(bytes.len());
-            let (head, rest) = bytes.split_at(take);
-            if let Some(dst) = self
-                .header
-                .get_mut(self.have..self.have.saturating_add(take))
-            {
-                dst.copy_from_slice(head);
-            }
-            self.have = self.have.saturating_add(take);
-            bytes = rest;
-            if self.have == HEADER_LEN {
-                self.have = 0;
-                let [l0, l1, l2, kind, _flags, s0, s1, s2, s3] = self.header;
-                let len = usize::from(l0) << 16 | usize::from(l1) << 8 | usize::from(l2);
-                let stream = u32::from_be_bytes([s0 & 0x7f, s1, s2, s3]);
-                if kind == DATA && len > 0 {
-                    data(stream, len);
-                }
-                self.payload_left = len;
-            }
-        }
+        });
     }
 }
 
@@ -410,10 +342,6 @@ impl<I> LedgerIo<I> {
     /// Between two of h2's frames, what writers framed joins the output.
     fn splice(&mut self, cx: &Context<'_>) {
         if self.outbound.at_boundary() {
-            if self.at > 0 && self.at == self.out.len() {
-                self.out.clear();
-                self.at = 0;
-            }
             self.wire.splice(&mut self.out, cx.waker());
         } else {
             self.wire.note_driver(cx.waker());
@@ -610,7 +538,7 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for LedgerIo<I> {
 mod tests {
     #![allow(clippy::arithmetic_side_effects)]
     use super::*;
-    use crate::serve::h2wire::counting_waker;
+    use crate::serve::h2wire::{HEADER_LEN, counting_waker};
 
     fn frame(kind: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
         let len = payload.len();

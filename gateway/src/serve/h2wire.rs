@@ -61,7 +61,8 @@ const MAX_SETTINGS: usize = 16 * 1024;
 /// The client's connection preface.
 const PREFACE_LEN: usize = 24;
 
-const DATA: u8 = 0;
+/// DATA, in a frame header's type octet.
+pub const DATA: u8 = 0;
 const HEADERS: u8 = 1;
 const RST_STREAM: u8 = 3;
 const SETTINGS: u8 = 4;
@@ -72,9 +73,12 @@ const ACK: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
 const SETTINGS_INITIAL_WINDOW_SIZE: u16 = 4;
 
-/// Hashes h2 stream ids (odd, increasing, chosen by the client) with one multiplication.
+/// Hashes h2 stream ids (odd, increasing, chosen by the client) with one multiplication:
+/// the connection's maps of streams are looked up per frame, and SipHash's resistance to
+/// chosen keys buys nothing for a map that only the connection's own streams, at most its
+/// stream limit, fill.
 #[derive(Clone, Copy, Default)]
-struct StreamIds;
+pub(crate) struct StreamIds;
 
 impl std::hash::BuildHasher for StreamIds {
     type Hasher = StreamIdHasher;
@@ -84,7 +88,7 @@ impl std::hash::BuildHasher for StreamIds {
     }
 }
 
-struct StreamIdHasher(u64);
+pub(crate) struct StreamIdHasher(u64);
 
 impl std::hash::Hasher for StreamIdHasher {
     fn finish(&self) -> u64 {
@@ -98,6 +102,8 @@ impl std::hash::Hasher for StreamIdHasher {
     }
 
     fn write_u32(&mut self, id: u32) {
+        // Fibonacci hashing: hashbrown takes its buckets from the top bits and its tags
+        // from the top seven, which the multiplication fills from every bit of the id.
         self.0 = u64::from(id).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     }
 }
@@ -174,6 +180,20 @@ impl Default for State {
 }
 
 impl State {
+    fn keep_driver(&mut self, driver: &Waker) {
+        if !self.driver.as_ref().is_some_and(|d| d.will_wake(driver)) {
+            self.driver = Some(driver.clone());
+        }
+    }
+
+    /// The connection error is the connection task's to answer: it is woken for it.
+    fn fail(&mut self, reason: Reason) {
+        self.error = Some(reason);
+        if let Some(d) = &self.driver {
+            d.wake_by_ref();
+        }
+    }
+
     /// The writer of `stream` waits for `wait`, with `waker`.
     fn park(&mut self, id: u32, wait: Wait, waker: &Waker) {
         let Some(stream) = self.streams.get_mut(&id) else {
@@ -368,6 +388,17 @@ impl Wire {
         }
     }
 
+    /// Why a writer's stream is over, once `over` was set ([`Wire::watch_end`]): the
+    /// reason to reset it with when the client broke its flow control, `None` when it ended.
+    pub fn broken(&self, id: u32) -> Option<Reason> {
+        let mut s = self.0.lock();
+        let reason = s.streams.get(&id).and_then(|st| st.error);
+        if reason.is_some() {
+            s.remove(id);
+        }
+        reason
+    }
+
     /// The connection error found in the client's frames, once.
     pub fn take_error(&self) -> Option<Reason> {
         self.0.lock().error.take()
@@ -389,9 +420,7 @@ impl Wire {
     /// keeps the connection task's waker.
     pub fn splice(&self, out: &mut Vec<u8>, driver: &Waker) {
         let mut s = self.0.lock();
-        if !s.driver.as_ref().is_some_and(|d| d.will_wake(driver)) {
-            s.driver = Some(driver.clone());
-        }
+        s.keep_driver(driver);
         if s.framed.is_empty() {
             return;
         }
@@ -405,10 +434,7 @@ impl Wire {
 
     /// Keeps the connection task's waker without splicing (h2 is inside a frame).
     pub fn note_driver(&self, driver: &Waker) {
-        let mut s = self.0.lock();
-        if !s.driver.as_ref().is_some_and(|d| d.will_wake(driver)) {
-            s.driver = Some(driver.clone());
-        }
+        self.0.lock().keep_driver(driver);
     }
 
     #[cfg(test)]
@@ -465,11 +491,11 @@ fn data_header(id: u32, len: usize) -> [u8; HEADER_LEN] {
 
 /// A frame header's fields.
 #[derive(Clone, Copy)]
-struct Head {
-    len: usize,
-    kind: u8,
-    flags: u8,
-    stream: u32,
+pub struct Head {
+    pub len: usize,
+    pub kind: u8,
+    pub flags: u8,
+    pub stream: u32,
 }
 
 fn parse(h: &[u8; HEADER_LEN]) -> Head {
@@ -644,10 +670,7 @@ impl Inbound {
         if h.stream == 0 {
             s.conn = s.conn.saturating_add(inc);
             if s.conn > MAX_WINDOW {
-                s.error = Some(Reason::FLOW_CONTROL_ERROR);
-                if let Some(d) = &s.driver {
-                    d.wake_by_ref();
-                }
+                s.fail(Reason::FLOW_CONTROL_ERROR);
             }
             if s.conn > 0 && s.conn_waiting > 0 {
                 s.wake_all(Wait::Conn);
@@ -701,48 +724,26 @@ impl Inbound {
                 s.wake_all(Wait::Stream);
             }
             if overflow {
-                s.error = Some(Reason::FLOW_CONTROL_ERROR);
-                if let Some(d) = &s.driver {
-                    d.wake_by_ref();
-                }
+                s.fail(Reason::FLOW_CONTROL_ERROR);
             }
         }
     }
 }
 
-/// Follows the frames h2 writes: where they begin and end, which responses' HEADERS went
-/// out, which streams ended.
+/// Follows a stream of frames split anywhere: their headers, and where each frame ends.
 #[derive(Default)]
-pub struct Outbound {
+pub struct FrameHeads {
     head: [u8; HEADER_LEN],
+    /// Header bytes read so far.
     have: usize,
     /// Payload bytes of the current frame still to come.
     left: usize,
-    /// Inside a header block (HEADERS without END_HEADERS, until its last CONTINUATION):
-    /// its stream, and whether it ends the stream.
-    block: Option<(u32, bool)>,
 }
 
-impl Outbound {
-    /// True between two frames, outside a header block: framed DATA may go in here.
-    pub fn at_boundary(&self) -> bool {
-        self.have == 0 && self.left == 0 && self.block.is_none()
-    }
-
-    /// How many bytes h2 may still write before the end of the frame it is in (unbounded
-    /// between frames).
-    pub fn to_frame_end(&self) -> usize {
-        if self.have > 0 {
-            HEADER_LEN.saturating_sub(self.have)
-        } else if self.left > 0 {
-            self.left
-        } else {
-            usize::MAX
-        }
-    }
-
-    /// Reads `bytes`, the next bytes h2 wrote.
-    pub fn feed(&mut self, mut bytes: &[u8], wire: &Wire) {
+impl FrameHeads {
+    /// Reads `bytes`, the next bytes of the stream; calls `each` with every header that
+    /// completes.
+    pub fn feed(&mut self, mut bytes: &[u8], mut each: impl FnMut(Head)) {
         while !bytes.is_empty() {
             if self.left > 0 {
                 let skip = self.left.min(bytes.len());
@@ -761,25 +762,71 @@ impl Outbound {
                 self.have = 0;
                 let h = parse(&self.head);
                 self.left = h.len;
-                self.frame(h, wire);
+                each(h);
             }
         }
     }
 
-    fn frame(&mut self, h: Head, wire: &Wire) {
-        let ends = h.flags & END_STREAM != 0;
-        match h.kind {
-            HEADERS if h.flags & END_HEADERS != 0 => head_out(wire, h.stream, ends),
-            HEADERS => self.block = Some((h.stream, ends)),
-            CONTINUATION if h.flags & END_HEADERS != 0 => {
-                if let Some((stream, ends)) = self.block.take() {
-                    head_out(wire, stream, ends);
-                }
-            }
-            DATA if ends => wire.0.lock().remove(h.stream),
-            RST_STREAM => wire.0.lock().remove(h.stream),
-            _ => {}
+    /// True between two frames.
+    fn between(&self) -> bool {
+        self.have == 0 && self.left == 0
+    }
+
+    /// How many bytes are left of the frame being read (unbounded between frames).
+    fn to_frame_end(&self) -> usize {
+        if self.have > 0 {
+            HEADER_LEN.saturating_sub(self.have)
+        } else if self.left > 0 {
+            self.left
+        } else {
+            usize::MAX
         }
+    }
+}
+
+/// Follows the frames h2 writes: where they begin and end, which responses' HEADERS went
+/// out, which streams ended.
+#[derive(Default)]
+pub struct Outbound {
+    heads: FrameHeads,
+    /// Inside a header block (HEADERS without END_HEADERS, until its last CONTINUATION):
+    /// its stream, and whether it ends the stream.
+    block: Option<(u32, bool)>,
+}
+
+impl Outbound {
+    /// True between two frames, outside a header block: framed DATA may go in here.
+    pub fn at_boundary(&self) -> bool {
+        self.heads.between() && self.block.is_none()
+    }
+
+    /// How many bytes h2 may still write before the end of the frame it is in (unbounded
+    /// between frames).
+    pub fn to_frame_end(&self) -> usize {
+        self.heads.to_frame_end()
+    }
+
+    /// Reads `bytes`, the next bytes h2 wrote.
+    pub fn feed(&mut self, bytes: &[u8], wire: &Wire) {
+        let block = &mut self.block;
+        self.heads.feed(bytes, |h| frame_written(block, h, wire));
+    }
+}
+
+/// h2 wrote the header `h`: a response head went out, or a stream ended.
+fn frame_written(block: &mut Option<(u32, bool)>, h: Head, wire: &Wire) {
+    let ends = h.flags & END_STREAM != 0;
+    match h.kind {
+        HEADERS if h.flags & END_HEADERS != 0 => head_out(wire, h.stream, ends),
+        HEADERS => *block = Some((h.stream, ends)),
+        CONTINUATION if h.flags & END_HEADERS != 0 => {
+            if let Some((stream, ends)) = block.take() {
+                head_out(wire, stream, ends);
+            }
+        }
+        DATA if ends => wire.0.lock().remove(h.stream),
+        RST_STREAM => wire.0.lock().remove(h.stream),
+        _ => {}
     }
 }
 
