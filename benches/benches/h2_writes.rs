@@ -62,6 +62,25 @@ fn frame(id: u32) -> Vec<u8> {
     f
 }
 
+/// A Unix socket whose other end a thread drains; the thread returns the bytes it read once
+/// the socket is shut down.
+fn drained_socket(rt: &tokio::runtime::Runtime) -> (UnixStream, std::thread::JoinHandle<usize>) {
+    let (ours, theirs) = rt.block_on(async { UnixStream::pair().unwrap() });
+    let mut theirs = theirs.into_std().unwrap();
+    theirs.set_nonblocking(false).unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut total = 0usize;
+        loop {
+            match theirs.read(&mut buf) {
+                Ok(0) | Err(_) => return total,
+                Ok(n) => total += n,
+            }
+        }
+    });
+    (ours, reader)
+}
+
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -72,19 +91,7 @@ fn bench(c: &mut Criterion) {
     g.throughput(Throughput::Elements(FRAMES as u64));
     g.measurement_time(Duration::from_secs(3));
     for gathered in [false, true] {
-        let (ours, theirs) = rt.block_on(async { UnixStream::pair().unwrap() });
-        let mut theirs = theirs.into_std().unwrap();
-        theirs.set_nonblocking(false).unwrap();
-        let reader = std::thread::spawn(move || {
-            let mut buf = vec![0u8; 256 * 1024];
-            let mut total = 0usize;
-            loop {
-                match theirs.read(&mut buf) {
-                    Ok(0) | Err(_) => return total,
-                    Ok(n) => total += n,
-                }
-            }
-        });
+        let (ours, reader) = drained_socket(&rt);
         let writes = StripedCounter::default();
         let round = Round::default();
         let mut io = LedgerIo::new(
@@ -168,19 +175,7 @@ fn framed(c: &mut Criterion) {
         u.extend_from_slice(&(1u32 << 30).to_be_bytes());
         inbound.feed(&u, &mut Vec::new());
     };
-    let (ours, theirs) = rt.block_on(async { UnixStream::pair().unwrap() });
-    let mut theirs = theirs.into_std().unwrap();
-    theirs.set_nonblocking(false).unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut buf = vec![0u8; 256 * 1024];
-        let mut total = 0usize;
-        loop {
-            match theirs.read(&mut buf) {
-                Ok(0) | Err(_) => return total,
-                Ok(n) => total += n,
-            }
-        }
-    });
+    let (ours, reader) = drained_socket(&rt);
     let writes = StripedCounter::default();
     let round = Round::default();
     let mut io = LedgerIo::new(

@@ -21,36 +21,7 @@ use tokio::time::Instant;
 use tokio_rustls::client::TlsStream;
 
 use crate::support::client::{Client, TestServer, create_namespace};
-
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-// Frame types (RFC 9113 §6).
-const DATA: u8 = 0x0;
-const HEADERS: u8 = 0x1;
-const PRIORITY: u8 = 0x2;
-const RST_STREAM: u8 = 0x3;
-const SETTINGS: u8 = 0x4;
-const PUSH_PROMISE: u8 = 0x5;
-const PING: u8 = 0x6;
-const GOAWAY: u8 = 0x7;
-const WINDOW_UPDATE: u8 = 0x8;
-const CONTINUATION: u8 = 0x9;
-
-// Flags.
-const END_STREAM: u8 = 0x1;
-const ACK: u8 = 0x1;
-const END_HEADERS: u8 = 0x4;
-const PADDED: u8 = 0x8;
-const PRIORITY_FLAG: u8 = 0x20;
-
-// SETTINGS identifiers.
-const ENABLE_PUSH: u16 = 0x2;
-const INITIAL_WINDOW_SIZE: u16 = 0x4;
-
-// Error codes.
-const PROTOCOL_ERROR: u32 = 0x1;
-const FLOW_CONTROL_ERROR: u32 = 0x3;
-const CANCEL: u32 = 0x8;
+use crate::support::h2raw::*;
 
 /// SETTINGS_MAX_FRAME_SIZE's default, which this client never raises.
 const MAX_FRAME: usize = 16_384;
@@ -63,22 +34,6 @@ const MAX_WINDOW: u32 = 0x7fff_ffff;
 const BOUND: Duration = Duration::from_secs(10);
 /// How long nothing must arrive for the server to count as done sending (for now).
 const QUIET: Duration = Duration::from_millis(300);
-
-/// One frame as read.
-struct Frame {
-    kind: u8,
-    flags: u8,
-    stream: u32,
-    payload: Vec<u8>,
-}
-
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = u32::try_from(payload.len()).unwrap().to_be_bytes();
-    let mut f = vec![len[1], len[2], len[3], kind, flags];
-    f.extend_from_slice(&stream.to_be_bytes());
-    f.extend_from_slice(payload);
-    f
-}
 
 fn kind_name(kind: u8) -> String {
     let name = match kind {

@@ -18,6 +18,10 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
 use crate::support::client::{Client, TestServer, create_namespace};
+use crate::support::h2raw::{
+    ACK, CANCEL, CONTINUATION, DATA, END_HEADERS, END_STREAM, Frame, GOAWAY, HEADERS, PREFACE,
+    REFUSED_STREAM, RST_STREAM, SETTINGS, frame,
+};
 
 /// Every case must end well within this.
 const BOUND: Duration = Duration::from_secs(10);
@@ -54,33 +58,6 @@ async fn closed_within<R: AsyncReadExt + Unpin>(r: &mut R, limit: Duration) -> b
 // ---------------------------------------------------------------------------------------
 // Raw h2: frames written and read by hand, so a test can do what no well-behaved client does.
 
-const DATA: u8 = 0x0;
-const HEADERS: u8 = 0x1;
-const RST_STREAM: u8 = 0x3;
-const SETTINGS: u8 = 0x4;
-const GOAWAY: u8 = 0x7;
-const CONTINUATION: u8 = 0x9;
-const END_STREAM: u8 = 0x1;
-const ACK: u8 = 0x1;
-const END_HEADERS: u8 = 0x4;
-const CANCEL: u32 = 0x8;
-const REFUSED_STREAM: u32 = 0x7;
-
-struct Frame {
-    kind: u8,
-    flags: u8,
-    stream: u32,
-    payload: Vec<u8>,
-}
-
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = payload.len() as u32;
-    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
-    f.extend_from_slice(&stream.to_be_bytes());
-    f.extend_from_slice(payload);
-    f
-}
-
 /// An HPACK block for `GET <path>` (static-table indexes; literals without indexing).
 fn get_block(path: &str) -> Vec<u8> {
     assert!(path.len() < 127);
@@ -105,7 +82,7 @@ impl RawH2 {
     async fn connect(srv: &TestServer) -> RawH2 {
         let mut io = tls(srv, b"h2").await;
         assert_eq!(io.get_ref().1.alpn_protocol(), Some(b"h2".as_slice()));
-        let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        let mut hello = PREFACE.to_vec();
         hello.extend(frame(SETTINGS, 0, 0, &[]));
         io.write_all(&hello).await.unwrap();
         let mut c = RawH2 {
