@@ -382,7 +382,10 @@ impl Wire {
                 {
                     stream.waker = Some(cx.waker().clone());
                 }
-                stream.over = Some(over.clone());
+                // A response body registers on every poll: its flag is kept, not cloned again.
+                if !stream.over.as_ref().is_some_and(|o| Arc::ptr_eq(o, over)) {
+                    stream.over = Some(over.clone());
+                }
             }
             _ => over.store(true, Ordering::Release),
         }
