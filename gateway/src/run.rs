@@ -16,7 +16,6 @@ use std::time::Duration;
 use anyhow::Context;
 use svc_config::egress::Selection;
 use svc_storage::Store;
-use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
@@ -27,6 +26,7 @@ use crate::http::api::Standalone;
 use crate::outbound::egress::Egress;
 use crate::outbound::pki::{self, PkiOptions};
 use crate::serve::app::{Mode, Parts, ServerState, StoreParts};
+use crate::serve::conn_limits;
 use crate::serve::server::{Stops, Tls, accept_loop};
 
 /// A running server.
@@ -221,8 +221,7 @@ async fn open_store(opts: &Options) -> anyhow::Result<Arc<dyn Store>> {
 /// the data directory, the server state, the mode's own tasks (standalone: configuration
 /// reloads and the built-in controllers; proxy: its caches), then the accept loops.
 async fn start_with(opts: Options, source: Source) -> anyhow::Result<ServerHandle> {
-    let listener = TcpListener::bind((opts.bind_address, opts.secure_port))
-        .await
+    let listener = conn_limits::listen(SocketAddr::new(opts.bind_address, opts.secure_port))
         .with_context(|| format!("binding {}:{}", opts.bind_address, opts.secure_port))?;
     let addr = listener.local_addr()?;
     // A proxy writes no admin kubeconfig: its callers hold the upstream's credentials.
@@ -293,7 +292,7 @@ async fn start_with(opts: Options, source: Source) -> anyhow::Result<ServerHandl
     )));
     let mut insecure_addr = None;
     if opts.insecure_port != 0 {
-        let l = TcpListener::bind(("127.0.0.1", opts.insecure_port)).await?;
+        let l = conn_limits::listen(SocketAddr::from(([127, 0, 0, 1], opts.insecure_port)))?;
         insecure_addr = Some(l.local_addr()?);
         tasks.push(tokio::spawn(accept_loop(
             l,

@@ -10,12 +10,48 @@
 //! is being handled or its response body (a watch, say) is being written, however quiet that
 //! response is. Once no request has been in flight for the idle timeout, the connection is
 //! closed gracefully (HTTP/1.1: closed between requests; h2: GOAWAY).
+//!
+//! The listeners' accept queues are as long as the kernel allows (`net.core.somaxconn`), as
+//! Go's listeners are ([`listen`]): a burst of connections (every informer of a relist storm
+//! reconnecting at once) waits there for the accept loop instead of having its SYNs dropped
+//! and retried a second later.
 
+use std::io;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+
+/// The accept queue asked for where `net.core.somaxconn` cannot be read: Linux's default
+/// since 5.4 (the kernel caps what is asked at `somaxconn` in any case).
+const DEFAULT_BACKLOG: u32 = 4096;
+
+/// A listener on `addr` (address reuse on, as `TcpListener::bind` sets it) whose accept queue
+/// is `net.core.somaxconn` long, where `TcpListener::bind` asks for 1,024. Past the queue the
+/// kernel drops a connection's SYN and the client sends it again one second later, three
+/// the second time: 2,000 informers relisting at once had 200 of them wait a second or more.
+pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    let somaxconn = std::fs::read_to_string("/proc/sys/net/core/somaxconn").ok();
+    socket.listen(backlog(somaxconn.as_deref()))
+}
+
+/// The accept queue to ask for, from the text of `/proc/sys/net/core/somaxconn`.
+fn backlog(somaxconn: Option<&str>) -> u32 {
+    somaxconn
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .filter(|&n| n > 0)
+        // listen(2) takes an int.
+        .map_or(DEFAULT_BACKLOG, |n| n.min(i32::MAX as u32))
+}
 
 /// File descriptors kept back from the connection cap derived from the open-file limit: the
 /// store's files, etcd and webhook connections, the listeners themselves.
@@ -155,6 +191,64 @@ mod tests {
         // Derived on this machine: never below the floor.
         if let Some(cap) = connection_cap(0) {
             assert!(cap >= MIN_DERIVED_CAP);
+        }
+    }
+
+    #[test]
+    fn the_backlog_is_somaxconn() {
+        assert_eq!(backlog(Some("4096\n")), 4096);
+        assert_eq!(backlog(Some("65535")), 65535);
+        assert_eq!(backlog(Some("4294967295")), i32::MAX as u32);
+        assert_eq!(backlog(Some("0")), DEFAULT_BACKLOG);
+        assert_eq!(backlog(Some("x")), DEFAULT_BACKLOG);
+        assert_eq!(backlog(None), DEFAULT_BACKLOG);
+    }
+
+    /// A burst larger than `TcpListener::bind`'s queue of 1,024, none of it accepted yet:
+    /// every connection completes its handshake at once (none waits a second for its SYN to
+    /// be sent again), as a relist storm's reconnects need.
+    #[tokio::test]
+    async fn a_burst_past_1024_connections_waits_in_the_accept_queue() {
+        const BURST: usize = 1_500;
+        let somaxconn = std::fs::read_to_string("/proc/sys/net/core/somaxconn").ok();
+        if backlog(somaxconn.as_deref()) < BURST as u32 || !raise_open_files(2 * BURST + 256) {
+            eprintln!("skipped: needs somaxconn and an open-file limit above the burst");
+            return;
+        }
+        let listener = listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let connects = (0..BURST).map(|_| {
+            tokio::time::timeout(
+                Duration::from_millis(700),
+                tokio::net::TcpStream::connect(addr),
+            )
+        });
+        let results = futures::future::join_all(connects).await;
+        let connected = results.iter().filter(|r| matches!(r, Ok(Ok(_)))).count();
+        assert_eq!(connected, BURST, "connections left waiting for a SYN retry");
+        drop(listener);
+    }
+
+    /// Raises the soft open-file limit to at least `want` (up to the hard limit).
+    #[allow(unsafe_code, reason = "getrlimit and setrlimit have no safe binding")]
+    fn raise_open_files(want: usize) -> bool {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit/setrlimit read and write the struct passed, nothing else.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+                return false;
+            }
+            if lim.rlim_cur >= want as libc::rlim_t {
+                return true;
+            }
+            if lim.rlim_max < want as libc::rlim_t {
+                return false;
+            }
+            lim.rlim_cur = want as libc::rlim_t;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0
         }
     }
 
