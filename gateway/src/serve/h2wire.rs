@@ -441,7 +441,7 @@ impl Wire {
     }
 
     #[cfg(test)]
-    fn windows(&self, id: u32) -> (i64, Option<i64>) {
+    pub(crate) fn windows(&self, id: u32) -> (i64, Option<i64>) {
         let s = self.0.lock();
         (s.conn, s.streams.get(&id).map(|st| st.window))
     }
@@ -523,6 +523,21 @@ enum In {
     Update { have: usize },
 }
 
+/// The most bytes [`Inbound::feed`] may give out beyond its input: a frame header held back
+/// (8 bytes of 9) or a WINDOW_UPDATE held back until its increment was in (12 of 13).
+pub const INBOUND_CARRY: usize = 16;
+
+/// Where [`Inbound::feed`] puts what h2 is to see.
+pub trait Sink {
+    fn put(&mut self, bytes: &[u8]);
+}
+
+impl Sink for Vec<u8> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
 /// Reads the client's frames before h2 does, takes the WINDOW_UPDATEs that are the wire's,
 /// and follows the streams the client opens and resets and its initial window.
 pub struct Inbound {
@@ -547,13 +562,14 @@ impl Inbound {
     }
 
     /// Reads `input`, the next bytes from the client, and appends what h2 is to see to
-    /// `out`.
-    pub fn feed(&mut self, mut input: &[u8], out: &mut Vec<u8>) {
+    /// `out`: at most [`INBOUND_CARRY`] bytes more than `input` (a frame header, or a
+    /// WINDOW_UPDATE, held back from earlier input).
+    pub fn feed(&mut self, mut input: &[u8], out: &mut impl Sink) {
         while !input.is_empty() {
             if self.preface > 0 {
                 let take = self.preface.min(input.len());
                 let (now, rest) = input.split_at(take);
-                out.extend_from_slice(now);
+                out.put(now);
                 self.preface = self.preface.saturating_sub(take);
                 input = rest;
                 continue;
@@ -576,7 +592,7 @@ impl Inbound {
                 In::Pass(left) => {
                     let take = (*left).min(input.len());
                     let (now, rest) = input.split_at(take);
-                    out.extend_from_slice(now);
+                    out.put(now);
                     *left = left.saturating_sub(take);
                     input = rest;
                     if *left == 0 {
@@ -586,7 +602,7 @@ impl Inbound {
                 In::Settings { left, read } => {
                     let take = (*left).min(input.len());
                     let (now, rest) = input.split_at(take);
-                    out.extend_from_slice(now);
+                    out.put(now);
                     read.extend_from_slice(now);
                     *left = left.saturating_sub(take);
                     input = rest;
@@ -607,8 +623,8 @@ impl Inbound {
                     if *have == 4 {
                         self.at = In::Header;
                         if !self.window_update() {
-                            out.extend_from_slice(&self.head);
-                            out.extend_from_slice(&self.update);
+                            out.put(&self.head);
+                            out.put(&self.update);
                         }
                     }
                 }
@@ -617,13 +633,13 @@ impl Inbound {
     }
 
     /// A frame header is in: decides what to do with the frame.
-    fn header(&mut self, out: &mut Vec<u8>) {
+    fn header(&mut self, out: &mut impl Sink) {
         let h = parse(&self.head);
         if h.kind == WINDOW_UPDATE && h.len == 4 {
             self.at = In::Update { have: 0 };
             return;
         }
-        out.extend_from_slice(&self.head);
+        out.put(&self.head);
         match h.kind {
             HEADERS if h.stream % 2 == 1 => {
                 let mut s = self.wire.0.lock();
