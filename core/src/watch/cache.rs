@@ -50,6 +50,8 @@ pub(crate) struct CacheState {
     /// The wakers `apply` collects, kept from one event to the next (sized by the watchers
     /// registered), so that dispatching allocates nothing per event.
     wake_scratch: Mutex<Vec<Wakeup>>,
+    /// Whole-list bodies, shared while a response holds one (`shared_list.rs`).
+    pub(crate) lists: super::SharedLists,
 }
 
 impl CacheState {
@@ -135,6 +137,11 @@ pub(crate) fn too_old(requested: Revision, oldest: Revision) -> ApiError {
 }
 
 impl WatchCache {
+    /// The whole lists' bodies shared while a response holds one (`shared_list.rs`).
+    pub fn shared_lists(&self) -> &super::SharedLists {
+        &self.shared.lists
+    }
+
     /// An empty cache for the type `codec` describes; not ready until [`replace`] fills it.
     ///
     /// [`replace`]: WatchCache::replace
@@ -152,6 +159,7 @@ impl WatchCache {
                 inner: RwLock::new(Inner::default()),
                 registry: Mutex::new(Registry::default()),
                 wake_scratch: Mutex::new(Vec::new()),
+                lists: super::SharedLists::default(),
                 revision: AtomicI64::new(0),
                 waiters: Waiters::default(),
                 gate,

@@ -176,6 +176,12 @@ pub async fn serve(
             &selector,
         )
         .and_then(|(items, meta)| {
+            let whole = respond::Whole::of(
+                target.namespace,
+                selector.is_empty(),
+                opts.limit.is_some_and(|l| l > 0),
+                ours_token.is_some() || opts.continue_token.is_some(),
+            );
             Ok(respond::list(
                 &cached.cache,
                 &meta,
@@ -183,6 +189,7 @@ pub async fn serve(
                 format,
                 query.pretty(),
                 include,
+                whole,
             )?)
         }),
     };

@@ -9,6 +9,7 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use serde::Serialize;
 use svc_core::table::IncludeObject;
+use svc_core::watch::ListMedia;
 use svc_core::{ApiError, Status};
 
 use crate::http::negotiate::Format;
@@ -121,6 +122,30 @@ pub fn object_with<T: Kind>(
     }
 }
 
+/// A list that is a whole collection's or namespace's (no selector, no limit, no continue),
+/// whose JSON and protobuf bodies are shared by the lists of it at the same revision while a
+/// response holds one (`svc_core::watch::shared_list`).
+#[derive(Clone, Copy, Debug)]
+pub struct Whole<'a> {
+    /// The namespace listed; `None`: every namespace.
+    pub namespace: Option<&'a str>,
+}
+
+impl<'a> Whole<'a> {
+    /// A list of `namespace` (empty: every namespace) is whole when it has no selector, no
+    /// limit and no continue token.
+    pub fn of(
+        namespace: &'a str,
+        selector_empty: bool,
+        limited: bool,
+        continued: bool,
+    ) -> Option<Self> {
+        (selector_empty && !limited && !continued).then_some(Whole {
+            namespace: (!namespace.is_empty()).then_some(namespace),
+        })
+    }
+}
+
 /// A list body in the negotiated format, from the items' canonical JSON (spliced, not
 /// re-serialized, for JSON; re-encoded per item for the other formats).
 pub fn list(
@@ -130,6 +155,7 @@ pub fn list(
     format: Format,
     pretty: bool,
     include: IncludeObject,
+    whole: Option<Whole<'_>>,
 ) -> Result<Response<Body>, ApiError> {
     let info = cache.codec().info;
     let api_version = info.api_version();
@@ -146,25 +172,53 @@ pub fn list(
             cache.codec().list_item_types,
         )
     };
+    // A whole list at one revision: its body is shared (the metadata is then the revision
+    // alone, the items every object at it).
+    let shared_at = whole
+        .filter(|_| meta.continue_.is_empty() && meta.remaining_item_count.is_none())
+        .and_then(|w| Some((meta.resource_version.parse::<i64>().ok()?, w.namespace)));
     let whole = || -> Result<serde_json::Value, ApiError> {
         serde_json::from_slice(&spliced()?).map_err(ApiError::internal)
     };
     Ok(match format {
         Format::Json if pretty => json(StatusCode::OK, &whole()?, true),
         Format::Json => {
-            let mut body = spliced()?;
-            body.push(b'\n');
+            let build = || {
+                let mut body = spliced()?;
+                body.push(b'\n');
+                Ok(body)
+            };
+            let body = match shared_at {
+                Some((revision, namespace)) => cache.shared_lists().get_or_build(
+                    ListMedia::Json,
+                    revision,
+                    namespace,
+                    build,
+                )?,
+                None => Bytes::from(build()?),
+            };
             bytes_response(StatusCode::OK, "application/json", body)
         }
         Format::Protobuf(ct) => {
-            let raws: Result<Vec<Bytes>, ApiError> =
-                items.iter().map(|o| cache.object_protobuf(o)).collect();
-            let body = svc_core::codec::encode_list_protobuf_raw(
-                &api_version,
-                info.list_kind,
-                meta,
-                raws?,
-            );
+            let build = || -> Result<Vec<u8>, ApiError> {
+                let raws: Result<Vec<Bytes>, ApiError> =
+                    items.iter().map(|o| cache.object_protobuf(o)).collect();
+                Ok(svc_core::codec::encode_list_protobuf_raw(
+                    &api_version,
+                    info.list_kind,
+                    meta,
+                    raws?,
+                ))
+            };
+            let body = match shared_at {
+                Some((revision, namespace)) => cache.shared_lists().get_or_build(
+                    ListMedia::Protobuf,
+                    revision,
+                    namespace,
+                    build,
+                )?,
+                None => Bytes::from(build()?),
+            };
             bytes_response(StatusCode::OK, ct, body)
         }
         Format::Yaml => bytes_response(

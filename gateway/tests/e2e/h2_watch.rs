@@ -743,3 +743,62 @@ async fn a_list_over_h2_runs_on_the_nicer_threads_and_a_watch_beside_it_goes_on(
         seen.extend_from_slice(&chunk);
     }
 }
+
+/// A whole list's body is shared by the lists at its revision while a response still holds
+/// it (here: a client that does not read, its stream's window full). A list asked for after
+/// a write is never given it: it holds the new object, and the held list, read at last, does
+/// not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_list_body_is_shared_at_its_revision_and_never_served_for_a_later_one() {
+    let srv = TestServer::start().await;
+    let admin = srv.admin();
+    create_namespace(&admin, "shared").await;
+    let path = "/api/v1/namespaces/shared/serviceaccounts";
+    let blob = "x".repeat(20_000);
+    for i in 0..8 {
+        let (s, v) = admin
+            .post(
+                path,
+                json!({"metadata": {"name": format!("big-{i}"), "annotations": {"blob": blob}}}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{v}");
+    }
+    // 160 KB of list over a 64 KiB window, not read: the server holds the rest.
+    let slow = connect(&srv, 65_535).await;
+    let (s, mut held) = send(&slow, Method::GET, path, None).await;
+    assert_eq!(s, StatusCode::OK);
+    let fast = connect(&srv, 16 << 20).await;
+    let (_, mut first) = send(&fast, Method::GET, path, None).await;
+    let first = read_all(&mut first).await;
+    let (s, v) = admin
+        .post(path, json!({"metadata": {"name": "after"}}))
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let (_, mut later) = send(&fast, Method::GET, path, None).await;
+    let later: Value = serde_json::from_slice(&read_all(&mut later).await).unwrap();
+    let names = |l: &Value| -> Vec<String> {
+        l["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert!(
+        names(&later).contains(&"after".to_string()),
+        "{:?}",
+        names(&later)
+    );
+    let held = read_all(&mut held).await;
+    assert_eq!(held, first, "two lists at one revision, one body");
+    let held: Value = serde_json::from_slice(&held).unwrap();
+    assert!(!names(&held).contains(&"after".to_string()));
+    assert_eq!(
+        names(&held)
+            .iter()
+            .filter(|n| n.starts_with("big-"))
+            .count(),
+        8
+    );
+}

@@ -536,3 +536,92 @@ async fn a_huge_watch_timeout_neither_panics_nor_leaks_the_watcher_gauge() {
     let (s, _) = c.get(&format!("{SA}?watch=1&timeoutSeconds=-1")).await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
 }
+
+/// Whole lists at one revision share one body while a response holds it: lists that run
+/// beside writes, in JSON and protobuf, of one namespace and of all, each hold exactly the
+/// objects written up to their own resourceVersion, and two JSON lists at one revision and
+/// scope are the same bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_lists_at_one_revision_are_the_same_bytes_and_never_stale() {
+    let srv = TestServer::start().await;
+    let c = srv.admin();
+    setup(&c).await;
+    create_namespace(&c, "lw2").await;
+    let mut written: Vec<(i64, String)> = Vec::new();
+    let mut seen: std::collections::HashMap<(String, &str, i64), bytes::Bytes> =
+        std::collections::HashMap::new();
+    for round in 0..6 {
+        let v = create(&c, &format!("sa-{round}")).await;
+        written.push((rv(&v), format!("sa-{round}")));
+        let paths = [
+            SA,
+            "/api/v1/serviceaccounts",
+            "/api/v1/namespaces/lw2/serviceaccounts",
+        ];
+        let lists = paths.iter().flat_map(|p| {
+            ["application/json", "application/vnd.kubernetes.protobuf"]
+                .into_iter()
+                .map(move |accept| (*p, accept))
+        });
+        let c = &c;
+        let mut asks = Vec::new();
+        for (p, accept) in lists {
+            for _ in 0..3 {
+                asks.push(async move {
+                    let r = c
+                        .request(http::Method::GET, p, "", &[("accept", accept)])
+                        .await;
+                    (p, accept, r)
+                });
+            }
+        }
+        let answers = futures::future::join_all(asks).await;
+        for (p, accept, r) in answers {
+            assert_eq!(r.status, StatusCode::OK, "{p} {accept}");
+            // The revision, and (JSON) every object written up to it in lw, none after.
+            let at = if accept == "application/json" {
+                let list: Value = serde_json::from_slice(&r.body).unwrap();
+                let at: i64 = list["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                let got: Vec<String> = list["items"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|i| i["metadata"]["namespace"] == "lw")
+                    .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
+                    .filter(|n| n.starts_with("sa-"))
+                    .collect();
+                let want: Vec<String> = written
+                    .iter()
+                    .filter(|(w, _)| *w <= at)
+                    .map(|(_, n)| n.clone())
+                    .collect();
+                if p.contains("lw2") {
+                    assert!(got.is_empty(), "{p}: {got:?}");
+                } else {
+                    assert_eq!(got, want, "{p} at {at}");
+                }
+                at
+            } else {
+                assert!(r.body.starts_with(b"k8s\0"), "{p}: not protobuf");
+                // A consistent list holds the write made before it was asked for.
+                let newest = format!("sa-{round}");
+                let holds = r.body.windows(newest.len()).any(|w| w == newest.as_bytes());
+                assert_eq!(
+                    holds,
+                    !p.contains("lw2"),
+                    "{p}: {newest} in the protobuf list"
+                );
+                continue;
+            };
+            let key = (p.to_string(), accept, at);
+            if let Some(before) = seen.get(&key) {
+                assert_eq!(before, &r.body, "{p} {accept} at {at}: two bodies");
+            }
+            seen.insert(key, r.body);
+        }
+    }
+}
