@@ -27,7 +27,7 @@ use crate::http::api::Api;
 use crate::http::negotiate::{self, Format};
 use crate::http::proxy::Proxy;
 use crate::http::respond::{self, Body};
-use crate::registry::caches::upstream::{UpstreamCache, UpstreamCaches};
+use crate::registry::caches::upstream::{Passing, UpstreamCache, UpstreamCaches};
 use crate::registry::delegate::{self, Delegation, NotCached, Read, decide};
 use crate::registry::list::decode_token;
 use crate::security::impersonation;
@@ -60,11 +60,21 @@ fn collection(path: &str) -> Option<Collection<'_>> {
     })
 }
 
+/// What a read passed through carries from the cache's decision.
+#[derive(Debug, Default)]
+pub struct Passed {
+    /// The 410 the cache would answer a watch from a version older than its history.
+    pub older: Option<ApiError>,
+    /// A consistent list's place in flight (`Storm`), held until its response ends.
+    pub passing: Option<Passing>,
+}
+
 /// The answer for a cached read; `None` when the request is to be passed through. A watch
 /// from a version older than the cache's history is passed through so that its client
 /// resumes; `older` is then set to the 410 the cache would answer (kube-apiserver's words),
 /// for the caller to give when the pass-through cannot be admitted: the client then lists
-/// again, from this cache, instead of retrying a refusal.
+/// again, from this cache, instead of retrying a refusal. A consistent list passed through
+/// outside a storm sets `passed.passing`, to be held until its response ends.
 #[allow(clippy::too_many_arguments)]
 pub async fn serve(
     api: &Arc<Api>,
@@ -74,7 +84,7 @@ pub async fn serve(
     path: &str,
     query: &Query,
     headers: &HeaderMap,
-    older: &mut Option<ApiError>,
+    passed: &mut Passed,
 ) -> Option<Response<Body>> {
     // Read as kube-apiserver reads it: the path percent-decoded first (`perm%2Da` is the
     // namespace `perm-a`, for the authorization check as for the cache).
@@ -117,8 +127,12 @@ pub async fn serve(
     };
     let plan = match decide(&read, &cached, || caches.max_revision()) {
         Delegation::Upstream => return None,
+        Delegation::Passing(p) => {
+            passed.passing = Some(p);
+            return None;
+        }
         Delegation::UpstreamOrGone(gone) => {
-            *older = Some(gone);
+            passed.older = Some(gone);
             return None;
         }
         Delegation::Cache(plan) => plan,

@@ -33,7 +33,7 @@ use svc_storage::Revision;
 
 use crate::base::query::ListOptions;
 use crate::registry::caches::upstream::fresh::{RETRY_AFTER_SECONDS, Unproven};
-use crate::registry::caches::upstream::{UpstreamCache, UpstreamCaches};
+use crate::registry::caches::upstream::{Passing, UpstreamCache, UpstreamCaches};
 use crate::registry::list::{
     ContinueToken, ReadPoint, expired_continue, page_meta, reads_exactly, unix_now,
 };
@@ -55,10 +55,13 @@ pub struct Read<'a> {
 }
 
 /// Who answers.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Delegation<'a> {
     /// The upstream.
     Upstream,
+    /// The upstream, for a consistent list outside a storm: counted in flight until its
+    /// response ends (`caches/upstream.rs` `Storm`).
+    Passing(Passing),
     /// The upstream, as the cache's history no longer reaches back to the version; when the
     /// pass-through cannot be admitted, this 410 instead (kube-apiserver's words), so that
     /// the client lists again, from the cache.
@@ -109,8 +112,8 @@ pub fn decide<'a>(
     // A consistent list is the upstream's, unless many arrive at once (informers relisting
     // together): then they share one proof of freshness and the cache answers them.
     let consistent_list = !opts.watch && rv.is_none() && read.token.is_none();
-    if consistent_list && !cached.storm.arrived() {
-        return Delegation::Upstream;
+    if consistent_list && let Some(passing) = cached.storm.arrived() {
+        return Delegation::Passing(passing);
     }
     if opts.watch {
         if rv.is_none() && !consistent_start {

@@ -132,7 +132,7 @@ async fn serve(
     // (`http/proxy/bounds.rs`).
     let cached = proxy.caches.as_ref().filter(|_| read);
     let mut watch = None;
-    let mut older = None;
+    let mut passed = cached::Passed::default();
     if verb == Verb::Watch || cached.is_some() {
         let Admitted { watch: slot, _seat } = match admit(app, &user, verb, 1).await {
             Ok(a) => a,
@@ -150,7 +150,7 @@ async fn serve(
                 &path,
                 query,
                 req.headers(),
-                &mut older,
+                &mut passed,
             )
             .await
         {
@@ -167,7 +167,7 @@ async fn serve(
     // too old: its client lists again, from the cache, rather than retry the refusal.
     let passage = match proxy.admit_upstream(req.uri(), req.headers(), &user) {
         Ok(p) => p,
-        Err(e) => return respond::error(older.as_ref().unwrap_or(&e)),
+        Err(e) => return respond::error(passed.older.as_ref().unwrap_or(&e)),
     };
     let head_timeout = (!long_running).then_some(app.api.opts.request_timeout);
     let req = req.map(RequestBody::into_outbound);
@@ -175,7 +175,11 @@ async fn serve(
         .forward(req, &user, peer, head_timeout, token, passage)
         .await;
     if !long_running {
-        return resp;
+        return match passed.passing {
+            // A consistent list counts in flight until its response's last byte.
+            Some(p) => resp.map(|body| respond::holding(body, p)),
+            None => resp,
+        };
     }
     // The watch's place is held until its stream ends, and the stream ends at shutdown.
     let mut stop = app.api.stop_watches.clone();

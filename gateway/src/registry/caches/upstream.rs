@@ -92,8 +92,14 @@ pub const STORM_LISTS: u32 = 5;
 /// How long a storm outlasts its last consistent list.
 const STORM_QUIET: Duration = Duration::from_secs(1);
 
-/// Counts consistent lists per one-second window, and whether a storm is on. A storm starts
-/// with the list past [`STORM_LISTS`] in a window and holds, window after window, until a
+/// Consistent lists of one resource passed through at once: one more, arriving while these
+/// are still answered upstream, is a storm's. A storm arrives within milliseconds, sooner
+/// than [`STORM_LISTS`] lists are answered, so the rate alone let five through.
+pub const STORM_PASSING: usize = 2;
+
+/// Counts consistent lists per one-second window and those passed through and not yet
+/// answered, and whether a storm is on. A storm starts with the list past [`STORM_LISTS`]
+/// in a window, or past [`STORM_PASSING`] in flight, and holds, window after window, until a
 /// second passes without a consistent list: its later seconds pass none upstream. (Counted
 /// afresh each second, a storm spread over three seconds by the clients' own pace had
 /// five lists a second passed through, 15 lists of 1,000 objects that cost the upstream
@@ -101,6 +107,7 @@ const STORM_QUIET: Duration = Duration::from_secs(1);
 #[derive(Default)]
 pub struct Storm {
     window: parking_lot::Mutex<StormWindow>,
+    passing: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 #[derive(Default)]
@@ -111,13 +118,24 @@ struct StormWindow {
     last: Option<std::time::Instant>,
 }
 
+/// A consistent list passed through, counted in flight until dropped (with its response).
+#[derive(Debug)]
+pub struct Passing(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Passing {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 impl Storm {
-    /// Counts a consistent list; true while a storm is on (this one served from the cache).
-    pub fn arrived(&self) -> bool {
+    /// Counts a consistent list: `None` while a storm is on (this one is the cache's), else
+    /// the pass-through's place in flight.
+    pub fn arrived(&self) -> Option<Passing> {
         self.arrived_at(std::time::Instant::now())
     }
 
-    fn arrived_at(&self, now: std::time::Instant) -> bool {
+    fn arrived_at(&self, now: std::time::Instant) -> Option<Passing> {
         let mut w = self.window.lock();
         match w.start {
             Some(start) if now.saturating_duration_since(start) < Duration::from_secs(1) => {
@@ -133,7 +151,14 @@ impl Storm {
             }
         }
         w.last = Some(now);
-        w.storming || w.count > STORM_LISTS
+        if self.passing.load(Ordering::Relaxed) >= STORM_PASSING {
+            w.storming = true;
+        }
+        if w.storming || w.count > STORM_LISTS {
+            return None;
+        }
+        self.passing.fetch_add(1, Ordering::Relaxed);
+        Some(Passing(self.passing.clone()))
     }
 }
 
@@ -503,8 +528,9 @@ mod tests {
         let storm = Storm::default();
         let t0 = std::time::Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // Each answered before the next arrives: only the rate counts.
         let first: Vec<bool> = (0..=STORM_LISTS)
-            .map(|i| storm.arrived_at(at(u64::from(i) * 80)))
+            .map(|i| storm.arrived_at(at(u64::from(i) * 80)).is_none())
             .collect();
         assert!(first[..STORM_LISTS as usize].iter().all(|s| !s));
         assert!(
@@ -512,15 +538,39 @@ mod tests {
             "the list past the limit is the storm's"
         );
         // The next seconds of the storm pass none upstream, however few each sees.
-        assert!(storm.arrived_at(at(1_100)));
-        assert!(storm.arrived_at(at(1_900)));
-        assert!(storm.arrived_at(at(2_500)));
+        assert!(storm.arrived_at(at(1_100)).is_none());
+        assert!(storm.arrived_at(at(1_900)).is_none());
+        assert!(storm.arrived_at(at(2_500)).is_none());
         // A second without a list ends it: the next caller's list goes upstream.
-        assert!(!storm.arrived_at(at(3_600)));
-        assert!(!storm.arrived_at(at(3_700)));
+        assert!(storm.arrived_at(at(3_600)).is_some());
+        assert!(storm.arrived_at(at(3_700)).is_some());
         // A window of few lists, never a storm.
         let quiet = Storm::default();
-        assert!((0..STORM_LISTS).all(|i| !quiet.arrived_at(at(u64::from(i) * 150))));
-        assert!(!quiet.arrived_at(at(1_000)));
+        assert!((0..STORM_LISTS).all(|i| quiet.arrived_at(at(u64::from(i) * 150)).is_some()));
+        assert!(quiet.arrived_at(at(1_000)).is_some());
+    }
+
+    #[test]
+    fn a_list_arriving_while_two_are_answered_upstream_is_a_storms() {
+        let storm = Storm::default();
+        let t0 = std::time::Instant::now();
+        let a = storm.arrived_at(t0).expect("passed");
+        let b = storm.arrived_at(t0).expect("passed");
+        assert!(storm.arrived_at(t0).is_none(), "a third at once");
+        // The storm holds after they are answered, until a quiet second.
+        drop((a, b));
+        assert!(storm.arrived_at(t0 + Duration::from_millis(500)).is_none());
+        assert!(
+            storm
+                .arrived_at(t0 + Duration::from_millis(2_600))
+                .is_some()
+        );
+        // Two at once, answered, and two more: no storm.
+        let calm = Storm::default();
+        for i in 0..2u64 {
+            let now = t0 + Duration::from_millis(300 * i);
+            let pair = (calm.arrived_at(now), calm.arrived_at(now));
+            assert!(pair.0.is_some() && pair.1.is_some());
+        }
     }
 }
