@@ -7,7 +7,7 @@
 //! |---|---|
 //! | list, `resourceVersion=0` or `NotOlderThan` | by the cache, once it has reached the version |
 //! | list, `Exact` (or a version with `limit`) | by the cache's snapshots; the upstream when they no longer reach back |
-//! | list, resourceVersion unset (a consistent read) | the upstream, as proving the cache fresh takes up to a second; but past [`STORM_LISTS`](crate::registry::caches::upstream::STORM_LISTS) a second, or a third while two are answered upstream (a relist storm, until a second passes without one), the cache once proven fresh, one proof for them all (429 when the upstream is too busy to give it) |
+//! | list, resourceVersion unset (a consistent read) | the upstream, as proving the cache fresh takes up to a second; but past [`STORM_LISTS`](crate::registry::caches::upstream::STORM_LISTS) a second (for the rest of it), and a third while two are answered upstream (a relist storm, until a second passes without one), the cache once proven fresh, one proof for them all (429 when the upstream is too busy to give it) |
 //! | list, continue token of this proxy | the snapshot it names (410 when gone) |
 //! | list, the upstream's continue token | the upstream |
 //! | watch, `resourceVersion=0` | the cache, initial events first |

@@ -98,12 +98,15 @@ const STORM_QUIET: Duration = Duration::from_secs(1);
 pub const STORM_PASSING: usize = 2;
 
 /// Counts consistent lists per one-second window and those passed through and not yet
-/// answered, and whether a storm is on. A storm starts with the list past [`STORM_LISTS`]
-/// in a window, or past [`STORM_PASSING`] in flight, and holds, window after window, until a
-/// second passes without a consistent list: its later seconds pass none upstream. (Counted
-/// afresh each second, a storm spread over three seconds by the clients' own pace had
-/// five lists a second passed through, 15 lists of 1,000 objects that cost the upstream
-/// more than the proofs of the other 1,985.)
+/// answered, and whether a storm is on. A storm (many clients at once) starts with the list
+/// past [`STORM_PASSING`] in flight, and holds, window after window, until a second passes
+/// without a consistent list: its later seconds pass none upstream. (Counted afresh each
+/// second, a storm spread over three seconds by the clients' own pace had five lists a
+/// second passed through, 15 lists of 1,000 objects that cost the upstream more than the
+/// proofs of the other 1,985.) Lists one at a time past [`STORM_LISTS`] in a window (a
+/// client polling) are the cache's for the rest of that window only: the upstream still
+/// answers [`STORM_LISTS`] of them a second, and with them a revoked credential as soon as
+/// the upstream refuses it.
 #[derive(Default)]
 pub struct Storm {
     window: parking_lot::Mutex<StormWindow>,
@@ -145,7 +148,7 @@ impl Storm {
                 let recent = w
                     .last
                     .is_some_and(|l| now.saturating_duration_since(l) < STORM_QUIET);
-                w.storming = (w.storming || w.count > STORM_LISTS) && recent;
+                w.storming = w.storming && recent;
                 w.start = Some(now);
                 w.count = 1;
             }
@@ -524,7 +527,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_storm_holds_until_a_second_passes_without_a_list() {
+    fn lists_one_at_a_time_past_the_rate_are_the_caches_for_the_rest_of_that_second() {
         let storm = Storm::default();
         let t0 = std::time::Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
@@ -535,15 +538,11 @@ mod tests {
         assert!(first[..STORM_LISTS as usize].iter().all(|s| !s));
         assert!(
             first[STORM_LISTS as usize],
-            "the list past the limit is the storm's"
+            "the list past the limit is the cache's"
         );
-        // The next seconds of the storm pass none upstream, however few each sees.
-        assert!(storm.arrived_at(at(1_100)).is_none());
-        assert!(storm.arrived_at(at(1_900)).is_none());
-        assert!(storm.arrived_at(at(2_500)).is_none());
-        // A second without a list ends it: the next caller's list goes upstream.
-        assert!(storm.arrived_at(at(3_600)).is_some());
-        assert!(storm.arrived_at(at(3_700)).is_some());
+        assert!(storm.arrived_at(at(900)).is_none());
+        // The next second passes its first lists upstream again.
+        assert!(storm.arrived_at(at(1_100)).is_some());
         // A window of few lists, never a storm.
         let quiet = Storm::default();
         assert!((0..STORM_LISTS).all(|i| quiet.arrived_at(at(u64::from(i) * 150)).is_some()));
@@ -557,12 +556,23 @@ mod tests {
         let a = storm.arrived_at(t0).expect("passed");
         let b = storm.arrived_at(t0).expect("passed");
         assert!(storm.arrived_at(t0).is_none(), "a third at once");
-        // The storm holds after they are answered, until a quiet second.
+        // The storm holds after they are answered, window after window while lists keep
+        // coming, until a quiet second.
         drop((a, b));
         assert!(storm.arrived_at(t0 + Duration::from_millis(500)).is_none());
         assert!(
             storm
-                .arrived_at(t0 + Duration::from_millis(2_600))
+                .arrived_at(t0 + Duration::from_millis(1_100))
+                .is_none()
+        );
+        assert!(
+            storm
+                .arrived_at(t0 + Duration::from_millis(1_900))
+                .is_none()
+        );
+        assert!(
+            storm
+                .arrived_at(t0 + Duration::from_millis(3_000))
                 .is_some()
         );
         // Two at once, answered, and two more: no storm.
