@@ -190,12 +190,8 @@ pub async fn serve(
             &selector,
         )
         .and_then(|(items, meta)| {
-            let whole = respond::Whole::of(
-                target.namespace,
-                selector.is_empty(),
-                opts.limit.is_some_and(|l| l > 0),
-                ours_token.is_some() || opts.continue_token.is_some(),
-            );
+            // This proxy's continue tokens are among `opts`' (decoded as `ours_token`).
+            let whole = respond::Whole::of(target.namespace, &selector, &opts);
             Ok(respond::list(
                 &cached.cache,
                 &meta,

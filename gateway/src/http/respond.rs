@@ -136,13 +136,29 @@ impl<'a> Whole<'a> {
     /// limit and no continue token.
     pub fn of(
         namespace: &'a str,
-        selector_empty: bool,
-        limited: bool,
-        continued: bool,
+        selector: &svc_core::watch::Selector,
+        opts: &crate::base::query::ListOptions,
     ) -> Option<Self> {
-        (selector_empty && !limited && !continued).then_some(Whole {
+        let limited = opts.limit.is_some_and(|l| l > 0);
+        (selector.is_empty() && !limited && opts.continue_token.is_none()).then_some(Whole {
             namespace: (!namespace.is_empty()).then_some(namespace),
         })
+    }
+}
+
+/// A list body from `build`, shared as [`Whole`] lists' are when `shared_at` names its
+/// revision and namespace.
+fn list_body(
+    cache: &svc_core::watch::WatchCache,
+    shared_at: Option<(i64, Option<&str>)>,
+    media: ListMedia,
+    build: impl FnOnce() -> Result<Vec<u8>, ApiError>,
+) -> Result<Bytes, ApiError> {
+    match shared_at {
+        Some((revision, namespace)) => cache
+            .shared_lists()
+            .get_or_build(media, revision, namespace, build),
+        None => Ok(Bytes::from(build()?)),
     }
 }
 
@@ -188,15 +204,7 @@ pub fn list(
                 body.push(b'\n');
                 Ok(body)
             };
-            let body = match shared_at {
-                Some((revision, namespace)) => cache.shared_lists().get_or_build(
-                    ListMedia::Json,
-                    revision,
-                    namespace,
-                    build,
-                )?,
-                None => Bytes::from(build()?),
-            };
+            let body = list_body(cache, shared_at, ListMedia::Json, build)?;
             bytes_response(StatusCode::OK, "application/json", body)
         }
         Format::Protobuf(ct) => {
@@ -210,15 +218,7 @@ pub fn list(
                     raws?,
                 ))
             };
-            let body = match shared_at {
-                Some((revision, namespace)) => cache.shared_lists().get_or_build(
-                    ListMedia::Protobuf,
-                    revision,
-                    namespace,
-                    build,
-                )?,
-                None => Bytes::from(build()?),
-            };
+            let body = list_body(cache, shared_at, ListMedia::Protobuf, build)?;
             bytes_response(StatusCode::OK, ct, body)
         }
         Format::Yaml => bytes_response(

@@ -40,8 +40,13 @@ pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
     };
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
+    socket.listen(somaxconn_backlog())
+}
+
+/// The accept queue to ask for on this machine.
+fn somaxconn_backlog() -> u32 {
     let somaxconn = std::fs::read_to_string("/proc/sys/net/core/somaxconn").ok();
-    socket.listen(backlog(somaxconn.as_deref()))
+    backlog(somaxconn.as_deref())
 }
 
 /// The accept queue to ask for, from the text of `/proc/sys/net/core/somaxconn`.
@@ -210,8 +215,7 @@ mod tests {
     #[tokio::test]
     async fn a_burst_past_1024_connections_waits_in_the_accept_queue() {
         const BURST: usize = 1_500;
-        let somaxconn = std::fs::read_to_string("/proc/sys/net/core/somaxconn").ok();
-        if backlog(somaxconn.as_deref()) < BURST as u32 || !raise_open_files(2 * BURST + 256) {
+        if somaxconn_backlog() < BURST as u32 || !raise_open_files(2 * BURST + 256) {
             eprintln!("skipped: needs somaxconn and an open-file limit above the burst");
             return;
         }

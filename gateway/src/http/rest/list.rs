@@ -23,12 +23,7 @@ pub(super) async fn list<T: Kind>(
 ) -> Result<Response<Body>, ApiError> {
     let include = IncludeObject::parse(call.query.get("includeObject"))?;
     let selector = Selector::new(sel.labels, sel.fields);
-    let whole = respond::Whole::of(
-        &call.route.namespace,
-        selector.is_empty(),
-        opts.limit.is_some_and(|l| l > 0),
-        opts.continue_token.is_some(),
-    );
+    let whole = respond::Whole::of(&call.route.namespace, &selector, opts);
     let listed =
         registry::list::list::<T>(&app.registry, &call.route.namespace, opts, selector).await?;
     respond::list(
