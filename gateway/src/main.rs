@@ -25,6 +25,7 @@ fn main() -> anyhow::Result<()> {
     }
     svc_gateway::base::allocator::spawn_trimmer();
     let rt = tokio::runtime::Builder::new_multi_thread()
+        .on_thread_park(svc_gateway::base::allocator::on_park)
         .enable_all()
         .build()?;
     rt.block_on(async move {

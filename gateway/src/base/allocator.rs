@@ -8,11 +8,16 @@
 //! 2,239 in the same sitting (BENCHMARKS, "1M h2 watches").
 //!
 //! mimalloc returns a page's memory to the system a second after it falls empty, but only
-//! when some thread next allocates: after a load that ends in quiet, nothing would.
-//! [`spawn_trimmer`] starts a thread that looks at the RSS every [`INTERVAL`] and trims once it
-//! has stopped growing and stands [`MARGIN`] above where the last trim left it: after a load,
-//! not during one, and never for nothing. A trim purges every empty page at once.
+//! when the thread that owns the page next allocates: after a load that ends in quiet, 100,000
+//! watches closed left 226 MB of a 278 MB peak resident. [`spawn_trimmer`] starts a thread that
+//! looks at the RSS every [`INTERVAL`] and trims once it has stopped growing and stands
+//! [`MARGIN`] above where the last trim left it: after a load, not during one, and never for
+//! nothing. A trim purges what its own thread can, and asks every runtime thread to give its
+//! own pages back the next time it has nothing to do ([`on_park`]), which costs each park one
+//! atomic load otherwise.
 
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// How often the RSS is looked at.
@@ -38,13 +43,43 @@ pub fn rss() -> Option<u64> {
 #[global_allocator]
 pub static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Returns the allocator's empty pages to the system now, rather than at its next
-/// allocation a second or more later.
+/// Trims asked for: each runtime thread collects once for each ([`on_park`]).
+static TRIMS: AtomicU64 = AtomicU64::new(0);
+
+/// The trims runtime threads made at a park.
+static THREAD_TRIMS: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// The trims this thread collected for.
+    static COLLECTED: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Returns this thread's empty pages to the system now, and every arena's, rather than at
+/// the thread's next allocation a second or more later.
 #[allow(unsafe_code, reason = "mimalloc's collection has no safe binding")]
 pub fn trim() {
-    // SAFETY: `mi_collect` takes no pointer; it frees this thread's empty pages and purges
-    // every arena's, under mimalloc's own synchronisation (safe from any thread).
+    // SAFETY: `mi_collect` takes no pointer; it frees the calling thread's empty pages and
+    // purges every arena's, under mimalloc's own synchronisation (safe from any thread).
     unsafe { libmimalloc_sys::mi_collect(true) }
+}
+
+/// Asks every runtime thread to trim at its next [`on_park`], and trims this one.
+pub fn trim_all() {
+    TRIMS.fetch_add(1, Ordering::Relaxed);
+    trim();
+}
+
+/// For a runtime's `on_thread_park`: a thread about to wait for work trims once after each
+/// [`trim_all`] (mimalloc gives a thread's pages back only on that thread).
+pub fn on_park() {
+    let asked = TRIMS.load(Ordering::Relaxed);
+    COLLECTED.with(|done| {
+        if done.get() != asked {
+            done.set(asked);
+            trim();
+            THREAD_TRIMS.fetch_add(1, Ordering::Relaxed);
+        }
+    });
 }
 
 /// Starts the thread that trims after loads (see the module doc).
@@ -63,7 +98,7 @@ pub fn spawn_trimmer() {
                 };
                 if due(now, last, floor) {
                     let started = Instant::now();
-                    trim();
+                    trim_all();
                     let after = rss().unwrap_or(now);
                     tracing::debug!(
                         before_mib = now / (1024 * 1024),
@@ -92,6 +127,9 @@ mod tests {
 
     const MIB: u64 = 1024 * 1024;
 
+    /// The process's RSS is every test's: the tests that read it run one at a time.
+    static RSS_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     #[test]
     fn trims_after_a_load_not_during_one() {
         // Growing: no trim, however high.
@@ -105,6 +143,7 @@ mod tests {
 
     #[test]
     fn freed_memory_goes_back_to_the_system_at_a_trim() {
+        let _one = RSS_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         // 200 MiB of small blocks, freed but for one in 1,024: most of mimalloc's pages fall
         // empty, and a trim gives them back at once (mimalloc alone would wait a second and
         // for the next allocation; glibc's malloc would keep them).
@@ -128,6 +167,30 @@ mod tests {
                 trimmed / MIB
             );
             drop(kept);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_runtime_thread_trims_once_when_it_next_parks_after_a_trim_is_asked() {
+        let _one = RSS_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        std::thread::spawn(|| {
+            let parks = |n| {
+                let before = THREAD_TRIMS.load(Ordering::Relaxed);
+                for _ in 0..n {
+                    on_park();
+                }
+                THREAD_TRIMS.load(Ordering::Relaxed) - before
+            };
+            // Caught up with the trims asked so far, then idle: nothing to do.
+            parks(1);
+            assert_eq!(parks(3), 0);
+            trim_all();
+            assert_eq!(parks(3), 1, "once a trim asked, however often it parks");
+            trim_all();
+            trim_all();
+            assert_eq!(parks(1), 1, "two asked while it worked: one trim");
         })
         .join()
         .unwrap();

@@ -27,6 +27,7 @@ impl Threads {
             .worker_threads(count.max(1))
             .thread_name(name)
             .on_thread_start(on_start)
+            .on_thread_park(crate::base::allocator::on_park)
             .enable_all()
             .build()?;
         let handle = rt.handle().clone();

@@ -48,7 +48,7 @@ use crate::serve::app::ServerState;
 use crate::serve::bulk::is_list;
 use crate::serve::conn_limits::{Activity, Busy, CLOSE_GRACE};
 use crate::serve::h2ledger::{Ledger, LedgerIo, Round};
-use crate::serve::h2wire::{Limit, Room, WRITE_BUDGET, Wire};
+use crate::serve::h2wire::{Limit, Room, Seen, WRITE_BUDGET, Wire};
 use crate::serve::pipeline::{self, Caller, H2Body, RequestBody};
 
 /// Rapid reset (CVE-2023-44487): streams a client may open and reset before the server has
@@ -149,10 +149,9 @@ struct WatchTask {
     id: u32,
     /// Where this watch's waker waits for the budget (`Ledger::spent`).
     parked: Option<u64>,
-    /// Set by the wire when the stream ends (the client reset it) or its flow control
-    /// broke; the wire knows this watch's waker once `known`.
-    over: Arc<std::sync::atomic::AtomicBool>,
-    known: bool,
+    /// What this watch last saw of the connection's stream ends: the wire wakes it when
+    /// its stream ends (the client reset it) or its flow control broke.
+    seen: Seen,
     _guards: Guards,
 }
 
@@ -213,14 +212,9 @@ impl Future for WatchTask {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = &mut *self;
-        if !this.known {
-            // Once: the wire wakes this waker when the client resets the stream.
-            this.wire.watch_end(cx, this.id, &this.over);
-            this.known = true;
-        }
         // One clock reading for the whole poll.
         let now = Instant::now();
-        if this.over.load(std::sync::atomic::Ordering::Acquire) {
+        if this.wire.over(cx, this.id, &mut this.seen) {
             // Gone, or reset for its flow control.
             if let Some(reason) = this.wire.broken(this.id) {
                 this.send.send_reset(reason);
@@ -746,8 +740,7 @@ async fn hand_over(
         timers: shared.timers.clone(),
         ledger: shared.ledger.clone(),
         parked: None,
-        over: Arc::default(),
-        known: false,
+        seen: Seen::default(),
         _guards: Guards {
             _body: body,
             _busy: busy,
@@ -777,14 +770,13 @@ async fn write_response(
         return;
     }
     let id = send.stream_id().as_u32();
-    let over = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut seen = Seen::default();
     loop {
         // A client that resets the stream (or drops the connection) ends the body at once,
         // not at its next frame: a watch passed through to proxy mode's upstream would
         // otherwise stay open there until the upstream next sends something.
         let next = std::future::poll_fn(|cx| {
-            wire.watch_end(cx, id, &over);
-            if over.load(std::sync::atomic::Ordering::Acquire) || send.poll_reset(cx).is_ready() {
+            if wire.over(cx, id, &mut seen) || send.poll_reset(cx).is_ready() {
                 return Poll::Ready(None);
             }
             std::pin::Pin::new(&mut body).poll_frame(cx).map(Some)

@@ -28,7 +28,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
@@ -119,23 +119,37 @@ enum Wait {
     Budget,
 }
 
-/// One stream the client opened, as its writer sees it.
+/// One stream the client opened, as its writer sees it: 24 bytes, one of a connection's
+/// thousand (a table of 2,048 entries of 32 bytes with the id, where 56-byte entries and a
+/// flag allocated per stream cost 150 B a watch at 1,000,000 watches).
 #[derive(Default)]
 struct Stream {
-    /// Send credit: the client's initial window, its WINDOW_UPDATEs, less what was framed.
-    window: i64,
-    /// h2 wrote the response's HEADERS: DATA may follow.
-    head_out: bool,
     /// The writer's waker: woken when it may have room, or the stream ended.
     waker: Option<Waker>,
+    /// Send credit: the client's initial window, its WINDOW_UPDATEs, less what was framed.
+    /// Within ±(2^31-1): a window pushed past the maximum breaks the stream (`broken`) or
+    /// the connection, and is kept at the maximum.
+    window: i32,
+    /// h2 wrote the response's HEADERS: DATA may follow.
+    head_out: bool,
     /// What the writer waits for, if anything.
     wait: Option<Wait>,
     /// The client's WINDOW_UPDATEs took the window past the maximum: the writer resets the
-    /// stream with this.
-    error: Option<Reason>,
-    /// Set when the stream ends or its flow control breaks: an idle writer reads it on every
-    /// poll without the lock ([`Wire::watch_end`]).
-    over: Option<Arc<AtomicBool>>,
+    /// stream with FLOW_CONTROL_ERROR.
+    broken: bool,
+}
+
+impl Stream {
+    fn window(&self) -> i64 {
+        i64::from(self.window)
+    }
+
+    /// Moves the window by `by`, kept within ±(2^31-1); false when it went past the maximum.
+    fn add_window(&mut self, by: i64) -> bool {
+        let w = self.window().saturating_add(by);
+        self.window = i32::try_from(w.clamp(-MAX_WINDOW, MAX_WINDOW)).unwrap_or(i32::MAX);
+        w <= MAX_WINDOW
+    }
 }
 
 struct State {
@@ -250,12 +264,10 @@ impl State {
     }
 
     /// The stream ended (END_STREAM or RST_STREAM either way): its writer learns it is gone.
-    fn remove(&mut self, id: u32) {
+    fn remove(&mut self, id: u32, ends: &AtomicU64) {
         if let Some(stream) = self.streams.remove(&id) {
             self.count(stream.wait, false);
-            if let Some(over) = &stream.over {
-                over.store(true, Ordering::Release);
-            }
+            ends.fetch_add(1, Ordering::Release);
             if let Some(w) = stream.waker {
                 w.wake();
             }
@@ -265,7 +277,31 @@ impl State {
 
 /// The framed output and send-side flow control of one h2 connection.
 #[derive(Clone, Default)]
-pub struct Wire(Arc<Mutex<State>>);
+pub struct Wire(Arc<Shared>);
+
+/// What a writer last saw of its connection's stream ends ([`Wire::over`]).
+#[derive(Clone, Copy, Default)]
+pub struct Seen(Option<u64>);
+
+#[derive(Default)]
+struct Shared {
+    state: Mutex<State>,
+    /// How many of the connection's streams ended or broke their flow control: a writer
+    /// compares it with what it saw last on every poll, without the lock, and looks for its
+    /// own stream only when it moved ([`Wire::over`]). One counter for the connection, where
+    /// a flag a stream cost an allocation each.
+    ends: AtomicU64,
+}
+
+impl Wire {
+    fn lock(&self) -> parking_lot::MutexGuard<'_, State> {
+        self.0.state.lock()
+    }
+
+    fn remove(&self, id: u32) {
+        self.lock().remove(id, &self.0.ends);
+    }
+}
 
 /// What else bounds a writer's room.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -296,14 +332,14 @@ impl Wire {
     /// connection's. Pending registers the waker, woken when there may be room (or the stream
     /// ended). `limit` says what else bounds it ([`Limit`]).
     pub fn poll_room(&self, cx: &Context<'_>, id: u32, want: usize, limit: Limit) -> Poll<Room> {
-        let mut s = self.0.lock();
+        let mut s = self.lock();
         let s = &mut *s;
         let Some(stream) = s.streams.get_mut(&id) else {
             return Poll::Ready(Room::Gone);
         };
-        if let Some(reason) = stream.error {
-            s.remove(id);
-            return Poll::Ready(Room::Reset(reason));
+        if stream.broken {
+            s.remove(id, &self.0.ends);
+            return Poll::Ready(Room::Reset(Reason::FLOW_CONTROL_ERROR));
         }
         let wait = if !stream.head_out || stream.window <= 0 {
             Some(Wait::Stream)
@@ -326,9 +362,9 @@ impl Wire {
         };
         let n = i64::try_from(want)
             .unwrap_or(i64::MAX)
-            .min(stream.window)
+            .min(stream.window())
             .min(s.conn);
-        stream.window = stream.window.saturating_sub(n);
+        stream.add_window(n.saturating_neg());
         s.conn = s.conn.saturating_sub(n);
         Poll::Ready(Room::Bytes(usize::try_from(n).unwrap_or(0)))
     }
@@ -338,7 +374,7 @@ impl Wire {
     /// writer on another task than the connection's).
     pub fn frame(&self, id: u32, parts: &[Bytes], reserved: usize, wake: bool) -> usize {
         let total = parts.iter().fold(0usize, |n, p| n.saturating_add(p.len()));
-        let mut s = self.0.lock();
+        let mut s = self.lock();
         let s = &mut *s;
         give_back(s, id, reserved.saturating_sub(total));
         if total == 0 {
@@ -358,23 +394,31 @@ impl Wire {
     /// yielded do not spin while h2 holds a frame the socket took only part of: the next
     /// round lets them frame again, as far as the connection's budget.)
     pub fn open_round(&self) {
-        self.0.lock().round = 0;
+        self.lock().round = 0;
     }
 
     /// Gives back room reserved and not used.
     pub fn give_back(&self, id: u32, n: usize) {
         if n > 0 {
-            give_back(&mut self.0.lock(), id, n);
+            give_back(&mut self.lock(), id, n);
         }
     }
 
-    /// Registers `cx`'s waker to learn that stream `id` ended or that its flow control was
-    /// broken while its writer is idle, not waiting for room: `over` is set then (and at
-    /// once if the stream is already gone).
-    pub fn watch_end(&self, cx: &Context<'_>, id: u32, over: &Arc<AtomicBool>) {
-        let mut s = self.0.lock();
+    /// True when stream `id` ended or its flow control broke ([`Wire::broken`] says
+    /// which). Otherwise `cx`'s waker is the writer's, woken when either happens while the
+    /// writer is idle, not waiting for room. `seen` is the writer's own record, starting at
+    /// [`Seen::default`]: while no stream of the connection ended since, the answer is false
+    /// without the lock.
+    pub fn over(&self, cx: &Context<'_>, id: u32, seen: &mut Seen) -> bool {
+        let ends = self.0.ends.load(Ordering::Acquire);
+        if seen.0 == Some(ends) {
+            return false;
+        }
+        // The count is raised under the lock, before the waker is woken: one that moves after
+        // this reading is seen at the writer's next poll.
+        let mut s = self.lock();
         match s.streams.get_mut(&id) {
-            Some(stream) if stream.error.is_none() => {
+            Some(stream) if !stream.broken => {
                 if !stream
                     .waker
                     .as_ref()
@@ -382,29 +426,27 @@ impl Wire {
                 {
                     stream.waker = Some(cx.waker().clone());
                 }
-                // A response body registers on every poll: its flag is kept, not cloned again.
-                if !stream.over.as_ref().is_some_and(|o| Arc::ptr_eq(o, over)) {
-                    stream.over = Some(over.clone());
-                }
+                seen.0 = Some(ends);
+                false
             }
-            _ => over.store(true, Ordering::Release),
+            _ => true,
         }
     }
 
-    /// Why a writer's stream is over, once `over` was set ([`Wire::watch_end`]): the
-    /// reason to reset it with when the client broke its flow control, `None` when it ended.
+    /// Why a writer's stream is over, once [`Wire::over`] said so: the reason to reset it
+    /// with when the client broke its flow control, `None` when it ended.
     pub fn broken(&self, id: u32) -> Option<Reason> {
-        let mut s = self.0.lock();
-        let reason = s.streams.get(&id).and_then(|st| st.error);
-        if reason.is_some() {
-            s.remove(id);
+        let mut s = self.lock();
+        let broken = s.streams.get(&id).is_some_and(|st| st.broken);
+        if broken {
+            s.remove(id, &self.0.ends);
         }
-        reason
+        broken.then_some(Reason::FLOW_CONTROL_ERROR)
     }
 
     /// The connection error found in the client's frames, once.
     pub fn take_error(&self) -> Option<Reason> {
-        self.0.lock().error.take()
+        self.lock().error.take()
     }
 
     /// Payload bytes of DATA frames went to the socket.
@@ -412,7 +454,7 @@ impl Wire {
         if n == 0 {
             return;
         }
-        let mut s = self.0.lock();
+        let mut s = self.lock();
         s.unwritten = s.unwritten.saturating_sub(n);
         if s.budget_waiting > 0 && s.unwritten <= WRITE_BUDGET / 2 {
             s.wake_all(Wait::Budget);
@@ -422,7 +464,7 @@ impl Wire {
     /// Moves what was framed to the end of `out` (h2's output is between two frames), and
     /// keeps the connection task's waker.
     pub fn splice(&self, out: &mut Vec<u8>, driver: &Waker) {
-        let mut s = self.0.lock();
+        let mut s = self.lock();
         s.keep_driver(driver);
         if s.framed.is_empty() {
             return;
@@ -437,13 +479,13 @@ impl Wire {
 
     /// Keeps the connection task's waker without splicing (h2 is inside a frame).
     pub fn note_driver(&self, driver: &Waker) {
-        self.0.lock().keep_driver(driver);
+        self.lock().keep_driver(driver);
     }
 
     #[cfg(test)]
     pub(crate) fn windows(&self, id: u32) -> (i64, Option<i64>) {
-        let s = self.0.lock();
-        (s.conn, s.streams.get(&id).map(|st| st.window))
+        let s = self.lock();
+        (s.conn, s.streams.get(&id).map(Stream::window))
     }
 }
 
@@ -454,7 +496,7 @@ fn give_back(s: &mut State, id: u32, n: usize) {
     let n = i64::try_from(n).unwrap_or(i64::MAX);
     s.conn = s.conn.saturating_add(n);
     if let Some(stream) = s.streams.get_mut(&id) {
-        stream.window = stream.window.saturating_add(n);
+        stream.add_window(n);
     }
     if s.conn > 0 && s.conn_waiting > 0 {
         s.wake_all(Wait::Conn);
@@ -642,20 +684,15 @@ impl Inbound {
         out.put(&self.head);
         match h.kind {
             HEADERS if h.stream % 2 == 1 => {
-                let mut s = self.wire.0.lock();
+                let mut s = self.wire.lock();
                 if h.stream > s.last_opened {
                     s.last_opened = h.stream;
-                    let window = s.initial;
-                    s.streams.insert(
-                        h.stream,
-                        Stream {
-                            window,
-                            ..Stream::default()
-                        },
-                    );
+                    let mut stream = Stream::default();
+                    stream.add_window(s.initial);
+                    s.streams.insert(h.stream, stream);
                 }
             }
-            RST_STREAM => self.wire.0.lock().remove(h.stream),
+            RST_STREAM => self.wire.remove(h.stream),
             _ => {}
         }
         self.at = match h.kind {
@@ -684,7 +721,7 @@ impl Inbound {
             // A protocol error, h2's to answer (a stream's or the connection's).
             return false;
         }
-        let mut s = self.wire.0.lock();
+        let mut s = self.wire.lock();
         let s = &mut *s;
         if h.stream == 0 {
             s.conn = s.conn.saturating_add(inc);
@@ -701,14 +738,11 @@ impl Inbound {
             // (h2 ignores it).
             return false;
         };
-        stream.window = stream.window.saturating_add(inc);
-        if stream.window > MAX_WINDOW {
-            stream.error = Some(Reason::FLOW_CONTROL_ERROR);
-            if let Some(over) = &stream.over {
-                over.store(true, Ordering::Release);
-            }
+        if !stream.add_window(inc) && !stream.broken {
+            stream.broken = true;
+            self.wire.0.ends.fetch_add(1, Ordering::Release);
         }
-        if stream.error.is_some() || (stream.window > 0 && stream.wait == Some(Wait::Stream)) {
+        if stream.broken || (stream.window > 0 && stream.wait == Some(Wait::Stream)) {
             s.wake(h.stream);
         }
         true
@@ -716,7 +750,7 @@ impl Inbound {
 
     /// A SETTINGS frame passed: a new initial window changes every open stream's.
     fn settings(&mut self, payload: &[u8]) {
-        let mut s = self.wire.0.lock();
+        let mut s = self.wire.lock();
         for entry in payload.chunks_exact(6) {
             let [i0, i1, v0, v1, v2, v3] = [0, 1, 2, 3, 4, 5].map(|i| entry.get(i).copied());
             let (Some(i0), Some(i1), Some(v0), Some(v1), Some(v2), Some(v3)) =
@@ -736,8 +770,7 @@ impl Inbound {
             s.initial = value;
             let mut overflow = false;
             for stream in s.streams.values_mut() {
-                stream.window = stream.window.saturating_add(delta);
-                overflow |= stream.window > MAX_WINDOW;
+                overflow |= !stream.add_window(delta);
             }
             if delta > 0 {
                 s.wake_all(Wait::Stream);
@@ -843,16 +876,16 @@ fn frame_written(block: &mut Option<(u32, bool)>, h: Head, wire: &Wire) {
                 head_out(wire, stream, ends);
             }
         }
-        DATA if ends => wire.0.lock().remove(h.stream),
-        RST_STREAM => wire.0.lock().remove(h.stream),
+        DATA if ends => wire.remove(h.stream),
+        RST_STREAM => wire.remove(h.stream),
         _ => {}
     }
 }
 
 fn head_out(wire: &Wire, id: u32, ends: bool) {
-    let mut s = wire.0.lock();
+    let mut s = wire.lock();
     if ends {
-        s.remove(id);
+        s.remove(id, &wire.0.ends);
     } else if let Some(stream) = s.streams.get_mut(&id) {
         stream.head_out = true;
         if stream.wait == Some(Wait::Stream) {

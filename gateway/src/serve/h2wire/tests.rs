@@ -176,24 +176,64 @@ fn windows_past_the_maximum_are_flow_control_errors() {
 fn a_stream_the_client_resets_is_gone_for_its_writer() {
     let wire = Wire::default();
     open(&wire, 1);
+    open(&wire, 3);
     let (woken, waker) = counting_waker();
     let cx = Context::from_waker(&waker);
-    let over = Arc::new(AtomicBool::new(false));
-    wire.watch_end(&cx, 1, &over);
-    assert!(!over.load(SeqCst));
+    let (mut one, mut three) = (Seen::default(), Seen::default());
+    assert!(!wire.over(&cx, 1, &mut one));
+    assert!(!wire.over(&cx, 3, &mut three));
     let mut inbound = Inbound::new(wire.clone());
     inbound.preface = 0;
     let mut out = Vec::new();
     inbound.feed(&frame(RST_STREAM, 0, 1, &8u32.to_be_bytes()), &mut out);
     assert_eq!(woken.load(SeqCst), 1, "the idle writer learns of the reset");
-    assert!(over.load(SeqCst));
+    assert!(wire.over(&cx, 1, &mut one));
+    assert_eq!(wire.broken(1), None, "ended, not broken");
+    assert!(
+        !wire.over(&cx, 3, &mut three),
+        "another stream's end is not this one's"
+    );
     assert_eq!(
         wire.poll_room(&cx, 1, 1, Limit::Round),
         Poll::Ready(Room::Gone)
     );
-    let late = Arc::new(AtomicBool::new(false));
-    wire.watch_end(&cx, 1, &late);
-    assert!(late.load(SeqCst), "a stream already gone is over at once");
+    assert!(
+        wire.over(&cx, 1, &mut Seen::default()),
+        "a stream already gone is over at once"
+    );
+}
+
+#[test]
+fn a_stream_whose_window_overflows_is_over_and_broken_for_its_idle_writer() {
+    let wire = Wire::default();
+    open(&wire, 1);
+    let (woken, waker) = counting_waker();
+    let cx = Context::from_waker(&waker);
+    let mut seen = Seen::default();
+    assert!(!wire.over(&cx, 1, &mut seen));
+    let mut inbound = Inbound::new(wire.clone());
+    inbound.preface = 0;
+    let mut out = Vec::new();
+    inbound.feed(&window_update(1, 0x7fff_ffff), &mut out);
+    assert!(out.is_empty(), "the wire answers it, not h2");
+    assert_eq!(woken.load(SeqCst), 1);
+    assert!(wire.over(&cx, 1, &mut seen));
+    assert_eq!(wire.broken(1), Some(Reason::FLOW_CONTROL_ERROR));
+    assert_eq!(
+        wire.poll_room(&cx, 1, 1, Limit::Round),
+        Poll::Ready(Room::Gone),
+        "reset once, then gone"
+    );
+}
+
+#[test]
+fn a_stream_costs_the_wire_little() {
+    // A connection of 1,000 watches keeps a table of 2,048 of these.
+    assert!(
+        std::mem::size_of::<Stream>() <= 24,
+        "{}",
+        std::mem::size_of::<Stream>()
+    );
 }
 
 #[test]
