@@ -5,6 +5,10 @@ use clap::Parser;
 use svc_gateway::base::flags::Options;
 use tokio::signal::unix::{SignalKind, signal};
 
+/// mimalloc: no free holes kept between live allocations (`base::allocator`).
+#[global_allocator]
+static ALLOCATOR: svc_gateway::base::allocator::Allocator = mimalloc::MiMalloc;
+
 fn main() -> anyhow::Result<()> {
     let opts = Options::parse();
     if let Some(svc_gateway::base::flags::Command::ValidateConfig(args)) = &opts.command {

@@ -1,11 +1,9 @@
 //! The process's allocator, and giving memory back to the system after a load.
 //!
-//! The allocator is mimalloc ([`ALLOCATOR`]), for every binary that links the gateway. glibc's
-//! malloc kept a watch's short-lived allocations (the request task that sets a watch up, about
-//! 9 KB) as free holes between the watch's long-lived ones: at 1,000,000 h2 watches 43,000
-//! holes of 9.4 KB, 400 MB of 2.2 GB, held and not reusable. mimalloc keeps each size in pages
-//! of its own, so a hole is only ever reused by the same size: 1,871 B a watch against glibc's
-//! 2,239 in the same sitting (BENCHMARKS, "1M h2 watches").
+//! The gateway binary's allocator is mimalloc ([`Allocator`]). glibc's malloc kept free
+//! holes between live allocations that it could not reuse: at 1,000,000 h2 watches about
+//! 43,000 of 9.4 KB, 400 MB of 2.2 GB. mimalloc keeps each size class in pages of its own, so a
+//! hole is only ever reused by its own size (BENCHMARKS, "1M h2 watches: mimalloc").
 //!
 //! mimalloc returns a page's memory to the system a second after it falls empty, but only
 //! when the thread that owns the page next allocates: after a load that ends in quiet, 100,000
@@ -39,9 +37,13 @@ pub fn rss() -> Option<u64> {
     Some(pages.saturating_mul(4096))
 }
 
-/// The global allocator of every binary that links the gateway (see the module doc).
+/// The gateway binary's global allocator (`main.rs`); this crate's unit tests run on it too.
+/// The integration tests and benches that count allocations bring their own.
+pub type Allocator = mimalloc::MiMalloc;
+
+#[cfg(test)]
 #[global_allocator]
-pub static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static TEST_ALLOCATOR: Allocator = mimalloc::MiMalloc;
 
 /// Trims asked for: each runtime thread collects once for each ([`on_park`]).
 static TRIMS: AtomicU64 = AtomicU64::new(0);
@@ -128,7 +130,7 @@ mod tests {
     const MIB: u64 = 1024 * 1024;
 
     /// The process's RSS is every test's: the tests that read it run one at a time.
-    static RSS_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    static RSS_TESTS: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
 
     #[test]
     fn trims_after_a_load_not_during_one() {
@@ -143,7 +145,7 @@ mod tests {
 
     #[test]
     fn freed_memory_goes_back_to_the_system_at_a_trim() {
-        let _one = RSS_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let _one = RSS_TESTS.lock();
         // 200 MiB of small blocks, freed but for one in 1,024: most of mimalloc's pages fall
         // empty, and a trim gives them back at once (mimalloc alone would wait a second and
         // for the next allocation; glibc's malloc would keep them).
@@ -174,7 +176,7 @@ mod tests {
 
     #[test]
     fn a_runtime_thread_trims_once_when_it_next_parks_after_a_trim_is_asked() {
-        let _one = RSS_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let _one = RSS_TESTS.lock();
         std::thread::spawn(|| {
             let parks = |n| {
                 let before = THREAD_TRIMS.load(Ordering::Relaxed);
