@@ -16,18 +16,20 @@
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How often the RSS is looked at.
 pub const INTERVAL: Duration = Duration::from_secs(10);
 
-/// Growth over the last trim's level that is worth a trim.
+/// A move away from the level the last trim left that is worth a trim.
 pub const MARGIN: u64 = 32 * 1024 * 1024;
 
-/// Whether to trim now: the RSS stands `MARGIN` above the level the last trim left, and did
-/// not grow since the last look (the load is over, or at least not growing).
-pub fn due(rss: u64, last: u64, floor: u64) -> bool {
-    rss > floor.saturating_add(MARGIN) && rss <= last
+/// Whether to trim now: the RSS did not grow since the last look (the load is over, or at
+/// least not growing) and stands `MARGIN` away from `settled`, the level the last trim left.
+/// Below it too: a trim taken during a load leaves the load's level, and what the load's end
+/// freed stays with threads that then have nothing to do, until a trim asks them.
+pub fn due(rss: u64, last: u64, settled: u64) -> bool {
+    rss <= last && rss.abs_diff(settled) > MARGIN
 }
 
 /// The process's resident set in bytes (`/proc/self/statm`), if it can be read.
@@ -89,32 +91,30 @@ pub fn spawn_trimmer() {
     let spawned = std::thread::Builder::new()
         .name("allocator-trim".into())
         .spawn(|| {
-            let Some(mut floor) = rss() else {
+            let Some(mut settled) = rss() else {
                 return;
             };
-            let mut last = floor;
+            let mut last = settled;
+            // The RSS when the last trim was asked, until the next look reads what it left.
+            let mut trimmed: Option<u64> = None;
             loop {
                 std::thread::sleep(INTERVAL);
                 let Some(now) = rss() else {
                     return;
                 };
-                if due(now, last, floor) {
-                    let started = Instant::now();
-                    trim_all();
-                    let after = rss().unwrap_or(now);
+                if let Some(before) = trimmed.take() {
+                    // Every runtime thread had the interval to park and give its pages back.
                     tracing::debug!(
-                        before_mib = now / (1024 * 1024),
-                        after_mib = after / (1024 * 1024),
-                        took_ms = started.elapsed().as_millis(),
+                        before_mib = before / (1024 * 1024),
+                        after_mib = now / (1024 * 1024),
                         "returned free memory to the system"
                     );
-                    floor = after;
-                    last = after;
-                } else {
-                    last = now;
-                    // A process that shrank on its own moves the floor down with it.
-                    floor = floor.min(now);
+                    settled = now;
+                } else if due(now, last, settled) {
+                    trim_all();
+                    trimmed = Some(now);
                 }
+                last = now;
             }
         });
     if let Err(e) = spawned {
@@ -136,11 +136,14 @@ mod tests {
     fn trims_after_a_load_not_during_one() {
         // Growing: no trim, however high.
         assert!(!due(500 * MIB, 400 * MIB, 20 * MIB));
-        // Stopped growing, well above the floor: trim.
+        // Stopped growing, well above the last trim's level: trim.
         assert!(due(500 * MIB, 500 * MIB, 20 * MIB));
         assert!(due(480 * MIB, 500 * MIB, 20 * MIB));
-        // Within the margin of the floor: nothing worth it.
+        // Within the margin of it: nothing worth it.
         assert!(!due(40 * MIB, 40 * MIB, 20 * MIB));
+        // Well below the level a trim during the load left: the load's end is to trim.
+        assert!(due(220 * MIB, 230 * MIB, 500 * MIB));
+        assert!(!due(480 * MIB, 490 * MIB, 500 * MIB));
     }
 
     #[test]
