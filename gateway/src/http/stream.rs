@@ -189,11 +189,13 @@ impl WatchStream {
 
 /// Where a watch response keeps its stream until a server takes it: the h2 connection task
 /// takes it from the response's extensions; an HTTP/1.1 body takes it when first polled.
+/// The stream is boxed: the response body keeps the handoff (empty, once taken) as long as
+/// the watch lasts, and an empty slot the size of a stream cost every h2 watch 300 bytes.
 #[derive(Clone)]
-pub struct WatchHandoff(Arc<Mutex<Option<WatchStream>>>);
+pub struct WatchHandoff(Arc<Mutex<Option<Box<WatchStream>>>>);
 
 impl WatchHandoff {
-    pub fn take(&self) -> Option<WatchStream> {
+    pub fn take(&self) -> Option<Box<WatchStream>> {
         self.0.lock().take()
     }
 }
@@ -203,7 +205,8 @@ impl WatchHandoff {
 /// and its own shutdown future, both made when first polled (never, over h2).
 struct WatchBody {
     handoff: Option<WatchHandoff>,
-    stream: Option<WatchStream>,
+    /// Boxed: over h2 the body is kept, and never polled, for as long as its watch lasts.
+    stream: Option<Box<WatchStream>>,
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
     stop_rx: tokio::sync::watch::Receiver<bool>,
     stop: Option<Pin<Box<dyn Future<Output = ()> + Send + Sync>>>,
@@ -279,7 +282,7 @@ impl WatchStream {
     /// The response that serves this stream: over HTTP/1.1 its body drives it; over h2 the
     /// connection task takes it from the response's extensions ([`WatchHandoff`]).
     pub fn into_response(self, stop_watches: tokio::sync::watch::Receiver<bool>) -> Response<Body> {
-        let handoff = WatchHandoff(Arc::new(Mutex::new(Some(self))));
+        let handoff = WatchHandoff(Arc::new(Mutex::new(Some(Box::new(self)))));
         let body = WatchBody {
             handoff: Some(handoff.clone()),
             stream: None,
@@ -367,6 +370,20 @@ mod tests {
 
     use super::*;
     use crate::observe::metrics::Metrics;
+
+    #[test]
+    fn what_an_h2_watch_keeps_of_its_response_body_is_small() {
+        // Over h2 the body and its emptied handoff last as long as the watch, never polled:
+        // a stream's worth of room in either is paid by every watch of a million.
+        let handoff = std::mem::size_of::<Mutex<Option<Box<WatchStream>>>>();
+        let body = std::mem::size_of::<WatchBody>();
+        assert!(handoff <= 16, "{handoff}");
+        assert!(body <= 64, "{body}");
+        assert!(
+            std::mem::size_of::<WatchStream>() > body,
+            "the stream is what is boxed"
+        );
+    }
 
     #[test]
     fn a_stream_drained_to_nothing_waits_for_its_watcher() {

@@ -680,7 +680,7 @@ fn spawn_request(shared: &Arc<ConnState>, req: Request<RecvStream>, respond: Sen
             .get::<WatchHandoff>()
             .and_then(WatchHandoff::take);
         match stream {
-            Some(stream) => hand_over(&shared, respond, resp, stream, busy).await,
+            Some(stream) => hand_over(&shared, respond, resp, *stream, busy).await,
             None => {
                 write_response(respond, resp, head_only, &shared.wire).await;
                 drop(busy);
