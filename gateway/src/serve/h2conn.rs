@@ -398,8 +398,11 @@ pub async fn serve<I>(
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let activity = Activity::new();
-    let ledger = Ledger::new(app.h2_watch_held.clone(), app.h2_writes.clone())
-        .counting_short_writes(app.h2_short_writes.clone());
+    let ledger = Ledger::new(
+        app.h2_watch_held.clone(),
+        app.h2_writes.clone(),
+        app.h2_short_writes.clone(),
+    );
     let round = Round::default();
     let wire = Wire::default();
     let io = LedgerIo::new(io, ledger.clone(), round.clone(), wire.clone());

@@ -47,12 +47,18 @@ pub const WATCH_BUDGET: usize = 256 * 1024;
 /// How far the gauge may lag behind what a connection holds (see `State::reported`).
 const GAUGE_SLACK: usize = 64 * 1024;
 
-#[derive(Default)]
 struct Shared {
     state: Mutex<State>,
     /// `State::streams`' sum: what waits for the socket, against the budget. Changed under
     /// the lock; read without it by the common case of [`Ledger::spent`].
     queued: AtomicUsize,
+    /// Every connection's held bytes together (`svc_http2_watch_held_bytes`).
+    gauge: Gauge,
+    /// Every connection's writes to its transport (`svc_http2_writes_total`).
+    writes: StripedCounter,
+    /// Those the transport took only part of (`svc_http2_short_writes_total`): its buffer was
+    /// full, the reader behind.
+    short: StripedCounter,
 }
 
 #[derive(Default)]
@@ -76,32 +82,25 @@ struct State {
 }
 
 /// One h2 connection's count of what its watches hold; shared by its watches and its socket.
+/// One pointer: every watch of a million keeps a handle.
 #[derive(Clone)]
 pub struct Ledger {
     state: Arc<Shared>,
-    /// Every connection's held bytes together (`svc_http2_watch_held_bytes`).
-    gauge: Gauge,
-    /// Every connection's writes to its transport (`svc_http2_writes_total`).
-    writes: StripedCounter,
-    /// Those the transport took only part of (`svc_http2_short_writes_total`): its buffer was
-    /// full, the reader behind.
-    short: StripedCounter,
 }
 
 impl Ledger {
-    pub fn new(gauge: Gauge, writes: StripedCounter) -> Self {
+    /// A ledger telling `gauge` what the connection holds, and counting its transport's
+    /// writes in `writes` and those it took only part of in `short`.
+    pub fn new(gauge: Gauge, writes: StripedCounter, short: StripedCounter) -> Self {
         Ledger {
-            state: Arc::default(),
-            gauge,
-            writes,
-            short: StripedCounter::default(),
+            state: Arc::new(Shared {
+                state: Mutex::default(),
+                queued: AtomicUsize::new(0),
+                gauge,
+                writes,
+                short,
+            }),
         }
-    }
-
-    /// Counts the writes the transport took only part of in `short`.
-    pub fn counting_short_writes(mut self, short: StripedCounter) -> Self {
-        self.short = short;
-        self
     }
 
     /// True when the budget is spent: the caller must not drain, and is woken when it may.
@@ -160,10 +159,12 @@ impl Ledger {
     fn report(&self, s: &mut State, slack: usize) {
         if s.held.abs_diff(s.reported) > slack {
             if s.held > s.reported {
-                self.gauge
+                self.state
+                    .gauge
                     .inc_by(gauge_value(s.held.saturating_sub(s.reported)));
             } else {
-                self.gauge
+                self.state
+                    .gauge
                     .dec_by(gauge_value(s.reported.saturating_sub(s.held)));
             }
             s.reported = s.held;
@@ -226,7 +227,7 @@ impl Drop for Ledger {
         // The last handle (the socket's or a watch's) gives the connection's share back.
         if Arc::strong_count(&self.state) == 1 {
             let reported = self.state.state.lock().reported;
-            self.gauge.dec_by(gauge_value(reported));
+            self.state.gauge.dec_by(gauge_value(reported));
         }
     }
 }
@@ -374,7 +375,7 @@ impl<I: AsyncWrite + Unpin> LedgerIo<I> {
             let rest = self.out.get(self.at..).unwrap_or_default();
             let r = Pin::new(&mut self.io).poll_write(cx, rest);
             if r.is_ready() {
-                self.ledger.writes.inc_by(1);
+                self.ledger.state.writes.inc_by(1);
             }
             let n = match r {
                 Poll::Ready(Ok(0)) => {
@@ -382,7 +383,7 @@ impl<I: AsyncWrite + Unpin> LedgerIo<I> {
                 }
                 Poll::Ready(Ok(n)) => {
                     if n < rest.len() {
-                        self.ledger.short.inc_by(1);
+                        self.ledger.state.short.inc_by(1);
                     }
                     n
                 }
@@ -423,11 +424,11 @@ impl<I: AsyncWrite + Unpin> LedgerIo<I> {
             // Large enough on its own: straight to the socket, no copy.
             let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
             if r.is_ready() {
-                self.ledger.writes.inc_by(1);
+                self.ledger.state.writes.inc_by(1);
             }
             if let Poll::Ready(Ok(n)) = r {
                 if n < total {
-                    self.ledger.short.inc_by(1);
+                    self.ledger.state.short.inc_by(1);
                 }
                 self.wrote(bufs, n);
                 self.follow(bufs, n);
@@ -618,7 +619,11 @@ mod tests {
     #[test]
     fn the_budget_stops_drains_until_the_socket_takes_half() {
         let gauge = Gauge::default();
-        let ledger = Ledger::new(gauge.clone(), StripedCounter::default());
+        let ledger = Ledger::new(
+            gauge.clone(),
+            StripedCounter::default(),
+            StripedCounter::default(),
+        );
         let (woken, waker) = counting_waker();
         let cx = Context::from_waker(&waker);
         let (mut a, mut b) = (None, None);
@@ -716,8 +721,12 @@ mod tests {
     }
 
     fn ledger_with_watches() -> (Ledger, StripedCounter) {
+        ledger_counting_short_writes(StripedCounter::default())
+    }
+
+    fn ledger_counting_short_writes(short: StripedCounter) -> (Ledger, StripedCounter) {
         let writes = StripedCounter::default();
-        let ledger = Ledger::new(Gauge::default(), writes.clone());
+        let ledger = Ledger::new(Gauge::default(), writes.clone(), short);
         ledger.sent(3, 117);
         ledger.sent(5, 3000);
         (ledger, writes)
@@ -730,7 +739,11 @@ mod tests {
         let wire = Wire::default();
         let mut io = LedgerIo::new(
             client,
-            Ledger::new(Gauge::default(), StripedCounter::default()),
+            Ledger::new(
+                Gauge::default(),
+                StripedCounter::default(),
+                StripedCounter::default(),
+            ),
             Round::default(),
             wire.clone(),
         );
@@ -809,9 +822,8 @@ mod tests {
 
     #[test]
     fn writes_the_socket_takes_in_part_are_counted() {
-        let (ledger, writes) = ledger_with_watches();
         let short = StripedCounter::default();
-        let ledger = ledger.counting_short_writes(short.clone());
+        let (ledger, writes) = ledger_counting_short_writes(short.clone());
         let round = Round::default();
         let socket = Socket {
             room: 1000,
@@ -918,7 +930,11 @@ mod tests {
     #[test]
     fn a_dropped_connection_gives_its_share_back() {
         let gauge = Gauge::default();
-        let ledger = Ledger::new(gauge.clone(), StripedCounter::default());
+        let ledger = Ledger::new(
+            gauge.clone(),
+            StripedCounter::default(),
+            StripedCounter::default(),
+        );
         let other = ledger.clone();
         ledger.hold(GAUGE_SLACK + 4096);
         drop(ledger);
@@ -930,7 +946,11 @@ mod tests {
     #[test]
     fn the_gauge_lags_by_at_most_the_slack_and_is_exact_when_a_watch_ends() {
         let gauge = Gauge::default();
-        let ledger = Ledger::new(gauge.clone(), StripedCounter::default());
+        let ledger = Ledger::new(
+            gauge.clone(),
+            StripedCounter::default(),
+            StripedCounter::default(),
+        );
         let mut sent = 0;
         for _ in 0..200 {
             ledger.sent(3, 1000);
