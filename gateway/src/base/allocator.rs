@@ -32,6 +32,46 @@ pub fn due(rss: u64, last: u64, settled: u64) -> bool {
     rss <= last && rss.abs_diff(settled) > MARGIN
 }
 
+/// When the trim thread trims, from the RSS it reads at each look.
+#[derive(Debug)]
+pub struct Looks {
+    /// The level the last trim left.
+    settled: u64,
+    /// The RSS at the last look.
+    last: u64,
+    /// The RSS when the last trim was asked, until the next look reads what it left (every
+    /// runtime thread then had an interval to park and give its pages back).
+    trimmed: Option<u64>,
+}
+
+impl Looks {
+    pub fn new(rss: u64) -> Self {
+        Looks {
+            settled: rss,
+            last: rss,
+            trimmed: None,
+        }
+    }
+
+    /// The RSS read now; true when a trim is to be asked. A trim that gave back more than
+    /// [`MARGIN`] is followed by another while the RSS does not grow: a load's end frees its
+    /// memory over seconds, and a trim asked early in it leaves the rest with the threads.
+    pub fn look(&mut self, now: u64) -> bool {
+        let trim = match self.trimmed.take() {
+            Some(before) => {
+                self.settled = now;
+                before.saturating_sub(now) > MARGIN && now <= self.last
+            }
+            None => due(now, self.last, self.settled),
+        };
+        if trim {
+            self.trimmed = Some(now);
+        }
+        self.last = now;
+        trim
+    }
+}
+
 /// The process's resident set in bytes (`/proc/self/statm`), if it can be read.
 pub fn rss() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
@@ -91,30 +131,19 @@ pub fn spawn_trimmer() {
     let spawned = std::thread::Builder::new()
         .name("allocator-trim".into())
         .spawn(|| {
-            let Some(mut settled) = rss() else {
+            let Some(start) = rss() else {
                 return;
             };
-            let mut last = settled;
-            // The RSS when the last trim was asked, until the next look reads what it left.
-            let mut trimmed: Option<u64> = None;
+            let mut looks = Looks::new(start);
             loop {
                 std::thread::sleep(INTERVAL);
                 let Some(now) = rss() else {
                     return;
                 };
-                if let Some(before) = trimmed.take() {
-                    // Every runtime thread had the interval to park and give its pages back.
-                    tracing::debug!(
-                        before_mib = before / (1024 * 1024),
-                        after_mib = now / (1024 * 1024),
-                        "returned free memory to the system"
-                    );
-                    settled = now;
-                } else if due(now, last, settled) {
+                if looks.look(now) {
+                    tracing::debug!(rss_mib = now / (1024 * 1024), "trimming the allocator");
                     trim_all();
-                    trimmed = Some(now);
                 }
-                last = now;
             }
         });
     if let Err(e) = spawned {
@@ -144,6 +173,34 @@ mod tests {
         // Well below the level a trim during the load left: the load's end is to trim.
         assert!(due(220 * MIB, 230 * MIB, 500 * MIB));
         assert!(!due(480 * MIB, 490 * MIB, 500 * MIB));
+    }
+
+    #[test]
+    fn a_trim_that_gave_much_back_is_followed_by_another_until_one_gives_little() {
+        let mut looks = Looks::new(40 * MIB);
+        // A load: growing, then flat (one trim), then over.
+        assert!(!looks.look(200 * MIB));
+        assert!(looks.look(200 * MIB));
+        assert!(
+            looks.look(120 * MIB),
+            "80 MiB came back: the load's end may hold more"
+        );
+        assert!(looks.look(60 * MIB), "60 more");
+        assert!(!looks.look(50 * MIB), "10 more: settled");
+        assert!(!looks.look(52 * MIB));
+        // A trim that came back with the RSS growing again waits for it to stop.
+        let mut looks = Looks::new(40 * MIB);
+        looks.look(300 * MIB);
+        assert!(looks.look(300 * MIB));
+        assert!(
+            !looks.look(350 * MIB),
+            "growing again: the trim's level is 350"
+        );
+        assert!(!looks.look(400 * MIB), "growing");
+        assert!(
+            looks.look(400 * MIB),
+            "flat, 50 above the level the trim left"
+        );
     }
 
     #[test]
