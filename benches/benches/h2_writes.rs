@@ -96,7 +96,7 @@ fn bench(c: &mut Criterion) {
         let round = Round::default();
         let mut io = LedgerIo::new(
             ours,
-            Ledger::new(Gauge::default(), writes.clone()),
+            Ledger::new(Gauge::default(), writes.clone(), StripedCounter::default()),
             round.clone(),
             Wire::default(),
         );
@@ -180,7 +180,7 @@ fn framed(c: &mut Criterion) {
     let round = Round::default();
     let mut io = LedgerIo::new(
         ours,
-        Ledger::new(Gauge::default(), writes.clone()),
+        Ledger::new(Gauge::default(), writes.clone(), StripedCounter::default()),
         round.clone(),
         wire.clone(),
     );
