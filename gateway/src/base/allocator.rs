@@ -3,16 +3,18 @@
 //! The gateway binary's allocator is mimalloc ([`Allocator`]). glibc's malloc kept free
 //! holes between live allocations that it could not reuse: at 1,000,000 h2 watches about
 //! 43,000 of 9.4 KB, 400 MB of 2.2 GB. mimalloc keeps each size class in pages of its own, so a
-//! hole is only ever reused by its own size (BENCHMARKS, "1M h2 watches: mimalloc").
+//! hole is only ever reused by its own size (BENCHMARKS, "1M h2 watches within their
+//! targets").
 //!
 //! mimalloc returns a page's memory to the system a second after it falls empty, but only
 //! when the thread that owns the page next allocates: after a load that ends in quiet, 100,000
 //! watches closed left 226 MB of a 278 MB peak resident. [`spawn_trimmer`] starts a thread that
 //! looks at the RSS every [`INTERVAL`] and trims once it has stopped growing and stands
-//! [`MARGIN`] above where the last trim left it: after a load, not during one, and never for
-//! nothing. A trim purges what its own thread can, and asks every runtime thread to give its
-//! own pages back the next time it has nothing to do ([`on_park`]), which costs each park one
-//! atomic load otherwise.
+//! [`MARGIN`] away from where the last trim left it, and again while a trim gives back more
+//! than that ([`Looks`]): after a load, not while it grows, and never for nothing. A trim
+//! purges what its own thread can, and asks every runtime thread to give its own pages back
+//! the next time it has nothing to do ([`on_park`]), which costs each park one atomic load
+//! otherwise.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -222,13 +222,11 @@ impl Ledger {
     }
 }
 
-impl Drop for Ledger {
+impl Drop for Shared {
     fn drop(&mut self) {
-        // The last handle (the socket's or a watch's) gives the connection's share back.
-        if Arc::strong_count(&self.state) == 1 {
-            let reported = self.state.state.lock().reported;
-            self.state.gauge.dec_by(gauge_value(reported));
-        }
+        // With the last handle (the socket's or a watch's) the connection's share goes back.
+        let reported = self.state.get_mut().reported;
+        self.gauge.dec_by(gauge_value(reported));
     }
 }
 

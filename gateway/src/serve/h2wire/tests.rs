@@ -41,6 +41,13 @@ fn open(wire: &Wire, id: u32) {
     inbound.feed(&frame(HEADERS, END_HEADERS, id, &[0x82]), &mut out);
 }
 
+/// The wire's reader of a connection whose preface was already read.
+fn past_preface(wire: &Wire) -> Inbound {
+    let mut inbound = Inbound::new(wire.clone());
+    inbound.preface = 0;
+    inbound
+}
+
 fn head_written(wire: &Wire, id: u32) {
     Outbound::default().feed(&frame(HEADERS, END_HEADERS, id, &[0x88]), wire);
 }
@@ -79,8 +86,7 @@ fn a_new_initial_window_moves_every_open_stream_s() {
     assert_eq!(wire.windows(1).1, Some(100));
     assert_eq!(wire.windows(3).1, Some(100));
     // Streams opened later start from the new value; lowering it can take a window below 0.
-    let mut inbound = Inbound::new(wire.clone());
-    inbound.preface = 0;
+    let mut inbound = past_preface(&wire);
     let mut out = Vec::new();
     inbound.feed(&frame(HEADERS, END_HEADERS, 5, &[0x82]), &mut out);
     assert_eq!(wire.windows(5).1, Some(100));
@@ -182,8 +188,7 @@ fn a_stream_the_client_resets_is_gone_for_its_writer() {
     let (mut one, mut three) = (Seen::default(), Seen::default());
     assert!(!wire.over(&cx, 1, &mut one));
     assert!(!wire.over(&cx, 3, &mut three));
-    let mut inbound = Inbound::new(wire.clone());
-    inbound.preface = 0;
+    let mut inbound = past_preface(&wire);
     let mut out = Vec::new();
     inbound.feed(&frame(RST_STREAM, 0, 1, &8u32.to_be_bytes()), &mut out);
     assert_eq!(woken.load(SeqCst), 1, "the idle writer learns of the reset");
@@ -211,8 +216,7 @@ fn a_stream_whose_window_overflows_is_over_and_broken_for_its_idle_writer() {
     let cx = Context::from_waker(&waker);
     let mut seen = Seen::default();
     assert!(!wire.over(&cx, 1, &mut seen));
-    let mut inbound = Inbound::new(wire.clone());
-    inbound.preface = 0;
+    let mut inbound = past_preface(&wire);
     let mut out = Vec::new();
     inbound.feed(&window_update(1, 0x7fff_ffff), &mut out);
     assert!(out.is_empty(), "the wire answers it, not h2");
