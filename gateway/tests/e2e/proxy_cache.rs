@@ -124,6 +124,22 @@ impl Upstream {
 
     /// A bookmark at the current revision to every open watch, as kube-apiserver sends them
     /// for the resources it watch-caches.
+    /// Whether a watch is open to be sent changes and bookmarks: counted in `watches` when
+    /// asked for, it is sent them only once answered.
+    fn watched(&self) -> bool {
+        self.state.lock().watchers.iter().any(|w| !w.is_closed())
+    }
+
+    /// Waits until a watch is open (see `watched`): a bookmark sent before would reach none.
+    async fn until_watched(&self) {
+        eventually(
+            Duration::from_secs(10),
+            "the upstream watch open",
+            || async { self.watched() },
+        )
+        .await;
+    }
+
     fn bookmark(&self) {
         let mut s = self.state.lock();
         let obj = json!({"kind": "ConfigMap", "apiVersion": "v1",
@@ -714,6 +730,7 @@ async fn a_quiet_resource_keeps_its_watch_until_it_is_seen_to_bookmark() {
     assert_eq!(up.lists.load(Ordering::SeqCst), 1);
     // Once the resource bookmarks, silence is a sign of a hung watch: it is opened again
     // from where it was, without a list.
+    up.until_watched().await;
     up.bookmark();
     eventually(
         Duration::from_secs(10),
@@ -781,6 +798,7 @@ async fn a_proof_whose_short_watch_brought_no_bookmark_tries_again() {
     let alice = proxy.user("alice", &[], false);
     until_filled(&alice).await;
     // The resource is seen to bookmark (the cache moves to 2 by the bookmark alone).
+    up.until_watched().await;
     up.change("b", Some("1"), true);
     up.bookmark();
     eventually(Duration::from_secs(10), "the bookmark seen", || async {
