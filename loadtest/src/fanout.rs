@@ -97,7 +97,8 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
                 let s = s.into_iter().map(|s| (s, 1)).collect();
                 (s, format, Some(opener), Some(ep.clone()))
             }
-            Tgt::Etcd(_) | Tgt::Raw => (Vec::new(), Format::Raw(p.object_size.max(16)), None, None),
+            Tgt::Etcd(_) => (Vec::new(), Format::Raw(p.object_size.max(16)), None, None),
+            Tgt::Raw => (Vec::new(), Format::Raw(raw_frame_size(p)), None, None),
         };
     let prefix = format!("/loadtest/{run_id}/");
     let (_etcd, etcd_tasks, etcd_opened) = match &tgt {
@@ -218,7 +219,11 @@ async fn start_raw(
         .map(|c| format!(", taskset -c {c}"))
         .unwrap_or_default();
     let Some(conns) = p.raw_connections else {
-        info.endpoint = format!("{addr} (raw-server, pid {}{pinned})", child.pid);
+        info.endpoint = format!(
+            "{addr} (raw-server, pid {}{pinned}; {}-byte frames)",
+            child.pid,
+            raw_frame_size(p)
+        );
         let socks: Vec<Result<tokio::net::TcpStream>> = futures::stream::iter(0..watchers)
             .map(|_| crate::raw::connect_reader(addr))
             .buffered(OPEN_CONCURRENCY)
@@ -232,8 +237,10 @@ async fn start_raw(
     };
     let conns = conns.clamp(1, watchers.max(1));
     info.endpoint = format!(
-        "{addr} (raw-server, pid {}{pinned}; raw-mux: {watchers} streams over {conns} connections)",
-        child.pid
+        "{addr} (raw-server, pid {}{pinned}; raw-mux: {watchers} streams over {conns} \
+         connections, {}-byte frames)",
+        child.pid,
+        raw_frame_size(p)
     );
     let widths: Vec<usize> = (0..conns)
         .map(|c| mux::streams_on(watchers, conns, c))
@@ -251,6 +258,11 @@ async fn start_raw(
         base += n;
     }
     Ok(child)
+}
+
+/// The size of a raw server's frames: `--raw-frame-bytes`, or the objects' size.
+fn raw_frame_size(p: &Params) -> usize {
+    p.raw_frame_bytes.unwrap_or(p.object_size).max(16)
 }
 
 /// Receivers: a few tasks, each multiplexing a share of the streams. A stream carries
@@ -322,6 +334,7 @@ fn spawn_writers(
     let writers_done = match (tgt, raw_addr) {
         (Tgt::Raw, Some(addr)) => {
             let rate = if p.max { None } else { Some(p.rate) };
+            let size = raw_frame_size(p);
             Some(stats::on_own_thread("lt-writer", move || async move {
                 if let Err(e) = crate::raw::produce(addr, size, rate, stop, live.clone()).await {
                     live.write_failed(format!("raw writer: {e:#}"));

@@ -138,6 +138,13 @@ pub struct Params {
     /// connection per watcher).
     #[arg(long)]
     pub raw_connections: Option<usize>,
+    /// --raw: the size of each frame the raw server sends (default: --object-size). A
+    /// server's watch event is larger than the object written: it carries what the server
+    /// set (uid, resourceVersion, creationTimestamp, managedFields) in the event's envelope
+    /// (svc-gateway's JSON event of a 400-byte object is about 776 bytes). Give the server's
+    /// event size to have raw-mux move the same bytes as the server it is compared with.
+    #[arg(long)]
+    pub raw_frame_bytes: Option<usize>,
     /// --raw: CPUs the raw-server child process is pinned to (a `taskset -c` list; default:
     /// not pinned, so it may run on every CPU the load generator may).
     #[arg(long)]

@@ -38,8 +38,10 @@ pub(crate) async fn resolve_target(p: &Params) -> Result<(Tgt, TargetInfo)> {
     if given != 1 {
         bail!("give exactly one of --raw, --kubeconfig, --server, --etcd-endpoints");
     }
-    if !p.raw && (p.raw_connections.is_some() || p.raw_cpus.is_some()) {
-        bail!("--raw-connections and --raw-cpus need --raw");
+    if !p.raw
+        && (p.raw_connections.is_some() || p.raw_cpus.is_some() || p.raw_frame_bytes.is_some())
+    {
+        bail!("--raw-connections, --raw-cpus and --raw-frame-bytes need --raw");
     }
     if p.raw_connections == Some(0) {
         bail!("--raw-connections must be at least 1");

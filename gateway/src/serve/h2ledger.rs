@@ -392,7 +392,7 @@ impl<I: AsyncWrite + Unpin> LedgerIo<I> {
                 .credit(rest.get(..n).unwrap_or_default(), &self.ledger, &self.wire);
             self.at = self.at.saturating_add(n);
         }
-        self.out = Vec::new();
+        crate::serve::h2wire::spare::give(std::mem::take(&mut self.out));
         self.at = 0;
         Poll::Ready(Ok(()))
     }
@@ -434,6 +434,9 @@ impl<I: AsyncWrite + Unpin> LedgerIo<I> {
             return r;
         }
         if self.out.is_empty() {
+            if self.out.capacity() == 0 {
+                self.out = crate::serve::h2wire::spare::take();
+            }
             self.out.reserve(GATHER.min(total.max(4096)));
         }
         let mut left = total;
@@ -814,8 +817,10 @@ mod tests {
             "the DATA frames are credited once written"
         );
         assert_eq!(writes.get(), 1);
-        // Nothing waits any more: the gathering buffer is freed.
+        // Nothing waits any more: the gathering buffer is let go, kept on the thread for the
+        // next round's frames.
         assert_eq!(io.out.capacity(), 0);
+        assert!(crate::serve::h2wire::spare::take().capacity() > 0);
     }
 
     #[test]

@@ -352,3 +352,30 @@ fn a_watch_yields_once_its_round_framed_a_write_s_worth() {
         Poll::Ready(Room::Bytes(10))
     ));
 }
+
+#[test]
+fn a_written_rounds_buffer_is_framed_into_again_on_its_thread() {
+    // From a thread with nothing kept (tests may share one).
+    while spare::take().capacity() > 0 {}
+    let mut written = Vec::with_capacity(ROUND_BYTES);
+    written.extend_from_slice(&[1; 100]);
+    let at = written.as_ptr();
+    spare::give(written);
+    // The next round's frames go into it, emptied, without growing it.
+    let mut out = Vec::new();
+    frame_into(&mut out, 1, &[Bytes::from_static(b"event")], 5);
+    assert_eq!(out.as_ptr(), at);
+    assert_eq!(out.len(), HEADER_LEN + 5);
+    assert_eq!(out.capacity(), ROUND_BYTES);
+    // Bounded: KEEP buffers at most, none larger than MAX_KEPT, none without capacity.
+    for _ in 0..spare::KEEP + 2 {
+        spare::give(Vec::with_capacity(4096));
+    }
+    spare::give(Vec::with_capacity(spare::MAX_KEPT + 1));
+    spare::give(Vec::new());
+    let kept: Vec<_> = std::iter::from_fn(|| Some(spare::take()))
+        .take_while(|b| b.capacity() > 0)
+        .collect();
+    assert_eq!(kept.len(), spare::KEEP);
+    assert!(kept.iter().all(|b| b.capacity() == 4096 && b.is_empty()));
+}
