@@ -13,6 +13,8 @@
 #        # load's watchers and connections by 10 (a smoke run on a small machine); FRAMES=1
 #        # adds a gateway-h2-frames row: the same watches read by the load generator's
 #        # frame-level h2 client (--h2-frames, one reader per connection) instead of hyper's
+#        # RAW_FRAME_BYTES: the raw-mux-same-bytes row's frame size (default: the gateway's
+#        # JSON watch event of the writers' object, measured at the start)
 # Without CPU lists nothing is pinned.
 set -u
 S=$(cd "$(dirname "$0")" && pwd)
@@ -64,6 +66,24 @@ if ! kill -0 "${PIDS[0]}" 2>/dev/null || ! curl -sf "$URL/readyz" > /dev/null; t
     exit 1
 fi
 
+# The bytes of one watch event of the writers' 400-byte object as the gateway sends it (the
+# object with the metadata the server sets, in the event's envelope): the raw-mux-same-bytes
+# row's frames are this size, so that both sides move the same bytes. raw-mux's frames are
+# the object's size, as the loads were first measured.
+if [ -z "${RAW_FRAME_BYTES:-}" ]; then
+    head='{"apiVersion":"v1","kind":"ServiceAccount","metadata":{"name":"event-size","namespace":"default","annotations":{"loadtest.svc/ts":"1700000000000000000","loadtest.svc/pad":"'
+    tail='"}}}'
+    pad=$((400 - ${#head} - ${#tail}))
+    curl -sf -X POST -H 'Content-Type: application/json' -A svc-loadtest \
+        --data "$head$(printf 'x%.0s' $(seq "$pad"))$tail" \
+        "$URL/api/v1/namespaces/default/serviceaccounts" > /dev/null
+    RAW_FRAME_BYTES=$(curl -sfN --max-time 5 "$URL/api/v1/namespaces/default/serviceaccounts?watch=1&resourceVersion=0&fieldSelector=metadata.name%3Devent-size&timeoutSeconds=1" |
+        head -1 | wc -c)
+    curl -sf -X DELETE "$URL/api/v1/namespaces/default/serviceaccounts/event-size" > /dev/null
+fi
+[ "${RAW_FRAME_BYTES:-0}" -gt 16 ] || { echo "could not measure the gateway's event size" >&2; exit 1; }
+echo "the gateway's watch event of a 400-byte object: $RAW_FRAME_BYTES bytes"
+
 # One compare run: NAME WATCHERS CONNECTIONS RATE; gateway over h2 and raw-mux.
 run() {
     local name=$1 watchers=$(($2 / DIV)) conns=$(($3 / DIV)) rate=$4
@@ -84,6 +104,7 @@ run() {
         [ "$FRAMES" = 1 ] &&
             echo "  - {name: gateway-h2-frames, server: \"$URL\", h2_connections: $conns, h2_frames: true}"
         echo "  - {name: raw-mux, raw: true, raw_connections: $conns$RAW_CPUS}"
+        echo "  - {name: raw-mux-same-bytes, raw: true, raw_connections: $conns, raw_frame_bytes: $RAW_FRAME_BYTES$RAW_CPUS}"
     } > "$W/$name.yaml"
     echo "== $name: $watchers watchers over $conns connections x $rate writes/s (10 writers)"
     "${GEN[@]}" "$L" compare --scenario "$W/$name.yaml" --out "$OUT/$name" \

@@ -67,7 +67,8 @@ pub async fn open(
         bail!("--h2-frames does not run exec credential plugins");
     }
     let connections = connections.clamp(1, watchers.max(1));
-    let mut out = Vec::new();
+    let mut heads = Vec::new();
+    let mut widths = Vec::new();
     let mut base = 0;
     for c in 0..connections {
         let n = streams_on(watchers, connections, c);
@@ -75,14 +76,31 @@ pub async fn open(
             continue;
         }
         let paths: Vec<String> = (base..base + n).map(&path_of).collect();
-        let s = connect(ep, &paths, accept).await?;
-        out.push((s, n));
+        heads.push(connect(ep, &paths, accept).await?);
+        widths.push(n);
         base += n;
     }
-    Ok(out)
+    // Open means answered: the server has its watches once every response head is in, as
+    // the hyper client's watchers are open once their response is, and raw-mux's readers
+    // once subscribed. Writes that began before would be timed with the server's work of
+    // opening the watches (at 50,000 watches about a second of both cores).
+    let opened = tokio::time::timeout(HEADS_WITHIN, futures::future::try_join_all(heads))
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!("the server did not answer every watch within {HEADS_WITHIN:?}")
+        })??;
+    Ok(opened.into_iter().zip(widths).collect())
 }
 
-async fn connect(ep: &Endpoint, paths: &[String], accept: &str) -> Result<WStream> {
+/// How long the server may take to answer every watch of a run.
+const HEADS_WITHIN: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// A connection's receiving stream once the server answered each of its watches.
+type Heads = Pin<Box<dyn std::future::Future<Output = Result<WStream>> + Send>>;
+
+/// Sends the watches of one connection; the future returned yields its receiving stream once
+/// every one of them has its response head (or ended without one).
+async fn connect(ep: &Endpoint, paths: &[String], accept: &str) -> Result<Heads> {
     let tcp = TcpStream::connect(ep.addr)
         .await
         .with_context(|| format!("connecting to {}", ep.addr))?;
@@ -108,7 +126,7 @@ async fn connect(ep: &Endpoint, paths: &[String], accept: &str) -> Result<WStrea
         None => {
             let mut tcp = tcp;
             tcp.write_all(&hello).await?;
-            Ok(Box::pin(FrameStream::new(tcp, paths.len())))
+            Ok(answered(FrameStream::new(tcp, paths.len())))
         }
         Some(t) => {
             let mut tls = tokio_rustls::TlsConnector::from(t.h2.clone())
@@ -116,9 +134,22 @@ async fn connect(ep: &Endpoint, paths: &[String], accept: &str) -> Result<WStrea
                 .await?;
             tls.write_all(&hello).await?;
             tls.flush().await?;
-            Ok(Box::pin(FrameStream::new(tls, paths.len())))
+            Ok(answered(FrameStream::new(tls, paths.len())))
         }
     }
+}
+
+/// `s` as a receiving stream, once every one of its watches has its response head.
+fn answered<S>(mut s: FrameStream<S>) -> Heads
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    Box::pin(async move {
+        std::future::poll_fn(|cx| s.poll_heads(cx))
+            .await
+            .map_err(anyhow::Error::msg)?;
+        Ok(Box::pin(s) as WStream)
+    })
 }
 
 /// The `i`th client stream's id: 1, 3, 5, ...
@@ -211,6 +242,10 @@ pub struct FrameStream<S> {
     wr: BytesMut,
     out: VecDeque<(usize, Item)>,
     open: Vec<bool>,
+    /// Whether each stream's response head came (or the stream ended without one), and how
+    /// many did.
+    headed: Vec<bool>,
+    heads: usize,
     /// Bytes read and not yet given back, per stream and for the connection.
     unacked: Vec<u32>,
     unacked_conn: u32,
@@ -225,6 +260,8 @@ impl<S> FrameStream<S> {
             wr: BytesMut::new(),
             out: VecDeque::new(),
             open: vec![true; streams],
+            headed: vec![false; streams],
+            heads: 0,
             unacked: vec![0; streams],
             unacked_conn: 0,
             ending: 0..streams,
@@ -240,7 +277,18 @@ impl<S> FrameStream<S> {
         (i < self.open.len()).then_some(i)
     }
 
+    /// Stream `i` has its response head, or will never have one.
+    fn headed(&mut self, i: usize) {
+        if let Some(h) = self.headed.get_mut(i)
+            && !*h
+        {
+            *h = true;
+            self.heads += 1;
+        }
+    }
+
     fn end(&mut self, i: usize, err: Option<String>) {
+        self.headed(i);
         if self.open.get(i).copied().unwrap_or(false) {
             self.open[i] = false;
             if let Some(e) = err {
@@ -307,6 +355,7 @@ impl<S> FrameStream<S> {
                 if flags & PRIORITY_FLAG != 0 {
                     skip += 5;
                 }
+                self.headed(i);
                 let first = payload.get(skip).copied();
                 if first != Some(STATUS_200) && self.unacked[i] == 0 {
                     self.end(i, Some(format!("watch: response head {first:?}, not 200")));
@@ -327,6 +376,69 @@ impl<S> FrameStream<S> {
             _ => {}
         }
         Ok(())
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> FrameStream<S> {
+    /// Ready once every stream has its response head (or ended without one); what the
+    /// streams were sent meanwhile waits for [`Stream::poll_next`]. An error if the connection
+    /// ends first.
+    fn poll_heads(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), String>> {
+        loop {
+            if self.heads >= self.open.len() {
+                return Poll::Ready(Ok(()));
+            }
+            let Some(mut io) = self.io.take() else {
+                return Poll::Ready(Err(format!(
+                    "the connection ended with {} of its {} watches unanswered",
+                    self.open.len() - self.heads,
+                    self.open.len()
+                )));
+            };
+            while !self.wr.is_empty() {
+                match Pin::new(&mut io).poll_write(cx, &self.wr) {
+                    Poll::Ready(Ok(n)) if n > 0 => self.wr.advance(n),
+                    Poll::Ready(_) => self.wr.clear(),
+                    Poll::Pending => break,
+                }
+            }
+            self.io = Some(io);
+            while let Some((kind, flags, id, payload)) = self.next_frame() {
+                self.frame(kind, flags, id, payload)?;
+            }
+            if self.heads >= self.open.len() {
+                continue;
+            }
+            if self.rd.capacity() - self.rd.len() < 16 * 1024 {
+                self.rd.reserve(64 * 1024);
+            }
+            let Some(io) = self.io.as_mut() else {
+                continue;
+            };
+            match tokio_util::io::poll_read_buf(Pin::new(io), cx, &mut self.rd) {
+                Poll::Ready(Ok(0)) => self.io = None,
+                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e.to_string())),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+impl<S> FrameStream<S> {
+    /// The next whole frame in the read buffer: type, flags, stream id and payload.
+    fn next_frame(&mut self) -> Option<(u8, u8, u32, Bytes)> {
+        if self.rd.len() < HEADER_LEN {
+            return None;
+        }
+        let len = u32::from_be_bytes([0, self.rd[0], self.rd[1], self.rd[2]]) as usize;
+        if self.rd.len() < HEADER_LEN + len {
+            return None;
+        }
+        let head = self.rd.split_to(HEADER_LEN);
+        let payload = self.rd.split_to(len).freeze();
+        let id = u32::from_be_bytes([head[5] & 0x7f, head[6], head[7], head[8]]);
+        Some((head[3], head[4], id, payload))
     }
 }
 
@@ -359,15 +471,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Stream for FrameStream<S> {
             }
             this.io = Some(io);
             // Whole frames in the buffer.
-            while this.rd.len() >= HEADER_LEN {
-                let len = u32::from_be_bytes([0, this.rd[0], this.rd[1], this.rd[2]]) as usize;
-                if this.rd.len() < HEADER_LEN + len {
-                    break;
-                }
-                let head = this.rd.split_to(HEADER_LEN);
-                let payload = this.rd.split_to(len).freeze();
-                let id = u32::from_be_bytes([head[5] & 0x7f, head[6], head[7], head[8]]);
-                if let Err(e) = this.frame(head[3], head[4], id, payload) {
+            while let Some((kind, flags, id, payload)) = this.next_frame() {
+                if let Err(e) = this.frame(kind, flags, id, payload) {
                     this.io = None;
                     this.out.push_back((0, Item::Err(e)));
                     break;
@@ -424,6 +529,45 @@ mod tests {
         expected.push(16);
         expected.extend_from_slice(b"application/json");
         assert_eq!(b, expected);
+    }
+
+    #[tokio::test]
+    async fn a_connection_is_open_once_every_watch_is_answered() {
+        let (client, mut server) = tokio::io::duplex(1 << 20);
+        let mut s = FrameStream::new(client, 3);
+        let mut w = BytesMut::new();
+        put_frame(&mut w, SETTINGS, 0, 0, &[]);
+        put_frame(&mut w, HEADERS, END_HEADERS, 1, &[STATUS_200]);
+        put_frame(&mut w, DATA, 0, 1, b"early\n");
+        put_frame(&mut w, RST_STREAM, 0, 5, &8u32.to_be_bytes());
+        server.write_all(&w).await.unwrap();
+        let mut heads = std::pin::pin!(std::future::poll_fn(|cx| s.poll_heads(cx)));
+        // Stream 3 is not answered yet.
+        assert!(futures::poll!(heads.as_mut()).is_pending());
+        let mut w = BytesMut::new();
+        put_frame(&mut w, HEADERS, END_HEADERS, 3, &[STATUS_200]);
+        server.write_all(&w).await.unwrap();
+        assert_eq!(heads.await, Ok(()));
+        // What came before is kept for the watchers.
+        use futures::StreamExt as _;
+        drop(server);
+        let mut got = Vec::new();
+        while let Some((i, item)) = s.next().await {
+            got.push(match item {
+                Item::Data(b) => format!("{i} data {}", b.len()),
+                Item::Err(_) => format!("{i} err"),
+                Item::End => format!("{i} end"),
+            });
+        }
+        assert_eq!(got, ["0 data 6", "2 err", "2 end", "0 end", "1 end"]);
+        // A connection that ends first is an error, not a wait.
+        let (client, server) = tokio::io::duplex(1 << 10);
+        let mut s = FrameStream::new(client, 1);
+        drop(server);
+        let err = std::future::poll_fn(|cx| s.poll_heads(cx))
+            .await
+            .unwrap_err();
+        assert!(err.contains("1 of its 1 watches unanswered"), "{err}");
     }
 
     #[tokio::test]
