@@ -388,40 +388,54 @@ impl<S: AsyncRead + AsyncWrite + Unpin> FrameStream<S> {
             if self.heads >= self.open.len() {
                 return Poll::Ready(Ok(()));
             }
-            let Some(mut io) = self.io.take() else {
+            if self.io.is_none() {
                 return Poll::Ready(Err(format!(
                     "the connection ended with {} of its {} watches unanswered",
                     self.open.len() - self.heads,
                     self.open.len()
                 )));
-            };
-            while !self.wr.is_empty() {
-                match Pin::new(&mut io).poll_write(cx, &self.wr) {
-                    Poll::Ready(Ok(n)) if n > 0 => self.wr.advance(n),
-                    Poll::Ready(_) => self.wr.clear(),
-                    Poll::Pending => break,
-                }
             }
-            self.io = Some(io);
+            self.write_acks(cx);
             while let Some((kind, flags, id, payload)) = self.next_frame() {
                 self.frame(kind, flags, id, payload)?;
             }
             if self.heads >= self.open.len() {
                 continue;
             }
-            if self.rd.capacity() - self.rd.len() < 16 * 1024 {
-                self.rd.reserve(64 * 1024);
-            }
-            let Some(io) = self.io.as_mut() else {
-                continue;
-            };
-            match tokio_util::io::poll_read_buf(Pin::new(io), cx, &mut self.rd) {
+            match self.poll_fill(cx) {
                 Poll::Ready(Ok(0)) => self.io = None,
                 Poll::Ready(Ok(_)) => {}
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e.to_string())),
                 Poll::Pending => return Poll::Pending,
             }
         }
+    }
+
+    /// Writes the acknowledgements and window updates waiting first: a server waits for
+    /// window updates. A connection that can no longer be written drops them and is still
+    /// read to its end.
+    fn write_acks(&mut self, cx: &mut Context<'_>) {
+        let Some(io) = self.io.as_mut() else {
+            return;
+        };
+        while !self.wr.is_empty() {
+            match Pin::new(&mut *io).poll_write(cx, &self.wr) {
+                Poll::Ready(Ok(n)) if n > 0 => self.wr.advance(n),
+                Poll::Ready(_) => self.wr.clear(),
+                Poll::Pending => break,
+            }
+        }
+    }
+
+    /// Reads more of the connection into the read buffer: `Ok(0)` at its end.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
+        if self.rd.capacity() - self.rd.len() < 16 * 1024 {
+            self.rd.reserve(64 * 1024);
+        }
+        let Some(io) = self.io.as_mut() else {
+            return Poll::Ready(Ok(0));
+        };
+        tokio_util::io::poll_read_buf(Pin::new(io), cx, &mut self.rd)
     }
 }
 
@@ -451,7 +465,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Stream for FrameStream<S> {
             if let Some(item) = this.out.pop_front() {
                 return Poll::Ready(Some(item));
             }
-            let Some(mut io) = this.io.take() else {
+            if this.io.is_none() {
                 for i in this.ending.by_ref() {
                     if this.open[i] {
                         this.open[i] = false;
@@ -459,17 +473,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Stream for FrameStream<S> {
                     }
                 }
                 return Poll::Ready(None);
-            };
-            // Acknowledgements first: a server waits for window updates. A connection that
-            // can no longer be written is still read to its end.
-            while !this.wr.is_empty() {
-                match Pin::new(&mut io).poll_write(cx, &this.wr) {
-                    Poll::Ready(Ok(n)) if n > 0 => this.wr.advance(n),
-                    Poll::Ready(_) => this.wr.clear(),
-                    Poll::Pending => break,
-                }
             }
-            this.io = Some(io);
+            this.write_acks(cx);
             // Whole frames in the buffer.
             while let Some((kind, flags, id, payload)) = this.next_frame() {
                 if let Err(e) = this.frame(kind, flags, id, payload) {
@@ -484,13 +489,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Stream for FrameStream<S> {
             if !this.out.is_empty() || this.io.is_none() {
                 continue;
             }
-            if this.rd.capacity() - this.rd.len() < 16 * 1024 {
-                this.rd.reserve(64 * 1024);
-            }
-            let Some(io) = this.io.as_mut() else {
-                continue;
-            };
-            match tokio_util::io::poll_read_buf(Pin::new(io), cx, &mut this.rd) {
+            match this.poll_fill(cx) {
                 Poll::Ready(Ok(0)) => this.io = None,
                 Poll::Ready(Ok(_)) => {}
                 Poll::Ready(Err(e)) => {
@@ -531,6 +530,20 @@ mod tests {
         assert_eq!(b, expected);
     }
 
+    /// Everything a connection's stream yields to its end, one line an item.
+    async fn items<S: AsyncRead + AsyncWrite + Unpin>(s: &mut FrameStream<S>) -> Vec<String> {
+        use futures::StreamExt as _;
+        let mut got = Vec::new();
+        while let Some((i, item)) = s.next().await {
+            got.push(match item {
+                Item::Data(b) => format!("{i} data {}", b.len()),
+                Item::Err(_) => format!("{i} err"),
+                Item::End => format!("{i} end"),
+            });
+        }
+        got
+    }
+
     #[tokio::test]
     async fn a_connection_is_open_once_every_watch_is_answered() {
         let (client, mut server) = tokio::io::duplex(1 << 20);
@@ -549,16 +562,8 @@ mod tests {
         server.write_all(&w).await.unwrap();
         assert_eq!(heads.await, Ok(()));
         // What came before is kept for the watchers.
-        use futures::StreamExt as _;
         drop(server);
-        let mut got = Vec::new();
-        while let Some((i, item)) = s.next().await {
-            got.push(match item {
-                Item::Data(b) => format!("{i} data {}", b.len()),
-                Item::Err(_) => format!("{i} err"),
-                Item::End => format!("{i} end"),
-            });
-        }
+        let got = items(&mut s).await;
         assert_eq!(got, ["0 data 6", "2 err", "2 end", "0 end", "1 end"]);
         // A connection that ends first is an error, not a wait.
         let (client, server) = tokio::io::duplex(1 << 10);
@@ -583,15 +588,7 @@ mod tests {
         put_frame(&mut w, DATA, END_STREAM, 3, &[]);
         server.write_all(&w).await.unwrap();
         drop(server);
-        use futures::StreamExt as _;
-        let mut got = Vec::new();
-        while let Some((i, item)) = s.next().await {
-            got.push(match item {
-                Item::Data(b) => format!("{i} data {}", b.len()),
-                Item::Err(_) => format!("{i} err"),
-                Item::End => format!("{i} end"),
-            });
-        }
+        let got = items(&mut s).await;
         assert_eq!(
             got,
             [
