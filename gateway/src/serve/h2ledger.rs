@@ -434,9 +434,7 @@ impl<I: AsyncWrite + Unpin> LedgerIo<I> {
             return r;
         }
         if self.out.is_empty() {
-            if self.out.capacity() == 0 {
-                self.out = crate::serve::h2wire::spare::take();
-            }
+            crate::serve::h2wire::spare::furnish(&mut self.out);
             self.out.reserve(GATHER.min(total.max(4096)));
         }
         let mut left = total;
@@ -620,11 +618,7 @@ mod tests {
     #[test]
     fn the_budget_stops_drains_until_the_socket_takes_half() {
         let gauge = Gauge::default();
-        let ledger = Ledger::new(
-            gauge.clone(),
-            StripedCounter::default(),
-            StripedCounter::default(),
-        );
+        let ledger = ledger_on(gauge.clone());
         let (woken, waker) = counting_waker();
         let cx = Context::from_waker(&waker);
         let (mut a, mut b) = (None, None);
@@ -721,6 +715,11 @@ mod tests {
         }
     }
 
+    /// A ledger telling `gauge`, its writes counted nowhere.
+    fn ledger_on(gauge: Gauge) -> Ledger {
+        Ledger::new(gauge, StripedCounter::default(), StripedCounter::default())
+    }
+
     fn ledger_with_watches() -> (Ledger, StripedCounter) {
         ledger_counting_short_writes(StripedCounter::default())
     }
@@ -740,11 +739,7 @@ mod tests {
         let wire = Wire::default();
         let mut io = LedgerIo::new(
             client,
-            Ledger::new(
-                Gauge::default(),
-                StripedCounter::default(),
-                StripedCounter::default(),
-            ),
+            ledger_on(Gauge::default()),
             Round::default(),
             wire.clone(),
         );
@@ -933,11 +928,7 @@ mod tests {
     #[test]
     fn a_dropped_connection_gives_its_share_back() {
         let gauge = Gauge::default();
-        let ledger = Ledger::new(
-            gauge.clone(),
-            StripedCounter::default(),
-            StripedCounter::default(),
-        );
+        let ledger = ledger_on(gauge.clone());
         let other = ledger.clone();
         ledger.hold(GAUGE_SLACK + 4096);
         drop(ledger);
@@ -949,11 +940,7 @@ mod tests {
     #[test]
     fn the_gauge_lags_by_at_most_the_slack_and_is_exact_when_a_watch_ends() {
         let gauge = Gauge::default();
-        let ledger = Ledger::new(
-            gauge.clone(),
-            StripedCounter::default(),
-            StripedCounter::default(),
-        );
+        let ledger = ledger_on(gauge.clone());
         let mut sent = 0;
         for _ in 0..200 {
             ledger.sent(3, 1000);

@@ -506,9 +506,7 @@ fn give_back(s: &mut State, id: u32, n: usize) {
 /// Appends `parts` (`total` bytes) to `out` as DATA frames of stream `id`, each at most
 /// [`MAX_FRAME`].
 fn frame_into(out: &mut Vec<u8>, id: u32, parts: &[Bytes], total: usize) {
-    if out.capacity() == 0 {
-        *out = spare::take();
-    }
+    spare::furnish(out);
     let frames = total.div_ceil(MAX_FRAME);
     out.reserve(total.saturating_add(frames.saturating_mul(HEADER_LEN)));
     let mut left = total;
@@ -559,6 +557,13 @@ pub mod spare {
             .ok()
             .flatten()
             .unwrap_or_default()
+    }
+
+    /// Gives `out` a kept buffer if it has no room of its own yet (it is about to grow).
+    pub fn furnish(out: &mut Vec<u8>) {
+        if out.capacity() == 0 {
+            *out = take();
+        }
     }
 
     /// Keeps `buf`'s capacity for this thread's next [`take`], if it is worth keeping and

@@ -122,8 +122,6 @@ impl Upstream {
             .retain_mut(|w| w.try_send(Ok(Frame::data(l.clone()))).is_ok());
     }
 
-    /// A bookmark at the current revision to every open watch, as kube-apiserver sends them
-    /// for the resources it watch-caches.
     /// Whether a watch is open to be sent changes and bookmarks: counted in `watches` when
     /// asked for, it is sent them only once answered.
     fn watched(&self) -> bool {
@@ -140,6 +138,8 @@ impl Upstream {
         .await;
     }
 
+    /// A bookmark at the current revision to every open watch, as kube-apiserver sends them
+    /// for the resources it watch-caches.
     fn bookmark(&self) {
         let mut s = self.state.lock();
         let obj = json!({"kind": "ConfigMap", "apiVersion": "v1",
