@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::validation::{label_value, qualified_name};
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Op {
     Equals(String),
     NotEquals(String),
@@ -17,14 +17,14 @@ enum Op {
     LessThan(i64),
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Requirement {
     key: String,
     op: Op,
 }
 
 /// A parsed label selector; the empty selector matches everything.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct LabelSelector {
     reqs: Vec<Requirement>,
 }
@@ -279,12 +279,12 @@ impl Parser<'_> {
 }
 
 /// A parsed field selector: `field=value`, `field==value`, `field!=value`, comma-separated.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct FieldSelector {
     pub terms: Vec<FieldTerm>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct FieldTerm {
     pub field: String,
     pub value: String,

@@ -83,6 +83,8 @@ pub mod wakes;
 pub mod watcher;
 
 #[cfg(test)]
+mod share_tests;
+#[cfg(test)]
 mod tests;
 
 pub use cache::{ApplyReport, ListRequest, WatchCache, WatchCacheStats};
@@ -95,4 +97,4 @@ pub use shared_list::{ListMedia, SharedLists};
 pub use snapshots::{ListResult, Snapshot, State};
 pub use waiters::RevisionWait;
 pub use wakes::{Backlog, WakeGate};
-pub use watcher::{Drain, Ready, WatchFilter, WatchRequest, WatchStart, Watcher};
+pub use watcher::{Drain, Ready, ShareKey, WatchFilter, WatchRequest, WatchStart, Watcher};

@@ -553,11 +553,22 @@ impl WatchCache {
             }
             _ => {}
         }
-        let mut filter = WatchFilter::new(
+        let filter = WatchFilter::new(
             req.namespace.as_deref(),
             req.selector.clone(),
             codec.info.namespaced(),
         );
+        self.register(filter, &req, now)
+    }
+
+    /// Registers a watch of `filter` (the namespace and selector of `req` already in it).
+    pub(crate) fn register(
+        &self,
+        mut filter: WatchFilter,
+        req: &WatchRequest,
+        now: Instant,
+    ) -> Result<Watcher, ApiError> {
+        let codec = &self.shared.encoder.codec;
         let range = self.key_range(req.namespace.as_deref());
         let inner = self.shared.inner.read();
         if !inner.ready {
@@ -619,7 +630,7 @@ impl WatchCache {
             self.clone(),
             slot,
             id,
-            &req,
+            req,
             initial,
             synced,
             now,

@@ -235,7 +235,7 @@ impl fmt::Debug for KindCodec {
 }
 
 /// A list or watch request's label and field selectors, matched against cached objects.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Selector {
     pub labels: LabelSelector,
     pub fields: FieldSelector,

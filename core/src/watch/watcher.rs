@@ -37,7 +37,7 @@ use crate::status::ApiError;
 const MAX_FRAMES_PER_DRAIN: usize = 4096;
 
 /// Which objects a watch is about.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct WatchFilter {
     /// The namespace, or `None` for every namespace; `Some("")` for cluster-scoped types.
     pub namespace: Option<Box<str>>,
@@ -147,6 +147,17 @@ impl WatchFilter {
             (None, _, None) => Bucket::All,
         }
     }
+}
+
+/// What watches served from one registration have in common ([`Watcher::share_key`]): equal
+/// keys are worth trying [`Watcher::absorb`] on (the filter is compared by its hash here, in
+/// full there).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ShareKey {
+    cache: usize,
+    format: FrameFormat,
+    bookmarks: bool,
+    filter: u64,
 }
 
 /// Where a watch starts.
@@ -299,6 +310,15 @@ impl Watcher {
             slot: self.slot.clone(),
             now: self.initial.is_some() || self.finished,
         }
+    }
+
+    /// [`Watcher::ready`] polled in place: Ready once `drain` has something to return,
+    /// else `cx`'s waker is kept to be woken then.
+    pub fn poll_ready(&self, cx: &Context<'_>) -> Poll<()> {
+        if self.initial.is_some() || self.finished {
+            return Poll::Ready(());
+        }
+        poll_slot(&self.slot, cx)
     }
 
     /// The frames ready now, up to about `max_bytes` (at least one frame if any is ready).
@@ -513,6 +533,76 @@ impl Watcher {
         }
     }
 
+    /// What another watch must have in common with this one to be served from its frames
+    /// ([`Watcher::absorb`]): None while it still has initial events to send, or is over.
+    pub fn share_key(&self) -> Option<ShareKey> {
+        if self.initial.is_some() || self.finished {
+            return None;
+        }
+        let mut h = std::hash::DefaultHasher::new();
+        std::hash::Hash::hash(&self.slot.filter, &mut h);
+        Some(ShareKey {
+            cache: Arc::as_ptr(&self.cache.shared) as usize,
+            format: self.format,
+            bookmarks: self.bookmarks,
+            filter: std::hash::Hasher::finish(&h),
+        })
+    }
+
+    /// Takes `other` in when it is the same watch at the same place: the same cache, filter,
+    /// media type and bookmarks, neither with initial events left, and the same events queued
+    /// for both (nothing walked from the ring, nothing expired). From then on every frame
+    /// this watcher drains is one `other` would have drained, so `other` is dropped (its
+    /// registration with it) and its stream is served from this watcher's frames. Gives
+    /// `other` back otherwise. Checked under the cache's state lock, which dispatch needs.
+    pub fn absorb(&mut self, other: Watcher) -> Result<(), Watcher> {
+        let alike = Arc::ptr_eq(&self.cache.shared, &other.cache.shared)
+            && self.format == other.format
+            && self.bookmarks == other.bookmarks
+            && self.initial.is_none()
+            && other.initial.is_none()
+            && !self.finished
+            && !other.finished
+            && self.slot.filter == other.slot.filter;
+        if !alike {
+            return Err(other);
+        }
+        let same_place = {
+            let _inner = self.cache.shared.inner.read();
+            // Two slots at once: dispatch, the only other taker of more than one, is held
+            // off by the state lock; and both watchers are this caller's.
+            let a = self.slot.state.lock();
+            let b = other.slot.state.lock();
+            a.catchup.is_none()
+                && b.catchup.is_none()
+                && a.expired.is_none()
+                && b.expired.is_none()
+                && !b.bookmark_now
+                && a.queue == b.queue
+        };
+        if !same_place {
+            return Err(other);
+        }
+        // Both were given every matching event up to either's revision.
+        self.synced = self.synced.max(other.synced);
+        Ok(())
+    }
+
+    /// A watcher of the same watch registered at this one's place: every event after what
+    /// this one has drained (a stream served from its frames leaving it to go at its own
+    /// pace). 410 when the ring no longer reaches back there, 429 when the cache has
+    /// `max_watchers`.
+    pub fn fork(&self, now: Instant) -> Result<Watcher, ApiError> {
+        let req = WatchRequest {
+            namespace: None,
+            selector: Selector::default(),
+            start: WatchStart::Ahead(self.synced),
+            bookmarks: self.bookmarks,
+            format: self.format,
+        };
+        self.cache.register(self.slot.filter.clone(), &req, now)
+    }
+
     /// A bookmark at everything delivered so far, e.g. just before a timeout ends the stream.
     /// None without bookmarks, once finished, or while initial events are still being sent
     /// (a bookmark then would tell the client it had a state it never got).
@@ -592,13 +682,17 @@ impl Future for Ready {
         if self.now {
             return Poll::Ready(());
         }
-        let mut st = self.slot.state.lock();
-        if st.has_work() {
-            return Poll::Ready(());
-        }
-        if !st.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-            st.waker = Some(cx.waker().clone());
-        }
-        Poll::Pending
+        poll_slot(&self.slot, cx)
     }
+}
+
+fn poll_slot(slot: &WatcherSlot, cx: &Context<'_>) -> Poll<()> {
+    let mut st = slot.state.lock();
+    if st.has_work() {
+        return Poll::Ready(());
+    }
+    if !st.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+        st.waker = Some(cx.waker().clone());
+    }
+    Poll::Pending
 }

@@ -64,6 +64,33 @@ impl WatchStream {
         }
     }
 
+    /// What another watch must share with this one to be served from one registration
+    /// (`Watcher::share_key`): None while it has anything of its own to send first.
+    pub fn share_key(&self) -> Option<svc_core::watch::ShareKey> {
+        if self.first.is_some() || self.done {
+            return None;
+        }
+        self.watcher.as_ref().and_then(Watcher::share_key)
+    }
+
+    /// Takes the watcher out: the stream is then served from another's frames, and keeps
+    /// its deadline and its counts.
+    pub fn take_watcher(&mut self) -> Option<Watcher> {
+        self.watcher.take()
+    }
+
+    /// Serves the stream from its own watcher again.
+    pub fn put_watcher(&mut self, watcher: Watcher) {
+        self.watcher = Some(watcher);
+        self.idle = false;
+    }
+
+    /// Counts frames written to this stream that its own watcher did not give (shared:
+    /// `times` streams got them).
+    pub fn record_shared(&self, frames: &[Bytes], times: usize) {
+        self.sent.record_times(frames, times);
+    }
+
     pub fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
         self.poll_chunk_within(cx, MAX_BATCH_BYTES, tokio::time::Instant::now())
     }
@@ -79,7 +106,7 @@ impl WatchStream {
         let Some(watcher) = self.watcher.as_mut() else {
             return Poll::Ready(());
         };
-        if Pin::new(&mut watcher.ready()).poll(cx).is_ready() {
+        if watcher.poll_ready(cx).is_ready() {
             self.idle = false;
             return Poll::Ready(());
         }
@@ -160,7 +187,7 @@ impl WatchStream {
                     continue;
                 }
             }
-            if Pin::new(&mut watcher.ready()).poll(cx).is_pending() {
+            if watcher.poll_ready(cx).is_pending() {
                 // Drained to nothing: wait for the watcher before draining again. Left
                 // unset, `poll_ready` answered Ready at once, and an h2 stream asked for
                 // room, was given it, drained nothing and gave it back, again and again: an

@@ -608,6 +608,20 @@ impl WatchEvents {
         self.count.inc_by(frames.len() as u64);
         self.sizes.observe_all(frames.iter().map(Bytes::len));
     }
+
+    /// Records the same frames written to `times` watchers.
+    pub fn record_times(&self, frames: &[Bytes], times: usize) {
+        if times == 0 {
+            return;
+        }
+        self.count
+            .inc_by((frames.len() as u64).saturating_mul(times as u64));
+        self.sizes.observe_all(
+            frames
+                .iter()
+                .flat_map(|f| std::iter::repeat_n(f.len(), times)),
+        );
+    }
 }
 
 #[cfg(test)]

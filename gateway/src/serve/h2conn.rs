@@ -23,7 +23,7 @@
 //! by [`Activity`]) and GOAWAY at shutdown.
 
 use std::cell::Cell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -41,6 +41,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, Sleep};
 
+use svc_core::watch::ShareKey;
+
 use crate::base::lifecycle::Farewell;
 use crate::http::respond::Body;
 use crate::http::stream::{MAX_BATCH_BYTES, WatchHandoff, WatchStream};
@@ -51,6 +53,8 @@ use crate::serve::conn_limits::{Activity, Busy, CLOSE_GRACE};
 use crate::serve::h2ledger::{Ledger, LedgerIo, Round};
 use crate::serve::h2wire::{Limit, Room, Seen, WRITE_BUDGET, Wire};
 use crate::serve::pipeline::{self, Caller, H2Body, RequestBody};
+
+mod share;
 
 /// Rapid reset (CVE-2023-44487): streams a client may open and reset before the server has
 /// accepted them; past it, GOAWAY (`ENHANCE_YOUR_CALM`). h2's default, made explicit.
@@ -134,32 +138,62 @@ struct Guards {
     _busy: Busy,
 }
 
-/// One watch stream on the connection: polled by the connection task only. Its frames go
-/// to the connection's [`Wire`], not through h2: h2 only ends or resets the stream.
+/// What a watch stream holds in the connection's [`Ledger`] beyond what h2 was handed: freed
+/// there when it is dropped, however the stream ends.
+struct Held {
+    ledger: Ledger,
+    /// The stream's id, in the ledger and on the wire.
+    id: u32,
+    /// The part of the last chunk the stream's window has not let out yet (a watch of its
+    /// own).
+    pending: Bytes,
+    /// Frames the stream's window has not let out yet (a watch served from its group's
+    /// frames, `share.rs`), and their bytes.
+    behind: VecDeque<Bytes>,
+    behind_bytes: usize,
+}
+
+impl Held {
+    fn new(ledger: Ledger, id: u32) -> Self {
+        Held {
+            ledger,
+            id,
+            pending: Bytes::new(),
+            behind: VecDeque::new(),
+            behind_bytes: 0,
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let held = self.pending.len().saturating_add(self.behind_bytes);
+        self.ledger.end(self.id, held);
+    }
+}
+
+/// One watch stream on the connection, served from its own watcher: polled by the
+/// connection task only. Its frames go to the connection's [`Wire`], not through h2: h2
+/// only ends or resets the stream. Once caught up it joins the connection's group of the
+/// same watch (`share.rs`).
 struct WatchTask {
     stream: WatchStream,
     send: SendStream<Bytes>,
     wire: Wire,
-    /// The part of the last chunk the stream's window has not let out yet.
-    pending: Bytes,
+    /// Its id and what it holds in the connection's budget.
+    held: Held,
     /// The wake-up filed in [`Timers`] for this watch.
     armed: Option<Instant>,
     timers: Arc<Mutex<Timers>>,
-    /// The connection's budget, and this stream's id in it.
-    ledger: Ledger,
-    id: u32,
     /// Where this watch's waker waits for the budget (`Ledger::spent`).
     parked: Option<u64>,
     /// What this watch last saw of the connection's stream ends: the wire wakes it when
     /// its stream ends (the client reset it) or its flow control broke.
     seen: Seen,
+    /// When it may next try to join its group (after a try that found it elsewhere).
+    join_at: Instant,
+    conn: Arc<ConnState>,
     _guards: Guards,
-}
-
-impl Drop for WatchTask {
-    fn drop(&mut self) {
-        self.ledger.end(self.id, self.pending.len());
-    }
 }
 
 impl WatchTask {
@@ -183,14 +217,22 @@ impl WatchTask {
 
     /// Frames `parts` (within `room`) on the wire and counts them in the ledger.
     fn frame(&mut self, parts: &[Bytes], room: usize) {
-        let n = self.wire.frame(self.id, parts, room, false);
-        self.ledger.sent(self.id, n);
+        let n = self.wire.frame(self.held.id, parts, room, false);
+        self.held.ledger.sent(self.held.id, n);
     }
 
     /// Frames `part` (within `room`) of a chunk the ledger already holds.
     fn frame_held(&mut self, part: Bytes, room: usize) {
-        let n = self.wire.frame(self.id, &[part], room, false);
-        self.ledger.handed(self.id, n);
+        let n = self.wire.frame(self.held.id, &[part], room, false);
+        self.held.ledger.handed(self.held.id, n);
+    }
+
+    /// Moved to another place in the connection's set (its group's, or back from it): its
+    /// wakers, filed for the old place, are filed again at its next poll.
+    fn moved(&mut self) {
+        self.armed = None;
+        self.parked = None;
+        self.seen = Seen::default();
     }
 
     /// The room the wire gave, or how the poll ends without any: the round is full (come
@@ -208,26 +250,29 @@ impl WatchTask {
     }
 }
 
-impl Future for WatchTask {
-    type Output = ();
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let this = &mut *self;
+impl WatchTask {
+    /// Serves the stream until it ends (Ready), or until it is caught up and may join its
+    /// group: then Ready with `share` set, its watcher's waker left filed (a stale wake-up
+    /// of this place costs one empty poll).
+    fn poll_task(&mut self, cx: &mut Context<'_>, share: &mut Option<ShareKey>) -> Poll<()> {
+        let this = self;
         // The pass's clock reading, read once for all the connection's watches.
         let now = PassClock::now();
-        if this.wire.over(cx, this.id, &mut this.seen) {
+        if this.wire.over(cx, this.held.id, &mut this.seen) {
             // Gone, or reset for its flow control.
-            if let Some(reason) = this.wire.broken(this.id) {
+            if let Some(reason) = this.wire.broken(this.held.id) {
                 this.send.send_reset(reason);
             }
             return Poll::Ready(());
         }
         loop {
-            if !this.pending.is_empty() {
-                let room = match this
-                    .wire
-                    .poll_room(cx, this.id, this.pending.len(), Limit::Round)
-                {
+            if !this.held.pending.is_empty() {
+                let room = match this.wire.poll_room(
+                    cx,
+                    this.held.id,
+                    this.held.pending.len(),
+                    Limit::Round,
+                ) {
                     Poll::Ready(room) => match this.room(room, cx) {
                         Ok(n) => n,
                         Err(end) => return end,
@@ -244,19 +289,28 @@ impl Future for WatchTask {
                         return Poll::Pending;
                     }
                 };
-                let part = this.pending.split_to(room.min(this.pending.len()));
+                let part = this
+                    .held
+                    .pending
+                    .split_to(room.min(this.held.pending.len()));
                 this.frame_held(part, room);
                 continue;
             }
             let deadline = this.stream.deadline();
             let past = now >= deadline;
             if !past {
-                if this.ledger.spent(cx, &mut this.parked) {
+                if this.held.ledger.spent(cx, &mut this.parked) {
                     // The connection holds its budget: the events wait in the ring.
                     this.arm(deadline, cx);
                     return Poll::Pending;
                 }
                 if this.stream.poll_ready(cx, now).is_pending() {
+                    if now >= this.join_at
+                        && let Some(key) = this.stream.share_key()
+                    {
+                        *share = Some(key);
+                        return Poll::Ready(());
+                    }
                     this.idle(cx);
                     return Poll::Pending;
                 }
@@ -266,7 +320,7 @@ impl Future for WatchTask {
             // window shut keeps its events in the ring, not in a batch of its own. Past the
             // deadline only the last bookmark is left to send.
             let want = MAX_BATCH_BYTES;
-            let room = match this.wire.poll_room(cx, this.id, want, Limit::Round) {
+            let room = match this.wire.poll_room(cx, this.held.id, want, Limit::Round) {
                 Poll::Ready(room) => match this.room(room, cx) {
                     Ok(n) => n,
                     Err(end) => return end,
@@ -290,19 +344,19 @@ impl Future for WatchTask {
                         // One event larger than the room: what fits now, the rest when
                         // the window opens.
                         let mut chunk = crate::http::stream::coalesce(batch, bytes);
-                        this.ledger.hold(chunk.len());
+                        this.held.ledger.hold(chunk.len());
                         let part = chunk.split_to(room);
                         this.frame_held(part, room);
-                        this.pending = chunk;
+                        this.held.pending = chunk;
                     }
                 }
                 Poll::Ready(None) => {
-                    this.wire.give_back(this.id, room);
+                    this.wire.give_back(this.held.id, room);
                     let _ = this.send.send_data(Bytes::new(), true);
                     return Poll::Ready(());
                 }
                 Poll::Pending => {
-                    this.wire.give_back(this.id, room);
+                    this.wire.give_back(this.held.id, room);
                     this.idle(cx);
                     return Poll::Pending;
                 }
@@ -342,6 +396,60 @@ impl Drop for PassClock {
     }
 }
 
+/// A watch on the connection's task: a stream served from its own watcher, or the streams of
+/// one watch served from one (`share.rs`). A stream of its own is the common place and
+/// stays unboxed (an allocation more per watch otherwise); a group is one per watch.
+#[allow(clippy::large_enum_variant)]
+enum ConnWatch {
+    One(WatchTask),
+    Shared(Box<share::Group>),
+    /// Handed to its group (the place's poll then ends).
+    Moved,
+}
+
+impl ConnWatch {
+    /// Ends its streams cleanly (at shutdown).
+    fn finish(&mut self) {
+        match self {
+            ConnWatch::One(t) => t.finish(),
+            ConnWatch::Shared(g) => g.finish(),
+            ConnWatch::Moved => {}
+        }
+    }
+}
+
+impl Future for ConnWatch {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = &mut *self;
+        loop {
+            match this {
+                ConnWatch::One(t) => {
+                    let mut share = None;
+                    if t.poll_task(cx, &mut share).is_pending() {
+                        return Poll::Pending;
+                    }
+                    let Some(key) = share else {
+                        return Poll::Ready(());
+                    };
+                    let ConnWatch::One(task) = std::mem::replace(this, ConnWatch::Moved) else {
+                        return Poll::Ready(());
+                    };
+                    // The first of its watch on the connection becomes its group, in place;
+                    // a later one is handed to the group there is.
+                    match share::join(task, key) {
+                        Some(group) => *this = ConnWatch::Shared(group),
+                        None => return Poll::Ready(()),
+                    }
+                }
+                ConnWatch::Shared(g) => return g.poll(cx),
+                ConnWatch::Moved => return Poll::Ready(()),
+            }
+        }
+    }
+}
+
 /// A watch whose round is full: it comes back once the connection task wrote the round
 /// (it wakes itself; the connection's set of watches then ends its pass).
 fn yield_round(cx: &Context<'_>) -> Poll<()> {
@@ -360,6 +468,11 @@ struct ConnState {
     watches: mpsc::Sender<WatchTask>,
     ledger: Ledger,
     wire: Wire,
+    /// The groups of the connection's watches, by the watch they serve (`share.rs`).
+    groups: share::Groups,
+    /// Watches a group let go (they left it, or could not join it): the connection task
+    /// puts them back in its set.
+    strays: Mutex<Vec<WatchTask>>,
 }
 
 /// Connection ids for wake groups; from 1, as 0 is no group. Wrapping after 2^64 would
@@ -471,6 +584,8 @@ pub async fn serve<I>(
         watches: watch_tx,
         ledger,
         wire,
+        groups: share::Groups::default(),
+        strays: Mutex::new(Vec::new()),
     });
     let mut driver = Driver {
         conn,
@@ -504,6 +619,16 @@ pub async fn serve<I>(
     }
 }
 
+impl<I> Drop for Driver<I> {
+    fn drop(&mut self) {
+        // Watches (and groups' joiners) hold the connection's state: dropped here, not left
+        // in it.
+        self.watches.clear();
+        self.shared.strays.lock().clear();
+        self.shared.groups.clear();
+    }
+}
+
 /// One connection's task between wake-ups: its signals, its watches with their one timer, its
 /// keepalive, and the connection itself.
 struct Driver<I> {
@@ -523,7 +648,7 @@ struct Driver<I> {
     stop_watches: Flag,
     watches_stopped: bool,
     watch_rx: mpsc::Receiver<WatchTask>,
-    watches: FuturesUnordered<WatchTask>,
+    watches: FuturesUnordered<ConnWatch>,
     timer: Pin<Box<Sleep>>,
     timer_at: Option<Instant>,
     keepalive: Keepalive,
@@ -613,6 +738,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 w.finish();
             }
             self.watches.clear();
+            for mut w in std::mem::take(&mut *self.shared.strays.lock()) {
+                w.finish();
+            }
         }
         if !self.closing && self.stop_accepting.poll_set(cx).is_ready() {
             self.close();
@@ -670,12 +798,26 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             if self.watches_stopped {
                 w.finish();
             } else {
-                self.watches.push(w);
+                self.watches.push(ConnWatch::One(w));
             }
         }
         {
             let _pass = PassClock::start();
-            while let Poll::Ready(Some(())) = self.watches.poll_next_unpin(cx) {}
+            loop {
+                while let Poll::Ready(Some(())) = self.watches.poll_next_unpin(cx) {}
+                let strays = std::mem::take(&mut *self.shared.strays.lock());
+                if strays.is_empty() {
+                    break;
+                }
+                for mut w in strays {
+                    if self.watches_stopped {
+                        w.finish();
+                    } else {
+                        w.moved();
+                        self.watches.push(ConnWatch::One(w));
+                    }
+                }
+            }
         }
         let next = self.shared.timers.lock().first();
         if let Some(at) = next {
@@ -718,7 +860,7 @@ fn spawn_request(shared: &Arc<ConnState>, req: Request<RecvStream>, respond: Sen
             .get::<WatchHandoff>()
             .and_then(WatchHandoff::take);
         match stream {
-            Some(stream) => hand_over(&shared, respond, resp, *stream, busy).await,
+            Some(stream) => hand_over(shared.clone(), respond, resp, *stream, busy).await,
             None => {
                 write_response(respond, resp, head_only, &shared.wire).await;
                 drop(busy);
@@ -757,7 +899,7 @@ fn head(parts: http::response::Parts, len: Option<u64>) -> Response<()> {
 }
 
 async fn hand_over(
-    shared: &ConnState,
+    shared: Arc<ConnState>,
     mut respond: SendResponse<Bytes>,
     resp: Response<Body>,
     stream: WatchStream,
@@ -769,16 +911,16 @@ async fn hand_over(
     };
     stream.set_wake_group(shared.id);
     let task = WatchTask {
-        id: send.stream_id().as_u32(),
+        held: Held::new(shared.ledger.clone(), send.stream_id().as_u32()),
         stream,
         send,
         wire: shared.wire.clone(),
-        pending: Bytes::new(),
         armed: None,
         timers: shared.timers.clone(),
-        ledger: shared.ledger.clone(),
         parked: None,
         seen: Seen::default(),
+        join_at: Instant::now(),
+        conn: shared.clone(),
         _guards: Guards {
             _body: body,
             _busy: busy,

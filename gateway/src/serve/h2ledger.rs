@@ -121,6 +121,11 @@ impl Ledger {
         true
     }
 
+    /// What the budget has left (0 once spent), read without the lock.
+    pub fn room(&self) -> usize {
+        WATCH_BUDGET.saturating_sub(self.state.queued.load(Ordering::Acquire))
+    }
+
     /// A watch drained a chunk of `n` bytes.
     pub fn hold(&self, n: usize) {
         let mut s = self.state.state.lock();
@@ -139,6 +144,16 @@ impl Ledger {
         let mut s = self.state.state.lock();
         s.held = s.held.saturating_add(n);
         self.queue(&mut s, id, n);
+        self.report(&mut s, GAUGE_SLACK);
+    }
+
+    /// Each stream of `ids` was handed `n` drained bytes at once (`sent`, under one lock).
+    pub fn sent_each(&self, ids: impl Iterator<Item = u32>, n: usize) {
+        let mut s = self.state.state.lock();
+        for id in ids {
+            s.held = s.held.saturating_add(n);
+            self.queue(&mut s, id, n);
+        }
         self.report(&mut s, GAUGE_SLACK);
     }
 

@@ -313,6 +313,20 @@ pub enum Limit {
     Unwritten(usize),
 }
 
+/// What [`Wire::frame_each`] did on one stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Each {
+    /// Every byte is framed.
+    Framed,
+    /// Nothing is: the stream's window or the connection's is shorter (or its HEADERS are
+    /// not out yet).
+    Short,
+    /// The stream ended.
+    Gone,
+    /// The client broke its flow control: reset it with FLOW_CONTROL_ERROR.
+    Broken,
+}
+
 /// What a writer may do on its stream.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Room {
@@ -389,6 +403,46 @@ impl Wire {
         total
     }
 
+    /// Frames `parts` (`total` bytes, at least one) as DATA on each stream of `ids` whose
+    /// window and the connection's hold all of them, under one lock: one event for every
+    /// stream of a connection served from one registration. `out` gets what became of each
+    /// stream, in order ([`Each`]); a stream the client broke is removed (reset it). True
+    /// when the round is full.
+    pub fn frame_each(
+        &self,
+        ids: &[u32],
+        parts: &[Bytes],
+        total: usize,
+        out: &mut Vec<Each>,
+    ) -> bool {
+        out.clear();
+        let n = i64::try_from(total).unwrap_or(i64::MAX);
+        let mut s = self.lock();
+        let s = &mut *s;
+        let mut framed = 0usize;
+        for &id in ids {
+            let each = match s.streams.get_mut(&id) {
+                None => Each::Gone,
+                Some(st) if st.broken => Each::Broken,
+                Some(st) if !st.head_out || st.window() < n || s.conn < n => Each::Short,
+                Some(st) => {
+                    st.add_window(n.saturating_neg());
+                    s.conn = s.conn.saturating_sub(n);
+                    frame_into(&mut s.framed, id, parts, total);
+                    framed = framed.saturating_add(total);
+                    Each::Framed
+                }
+            };
+            if each == Each::Broken {
+                s.remove(id, &self.0.ends);
+            }
+            out.push(each);
+        }
+        s.unwritten = s.unwritten.saturating_add(framed);
+        s.round = s.round.saturating_add(framed);
+        s.round >= ROUND_BYTES
+    }
+
     /// The connection task opens a round: its watches may frame [`ROUND_BYTES`] in it. (A
     /// round counts what was framed in it, not what waits to be spliced, so watches that
     /// yielded do not spin while h2 holds a frame the socket took only part of: the next
@@ -431,6 +485,12 @@ impl Wire {
             }
             _ => true,
         }
+    }
+
+    /// How many of the connection's streams ended or broke so far: while it stays the same,
+    /// [`Wire::over`] is false for every writer that saw it.
+    pub fn ends(&self) -> u64 {
+        self.0.ends.load(Ordering::Acquire)
     }
 
     /// Why a writer's stream is over, once [`Wire::over`] said so: the reason to reset it
