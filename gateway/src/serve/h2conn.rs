@@ -202,9 +202,13 @@ impl WatchTask {
         let _ = self.send.send_data(Bytes::new(), true);
     }
 
-    /// Waits for the watcher, its next bookmark or its deadline.
+    /// Waits for the watcher, its next bookmark, its deadline, or the time it may try to
+    /// join its group again (it may wait for the watcher a long time, caught up).
     fn idle(&mut self, cx: &Context<'_>) {
-        let at = self.stream.wake_at();
+        let mut at = self.stream.wake_at();
+        if self.join_at > PassClock::now() {
+            at = at.min(self.join_at);
+        }
         self.arm(at, cx);
     }
 
@@ -225,6 +229,15 @@ impl WatchTask {
     fn frame_held(&mut self, part: Bytes, room: usize) {
         let n = self.wire.frame(self.held.id, &[part], room, false);
         self.held.ledger.handed(self.held.id, n);
+    }
+
+    /// The watch to join a group of, when it may try now: caught up (the caller waits for
+    /// its watcher), nothing of its own left to send, not tried in the last second.
+    fn share_key(&self, now: Instant) -> Option<ShareKey> {
+        if now < self.join_at || !self.held.pending.is_empty() {
+            return None;
+        }
+        self.stream.share_key()
     }
 
     /// Moved to another place in the connection's set (its group's, or back from it): its
@@ -305,9 +318,7 @@ impl WatchTask {
                     return Poll::Pending;
                 }
                 if this.stream.poll_ready(cx, now).is_pending() {
-                    if now >= this.join_at
-                        && let Some(key) = this.stream.share_key()
-                    {
+                    if let Some(key) = this.share_key(now) {
                         *share = Some(key);
                         return Poll::Ready(());
                     }
@@ -357,6 +368,10 @@ impl WatchTask {
                 }
                 Poll::Pending => {
                     this.wire.give_back(this.held.id, room);
+                    if let Some(key) = this.share_key(now) {
+                        *share = Some(key);
+                        return Poll::Ready(());
+                    }
                     this.idle(cx);
                     return Poll::Pending;
                 }

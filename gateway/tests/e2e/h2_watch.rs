@@ -802,3 +802,167 @@ async fn a_held_list_body_is_shared_at_its_revision_and_never_served_for_a_later
         8
     );
 }
+
+/// `apiserver_watch_cache_watchers` of service accounts: registrations with the cache, which
+/// the watches of one watch on a connection share once caught up.
+async fn sa_registrations(srv: &TestServer) -> f64 {
+    metric(srv, |l| {
+        l.starts_with("apiserver_watch_cache_watchers{") && l.contains("serviceaccounts")
+    })
+    .await
+    .0
+}
+
+/// The names in `n` events of `w`, which must all be ADDED.
+async fn names(w: &mut Events, n: usize) -> Vec<String> {
+    let mut names = Vec::new();
+    while names.len() < n {
+        let ev = w.next().await.expect("the watch is open");
+        assert_eq!(ev["type"], "ADDED", "{ev}");
+        names.push(
+            ev["object"]["metadata"]["name"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_of_one_watch_on_a_connection_share_one_registration() {
+    const WATCHES: usize = 50;
+    const EVENTS: usize = 10;
+    let srv = TestServer::start_with(|o| o.http2_max_streams_per_connection = 500).await;
+    let regs = sa_registrations(&srv).await;
+    let (before, conn, mut watches) = watches_on_one_connection(&srv, "shared", WATCHES).await;
+    // Every stream is counted as a watch, and once caught up they are served from one
+    // registration with the cache.
+    eventually(BOUND, "the watches share one registration", || async {
+        sa_registrations(&srv).await - regs == 1.0
+    })
+    .await;
+    // Another selector on the same connection is another watch: a registration of its own.
+    let rv = list_rv(&srv, "/api/v1/namespaces/shared/serviceaccounts").await;
+    let mut other = Events::open(
+        &conn,
+        &format!(
+            "/api/v1/namespaces/shared/serviceaccounts?watch=1&labelSelector=t%3Dother&resourceVersion={rv}"
+        ),
+    )
+    .await;
+    eventually(BOUND, "the other watch registers alone", || async {
+        sa_registrations(&srv).await - regs == 2.0
+    })
+    .await;
+    for i in 0..EVENTS {
+        create_sa(&srv, "shared", &format!("c{i}")).await;
+    }
+    let want: Vec<String> = (0..EVENTS).map(|i| format!("c{i}")).collect();
+    for (n, w) in watches.iter_mut().enumerate() {
+        assert_eq!(
+            names(w, EVENTS).await,
+            want,
+            "watch {n}: every event, in order"
+        );
+    }
+    // A stream the client resets leaves the others served.
+    drop(watches.pop());
+    create_sa(&srv, "shared", "after").await;
+    for (n, w) in watches.iter_mut().enumerate() {
+        assert_eq!(names(w, 1).await, ["after"], "watch {n}");
+    }
+    // The other watch saw none of them.
+    let (s, v) = srv
+        .admin()
+        .post(
+            "/api/v1/namespaces/shared/serviceaccounts",
+            json!({"metadata": {"name": "o", "labels": {"t": "other"}}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    assert_eq!(names(&mut other, 1).await, ["o"]);
+    drop(watches);
+    drop(other);
+    eventually(BOUND, "the watches and the registrations end", || async {
+        sa_watchers(&srv).await == before && sa_registrations(&srv).await == regs
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_of_a_shared_watch_that_is_not_read_leaves_it_and_holds_up_no_other() {
+    const EVENTS: usize = 40;
+    let srv = TestServer::start_with(|o| {
+        o.watch_cache_history_max_bytes = 4 << 20;
+        o.watch_cache_watcher_queue_limit = 64;
+    })
+    .await;
+    let regs = sa_registrations(&srv).await;
+    create_namespace(&srv.admin(), "lag").await;
+    let rv = list_rv(&srv, "/api/v1/namespaces/lag/serviceaccounts").await;
+    // Every stream's window is 16 KiB: one that is not read fills it with its first event.
+    let conn = connect(&srv, 16 * 1024).await;
+    let path = format!(
+        "/api/v1/namespaces/lag/serviceaccounts?watch=1&labelSelector=t%3Dh2&resourceVersion={rv}"
+    );
+    let mut stalled = Events::open(&conn, &path).await;
+    let mut live = Vec::new();
+    for _ in 0..3 {
+        live.push(Events::open(&conn, &path).await);
+    }
+    eventually(BOUND, "the four share one registration", || async {
+        sa_registrations(&srv).await - regs == 1.0
+    })
+    .await;
+    let readers: Vec<_> = live
+        .into_iter()
+        .map(|mut w| tokio::spawn(async move { (names(&mut w, EVENTS).await, w) }))
+        .collect();
+    // 40 events of 20 KB: 800 KB, far past the stalled stream's window and what a stream
+    // may have behind in its group (64 KiB), well within the 4 MiB history.
+    let blob = "x".repeat(20_000);
+    for i in 0..EVENTS {
+        let (s, v) = srv
+            .admin()
+            .post(
+                "/api/v1/namespaces/lag/serviceaccounts",
+                json!({"metadata": {"name": format!("e{i}"), "labels": {"t": "h2"}, "annotations": {"blob": blob}}}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{v}");
+    }
+    let want: Vec<String> = (0..EVENTS).map(|i| format!("e{i}")).collect();
+    let mut kept = Vec::new();
+    for r in readers {
+        let (got, w) = r.await.unwrap();
+        assert_eq!(got, want, "every read stream got every event in order");
+        kept.push(w);
+    }
+    // The stalled stream left the group, with a registration of its own at its place.
+    assert_eq!(sa_registrations(&srv).await - regs, 2.0);
+    // Read now, it gets every event in order, and once caught up it joins again.
+    assert_eq!(
+        names(&mut stalled, EVENTS).await,
+        want,
+        "the stalled stream"
+    );
+    eventually(
+        BOUND,
+        "the caught-up stream joins its group again",
+        || async { sa_registrations(&srv).await - regs == 1.0 },
+    )
+    .await;
+    let (s, v) = srv
+        .admin()
+        .post(
+            "/api/v1/namespaces/lag/serviceaccounts",
+            json!({"metadata": {"name": "last", "labels": {"t": "h2"}}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    assert_eq!(names(&mut stalled, 1).await, ["last"]);
+    for w in &mut kept {
+        assert_eq!(names(w, 1).await, ["last"]);
+    }
+}
