@@ -62,7 +62,7 @@ pub(super) struct Inbox {
 
 /// Hands `task` (caught up, its watch `key`) to the connection's group of its watch, or makes
 /// it that group when there is none yet.
-pub(super) fn join(task: WatchTask, key: ShareKey) -> Option<Box<Group>> {
+pub(super) fn join(mut task: WatchTask, key: ShareKey) -> Option<Box<Group>> {
     let conn = task.conn.clone();
     let mut groups = conn.groups.0.lock();
     if let Some(inbox) = groups.get(&key) {
@@ -73,10 +73,15 @@ pub(super) fn join(task: WatchTask, key: ShareKey) -> Option<Box<Group>> {
         }
         return None;
     }
+    let Some(leader) = task.stream.take_watcher() else {
+        // No watcher to share after all: it goes on as it was.
+        conn.strays.lock().push(task);
+        return None;
+    };
     let inbox = Arc::new(Inbox::default());
     groups.insert(key, inbox.clone());
     drop(groups);
-    Group::new(task, key, inbox)
+    Some(Group::new(task, leader, key, inbox))
 }
 
 /// One stream of a group.
@@ -136,8 +141,7 @@ pub(super) struct Group {
 }
 
 impl Group {
-    fn new(mut task: WatchTask, key: ShareKey, inbox: Arc<Inbox>) -> Option<Box<Group>> {
-        let leader = task.stream.take_watcher()?;
+    fn new(task: WatchTask, leader: Watcher, key: ShareKey, inbox: Arc<Inbox>) -> Box<Group> {
         let conn = task.conn.clone();
         let mut group = Box::new(Group {
             key,
@@ -159,7 +163,7 @@ impl Group {
             each: Vec::new(),
         });
         group.admit(task);
-        Some(group)
+        group
     }
 
     fn admit(&mut self, task: WatchTask) {
@@ -273,6 +277,7 @@ impl Group {
         let tasks = std::mem::take(&mut *self.inbox.tasks.lock());
         for mut task in tasks {
             let Some(watcher) = task.stream.take_watcher() else {
+                self.conn.strays.lock().push(task);
                 continue;
             };
             match self.leader.absorb(watcher) {
