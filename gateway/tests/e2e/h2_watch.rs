@@ -966,3 +966,59 @@ async fn a_stream_of_a_shared_watch_that_is_not_read_leaves_it_and_holds_up_no_o
         assert_eq!(names(w, 1).await, ["last"]);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_of_a_shared_watch_end_at_their_own_deadlines_with_their_last_bookmark() {
+    let srv = TestServer::start().await;
+    let regs = sa_registrations(&srv).await;
+    create_namespace(&srv.admin(), "due").await;
+    let rv = list_rv(&srv, "/api/v1/namespaces/due/serviceaccounts").await;
+    let conn = connect(&srv, 1 << 20).await;
+    // One watch, three deadlines: timeoutSeconds is the stream's, not the watch's.
+    let mut streams = Vec::new();
+    for timeout in [1, 3, 30] {
+        let path = format!(
+            "/api/v1/namespaces/due/serviceaccounts?watch=1&labelSelector=t%3Dh2&allowWatchBookmarks=true&resourceVersion={rv}&timeoutSeconds={timeout}"
+        );
+        streams.push(Events::open(&conn, &path).await);
+    }
+    eventually(BOUND, "the three share one registration", || async {
+        sa_registrations(&srv).await - regs == 1.0
+    })
+    .await;
+    create_sa(&srv, "due", "first").await;
+    let mut last_rv = 0u64;
+    for w in &mut streams {
+        let ev = w.next().await.expect("open");
+        assert_eq!(ev["object"]["metadata"]["name"], "first");
+        last_rv = ev["object"]["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+    }
+    let started = tokio::time::Instant::now();
+    // Each of the first two ends at its deadline, its last event a bookmark at least as far
+    // as what it got; the third goes on.
+    let mut third = streams.pop().unwrap();
+    for (n, mut w) in streams.into_iter().enumerate() {
+        let mut last = None;
+        while let Some(ev) = w.next().await {
+            last = Some(ev);
+        }
+        let last = last.unwrap_or_else(|| panic!("stream {n} ended without a bookmark"));
+        assert_eq!(last["type"], "BOOKMARK", "stream {n}: {last}");
+        let at: u64 = last["object"]["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(at >= last_rv, "stream {n}: bookmark at {at}, before {last_rv}");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the short deadlines were kept"
+    );
+    create_sa(&srv, "due", "second").await;
+    assert_eq!(names(&mut third, 1).await, ["second"]);
+}

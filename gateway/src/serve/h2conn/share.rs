@@ -213,6 +213,8 @@ impl Group {
         if now >= self.next_deadline {
             self.end_due(cx, now);
         }
+        // A drain that found nothing is not tried again for a bookmark in this poll.
+        let mut drained_nothing = false;
         loop {
             if self.members.is_empty() {
                 return Poll::Ready(());
@@ -245,7 +247,8 @@ impl Group {
                 return Poll::Pending;
             }
             let std_now = now.into_std();
-            let due = self.leader.next_bookmark_at().is_some_and(|b| b <= std_now);
+            let due =
+                !drained_nothing && self.leader.next_bookmark_at().is_some_and(|b| b <= std_now);
             if !due && self.leader.poll_ready(cx).is_pending() {
                 self.arm(cx);
                 return Poll::Pending;
@@ -262,6 +265,7 @@ impl Group {
                     self.end_all();
                     return Poll::Ready(());
                 }
+                drained_nothing = true;
                 continue;
             }
             self.batch = drained.frames;
