@@ -161,8 +161,7 @@ pub struct Options {
     /// Lists run on threads of their own this many steps nicer (`nice(1)`, up to 19) than the
     /// request threads, so that writes, gets and watches are scheduled ahead of them when the
     /// CPUs are busy: over HTTP/1.1 from their handler to their response's last byte; over h2
-    /// their handler and the handing of their body to h2. TLS handshakes run there too. 0:
-    /// lists and handshakes run on the request threads.
+    /// their handler and the handing of their body to h2. 0: lists run on the request threads.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u8).range(0..=19))]
     pub list_niceness: u8,
 

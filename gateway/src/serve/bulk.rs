@@ -7,10 +7,6 @@
 //! asked for: when the CPUs are busy, the kernel runs the request threads (writes, gets,
 //! watches) ahead of them, and the request threads' own queues hold no lists.
 //!
-//! TLS handshakes run here too (`server.rs`): a storm of reconnecting clients, each handshake
-//! a few hundred microseconds of public-key work, queues behind the connections already
-//! served instead of among them; each connection is then served on the request threads.
-//!
 //! The sockets stay registered with the request runtime's reactor: a bulk thread only polls
 //! them. Over h2, a list's request task (its handler, and handing its body to h2 as the
 //! stream's window allows) runs here; the connection's one task, which encrypts and writes

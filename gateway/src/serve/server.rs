@@ -105,9 +105,6 @@ pub async fn accept_loop(
     tracing::debug!(?cap, "connection cap");
     // Every connection task holds a clone; at shutdown, `recv` returns once all have ended.
     let (open_tx, mut open_rx) = tokio::sync::mpsc::channel::<()>(1);
-    // Where connections are served; their TLS handshakes run on the bulk threads, when there
-    // are some (see `serve_connection`).
-    let request_threads = tokio::runtime::Handle::current();
     loop {
         // Room for one more connection first: past the cap, clients wait in the backlog.
         let permit = tokio::select! {
@@ -132,23 +129,11 @@ pub async fn accept_loop(
         let tls = tls.clone();
         let stop = stop.clone();
         let open = open_tx.clone();
-        let handshake_threads = tls
-            .as_ref()
-            .and(app.bulk.as_ref())
-            .map(|b| b.handle().clone());
-        let conn = Conn {
-            tcp,
-            peer,
-            app,
-            builders,
-            stop,
-            held: (permit, open),
-            request_threads: request_threads.clone(),
-        };
-        match handshake_threads {
-            Some(threads) => drop(threads.spawn(serve_connection(conn, tls))),
-            None => drop(tokio::spawn(serve_connection(conn, tls))),
-        }
+        tokio::spawn(async move {
+            let _permit = permit;
+            let _open = open;
+            serve_connection(tcp, peer, tls, app, &builders, stop).await;
+        });
     }
     drop(listener);
     drop(listener_closed);
@@ -162,42 +147,17 @@ pub async fn accept_loop(
     }
 }
 
-/// One accepted connection, and what serving it needs.
-struct Conn {
-    tcp: TcpStream,
-    peer: SocketAddr,
-    app: Arc<ServerState>,
-    builders: Arc<Builders>,
-    stop: watch::Receiver<bool>,
-    /// Its place under the connection cap, and in the count shutdown waits for: held until
-    /// the connection ends.
-    held: (
-        Option<tokio::sync::OwnedSemaphorePermit>,
-        tokio::sync::mpsc::Sender<()>,
-    ),
-    /// The runtime its requests are served on.
-    request_threads: tokio::runtime::Handle,
-}
-
 /// Serves one accepted connection: the TLS handshake (bounded by `--tls-handshake-timeout`)
 /// and the client certificate's identity, then h2 when ALPN chose it, else HTTP/1.1 or
 /// prior-knowledge h2 by the first bytes; the loopback plain listener skips TLS.
-///
-/// With `--list-niceness`, this task runs on the bulk threads until the handshake is done:
-/// a storm of reconnecting clients (each handshake a few hundred microseconds of public-key
-/// work) then queues behind the watches, gets and writes of the connections already served,
-/// not among them. The socket stays with the request threads' reactor, and the connection
-/// is served there once its handshake is done.
-async fn serve_connection(conn: Conn, tls: Option<Tls>) {
-    let Conn {
-        tcp,
-        peer,
-        app,
-        builders,
-        stop,
-        held,
-        request_threads,
-    } = conn;
+async fn serve_connection(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    tls: Option<Tls>,
+    app: Arc<ServerState>,
+    builders: &Builders,
+    stop: watch::Receiver<bool>,
+) {
     let Some(tls) = tls else {
         let ident = Arc::new(ConnIdentity {
             cert_user: None,
@@ -205,12 +165,13 @@ async fn serve_connection(conn: Conn, tls: Option<Tls>) {
             peer: Some(peer),
             front_proxy: false,
         });
-        let _held = held;
-        Box::pin(serve_either(&builders, stop, tcp, app, ident)).await;
+        Box::pin(serve_either(builders, stop, tcp, app, ident)).await;
         return;
     };
-    // Boxed: the task that serves the connection holds the stream for as long as it lives,
-    // and the handshake's state only until it is done.
+    // Boxed, and the stream after it too: the connection's task is otherwise as large as the
+    // handshake's state, and each protocol's boxed future holds the stream inline, for as
+    // long as the connection lives (an idle HTTP/1.1 watch over TLS carried rustls'
+    // connection three times over: in the task, in `serve_either` and in `h1conn`).
     let handshake = tokio::time::timeout(
         app.api.opts.tls_handshake_timeout,
         Box::pin(tls.acceptor.accept(tcp)),
@@ -280,19 +241,13 @@ async fn serve_connection(conn: Conn, tls: Option<Tls>) {
         peer: Some(peer),
         front_proxy: role == Some(pki::CertRole::FrontProxy),
     });
-    // A task of its own on the request threads, as large as the protocol's state (h2's or
-    // HTTP/1.1's) and no larger: the handshake's task ends here.
+    // Each protocol's future boxed on its own: the connection's task is otherwise as large
+    // as its largest state (the handshake's, h2's, HTTP/1.1's), whichever the connection
+    // speaks, for as long as it lives.
     if h2 {
-        let h2 = builders.h2.clone();
-        drop(request_threads.spawn(async move {
-            let _held = held;
-            h2conn::serve(stream, app, ident, h2, stop).await;
-        }));
+        Box::pin(h2conn::serve(stream, app, ident, builders.h2.clone(), stop)).await;
     } else {
-        drop(request_threads.spawn(async move {
-            let _held = held;
-            serve_either(&builders, stop, stream, app, ident).await;
-        }));
+        Box::pin(serve_either(builders, stop, stream, app, ident)).await;
     }
 }
 
