@@ -7,13 +7,15 @@
 #
 # usage: cargo build --release -p svc-gateway -p svc-loadtest
 #        scripts/measure-writes-alone.sh
-# env:   BIN=target/release OUT=/tmp/svc-writes-alone PORT=18182 DUR=10s; 127.0.0.1 only.
+# env:   BIN=target/release OUT=/tmp/svc-writes-alone PORT=18182; DUR=10s at 100 writes/s and
+#        DUR10=30s at 10 (300 writes, so that the p99 is not one slow write's); 127.0.0.1 only.
 set -u
 S=$(cd "$(dirname "$0")" && pwd)
 BIN=${BIN:-$S/../target/release}
 OUT=${OUT:-/tmp/svc-writes-alone}
 PORT=${PORT:-18182}
 DUR=${DUR:-10s}
+DUR10=${DUR10:-30s}
 URL="http://127.0.0.1:$PORT"
 mkdir -p "$OUT"
 W=$(mktemp -d)
@@ -40,12 +42,14 @@ curl -sf "$URL/readyz" > /dev/null || {
     exit 1
 }
 for rate in 100 10; do
+    dur=$DUR
+    [ "$rate" = 10 ] && dur=$DUR10
     cat > "$W/s$rate.yaml" << EOF
 scenario: fanout
 pause: 5s
 params:
   watchers: 1
-  duration: $DUR
+  duration: $dur
   rate: $rate
   writers: 10
   object_size: 400
