@@ -1013,7 +1013,10 @@ async fn streams_of_a_shared_watch_end_at_their_own_deadlines_with_their_last_bo
             .unwrap()
             .parse()
             .unwrap();
-        assert!(at >= last_rv, "stream {n}: bookmark at {at}, before {last_rv}");
+        assert!(
+            at >= last_rv,
+            "stream {n}: bookmark at {at}, before {last_rv}"
+        );
     }
     assert!(
         started.elapsed() < Duration::from_secs(10),
