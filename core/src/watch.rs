@@ -83,8 +83,6 @@ pub mod wakes;
 pub mod watcher;
 
 #[cfg(test)]
-mod share_tests;
-#[cfg(test)]
 mod tests;
 
 pub use cache::{ApplyReport, ListRequest, WatchCache, WatchCacheStats};

@@ -1,9 +1,10 @@
 //! Unit tests of the watch cache, deterministic: time is an `Instant` the tests move by hand.
 //! Shared fixtures here; state, lists and history in `tests/state.rs`, watchers and fan-out
-//! in `tests/watchers.rs`.
+//! in `tests/watchers.rs`, one watcher serving another's stream in `tests/share.rs`.
 // Test code: arithmetic on fixtures is checked by the assertions.
 #![allow(clippy::arithmetic_side_effects)]
 
+mod share;
 mod state;
 mod watchers;
 

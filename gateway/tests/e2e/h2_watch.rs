@@ -319,22 +319,7 @@ async fn a_stream_that_is_not_read_holds_up_no_other_and_is_ended() {
     let big = "x".repeat(200_000);
     let readers: Vec<_> = live
         .into_iter()
-        .map(|mut w| {
-            tokio::spawn(async move {
-                let mut names = Vec::new();
-                while names.len() < EVENTS {
-                    let ev = w.next().await.expect("a live watch is not ended");
-                    assert_eq!(ev["type"], "ADDED", "{ev}");
-                    names.push(
-                        ev["object"]["metadata"]["name"]
-                            .as_str()
-                            .unwrap()
-                            .to_string(),
-                    );
-                }
-                (names, w)
-            })
-        })
+        .map(|mut w| tokio::spawn(async move { (names(&mut w, EVENTS).await, w) }))
         .collect();
     for i in 0..EVENTS {
         let (s, v) = admin

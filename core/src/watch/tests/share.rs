@@ -1,71 +1,17 @@
 //! Unit tests of watch sharing: [`Watcher::share_key`], [`Watcher::absorb`] (one watcher
 //! serving the stream of another that is the same watch at the same place) and
 //! [`Watcher::fork`] (a watcher of the same watch going on from where another has drained).
-// Test code: arithmetic on fixtures is checked by the assertions.
-#![allow(clippy::arithmetic_side_effects)]
-
-use std::time::{Duration, Instant};
-
-use bytes::Bytes;
-use svc_storage::{Event, EventKind, FeedItem, KeyValue, Revision};
-
 use super::*;
-use crate::kinds::ServiceAccount;
-use crate::object::encode_for_store;
-use crate::resource::Resource;
-use crate::selector::{FieldSelector, LabelSelector};
-
-// Fixtures, as in `tests.rs` (private to that module).
-
-/// A clock for tests: a fixed origin plus an offset moved by hand.
-struct Clock(Instant);
-
-impl Clock {
-    fn new() -> Self {
-        Clock(Instant::now())
-    }
-    fn at(&self, secs: f64) -> Instant {
-        self.0 + Duration::from_secs_f64(secs)
-    }
-}
-
-fn sa_kv(ns: &str, name: &str, rev: Revision) -> KeyValue {
-    let mut sa = ServiceAccount::default();
-    sa.metadata.name = name.into();
-    sa.metadata.namespace = ns.into();
-    KeyValue {
-        key: Bytes::from(ServiceAccount::INFO.key(ns, name)),
-        value: Bytes::from(encode_for_store(&sa).unwrap()),
-        create_revision: rev,
-        mod_revision: rev,
-        version: 1,
-    }
-}
-
-fn put(ns: &str, name: &str, rev: Revision) -> Event {
-    Event {
-        kind: EventKind::Put,
-        kv: sa_kv(ns, name, rev),
-        prev_kv: None,
-    }
-}
-
-/// A ready, empty ServiceAccount cache at revision 1.
-fn cache_with(config: WatchCacheConfig, clock: &Clock) -> WatchCache {
-    let c = WatchCache::new(KindCodec::with_protobuf::<ServiceAccount>(), config);
-    c.replace(&[], 1, clock.at(0.0));
-    c
-}
 
 fn cache(clock: &Clock) -> WatchCache {
-    cache_with(WatchCacheConfig::default(), clock)
+    cache_with(config(), clock)
 }
 
 /// One event per revision in `revs`, objects `o<rev>` in `ns`, applied one at a time.
 fn apply(c: &WatchCache, ns: &str, revs: std::ops::RangeInclusive<Revision>, now: Instant) {
     for rev in revs {
         let r = c.apply(
-            FeedItem::Events(vec![put(ns, &format!("o{rev}"), rev)]),
+            FeedItem::Events(vec![put(ns, &format!("o{rev}"), &[], rev)]),
             now,
         );
         assert!(r.errors.is_empty(), "{:?}", r.errors);
@@ -73,16 +19,7 @@ fn apply(c: &WatchCache, ns: &str, revs: std::ops::RangeInclusive<Revision>, now
 }
 
 fn req(ns: Option<&str>, start: WatchStart) -> WatchRequest {
-    WatchRequest {
-        namespace: ns.map(Into::into),
-        selector: Selector::new(
-            LabelSelector::parse("").unwrap(),
-            FieldSelector::parse("", |f| f.starts_with("metadata.")).unwrap(),
-        ),
-        start,
-        bookmarks: false,
-        format: FrameFormat::Json,
-    }
+    watch_req(ns, sel("", ""), start)
 }
 
 fn watch(c: &WatchCache, ns: &str, start: WatchStart, clock: &Clock) -> Watcher {
