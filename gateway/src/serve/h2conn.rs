@@ -179,12 +179,10 @@ impl Drop for Held {
 struct WatchTask {
     stream: WatchStream,
     send: SendStream<Bytes>,
-    wire: Wire,
     /// Its id and what it holds in the connection's budget.
     held: Held,
-    /// The wake-up filed in [`Timers`] for this watch.
+    /// The wake-up filed in the connection's [`Timers`] for this watch.
     armed: Option<Instant>,
-    timers: Arc<Mutex<Timers>>,
     /// Where this watch's waker waits for the budget (`Ledger::spent`).
     parked: Option<u64>,
     /// What this watch last saw of the connection's stream ends: the wire wakes it when
@@ -192,6 +190,7 @@ struct WatchTask {
     seen: Seen,
     /// When it may next try to join its group (after a try that found it elsewhere).
     join_at: Instant,
+    /// Its connection's wire, timers and groups.
     conn: Arc<ConnState>,
     _guards: Guards,
 }
@@ -215,19 +214,19 @@ impl WatchTask {
     fn arm(&mut self, at: Instant, cx: &Context<'_>) {
         if self.armed != Some(at) {
             self.armed = Some(at);
-            self.timers.lock().add(at, cx.waker().clone());
+            self.conn.timers.lock().add(at, cx.waker().clone());
         }
     }
 
     /// Frames `parts` (within `room`) on the wire and counts them in the ledger.
     fn frame(&mut self, parts: &[Bytes], room: usize) {
-        let n = self.wire.frame(self.held.id, parts, room, false);
+        let n = self.conn.wire.frame(self.held.id, parts, room, false);
         self.held.ledger.sent(self.held.id, n);
     }
 
     /// Frames `part` (within `room`) of a chunk the ledger already holds.
     fn frame_held(&mut self, part: Bytes, room: usize) {
-        let n = self.wire.frame(self.held.id, &[part], room, false);
+        let n = self.conn.wire.frame(self.held.id, &[part], room, false);
         self.held.ledger.handed(self.held.id, n);
     }
 
@@ -261,68 +260,65 @@ impl WatchTask {
             }
         }
     }
-}
 
-impl WatchTask {
     /// Serves the stream until it ends (Ready), or until it is caught up and may join its
     /// group: then Ready with `share` set, its watcher's waker left filed (a stale wake-up
     /// of this place costs one empty poll).
     fn poll_task(&mut self, cx: &mut Context<'_>, share: &mut Option<ShareKey>) -> Poll<()> {
-        let this = self;
         // The pass's clock reading, read once for all the connection's watches.
         let now = PassClock::now();
-        if this.wire.over(cx, this.held.id, &mut this.seen) {
+        if self.conn.wire.over(cx, self.held.id, &mut self.seen) {
             // Gone, or reset for its flow control.
-            if let Some(reason) = this.wire.broken(this.held.id) {
-                this.send.send_reset(reason);
+            if let Some(reason) = self.conn.wire.broken(self.held.id) {
+                self.send.send_reset(reason);
             }
             return Poll::Ready(());
         }
         loop {
-            if !this.held.pending.is_empty() {
-                let room = match this.wire.poll_room(
+            if !self.held.pending.is_empty() {
+                let room = match self.conn.wire.poll_room(
                     cx,
-                    this.held.id,
-                    this.held.pending.len(),
+                    self.held.id,
+                    self.held.pending.len(),
                     Limit::Round,
                 ) {
-                    Poll::Ready(room) => match this.room(room, cx) {
+                    Poll::Ready(room) => match self.room(room, cx) {
                         Ok(n) => n,
                         Err(end) => return end,
                     },
                     Poll::Pending => {
                         // A client that does not read holds a chunk only until the
                         // deadline: then the stream is reset.
-                        let deadline = this.stream.deadline();
+                        let deadline = self.stream.deadline();
                         if now >= deadline {
-                            this.send.send_reset(Reason::CANCEL);
+                            self.send.send_reset(Reason::CANCEL);
                             return Poll::Ready(());
                         }
-                        this.arm(deadline, cx);
+                        self.arm(deadline, cx);
                         return Poll::Pending;
                     }
                 };
-                let part = this
+                let part = self
                     .held
                     .pending
-                    .split_to(room.min(this.held.pending.len()));
-                this.frame_held(part, room);
+                    .split_to(room.min(self.held.pending.len()));
+                self.frame_held(part, room);
                 continue;
             }
-            let deadline = this.stream.deadline();
+            let deadline = self.stream.deadline();
             let past = now >= deadline;
             if !past {
-                if this.held.ledger.spent(cx, &mut this.parked) {
+                if self.held.ledger.spent(cx, &mut self.parked) {
                     // The connection holds its budget: the events wait in the ring.
-                    this.arm(deadline, cx);
+                    self.arm(deadline, cx);
                     return Poll::Pending;
                 }
-                if this.stream.poll_ready(cx, now).is_pending() {
-                    if let Some(key) = this.share_key(now) {
+                if self.stream.poll_ready(cx, now).is_pending() {
+                    if let Some(key) = self.share_key(now) {
                         *share = Some(key);
                         return Poll::Ready(());
                     }
-                    this.idle(cx);
+                    self.idle(cx);
                     return Poll::Pending;
                 }
             }
@@ -331,48 +327,52 @@ impl WatchTask {
             // window shut keeps its events in the ring, not in a batch of its own. Past the
             // deadline only the last bookmark is left to send.
             let want = MAX_BATCH_BYTES;
-            let room = match this.wire.poll_room(cx, this.held.id, want, Limit::Round) {
-                Poll::Ready(room) => match this.room(room, cx) {
+            let room = match self
+                .conn
+                .wire
+                .poll_room(cx, self.held.id, want, Limit::Round)
+            {
+                Poll::Ready(room) => match self.room(room, cx) {
                     Ok(n) => n,
                     Err(end) => return end,
                 },
                 Poll::Pending if past => {
                     // No room for the last bookmark: the stream ends without it.
-                    let _ = this.send.send_data(Bytes::new(), true);
+                    let _ = self.send.send_data(Bytes::new(), true);
                     return Poll::Ready(());
                 }
                 Poll::Pending => {
-                    this.arm(deadline, cx);
+                    self.arm(deadline, cx);
                     return Poll::Pending;
                 }
             };
-            match this.stream.poll_batch_within(cx, room, now) {
+            match self.stream.poll_batch_within(cx, room, now) {
                 Poll::Ready(Some(batch)) => {
                     let bytes = batch.iter().fold(0usize, |n, b| n.saturating_add(b.len()));
                     if bytes <= room {
-                        this.frame(&batch, room);
+                        self.frame(&batch, room);
                     } else {
                         // One event larger than the room: what fits now, the rest when
                         // the window opens.
                         let mut chunk = crate::http::stream::coalesce(batch, bytes);
-                        this.held.ledger.hold(chunk.len());
+                        self.held.ledger.hold(chunk.len());
                         let part = chunk.split_to(room);
-                        this.frame_held(part, room);
-                        this.held.pending = chunk;
+                        self.frame_held(part, room);
+                        self.held.pending = chunk;
                     }
                 }
                 Poll::Ready(None) => {
-                    this.wire.give_back(this.held.id, room);
-                    let _ = this.send.send_data(Bytes::new(), true);
+                    self.conn.wire.give_back(self.held.id, room);
+                    let _ = self.send.send_data(Bytes::new(), true);
                     return Poll::Ready(());
                 }
                 Poll::Pending => {
-                    this.wire.give_back(this.held.id, room);
-                    if let Some(key) = this.share_key(now) {
+                    self.conn.wire.give_back(self.held.id, room);
+                    if let Some(key) = self.share_key(now) {
                         *share = Some(key);
                         return Poll::Ready(());
                     }
-                    this.idle(cx);
+                    self.idle(cx);
                     return Poll::Pending;
                 }
             }
@@ -929,9 +929,7 @@ async fn hand_over(
         held: Held::new(shared.ledger.clone(), send.stream_id().as_u32()),
         stream,
         send,
-        wire: shared.wire.clone(),
         armed: None,
-        timers: shared.timers.clone(),
         parked: None,
         seen: Seen::default(),
         join_at: Instant::now(),

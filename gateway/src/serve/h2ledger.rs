@@ -141,10 +141,7 @@ impl Ledger {
 
     /// A watch drained `n` bytes and handed them all to h2 at once (`hold` and `handed`).
     pub fn sent(&self, id: u32, n: usize) {
-        let mut s = self.state.state.lock();
-        s.held = s.held.saturating_add(n);
-        self.queue(&mut s, id, n);
-        self.report(&mut s, GAUGE_SLACK);
+        self.sent_each(std::iter::once(id), n);
     }
 
     /// Each stream of `ids` was handed `n` drained bytes at once (`sent`, under one lock).

@@ -464,7 +464,7 @@ impl Wire {
     /// [`Seen::default`]: while no stream of the connection ended since, the answer is false
     /// without the lock.
     pub fn over(&self, cx: &Context<'_>, id: u32, seen: &mut Seen) -> bool {
-        let ends = self.0.ends.load(Ordering::Acquire);
+        let ends = self.ends();
         if seen.0 == Some(ends) {
             return false;
         }

@@ -938,14 +938,7 @@ async fn a_stream_of_a_shared_watch_that_is_not_read_leaves_it_and_holds_up_no_o
         || async { sa_registrations(&srv).await - regs == 1.0 },
     )
     .await;
-    let (s, v) = srv
-        .admin()
-        .post(
-            "/api/v1/namespaces/lag/serviceaccounts",
-            json!({"metadata": {"name": "last", "labels": {"t": "h2"}}}),
-        )
-        .await;
-    assert_eq!(s, StatusCode::CREATED, "{v}");
+    create_sa(&srv, "lag", "last").await;
     assert_eq!(names(&mut stalled, 1).await, ["last"]);
     for w in &mut kept {
         assert_eq!(names(w, 1).await, ["last"]);

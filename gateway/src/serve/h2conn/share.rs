@@ -23,12 +23,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use svc_core::watch::Watcher;
 
 use super::*;
-use crate::base::deadline::Deadline;
+use crate::base::deadline::Deadline as _;
 use crate::serve::h2wire::{Each, ROUND_BYTES};
-
-fn later(now: Instant, d: Duration) -> Instant {
-    Deadline::later(now, d)
-}
 
 /// How long a watch that could not join its group waits before it tries again.
 const JOIN_RETRY: Duration = Duration::from_secs(1);
@@ -288,7 +284,7 @@ impl Group {
                 Ok(()) => self.admit(task),
                 Err(watcher) => {
                     task.stream.put_watcher(watcher);
-                    task.join_at = later(now, JOIN_RETRY);
+                    task.join_at = now.later(JOIN_RETRY);
                     self.conn.strays.lock().push(task);
                 }
             }
@@ -360,7 +356,7 @@ impl Group {
             .iter()
             .map(|m| m.stream.deadline())
             .min()
-            .unwrap_or_else(|| later(Instant::now(), Duration::from_secs(3600)))
+            .unwrap_or_else(|| Instant::now().later(Duration::from_secs(3600)))
     }
 
     /// Frames what the members' windows let out of what they have behind; a member past
@@ -374,8 +370,10 @@ impl Group {
                 i = i.saturating_add(1);
                 continue;
             }
-            match catch_up(&self.conn.wire, m, cx) {
-                Catch::Kept => self.any_behind |= m.held.behind_bytes > 0,
+            let caught = catch_up(&self.conn.wire, m, cx);
+            let (still, over) = (m.held.behind_bytes > 0, m.held.behind_bytes > BEHIND_LIMIT);
+            match caught {
+                Catch::Kept => self.any_behind |= still,
                 Catch::Full => full = true,
                 Catch::Ended(reason) => {
                     let mut m = self.members.swap_remove(i);
@@ -386,7 +384,7 @@ impl Group {
                     continue;
                 }
             }
-            if m_over_limit(&self.members, i) {
+            if over {
                 let m = self.members.swap_remove(i);
                 self.leave(m, now);
                 self.next_deadline = self.earliest_deadline();
@@ -411,7 +409,7 @@ impl Group {
         if let Some(w) = &watcher {
             w.set_wake_group(self.conn.id);
         }
-        self.alone(m, watcher, later(now, JOIN_RETRY));
+        self.alone(m, watcher, now.later(JOIN_RETRY));
     }
 
     /// Puts `m` back in the connection's set as a watch of its own, served from `watcher`
@@ -434,10 +432,8 @@ impl Group {
         self.conn.strays.lock().push(WatchTask {
             stream,
             send,
-            wire: self.conn.wire.clone(),
             held,
             armed: None,
-            timers: self.conn.timers.clone(),
             parked: None,
             seen,
             join_at,
@@ -595,12 +591,6 @@ fn catch_up(wire: &Wire, m: &mut Member, cx: &Context<'_>) -> Catch {
         m.held.ledger.handed(id, n);
     }
     Catch::Kept
-}
-
-fn m_over_limit(members: &[Member], i: usize) -> bool {
-    members
-        .get(i)
-        .is_some_and(|m| m.held.behind_bytes > BEHIND_LIMIT)
 }
 
 /// How far a batch got.
