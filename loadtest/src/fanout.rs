@@ -495,6 +495,13 @@ fn results(
     let expired = states.iter().filter(|s| s.expired).count();
     let secs = t.elapsed.as_secs_f64().max(1e-3);
     let mut extra = serde_json::Map::new();
+    let chunks: u64 = states.iter().map(|s| s.chunks).sum();
+    if chunks > 0 {
+        extra.insert(
+            "events_per_chunk".into(),
+            (delivered as f64 / chunks as f64).into(),
+        );
+    }
     if let Some(a) = phase_a {
         let mut b = total.clone();
         let _ = b.subtract(&a);

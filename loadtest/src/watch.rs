@@ -72,6 +72,9 @@ pub struct WState {
     pub ended: bool,
     pub expired: bool,
     pub foreign: u64,
+    /// The chunks of the body read (for h2, its DATA frames): how finely the server cut the
+    /// stream, which is what a client pays per read.
+    pub chunks: u64,
 }
 
 struct Finders {
@@ -150,6 +153,7 @@ pub async fn run_group(ctx: GroupCtx, base: usize, streams: Vec<WStream>, n: usi
                     Item::Data(b) => {
                         let now = now_nanos();
                         let before = st.count;
+                        st.chunks += 1;
                         lat.clear();
                         parse(&f, format, st, b, now, &mut lat, &live);
                         live.delivered.fetch_add(st.count - before, Relaxed);

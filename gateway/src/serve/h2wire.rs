@@ -155,6 +155,10 @@ impl Stream {
 struct State {
     /// The connection's send credit, less what was framed.
     conn: i64,
+    /// Writers of several streams waiting for the connection's window ([`Wire::wait_conn`]),
+    /// woken when it grows: filed here, not on one of their streams, whose own waits would
+    /// take its place.
+    conn_watchers: Vec<Waker>,
     /// The client's SETTINGS_INITIAL_WINDOW_SIZE.
     initial: i64,
     streams: HashMap<u32, Stream, StreamIds>,
@@ -179,6 +183,7 @@ impl Default for State {
     fn default() -> Self {
         State {
             conn: DEFAULT_WINDOW,
+            conn_watchers: Vec::new(),
             initial: DEFAULT_WINDOW,
             streams: HashMap::default(),
             last_opened: 0,
@@ -197,6 +202,13 @@ impl State {
     fn keep_driver(&mut self, driver: &Waker) {
         if !self.driver.as_ref().is_some_and(|d| d.will_wake(driver)) {
             self.driver = Some(driver.clone());
+        }
+    }
+
+    /// Files `waker` for the client's next WINDOW_UPDATE of the connection.
+    fn watch_conn(&mut self, waker: &Waker) {
+        if !self.conn_watchers.iter().any(|w| w.will_wake(waker)) {
+            self.conn_watchers.push(waker.clone());
         }
     }
 
@@ -318,9 +330,11 @@ pub enum Limit {
 pub enum Each {
     /// Every byte is framed.
     Framed,
-    /// Nothing is: the stream's window or the connection's is shorter (or its HEADERS are
-    /// not out yet).
+    /// Nothing is: the stream's window is shorter (or its HEADERS are not out yet).
     Short,
+    /// Nothing is: the connection's window is shorter, for this stream and every one after
+    /// it ([`Wire::wait_conn`]).
+    Conn,
     /// The stream ended.
     Gone,
     /// The client broke its flow control: reset it with FLOW_CONTROL_ERROR.
@@ -424,7 +438,8 @@ impl Wire {
             let each = match s.streams.get_mut(&id) {
                 None => Each::Gone,
                 Some(st) if st.broken => Each::Broken,
-                Some(st) if !st.head_out || st.window() < n || s.conn < n => Each::Short,
+                Some(st) if !st.head_out || st.window() < n => Each::Short,
+                Some(_) if s.conn < n => Each::Conn,
                 Some(st) => {
                     st.add_window(n.saturating_neg());
                     s.conn = s.conn.saturating_sub(n);
@@ -441,6 +456,18 @@ impl Wire {
         s.unwritten = s.unwritten.saturating_add(framed);
         s.round = s.round.saturating_add(framed);
         s.round >= ROUND_BYTES
+    }
+
+    /// Whether the connection's window is shorter than `n`: then `cx`'s waker waits for it
+    /// to grow (the client opens it, or a writer gives back room it did not use). False: it
+    /// takes `n` now.
+    pub fn wait_conn(&self, cx: &Context<'_>, n: usize) -> bool {
+        let mut s = self.lock();
+        if s.conn >= i64::try_from(n).unwrap_or(i64::MAX) {
+            return false;
+        }
+        s.watch_conn(cx.waker());
+        true
     }
 
     /// The connection task opens a round: its watches may frame [`ROUND_BYTES`] in it. (A
@@ -555,6 +582,9 @@ fn give_back(s: &mut State, id: u32, n: usize) {
     }
     let n = i64::try_from(n).unwrap_or(i64::MAX);
     s.conn = s.conn.saturating_add(n);
+    for w in s.conn_watchers.drain(..) {
+        w.wake();
+    }
     if let Some(stream) = s.streams.get_mut(&id) {
         stream.add_window(n);
     }
@@ -839,6 +869,9 @@ impl Inbound {
         let s = &mut *s;
         if h.stream == 0 {
             s.conn = s.conn.saturating_add(inc);
+            for w in s.conn_watchers.drain(..) {
+                w.wake();
+            }
             if s.conn > MAX_WINDOW {
                 s.fail(Reason::FLOW_CONTROL_ERROR);
             }

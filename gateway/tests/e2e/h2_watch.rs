@@ -22,10 +22,15 @@ const BOUND: Duration = Duration::from_secs(30);
 /// An h2 connection with the admin certificate; `window` is every stream's receive window
 /// (the connection's is large, so one stream that is not read cannot hold up the others).
 async fn connect(srv: &TestServer, window: u32) -> SendRequest<Bytes> {
+    connect_windows(srv, window, 64 << 20).await
+}
+
+/// As [`connect`], with the connection's window `conn_window` as well.
+async fn connect_windows(srv: &TestServer, window: u32, conn_window: u32) -> SendRequest<Bytes> {
     let tls = srv.admin_tls(b"h2").await;
     let (send, conn) = h2::client::Builder::new()
         .initial_window_size(window)
-        .initial_connection_window_size(64 << 20)
+        .initial_connection_window_size(conn_window)
         .handshake::<_, Bytes>(tls)
         .await
         .unwrap();
@@ -98,6 +103,8 @@ async fn get_json(conn: &SendRequest<Bytes>, path: &str) -> Value {
 struct Events {
     body: RecvStream,
     buf: Vec<u8>,
+    /// DATA frames read.
+    frames: usize,
 }
 
 impl Events {
@@ -107,6 +114,7 @@ impl Events {
         Events {
             body,
             buf: Vec::new(),
+            frames: 0,
         }
     }
 
@@ -122,6 +130,7 @@ impl Events {
                 .expect("timed out waiting for a watch event")?
                 .ok()?;
             let _ = self.body.flow_control().release_capacity(d.len());
+            self.frames += 1;
             self.buf.extend_from_slice(&d);
         }
     }
@@ -941,6 +950,69 @@ async fn a_stream_of_a_shared_watch_that_is_not_read_leaves_it_and_holds_up_no_o
     create_sa(&srv, "lag", "last").await;
     assert_eq!(names(&mut stalled, 1).await, ["last"]);
     for w in &mut kept {
+        assert_eq!(names(w, 1).await, ["last"]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_watch_whose_connection_is_not_read_waits_in_the_ring_as_one() {
+    const EVENTS: usize = 100;
+    let srv = TestServer::start_with(|o| o.watch_cache_history_max_bytes = 4 << 20).await;
+    let regs = sa_registrations(&srv).await;
+    create_namespace(&srv.admin(), "shut").await;
+    let rv = list_rv(&srv, "/api/v1/namespaces/shut/serviceaccounts").await;
+    // Each stream may take 1 MiB, the connection 64 KiB: the connection's window is what
+    // stops them, all four alike, once the client does not read.
+    let conn = connect_windows(&srv, 1 << 20, 65_535).await;
+    let path = format!(
+        "/api/v1/namespaces/shut/serviceaccounts?watch=1&labelSelector=t%3Dh2&resourceVersion={rv}"
+    );
+    let mut streams = Vec::new();
+    for _ in 0..4 {
+        streams.push(Events::open(&conn, &path).await);
+    }
+    eventually(BOUND, "the four share one registration", || async {
+        sa_registrations(&srv).await - regs == 1.0
+    })
+    .await;
+    // 100 events of 2 KB to each of four streams: 800 KB, twelve times the connection's
+    // window, far past what a stream may have behind in its group (64 KiB).
+    let blob = "x".repeat(2_000);
+    for i in 0..EVENTS {
+        let (s, v) = srv
+            .admin()
+            .post(
+                "/api/v1/namespaces/shut/serviceaccounts",
+                json!({"metadata": {"name": format!("e{i}"), "labels": {"t": "h2"}, "annotations": {"blob": blob}}}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{v}");
+    }
+    // Nobody is behind on its own account: the group waits for the window with the events
+    // in the ring, and keeps its one registration (no stream left with one of its own).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(sa_registrations(&srv).await - regs, 1.0);
+    // Read now (all at once: the connection's window is theirs together), every stream
+    // gets every event in order, several to a DATA frame.
+    let readers: Vec<_> = streams
+        .into_iter()
+        .map(|mut w| tokio::spawn(async move { (names(&mut w, EVENTS).await, w) }))
+        .collect();
+    let want: Vec<String> = (0..EVENTS).map(|i| format!("e{i}")).collect();
+    let mut streams = Vec::new();
+    for (n, r) in readers.into_iter().enumerate() {
+        let (got, w) = r.await.unwrap();
+        assert_eq!(got, want, "stream {n}");
+        assert!(
+            w.frames * 2 <= EVENTS,
+            "stream {n}: {EVENTS} events in {} DATA frames",
+            w.frames
+        );
+        streams.push(w);
+    }
+    assert_eq!(sa_registrations(&srv).await - regs, 1.0);
+    create_sa(&srv, "shut", "last").await;
+    for w in &mut streams {
         assert_eq!(names(w, 1).await, ["last"]);
     }
 }

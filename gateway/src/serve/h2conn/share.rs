@@ -16,6 +16,9 @@
 //! behind it leaves, with a registration of its own at the group's place
 //! (`Watcher::fork`), and goes at its own pace, as every watch did before: so one slow
 //! client never holds up the others, nor makes the group hold more than that per stream.
+//! The connection's window is every stream's: when it cannot take the batch, the group
+//! waits for the client to open it, with the events after the batch left in the ring, so a
+//! client that reads slower than events come gets them in fewer, larger DATA frames.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,7 +27,7 @@ use svc_core::watch::Watcher;
 
 use super::*;
 use crate::base::deadline::Deadline as _;
-use crate::serve::h2wire::{Each, ROUND_BYTES};
+use crate::serve::h2wire::Each;
 
 /// How long a watch that could not join its group waits before it tries again.
 const JOIN_RETRY: Duration = Duration::from_secs(1);
@@ -32,6 +35,14 @@ const JOIN_RETRY: Duration = Duration::from_secs(1);
 /// What a stream of a group may have behind (its window too short to take the frames)
 /// before it leaves the group: a batch's worth.
 pub(super) const BEHIND_LIMIT: usize = MAX_BATCH_BYTES;
+
+/// The most a group drains from its watcher at once. At a light load that is the one event
+/// just queued. When events queued up meanwhile (the connection's budget or window held the
+/// group, or its turn came late), each stream gets them in one DATA frame of up to this
+/// size, where a share of a round per member ([`ROUND_BYTES`](crate::serve::h2wire::ROUND_BYTES)
+/// over 100 members is less than one event) sent them one to a frame, each a read for the
+/// client. Small enough for the windows clients open (64 KiB at the least) to take several.
+const GROUP_BATCH_BYTES: usize = 16 * 1024;
 
 /// A connection's groups, by the watch they serve.
 #[derive(Default)]
@@ -234,6 +245,13 @@ impl Group {
                         return Poll::Pending;
                     }
                     Deliver::Full => return yield_round(cx),
+                    Deliver::Window => {
+                        // The client has not read what it has: the rest waits for its
+                        // window, and the events after it in the ring, to go in one
+                        // batch once it opens.
+                        self.arm(cx);
+                        return Poll::Pending;
+                    }
                 }
                 continue;
             }
@@ -249,12 +267,9 @@ impl Group {
                 self.arm(cx);
                 return Poll::Pending;
             }
-            // A round's worth across the members, at least one event.
-            let max = ROUND_BYTES
-                .checked_div(self.members.len())
-                .unwrap_or(ROUND_BYTES)
-                .clamp(1, MAX_BATCH_BYTES);
-            let drained = self.leader.drain(max, std_now);
+            // What is queued, up to a batch (at least one event): the round is bounded by
+            // the members given it per call (`deliver`), not by the batch's size.
+            let drained = self.leader.drain(GROUP_BATCH_BYTES, std_now);
             self.finished = drained.finished;
             if drained.frames.is_empty() {
                 if self.finished {
@@ -444,7 +459,8 @@ impl Group {
 
     /// Gives the batch to the members that do not have it yet: framed at once for those
     /// with nothing behind whose windows take it, as many as the connection's budget lets;
-    /// kept behind for the others.
+    /// kept behind for those whose stream's window does not. When the connection's window
+    /// does not, the rest wait for it (it is every stream's: nobody is behind).
     fn deliver(&mut self, cx: &Context<'_>) -> Deliver {
         let (seq, bytes) = (self.seq, self.batch_bytes);
         loop {
@@ -492,12 +508,20 @@ impl Group {
             );
             let mut k = 0usize;
             let mut ended = false;
+            // A stream the connection's window could not take: the group waits for the
+            // window.
+            let mut conn_short = false;
             for m in &mut self.members {
                 if m.got == seq || self.ids.get(k) != Some(&m.held.id) {
                     continue;
                 }
                 let each = self.each.get(k).copied();
                 k = k.saturating_add(1);
+                if each == Some(Each::Conn) {
+                    // Not given: the batch waits, and the events after it in the ring.
+                    conn_short = true;
+                    continue;
+                }
                 m.got = seq;
                 given = given.saturating_add(1);
                 match each {
@@ -507,7 +531,7 @@ impl Group {
                         m.send.send_reset(Reason::FLOW_CONTROL_ERROR);
                         ended = true;
                     }
-                    Some(Each::Short) | None => {
+                    Some(Each::Short | Each::Conn) | None => {
                         m.keep_behind(&self.batch, bytes);
                         self.any_behind = true;
                     }
@@ -518,6 +542,9 @@ impl Group {
                 // Those the wire no longer knows (ended, or reset just now) are dropped at
                 // the next poll, which their end woke.
                 self.ends_seen = None;
+            }
+            if conn_short && self.conn.wire.wait_conn(cx, bytes) {
+                return Deliver::Window;
             }
             if full {
                 return Deliver::Full;
@@ -601,6 +628,9 @@ enum Deliver {
     Spent,
     /// The round is full.
     Full,
+    /// The connection's window is shorter than the batch: the group waits for the client
+    /// to open it.
+    Window,
 }
 
 /// What became of a member catching up.

@@ -379,3 +379,54 @@ fn a_written_rounds_buffer_is_framed_into_again_on_its_thread() {
     assert_eq!(kept.len(), spare::KEEP);
     assert!(kept.iter().all(|b| b.capacity() == 4096 && b.is_empty()));
 }
+
+#[test]
+fn streams_the_connection_s_window_cannot_take_wait_for_it_apart_from_their_own() {
+    let wire = Wire::default();
+    let mut inbound = Inbound::new(wire.clone());
+    let mut out = Vec::new();
+    inbound.feed(PREFACE, &mut out);
+    inbound.feed(&settings_initial(1 << 20), &mut out);
+    for id in [1, 3, 5, 7] {
+        inbound.feed(&frame(HEADERS, END_HEADERS, id, &[0x82]), &mut out);
+        head_written(&wire, id);
+    }
+    // Stream 7's own window is short: it is behind on its own account.
+    inbound.feed(&settings_initial(30_000), &mut out);
+    inbound.feed(&window_update(1, 10_000), &mut out);
+    inbound.feed(&window_update(3, 10_000), &mut out);
+    inbound.feed(&window_update(5, 10_000), &mut out);
+    let batch = [Bytes::from(vec![7; 30_000])];
+    let mut each = Vec::new();
+    wire.frame_each(&[7, 1, 3, 5], &batch, 30_000, &mut each);
+    // The connection's 65,535 take stream 7's (its own window holds 30,000) and stream 1's.
+    assert_eq!(each, [Each::Framed, Each::Framed, Each::Conn, Each::Conn]);
+    assert_eq!(wire.windows(1), (5_535, Some(10_000)));
+
+    let (woken, waker) = counting_waker();
+    let cx = Context::from_waker(&waker);
+    assert!(!wire.wait_conn(&cx, 5_000), "5,000 fit: no wait");
+    assert!(wire.wait_conn(&cx, 30_000));
+    assert!(wire.wait_conn(&cx, 30_000), "filed once");
+    // A stream's own update does not open the connection's window.
+    inbound.feed(&window_update(3, 1), &mut out);
+    assert_eq!(woken.load(SeqCst), 0);
+    inbound.feed(&window_update(0, 60_000), &mut out);
+    assert_eq!(
+        woken.load(SeqCst),
+        1,
+        "the connection's update wakes it, once"
+    );
+    assert!(!wire.wait_conn(&cx, 30_000));
+    wire.frame_each(&[3, 5], &batch, 30_000, &mut each);
+    assert_eq!(each, [Each::Framed, Each::Framed]);
+
+    // Room another writer reserved and gave back wakes it too.
+    assert!(wire.wait_conn(&cx, 30_000));
+    let Poll::Ready(Room::Bytes(n)) = wire.poll_room(&cx, 1, 10, Limit::Unwritten(usize::MAX))
+    else {
+        panic!("room");
+    };
+    wire.give_back(1, n);
+    assert_eq!(woken.load(SeqCst), 2);
+}
