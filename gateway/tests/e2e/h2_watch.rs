@@ -807,6 +807,22 @@ async fn sa_registrations(srv: &TestServer) -> f64 {
     .0
 }
 
+/// Creates ServiceAccounts `e0`..`e{n-1}` in `ns`, labelled `t=h2`, each with an annotation
+/// of `size` bytes.
+async fn create_blobs(srv: &TestServer, ns: &str, n: usize, size: usize) {
+    let blob = "x".repeat(size);
+    for i in 0..n {
+        let (s, v) = srv
+            .admin()
+            .post(
+                &format!("/api/v1/namespaces/{ns}/serviceaccounts"),
+                json!({"metadata": {"name": format!("e{i}"), "labels": {"t": "h2"}, "annotations": {"blob": blob}}}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{v}");
+    }
+}
+
 /// The names in `n` events of `w`, which must all be ADDED.
 async fn names(w: &mut Events, n: usize) -> Vec<String> {
     let mut names = Vec::new();
@@ -915,17 +931,7 @@ async fn a_stream_of_a_shared_watch_that_is_not_read_leaves_it_and_holds_up_no_o
         .collect();
     // 40 events of 20 KB: 800 KB, far past the stalled stream's window and what a stream
     // may have behind in its group (64 KiB), well within the 4 MiB history.
-    let blob = "x".repeat(20_000);
-    for i in 0..EVENTS {
-        let (s, v) = srv
-            .admin()
-            .post(
-                "/api/v1/namespaces/lag/serviceaccounts",
-                json!({"metadata": {"name": format!("e{i}"), "labels": {"t": "h2"}, "annotations": {"blob": blob}}}),
-            )
-            .await;
-        assert_eq!(s, StatusCode::CREATED, "{v}");
-    }
+    create_blobs(&srv, "lag", EVENTS, 20_000).await;
     let want: Vec<String> = (0..EVENTS).map(|i| format!("e{i}")).collect();
     let mut kept = Vec::new();
     for r in readers {
@@ -977,17 +983,7 @@ async fn a_shared_watch_whose_connection_is_not_read_waits_in_the_ring_as_one() 
     .await;
     // 100 events of 2 KB to each of four streams: 800 KB, twelve times the connection's
     // window, far past what a stream may have behind in its group (64 KiB).
-    let blob = "x".repeat(2_000);
-    for i in 0..EVENTS {
-        let (s, v) = srv
-            .admin()
-            .post(
-                "/api/v1/namespaces/shut/serviceaccounts",
-                json!({"metadata": {"name": format!("e{i}"), "labels": {"t": "h2"}, "annotations": {"blob": blob}}}),
-            )
-            .await;
-        assert_eq!(s, StatusCode::CREATED, "{v}");
-    }
+    create_blobs(&srv, "shut", EVENTS, 2_000).await;
     // Nobody is behind on its own account: the group waits for the window with the events
     // in the ring, and keeps its one registration (no stream left with one of its own).
     tokio::time::sleep(Duration::from_millis(300)).await;
