@@ -43,6 +43,14 @@ pub const MAX_FRAME: usize = 16 * 1024;
 /// connection's output buffer.
 pub const WRITE_BUDGET: usize = 512 * 1024;
 
+/// The largest payload [`Wire::frame_each`] reports as waiting for the connection's window
+/// ([`Each::Conn`]), to be framed whole once it has room. A client's window for the
+/// connection is at least h2's initial 65,535 bytes, and a client that has read everything
+/// leaves less than half of it unreleased (every client sends its WINDOW_UPDATE by then), so
+/// the window always comes back to at least this much; a larger payload might wait forever.
+/// (A group's batch, 16 KiB and the event that crossed it, fits.)
+pub const CONN_WAIT_MAX: usize = 32 * 1024;
+
 /// What the connection task's watches frame in one round before they let it write: about one
 /// socket write (`h2ledger::GATHER`). Past it a watch yields (the round ends, its bytes go to
 /// the socket, and the task comes back after the runtime's other tasks, writes among them),
@@ -333,7 +341,8 @@ pub enum Each {
     /// Nothing is: the stream's window is shorter (or its HEADERS are not out yet).
     Short,
     /// Nothing is: the connection's window is shorter, for this stream and every one after
-    /// it ([`Wire::wait_conn`]).
+    /// it ([`Wire::wait_conn`]). Only for payloads of at most [`CONN_WAIT_MAX`]; a larger one
+    /// is `Short`, its writer taking the window's room piece by piece.
     Conn,
     /// The stream ended.
     Gone,
@@ -439,7 +448,8 @@ impl Wire {
                 None => Each::Gone,
                 Some(st) if st.broken => Each::Broken,
                 Some(st) if !st.head_out || st.window() < n => Each::Short,
-                Some(_) if s.conn < n => Each::Conn,
+                Some(_) if s.conn < n && total <= CONN_WAIT_MAX => Each::Conn,
+                Some(_) if s.conn < n => Each::Short,
                 Some(st) => {
                     st.add_window(n.saturating_neg());
                     s.conn = s.conn.saturating_sub(n);

@@ -1014,6 +1014,39 @@ async fn a_shared_watch_whose_connection_is_not_read_waits_in_the_ring_as_one() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_larger_than_a_default_window_reach_every_stream_of_a_shared_watch() {
+    const EVENTS: usize = 12;
+    let srv = TestServer::start_with(|o| o.watch_cache_history_max_bytes = 4 << 20).await;
+    let regs = sa_registrations(&srv).await;
+    create_namespace(&srv.admin(), "big").await;
+    let rv = list_rv(&srv, "/api/v1/namespaces/big/serviceaccounts").await;
+    // h2's default windows, 65,535 bytes for each stream and for the connection: three
+    // streams of events of 50 KB never fit the connection's window together, and a client
+    // sends its WINDOW_UPDATE only once it has read a part of it.
+    let conn = connect_windows(&srv, 65_535, 65_535).await;
+    let path = format!(
+        "/api/v1/namespaces/big/serviceaccounts?watch=1&labelSelector=t%3Dh2&resourceVersion={rv}"
+    );
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        streams.push(Events::open(&conn, &path).await);
+    }
+    eventually(BOUND, "the three share one registration", || async {
+        sa_registrations(&srv).await - regs == 1.0
+    })
+    .await;
+    let readers: Vec<_> = streams
+        .into_iter()
+        .map(|mut w| tokio::spawn(async move { names(&mut w, EVENTS).await }))
+        .collect();
+    create_blobs(&srv, "big", EVENTS, 50_000).await;
+    let want: Vec<String> = (0..EVENTS).map(|i| format!("e{i}")).collect();
+    for (n, r) in readers.into_iter().enumerate() {
+        assert_eq!(r.await.unwrap(), want, "stream {n}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_of_a_shared_watch_end_at_their_own_deadlines_with_their_last_bookmark() {
     let srv = TestServer::start().await;
     let regs = sa_registrations(&srv).await;

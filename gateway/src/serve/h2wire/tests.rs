@@ -386,47 +386,88 @@ fn streams_the_connection_s_window_cannot_take_wait_for_it_apart_from_their_own(
     let mut inbound = Inbound::new(wire.clone());
     let mut out = Vec::new();
     inbound.feed(PREFACE, &mut out);
-    inbound.feed(&settings_initial(1 << 20), &mut out);
-    for id in [1, 3, 5, 7] {
+    for id in [1, 3, 5, 7, 9, 11] {
         inbound.feed(&frame(HEADERS, END_HEADERS, id, &[0x82]), &mut out);
         head_written(&wire, id);
     }
-    // Stream 7's own window is short: it is behind on its own account.
-    inbound.feed(&settings_initial(30_000), &mut out);
-    inbound.feed(&window_update(1, 10_000), &mut out);
-    inbound.feed(&window_update(3, 10_000), &mut out);
-    inbound.feed(&window_update(5, 10_000), &mut out);
-    let batch = [Bytes::from(vec![7; 30_000])];
+    // Every stream's window is 20,000 but stream 7's, 10,000: it is short on its own account.
+    inbound.feed(&settings_initial(10_000), &mut out);
+    for id in [1, 3, 5, 9, 11] {
+        inbound.feed(&window_update(id, 10_000), &mut out);
+    }
+    let batch = [Bytes::from(vec![7; 16_000])];
     let mut each = Vec::new();
-    wire.frame_each(&[7, 1, 3, 5], &batch, 30_000, &mut each);
-    // The connection's 65,535 take stream 7's (its own window holds 30,000) and stream 1's.
-    assert_eq!(each, [Each::Framed, Each::Framed, Each::Conn, Each::Conn]);
-    assert_eq!(wire.windows(1), (5_535, Some(10_000)));
+    wire.frame_each(&[7, 1, 3, 5, 9, 11], &batch, 16_000, &mut each);
+    // The connection's 65,535 take four of 16,000; the fifth waits for the connection.
+    assert_eq!(
+        each,
+        [
+            Each::Short,
+            Each::Framed,
+            Each::Framed,
+            Each::Framed,
+            Each::Framed,
+            Each::Conn
+        ]
+    );
+    assert_eq!(wire.windows(1), (1_535, Some(4_000)));
 
     let (woken, waker) = counting_waker();
     let cx = Context::from_waker(&waker);
-    assert!(!wire.wait_conn(&cx, 5_000), "5,000 fit: no wait");
-    assert!(wire.wait_conn(&cx, 30_000));
-    assert!(wire.wait_conn(&cx, 30_000), "filed once");
+    assert!(!wire.wait_conn(&cx, 1_000), "1,000 fit: no wait");
+    assert!(wire.wait_conn(&cx, 16_000));
+    assert!(wire.wait_conn(&cx, 16_000), "filed once");
     // A stream's own update does not open the connection's window.
     inbound.feed(&window_update(3, 1), &mut out);
     assert_eq!(woken.load(SeqCst), 0);
-    inbound.feed(&window_update(0, 60_000), &mut out);
+    inbound.feed(&window_update(0, 20_000), &mut out);
     assert_eq!(
         woken.load(SeqCst),
         1,
         "the connection's update wakes it, once"
     );
-    assert!(!wire.wait_conn(&cx, 30_000));
-    wire.frame_each(&[3, 5], &batch, 30_000, &mut each);
-    assert_eq!(each, [Each::Framed, Each::Framed]);
+    assert!(!wire.wait_conn(&cx, 16_000));
+    wire.frame_each(&[11], &batch, 16_000, &mut each);
+    assert_eq!(each, [Each::Framed]);
 
     // Room another writer reserved and gave back wakes it too.
-    assert!(wire.wait_conn(&cx, 30_000));
-    let Poll::Ready(Room::Bytes(n)) = wire.poll_room(&cx, 1, 10, Limit::Unwritten(usize::MAX))
+    assert!(wire.wait_conn(&cx, 16_000));
+    let Poll::Ready(Room::Bytes(n)) = wire.poll_room(&cx, 3, 10, Limit::Unwritten(usize::MAX))
     else {
         panic!("room");
     };
-    wire.give_back(1, n);
+    wire.give_back(3, n);
     assert_eq!(woken.load(SeqCst), 2);
+}
+
+#[test]
+fn a_payload_larger_than_the_window_is_sure_to_reach_is_framed_in_pieces() {
+    let wire = Wire::default();
+    let mut inbound = Inbound::new(wire.clone());
+    let mut out = Vec::new();
+    inbound.feed(PREFACE, &mut out);
+    inbound.feed(&settings_initial(1 << 20), &mut out);
+    for id in [1, 3] {
+        inbound.feed(&frame(HEADERS, END_HEADERS, id, &[0x82]), &mut out);
+        head_written(&wire, id);
+    }
+    // The connection keeps h2's initial 65,535: after 50,000 on stream 1, 15,535 are left.
+    let mut each = Vec::new();
+    wire.frame_each(&[1], &[Bytes::from(vec![1; 50_000])], 50_000, &mut each);
+    assert_eq!(each, [Each::Framed]);
+    // A client holding what it read until half its window is read may never open the
+    // window to 40,000 more: stream 3 is short, and takes the room there is piece by piece.
+    wire.frame_each(&[3], &[Bytes::from(vec![3; 40_000])], 40_000, &mut each);
+    assert_eq!(each, [Each::Short]);
+    let (_, waker) = counting_waker();
+    let cx = Context::from_waker(&waker);
+    assert_eq!(
+        wire.poll_room(&cx, 3, 40_000, Limit::Unwritten(usize::MAX)),
+        Poll::Ready(Room::Bytes(15_535))
+    );
+    // One of at most 32 KiB waits for the window whole.
+    wire.give_back(3, 15_535);
+    let batch = [Bytes::from(vec![3; CONN_WAIT_MAX])];
+    wire.frame_each(&[3], &batch, CONN_WAIT_MAX, &mut each);
+    assert_eq!(each, [Each::Conn]);
 }
