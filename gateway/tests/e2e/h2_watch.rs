@@ -823,6 +823,44 @@ async fn create_blobs(srv: &TestServer, ns: &str, n: usize, size: usize) {
     }
 }
 
+/// Opens `n` streams on `conn` of one watch, of the ServiceAccounts labelled `t=h2` in `ns`
+/// from `rv`, and waits until they share one registration (`regs` were there before).
+async fn open_shared(
+    srv: &TestServer,
+    conn: &SendRequest<Bytes>,
+    ns: &str,
+    rv: &str,
+    n: usize,
+    regs: f64,
+) -> Vec<Events> {
+    let path = format!(
+        "/api/v1/namespaces/{ns}/serviceaccounts?watch=1&labelSelector=t%3Dh2&resourceVersion={rv}"
+    );
+    let mut streams = Vec::new();
+    for _ in 0..n {
+        streams.push(Events::open(conn, &path).await);
+    }
+    eventually(
+        BOUND,
+        &format!("the {n} share one registration"),
+        || async { sa_registrations(srv).await - regs == 1.0 },
+    )
+    .await;
+    streams
+}
+
+/// Reads the names of `n` events from each of `streams`, all at once (a connection's window
+/// is its streams' together), each on a task that gives back the names and the stream.
+fn read_each(
+    streams: Vec<Events>,
+    n: usize,
+) -> Vec<tokio::task::JoinHandle<(Vec<String>, Events)>> {
+    streams
+        .into_iter()
+        .map(|mut w| tokio::spawn(async move { (names(&mut w, n).await, w) }))
+        .collect()
+}
+
 /// The names in `n` events of `w`, which must all be ADDED.
 async fn names(w: &mut Events, n: usize) -> Vec<String> {
     let mut names = Vec::new();
@@ -913,22 +951,9 @@ async fn a_stream_of_a_shared_watch_that_is_not_read_leaves_it_and_holds_up_no_o
     let rv = list_rv(&srv, "/api/v1/namespaces/lag/serviceaccounts").await;
     // Every stream's window is 16 KiB: one that is not read fills it with its first event.
     let conn = connect(&srv, 16 * 1024).await;
-    let path = format!(
-        "/api/v1/namespaces/lag/serviceaccounts?watch=1&labelSelector=t%3Dh2&resourceVersion={rv}"
-    );
-    let mut stalled = Events::open(&conn, &path).await;
-    let mut live = Vec::new();
-    for _ in 0..3 {
-        live.push(Events::open(&conn, &path).await);
-    }
-    eventually(BOUND, "the four share one registration", || async {
-        sa_registrations(&srv).await - regs == 1.0
-    })
-    .await;
-    let readers: Vec<_> = live
-        .into_iter()
-        .map(|mut w| tokio::spawn(async move { (names(&mut w, EVENTS).await, w) }))
-        .collect();
+    let mut live = open_shared(&srv, &conn, "lag", &rv, 4, regs).await;
+    let mut stalled = live.remove(0);
+    let readers = read_each(live, EVENTS);
     // 40 events of 20 KB: 800 KB, far past the stalled stream's window and what a stream
     // may have behind in its group (64 KiB), well within the 4 MiB history.
     create_blobs(&srv, "lag", EVENTS, 20_000).await;
@@ -970,17 +995,7 @@ async fn a_shared_watch_whose_connection_is_not_read_waits_in_the_ring_as_one() 
     // Each stream may take 1 MiB, the connection 64 KiB: the connection's window is what
     // stops them, all four alike, once the client does not read.
     let conn = connect_windows(&srv, 1 << 20, 65_535).await;
-    let path = format!(
-        "/api/v1/namespaces/shut/serviceaccounts?watch=1&labelSelector=t%3Dh2&resourceVersion={rv}"
-    );
-    let mut streams = Vec::new();
-    for _ in 0..4 {
-        streams.push(Events::open(&conn, &path).await);
-    }
-    eventually(BOUND, "the four share one registration", || async {
-        sa_registrations(&srv).await - regs == 1.0
-    })
-    .await;
+    let streams = open_shared(&srv, &conn, "shut", &rv, 4, regs).await;
     // 100 events of 2 KB to each of four streams: 800 KB, twelve times the connection's
     // window, far past what a stream may have behind in its group (64 KiB).
     create_blobs(&srv, "shut", EVENTS, 2_000).await;
@@ -988,12 +1003,8 @@ async fn a_shared_watch_whose_connection_is_not_read_waits_in_the_ring_as_one() 
     // in the ring, and keeps its one registration (no stream left with one of its own).
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(sa_registrations(&srv).await - regs, 1.0);
-    // Read now (all at once: the connection's window is theirs together), every stream
-    // gets every event in order, several to a DATA frame.
-    let readers: Vec<_> = streams
-        .into_iter()
-        .map(|mut w| tokio::spawn(async move { (names(&mut w, EVENTS).await, w) }))
-        .collect();
+    // Read now, every stream gets every event in order, several to a DATA frame.
+    let readers = read_each(streams, EVENTS);
     let want: Vec<String> = (0..EVENTS).map(|i| format!("e{i}")).collect();
     let mut streams = Vec::new();
     for (n, r) in readers.into_iter().enumerate() {
@@ -1024,25 +1035,12 @@ async fn events_larger_than_a_default_window_reach_every_stream_of_a_shared_watc
     // streams of events of 50 KB never fit the connection's window together, and a client
     // sends its WINDOW_UPDATE only once it has read a part of it.
     let conn = connect_windows(&srv, 65_535, 65_535).await;
-    let path = format!(
-        "/api/v1/namespaces/big/serviceaccounts?watch=1&labelSelector=t%3Dh2&resourceVersion={rv}"
-    );
-    let mut streams = Vec::new();
-    for _ in 0..3 {
-        streams.push(Events::open(&conn, &path).await);
-    }
-    eventually(BOUND, "the three share one registration", || async {
-        sa_registrations(&srv).await - regs == 1.0
-    })
-    .await;
-    let readers: Vec<_> = streams
-        .into_iter()
-        .map(|mut w| tokio::spawn(async move { names(&mut w, EVENTS).await }))
-        .collect();
+    let streams = open_shared(&srv, &conn, "big", &rv, 3, regs).await;
+    let readers = read_each(streams, EVENTS);
     create_blobs(&srv, "big", EVENTS, 50_000).await;
     let want: Vec<String> = (0..EVENTS).map(|i| format!("e{i}")).collect();
     for (n, r) in readers.into_iter().enumerate() {
-        assert_eq!(r.await.unwrap(), want, "stream {n}");
+        assert_eq!(r.await.unwrap().0, want, "stream {n}");
     }
 }
 
