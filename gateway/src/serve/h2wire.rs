@@ -213,10 +213,15 @@ impl State {
         }
     }
 
-    /// Files `waker` for the client's next WINDOW_UPDATE of the connection.
-    fn watch_conn(&mut self, waker: &Waker) {
-        if !self.conn_watchers.iter().any(|w| w.will_wake(waker)) {
-            self.conn_watchers.push(waker.clone());
+    /// The connection's window grew by `by` (the client's WINDOW_UPDATE, or room a writer
+    /// gave back): every writer waiting for it is woken.
+    fn open_conn(&mut self, by: i64) {
+        self.conn = self.conn.saturating_add(by);
+        for w in self.conn_watchers.drain(..) {
+            w.wake();
+        }
+        if self.conn > 0 && self.conn_waiting > 0 {
+            self.wake_all(Wait::Conn);
         }
     }
 
@@ -476,7 +481,9 @@ impl Wire {
         if s.conn >= i64::try_from(n).unwrap_or(i64::MAX) {
             return false;
         }
-        s.watch_conn(cx.waker());
+        if !s.conn_watchers.iter().any(|w| w.will_wake(cx.waker())) {
+            s.conn_watchers.push(cx.waker().clone());
+        }
         true
     }
 
@@ -591,16 +598,10 @@ fn give_back(s: &mut State, id: u32, n: usize) {
         return;
     }
     let n = i64::try_from(n).unwrap_or(i64::MAX);
-    s.conn = s.conn.saturating_add(n);
-    for w in s.conn_watchers.drain(..) {
-        w.wake();
-    }
     if let Some(stream) = s.streams.get_mut(&id) {
         stream.add_window(n);
     }
-    if s.conn > 0 && s.conn_waiting > 0 {
-        s.wake_all(Wait::Conn);
-    }
+    s.open_conn(n);
 }
 
 /// Appends `parts` (`total` bytes) to `out` as DATA frames of stream `id`, each at most
@@ -878,15 +879,9 @@ impl Inbound {
         let mut s = self.wire.lock();
         let s = &mut *s;
         if h.stream == 0 {
-            s.conn = s.conn.saturating_add(inc);
-            for w in s.conn_watchers.drain(..) {
-                w.wake();
-            }
+            s.open_conn(inc);
             if s.conn > MAX_WINDOW {
                 s.fail(Reason::FLOW_CONTROL_ERROR);
-            }
-            if s.conn > 0 && s.conn_waiting > 0 {
-                s.wake_all(Wait::Conn);
             }
             return true;
         }
