@@ -173,6 +173,98 @@ fn decode(body: &[u8]) -> Result<Answer, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::convert::Infallible;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    /// A TokenReview upstream that answers each review `delay` after it came: accepted as
+    /// user `u` while `accept` holds, else refused; `reviews` counts them.
+    #[derive(Default)]
+    struct Reviews {
+        accept: AtomicBool,
+        reviews: AtomicUsize,
+    }
+
+    async fn review_upstream(
+        reviews: Arc<Reviews>,
+        delay: Duration,
+    ) -> (Upstream, tempfile::TempDir) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let reviews = reviews.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |_req: http::Request<_>| {
+                        let reviews = reviews.clone();
+                        async move {
+                            reviews.reviews.fetch_add(1, Ordering::SeqCst);
+                            // The answer is the upstream's state when the review came.
+                            let body = if reviews.accept.load(Ordering::SeqCst) {
+                                r#"{"status":{"authenticated":true,"user":{"username":"u"}}}"#
+                            } else {
+                                r#"{"status":{"authenticated":false,"error":"revoked"}}"#
+                            };
+                            tokio::time::sleep(delay).await;
+                            Ok::<_, Infallible>(http::Response::new(http_body_util::Full::new(
+                                Bytes::from(body),
+                            )))
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
+                        .await;
+                });
+            }
+        });
+        crate::outbound::upstream::scripted::plain_upstream(port)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_answer_is_kept_ttl_from_when_it_was_asked_and_shared_while_asked() {
+        let delay = Duration::from_millis(400);
+        let upstream = Arc::new(Reviews::default());
+        upstream.accept.store(true, Ordering::SeqCst);
+        let (up, _dir) = review_upstream(upstream.clone(), delay).await;
+        let reviewer = Arc::new(TokenReviewer::new(up));
+
+        // Ten requests with one token at once: one review, whose answer each takes.
+        let asked = Instant::now();
+        let waiting: Vec<_> = (0..10)
+            .map(|_| {
+                let reviewer = reviewer.clone();
+                tokio::spawn(async move { reviewer.authenticate("tok").await })
+            })
+            .collect();
+        for w in waiting {
+            assert_eq!(w.await.unwrap().unwrap().username, "u");
+        }
+        assert_eq!(upstream.reviews.load(Ordering::SeqCst), 1);
+        assert!(reviewer.pending.lock().is_empty());
+
+        // Revoked upstream: the answer kept is still given, without asking.
+        upstream.accept.store(false, Ordering::SeqCst);
+        assert_eq!(reviewer.authenticate("tok").await.unwrap().username, "u");
+        assert_eq!(upstream.reviews.load(Ordering::SeqCst), 1);
+
+        // TTL after the ask, though less than TTL after the answer came, it is asked again:
+        // the answer is as old as the question.
+        tokio::time::sleep_until((asked + TTL + Duration::from_millis(50)).into()).await;
+        let again = Instant::now();
+        assert!(
+            again < asked + delay + TTL,
+            "the test ran too slowly to tell"
+        );
+        assert_eq!(
+            reviewer.authenticate("tok").await,
+            Err(ReviewError::Refused("revoked".into()))
+        );
+        assert_eq!(upstream.reviews.load(Ordering::SeqCst), 2);
+        // A refusal is kept too, and another token has its own entry.
+        assert!(reviewer.authenticate("tok").await.is_err());
+        assert_eq!(upstream.reviews.load(Ordering::SeqCst), 2);
+        assert!(reviewer.authenticate("other").await.is_err());
+        assert_eq!(upstream.reviews.load(Ordering::SeqCst), 3);
+    }
 
     #[test]
     fn answers_are_read_as_kubernetes_writes_them() {
