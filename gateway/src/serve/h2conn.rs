@@ -261,10 +261,10 @@ impl WatchTask {
         }
     }
 
-    /// Serves the stream until it ends (Ready), or until it is caught up and may join its
-    /// group: then Ready with `share` set, its watcher's waker left filed (a stale wake-up
-    /// of this place costs one empty poll).
-    fn poll_task(&mut self, cx: &mut Context<'_>, share: &mut Option<ShareKey>) -> Poll<()> {
+    /// Serves the stream until it ends (`Ready(None)`), or until it is caught up and may join
+    /// its group (`Ready(Some(key))`, its watcher's waker left filed: a stale wake-up of this
+    /// place costs one empty poll).
+    fn poll_task(&mut self, cx: &mut Context<'_>) -> Poll<Option<ShareKey>> {
         // The pass's clock reading, read once for all the connection's watches.
         let now = PassClock::now();
         if self.conn.wire.over(cx, self.held.id, &mut self.seen) {
@@ -272,7 +272,7 @@ impl WatchTask {
             if let Some(reason) = self.conn.wire.broken(self.held.id) {
                 self.send.send_reset(reason);
             }
-            return Poll::Ready(());
+            return Poll::Ready(None);
         }
         loop {
             if !self.held.pending.is_empty() {
@@ -284,7 +284,7 @@ impl WatchTask {
                 ) {
                     Poll::Ready(room) => match self.room(room, cx) {
                         Ok(n) => n,
-                        Err(end) => return end,
+                        Err(end) => return end.map(|()| None),
                     },
                     Poll::Pending => {
                         // A client that does not read holds a chunk only until the
@@ -292,7 +292,7 @@ impl WatchTask {
                         let deadline = self.stream.deadline();
                         if now >= deadline {
                             self.send.send_reset(Reason::CANCEL);
-                            return Poll::Ready(());
+                            return Poll::Ready(None);
                         }
                         self.arm(deadline, cx);
                         return Poll::Pending;
@@ -315,8 +315,7 @@ impl WatchTask {
                 }
                 if self.stream.poll_ready(cx, now).is_pending() {
                     if let Some(key) = self.share_key(now) {
-                        *share = Some(key);
-                        return Poll::Ready(());
+                        return Poll::Ready(Some(key));
                     }
                     self.idle(cx);
                     return Poll::Pending;
@@ -334,12 +333,12 @@ impl WatchTask {
             {
                 Poll::Ready(room) => match self.room(room, cx) {
                     Ok(n) => n,
-                    Err(end) => return end,
+                    Err(end) => return end.map(|()| None),
                 },
                 Poll::Pending if past => {
                     // No room for the last bookmark: the stream ends without it.
                     let _ = self.send.send_data(Bytes::new(), true);
-                    return Poll::Ready(());
+                    return Poll::Ready(None);
                 }
                 Poll::Pending => {
                     self.arm(deadline, cx);
@@ -364,13 +363,12 @@ impl WatchTask {
                 Poll::Ready(None) => {
                     self.conn.wire.give_back(self.held.id, room);
                     let _ = self.send.send_data(Bytes::new(), true);
-                    return Poll::Ready(());
+                    return Poll::Ready(None);
                 }
                 Poll::Pending => {
                     self.conn.wire.give_back(self.held.id, room);
                     if let Some(key) = self.share_key(now) {
-                        *share = Some(key);
-                        return Poll::Ready(());
+                        return Poll::Ready(Some(key));
                     }
                     self.idle(cx);
                     return Poll::Pending;
@@ -441,11 +439,7 @@ impl Future for ConnWatch {
         loop {
             match this {
                 ConnWatch::One(t) => {
-                    let mut share = None;
-                    if t.poll_task(cx, &mut share).is_pending() {
-                        return Poll::Pending;
-                    }
-                    let Some(key) = share else {
+                    let Some(key) = std::task::ready!(t.poll_task(cx)) else {
                         return Poll::Ready(());
                     };
                     let ConnWatch::One(task) = std::mem::replace(this, ConnWatch::Moved) else {

@@ -517,25 +517,25 @@ impl Group {
                 }
                 let each = self.each.get(k).copied();
                 k = k.saturating_add(1);
-                if each == Some(Each::Conn) {
-                    // Not given: the batch waits, and the events after it in the ring.
-                    conn_short = true;
-                    continue;
-                }
-                m.got = seq;
-                given = given.saturating_add(1);
                 match each {
+                    Some(Each::Conn) => {
+                        // Not given: the batch waits, and the events after it in the ring.
+                        conn_short = true;
+                        continue;
+                    }
                     Some(Each::Framed) => {}
                     Some(Each::Gone) => ended = true,
                     Some(Each::Broken) => {
                         m.send.send_reset(Reason::FLOW_CONTROL_ERROR);
                         ended = true;
                     }
-                    Some(Each::Short | Each::Conn) | None => {
+                    Some(Each::Short) | None => {
                         m.keep_behind(&self.batch, bytes);
                         self.any_behind = true;
                     }
                 }
+                m.got = seq;
+                given = given.saturating_add(1);
             }
             self.record(given);
             if ended {
