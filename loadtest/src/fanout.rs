@@ -132,6 +132,7 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
     let store_pid = p.store_pid.map(|p| p.to_string());
     let cpu_start = server_pid.as_deref().and_then(proc_cpu_secs);
     let store_start = store_pid.as_deref().and_then(proc_cpu_secs);
+    let tcp_start = stats::KernelTcp::read();
     let started = Instant::now();
     let writers_done = spawn_writers(scenario, p, &tgt, raw_addr, &run_id, &writes, &h)?;
 
@@ -149,6 +150,9 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
     let elapsed = started.elapsed();
     let cpu_end = server_pid.as_deref().and_then(proc_cpu_secs);
     let store_end = store_pid.as_deref().and_then(proc_cpu_secs);
+    let kernel_tcp = tcp_start
+        .zip(stats::KernelTcp::read())
+        .map(|(a, b)| b.since(&a));
     h.live.stopping.store(true, Relaxed);
     let _ = h.groups_stop.0.send(true);
     let states = collect_states(groups, etcd_tasks).await;
@@ -171,6 +175,7 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Results> {
         elapsed,
         server_cpu_s: cpu_start.zip(cpu_end).map(|(a, b)| (b - a).max(0.0)),
         store_cpu_s: store_start.zip(store_end).map(|(a, b)| (b - a).max(0.0)),
+        kernel_tcp,
     };
     results(scenario, p, info, &h, &states, phase_a, t)
 }
@@ -468,6 +473,8 @@ struct Tally {
     elapsed: Duration,
     server_cpu_s: Option<f64>,
     store_cpu_s: Option<f64>,
+    /// The kernel's TCP counters over the writes and the drain.
+    kernel_tcp: Option<stats::KernelTcp>,
 }
 
 /// Turns the run's counters and histograms into its `Results`.
@@ -501,6 +508,9 @@ fn results(
             "events_per_chunk".into(),
             (delivered as f64 / chunks as f64).into(),
         );
+    }
+    if let Some(k) = t.kernel_tcp {
+        extra.insert("kernel_tcp".into(), k.to_json());
     }
     if let Some(a) = phase_a {
         let mut b = total.clone();

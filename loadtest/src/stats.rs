@@ -111,6 +111,65 @@ pub fn proc_rss_bytes(pid: &str) -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// The machine's TCP counters that tell a run the kernel held back: times TCP memory went
+/// past `net.ipv4.tcp_mem`'s pressure level, segments dropped because a socket's receive
+/// queue could not be charged, and segments sent again. Every process's sockets count, the
+/// load generator's among them: on one machine a fan-out that outruns its reader fills
+/// receive queues until the kernel drops and retransmits, and a run that went there measures
+/// the kernel as much as the server.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelTcp {
+    pub memory_pressures: u64,
+    pub rcvq_drops: u64,
+    pub retrans_segs: u64,
+}
+
+impl KernelTcp {
+    /// The counters now; `None` where /proc/net is not readable.
+    pub fn read() -> Option<KernelTcp> {
+        let netstat = std::fs::read_to_string("/proc/net/netstat").ok()?;
+        let snmp = std::fs::read_to_string("/proc/net/snmp").ok()?;
+        Some(KernelTcp {
+            memory_pressures: counter(&netstat, "TcpExt:", "TCPMemoryPressures")?,
+            rcvq_drops: counter(&netstat, "TcpExt:", "TCPRcvQDrop")?,
+            retrans_segs: counter(&snmp, "Tcp:", "RetransSegs")?,
+        })
+    }
+
+    /// What was counted from `earlier` to this reading.
+    pub fn since(&self, earlier: &KernelTcp) -> KernelTcp {
+        KernelTcp {
+            memory_pressures: self
+                .memory_pressures
+                .saturating_sub(earlier.memory_pressures),
+            rcvq_drops: self.rcvq_drops.saturating_sub(earlier.rcvq_drops),
+            retrans_segs: self.retrans_segs.saturating_sub(earlier.retrans_segs),
+        }
+    }
+
+    /// For a report's `extra`.
+    pub fn to_json(self) -> serde_json::Value {
+        serde_json::json!({
+            "memory_pressures": self.memory_pressures,
+            "rcvq_drops": self.rcvq_drops,
+            "retrans_segs": self.retrans_segs,
+        })
+    }
+}
+
+/// A counter of /proc/net/netstat or /proc/net/snmp: each section is a line of names after
+/// `prefix` and a line of values after it, in the same order.
+fn counter(table: &str, prefix: &str, name: &str) -> Option<u64> {
+    let mut lines = table.lines().filter(|l| l.starts_with(prefix));
+    while let (Some(names), Some(values)) = (lines.next(), lines.next()) {
+        let at = names.split_whitespace().position(|n| n == name);
+        if let Some(at) = at {
+            return values.split_whitespace().nth(at)?.parse().ok();
+        }
+    }
+    None
+}
+
 /// The process listening on TCP `port` (any local address), found through /proc/net/tcp{,6}
 /// and the processes' open sockets; `None` when no process of ours that can be inspected
 /// holds it.
@@ -307,6 +366,39 @@ pub fn machine() -> Machine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kernel_tcp_counters_are_read_by_name_from_their_section() {
+        let netstat = "TcpExt: SyncookiesSent PruneCalled TCPMemoryPressures TCPRcvQDrop\n\
+                       TcpExt: 0 233867 22 158505\n\
+                       IpExt: InNoRoutes TCPRcvQDrop\n\
+                       IpExt: 7 9\n";
+        assert_eq!(counter(netstat, "TcpExt:", "TCPMemoryPressures"), Some(22));
+        assert_eq!(counter(netstat, "TcpExt:", "TCPRcvQDrop"), Some(158_505));
+        assert_eq!(counter(netstat, "IpExt:", "TCPRcvQDrop"), Some(9));
+        assert_eq!(counter(netstat, "TcpExt:", "Missing"), None);
+        let snmp = "Ip: Forwarding\nIp: 1\nTcp: RtoAlgorithm RetransSegs\nTcp: 1 4242\n";
+        assert_eq!(counter(snmp, "Tcp:", "RetransSegs"), Some(4242));
+        // This machine's own tables have all three.
+        assert!(KernelTcp::read().is_some());
+        assert_eq!(
+            KernelTcp {
+                memory_pressures: 1,
+                rcvq_drops: 5,
+                retrans_segs: 9
+            }
+            .since(&KernelTcp {
+                memory_pressures: 0,
+                rcvq_drops: 2,
+                retrans_segs: 10
+            }),
+            KernelTcp {
+                memory_pressures: 1,
+                rcvq_drops: 3,
+                retrans_segs: 0
+            }
+        );
+    }
 
     #[test]
     fn finds_the_process_listening_on_a_port() {
