@@ -173,7 +173,6 @@ fn decode(body: &[u8]) -> Result<Answer, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::convert::Infallible;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
     /// A TokenReview upstream that answers each review `delay` after it came: accepted as
@@ -188,35 +187,21 @@ mod tests {
         reviews: Arc<Reviews>,
         delay: Duration,
     ) -> (Upstream, tempfile::TempDir) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        tokio::spawn(async move {
-            while let Ok((tcp, _)) = listener.accept().await {
-                let reviews = reviews.clone();
-                tokio::spawn(async move {
-                    let svc = hyper::service::service_fn(move |_req: http::Request<_>| {
-                        let reviews = reviews.clone();
-                        async move {
-                            reviews.reviews.fetch_add(1, Ordering::SeqCst);
-                            // The answer is the upstream's state when the review came.
-                            let body = if reviews.accept.load(Ordering::SeqCst) {
-                                r#"{"status":{"authenticated":true,"user":{"username":"u"}}}"#
-                            } else {
-                                r#"{"status":{"authenticated":false,"error":"revoked"}}"#
-                            };
-                            tokio::time::sleep(delay).await;
-                            Ok::<_, Infallible>(http::Response::new(http_body_util::Full::new(
-                                Bytes::from(body),
-                            )))
-                        }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
-                        .await;
-                });
+        crate::outbound::upstream::scripted::serve(move |_req| {
+            let reviews = reviews.clone();
+            async move {
+                reviews.reviews.fetch_add(1, Ordering::SeqCst);
+                // The answer is the upstream's state when the review came.
+                let body = if reviews.accept.load(Ordering::SeqCst) {
+                    r#"{"status":{"authenticated":true,"user":{"username":"u"}}}"#
+                } else {
+                    r#"{"status":{"authenticated":false,"error":"revoked"}}"#
+                };
+                tokio::time::sleep(delay).await;
+                http::Response::new(http_body_util::Full::new(Bytes::from(body)))
             }
-        });
-        crate::outbound::upstream::scripted::plain_upstream(port)
+        })
+        .await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -136,26 +136,40 @@ pub fn plain_upstream(port: u16) -> (Upstream, tempfile::TempDir) {
     (upstream, dir)
 }
 
+/// An upstream over plain HTTP/1.1 on a free port whose every request `handle` answers, and
+/// an `Upstream` that reaches it.
+pub async fn serve<F, Fut, B>(handle: F) -> (Upstream, tempfile::TempDir)
+where
+    F: Fn(http::Request<hyper::body::Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = http::Response<B>> + Send + 'static,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let handle = handle.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req| {
+                    let answer = handle(req);
+                    async move { Ok::<_, Infallible>(answer.await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    plain_upstream(port)
+}
+
 impl Scripted {
     pub async fn new() -> Self {
         let served = Arc::new(Mutex::new(Served::default()));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
         let state = served.clone();
-        tokio::spawn(async move {
-            while let Ok((tcp, _)) = listener.accept().await {
-                let state = state.clone();
-                tokio::spawn(async move {
-                    let svc = hyper::service::service_fn(move |req: http::Request<_>| {
-                        std::future::ready(Ok::<_, Infallible>(answer(&state, req.uri())))
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
-                        .await;
-                });
-            }
-        });
-        let (upstream, dir) = plain_upstream(port);
+        let (upstream, dir) = serve(move |req| std::future::ready(answer(&state, req.uri()))).await;
         Scripted {
             served,
             upstream,

@@ -8,7 +8,6 @@
     clippy::arithmetic_side_effects
 )]
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -32,31 +31,19 @@ async fn holding_upstream(
     seen: Arc<Seen>,
     release: watch::Receiver<bool>,
 ) -> (Upstream, tempfile::TempDir) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            let (seen, release) = (seen.clone(), release.clone());
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req: http::Request<_>| {
-                    let (seen, mut release) = (seen.clone(), release.clone());
-                    async move {
-                        if req.uri().path() != "/readyz" {
-                            let now = seen.now.fetch_add(1, Ordering::SeqCst) + 1;
-                            seen.most.fetch_max(now, Ordering::SeqCst);
-                            let _ = release.wait_for(|r| *r).await;
-                            seen.now.fetch_sub(1, Ordering::SeqCst);
-                        }
-                        Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from("{}"))))
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
-                    .await;
-            });
+    super::scripted::serve(move |req| {
+        let (seen, mut release) = (seen.clone(), release.clone());
+        async move {
+            if req.uri().path() != "/readyz" {
+                let now = seen.now.fetch_add(1, Ordering::SeqCst) + 1;
+                seen.most.fetch_max(now, Ordering::SeqCst);
+                let _ = release.wait_for(|r| *r).await;
+                seen.now.fetch_sub(1, Ordering::SeqCst);
+            }
+            http::Response::new(Full::new(Bytes::from("{}")))
         }
-    });
-    super::scripted::plain_upstream(port)
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
