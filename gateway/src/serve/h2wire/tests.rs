@@ -52,6 +52,21 @@ fn head_written(wire: &Wire, id: u32) {
     Outbound::default().feed(&frame(HEADERS, END_HEADERS, id, &[0x88]), wire);
 }
 
+/// A wire whose client sent its preface, SETTINGS with an initial window of `window`, and a
+/// request on each of `ids`, every response's HEADERS written; and its reader, to feed more.
+fn heads_out(window: u32, ids: &[u32]) -> (Wire, Inbound) {
+    let wire = Wire::default();
+    let mut inbound = Inbound::new(wire.clone());
+    let mut out = Vec::new();
+    inbound.feed(PREFACE, &mut out);
+    inbound.feed(&settings_initial(window), &mut out);
+    for &id in ids {
+        inbound.feed(&frame(HEADERS, END_HEADERS, id, &[0x82]), &mut out);
+        head_written(&wire, id);
+    }
+    (wire, inbound)
+}
+
 #[test]
 fn the_client_s_window_updates_are_the_wire_s_and_h2_sees_the_rest() {
     let wire = Wire::default();
@@ -127,15 +142,8 @@ fn room_waits_for_the_head_then_for_the_smaller_window() {
 
 #[test]
 fn a_spent_connection_window_waits_for_the_client_s_update() {
-    let wire = Wire::default();
-    let mut inbound = Inbound::new(wire.clone());
+    let (wire, mut inbound) = heads_out(1 << 20, &[1, 3]);
     let mut out = Vec::new();
-    inbound.feed(PREFACE, &mut out);
-    inbound.feed(&settings_initial(1 << 20), &mut out);
-    inbound.feed(&frame(HEADERS, END_HEADERS, 1, &[0x82]), &mut out);
-    inbound.feed(&frame(HEADERS, END_HEADERS, 3, &[0x82]), &mut out);
-    head_written(&wire, 1);
-    head_written(&wire, 3);
     let (woken, waker) = counting_waker();
     let cx = Context::from_waker(&waker);
     let Poll::Ready(Room::Bytes(n)) = wire.poll_room(&cx, 1, 1 << 20, Limit::Round) else {
@@ -317,14 +325,8 @@ fn splicing_moves_what_was_framed_behind_what_h2_wrote() {
 
 #[test]
 fn a_watch_yields_once_its_round_framed_a_write_s_worth() {
-    let wire = Wire::default();
-    let mut inbound = Inbound::new(wire.clone());
-    let mut out = Vec::new();
-    inbound.feed(PREFACE, &mut out);
-    inbound.feed(&settings_initial(1 << 20), &mut out);
-    inbound.feed(&window_update(0, 1 << 24), &mut out);
-    inbound.feed(&frame(HEADERS, END_HEADERS, 1, &[0x82]), &mut out);
-    head_written(&wire, 1);
+    let (wire, mut inbound) = heads_out(1 << 20, &[1]);
+    inbound.feed(&window_update(0, 1 << 24), &mut Vec::new());
     let (_, waker) = counting_waker();
     let cx = Context::from_waker(&waker);
     wire.open_round();
@@ -442,15 +444,7 @@ fn streams_the_connection_s_window_cannot_take_wait_for_it_apart_from_their_own(
 
 #[test]
 fn a_payload_larger_than_the_window_is_sure_to_reach_is_framed_in_pieces() {
-    let wire = Wire::default();
-    let mut inbound = Inbound::new(wire.clone());
-    let mut out = Vec::new();
-    inbound.feed(PREFACE, &mut out);
-    inbound.feed(&settings_initial(1 << 20), &mut out);
-    for id in [1, 3] {
-        inbound.feed(&frame(HEADERS, END_HEADERS, id, &[0x82]), &mut out);
-        head_written(&wire, id);
-    }
+    let (wire, _) = heads_out(1 << 20, &[1, 3]);
     // The connection keeps h2's initial 65,535: after 50,000 on stream 1, 15,535 are left.
     let mut each = Vec::new();
     wire.frame_each(&[1], &[Bytes::from(vec![1; 50_000])], 50_000, &mut each);
