@@ -166,6 +166,12 @@ async fn list_rv(srv: &TestServer, path: &str) -> String {
         .to_string()
 }
 
+/// Creates namespace `ns`; the resourceVersion of its ServiceAccounts' list, to watch from.
+async fn new_namespace(srv: &TestServer, ns: &str) -> String {
+    create_namespace(&srv.admin(), ns).await;
+    list_rv(srv, &format!("/api/v1/namespaces/{ns}/serviceaccounts")).await
+}
+
 async fn create_sa(srv: &TestServer, ns: &str, name: &str) {
     let (s, v) = srv
         .admin()
@@ -259,8 +265,7 @@ async fn one_event_reaches_every_watch_of_a_connection_in_a_few_writes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_reset_by_the_client_ends_its_watch() {
     let srv = TestServer::start().await;
-    create_namespace(&srv.admin(), "reset").await;
-    let rv = list_rv(&srv, "/api/v1/namespaces/reset/serviceaccounts").await;
+    let rv = new_namespace(&srv, "reset").await;
     let before = sa_watchers(&srv).await;
     let conn = connect(&srv, 1 << 20).await;
     let path = format!(
@@ -455,8 +460,7 @@ async fn ordinary_requests_share_a_connection_with_watches() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_ends_h2_watches_and_their_connection() {
     let mut srv = TestServer::start().await;
-    create_namespace(&srv.admin(), "bye").await;
-    let rv = list_rv(&srv, "/api/v1/namespaces/bye/serviceaccounts").await;
+    let rv = new_namespace(&srv, "bye").await;
     let conn = connect(&srv, 1 << 20).await;
     let path = format!(
         "/api/v1/namespaces/bye/serviceaccounts?watch=1&labelSelector=t%3Dh2&resourceVersion={rv}"
@@ -499,8 +503,7 @@ async fn shutdown_ends_h2_watches_and_their_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_ends_at_shutdown_after_goaway_and_the_listener_closing() {
     let mut srv = TestServer::start().await;
-    create_namespace(&srv.admin(), "order").await;
-    let rv = list_rv(&srv, "/api/v1/namespaces/order/serviceaccounts").await;
+    let rv = new_namespace(&srv, "order").await;
     let addr = srv.handle().addr;
     let path = format!("/api/v1/namespaces/order/serviceaccounts?watch=1&resourceVersion={rv}");
     // Watches on several connections, so that each ordering is checked more than once.
@@ -947,8 +950,7 @@ async fn a_stream_of_a_shared_watch_that_is_not_read_leaves_it_and_holds_up_no_o
     })
     .await;
     let regs = sa_registrations(&srv).await;
-    create_namespace(&srv.admin(), "lag").await;
-    let rv = list_rv(&srv, "/api/v1/namespaces/lag/serviceaccounts").await;
+    let rv = new_namespace(&srv, "lag").await;
     // Every stream's window is 16 KiB: one that is not read fills it with its first event.
     let conn = connect(&srv, 16 * 1024).await;
     let mut live = open_shared(&srv, &conn, "lag", &rv, 4, regs).await;
@@ -990,8 +992,7 @@ async fn a_shared_watch_whose_connection_is_not_read_waits_in_the_ring_as_one() 
     const EVENTS: usize = 100;
     let srv = TestServer::start_with(|o| o.watch_cache_history_max_bytes = 4 << 20).await;
     let regs = sa_registrations(&srv).await;
-    create_namespace(&srv.admin(), "shut").await;
-    let rv = list_rv(&srv, "/api/v1/namespaces/shut/serviceaccounts").await;
+    let rv = new_namespace(&srv, "shut").await;
     // Each stream may take 1 MiB, the connection 64 KiB: the connection's window is what
     // stops them, all four alike, once the client does not read.
     let conn = connect_windows(&srv, 1 << 20, 65_535).await;
@@ -1029,8 +1030,7 @@ async fn events_larger_than_a_default_window_reach_every_stream_of_a_shared_watc
     const EVENTS: usize = 12;
     let srv = TestServer::start_with(|o| o.watch_cache_history_max_bytes = 4 << 20).await;
     let regs = sa_registrations(&srv).await;
-    create_namespace(&srv.admin(), "big").await;
-    let rv = list_rv(&srv, "/api/v1/namespaces/big/serviceaccounts").await;
+    let rv = new_namespace(&srv, "big").await;
     // h2's default windows, 65,535 bytes for each stream and for the connection: three
     // streams of events of 50 KB never fit the connection's window together, and a client
     // sends its WINDOW_UPDATE only once it has read a part of it.
@@ -1048,8 +1048,7 @@ async fn events_larger_than_a_default_window_reach_every_stream_of_a_shared_watc
 async fn streams_of_a_shared_watch_end_at_their_own_deadlines_with_their_last_bookmark() {
     let srv = TestServer::start().await;
     let regs = sa_registrations(&srv).await;
-    create_namespace(&srv.admin(), "due").await;
-    let rv = list_rv(&srv, "/api/v1/namespaces/due/serviceaccounts").await;
+    let rv = new_namespace(&srv, "due").await;
     let conn = connect(&srv, 1 << 20).await;
     // One watch, three deadlines: timeoutSeconds is the stream's, not the watch's.
     let mut streams = Vec::new();
